@@ -1,0 +1,172 @@
+"""Base class of the federated algorithms (server topology).
+
+An algorithm reads like its paper: :meth:`FederatedAlgorithm.round` follows the pseudocode of one
+iteration. It never sees the model, only a gradient oracle ``grad_fn(params) -> [n, d]`` that
+returns every client's gradient on this round's minibatch, at shared parameters ``[d]`` or at
+per-client parameters ``[n, d]``. Its state tensors (client memories ``[n, d]``, server memory
+``[d]``) are registered buffers and its generators are saved through ``get_extra_state``, so a
+Lightning checkpoint carries all of it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+from pl_privfed.operators import Operator
+from pl_privfed.privacy import DPNoise
+
+__all__ = ["FederatedAlgorithm", "GradFn", "Mechanism", "RoundResult", "check_positive"]
+
+GradFn = Callable[[Tensor], Tensor]
+
+
+def check_positive(name: str, value: float) -> float:
+    """Return ``value`` as a float, or raise ``ValueError`` naming ``name`` if not > 0 and finite."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{name} must be a positive number, got {value!r}")
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a positive finite number, got {value!r}")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class Mechanism:
+    """One Gaussian mechanism applied in a round, as the accountant sees it.
+
+    Attributes:
+        noise_multiplier: noise std divided by the sensitivity of the noised quantity.
+        sample_rate: probability that the privacy unit takes part in the release.
+        privacy_unit: what is protected (e.g. ``"client-level local DP"``).
+    """
+
+    noise_multiplier: float
+    sample_rate: float
+    privacy_unit: str
+
+
+@dataclass
+class RoundResult:
+    """The new parameters ``[d]`` and the round's scalar statistics (tensors, not synced)."""
+
+    params: Tensor
+    metrics: dict[str, Tensor] = field(default_factory=dict)
+
+
+class FederatedAlgorithm(nn.Module):
+    """Common state handling of the server-based algorithms.
+
+    Args:
+        step_size: the server step size ``γ > 0``.
+        noise: Gaussian DP noise settings, or ``None`` for the non-private method.
+    """
+
+    #: Who is protected and against whom, for the docs and the summary.
+    privacy_unit: str = "client-level local DP (each client noises its own message)"
+
+    def __init__(self, step_size: float, noise: DPNoise | None = None) -> None:
+        super().__init__()
+        self.step_size = check_positive("step_size", step_size)
+        if noise is not None and not isinstance(noise, DPNoise):
+            raise ValueError(f"noise must be a DPNoise or None, got {noise!r}")
+        self.noise = noise
+        self.num_clients = 0
+        self.dim = 0
+        self.num_rounds = 0
+        self.noise_std = 0.0
+        self._generators: dict[str, torch.Generator] = {}
+        self.register_buffer("initialized", torch.tensor(False))
+
+    # ------------------------------------------------------------------ setup
+    def setup(
+        self,
+        *,
+        num_clients: int,
+        dim: int,
+        num_rounds: int,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        """Allocate state for ``num_clients`` clients and ``d = dim`` parameters.
+
+        Called before training (and before a checkpoint is restored into the buffers).
+        """
+        if num_clients < 1:
+            raise ValueError(f"num_clients must be >= 1, got {num_clients}")
+        self.num_clients, self.dim, self.num_rounds = num_clients, dim, max(1, num_rounds)
+        self.device, self.dtype = torch.device(device), dtype
+        for op in self.operators():
+            op.setup(dim)
+        if self.noise is not None:
+            sensitivity = self.sensitivity()
+            if sensitivity is None:
+                raise ValueError(
+                    f"noise needs an operator with a bounded output, got {self.operators()!r}"
+                )
+            self.noise_std = self.noise.std(sensitivity, self.num_rounds)
+            self.add_generator("noise", self.noise.seed)
+        self.allocate()
+
+    def allocate(self) -> None:
+        """Register the state buffers (override)."""
+
+    def operators(self) -> list[Operator]:
+        """Operators whose ``setup(dim)`` must run (override)."""
+        return []
+
+    def sensitivity(self) -> float | None:
+        """Bound on the norm of one client's noised message (override for private methods)."""
+        return None
+
+    def add_generator(self, name: str, seed: int) -> torch.Generator:
+        gen = torch.Generator(device=self.device)
+        gen.manual_seed(int(seed))
+        self._generators[name] = gen
+        return gen
+
+    def generator(self, name: str) -> torch.Generator:
+        return self._generators[name]
+
+    def _zeros(self, *shape: int) -> Tensor:
+        return torch.zeros(*shape, device=self.device, dtype=self.dtype)
+
+    # ------------------------------------------------------------------ privacy
+    def mechanisms(self) -> list[Mechanism]:
+        """The Gaussian mechanisms one round applies (empty when non-private)."""
+        if self.noise is None:
+            return []
+        return [Mechanism(self.noise_std / self.sensitivity(), 1.0, self.privacy_unit)]
+
+    # ------------------------------------------------------------------ the round
+    def initialize(self, x: Tensor, grad_fn: GradFn) -> None:
+        """Initialize the memories at ``x⁰`` (called once, before the first round)."""
+
+    def round(self, x: Tensor, grad_fn: GradFn) -> RoundResult:
+        """One communication round from ``x`` (``[d]``); returns the new parameters."""
+        raise NotImplementedError
+
+    def step(self, x: Tensor, grad_fn: GradFn) -> RoundResult:
+        """Initialize on first use, then run one round."""
+        if not bool(self.initialized):
+            self.initialize(x, grad_fn)
+            self.initialized.fill_(True)
+        return self.round(x, grad_fn)
+
+    def _gaussian(self, *shape: int) -> Tensor:
+        return torch.randn(
+            *shape, generator=self.generator("noise"), device=self.device, dtype=self.dtype
+        ).mul_(self.noise_std)
+
+    # ------------------------------------------------------------------ checkpoint state
+    def get_extra_state(self) -> dict:
+        return {name: gen.get_state() for name, gen in self._generators.items()}
+
+    def set_extra_state(self, state: dict) -> None:
+        for name, gen_state in state.items():
+            if name not in self._generators:
+                raise KeyError(f"checkpoint has generator {name!r} that this algorithm lacks")
+            self._generators[name].set_state(gen_state)

@@ -1,0 +1,223 @@
+"""The EF21 family: α-NormEC / DP-α-NormEC, Clip21 / DP-Clip21 and EF21 (paper 002)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from pl_privfed.algorithms.base import FederatedAlgorithm, GradFn, RoundResult, check_positive
+from pl_privfed.operators import Clip, Operator, SmoothedNormalization, TopK
+from pl_privfed.operators.functional import row_norms
+from pl_privfed.privacy import DPNoise
+
+__all__ = ["EF21", "AlphaNormEC", "Clip21", "ErrorFeedback", "MemoryInit"]
+
+MemoryInit = Literal["zeros", "gradient", "gradient_offset"]
+
+
+class ErrorFeedback(FederatedAlgorithm):
+    r"""EF21-style error feedback with an arbitrary operator Ψ (paper 002 Algorithm 1, eqs. 8–9).
+
+    Paper 002 (``002-alpha-normec.md``), Algorithm 1 (line 140), per round ``k``:
+
+    * client ``i``: ``Δ_i = Ψ(∇f_i(x^k) − g_i^k)`` (line 5), ``g_i^{k+1} = g_i^k + β Δ_i``
+      (line 6), transmits ``Δ̂_i = Δ_i`` (line 7) or ``Δ_i + z_i`` when private (line 8);
+    * server: ``ĝ^{k+1} = ĝ^k + (β/n) Σ_i Δ̂_i`` (line 10) and
+      ``x^{k+1} = x^k − γ ĝ^{k+1}/||ĝ^{k+1}||`` with server normalization (line 11, 0/0 = 0) or
+      ``x^{k+1} = x^k − γ ĝ^{k+1}`` without (Appendix B.5).
+
+    Ψ = smoothed normalization gives α-NormEC (:class:`AlphaNormEC`), Ψ = hard clipping with
+    β = 1 gives Clip21 (:class:`Clip21`), Ψ = a contractive compressor gives EF21 (:class:`EF21`).
+
+    Memory initialization (``memory_init``): ``"zeros"``; ``"gradient"``: ``g_i⁰ = ∇f_i(x⁰)``
+    on the first round's minibatch (exact for full-batch clients); ``"gradient_offset"``:
+    ``g_i⁰ = ∇f_i(x⁰) + e`` with ``e = (D/sqrt(K+1), 0, …, 0)`` (paper 002 line 263, ``D`` =
+    ``memory_init_offset``, ``K`` = number of rounds). Always ``ĝ⁰ = (1/n) Σ_i g_i⁰`` (line 1).
+    Note: with a gradient initialization the server learns ``ĝ⁰`` in the clear; the noise and
+    the reported ε cover rounds ``k >= 0`` only (paper 002 Appendix C.3 protects ``ĝ⁰`` with
+    secure aggregation).
+
+    DP noise: each client adds ``z_i ~ N(0, σ² I)`` to ``Δ_i``; with the paper calibration
+    ``σ = c · bound(Ψ) · sqrt(K log(1/δ))/ε`` (1 for smoothed normalization, τ for clipping), which
+    the server's factor β turns into the papers' noise ``β sqrt(K log(1/δ))/ε`` (§5.2).
+
+    Args:
+        step_size: ``γ > 0``.
+        beta: ``β > 0``.
+        operator: ``Ψ``.
+        server_normalization: use line 11 as written (True) or the un-normalized step (False).
+        memory_init: ``"zeros"``, ``"gradient"`` or ``"gradient_offset"``.
+        memory_init_offset: ``D >= 0`` of ``"gradient_offset"``.
+        noise: DP noise settings or ``None``.
+    """
+
+    def __init__(
+        self,
+        step_size: float,
+        beta: float,
+        operator: Operator,
+        server_normalization: bool = True,
+        memory_init: MemoryInit = "zeros",
+        memory_init_offset: float = 0.0,
+        noise: DPNoise | None = None,
+    ) -> None:
+        super().__init__(step_size, noise)
+        self.beta = check_positive("beta", beta)
+        if not isinstance(operator, Operator):
+            raise ValueError(f"operator must be an Operator, got {operator!r}")
+        self.operator = operator
+        self.server_normalization = bool(server_normalization)
+        if memory_init not in ("zeros", "gradient", "gradient_offset"):
+            raise ValueError(
+                f"memory_init must be 'zeros', 'gradient' or 'gradient_offset', got {memory_init!r}"
+            )
+        if not memory_init_offset >= 0:
+            raise ValueError(f"memory_init_offset must be >= 0, got {memory_init_offset!r}")
+        self.memory_init = memory_init
+        self.memory_init_offset = float(memory_init_offset)
+
+    def operators(self) -> list[Operator]:
+        return [self.operator]
+
+    def sensitivity(self) -> float | None:
+        return self.operator.bound
+
+    def allocate(self) -> None:
+        self.register_buffer("client_memory", self._zeros(self.num_clients, self.dim))  # g_i
+        self.register_buffer("server_memory", self._zeros(self.dim))  # ĝ
+        if self.operator.random:
+            self.add_generator("operator", 0 if self.noise is None else self.noise.seed + 1)
+
+    def initialize(self, x: Tensor, grad_fn: GradFn) -> None:
+        if self.memory_init != "zeros":
+            self.client_memory.copy_(grad_fn(x))
+            if self.memory_init == "gradient_offset":
+                self.client_memory[:, 0] += self.memory_init_offset / (self.num_rounds + 1) ** 0.5
+        self.server_memory.copy_(self.client_memory.mean(0))  # ĝ⁰ = (1/n) Σ_i g_i⁰ (line 1)
+
+    def round(self, x: Tensor, grad_fn: GradFn) -> RoundResult:
+        grads = grad_fn(x)  # line 4
+        diff = grads.sub_(self.client_memory)  # ∇f_i(x^k) − g_i^k (in place: grads not reused)
+        gen = self._generators.get("operator")
+        delta = self.operator(diff, gen)  # line 5: Δ_i^k
+        self.client_memory.add_(delta, alpha=self.beta)  # line 6: g_i^{k+1}
+        metrics = {
+            "clip_fraction": self.operator.scaled_down(diff, delta).float().mean(),
+            "update_norm": row_norms(delta).mean(),
+        }
+        sent = delta if self.noise is None else delta + self._gaussian(*delta.shape)  # lines 7-8
+        self.server_memory.add_(sent.sum(0), alpha=self.beta / self.num_clients)  # line 10
+        ghat = self.server_memory
+        metrics["ef_gap"] = torch.linalg.vector_norm(ghat - self.client_memory.mean(0))
+        if self.server_normalization:  # line 11, with 0/0 = 0
+            norm = torch.linalg.vector_norm(ghat)
+            direction = torch.where(norm > 0, ghat / norm.clamp(min=1e-30), torch.zeros_like(ghat))
+        else:  # Appendix B.5
+            direction = ghat
+        return RoundResult(params=x - self.step_size * direction, metrics=metrics)
+
+
+class AlphaNormEC(ErrorFeedback):
+    """α-NormEC / DP-α-NormEC: :class:`ErrorFeedback` with Ψ = ``Norm_α`` (paper 002 Alg. 1).
+
+    Args:
+        step_size: ``γ > 0``.
+        beta: ``β > 0``.
+        alpha: ``α >= 0`` of the smoothed normalization ``g/(α+||g||)`` (eq. 6).
+        server_normalization: line 11 as written (True) or the un-normalized step (False).
+        memory_init: see :class:`ErrorFeedback`.
+        memory_init_offset: see :class:`ErrorFeedback`.
+        noise: DP noise (DP-α-NormEC) or ``None``.
+    """
+
+    def __init__(
+        self,
+        step_size: float,
+        beta: float,
+        alpha: float,
+        server_normalization: bool = True,
+        memory_init: MemoryInit = "zeros",
+        memory_init_offset: float = 0.0,
+        noise: DPNoise | None = None,
+    ) -> None:
+        super().__init__(
+            step_size,
+            beta,
+            SmoothedNormalization(alpha),
+            server_normalization,
+            memory_init,
+            memory_init_offset,
+            noise,
+        )
+        self.alpha = float(alpha)
+
+
+class Clip21(ErrorFeedback):
+    """Clip21 / DP-Clip21: ``g_i ← g_i + clip_τ(∇f_i(x) − g_i)``, i.e. β = 1 and Ψ = ``clip_τ``.
+
+    Khirirat et al. (2023) as described in paper 002 §2.3 (line 134). This is *not* β·clip_1:
+    the clipping threshold τ plays the role that the papers' grids call "β" for Clip21
+    (Appendix D.2.4), so a grid value β maps to ``clip_threshold: β`` here.
+
+    Args:
+        step_size: ``γ > 0``.
+        clip_threshold: ``τ > 0``.
+        server_normalization: normalized server step (line 11) or not (the papers' Clip21 runs
+            use the un-normalized step, the default here).
+        memory_init: see :class:`ErrorFeedback`.
+        memory_init_offset: see :class:`ErrorFeedback`.
+        noise: DP noise (DP-Clip21) or ``None``; calibrated to the sensitivity τ.
+    """
+
+    def __init__(
+        self,
+        step_size: float,
+        clip_threshold: float,
+        server_normalization: bool = False,
+        memory_init: MemoryInit = "zeros",
+        memory_init_offset: float = 0.0,
+        noise: DPNoise | None = None,
+    ) -> None:
+        super().__init__(
+            step_size,
+            1.0,
+            Clip(clip_threshold),
+            server_normalization,
+            memory_init,
+            memory_init_offset,
+            noise,
+        )
+        self.clip_threshold = float(clip_threshold)
+
+
+class EF21(ErrorFeedback):
+    """EF21 (Richtárik et al., 2021): ``g_i ← g_i + β C(∇f_i(x) − g_i)``, ``x ← x − γ ĝ``.
+
+    Paper 002 eqs. (8)–(9) (lines 124–130) with Ψ = a contractive compressor, by default
+    top-k. Non-private (a compressor has no bounded output, so no DP noise).
+
+    Args:
+        step_size: ``γ > 0``.
+        compressor: the contractive compressor (default ``TopK(ratio=0.1)``).
+        beta: ``β > 0`` (1 in the original EF21).
+        server_normalization: normalized server step or not (default not, as in EF21).
+        memory_init: see :class:`ErrorFeedback` (default ``"gradient"``, as in EF21).
+    """
+
+    def __init__(
+        self,
+        step_size: float,
+        compressor: Operator | None = None,
+        beta: float = 1.0,
+        server_normalization: bool = False,
+        memory_init: MemoryInit = "gradient",
+    ) -> None:
+        super().__init__(
+            step_size,
+            beta,
+            compressor if compressor is not None else TopK(ratio=0.1),
+            server_normalization,
+            memory_init,
+        )

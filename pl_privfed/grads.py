@@ -1,0 +1,181 @@
+"""Per-client gradient oracle with two interchangeable backends.
+
+The oracle maps parameters (shared ``[d]`` or per-client ``[n, d]``) and one stacked minibatch per
+client (``inputs [n, B, ...]``, ``targets [n, B, ...]``) to the per-client gradients ``[n, d]`` of
+each client's mean minibatch loss, plus the per-client losses ``[n]``.
+
+Backends (same numbers up to floating-point rounding, tested):
+
+* ``"vmap"``: ``torch.func.vmap(grad_and_value(loss))`` over the client axis with
+  :func:`torch.func.functional_call`: one batched forward/backward for all clients.
+* ``"loop"``: one forward/backward per client (the reference; the only loop over clients in the
+  package).
+
+BatchNorm and other buffers: during training every client normalizes with the statistics of its
+own minibatch (each client gets its own copy of the buffers). The running statistics used for
+evaluation are updated deterministically once per round: every client applies the usual momentum
+update to its copy starting from the global running statistics, and the new global statistics are
+the average of the clients' copies, i.e. ``r ← (1 − m) r + m · mean_i(batch statistic_i)``
+(``num_batches_tracked`` advances by one per round). The oracle stores that average after each
+call with shared parameters; :meth:`GradientOracle.commit_buffers` writes it into the model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+from torch.func import functional_call, grad_and_value, vmap
+
+__all__ = ["Backend", "GradientOracle", "OracleOutput", "ParameterLayout", "resolve_backend"]
+
+Backend = Literal["auto", "vmap", "loop"]
+
+
+class ParameterLayout:
+    """Maps a module's parameters to and from one flat vector of length ``d``.
+
+    The order is that of ``module.named_parameters()`` (trainable parameters only).
+    """
+
+    def __init__(self, module: nn.Module) -> None:
+        named = [(k, p) for k, p in module.named_parameters() if p.requires_grad]
+        self.names = [k for k, _ in named]
+        self.shapes = [p.shape for _, p in named]
+        self.numels = [p.numel() for _, p in named]
+        self.dim = sum(self.numels)
+
+    def flatten(self, module: nn.Module) -> Tensor:
+        """The module's current parameters as one detached vector ``[d]``."""
+        params = dict(module.named_parameters())
+        return torch.cat([params[k].detach().reshape(-1) for k in self.names])
+
+    def unflatten(self, flat: Tensor) -> dict[str, Tensor]:
+        """Views of ``flat [..., d]`` shaped like the parameters (leading dims kept)."""
+        lead = flat.shape[:-1]
+        chunks = torch.split(flat, self.numels, dim=-1)
+        return {k: c.view(*lead, *s) for k, c, s in zip(self.names, chunks, self.shapes)}
+
+    @torch.no_grad()
+    def assign(self, module: nn.Module, flat: Tensor) -> None:
+        """Copy ``flat [d]`` into the module's parameters in place."""
+        params = dict(module.named_parameters())
+        for k, v in self.unflatten(flat).items():
+            params[k].copy_(v)
+
+
+@dataclass
+class OracleOutput:
+    """Per-client gradients ``grads [n, d]`` and mean minibatch losses ``losses [n]``."""
+
+    grads: Tensor
+    losses: Tensor
+
+
+def resolve_backend(backend: Backend, device: torch.device) -> Literal["vmap", "loop"]:
+    """``"auto"`` → ``"vmap"`` on CUDA, ``"loop"`` on the CPU; explicit names pass through."""
+    if backend == "auto":
+        return "vmap" if device.type == "cuda" else "loop"
+    if backend not in ("vmap", "loop"):
+        raise ValueError(f"grad_backend must be 'auto', 'vmap' or 'loop', got {backend!r}")
+    return backend
+
+
+class GradientOracle:
+    """Per-client gradients of ``criterion(model(inputs_i), targets_i)``.
+
+    Args:
+        model: the network; its parameters define the layout of the flat vector.
+        criterion: a loss returning the mean over the minibatch (e.g. ``nn.CrossEntropyLoss()``).
+        backend: ``"vmap"`` or ``"loop"`` (see the module docstring).
+
+    The model is run in training mode (BatchNorm uses batch statistics) and its own parameters
+    and buffers are never modified by a call.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        criterion: Callable[[Tensor, Tensor], Tensor],
+        backend: Literal["vmap", "loop"] = "loop",
+    ) -> None:
+        if backend not in ("vmap", "loop"):
+            raise ValueError(f"backend must be 'vmap' or 'loop', got {backend!r}")
+        self.model = model
+        self.criterion = criterion
+        self.backend = backend
+        self.layout = ParameterLayout(model)
+        self.buffer_names = [k for k, b in model.named_buffers() if b is not None]
+        self._pending_buffers: dict[str, Tensor] | None = None
+        self._vmapped: dict[bool, Callable] = {}
+
+    # ------------------------------------------------------------------ helpers
+    def _loss(self, flat: Tensor, buffers: dict[str, Tensor], x: Tensor, y: Tensor) -> Tensor:
+        out = functional_call(self.model, (self.layout.unflatten(flat), buffers), (x,))
+        return self.criterion(out, y)
+
+    def _client_buffers(self, n: int) -> dict[str, Tensor]:
+        bufs = dict(self.model.named_buffers())
+        return {k: bufs[k].detach().unsqueeze(0).repeat(n, *([1] * bufs[k].dim())) for k in bufs}
+
+    def _average_buffers(self, per_client: dict[str, Tensor]) -> dict[str, Tensor]:
+        out = {}
+        for k, v in per_client.items():
+            out[k] = v.mean(0) if v.is_floating_point() else v[0]
+        return out
+
+    # ------------------------------------------------------------------ main entry
+    def __call__(self, params: Tensor, inputs: Tensor, targets: Tensor) -> OracleOutput:
+        """Gradients at ``params`` (``[d]`` shared by all clients, or ``[n, d]`` per client)."""
+        n = inputs.shape[0]
+        d = self.layout.dim
+        shared = params.dim() == 1
+        if params.shape[-1] != d or (not shared and params.shape[0] != n):
+            raise ValueError(
+                f"params must have shape [{d}] or [{n}, {d}], got {tuple(params.shape)}"
+            )
+        params = params.detach()
+        buffers = self._client_buffers(n)
+        if self.backend == "vmap":
+            grads, losses = self._vmap(params, buffers, inputs, targets, shared)
+        else:
+            grads, losses = self._loop(params, buffers, inputs, targets, shared)
+        self._pending_buffers = self._average_buffers(buffers) if shared and buffers else None
+        return OracleOutput(grads=grads, losses=losses.detach())
+
+    def _vmap(self, params, buffers, inputs, targets, shared):
+        fn = self._vmapped.get(shared)
+        if fn is None:
+            fn = vmap(
+                grad_and_value(self._loss, argnums=0),
+                in_dims=(None if shared else 0, 0, 0, 0),
+                randomness="different",
+            )
+            self._vmapped[shared] = fn
+        return fn(params, buffers, inputs, targets)
+
+    def _loop(self, params, buffers, inputs, targets, shared):
+        n = inputs.shape[0]
+        grads = torch.empty(n, self.layout.dim, device=params.device, dtype=params.dtype)
+        losses = torch.empty(n, device=params.device, dtype=params.dtype)
+        with torch.enable_grad():
+            for i in range(n):
+                leaf = (params if shared else params[i]).clone().requires_grad_(True)
+                client_buffers = {k: v[i] for k, v in buffers.items()}
+                loss = self._loss(leaf, client_buffers, inputs[i], targets[i])
+                (grads[i],) = torch.autograd.grad(loss, leaf)
+                losses[i] = loss.detach()
+        return grads, losses
+
+    @torch.no_grad()
+    def commit_buffers(self) -> None:
+        """Write the client-averaged running statistics of the last shared-parameter call."""
+        if not self._pending_buffers:
+            return
+        bufs = dict(self.model.named_buffers())
+        for k, v in self._pending_buffers.items():
+            bufs[k].copy_(v)
+        self._pending_buffers = None
