@@ -20,7 +20,14 @@ from torch import Tensor, nn
 from pl_privfed.operators import Operator
 from pl_privfed.privacy import DPNoise
 
-__all__ = ["FederatedAlgorithm", "GradFn", "Mechanism", "RoundResult", "check_positive"]
+__all__ = [
+    "FederatedAlgorithm",
+    "GradFn",
+    "Mechanism",
+    "RoundResult",
+    "check_positive",
+    "operator_metrics",
+]
 
 GradFn = Callable[[Tensor], Tensor]
 
@@ -32,6 +39,20 @@ def check_positive(name: str, value: float) -> float:
     if not math.isfinite(value) or value <= 0:
         raise ValueError(f"{name} must be a positive finite number, got {value!r}")
     return float(value)
+
+
+def operator_metrics(inputs: Tensor, outputs: Tensor) -> dict[str, Tensor]:
+    """Per-round operator statistics of client messages ``outputs = Ψ(inputs)`` (``[n, d]``).
+
+    ``clip_fraction``: fraction of clients whose vector Ψ shortened; ``update_norm``: mean norm
+    of the client messages (before noise).
+    """
+    in_norms = torch.linalg.vector_norm(inputs, dim=-1)
+    out_norms = torch.linalg.vector_norm(outputs, dim=-1)
+    return {
+        "clip_fraction": (out_norms < in_norms * (1 - 1e-6)).float().mean(),
+        "update_norm": out_norms.mean(),
+    }
 
 
 @dataclass(frozen=True)
@@ -157,9 +178,9 @@ class FederatedAlgorithm(nn.Module):
         return self.round(x, grad_fn)
 
     def _gaussian(self, *shape: int) -> Tensor:
-        return torch.randn(
-            *shape, generator=self.generator("noise"), device=self.device, dtype=self.dtype
-        ).mul_(self.noise_std)
+        """``N(0, σ² I)`` of the given shape from the algorithm's noise generator."""
+        out = torch.empty(*shape, device=self.device, dtype=self.dtype)
+        return out.normal_(0.0, self.noise_std, generator=self.generator("noise"))
 
     # ------------------------------------------------------------------ checkpoint state
     def get_extra_state(self) -> dict:

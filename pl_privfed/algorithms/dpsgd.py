@@ -7,9 +7,15 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from pl_privfed.algorithms.base import FederatedAlgorithm, GradFn, Mechanism, RoundResult
+from pl_privfed.algorithms.base import (
+    FederatedAlgorithm,
+    GradFn,
+    Mechanism,
+    RoundResult,
+    check_positive,
+    operator_metrics,
+)
 from pl_privfed.operators import Identity, Operator
-from pl_privfed.operators.functional import row_norms
 from pl_privfed.privacy import DPNoise
 
 __all__ = ["DistributedDPSGD"]
@@ -53,14 +59,14 @@ class DistributedDPSGD(FederatedAlgorithm):
         noise_placement: Literal["client", "server"] = "client",
     ) -> None:
         super().__init__(step_size, noise)
-        from pl_privfed.algorithms.base import check_positive
-
         self.operator = operator if operator is not None else Identity()
         if not isinstance(self.operator, Operator):
             raise ValueError(f"operator must be an Operator, got {operator!r}")
         self.scale = check_positive("scale", scale)
         if noise_placement not in ("client", "server"):
-            raise ValueError(f"noise_placement must be 'client' or 'server', got {noise_placement!r}")
+            raise ValueError(
+                f"noise_placement must be 'client' or 'server', got {noise_placement!r}"
+            )
         self.noise_placement = noise_placement
         if noise_placement == "server":
             self.privacy_unit = "client-level central DP (the server noises the aggregate)"
@@ -83,10 +89,7 @@ class DistributedDPSGD(FederatedAlgorithm):
     def round(self, x: Tensor, grad_fn: GradFn) -> RoundResult:
         grads = grad_fn(x)  # line 73: ∇f_i(x^k) for every client, [n, d]
         messages = self.operator(grads).mul_(self.scale)  # β Ψ(∇f_i(x^k))
-        metrics = {
-            "clip_fraction": self.operator.scaled_down(grads, messages).float().mean(),
-            "update_norm": row_norms(messages).mean(),
-        }
+        metrics = operator_metrics(grads, messages)
         if self.noise is not None and self.noise_placement == "client":
             messages.add_(self._gaussian(*messages.shape))  # z_i added by each client
         aggregate = messages.mean(0)

@@ -7,9 +7,14 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from pl_privfed.algorithms.base import FederatedAlgorithm, GradFn, RoundResult, check_positive
+from pl_privfed.algorithms.base import (
+    FederatedAlgorithm,
+    GradFn,
+    RoundResult,
+    check_positive,
+    operator_metrics,
+)
 from pl_privfed.operators import Clip, Operator, SmoothedNormalization, TopK
-from pl_privfed.operators.functional import row_norms
 from pl_privfed.privacy import DPNoise
 
 __all__ = ["EF21", "AlphaNormEC", "Clip21", "ErrorFeedback", "MemoryInit"]
@@ -103,11 +108,8 @@ class ErrorFeedback(FederatedAlgorithm):
         gen = self._generators.get("operator")
         delta = self.operator(diff, gen)  # line 5: Δ_i^k
         self.client_memory.add_(delta, alpha=self.beta)  # line 6: g_i^{k+1}
-        metrics = {
-            "clip_fraction": self.operator.scaled_down(diff, delta).float().mean(),
-            "update_norm": row_norms(delta).mean(),
-        }
-        sent = delta if self.noise is None else delta + self._gaussian(*delta.shape)  # lines 7-8
+        metrics = operator_metrics(diff, delta)
+        sent = delta if self.noise is None else self._gaussian(*delta.shape).add_(delta)  # l. 7-8
         self.server_memory.add_(sent.sum(0), alpha=self.beta / self.num_clients)  # line 10
         ghat = self.server_memory
         metrics["ef_gap"] = torch.linalg.vector_norm(ghat - self.client_memory.mean(0))

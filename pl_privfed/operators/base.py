@@ -41,12 +41,8 @@ class Operator:
     def __call__(self, v: Tensor, generator: torch.Generator | None = None) -> Tensor:
         raise NotImplementedError
 
-    def setup(self, dim: int) -> None:  # noqa: B027 - optional hook
+    def setup(self, dim: int) -> None:
         """Validate dimension-dependent parameters once the model size ``d`` is known."""
-
-    def scaled_down(self, v: Tensor, out: Tensor) -> Tensor:
-        """Boolean ``[n]``: rows whose norm the operator reduced (the "clipped" clients)."""
-        return F.row_norms(out).squeeze(-1) < F.row_norms(v).squeeze(-1) * (1 - 1e-6)
 
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if not k.startswith("_"))

@@ -1,0 +1,34 @@
+# Two entry points, each self-sufficient on a fresh machine with only Python:
+#   make demo   creates .venv, installs pl-privfed, runs the quickstart (DP-α-NormEC on digits)
+#   make test   creates .venv, installs pl-privfed[dev], runs ruff (lint + format) and pytest
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# torch/torchvision pins that install from this project's machines' local disk; override freely.
+TORCH_SPEC ?= torch==2.14.1 torchvision==0.29.1
+
+.PHONY: demo test lint install benchmark clean
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet $(TORCH_SPEC)
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $@
+
+install: $(BIN)/.installed
+
+demo: $(BIN)/.installed
+	$(BIN)/pl-privfed fit --config configs/quickstart.yaml
+
+lint: $(BIN)/.installed
+	$(BIN)/ruff check pl_privfed tests benchmarks
+	$(BIN)/ruff format --check pl_privfed tests benchmarks
+
+test: lint
+	$(BIN)/python -m pytest
+
+benchmark: $(BIN)/.installed
+	$(BIN)/python benchmarks/round_time.py
+
+clean:
+	rm -rf $(VENV) logs lightning_logs wandb .pytest_cache .ruff_cache

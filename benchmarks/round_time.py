@@ -1,0 +1,129 @@
+"""Time per communication round: loop vs vmap gradient backends vs the centralized floor.
+
+For each number of clients n, with B samples per client, it times
+
+* ``loop``: the per-client loop backend of :class:`pl_privfed.GradientOracle`;
+* ``vmap``: the ``torch.func.vmap(grad)`` backend;
+* ``central``: one forward/backward over the same n·B samples with shared parameters
+  (the physical floor: the same arithmetic without per-client gradients);
+* ``algorithm``: the algorithm's own work in a round (DP-α-NormEC: operators, memories,
+  noise), with precomputed gradients;
+
+and prints the ratios measured in the same run. Usage::
+
+    python benchmarks/round_time.py                       # quickstart MLP, n = 10, 100, 1000
+    python benchmarks/round_time.py --model mlp270k --clients 100
+    python benchmarks/round_time.py --device cuda
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import time
+
+import torch
+from torch import nn
+
+from pl_privfed.algorithms import AlphaNormEC
+from pl_privfed.grads import GradientOracle
+from pl_privfed.models import MLP
+from pl_privfed.privacy import DPNoise
+
+MODELS = {
+    # the quickstart network on 8x8 digits (d = 2,410)
+    "mlp": (lambda: MLP(64, [32], 10), (64,)),
+    # an MLP on 28x28 inputs with d ≈ 270k parameters (the size of ResNet-20)
+    "mlp270k": (lambda: MLP(784, [330, 32], 10), (784,)),
+    # a BatchNorm MLP (exercises per-client batch statistics)
+    "mlp_bn": (lambda: MLP(64, [32], 10, batch_norm=True), (64,)),
+}
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def timeit(fn, device: torch.device, repeats: int, warmup: int = 3) -> float:
+    """Median wall time of ``fn`` in milliseconds."""
+    for _ in range(warmup):
+        fn()
+    sync(device)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        sync(device)
+        times.append(time.perf_counter() - start)
+    times.sort()
+    return 1e3 * times[len(times) // 2]
+
+
+def bench(model_name: str, n: int, batch: int, device: torch.device, repeats: int) -> dict:
+    factory, in_shape = MODELS[model_name]
+    torch.manual_seed(0)
+    model = factory().to(device)
+    criterion = nn.CrossEntropyLoss()
+    inputs = torch.randn(n, batch, *in_shape, device=device)
+    targets = torch.randint(0, 10, (n, batch), device=device)
+    loop = GradientOracle(model, criterion, "loop")
+    vmapped = GradientOracle(model, criterion, "vmap")
+    x = loop.layout.flatten(model)
+    params = [p for p in model.parameters()]
+    flat_in, flat_t = inputs.reshape(n * batch, *in_shape), targets.reshape(-1)
+
+    def central():
+        loss = criterion(model(flat_in), flat_t)
+        return torch.autograd.grad(loss, params)
+
+    out = {"model": model_name, "d": loop.layout.dim, "n": n, "B": batch}
+    out["central_ms"] = timeit(central, device, repeats)
+    out["vmap_ms"] = timeit(lambda: vmapped(x, inputs, targets), device, repeats)
+    # the loop is slow for many clients: fewer repeats keep the benchmark short
+    out["loop_ms"] = timeit(lambda: loop(x, inputs, targets), device, max(3, repeats // 4), 1)
+
+    grads = vmapped(x, inputs, targets).grads
+    alg = AlphaNormEC(0.1, 0.1, 0.01, noise=DPNoise(epsilon=8.0))
+    alg.setup(num_clients=n, dim=loop.layout.dim, num_rounds=300, device=device)
+    alg.initialized.fill_(True)
+    out["algorithm_ms"] = timeit(lambda: alg.round(x, lambda p: grads.clone()), device, repeats)
+    out["clone_ms"] = timeit(lambda: grads.clone(), device, repeats)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", choices=sorted(MODELS), default="mlp")
+    parser.add_argument("--clients", type=int, nargs="+", default=[10, 100, 1000])
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor()
+    print(
+        f"# device={device} ({name or platform.machine()}), torch {torch.__version__}, "
+        f"threads={torch.get_num_threads()}"
+    )
+    header = (
+        f"{'model':>8} {'d':>8} {'n':>5} {'B':>3} {'central ms':>10} {'vmap ms':>9} "
+        f"{'loop ms':>9} {'vmap/floor':>10} {'loop/floor':>10} {'loop/vmap':>9} {'alg/vmap':>8}"
+    )
+    print(header)
+    for n in args.clients:
+        r = bench(args.model, n, args.batch, device, args.repeats)
+        alg = max(r["algorithm_ms"] - r["clone_ms"], 0.0)
+        print(
+            f"{r['model']:>8} {r['d']:>8} {r['n']:>5} {r['B']:>3} {r['central_ms']:>10.3f} "
+            f"{r['vmap_ms']:>9.3f} {r['loop_ms']:>9.3f} {r['vmap_ms'] / r['central_ms']:>10.2f} "
+            f"{r['loop_ms'] / r['central_ms']:>10.2f} {r['loop_ms'] / r['vmap_ms']:>9.2f} "
+            f"{alg / r['vmap_ms']:>8.3f}"
+        )
+
+
+if __name__ == "__main__":
+    main()

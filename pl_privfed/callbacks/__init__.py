@@ -1,0 +1,5 @@
+"""Callbacks usable in any Lightning project."""
+
+from pl_privfed.callbacks.summary import RunSummary
+
+__all__ = ["RunSummary"]

@@ -1,0 +1,145 @@
+"""``RunSummary``: writes ``summary.json`` at the end of every fit (and on failure)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytorch_lightning as pl
+import yaml
+from pytorch_lightning.utilities import rank_zero_only
+from typing_extensions import override
+
+__all__ = ["RunSummary"]
+
+
+def _scalar(value: Any) -> float | None:
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return None
+    return value if math.isfinite(value) else None
+
+
+class RunSummary(pl.Callback):
+    """Records the run's outcome in ``<log_dir>/summary.json`` and prints a one-line result.
+
+    Works with any LightningModule. It reads ``test/acc`` (or ``accuracy_key``) and ``train/loss``
+    (``loss_key``) from the logged metrics, and, when the module has a ``privacy_report()`` method
+    returning a dict (ε, δ, noise settings), includes it. If LightningCLI saved ``config.yaml``
+    in the log directory, the resolved config is included too.
+
+    Args:
+        dirpath: where to write; default ``trainer.log_dir``.
+        filename: file name (default ``summary.json``).
+        accuracy_key: logged metric holding test accuracy.
+        loss_key: logged metric holding the training loss.
+        verbose: print the result line at the end of fit.
+    """
+
+    def __init__(
+        self,
+        dirpath: str | None = None,
+        filename: str = "summary.json",
+        accuracy_key: str = "test/acc",
+        loss_key: str = "train/loss",
+        verbose: bool = True,
+    ) -> None:
+        self.dirpath = dirpath
+        self.filename = filename
+        self.accuracy_key = accuracy_key
+        self.loss_key = loss_key
+        self.verbose = verbose
+        self._start: float | None = None
+        self.final_accuracy: float | None = None
+        self.best_accuracy: float | None = None
+        self.final_loss: float | None = None
+        self.path: Path | None = None
+
+    @override
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._start = time.perf_counter()
+
+    @override
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        self.final_loss = _scalar(loss) if loss is not None else self.final_loss
+
+    @override
+    def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.sanity_checking:
+            return
+        acc = _scalar(trainer.callback_metrics.get(self.accuracy_key))
+        if acc is not None:
+            self.final_accuracy = acc
+            self.best_accuracy = acc if self.best_accuracy is None else max(self.best_accuracy, acc)
+
+    @override
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._write(trainer, pl_module, status="finished")
+
+    @override
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        self._write(trainer, pl_module, status=f"failed: {type(exception).__name__}: {exception}")
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"best_accuracy": self.best_accuracy, "final_accuracy": self.final_accuracy}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.best_accuracy = state_dict.get("best_accuracy")
+        self.final_accuracy = state_dict.get("final_accuracy")
+
+    def summary(self, trainer: pl.Trainer, pl_module: pl.LightningModule, status: str) -> dict:
+        """The dictionary written to ``summary.json``."""
+        out: dict[str, Any] = {
+            "status": status,
+            "final_test_accuracy": self.final_accuracy,
+            "best_test_accuracy": self.best_accuracy,
+            "final_train_loss": self.final_loss
+            if self.final_loss is not None
+            else _scalar(trainer.callback_metrics.get(self.loss_key)),
+            "rounds": trainer.global_step,
+            "epochs": trainer.current_epoch,
+            "wall_time_s": None if self._start is None else time.perf_counter() - self._start,
+            "stopped_reason": getattr(trainer, "privfed_stop_reason", None),
+        }
+        report = getattr(pl_module, "privacy_report", None)
+        privacy = report() if callable(report) else None
+        out["private"] = privacy is not None
+        if privacy is not None:
+            out["epsilon"] = privacy.get("epsilon")
+            out["delta"] = privacy.get("delta")
+            out["privacy"] = privacy
+        algorithm = getattr(pl_module, "algorithm", None)
+        if algorithm is not None:
+            out["algorithm"] = repr(algorithm)
+        config_path = Path(self._dir(trainer) or ".") / "config.yaml"
+        if config_path.is_file():
+            out["config"] = yaml.safe_load(config_path.read_text())
+        return out
+
+    def _dir(self, trainer: pl.Trainer) -> str | None:
+        return self.dirpath or trainer.log_dir
+
+    @rank_zero_only
+    def _write(self, trainer: pl.Trainer, pl_module: pl.LightningModule, status: str) -> None:
+        directory = self._dir(trainer)
+        if directory is None:
+            return
+        os.makedirs(directory, exist_ok=True)
+        data = self.summary(trainer, pl_module, status)
+        self.path = Path(directory) / self.filename
+        self.path.write_text(json.dumps(data, indent=2, default=str))
+        if self.verbose and status == "finished":
+            parts = [f"rounds={data['rounds']}"]
+            if data["final_test_accuracy"] is not None:
+                parts.append(f"test accuracy={data['final_test_accuracy']:.4f}")
+            if data["final_train_loss"] is not None:
+                parts.append(f"train loss={data['final_train_loss']:.4f}")
+            if data["private"]:
+                parts.append(f"epsilon={data['epsilon']:.3f} at delta={data['delta']:g}")
+            print(f"[pl-privfed] {', '.join(parts)}  (summary: {self.path})")

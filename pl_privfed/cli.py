@@ -1,0 +1,54 @@
+"""The ``pl-privfed`` command: LightningCLI over :class:`FederatedModule` and the datamodules.
+
+``pl-privfed fit --config configs/quickstart.yaml`` trains; every value can be overridden on the
+command line (``--model.algorithm.init_args.beta 0.1``); ``--print_config`` shows the resolved
+config; ``validate`` and ``test`` evaluate a checkpoint (``--ckpt_path``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pytorch_lightning.cli import LightningCLI
+
+from pl_privfed.callbacks import RunSummary
+from pl_privfed.datamodules import FederatedDataModule
+from pl_privfed.module import FederatedModule
+
+__all__ = ["PrivFedCLI", "main", "wandb_offline_unless_logged_in"]
+
+
+def wandb_offline_unless_logged_in() -> None:
+    """Run W&B offline (``WANDB_MODE=offline``) unless an API key or a login is available.
+
+    Offline runs are written under the logger's ``save_dir`` and can be uploaded later with
+    ``wandb sync <dir>``.
+    """
+    if "WANDB_MODE" in os.environ or os.environ.get("WANDB_API_KEY"):
+        return
+    netrc = Path(os.environ.get("NETRC", Path.home() / ".netrc"))
+    if netrc.is_file() and "api.wandb.ai" in netrc.read_text(errors="ignore"):
+        return
+    os.environ["WANDB_MODE"] = "offline"
+
+
+class PrivFedCLI(LightningCLI):
+    """LightningCLI with :class:`RunSummary` always on and W&B offline without credentials."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        wandb_offline_unless_logged_in()
+        kwargs.setdefault("subclass_mode_data", True)
+        kwargs.setdefault("save_config_kwargs", {"overwrite": True})
+        kwargs.setdefault("trainer_defaults", {"callbacks": [RunSummary()]})
+        kwargs.setdefault("auto_configure_optimizers", False)
+        super().__init__(FederatedModule, FederatedDataModule, *args, **kwargs)
+
+
+def main(args: list[str] | None = None) -> None:
+    """Console entry point."""
+    PrivFedCLI(args=args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,269 @@
+"""Exact iterates of every algorithm against small independent references.
+
+Quadratic clients f_i(x) = ½||x − b_i||² (∇f_i(x) = x − b_i). The references below are plain
+loops over clients with scalar arithmetic written from the papers, sharing nothing with the
+package but the noise generator seed (they draw the same N(0, 1) matrix per round).
+"""
+
+import math
+
+import pytest
+import torch
+
+from pl_privfed.algorithms import EF21, AlphaNormEC, Clip21, DistributedDPSGD
+from pl_privfed.operators import Clip, SmoothedNormalization, TopK
+from pl_privfed.privacy import DPNoise, PrivacyAccountant
+
+DT = torch.float64
+ROUNDS = 25
+
+
+def problem(n=5, d=4, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    b = torch.randn(n, d, generator=g, dtype=DT) * 3
+    x0 = torch.randn(d, generator=g, dtype=DT)
+    return b, x0
+
+
+def grad_fn_for(b):
+    def grad_fn(params):
+        return (params.unsqueeze(0) if params.dim() == 1 else params) - b
+
+    return grad_fn
+
+
+def run(alg, b, x0, rounds=ROUNDS):
+    alg.setup(num_clients=b.shape[0], dim=b.shape[1], num_rounds=rounds, dtype=DT)
+    x, xs = x0.clone(), []
+    for _ in range(rounds):
+        x = alg.step(x, grad_fn_for(b)).params
+        xs.append(x.clone())
+    return xs
+
+
+# ---------------------------------------------------------------------------- plain references
+def norm(v):
+    return math.sqrt(sum(c * c for c in v))
+
+
+def smoothed(v, alpha):
+    s = alpha + norm(v)
+    return [c / s for c in v] if s > 0 else [0.0] * len(v)
+
+
+def hard_clip(v, tau):
+    nv = norm(v)
+    return [c * min(1.0, tau / nv) for c in v] if nv > 0 else list(v)
+
+
+def topk(v, k):
+    keep = sorted(range(len(v)), key=lambda j: -abs(v[j]))[:k]
+    return [v[j] if j in keep else 0.0 for j in range(len(v))]
+
+
+def ref_error_feedback(b, x0, psi, beta, gamma, sn, rounds, init="zeros", std=0.0, seed=0, D=0.0):
+    n, d = b.shape
+    b = b.tolist()
+    x = x0.tolist()
+    gen = torch.Generator().manual_seed(seed)
+
+    def grad(i, x):
+        return [x[j] - b[i][j] for j in range(d)]
+
+    if init == "zeros":
+        g = [[0.0] * d for _ in range(n)]
+    else:
+        g = [grad(i, x) for i in range(n)]
+        if init == "gradient_offset":
+            for i in range(n):
+                g[i][0] += D / math.sqrt(rounds + 1)
+    ghat = [sum(g[i][j] for i in range(n)) / n for j in range(d)]
+    out = []
+    for _ in range(rounds):
+        z = torch.randn(n, d, generator=gen, dtype=DT).tolist() if std > 0 else None
+        sent_sum = [0.0] * d
+        for i in range(n):  # each client
+            delta = psi([grad(i, x)[j] - g[i][j] for j in range(d)])
+            g[i] = [g[i][j] + beta * delta[j] for j in range(d)]
+            sent = [delta[j] + (std * z[i][j] if z else 0.0) for j in range(d)]
+            sent_sum = [sent_sum[j] + sent[j] for j in range(d)]
+        ghat = [ghat[j] + beta / n * sent_sum[j] for j in range(d)]
+        if sn:
+            ng = norm(ghat)
+            step = [c / ng for c in ghat] if ng > 0 else [0.0] * d
+        else:
+            step = ghat
+        x = [x[j] - gamma * step[j] for j in range(d)]
+        out.append(torch.tensor(x, dtype=DT))
+    return out
+
+
+def ref_dpsgd(b, x0, psi, scale, gamma, rounds, std=0.0, placement="client", seed=0):
+    n, d = b.shape
+    b = b.tolist()
+    x = x0.tolist()
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(rounds):
+        msgs = [[scale * c for c in psi([x[j] - b[i][j] for j in range(d)])] for i in range(n)]
+        if std > 0 and placement == "client":
+            z = torch.randn(n, d, generator=gen, dtype=DT).tolist()
+            msgs = [[msgs[i][j] + std * z[i][j] for j in range(d)] for i in range(n)]
+        agg = [sum(msgs[i][j] for i in range(n)) / n for j in range(d)]
+        if std > 0 and placement == "server":
+            z = torch.randn(d, generator=gen, dtype=DT).tolist()
+            agg = [agg[j] + std * z[j] for j in range(d)]
+        x = [x[j] - gamma * agg[j] for j in range(d)]
+        out.append(torch.tensor(x, dtype=DT))
+    return out
+
+
+def assert_iterates(xs, ref):
+    assert len(xs) == len(ref) == ROUNDS
+    for k, (a, r) in enumerate(zip(xs, ref)):
+        torch.testing.assert_close(a, r, rtol=1e-11, atol=1e-11, msg=f"round {k}")
+
+
+# ---------------------------------------------------------------------------- tests
+@pytest.mark.parametrize("server_normalization", [True, False])
+@pytest.mark.parametrize("init", ["zeros", "gradient", "gradient_offset"])
+@pytest.mark.parametrize("private", [False, True])
+def test_alpha_normec_exact(server_normalization, init, private):
+    b, x0 = problem()
+    noise = DPNoise(noise_multiplier=0.3, seed=7) if private else None
+    alg = AlphaNormEC(
+        step_size=0.05,
+        beta=0.4,
+        alpha=0.5,  # β/α < 1 (paper 002 Theorem 1): rounding is not amplified
+        server_normalization=server_normalization,
+        memory_init=init,
+        memory_init_offset=2.0,
+        noise=noise,
+    )
+    xs = run(alg, b, x0)
+    ref = ref_error_feedback(
+        b, x0, lambda v: smoothed(v, 0.5), 0.4, 0.05, server_normalization, ROUNDS,
+        init=init, std=0.3 if private else 0.0, seed=7, D=2.0,
+    )  # fmt: skip
+    assert_iterates(xs, ref)
+
+
+def test_dp_alpha_normec_paper_noise_level():
+    b, x0 = problem()
+    alg = AlphaNormEC(0.05, 0.1, 0.01, noise=DPNoise(epsilon=8.0, delta=1e-5, seed=1))
+    alg.setup(num_clients=5, dim=4, num_rounds=300, dtype=DT)
+    assert alg.noise_std == pytest.approx(math.sqrt(300 * math.log(1e5)) / 8.0)
+    xs = run(alg, b, x0)
+    std = math.sqrt(ROUNDS * math.log(1e5)) / 8.0  # run() calls setup with K = ROUNDS
+    ref = ref_error_feedback(b, x0, lambda v: smoothed(v, 0.01), 0.1, 0.05, True, ROUNDS,
+                             std=std, seed=1)  # fmt: skip
+    assert_iterates(xs, ref)
+    (mech,) = alg.mechanisms()
+    assert mech.noise_multiplier == pytest.approx(std) and mech.sample_rate == 1.0
+
+
+@pytest.mark.parametrize("server_normalization", [False, True])
+@pytest.mark.parametrize("private", [False, True])
+def test_clip21_exact(server_normalization, private):
+    b, x0 = problem(seed=3)
+    noise = DPNoise(noise_multiplier=0.5, seed=2) if private else None
+    alg = Clip21(0.1, clip_threshold=1.5, server_normalization=server_normalization, noise=noise)
+    assert alg.beta == 1.0
+    xs = run(alg, b, x0)
+    # DP-Clip21 noise is calibrated to the sensitivity τ: std = noise_multiplier · τ
+    ref = ref_error_feedback(b, x0, lambda v: hard_clip(v, 1.5), 1.0, 0.1, server_normalization,
+                             ROUNDS, std=0.5 * 1.5 if private else 0.0, seed=2)  # fmt: skip
+    assert_iterates(xs, ref)
+
+
+def test_ef21_topk_exact():
+    b, x0 = problem(seed=4)
+    alg = EF21(0.2, compressor=TopK(k=2))
+    xs = run(alg, b, x0)
+    ref = ref_error_feedback(b, x0, lambda v: topk(v, 2), 1.0, 0.2, False, ROUNDS, init="gradient")
+    assert_iterates(xs, ref)
+
+
+@pytest.mark.parametrize("placement", ["client", "server"])
+@pytest.mark.parametrize(
+    "operator, psi",
+    [
+        (SmoothedNormalization(0.01), lambda v: smoothed(v, 0.01)),
+        (Clip(1.0), lambda v: hard_clip(v, 1.0)),
+    ],
+)
+@pytest.mark.parametrize("private", [False, True])
+def test_distributed_dpsgd_exact(operator, psi, placement, private):
+    b, x0 = problem(seed=5)
+    noise = DPNoise(noise_multiplier=0.2, seed=3) if private else None
+    alg = DistributedDPSGD(0.1, operator, scale=2.0, noise=noise, noise_placement=placement)
+    xs = run(alg, b, x0)
+    ref = ref_dpsgd(b, x0, psi, 2.0, 0.1, ROUNDS, std=0.2 * 2.0 if private else 0.0,
+                    placement=placement, seed=3)  # fmt: skip
+    assert_iterates(xs, ref)
+
+
+def test_dpsgd_central_noise_multiplier_accounts_for_averaging():
+    alg = DistributedDPSGD(
+        0.1, Clip(1.0), noise=DPNoise(noise_multiplier=0.2), noise_placement="server"
+    )
+    alg.setup(num_clients=10, dim=3, num_rounds=5)
+    (mech,) = alg.mechanisms()
+    # std 0.2 on the mean; one client moves the mean by at most 1/10
+    assert mech.noise_multiplier == pytest.approx(2.0)
+    assert "central" in mech.privacy_unit
+
+
+def test_example_1_dpsgd_stalls_alpha_normec_converges():
+    """Paper 002 Example 1: n = 2, d = 1, b = ±3, x⁰ = 2."""
+    b = torch.tensor([[3.0], [-3.0]], dtype=DT)
+    x0 = torch.tensor([2.0], dtype=DT)
+    dpsgd = DistributedDPSGD(0.1, SmoothedNormalization(0.0))
+    xs = run(dpsgd, b, x0, rounds=200)
+    assert all(float(x) == 2.0 for x in xs)  # Norm(−1) + Norm(5) = −1 + 1 = 0: no progress
+    normec = AlphaNormEC(0.01, beta=0.1, alpha=1.0, server_normalization=False)
+    xs = run(normec, b, x0, rounds=2000)
+    assert abs(float(xs[-1])) < 0.05  # converges to x* = 0
+    assert abs(float(xs[-1])) < abs(float(xs[len(xs) // 2])) < 2.0
+
+
+def test_accountant_matches_opacus():
+    from opacus.accountants import RDPAccountant
+
+    ours, theirs = PrivacyAccountant("rdp"), RDPAccountant()
+    for _ in range(300):
+        ours.step(noise_multiplier=1.1, sample_rate=1.0)
+        theirs.step(noise_multiplier=1.1, sample_rate=1.0)
+    assert ours.get_epsilon(1e-5) == theirs.get_epsilon(1e-5)
+    assert ours.steps == 300
+
+
+@pytest.mark.parametrize(
+    "factory, message",
+    [
+        (lambda: AlphaNormEC(0.0, 0.1, 0.1), "step_size"),
+        (lambda: AlphaNormEC(-1.0, 0.1, 0.1), "step_size"),
+        (lambda: AlphaNormEC(0.1, 0.0, 0.1), "beta"),
+        (lambda: AlphaNormEC(0.1, -2.0, 0.1), "beta"),
+        (lambda: AlphaNormEC(0.1, 0.1, -0.5), "alpha"),
+        (lambda: Clip21(0.1, 0.0), "threshold"),
+        (lambda: AlphaNormEC(0.1, 0.1, 0.1, memory_init="ones"), "memory_init"),
+        (lambda: DistributedDPSGD(0.1, scale=0.0), "scale"),
+        (lambda: DistributedDPSGD(0.1, noise_placement="both"), "noise_placement"),
+        (lambda: DPNoise(epsilon=0.0), "epsilon"),
+        (lambda: DPNoise(epsilon=-1.0), "epsilon"),
+        (lambda: DPNoise(epsilon=8.0, delta=0.0), "delta"),
+        (lambda: DPNoise(epsilon=8.0, delta=1.0), "delta"),
+        (lambda: DPNoise(), "exactly one"),
+        (lambda: DPNoise(epsilon=1.0, noise_multiplier=1.0), "exactly one"),
+    ],
+)
+def test_validation(factory, message):
+    with pytest.raises(ValueError, match=message):
+        factory()
+
+
+def test_noise_needs_bounded_operator():
+    alg = DistributedDPSGD(0.1, noise=DPNoise(noise_multiplier=1.0))  # identity: unbounded
+    with pytest.raises(ValueError, match="bounded"):
+        alg.setup(num_clients=2, dim=3, num_rounds=5)
