@@ -27,7 +27,7 @@ from torch import nn
 
 from pl_privfed.algorithms import AlphaNormEC
 from pl_privfed.grads import GradientOracle
-from pl_privfed.models import MLP
+from pl_privfed.models import MLP, resnet20
 from pl_privfed.privacy import DPNoise
 
 MODELS = {
@@ -37,6 +37,8 @@ MODELS = {
     "mlp270k": (lambda: MLP(784, [330, 32], 10), (784,)),
     # a BatchNorm MLP (exercises per-client batch statistics)
     "mlp_bn": (lambda: MLP(64, [32], 10, batch_norm=True), (64,)),
+    # the papers' CIFAR-10 network (d = 269,722), with BatchNorm
+    "resnet20": (lambda: resnet20(), (3, 32, 32)),
 }
 
 

@@ -47,7 +47,8 @@ class FederatedModule(pl.LightningModule):
         model: the global model (a plain ``nn.Module``).
         algorithm: the federated algorithm, e.g. :class:`~pl_privfed.algorithms.AlphaNormEC`.
         criterion: per-client loss, a mean over the minibatch (default cross-entropy).
-        grad_backend: ``"auto"`` (vmap on CUDA, loop on CPU), ``"vmap"`` or ``"loop"``.
+        grad_backend: ``"auto"`` (see :func:`~pl_privfed.grads.resolve_backend`), ``"vmap"`` or
+            ``"loop"``.
         epsilon_every: compute and log the accountant's ε every this many rounds (and at the end).
     """
 
@@ -119,7 +120,7 @@ class FederatedModule(pl.LightningModule):
             dtype=next(self.model.parameters()).dtype,
         )
         self.oracle = GradientOracle(
-            self.model, self.criterion, resolve_backend(self.grad_backend, device)
+            self.model, self.criterion, resolve_backend(self.grad_backend, device, self.model)
         )
         if noise is not None:
             self.accountant = PrivacyAccountant(noise.accountant)

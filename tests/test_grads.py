@@ -91,8 +91,10 @@ def test_layout_roundtrip():
 
 
 def test_backend_resolution_and_validation():
-    assert resolve_backend("auto", torch.device("cpu")) == "loop"
-    assert resolve_backend("auto", torch.device("cuda")) == "vmap"
+    assert resolve_backend("auto", torch.device("cuda"), bn_model()) == "vmap"
+    assert resolve_backend("auto", torch.device("cpu"), bn_model()) == "loop"  # convolutional
+    assert resolve_backend("auto", torch.device("cpu"), MLP(3, [4], 2)) == "vmap"
+    assert resolve_backend("loop", torch.device("cuda")) == "loop"
     with pytest.raises(ValueError, match="grad_backend"):
         resolve_backend("jit", torch.device("cpu"))
     with pytest.raises(ValueError, match="backend"):

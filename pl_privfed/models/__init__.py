@@ -2,5 +2,16 @@
 
 from pl_privfed.models.mlp import MLP, LogisticRegression
 from pl_privfed.models.quadratic import HalfSquaredError, QuadraticModel
+from pl_privfed.models.resnet_cifar import CifarResNet, resnet20, resnet32, resnet44, resnet56
 
-__all__ = ["MLP", "HalfSquaredError", "LogisticRegression", "QuadraticModel"]
+__all__ = [
+    "MLP",
+    "CifarResNet",
+    "HalfSquaredError",
+    "LogisticRegression",
+    "QuadraticModel",
+    "resnet20",
+    "resnet32",
+    "resnet44",
+    "resnet56",
+]

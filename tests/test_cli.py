@@ -1,0 +1,70 @@
+"""The pl-privfed command: every shipped config instantiates; the quickstart runs end to end."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pl_privfed import FederatedModule
+from pl_privfed.cli import PrivFedCLI, main
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIGS = sorted((REPO / "configs").rglob("*.yaml"))
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=[str(c.relative_to(REPO)) for c in CONFIGS])
+def test_every_config_instantiates(config, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cli = PrivFedCLI(args=["--config", str(config), "--trainer.logger", "false"], run=False)
+    assert isinstance(cli.model, FederatedModule)
+    assert cli.datamodule.num_clients >= 1
+
+
+def test_quickstart_runs_through_cli(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    main(["fit", "--config", str(REPO / "configs/quickstart.yaml"),
+          "--trainer.max_steps", "20", "--trainer.val_check_interval", "10"])  # fmt: skip
+    (summary,) = tmp_path.glob("logs/quickstart/version_*/summary.json")
+    data = json.loads(summary.read_text())
+    assert data["status"] == "finished" and data["rounds"] == 20
+    assert data["private"] and data["epsilon"] > 0 and data["delta"] == 1e-5
+    assert 0 <= data["final_test_accuracy"] <= 1
+    assert data["config"]["model"]["algorithm"]["class_path"] == "pl_privfed.algorithms.AlphaNormEC"
+    assert "test accuracy=" in capsys.readouterr().out
+    assert list(tmp_path.glob("logs/wandb/offline-run-*")), "W&B should log offline"
+
+
+def test_print_config(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", str(REPO / "configs/algorithms/clip21.yaml"),
+              "--model.algorithm.init_args.clip_threshold", "0.5", "--print_config"])  # fmt: skip
+    assert exit_info.value.code in (0, None)
+    assert "clip_threshold: 0.5" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        (["--model.algorithm.init_args.step_size", "-1"], "step_size"),
+        (["--model.algorithm.init_args.beta", "0"], "beta"),
+        (["--model.algorithm.init_args.alpha", "-0.5"], "alpha"),
+        (["--model.algorithm.init_args.noise.epsilon", "0"], "epsilon"),
+        (["--model.algorithm.init_args.noise.delta", "1.5"], "delta"),
+    ],
+)
+def test_bad_values_fail_before_training(override, message, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    args = ["fit", "--config", str(REPO / "configs/quickstart.yaml"), "--trainer.logger", "false"]
+    with pytest.raises((ValueError, SystemExit)) as info:
+        main(args + override)
+    text = str(info.value) if info.type is ValueError else str(info.value.__context__)
+    assert message in text
+    assert not list(tmp_path.glob("**/*.ckpt"))
+
+
+def test_more_clients_than_examples(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match="num_clients"):
+        main(["fit", "--config", str(REPO / "configs/quickstart.yaml"), "--trainer.logger", "false",
+              "--data.init_args.num_clients", "5000"])  # fmt: skip

@@ -1,0 +1,129 @@
+"""The FederatedModule inside a real Trainer: iterates, resume exactness, failures."""
+
+import pytest
+import pytorch_lightning as pl
+import torch
+from pytorch_lightning.callbacks import ModelCheckpoint
+from test_algorithms import ref_error_feedback, smoothed
+
+from pl_privfed import FederatedModule, NonFiniteLossError
+from pl_privfed.algorithms import EF21, AlphaNormEC, DistributedDPSGD
+from pl_privfed.callbacks import RunSummary
+from pl_privfed.datamodules import DigitsDataModule, DirichletPartitioner, QuadraticDataModule
+from pl_privfed.models import MLP, HalfSquaredError, QuadraticModel
+from pl_privfed.operators import RandKBiased, TopK
+from pl_privfed.privacy import DPNoise
+
+
+def trainer(tmp_path=None, **kwargs):
+    defaults = dict(
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        default_root_dir=tmp_path,
+    )
+    defaults.update(kwargs)
+    return pl.Trainer(**defaults)
+
+
+def test_module_iterates_match_reference():
+    """Through Lightning (data module, oracle, flattening) the iterates are Algorithm 1's."""
+    torch.manual_seed(0)
+    centers = [[3.0, -1.0, 0.5], [-2.0, 0.0, 1.0], [0.5, 2.0, -3.0], [1.0, 1.0, 1.0]]
+    x0 = [2.0, -1.0, 0.5]
+    dm = QuadraticDataModule(centers=centers)
+    alg = AlphaNormEC(0.05, beta=0.3, alpha=0.5, server_normalization=False,
+                      noise=DPNoise(noise_multiplier=0.2, seed=4))  # fmt: skip
+    module = FederatedModule(QuadraticModel(3, x0), alg, criterion=HalfSquaredError())
+    trainer(max_steps=20).fit(module, datamodule=dm)
+    ref = ref_error_feedback(
+        torch.tensor(centers, dtype=torch.float64), torch.tensor(x0, dtype=torch.float64),
+        lambda v: smoothed(v, 0.5), 0.3, 0.05, False, 20, std=0.2, seed=4,
+    )  # fmt: skip
+    # float32 model vs float64 reference; the noise stream is drawn in float32 by the module
+    torch.testing.assert_close(module.model.x.detach().double(), ref[-1], atol=1e-4, rtol=1e-4)
+    assert module.accountant.steps == 20
+
+
+def _digits_run(tmp_path, max_steps, ckpt_path=None, callbacks=()):
+    torch.manual_seed(0)
+    dm = DigitsDataModule(num_clients=5, batch_size=16,
+                          partitioner=DirichletPartitioner(concentration=0.5, seed=1))  # fmt: skip
+    alg = AlphaNormEC(0.05, beta=0.1, alpha=0.01, memory_init="gradient",
+                      noise=DPNoise(epsilon=8.0, seed=3))  # fmt: skip
+    module = FederatedModule(MLP(64, [16], 10, batch_norm=True), alg)
+    t = trainer(tmp_path, max_steps=max_steps, callbacks=list(callbacks))
+    t.fit(module, datamodule=dm, ckpt_path=ckpt_path)
+    return module
+
+
+def test_resume_is_bit_identical(tmp_path):
+    full = _digits_run(tmp_path / "full", 14)
+    ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=6, save_top_k=-1)
+    _digits_run(tmp_path / "first", 6, callbacks=[ckpt])
+    (path,) = list((tmp_path / "ckpt").glob("*.ckpt"))
+    resumed = _digits_run(tmp_path / "resumed", 14, ckpt_path=str(path))
+    for (k, a), (_, b) in zip(full.state_dict().items(), resumed.state_dict().items()):
+        if isinstance(a, torch.Tensor):
+            assert torch.equal(a, b), k
+    assert torch.equal(full.algorithm.generator("noise").get_state(),
+                       resumed.algorithm.generator("noise").get_state())  # fmt: skip
+    assert full.accountant.steps == resumed.accountant.steps == 14
+    assert full.accountant.get_epsilon(1e-5) == resumed.accountant.get_epsilon(1e-5)
+
+
+def test_resume_restores_operator_generator(tmp_path):
+    def run(max_steps, ckpt_path=None, callbacks=()):
+        dm = DigitsDataModule(num_clients=3, batch_size=8)
+        module = FederatedModule(MLP(64, [], 10), EF21(0.5, compressor=RandKBiased(ratio=0.2)))
+        trainer(tmp_path, max_steps=max_steps, callbacks=list(callbacks)).fit(
+            module, datamodule=dm, ckpt_path=ckpt_path
+        )
+        return module
+
+    full = run(9)
+    ckpt = ModelCheckpoint(dirpath=tmp_path / "c", every_n_train_steps=4, save_top_k=-1)
+    run(4, callbacks=[ckpt])
+    resumed = run(9, ckpt_path=str(next((tmp_path / "c").glob("*.ckpt"))))
+    assert torch.equal(full.model.net[1].weight, resumed.model.net[1].weight)
+
+
+def test_non_finite_loss_stops_with_round_number():
+    dm = QuadraticDataModule(centers=[[1.0], [-3.0]])
+    module = FederatedModule(QuadraticModel(1, [2.0]), DistributedDPSGD(1000.0),
+                             criterion=HalfSquaredError())  # fmt: skip
+    with pytest.raises(NonFiniteLossError, match=r"round \d+"):
+        trainer(max_steps=100).fit(module, datamodule=dm)
+    assert 0 < module.global_step < 100
+
+
+def test_topk_k_out_of_range_fails_before_training():
+    dm = DigitsDataModule(num_clients=2, batch_size=4)
+    module = FederatedModule(MLP(64, [], 10), EF21(0.1, compressor=TopK(k=10**7)))
+    with pytest.raises(ValueError, match="k must be in"):
+        trainer(max_steps=2).fit(module, datamodule=dm)
+    assert module.global_step == 0
+
+
+def test_summary_json_and_privacy_report(tmp_path):
+    dm = DigitsDataModule(num_clients=4, batch_size=16)
+    alg = AlphaNormEC(0.05, 0.1, 0.01, noise=DPNoise(epsilon=8.0))
+    module = FederatedModule(MLP(64, [8], 10), alg)
+    summary = RunSummary(dirpath=str(tmp_path))
+    t = trainer(tmp_path, max_steps=10, callbacks=[summary], limit_val_batches=None,
+                val_check_interval=5, check_val_every_n_epoch=None)  # fmt: skip
+    t.fit(module, datamodule=dm)
+    import json
+
+    data = json.loads((tmp_path / "summary.json").read_text())
+    assert data["status"] == "finished" and data["rounds"] == 10
+    assert 0 <= data["final_test_accuracy"] <= 1 and data["best_test_accuracy"] >= 0
+    assert data["private"] and data["delta"] == 1e-5
+    assert data["epsilon"] == pytest.approx(module.accountant.get_epsilon(1e-5))
+    assert data["privacy"]["calibration_rounds"] == 10
+    assert data["final_train_loss"] > 0
