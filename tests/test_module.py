@@ -57,15 +57,27 @@ def _digits_run(tmp_path, max_steps, ckpt_path=None, callbacks=()):
     alg = AlphaNormEC(0.05, beta=0.1, alpha=0.01, memory_init="gradient",
                       noise=DPNoise(epsilon=8.0, seed=3))  # fmt: skip
     module = FederatedModule(MLP(64, [16], 10, batch_norm=True), alg)
-    t = trainer(tmp_path, max_steps=max_steps, callbacks=list(callbacks))
+    t = trainer(tmp_path, max_steps=max_steps, callbacks=list(callbacks), enable_checkpointing=True)
     t.fit(module, datamodule=dm, ckpt_path=ckpt_path)
     return module
+
+
+class StopAt(pl.Callback):
+    """Interrupts a run after a given round, as a crash or a time limit would."""
+
+    def __init__(self, round_index):
+        self.round_index = round_index
+
+    def on_train_batch_end(self, trainer, *args):
+        if trainer.global_step >= self.round_index:
+            trainer.should_stop = True
 
 
 def test_resume_is_bit_identical(tmp_path):
     full = _digits_run(tmp_path / "full", 14)
     ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=6, save_top_k=-1)
-    _digits_run(tmp_path / "first", 6, callbacks=[ckpt])
+    interrupted = _digits_run(tmp_path / "first", 14, callbacks=[ckpt, StopAt(6)])
+    assert interrupted.global_step == 6
     (path,) = list((tmp_path / "ckpt").glob("*.ckpt"))
     resumed = _digits_run(tmp_path / "resumed", 14, ckpt_path=str(path))
     for (k, a), (_, b) in zip(full.state_dict().items(), resumed.state_dict().items()):
@@ -79,16 +91,17 @@ def test_resume_is_bit_identical(tmp_path):
 
 def test_resume_restores_operator_generator(tmp_path):
     def run(max_steps, ckpt_path=None, callbacks=()):
+        torch.manual_seed(0)  # same initial model (the CLI's seed_everything does this)
         dm = DigitsDataModule(num_clients=3, batch_size=8)
         module = FederatedModule(MLP(64, [], 10), EF21(0.5, compressor=RandKBiased(ratio=0.2)))
-        trainer(tmp_path, max_steps=max_steps, callbacks=list(callbacks)).fit(
-            module, datamodule=dm, ckpt_path=ckpt_path
-        )
+        trainer(
+            tmp_path, max_steps=max_steps, callbacks=list(callbacks), enable_checkpointing=True
+        ).fit(module, datamodule=dm, ckpt_path=ckpt_path)
         return module
 
     full = run(9)
     ckpt = ModelCheckpoint(dirpath=tmp_path / "c", every_n_train_steps=4, save_top_k=-1)
-    run(4, callbacks=[ckpt])
+    run(9, callbacks=[ckpt, StopAt(4)])
     resumed = run(9, ckpt_path=str(next((tmp_path / "c").glob("*.ckpt"))))
     assert torch.equal(full.model.net[1].weight, resumed.model.net[1].weight)
 

@@ -1,0 +1,218 @@
+"""``FederatedDataModule``: one training batch = one round = one minibatch per client."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytorch_lightning as pl
+import torch
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset
+
+from pl_privfed.datamodules.partition import IIDPartitioner, Partitioner
+
+__all__ = ["ClientStreams", "FederatedDataModule"]
+
+
+def _positive_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+class ClientStreams:
+    """Per-client sampling without replacement, as a pure function of the round number.
+
+    Client ``i``'s examples form an infinite stream: the concatenation of per-local-epoch
+    permutations of its shard, where the permutation of local epoch ``e`` is drawn by a
+    ``torch.Generator`` seeded from ``(seed, i, e)`` (through NumPy's ``SeedSequence``). Round
+    ``k`` takes stream positions ``[k·B, (k+1)·B)``. A batch may straddle two local epochs; a
+    shard smaller than ``B`` yields batches with repeats.
+    """
+
+    def __init__(self, shards: list[np.ndarray], batch_size: int, seed: int) -> None:
+        self.shards = [torch.as_tensor(np.asarray(s, dtype=np.int64)) for s in shards]
+        self.sizes = [len(s) for s in shards]
+        self.batch_size = batch_size
+        self.seed = seed
+        self._cache: list[dict[int, Tensor]] = [{} for _ in shards]
+
+    def permutation(self, client: int, epoch: int) -> Tensor:
+        """Dataset indices of ``client``'s shard in the order of its local ``epoch``."""
+        cache = self._cache[client]
+        if epoch not in cache:
+            state = np.random.SeedSequence([self.seed, client, epoch]).generate_state(2)
+            gen = torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
+            perm = self.shards[client][torch.randperm(self.sizes[client], generator=gen)]
+            for old in [e for e in cache if e < epoch - 1]:
+                del cache[old]
+            cache[epoch] = perm
+        return cache[epoch]
+
+    def indices(self, round_index: int) -> Tensor:
+        """``[num_clients, batch_size]`` dataset indices of round ``round_index``."""
+        if round_index < 0:
+            raise ValueError(f"round_index must be >= 0, got {round_index}")
+        batch = self.batch_size
+        out = torch.empty(len(self.shards), batch, dtype=torch.int64)
+        for i, size in enumerate(self.sizes):
+            pos, filled = round_index * batch, 0
+            while filled < batch:
+                epoch, offset = divmod(pos, size)
+                take = min(batch - filled, size - offset)
+                out[i, filled : filled + take] = self.permutation(i, epoch)[offset : offset + take]
+                filled += take
+                pos += take
+        return out
+
+
+class _RoundLoader:
+    """The training "dataloader": yields the remaining rounds of the current Lightning epoch.
+
+    It starts at ``trainer.global_step`` (read when iteration starts; Lightning restores it
+    before iterating), so a run resumed from a checkpoint continues with the right rounds.
+    """
+
+    def __init__(self, datamodule: FederatedDataModule) -> None:
+        self.datamodule = datamodule
+
+    def __len__(self) -> int:
+        return self.datamodule.rounds_per_epoch
+
+    def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
+        trainer = self.datamodule.trainer
+        start = int(trainer.global_step) if trainer is not None else 0
+        per_epoch = self.datamodule.rounds_per_epoch
+        for k in range(start, (start // per_epoch + 1) * per_epoch):
+            yield self.datamodule.round_batch(k)
+
+
+class FederatedDataModule(pl.LightningDataModule):
+    """Splits a dataset across clients and serves one stacked minibatch per client per round.
+
+    A training batch is ``(inputs [n, B, *input_shape], targets [n, B, ...])``. Validation and
+    test use the global held-out test set. One Lightning epoch is
+    ``ceil(N_train / (n · B))`` rounds: the federation sees the training set once on average.
+
+    Subclasses implement :meth:`load_datasets` and set ``num_classes`` (``None`` for regression);
+    those with natural per-client data override :meth:`client_indices`.
+
+    Args:
+        num_clients: ``n``.
+        batch_size: ``B``, examples per client per round.
+        partitioner: how to split the training set (default ``IIDPartitioner(seed)``).
+        seed: seed of the per-client minibatch sampling.
+        eval_batch_size: batch size of the validation/test dataloaders.
+    """
+
+    num_classes: int | None = None
+
+    def __init__(
+        self,
+        num_clients: int = 10,
+        batch_size: int = 32,
+        partitioner: Partitioner | None = None,
+        seed: int = 0,
+        eval_batch_size: int = 1024,
+    ) -> None:
+        super().__init__()
+        self.num_clients = _positive_int("num_clients", num_clients)
+        self.batch_size = _positive_int("batch_size", batch_size)
+        self.eval_batch_size = _positive_int("eval_batch_size", eval_batch_size)
+        if partitioner is not None and not isinstance(partitioner, Partitioner):
+            raise ValueError(f"partitioner must be a Partitioner, got {partitioner!r}")
+        self.partitioner = partitioner if partitioner is not None else IIDPartitioner(seed)
+        self.seed = seed
+        self.train_dataset: Dataset | None = None
+        self.test_dataset: Dataset | None = None
+        self.train_inputs: Tensor | None = None
+        self.train_targets: Tensor | None = None
+        self.shards: list[np.ndarray] = []
+        self.client_sizes = np.zeros(0, dtype=np.int64)
+        self.input_shape: tuple[int, ...] = ()
+        self.streams: ClientStreams | None = None
+
+    # ------------------------------------------------------------------ subclass API
+    def load_datasets(self) -> tuple[Dataset, Dataset]:
+        """Return ``(train, test)`` map-style datasets of ``(input, target)`` pairs."""
+        raise NotImplementedError
+
+    def train_labels(self) -> np.ndarray:
+        """Labels of the training set (used by the partitioner)."""
+        ds = self.train_dataset
+        if self.train_targets is not None:
+            return self.train_targets.numpy()
+        if hasattr(ds, "targets"):
+            return np.asarray(ds.targets)
+        return np.asarray([int(ds[i][1]) for i in range(len(ds))])
+
+    def client_indices(self) -> list[np.ndarray]:
+        """One index array per client into the training set (default: the partitioner's)."""
+        return self.partitioner(self.train_labels(), self.num_clients)
+
+    # ------------------------------------------------------------------ Lightning hooks
+    def setup(self, stage: str | None = None) -> None:
+        if self.streams is not None:
+            return
+        self.train_dataset, self.test_dataset = self.load_datasets()
+        tensors = getattr(self.train_dataset, "tensors", None)
+        if tensors is not None:
+            self.train_inputs, self.train_targets = tensors[0], tensors[1]
+        self.input_shape = tuple(self.train_dataset[0][0].shape)
+        self.shards = self.client_indices()
+        if len(self.shards) != self.num_clients:
+            raise ValueError(
+                f"num_clients={self.num_clients} but the data has {len(self.shards)} clients"
+            )
+        self.client_sizes = np.array([len(s) for s in self.shards], dtype=np.int64)
+        self.streams = ClientStreams(self.shards, self.batch_size, self.seed)
+
+    @property
+    def rounds_per_epoch(self) -> int:
+        total = int(self.client_sizes.sum()) if len(self.client_sizes) else 0
+        return max(1, math.ceil(total / (self.num_clients * self.batch_size)))
+
+    def round_indices(self, round_index: int) -> Tensor:
+        """``[num_clients, batch_size]`` training-set indices of round ``round_index``."""
+        if self.streams is None:
+            self.setup("fit")
+        return self.streams.indices(round_index)
+
+    def round_batch(self, round_index: int) -> tuple[Tensor, Tensor]:
+        """The stacked minibatches ``(inputs [n, B, ...], targets [n, B, ...])`` of a round."""
+        idx = self.round_indices(round_index)
+        if self.train_inputs is not None:
+            return self.train_inputs[idx], self.train_targets[idx]
+        items = [self.train_dataset[int(j)] for j in idx.flatten()]
+        inputs = torch.stack([torch.as_tensor(x) for x, _ in items])
+        targets = torch.stack([torch.as_tensor(y) for _, y in items])
+        n, b = idx.shape
+        return inputs.view(n, b, *inputs.shape[1:]), targets.view(n, b, *targets.shape[1:])
+
+    def train_dataloader(self) -> _RoundLoader:
+        return _RoundLoader(self)
+
+    def _eval_loader(self) -> DataLoader:
+        if self.test_dataset is None:
+            self.setup("validate")
+        return DataLoader(self.test_dataset, batch_size=self.eval_batch_size, shuffle=False)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._eval_loader()
+
+    def test_dataloader(self) -> DataLoader:
+        return self._eval_loader()
+
+    def describe(self) -> dict[str, Any]:
+        """Sizes and settings of the federation, for logs and summaries."""
+        return {
+            "num_clients": self.num_clients,
+            "batch_size": self.batch_size,
+            "client_sizes": self.client_sizes.tolist(),
+            "rounds_per_epoch": self.rounds_per_epoch,
+            "num_classes": self.num_classes,
+            "partitioner": repr(self.partitioner),
+        }
