@@ -79,7 +79,7 @@ def test_quadratic_module():
     dm = QuadraticDataModule(centers=[[3.0], [-3.0]])
     dm.setup("fit")
     assert dm.num_clients == 2 and dm.num_classes is None
-    x, y = dm.round_batch(5)
+    _, y = dm.round_batch(5)
     assert y.tolist() == [[[3.0]], [[-3.0]]]
     with pytest.raises(ValueError, match="num_clients"):
         QuadraticDataModule(centers=[[1.0]], num_clients=3)

@@ -136,6 +136,7 @@ def test_summary_json_and_privacy_report(tmp_path):
     data = json.loads((tmp_path / "summary.json").read_text())
     assert data["status"] == "finished" and data["rounds"] == 10
     assert 0 <= data["final_test_accuracy"] <= 1 and data["best_test_accuracy"] >= 0
+    assert data["final_test_accuracy_round"] == 10
     assert data["private"] and data["delta"] == 1e-5
     assert data["epsilon"] == pytest.approx(module.accountant.get_epsilon(1e-5))
     assert data["privacy"]["calibration_rounds"] == 10

@@ -58,6 +58,7 @@ class RunSummary(pl.Callback):
         self.final_accuracy: float | None = None
         self.best_accuracy: float | None = None
         self.final_loss: float | None = None
+        self.evaluated_round: int | None = None
         self.path: Path | None = None
 
     @override
@@ -76,6 +77,7 @@ class RunSummary(pl.Callback):
         acc = _scalar(trainer.callback_metrics.get(self.accuracy_key))
         if acc is not None:
             self.final_accuracy = acc
+            self.evaluated_round = trainer.global_step
             self.best_accuracy = acc if self.best_accuracy is None else max(self.best_accuracy, acc)
 
     @override
@@ -87,17 +89,23 @@ class RunSummary(pl.Callback):
         self._write(trainer, pl_module, status=f"failed: {type(exception).__name__}: {exception}")
 
     def state_dict(self) -> dict[str, Any]:
-        return {"best_accuracy": self.best_accuracy, "final_accuracy": self.final_accuracy}
+        return {
+            "best_accuracy": self.best_accuracy,
+            "final_accuracy": self.final_accuracy,
+            "evaluated_round": self.evaluated_round,
+        }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.best_accuracy = state_dict.get("best_accuracy")
         self.final_accuracy = state_dict.get("final_accuracy")
+        self.evaluated_round = state_dict.get("evaluated_round")
 
     def summary(self, trainer: pl.Trainer, pl_module: pl.LightningModule, status: str) -> dict:
         """The dictionary written to ``summary.json``."""
         out: dict[str, Any] = {
             "status": status,
             "final_test_accuracy": self.final_accuracy,
+            "final_test_accuracy_round": self.evaluated_round,
             "best_test_accuracy": self.best_accuracy,
             "final_train_loss": self.final_loss
             if self.final_loss is not None
