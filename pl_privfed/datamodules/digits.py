@@ -9,7 +9,6 @@ from sklearn.model_selection import train_test_split
 from torch.utils.data import TensorDataset
 
 from pl_privfed.datamodules.base import FederatedDataModule
-from pl_privfed.datamodules.partition import Partitioner
 
 __all__ = ["DigitsDataModule"]
 
@@ -26,16 +25,6 @@ class DigitsDataModule(FederatedDataModule):
     """
 
     num_classes = 10
-
-    def __init__(
-        self,
-        num_clients: int = 10,
-        batch_size: int = 32,
-        partitioner: Partitioner | None = None,
-        seed: int = 0,
-        eval_batch_size: int = 1024,
-    ) -> None:
-        super().__init__(num_clients, batch_size, partitioner, seed, eval_batch_size)
 
     def load_datasets(self) -> tuple[TensorDataset, TensorDataset]:
         data = load_digits()
