@@ -205,13 +205,16 @@ class FederatedModule(pl.LightningModule):
             "delta": noise.delta,
             "accountant": noise.accountant,
             "target_epsilon": noise.epsilon,
+            "calibration": noise.calibration if noise.epsilon is not None else "noise_multiplier",
+            "calibration_rounds": noise.rounds or self.algorithm.num_rounds,
             "noise_std": self.algorithm.noise_std,
             "noise_multiplier": mechs[0].noise_multiplier if mechs else None,
-            "calibration": "paper" if noise.epsilon is not None else "noise_multiplier",
-            "calibration_rounds": noise.rounds or self.algorithm.num_rounds,
-            "rounds_accounted": self.accountant.steps,
+            "sample_rate": mechs[0].sample_rate if mechs else None,
+            "message_bound": self.algorithm.message_bound(),
+            "sensitivity": self.algorithm.accounting_sensitivity(),
+            "neighbouring_relation": noise.neighbouring,
             "privacy_unit": self.algorithm.privacy_unit,
-            "neighbouring_relation": "add/remove one client (sensitivity = operator bound)",
+            "rounds_accounted": self.accountant.steps,
         }
 
     @override

@@ -198,8 +198,9 @@ def test_distributed_dpsgd_exact(operator, psi, placement, private):
     noise = DPNoise(noise_multiplier=0.2, seed=3) if private else None
     alg = DistributedDPSGD(0.1, operator, scale=2.0, noise=noise, noise_placement=placement)
     xs = run(alg, b, x0)
-    ref = ref_dpsgd(b, x0, psi, 2.0, 0.1, ROUNDS, std=0.2 * 2.0 if private else 0.0,
-                    placement=placement, seed=3)  # fmt: skip
+    # noise multiplier = std / sensitivity; sensitivity β·τ per client, β·τ/n for the average
+    std = 0.2 * 2.0 / (b.shape[0] if placement == "server" else 1) if private else 0.0
+    ref = ref_dpsgd(b, x0, psi, 2.0, 0.1, ROUNDS, std=std, placement=placement, seed=3)
     assert_iterates(xs, ref)
 
 
@@ -209,9 +210,15 @@ def test_dpsgd_central_noise_multiplier_accounts_for_averaging():
     )
     alg.setup(num_clients=10, dim=3, num_rounds=5)
     (mech,) = alg.mechanisms()
-    # std 0.2 on the mean; one client moves the mean by at most 1/10
-    assert mech.noise_multiplier == pytest.approx(2.0)
+    # one client moves the mean by at most τ/n = 1/10: std = 0.2 × 0.1 on the mean
+    assert alg.noise_std == pytest.approx(0.02)
+    assert mech.noise_multiplier == pytest.approx(0.2)
     assert "central" in mech.privacy_unit
+    paper = DistributedDPSGD(0.1, Clip(1.0), noise=DPNoise(epsilon=8.0), noise_placement="server")
+    paper.setup(num_clients=10, dim=3, num_rounds=300)
+    # eq. (3) with B = n puts σ = Φ sqrt(K log(1/δ))/ε on the average: multiplier n times that
+    assert paper.noise_std == pytest.approx(math.sqrt(300 * math.log(1e5)) / 8)
+    assert paper.mechanisms()[0].noise_multiplier == pytest.approx(10 * paper.noise_std)
 
 
 def test_example_1_dpsgd_stalls_alpha_normec_converges():

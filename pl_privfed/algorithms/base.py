@@ -123,12 +123,16 @@ class FederatedAlgorithm(nn.Module):
         for op in self.operators():
             op.setup(dim)
         if self.noise is not None:
-            sensitivity = self.sensitivity()
-            if sensitivity is None:
+            if self.message_bound() is None:
                 raise ValueError(
                     f"noise needs an operator with a bounded output, got {self.operators()!r}"
                 )
-            self.noise_std = self.noise.std(sensitivity, self.num_rounds)
+            self.noise_std = self.noise.std(
+                bound=self.message_bound(),
+                sensitivity=self.accounting_sensitivity(),
+                rounds=self.num_rounds,
+                sample_rate=self.sample_rate,
+            )
             self.add_generator("noise", self.noise.seed)
         self.allocate()
 
@@ -139,9 +143,21 @@ class FederatedAlgorithm(nn.Module):
         """Operators whose ``setup(dim)`` must run (override)."""
         return []
 
-    def sensitivity(self) -> float | None:
-        """Bound on the norm of one client's noised message (override for private methods)."""
+    def message_bound(self) -> float | None:
+        """``Φ``: bound on the norm of one client's noised message (override)."""
         return None
+
+    def accounting_sensitivity(self) -> float:
+        """How much one privacy unit can change the noised quantity, under the relation.
+
+        ``Φ`` under add/remove, ``2Φ`` under replace-one (override for central noise).
+        """
+        return self.message_bound() * self.noise.sensitivity_factor
+
+    @property
+    def sample_rate(self) -> float:
+        """Probability that a client takes part in a round (1: full participation)."""
+        return 1.0
 
     def add_generator(self, name: str, seed: int) -> torch.Generator:
         gen = torch.Generator(device=self.device)
@@ -160,7 +176,13 @@ class FederatedAlgorithm(nn.Module):
         """The Gaussian mechanisms one round applies (empty when non-private)."""
         if self.noise is None:
             return []
-        return [Mechanism(self.noise_std / self.sensitivity(), 1.0, self.privacy_unit)]
+        return [
+            Mechanism(
+                self.noise_std / self.accounting_sensitivity(),
+                self.sample_rate,
+                self.privacy_unit,
+            )
+        ]
 
     # ------------------------------------------------------------------ the round
     def initialize(self, x: Tensor, grad_fn: GradFn) -> None:

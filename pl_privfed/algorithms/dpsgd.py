@@ -10,7 +10,6 @@ from torch import Tensor
 from pl_privfed.algorithms.base import (
     FederatedAlgorithm,
     GradFn,
-    Mechanism,
     RoundResult,
     check_positive,
     operator_metrics,
@@ -34,10 +33,10 @@ class DistributedDPSGD(FederatedAlgorithm):
 
     * ``noise_placement="client"`` (local DP): each client adds ``z_i ~ N(0, σ² I)`` to its
       message ``β Ψ(∇f_i)`` before sending; the server averages the noisy messages. Accountant:
-      noise multiplier ``σ/Φ`` per round.
+      noise multiplier ``σ/Φ`` per round (``σ/2Φ`` under replace-one).
     * ``noise_placement="server"`` (central DP): the server adds one ``z ~ N(0, σ² I)`` to the
       average; one client moves the average by at most ``Φ/n``, so the noise multiplier is
-      ``σ n/Φ``.
+      ``σ n/Φ`` (``σ n/2Φ`` under replace-one).
 
     ``σ`` follows eq. (3) with ``B = n`` (see :func:`~pl_privfed.privacy.paper_noise_std`) or
     the noise multiplier given directly.
@@ -74,17 +73,15 @@ class DistributedDPSGD(FederatedAlgorithm):
     def operators(self) -> list[Operator]:
         return [self.operator]
 
-    def sensitivity(self) -> float | None:
+    def message_bound(self) -> float | None:
         bound = self.operator.bound
         return None if bound is None else self.scale * bound
 
-    def mechanisms(self) -> list[Mechanism]:
-        if self.noise is None:
-            return []
-        phi = self.sensitivity()
-        if self.noise_placement == "server":
-            phi = phi / self.num_clients
-        return [Mechanism(self.noise_std / phi, 1.0, self.privacy_unit)]
+    def accounting_sensitivity(self) -> float:
+        sensitivity = super().accounting_sensitivity()
+        if self.noise_placement == "server":  # one client moves the average by Φ/n
+            sensitivity /= self.num_clients
+        return sensitivity
 
     def round(self, x: Tensor, grad_fn: GradFn) -> RoundResult:
         grads = grad_fn(x)  # line 73: ∇f_i(x^k) for every client, [n, d]

@@ -86,7 +86,7 @@ class ErrorFeedback(FederatedAlgorithm):
     def operators(self) -> list[Operator]:
         return [self.operator]
 
-    def sensitivity(self) -> float | None:
+    def message_bound(self) -> float | None:
         return self.operator.bound
 
     def allocate(self) -> None:

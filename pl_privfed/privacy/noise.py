@@ -1,53 +1,51 @@
-"""Gaussian-noise configuration and the papers' noise calibration."""
+"""Gaussian-noise settings shared by the private algorithms."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 from pl_privfed.privacy.accounting import AccountantName
+from pl_privfed.privacy.calibration import calibrate_noise_multiplier, paper_noise_std
 
-__all__ = ["DPNoise", "paper_noise_std"]
+__all__ = ["Calibration", "DPNoise", "Neighbouring", "paper_noise_std"]
 
-
-def paper_noise_std(
-    *, sensitivity: float, epsilon: float, delta: float, rounds: int, constant: float = 1.0
-) -> float:
-    """The papers' calibration ``σ = c · Φ · sqrt(K log(1/δ)) / ε``.
-
-    This is the noise level the α-NormEC papers use (paper 002 eq. 3 with ``B = n``, where the
-    paper's constant ``c`` under the square root equals ``constant²`` here; and §5.2, "variance of
-    added noise β sqrt(K log(1/δ))/ε"). It is a *calibration rule*, not a privacy guarantee: the ε
-    a run actually certifies is computed by :class:`~pl_privfed.privacy.PrivacyAccountant`.
-
-    >>> round(paper_noise_std(sensitivity=1.0, epsilon=8.0, delta=1e-5, rounds=300), 4)
-    7.3462
-    """
-    return constant * sensitivity * math.sqrt(rounds * math.log(1.0 / delta)) / epsilon
+Calibration = Literal["paper", "target"]
+Neighbouring = Literal["add_remove", "replace_one"]
 
 
 @dataclass
 class DPNoise:
-    """Gaussian DP noise settings shared by the private algorithms.
+    """Gaussian DP noise settings.
 
-    Give either ``epsilon`` (paper calibration, :func:`paper_noise_std`) or ``noise_multiplier``
-    (noise std = ``noise_multiplier`` × sensitivity).
+    Give either ``epsilon`` (calibrated) or ``noise_multiplier`` (noise std = noise_multiplier ×
+    sensitivity).
 
     Attributes:
-        epsilon: target ε of the paper calibration.
-        delta: δ used by the calibration and to report the accountant's ε.
+        epsilon: target ε.
+        delta: δ of the calibration and of the reported ε.
         noise_multiplier: direct mode: noise std divided by the sensitivity.
+        calibration: with ``epsilon``: ``"paper"`` — the papers' formula
+            ``σ = c · p · Φ · sqrt(K log(1/δ))/ε`` (:func:`paper_noise_std`; the accountant's ε is
+            reported beside the target and may differ); ``"target"`` — the noise multiplier that
+            makes the accountant certify ``epsilon`` after the run's K rounds at its sampling rate.
         constant: the constant ``c`` of the paper calibration (default 1).
-        rounds: ``K`` of the paper calibration; ``None`` → the run's number of rounds.
-        seed: seed of the noise generator (an explicit ``torch.Generator``).
-        accountant: ``"rdp"`` or ``"prv"`` (Opacus) for the reported ε.
+        rounds: ``K`` of the calibration; ``None`` → the run's number of rounds.
+        neighbouring: ``"add_remove"`` (sensitivity = the bound Φ of the noised message) or
+            ``"replace_one"`` (sensitivity 2Φ: a clipped or normalized vector can be replaced by
+            its opposite).
+        seed: seed of the noise ``torch.Generator``.
+        accountant: ``"rdp"`` or ``"prv"`` (Opacus) for calibration and the reported ε.
     """
 
     epsilon: float | None = None
     delta: float = 1e-5
     noise_multiplier: float | None = None
+    calibration: Calibration = "paper"
     constant: float = 1.0
     rounds: int | None = None
+    neighbouring: Neighbouring = "add_remove"
     seed: int = 0
     accountant: AccountantName = "rdp"
 
@@ -63,21 +61,51 @@ class DPNoise:
             raise ValueError(f"noise_multiplier must be positive, got {self.noise_multiplier!r}")
         if not 0 < self.delta < 1:
             raise ValueError(f"delta must be in (0, 1), got {self.delta!r}")
+        if self.calibration not in ("paper", "target"):
+            raise ValueError(f"calibration must be 'paper' or 'target', got {self.calibration!r}")
         if not self.constant > 0:
             raise ValueError(f"constant must be positive, got {self.constant!r}")
         if self.rounds is not None and self.rounds < 1:
             raise ValueError(f"rounds must be a positive integer, got {self.rounds!r}")
+        if self.neighbouring not in ("add_remove", "replace_one"):
+            raise ValueError(
+                f"neighbouring must be 'add_remove' or 'replace_one', got {self.neighbouring!r}"
+            )
         if self.accountant not in ("rdp", "prv"):
             raise ValueError(f"accountant must be 'rdp' or 'prv', got {self.accountant!r}")
 
-    def std(self, sensitivity: float, rounds: int) -> float:
-        """Noise std for a release of the given sensitivity in a run of ``rounds`` rounds."""
+    @property
+    def sensitivity_factor(self) -> float:
+        """Sensitivity / bound of the noised message under the neighbouring relation."""
+        return 2.0 if self.neighbouring == "replace_one" else 1.0
+
+    def std(self, *, bound: float, sensitivity: float, rounds: int, sample_rate: float = 1.0) -> float:
+        """Noise std for a message of norm at most ``bound`` whose sensitivity is ``sensitivity``.
+
+        Args:
+            bound: ``Φ``, the bound on the noised message (what the paper formula scales with).
+            sensitivity: what one privacy unit can change, under the neighbouring relation
+                (the accountant's noise multiplier is ``std / sensitivity``).
+            rounds: the run's number of rounds (used when ``self.rounds`` is None).
+            sample_rate: probability that a privacy unit takes part in a round.
+        """
         if self.noise_multiplier is not None:
             return self.noise_multiplier * sensitivity
-        return paper_noise_std(
-            sensitivity=sensitivity,
-            epsilon=self.epsilon,
+        rounds = self.rounds or rounds
+        if self.calibration == "paper":
+            return paper_noise_std(
+                sensitivity=bound,
+                epsilon=self.epsilon,
+                delta=self.delta,
+                rounds=rounds,
+                constant=self.constant,
+                sample_rate=sample_rate,
+            )
+        multiplier = calibrate_noise_multiplier(
+            target_epsilon=self.epsilon,
             delta=self.delta,
-            rounds=self.rounds or rounds,
-            constant=self.constant,
+            sample_rate=sample_rate,
+            steps=rounds,
+            accountant=self.accountant,
         )
+        return multiplier * sensitivity
