@@ -194,6 +194,10 @@ class FederatedModule(pl.LightningModule):
         self._evaluate(batch)
 
     # ------------------------------------------------------------------ privacy report & state
+    def privacy_mechanisms(self) -> list:
+        """The Gaussian mechanisms one round applies (the protocol ``PrivacyBudget`` reads)."""
+        return self.algorithm.mechanisms()
+
     def privacy_report(self) -> dict[str, Any] | None:
         """What the run spent: ε from the accountant at the configured δ, and how noise was set."""
         noise = self.algorithm.noise

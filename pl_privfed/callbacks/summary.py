@@ -113,7 +113,10 @@ class RunSummary(pl.Callback):
             "rounds": trainer.global_step,
             "epochs": trainer.current_epoch,
             "wall_time_s": None if self._start is None else time.perf_counter() - self._start,
-            "stopped_reason": getattr(trainer, "privfed_stop_reason", None),
+            "stopped_reason": "; ".join(
+                cb.stop_reason for cb in trainer.callbacks if getattr(cb, "stop_reason", None)
+            )
+            or None,
         }
         report = getattr(pl_module, "privacy_report", None)
         privacy = report() if callable(report) else None

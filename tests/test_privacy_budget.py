@@ -1,0 +1,128 @@
+"""PrivacyBudget in a plain (non-federated) LightningModule and in the FederatedModule."""
+
+import json
+
+import pytest
+import pytorch_lightning as pl
+import torch
+from opacus.accountants import RDPAccountant
+from pytorch_lightning.callbacks import ModelCheckpoint
+from test_module import StopAt
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from pl_privfed import FederatedModule
+from pl_privfed.algorithms import AlphaNormEC
+from pl_privfed.callbacks import PrivacyBudget, RunSummary
+from pl_privfed.datamodules import DigitsDataModule
+from pl_privfed.models import MLP
+from pl_privfed.privacy import DPNoise
+
+
+class PlainRegression(pl.LightningModule):
+    """A minimal non-federated module (as one privatized with Opacus would be)."""
+
+    def __init__(self):
+        super().__init__()
+        self.layer = nn.Linear(3, 1)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return nn.functional.mse_loss(self.layer(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    def train_dataloader(self):
+        g = torch.Generator().manual_seed(0)
+        data = TensorDataset(torch.randn(64, 3, generator=g), torch.randn(64, 1, generator=g))
+        return DataLoader(data, batch_size=8)
+
+
+def plain_trainer(tmp_path, callbacks, **kwargs):
+    return pl.Trainer(max_epochs=100, logger=False, enable_checkpointing=False,
+                      enable_progress_bar=False, enable_model_summary=False,
+                      default_root_dir=tmp_path, callbacks=callbacks, **kwargs)  # fmt: skip
+
+
+def first_step_over(epsilon, nm, q, delta=1e-5):
+    acc = RDPAccountant()
+    for step in range(1, 10_000):
+        acc.step(noise_multiplier=nm, sample_rate=q)
+        if acc.get_epsilon(delta) > epsilon:
+            return step
+    raise AssertionError
+
+
+def test_stops_before_the_step_that_exceeds_the_budget(tmp_path):
+    budget = PrivacyBudget(epsilon=1.0, delta=1e-5, noise_multiplier=3.0, sample_rate=0.125)
+    summary = RunSummary(dirpath=str(tmp_path))
+    trainer = plain_trainer(tmp_path, [budget, summary])
+    trainer.fit(PlainRegression())
+    over = first_step_over(1.0, 3.0, 0.125)
+    assert over > 10
+    assert trainer.global_step == over - 1
+    assert budget.spent <= 1.0 < budget._epsilon_after([(3.0, 0.125)])
+    assert budget.stopped_step == over - 1
+    assert trainer.callback_metrics["privacy_budget/epsilon"] == pytest.approx(budget.spent)
+    data = json.loads((tmp_path / "summary.json").read_text())
+    assert "privacy budget" in data["stopped_reason"]
+
+
+def test_budget_too_small_for_a_single_step(tmp_path):
+    budget = PrivacyBudget(epsilon=0.01, noise_multiplier=0.5, sample_rate=1.0)
+    trainer = plain_trainer(tmp_path, [budget])
+    trainer.fit(PlainRegression())
+    assert trainer.global_step == 0 and budget.stopped_step == 0
+
+
+def test_plain_module_without_mechanisms_needs_arguments(tmp_path):
+    with pytest.raises(ValueError, match="privacy_mechanisms"):
+        plain_trainer(tmp_path, [PrivacyBudget(epsilon=1.0)]).fit(PlainRegression())
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"epsilon": 0.0}, "epsilon"),
+        ({"epsilon": 1.0, "delta": 2.0}, "delta"),
+        ({"epsilon": 1.0, "noise_multiplier": 1.0}, "both"),
+        ({"epsilon": 1.0, "noise_multiplier": 1.0, "sample_rate": 0.0}, "sample_rate"),
+    ],
+)
+def test_validation(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        PrivacyBudget(**kwargs)
+
+
+def _federated(tmp_path, callbacks, max_steps=40, ckpt_path=None):
+    torch.manual_seed(0)
+    module = FederatedModule(
+        MLP(64, [], 10),
+        AlphaNormEC(0.1, 0.1, 0.01, noise=DPNoise(noise_multiplier=10.0, seed=1)),
+    )
+    trainer = pl.Trainer(max_steps=max_steps, logger=False, enable_progress_bar=False,
+                         enable_model_summary=False, num_sanity_val_steps=0,
+                         limit_val_batches=0, default_root_dir=tmp_path,
+                         callbacks=callbacks)  # fmt: skip
+    trainer.fit(module, datamodule=DigitsDataModule(num_clients=4, batch_size=8),
+                ckpt_path=ckpt_path)  # fmt: skip
+    return trainer, module
+
+
+def test_federated_module_protocol_and_resume(tmp_path):
+    over = first_step_over(2.0, 10.0, 1.0)
+    assert 5 < over < 40
+    budget = PrivacyBudget(epsilon=2.0)
+    trainer, module = _federated(tmp_path / "a", [budget])
+    assert trainer.global_step == over - 1 < 40
+    assert budget.spent == pytest.approx(module.accountant.get_epsilon(1e-5))
+    # interrupted at round 5, resumed: the accounting continues and stops at the same round
+    ckpt = ModelCheckpoint(dirpath=tmp_path / "ck", every_n_train_steps=5, save_top_k=-1)
+    _federated(tmp_path / "b", [PrivacyBudget(epsilon=2.0), ckpt, StopAt(5)])
+    resumed_budget = PrivacyBudget(epsilon=2.0)
+    trainer, _ = _federated(tmp_path / "c", [resumed_budget],
+                            ckpt_path=str(next((tmp_path / "ck").glob("*.ckpt"))))  # fmt: skip
+    assert trainer.global_step == over - 1
+    assert resumed_budget.accountant.steps == over - 1
+    assert resumed_budget.spent == pytest.approx(budget.spent)
