@@ -101,6 +101,7 @@ class FederatedAlgorithm(nn.Module):
         self.noise_std = 0.0
         self._generators: dict[str, torch.Generator] = {}
         self.register_buffer("initialized", torch.tensor(False))
+        self.register_buffer("rounds_done", torch.tensor(0, dtype=torch.int64))
 
     # ------------------------------------------------------------------ setup
     def setup(
@@ -197,7 +198,9 @@ class FederatedAlgorithm(nn.Module):
         if not bool(self.initialized):
             self.initialize(x, grad_fn)
             self.initialized.fill_(True)
-        return self.round(x, grad_fn)
+        result = self.round(x, grad_fn)
+        self.rounds_done += 1
+        return result
 
     def _gaussian(self, *shape: int) -> Tensor:
         """``N(0, σ² I)`` of the given shape from the algorithm's noise generator."""

@@ -15,7 +15,7 @@ from pl_privfed.algorithms.base import (
     operator_metrics,
 )
 from pl_privfed.operators import Clip, Operator, SmoothedNormalization, TopK
-from pl_privfed.privacy import DPNoise
+from pl_privfed.privacy import DPNoise, SecureAggregation
 
 __all__ = ["EF21", "AlphaNormEC", "Clip21", "ErrorFeedback", "MemoryInit"]
 
@@ -56,6 +56,10 @@ class ErrorFeedback(FederatedAlgorithm):
         memory_init: ``"zeros"``, ``"gradient"`` or ``"gradient_offset"``.
         memory_init_offset: ``D >= 0`` of ``"gradient_offset"``.
         noise: DP noise settings or ``None``.
+        secure_aggregation: sum the clients' initial memories with simulated secure aggregation
+            (paper 002 Appendix C.3: the server learns ``ĝ⁰`` but no ``g_i⁰``), and every round's
+            messages too when its ``every_round`` is set. Fixed-point rounding perturbs each
+            aggregate by at most ``n·2^{-f-1}`` per coordinate.
     """
 
     def __init__(
@@ -67,9 +71,15 @@ class ErrorFeedback(FederatedAlgorithm):
         memory_init: MemoryInit = "zeros",
         memory_init_offset: float = 0.0,
         noise: DPNoise | None = None,
+        secure_aggregation: SecureAggregation | None = None,
     ) -> None:
         super().__init__(step_size, noise)
         self.beta = check_positive("beta", beta)
+        if secure_aggregation is not None and not isinstance(secure_aggregation, SecureAggregation):
+            raise ValueError(
+                f"secure_aggregation must be a SecureAggregation or None, got {secure_aggregation!r}"
+            )
+        self.secure_aggregation = secure_aggregation
         if not isinstance(operator, Operator):
             raise ValueError(f"operator must be an Operator, got {operator!r}")
         self.operator = operator
@@ -100,7 +110,15 @@ class ErrorFeedback(FederatedAlgorithm):
             self.client_memory.copy_(grad_fn(x))
             if self.memory_init == "gradient_offset":
                 self.client_memory[:, 0] += self.memory_init_offset / (self.num_rounds + 1) ** 0.5
-        self.server_memory.copy_(self.client_memory.mean(0))  # ĝ⁰ = (1/n) Σ_i g_i⁰ (line 1)
+        self.server_memory.copy_(
+            self._aggregate(self.client_memory, 0) / self.num_clients
+        )  # line 1
+
+    def _aggregate(self, rows: Tensor, round_index: int) -> Tensor:
+        """``Σ_i rows_i``, through secure aggregation when configured."""
+        if self.secure_aggregation is None:
+            return rows.sum(0)
+        return self.secure_aggregation.sum(rows, round_index).to(rows.device, rows.dtype)
 
     def round(self, x: Tensor, grad_fn: GradFn) -> RoundResult:
         grads = grad_fn(x)  # line 4
@@ -110,7 +128,9 @@ class ErrorFeedback(FederatedAlgorithm):
         self.client_memory.add_(delta, alpha=self.beta)  # line 6: g_i^{k+1}
         metrics = operator_metrics(diff, delta)
         sent = delta if self.noise is None else self._gaussian(*delta.shape).add_(delta)  # l. 7-8
-        self.server_memory.add_(sent.sum(0), alpha=self.beta / self.num_clients)  # line 10
+        secure = self.secure_aggregation is not None and self.secure_aggregation.every_round
+        total = self._aggregate(sent, int(self.rounds_done) + 1) if secure else sent.sum(0)
+        self.server_memory.add_(total, alpha=self.beta / self.num_clients)  # line 10
         ghat = self.server_memory
         metrics["ef_gap"] = torch.linalg.vector_norm(ghat - self.client_memory.mean(0))
         if self.server_normalization:  # line 11, with 0/0 = 0
@@ -132,6 +152,7 @@ class AlphaNormEC(ErrorFeedback):
         memory_init: see :class:`ErrorFeedback`.
         memory_init_offset: see :class:`ErrorFeedback`.
         noise: DP noise (DP-α-NormEC) or ``None``.
+        secure_aggregation: see :class:`ErrorFeedback`.
     """
 
     def __init__(
@@ -143,6 +164,7 @@ class AlphaNormEC(ErrorFeedback):
         memory_init: MemoryInit = "zeros",
         memory_init_offset: float = 0.0,
         noise: DPNoise | None = None,
+        secure_aggregation: SecureAggregation | None = None,
     ) -> None:
         super().__init__(
             step_size,
@@ -152,6 +174,7 @@ class AlphaNormEC(ErrorFeedback):
             memory_init,
             memory_init_offset,
             noise,
+            secure_aggregation,
         )
         self.alpha = float(alpha)
 
@@ -171,6 +194,7 @@ class Clip21(ErrorFeedback):
         memory_init: see :class:`ErrorFeedback`.
         memory_init_offset: see :class:`ErrorFeedback`.
         noise: DP noise (DP-Clip21) or ``None``; calibrated to the sensitivity τ.
+        secure_aggregation: see :class:`ErrorFeedback`.
     """
 
     def __init__(
@@ -181,6 +205,7 @@ class Clip21(ErrorFeedback):
         memory_init: MemoryInit = "zeros",
         memory_init_offset: float = 0.0,
         noise: DPNoise | None = None,
+        secure_aggregation: SecureAggregation | None = None,
     ) -> None:
         super().__init__(
             step_size,
@@ -190,6 +215,7 @@ class Clip21(ErrorFeedback):
             memory_init,
             memory_init_offset,
             noise,
+            secure_aggregation,
         )
         self.clip_threshold = float(clip_threshold)
 

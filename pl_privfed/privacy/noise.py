@@ -79,7 +79,9 @@ class DPNoise:
         """Sensitivity / bound of the noised message under the neighbouring relation."""
         return 2.0 if self.neighbouring == "replace_one" else 1.0
 
-    def std(self, *, bound: float, sensitivity: float, rounds: int, sample_rate: float = 1.0) -> float:
+    def std(
+        self, *, bound: float, sensitivity: float, rounds: int, sample_rate: float = 1.0
+    ) -> float:
         """Noise std for a message of norm at most ``bound`` whose sensitivity is ``sensitivity``.
 
         Args:
