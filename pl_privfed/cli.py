@@ -12,7 +12,7 @@ from pathlib import Path
 
 from pytorch_lightning.cli import LightningCLI
 
-from pl_privfed.callbacks import RunSummary
+from pl_privfed.callbacks import CommunicationCost, OperatorStatistics, RunSummary
 from pl_privfed.datamodules import FederatedDataModule
 from pl_privfed.module import FederatedModule
 
@@ -34,13 +34,17 @@ def wandb_offline_unless_logged_in() -> None:
 
 
 class PrivFedCLI(LightningCLI):
-    """LightningCLI with :class:`RunSummary` always on and W&B offline without credentials."""
+    """LightningCLI with W&B offline without credentials and these callbacks always on:
+    :class:`RunSummary`, :class:`OperatorStatistics`, :class:`CommunicationCost`."""
 
     def __init__(self, *args, **kwargs) -> None:
         wandb_offline_unless_logged_in()
         kwargs.setdefault("subclass_mode_data", True)
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
-        kwargs.setdefault("trainer_defaults", {"callbacks": [RunSummary()]})
+        kwargs.setdefault(
+            "trainer_defaults",
+            {"callbacks": [RunSummary(), OperatorStatistics(), CommunicationCost()]},
+        )
         kwargs.setdefault("auto_configure_optimizers", False)
         super().__init__(FederatedModule, FederatedDataModule, *args, **kwargs)
 

@@ -80,6 +80,7 @@ class FederatedModule(pl.LightningModule):
         self.accountant: PrivacyAccountant | None = None
         self.test_accuracy: MulticlassAccuracy | None = None
         self._epsilon = 0.0
+        self._last_round = None
 
     # ------------------------------------------------------------------ setup
     def _num_rounds(self) -> int:
@@ -159,10 +160,18 @@ class FederatedModule(pl.LightningModule):
         self.oracle.commit_buffers()
         self.layout.assign(self.model, result.params)
         self.optimizers().step()
+        self._last_round = result
         self.log("train/loss", loss, prog_bar=True)
-        self.log_dict({f"train/{k}": v for k, v in result.metrics.items()})
         self._account(round_index)
         return loss
+
+    def operator_statistics(self) -> dict[str, Tensor]:
+        """The last round's operator statistics (the protocol ``OperatorStatistics`` reads)."""
+        return {} if self._last_round is None else self._last_round.metrics
+
+    def communication_messages(self) -> list:
+        """The last round's messages (the protocol ``CommunicationCost`` reads)."""
+        return [] if self._last_round is None else self._last_round.messages
 
     def _account(self, round_index: int) -> None:
         if self.accountant is None:

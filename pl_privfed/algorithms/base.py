@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
+from pl_privfed.communication import Messages
 from pl_privfed.operators import Operator
 from pl_privfed.privacy import DPNoise
 
@@ -26,6 +27,7 @@ __all__ = [
     "Mechanism",
     "RoundResult",
     "check_positive",
+    "noise_to_signal",
     "operator_metrics",
 ]
 
@@ -42,17 +44,25 @@ def check_positive(name: str, value: float) -> float:
 
 
 def operator_metrics(inputs: Tensor, outputs: Tensor) -> dict[str, Tensor]:
-    """Per-round operator statistics of client messages ``outputs = Ψ(inputs)`` (``[n, d]``).
+    """Per-round statistics of an operator applied to client vectors, ``outputs = Ψ(inputs)``.
 
-    ``clip_fraction``: fraction of clients whose vector Ψ shortened; ``update_norm``: mean norm
-    of the client messages (before noise).
+    ``clip_fraction``: fraction of clients whose vector Ψ shortened; ``norm_before`` /
+    ``update_norm``: mean norm of the clients' vectors before / after Ψ (the messages before
+    noise).
     """
     in_norms = torch.linalg.vector_norm(inputs, dim=-1)
     out_norms = torch.linalg.vector_norm(outputs, dim=-1)
     return {
         "clip_fraction": (out_norms < in_norms * (1 - 1e-6)).float().mean(),
+        "norm_before": in_norms.mean(),
         "update_norm": out_norms.mean(),
     }
+
+
+def noise_to_signal(noisy_sum: Tensor, clean_sum: Tensor) -> Tensor:
+    """``||Σ_i z_i|| / ||Σ_i Δ_i||``: the noise-to-signal ratio of an aggregate."""
+    signal = torch.linalg.vector_norm(clean_sum)
+    return torch.linalg.vector_norm(noisy_sum - clean_sum) / signal.clamp(min=1e-30)
 
 
 @dataclass(frozen=True)
@@ -72,10 +82,17 @@ class Mechanism:
 
 @dataclass
 class RoundResult:
-    """The new parameters ``[d]`` and the round's scalar statistics (tensors, not synced)."""
+    """A round's outcome.
+
+    Attributes:
+        params: the new parameters ``[d]``.
+        metrics: the round's operator statistics (scalar tensors, not synced).
+        messages: what was sent, for communication accounting.
+    """
 
     params: Tensor
     metrics: dict[str, Tensor] = field(default_factory=dict)
+    messages: list[Messages] = field(default_factory=list)
 
 
 class FederatedAlgorithm(nn.Module):

@@ -12,8 +12,10 @@ from pl_privfed.algorithms.base import (
     GradFn,
     RoundResult,
     check_positive,
+    noise_to_signal,
     operator_metrics,
 )
+from pl_privfed.communication import Messages
 from pl_privfed.operators import Identity, Operator
 from pl_privfed.privacy import DPNoise
 
@@ -87,10 +89,18 @@ class DistributedDPSGD(FederatedAlgorithm):
         grads = grad_fn(x)  # line 73: ∇f_i(x^k) for every client, [n, d]
         messages = self.operator(grads).mul_(self.scale)  # β Ψ(∇f_i(x^k))
         metrics = operator_metrics(grads, messages)
+        clean = messages.mean(0) if self.noise is not None else None
         if self.noise is not None and self.noise_placement == "client":
             messages.add_(self._gaussian(*messages.shape))  # z_i added by each client
         aggregate = messages.mean(0)
         if self.noise is not None and self.noise_placement == "server":
             aggregate.add_(self._gaussian(self.dim))  # z^k added once by the server
+        if clean is not None:
+            metrics["noise_to_signal"] = noise_to_signal(aggregate, clean)
         metrics["aggregate_norm"] = torch.linalg.vector_norm(aggregate)
-        return RoundResult(params=x - self.step_size * aggregate, metrics=metrics)
+        new_x = x - self.step_size * aggregate
+        messages_sent = [
+            Messages("client_to_server", messages),
+            Messages("server_to_client", new_x, copies=self.num_clients),
+        ]
+        return RoundResult(params=new_x, metrics=metrics, messages=messages_sent)

@@ -12,8 +12,10 @@ from pl_privfed.algorithms.base import (
     GradFn,
     RoundResult,
     check_positive,
+    noise_to_signal,
     operator_metrics,
 )
+from pl_privfed.communication import Messages
 from pl_privfed.operators import Clip, Operator, SmoothedNormalization, TopK
 from pl_privfed.privacy import DPNoise, SecureAggregation
 
@@ -130,6 +132,8 @@ class ErrorFeedback(FederatedAlgorithm):
         sent = delta if self.noise is None else self._gaussian(*delta.shape).add_(delta)  # l. 7-8
         secure = self.secure_aggregation is not None and self.secure_aggregation.every_round
         total = self._aggregate(sent, int(self.rounds_done) + 1) if secure else sent.sum(0)
+        if self.noise is not None:
+            metrics["noise_to_signal"] = noise_to_signal(total, delta.sum(0))
         self.server_memory.add_(total, alpha=self.beta / self.num_clients)  # line 10
         ghat = self.server_memory
         metrics["ef_gap"] = torch.linalg.vector_norm(ghat - self.client_memory.mean(0))
@@ -138,7 +142,12 @@ class ErrorFeedback(FederatedAlgorithm):
             direction = torch.where(norm > 0, ghat / norm.clamp(min=1e-30), torch.zeros_like(ghat))
         else:  # Appendix B.5
             direction = ghat
-        return RoundResult(params=x - self.step_size * direction, metrics=metrics)
+        new_x = x - self.step_size * direction
+        messages = [  # Δ̂_i up; the new model down to every client
+            Messages("client_to_server", sent),
+            Messages("server_to_client", new_x, copies=self.num_clients),
+        ]
+        return RoundResult(params=new_x, metrics=metrics, messages=messages)
 
 
 class AlphaNormEC(ErrorFeedback):

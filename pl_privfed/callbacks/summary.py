@@ -118,6 +118,10 @@ class RunSummary(pl.Callback):
             )
             or None,
         }
+        for cb in trainer.callbacks:
+            entries = getattr(cb, "summary_entries", None)
+            if callable(entries) and cb is not self:
+                out.update(entries())
         report = getattr(pl_module, "privacy_report", None)
         privacy = report() if callable(report) else None
         out["private"] = privacy is not None

@@ -1,0 +1,112 @@
+"""CommunicationCost and OperatorStatistics, in plain modules and in the FederatedModule."""
+
+import math
+
+import pytest
+import pytorch_lightning as pl
+import torch
+from test_privacy_budget import PlainRegression
+
+from pl_privfed import FederatedModule
+from pl_privfed.algorithms import EF21, AlphaNormEC
+from pl_privfed.callbacks import CommunicationCost, OperatorStatistics
+from pl_privfed.communication import message_bits
+from pl_privfed.datamodules import QuadraticDataModule
+from pl_privfed.models import HalfSquaredError, QuadraticModel
+from pl_privfed.operators import TopK
+from pl_privfed.privacy import DPNoise
+
+
+def fit(module, callbacks, datamodule=None, **kwargs):
+    trainer = pl.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, num_sanity_val_steps=0,
+                         limit_val_batches=0, callbacks=callbacks, **kwargs)  # fmt: skip
+    trainer.fit(module, datamodule=datamodule)
+    return trainer
+
+
+def test_message_bits_known_sizes():
+    d = 1000  # index: ceil(log2 1000) = 10 bits
+    dense = torch.randn(2, d) + 10
+    sparse = torch.zeros(3, d)
+    sparse[:, :5] = 1.0
+    assert message_bits(dense).tolist() == [32_000.0, 32_000.0]
+    assert message_bits(sparse).tolist() == [5 * 42.0] * 3
+    assert message_bits(sparse, value_bits=16).tolist() == [5 * 26.0] * 3
+    half = torch.ones(1, d)
+    half[:, :300] = 0  # 700 non-zeros: sparse (29,400) < dense (32,000)
+    assert message_bits(half).item() == 700 * 42
+
+
+def quadratic_module(algorithm, n=4, d=64):
+    centers = torch.randn(n, d, generator=torch.Generator().manual_seed(0)).tolist()
+    dm = QuadraticDataModule(centers=centers)
+    return FederatedModule(QuadraticModel(d, 1.0), algorithm, HalfSquaredError()), dm
+
+
+def test_communication_of_ef21_topk_and_private_normec():
+    n, d, rounds = 4, 64, 5
+    comm = CommunicationCost()
+    module, dm = quadratic_module(EF21(0.1, compressor=TopK(k=3), memory_init="zeros"), n, d)
+    fit(module, [comm], dm, max_steps=rounds)
+    up = n * 3 * (32 + 6) * rounds  # k values + 6-bit indices (d = 64) per client
+    down = n * 32 * d * rounds  # the dense model to every client
+    assert comm.totals == {"client_to_server": up, "server_to_client": down}
+    assert comm.summary_entries()["communication_total_bits"]["client_to_server"] == up
+
+    comm = CommunicationCost()
+    module, dm = quadratic_module(
+        AlphaNormEC(0.1, 0.1, 0.01, noise=DPNoise(noise_multiplier=1.0)), n, d
+    )
+    fit(module, [comm], dm, max_steps=rounds)
+    assert comm.totals["client_to_server"] == n * 32 * d * rounds  # noisy messages are dense
+
+
+def test_communication_in_a_plain_module():
+    comm = CommunicationCost(workers=4)
+    trainer = fit(PlainRegression(), [comm], max_steps=3)
+    d = 4  # Linear(3, 1)
+    assert comm.last == {"client_to_server": 4 * 32 * d, "server_to_client": 4 * 32 * d}
+    assert comm.totals["client_to_server"] == 3 * 4 * 32 * d
+    assert trainer.callback_metrics["comm/client_to_server_total_bits"] == 3 * 4 * 32 * d
+    with pytest.raises(ValueError, match="workers"):
+        CommunicationCost(workers=0)
+
+
+class RecordGradNorm(pl.Callback):
+    def __init__(self):
+        self.norms = []
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        g = torch.cat([p.grad.reshape(-1) for p in pl_module.parameters()])
+        self.norms.append(g.norm().item())
+
+
+def test_operator_statistics_in_a_plain_module():
+    stats = OperatorStatistics(clip_threshold=0.5)
+    record = RecordGradNorm()
+    trainer = fit(PlainRegression(), [record, stats], max_steps=6)
+    assert trainer.callback_metrics["operators/grad_norm"].item() == pytest.approx(
+        record.norms[-1], rel=1e-6
+    )
+    clipped = sum(n > 0.5 for n in record.norms) / len(record.norms)
+    assert stats.summary_entries()["operator_means"]["clip_fraction"] == pytest.approx(clipped)
+    mean_after = sum(min(n, 0.5) for n in record.norms) / len(record.norms)
+    assert stats.summary_entries()["operator_means"]["norm_after"] == pytest.approx(
+        mean_after, rel=1e-6
+    )
+
+
+def test_operator_statistics_of_the_federated_module():
+    stats = OperatorStatistics()
+    module, dm = quadratic_module(AlphaNormEC(0.1, 0.1, 0.01, noise=DPNoise(noise_multiplier=1.0)))
+    trainer = fit(module, [stats], dm, max_steps=4)
+    logged = {k for k in trainer.callback_metrics if k.startswith("operators/")}
+    assert logged == {f"operators/{k}" for k in
+                      ("clip_fraction", "norm_before", "update_norm", "ef_gap", "noise_to_signal")}  # fmt: skip
+    # Norm_α output has norm < 1; every client is scaled down at these sizes
+    assert trainer.callback_metrics["operators/update_norm"] < 1
+    assert trainer.callback_metrics["operators/clip_fraction"] == 1.0
+    # noise std 1 per coordinate on 4 clients x 64 coordinates vs messages of norm < 1
+    nsr = trainer.callback_metrics["operators/noise_to_signal"].item()
+    assert nsr > math.sqrt(4 * 64) / 4 / 2
