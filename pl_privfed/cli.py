@@ -10,13 +10,15 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pytorch_lightning.cli import LightningCLI
+import yaml
+from pytorch_lightning.cli import LightningCLI, SaveConfigCallback
+from pytorch_lightning.loggers import WandbLogger
 
-from pl_privfed.callbacks import CommunicationCost, OperatorStatistics, RunSummary
+from pl_privfed.callbacks import CommunicationCost, OperatorStatistics, RunSummary, TrainingCurves
 from pl_privfed.datamodules import FederatedDataModule
 from pl_privfed.module import FederatedModule
 
-__all__ = ["PrivFedCLI", "main", "wandb_offline_unless_logged_in"]
+__all__ = ["LoggedConfig", "PrivFedCLI", "main", "wandb_offline_unless_logged_in"]
 
 
 def wandb_offline_unless_logged_in() -> None:
@@ -33,9 +35,20 @@ def wandb_offline_unless_logged_in() -> None:
     os.environ["WANDB_MODE"] = "offline"
 
 
+class LoggedConfig(SaveConfigCallback):
+    """Saves ``config.yaml`` in the log dir and logs the full resolved config to W&B runs."""
+
+    def save_config(self, trainer, pl_module, stage: str) -> None:
+        config = yaml.safe_load(self.parser.dump(self.config, skip_none=False))
+        for logger in trainer.loggers:
+            if isinstance(logger, WandbLogger):
+                logger.experiment.config.update(config, allow_val_change=True)
+
+
 class PrivFedCLI(LightningCLI):
-    """LightningCLI with W&B offline without credentials and these callbacks always on:
-    :class:`RunSummary`, :class:`OperatorStatistics`, :class:`CommunicationCost`."""
+    """LightningCLI with W&B offline without credentials, the resolved config logged to W&B, and
+    these callbacks always on: :class:`RunSummary`, :class:`OperatorStatistics`,
+    :class:`CommunicationCost`, :class:`TrainingCurves`."""
 
     def __init__(self, *args, **kwargs) -> None:
         wandb_offline_unless_logged_in()
@@ -43,8 +56,16 @@ class PrivFedCLI(LightningCLI):
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
         kwargs.setdefault(
             "trainer_defaults",
-            {"callbacks": [RunSummary(), OperatorStatistics(), CommunicationCost()]},
+            {
+                "callbacks": [
+                    RunSummary(),
+                    OperatorStatistics(),
+                    CommunicationCost(),
+                    TrainingCurves(),
+                ]
+            },
         )
+        kwargs.setdefault("save_config_callback", LoggedConfig)
         kwargs.setdefault("auto_configure_optimizers", False)
         super().__init__(FederatedModule, FederatedDataModule, *args, **kwargs)
 

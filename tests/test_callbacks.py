@@ -6,10 +6,11 @@ import pytest
 import pytorch_lightning as pl
 import torch
 from test_privacy_budget import PlainRegression
+from torch import nn
 
 from pl_privfed import FederatedModule
 from pl_privfed.algorithms import EF21, AlphaNormEC
-from pl_privfed.callbacks import CommunicationCost, OperatorStatistics
+from pl_privfed.callbacks import CommunicationCost, OperatorStatistics, TrainingCurves
 from pl_privfed.communication import message_bits
 from pl_privfed.datamodules import QuadraticDataModule
 from pl_privfed.models import HalfSquaredError, QuadraticModel
@@ -110,3 +111,33 @@ def test_operator_statistics_of_the_federated_module():
     # noise std 1 per coordinate on 4 clients x 64 coordinates vs messages of norm < 1
     nsr = trainer.callback_metrics["operators/noise_to_signal"].item()
     assert nsr > math.sqrt(4 * 64) / 4 / 2
+
+
+class PlainWithValidation(PlainRegression):
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("val_loss", nn.functional.mse_loss(self.layer(x), y))
+
+    def val_dataloader(self):
+        return self.train_dataloader()
+
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        self.log("train_loss", loss)
+        return loss
+
+
+def test_training_curves_in_a_plain_module(tmp_path):
+    curves = TrainingCurves(keys=["train_loss", "val_loss", "never_logged"], dirpath=str(tmp_path))
+    trainer = pl.Trainer(max_steps=12, val_check_interval=4, check_val_every_n_epoch=None,
+                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, callbacks=[curves])  # fmt: skip
+    trainer.fit(PlainWithValidation())
+    assert [s for s, _ in curves.history["train_loss"]] == list(range(1, 13))
+    assert [s for s, _ in curves.history["val_loss"]] == [4, 8, 12]  # not re-recorded per step
+    assert curves.history["never_logged"] == []
+    png = tmp_path / "curves.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    restored = TrainingCurves(keys=["train_loss", "val_loss"])
+    restored.load_state_dict(curves.state_dict())
+    assert restored.history["val_loss"] == curves.history["val_loss"]

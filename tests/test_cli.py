@@ -31,7 +31,16 @@ def test_quickstart_runs_through_cli(tmp_path, monkeypatch, capsys):
     assert 0 <= data["final_test_accuracy"] <= 1
     assert data["config"]["model"]["algorithm"]["class_path"] == "pl_privfed.algorithms.AlphaNormEC"
     assert "test accuracy=" in capsys.readouterr().out
-    assert list(tmp_path.glob("logs/wandb/offline-run-*")), "W&B should log offline"
+    assert (summary.parent / "curves.png").is_file()
+    assert (
+        data["communication_total_bits"]["client_to_server"] == 20 * 10 * 32 * 2410
+    )  # dense noisy messages, d = 2,410
+    assert set(data["operator_means"]) >= {"clip_fraction", "update_norm", "ef_gap"}
+    # W&B ran offline; its run log holds the resolved config and both artifacts
+    (run_log,) = tmp_path.glob("logs/wandb/offline-run-*/run-*.wandb")
+    raw = run_log.read_bytes()
+    for needle in (b"AlphaNormEC", b"DirichletPartitioner", b"run-summary", b"training-curves"):
+        assert needle in raw, needle
 
 
 def test_print_config(tmp_path, monkeypatch, capsys):

@@ -14,6 +14,8 @@ import yaml
 from pytorch_lightning.utilities import rank_zero_only
 from typing_extensions import override
 
+from pl_privfed.callbacks._wandb import log_artifact, wandb_loggers
+
 __all__ = ["RunSummary"]
 
 
@@ -31,7 +33,10 @@ class RunSummary(pl.Callback):
     Works with any LightningModule. It reads ``test/acc`` (or ``accuracy_key``) and ``train/loss``
     (``loss_key``) from the logged metrics, and, when the module has a ``privacy_report()`` method
     returning a dict (ε, δ, noise settings), includes it. If LightningCLI saved ``config.yaml``
-    in the log directory, the resolved config is included too.
+    in the log directory, the resolved config is included too, and so are the
+    ``summary_entries()`` of the other callbacks (communication totals, operator averages,
+    a privacy-budget stop). With a ``WandbLogger`` the scalars go to the run summary and the file
+    is logged as an artifact.
 
     Args:
         dirpath: where to write; default ``trainer.log_dir``.
@@ -149,6 +154,10 @@ class RunSummary(pl.Callback):
         data = self.summary(trainer, pl_module, status)
         self.path = Path(directory) / self.filename
         self.path.write_text(json.dumps(data, indent=2, default=str))
+        scalars = {k: v for k, v in data.items() if isinstance(v, int | float) and v is not None}
+        for logger in wandb_loggers(trainer):
+            logger.experiment.summary.update(scalars)
+        log_artifact(trainer, self.path, "run-summary")
         if self.verbose and status == "finished":
             parts = [f"rounds={data['rounds']}"]
             if data["final_test_accuracy"] is not None:

@@ -1,0 +1,123 @@
+"""``TrainingCurves``: save the training curves as a PNG at the end of fit (and log it to W&B)."""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import pytorch_lightning as pl
+from matplotlib.figure import Figure
+from pytorch_lightning.utilities import rank_zero_only
+from typing_extensions import override
+
+from pl_privfed.callbacks._wandb import log_artifact, wandb_loggers
+
+__all__ = ["TrainingCurves"]
+
+DEFAULT_KEYS = ("train/loss", "test/loss", "test/acc", "privacy/epsilon")
+
+
+class TrainingCurves(pl.Callback):
+    """Records logged metrics against the step (round) and plots them when fit ends.
+
+    Works with any LightningModule: it reads ``trainer.callback_metrics`` after every training
+    step (training metrics) and after every validation (evaluation metrics). At the end of fit it
+    saves one panel per metric to ``<log_dir>/<filename>`` and, when a ``WandbLogger`` is
+    attached, logs the figure as a W&B image and as an artifact. The history is kept in
+    checkpoints, so a resumed run plots its whole curve.
+
+    Args:
+        keys: metric names to plot (those never logged are skipped).
+        filename: the PNG's name.
+        dirpath: where to save it (default ``trainer.log_dir``).
+
+    Example::
+
+        trainer = pl.Trainer(callbacks=[TrainingCurves(keys=["train_loss", "val_acc"])])
+    """
+
+    def __init__(
+        self,
+        keys: list[str] | None = None,
+        filename: str = "curves.png",
+        dirpath: str | None = None,
+    ) -> None:
+        self.keys = list(keys) if keys is not None else list(DEFAULT_KEYS)
+        self.filename = filename
+        self.dirpath = dirpath
+        self.history: dict[str, list[tuple[int, float]]] = {k: [] for k in self.keys}
+        self.path: Path | None = None
+        self._eval_keys: set[str] = set()
+        self._before_eval: dict[str, Any] = {}
+
+    def _capture(self, trainer: pl.Trainer, keys: list[str]) -> None:
+        for key in keys:
+            value = trainer.callback_metrics.get(key)
+            if value is None:
+                continue
+            value = float(value)
+            points = self.history.setdefault(key, [])
+            if math.isfinite(value) and (not points or points[-1][0] != trainer.global_step):
+                points.append((trainer.global_step, value))
+
+    @override
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        # evaluation metrics stay in callback_metrics between validations: not re-recorded here
+        self._capture(trainer, [k for k in self.keys if k not in self._eval_keys])
+
+    @override
+    def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._before_eval = dict(trainer.callback_metrics)
+
+    @override
+    def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.sanity_checking:
+            return
+        updated = [
+            k
+            for k in self.keys
+            if k in trainer.callback_metrics
+            and trainer.callback_metrics[k] is not self._before_eval.get(k)
+        ]
+        self._eval_keys.update(updated)
+        self._capture(trainer, updated)
+
+    def figure(self) -> Figure:
+        """The curves as a matplotlib figure (one panel per recorded metric)."""
+        keys = [k for k in self.keys if self.history.get(k)]
+        fig = Figure(figsize=(4.5 * max(1, len(keys)), 3.4), layout="constrained")
+        for i, key in enumerate(keys):
+            ax = fig.add_subplot(1, len(keys), i + 1)
+            steps, values = zip(*self.history[key])
+            ax.plot(steps, values, marker="." if len(steps) < 30 else None)
+            ax.set_title(key)
+            ax.set_xlabel("round")
+            ax.grid(alpha=0.3)
+        return fig
+
+    @override
+    @rank_zero_only
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        directory = self.dirpath or trainer.log_dir
+        if directory is None or not any(self.history.values()):
+            return
+        os.makedirs(directory, exist_ok=True)
+        self.path = Path(directory) / self.filename
+        self.figure().savefig(self.path, dpi=110)
+        for logger in wandb_loggers(trainer):
+            logger.log_image(key="curves", images=[str(self.path)])
+        log_artifact(trainer, self.path, "training-curves")
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "history": {k: list(v) for k, v in self.history.items()},
+            "eval_keys": sorted(self._eval_keys),
+        }
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.history = {k: [tuple(p) for p in v] for k, v in state_dict["history"].items()}
+        self._eval_keys = set(state_dict.get("eval_keys", []))
