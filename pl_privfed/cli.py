@@ -69,6 +69,21 @@ class PrivFedCLI(LightningCLI):
         kwargs.setdefault("auto_configure_optimizers", False)
         super().__init__(FederatedModule, FederatedDataModule, *args, **kwargs)
 
+    def _finish_wandb(self) -> None:
+        """Close the W&B runs so that one process can run several fits (e.g. a local sweep)."""
+        for logger in self.trainer.loggers:
+            if isinstance(logger, WandbLogger) and logger._experiment is not None:
+                logger.experiment.finish()
+
+    def after_fit(self) -> None:
+        self._finish_wandb()
+
+    def after_validate(self) -> None:
+        self._finish_wandb()
+
+    def after_test(self) -> None:
+        self._finish_wandb()
+
 
 def main(args: list[str] | None = None) -> None:
     """Console entry point."""
