@@ -21,8 +21,8 @@ demo: $(BIN)/.installed
 	$(BIN)/pl-privfed fit --config configs/quickstart.yaml
 
 lint: $(BIN)/.installed
-	$(BIN)/ruff check pl_privfed tests benchmarks
-	$(BIN)/ruff format --check pl_privfed tests benchmarks
+	$(BIN)/ruff check pl_privfed tests benchmarks examples
+	$(BIN)/ruff format --check pl_privfed tests benchmarks examples
 
 test: lint
 	$(BIN)/python -m pytest

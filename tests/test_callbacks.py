@@ -141,3 +141,23 @@ def test_training_curves_in_a_plain_module(tmp_path):
     restored = TrainingCurves(keys=["train_loss", "val_loss"])
     restored.load_state_dict(curves.state_dict())
     assert restored.history["val_loss"] == curves.history["val_loss"]
+
+
+def test_docs_example_with_all_callbacks_in_a_plain_lightning_project(tmp_path):
+    """examples/callbacks_in_plain_lightning.py (shown in docs/callbacks.md) runs and reports."""
+    import json
+    import runpy
+    from pathlib import Path
+
+    path = Path(__file__).parents[1] / "examples" / "callbacks_in_plain_lightning.py"
+    example = runpy.run_path(str(path))
+    trainer = example["main"](str(tmp_path))
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert (tmp_path / "curves.png").stat().st_size > 1000
+    budget = summary["privacy_budget"]
+    assert summary["private"] and summary["epsilon"] == budget["epsilon_spent"] <= 3.0
+    assert summary["stopped_reason"].startswith("privacy budget: step")
+    assert budget["stopped_step"] == trainer.global_step == summary["rounds"] < 30 * 22
+    assert summary["communication_total_bits"]["client_to_server"] == 32 * 2410 * summary["rounds"]
+    assert 0 < summary["operator_means"]["clip_fraction"] < 1
+    assert summary["final_test_accuracy"] > 0.5

@@ -77,3 +77,17 @@ def test_more_clients_than_examples(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="num_clients"):
         main(["fit", "--config", str(REPO / "configs/quickstart.yaml"), "--trainer.logger", "false",
               "--data.init_args.num_clients", "5000"])  # fmt: skip
+
+
+def test_privacy_budget_from_the_command_line_stops_the_quickstart(tmp_path, monkeypatch):
+    """The budget callback appended on the command line joins the CLI's default callbacks."""
+    monkeypatch.chdir(tmp_path)
+    main(["fit", "--config", str(REPO / "configs/quickstart.yaml"), "--trainer.logger", "false",
+          "--trainer.default_root_dir", str(tmp_path),
+          "--trainer.callbacks+=pl_privfed.callbacks.PrivacyBudget",
+          "--trainer.callbacks.epsilon=4"])  # fmt: skip
+    data = json.loads((tmp_path / "summary.json").read_text())
+    # the papers' calibration targets ε = 8 at 300 rounds; the accountant reaches 4 at round 40
+    assert data["rounds"] == 40 and data["privacy_budget"]["epsilon_spent"] <= 4.0
+    assert data["stopped_reason"].startswith("privacy budget: step 41 would spend")
+    assert data["epsilon"] == pytest.approx(data["privacy_budget"]["epsilon_spent"])

@@ -143,6 +143,18 @@ class PrivacyBudget(pl.Callback):
         pl_module.log("privacy_budget/remaining", self.epsilon - self.spent)
         self._check_next(trainer, pl_module)
 
+    def summary_entries(self) -> dict[str, Any]:
+        """ε spent against the budget, for ``summary.json``."""
+        return {
+            "privacy_budget": {
+                "epsilon_spent": self.spent,
+                "epsilon_budget": self.epsilon,
+                "delta": self.delta,
+                "accountant": self.accountant.mechanism,
+                "stopped_step": self.stopped_step,
+            }
+        }
+
     @override
     def state_dict(self) -> dict[str, Any]:
         return {

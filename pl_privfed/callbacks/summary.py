@@ -129,7 +129,10 @@ class RunSummary(pl.Callback):
                 out.update(entries())
         report = getattr(pl_module, "privacy_report", None)
         privacy = report() if callable(report) else None
-        out["private"] = privacy is not None
+        out["private"] = privacy is not None or "privacy_budget" in out
+        if privacy is None and "privacy_budget" in out:
+            out["epsilon"] = out["privacy_budget"]["epsilon_spent"]
+            out["delta"] = out["privacy_budget"]["delta"]
         if privacy is not None:
             out["epsilon"] = privacy.get("epsilon")
             out["delta"] = privacy.get("delta")
