@@ -36,10 +36,16 @@ def wandb_offline_unless_logged_in() -> None:
 
 
 class LoggedConfig(SaveConfigCallback):
-    """Saves ``config.yaml`` in the log dir and logs the full resolved config to W&B runs."""
+    """Saves ``config.yaml`` in the log dir (and in ``--output_dir``) and logs the full resolved
+    config to W&B runs."""
 
     def save_config(self, trainer, pl_module, stage: str) -> None:
-        config = yaml.safe_load(self.parser.dump(self.config, skip_none=False))
+        text = self.parser.dump(self.config, skip_none=False)
+        output_dir = self.config.get("output_dir")
+        if output_dir is not None and trainer.is_global_zero:
+            Path(output_dir).mkdir(parents=True, exist_ok=True)
+            (Path(output_dir) / self.config_filename).write_text(text)
+        config = yaml.safe_load(text)
         for logger in trainer.loggers:
             if isinstance(logger, WandbLogger):
                 logger.experiment.config.update(config, allow_val_change=True)
@@ -68,6 +74,32 @@ class PrivFedCLI(LightningCLI):
         kwargs.setdefault("save_config_callback", LoggedConfig)
         kwargs.setdefault("auto_configure_optimizers", False)
         super().__init__(FederatedModule, FederatedDataModule, *args, **kwargs)
+
+    def add_arguments_to_parser(self, parser) -> None:
+        parser.add_argument(
+            "--output_dir",
+            type=str | None,
+            default=None,
+            help="Directory for summary.json, curves.png and curves.csv (default: the first "
+            "logger's log_dir). Used by `pl-privfed sweep` to find each run's results.",
+        )
+
+    def _apply_output_dir(self) -> None:
+        output_dir = self.config[self.subcommand].get("output_dir")
+        if output_dir is None:
+            return
+        for callback in self.trainer.callbacks:
+            if isinstance(callback, RunSummary | TrainingCurves):
+                callback.dirpath = output_dir
+
+    def before_fit(self) -> None:
+        self._apply_output_dir()
+
+    def before_validate(self) -> None:
+        self._apply_output_dir()
+
+    def before_test(self) -> None:
+        self._apply_output_dir()
 
     def _finish_wandb(self) -> None:
         """Close the W&B runs so that one process can run several fits (e.g. a local sweep)."""

@@ -91,3 +91,18 @@ def test_privacy_budget_from_the_command_line_stops_the_quickstart(tmp_path, mon
     assert data["rounds"] == 40 and data["privacy_budget"]["epsilon_spent"] <= 4.0
     assert data["stopped_reason"].startswith("privacy budget: step 41 would spend")
     assert data["epsilon"] == pytest.approx(data["privacy_budget"]["epsilon_spent"])
+
+
+def test_output_dir_collects_summary_curves_and_config(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "run"
+    main(["fit", "--config", str(REPO / "configs/quickstart.yaml"), "--trainer.logger", "false",
+          "--trainer.max_steps", "4", "--trainer.val_check_interval", "2",
+          "--output_dir", str(out)])  # fmt: skip
+    data = json.loads((out / "summary.json").read_text())
+    assert data["status"] == "finished" and data["config"]["output_dir"] == str(out)
+    assert (out / "config.yaml").is_file()
+    assert (out / "curves.png").is_file()
+    rows = (out / "curves.csv").read_text().splitlines()
+    assert rows[0] == "metric,round,value" and "train/loss,4," in "\n".join(rows)
+    assert sum(r.startswith("test/acc,") for r in rows) == 2  # rounds 2 and 4

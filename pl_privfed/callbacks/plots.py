@@ -24,7 +24,8 @@ class TrainingCurves(pl.Callback):
 
     Works with any LightningModule: it reads ``trainer.callback_metrics`` after every training
     step (training metrics) and after every validation (evaluation metrics). At the end of fit it
-    saves one panel per metric to ``<log_dir>/<filename>`` and, when a ``WandbLogger`` is
+    saves one panel per metric to ``<log_dir>/<filename>``, the numbers beside it as
+    ``<stem>.csv`` (``metric,round,value`` rows), and, when a ``WandbLogger`` is
     attached, logs the figure as a W&B image and as an artifact. The history is kept in
     checkpoints, so a resumed run plots its whole curve.
 
@@ -49,6 +50,7 @@ class TrainingCurves(pl.Callback):
         self.dirpath = dirpath
         self.history: dict[str, list[tuple[int, float]]] = {k: [] for k in self.keys}
         self.path: Path | None = None
+        self.csv_path: Path | None = None
         self._eval_keys: set[str] = set()
         self._before_eval: dict[str, Any] = {}
 
@@ -84,6 +86,13 @@ class TrainingCurves(pl.Callback):
         self._eval_keys.update(updated)
         self._capture(trainer, updated)
 
+    def history_csv(self) -> str:
+        """The recorded history as CSV text: ``metric,round,value`` rows."""
+        lines = ["metric,round,value"]
+        for key, points in self.history.items():
+            lines.extend(f"{key},{step},{value!r}" for step, value in points)
+        return "\n".join(lines) + "\n"
+
     def figure(self) -> Figure:
         """The curves as a matplotlib figure (one panel per recorded metric)."""
         keys = [k for k in self.keys if self.history.get(k)]
@@ -106,6 +115,8 @@ class TrainingCurves(pl.Callback):
         os.makedirs(directory, exist_ok=True)
         self.path = Path(directory) / self.filename
         self.figure().savefig(self.path, dpi=110)
+        self.csv_path = self.path.with_suffix(".csv")
+        self.csv_path.write_text(self.history_csv())
         for logger in wandb_loggers(trainer):
             logger.log_image(key="curves", images=[str(self.path)])
         log_artifact(trainer, self.path, "training-curves")

@@ -140,9 +140,11 @@ class RunSummary(pl.Callback):
         algorithm = getattr(pl_module, "algorithm", None)
         if algorithm is not None:
             out["algorithm"] = repr(algorithm)
-        config_path = Path(self._dir(trainer) or ".") / "config.yaml"
-        if config_path.is_file():
-            out["config"] = yaml.safe_load(config_path.read_text())
+        for directory in (self._dir(trainer), trainer.log_dir):
+            config_path = Path(directory or ".") / "config.yaml"
+            if config_path.is_file():
+                out["config"] = yaml.safe_load(config_path.read_text())
+                break
         return out
 
     def _dir(self, trainer: pl.Trainer) -> str | None:
