@@ -105,6 +105,8 @@ class GradientOracle:
         criterion: a loss returning the mean over the minibatch (e.g. ``nn.CrossEntropyLoss()``).
         backend: ``"vmap"`` or ``"loop"`` (see the module docstring).
 
+    A model with a ``regularizer(params: dict[str, Tensor]) -> Tensor`` method (e.g.
+    :class:`~pl_privfed.models.NonconvexLogisticRegression`) has it added to every client's loss.
     The model is run in training mode (BatchNorm uses batch statistics) and its own parameters
     and buffers are never modified by a call.
     """
@@ -120,6 +122,10 @@ class GradientOracle:
         self.model = model
         self.criterion = criterion
         self.backend = backend
+        regularizer = getattr(model, "regularizer", None)
+        self.regularizer: Callable[[dict[str, Tensor]], Tensor] | None = (
+            regularizer if callable(regularizer) else None
+        )
         self.layout = ParameterLayout(model)
         self.buffer_names = [k for k, b in model.named_buffers() if b is not None]
         self._pending_buffers: dict[str, Tensor] | None = None
@@ -127,8 +133,12 @@ class GradientOracle:
 
     # ------------------------------------------------------------------ helpers
     def _loss(self, flat: Tensor, buffers: dict[str, Tensor], x: Tensor, y: Tensor) -> Tensor:
-        out = functional_call(self.model, (self.layout.unflatten(flat), buffers), (x,))
-        return self.criterion(out, y)
+        params = self.layout.unflatten(flat)
+        out = functional_call(self.model, (params, buffers), (x,))
+        loss = self.criterion(out, y)
+        if self.regularizer is not None:
+            loss = loss + self.regularizer(params)
+        return loss
 
     def _client_buffers(self, n: int) -> dict[str, Tensor]:
         bufs = dict(self.model.named_buffers())

@@ -189,7 +189,11 @@ class FederatedModule(pl.LightningModule):
     def _evaluate(self, batch: Any) -> None:
         inputs, targets = batch
         out = self.model(inputs)
-        self.log("test/loss", self.criterion(out, targets), on_epoch=True, prog_bar=True)
+        loss = self.criterion(out, targets)
+        regularizer = getattr(self.model, "regularizer", None)
+        if callable(regularizer):
+            loss = loss + regularizer(dict(self.model.named_parameters()))
+        self.log("test/loss", loss, on_epoch=True, prog_bar=True)
         if self.test_accuracy is not None:
             self.test_accuracy(out, targets)
             self.log("test/acc", self.test_accuracy, on_epoch=True, prog_bar=True)

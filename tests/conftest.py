@@ -17,3 +17,27 @@ def _offline_wandb(monkeypatch):
 @pytest.fixture
 def repo() -> Path:
     return REPO
+
+
+SHARED_DATA = REPO.parent / "shared" / "data"
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    """The real dataset copies beside the repository (``../shared/data``; CI has them)."""
+    if not SHARED_DATA.is_dir():
+        pytest.fail(f"real datasets expected in {SHARED_DATA}")
+    return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def data_cache(tmp_path_factory) -> Path:
+    """One writable cache for the whole session (the CIFAR-10 JPEG copy is decoded once)."""
+    return tmp_path_factory.mktemp("pl_privfed_cache")
+
+
+@pytest.fixture(autouse=True)
+def _data_env(monkeypatch, data_cache):
+    """Configs without a data_dir read ../shared/data; copies go to the session cache."""
+    monkeypatch.setenv("PL_PRIVFED_DATA", str(SHARED_DATA))
+    monkeypatch.setenv("PL_PRIVFED_CACHE", str(data_cache))

@@ -12,18 +12,32 @@ from pl_privfed.datamodules.partition import (
     iid_partition,
 )
 from pl_privfed.datamodules.synthetic import QuadraticDataModule, SyntheticLogisticDataModule
+from pl_privfed.datamodules.tabular import A9ADataModule
+from pl_privfed.datamodules.vision import (
+    CIFAR10DataModule,
+    FashionMNISTDataModule,
+    MNISTDataModule,
+    load_cifar10_arrays,
+    random_crop_flip,
+)
 
 __all__ = [
+    "A9ADataModule",
+    "CIFAR10DataModule",
     "ClassesPerClientPartitioner",
     "ClientStreams",
     "DigitsDataModule",
     "DirichletPartitioner",
+    "FashionMNISTDataModule",
     "FederatedDataModule",
     "IIDPartitioner",
+    "MNISTDataModule",
     "Partitioner",
     "QuadraticDataModule",
     "SyntheticLogisticDataModule",
     "classes_per_client_partition",
     "dirichlet_partition",
     "iid_partition",
+    "load_cifar10_arrays",
+    "random_crop_flip",
 ]

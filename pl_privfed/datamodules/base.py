@@ -10,7 +10,7 @@ import numpy as np
 import pytorch_lightning as pl
 import torch
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 
 from pl_privfed.datamodules.partition import IIDPartitioner, Partitioner
 
@@ -21,6 +21,18 @@ def _positive_int(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
     return value
+
+
+def _subset(dataset: Dataset, size: int | None, seed: int) -> Dataset:
+    """A seeded random subset of ``size`` examples (kept in dataset order), or the dataset."""
+    if size is None or size >= len(dataset):
+        return dataset
+    rng = np.random.default_rng(np.random.SeedSequence([seed, 0x5B5E7]))
+    keep = torch.as_tensor(np.sort(rng.choice(len(dataset), size, replace=False)))
+    tensors = getattr(dataset, "tensors", None)
+    if tensors is not None:
+        return TensorDataset(*(t[keep] for t in tensors))
+    return Subset(dataset, keep.tolist())
 
 
 class ClientStreams:
@@ -106,6 +118,9 @@ class FederatedDataModule(pl.LightningDataModule):
         partitioner: how to split the training set (default ``IIDPartitioner(seed)``).
         seed: seed of the per-client minibatch sampling.
         eval_batch_size: batch size of the validation/test dataloaders.
+        max_train_examples: keep only this many training examples (a seeded random subset,
+            drawn before partitioning) — for shortened runs on a CPU; ``None`` keeps all.
+        max_test_examples: likewise for the test set.
     """
 
     num_classes: int | None = None
@@ -117,8 +132,18 @@ class FederatedDataModule(pl.LightningDataModule):
         partitioner: Partitioner | None = None,
         seed: int = 0,
         eval_batch_size: int = 1024,
+        max_train_examples: int | None = None,
+        max_test_examples: int | None = None,
     ) -> None:
         super().__init__()
+        for name, value in [
+            ("max_train_examples", max_train_examples),
+            ("max_test_examples", max_test_examples),
+        ]:
+            if value is not None:
+                _positive_int(name, value)
+        self.max_train_examples = max_train_examples
+        self.max_test_examples = max_test_examples
         self.num_clients = _positive_int("num_clients", num_clients)
         self.batch_size = _positive_int("batch_size", batch_size)
         self.eval_batch_size = _positive_int("eval_batch_size", eval_batch_size)
@@ -157,7 +182,9 @@ class FederatedDataModule(pl.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         if self.streams is not None:
             return
-        self.train_dataset, self.test_dataset = self.load_datasets()
+        train, test = self.load_datasets()
+        self.train_dataset = _subset(train, self.max_train_examples, self.seed)
+        self.test_dataset = _subset(test, self.max_test_examples, self.seed)
         tensors = getattr(self.train_dataset, "tensors", None)
         if tensors is not None:
             self.train_inputs, self.train_targets = tensors[0], tensors[1]
@@ -191,6 +218,29 @@ class FederatedDataModule(pl.LightningDataModule):
         targets = torch.stack([torch.as_tensor(y) for _, y in items])
         n, b = idx.shape
         return inputs.view(n, b, *inputs.shape[1:]), targets.view(n, b, *targets.shape[1:])
+
+    def preprocess(self, inputs: Tensor, train: bool, round_index: int) -> Tensor:
+        """Per-batch preprocessing on the training device (identity here).
+
+        Called by :meth:`on_after_batch_transfer` for every batch: training batches arrive as
+        ``[n · B, ...]`` (the client axis folded in) with ``train=True`` and the round number
+        (augmentations draw from a generator seeded by ``(seed, round)``, so a resumed run
+        augments exactly as the uninterrupted one); evaluation batches with ``train=False``.
+        """
+        return inputs
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        if type(self).preprocess is FederatedDataModule.preprocess:
+            return batch
+        inputs, targets = batch
+        trainer = self.trainer
+        train = trainer is not None and trainer.training
+        round_index = int(trainer.global_step) if train else 0
+        if train:
+            n, b = inputs.shape[:2]
+            flat = self.preprocess(inputs.reshape(n * b, *inputs.shape[2:]), True, round_index)
+            return flat.reshape(n, b, *flat.shape[1:]), targets
+        return self.preprocess(inputs, False, round_index), targets
 
     def train_dataloader(self) -> _RoundLoader:
         return _RoundLoader(self)

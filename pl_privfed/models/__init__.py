@@ -1,5 +1,7 @@
 """Models (plain ``nn.Module``s, no Lightning imports)."""
 
+from pl_privfed.models.cnn import SimpleCNN
+from pl_privfed.models.logistic import NonconvexLogisticRegression
 from pl_privfed.models.mlp import MLP, LogisticRegression
 from pl_privfed.models.quadratic import HalfSquaredError, QuadraticModel
 from pl_privfed.models.resnet_cifar import CifarResNet, resnet20, resnet32, resnet44, resnet56
@@ -9,7 +11,9 @@ __all__ = [
     "CifarResNet",
     "HalfSquaredError",
     "LogisticRegression",
+    "NonconvexLogisticRegression",
     "QuadraticModel",
+    "SimpleCNN",
     "resnet20",
     "resnet32",
     "resnet44",

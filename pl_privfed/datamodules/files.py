@@ -1,0 +1,69 @@
+"""Where datasets are read from and cached, and the papers' train/test split."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+from sklearn.model_selection import train_test_split
+
+__all__ = ["Split", "cache_dir", "data_root", "resplit"]
+
+Split = Literal["standard", "paper"]
+
+
+def data_root(data_dir: str | os.PathLike | None) -> Path:
+    """``data_dir``, or ``$PL_PRIVFED_DATA``, or ``./data``."""
+    if data_dir is not None:
+        return Path(data_dir).expanduser()
+    return Path(os.environ.get("PL_PRIVFED_DATA", "data")).expanduser()
+
+
+def cache_dir(cache: str | os.PathLike | None, name: str) -> Path:
+    """A writable directory for extracted/decoded copies: ``cache``, or ``$PL_PRIVFED_CACHE``,
+    or ``~/.cache/pl-privfed``; ``/<name>`` appended."""
+    if cache is None:
+        cache = os.environ.get("PL_PRIVFED_CACHE", Path.home() / ".cache" / "pl-privfed")
+    path = Path(cache).expanduser() / name
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def writable_copy(source: Path, cache: str | os.PathLike | None, name: str) -> Path:
+    """``source`` if it is writable, else a copy of it in the cache (once)."""
+    if os.access(source, os.W_OK):
+        return source
+    target = cache_dir(cache, name)
+    for path in source.rglob("*"):
+        dest = target / path.relative_to(source)
+        if path.is_dir():
+            dest.mkdir(parents=True, exist_ok=True)
+        elif not dest.exists():
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, dest)
+    return target
+
+
+def resplit(
+    split: Split,
+    seed: int,
+    x_train: np.ndarray,
+    y_train: np.ndarray,
+    x_test: np.ndarray,
+    y_test: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The standard split unchanged, or the α-NormEC papers' split: "The dataset was split into
+    train (90%) and test (10%) sets. [...] The random seed was fixed to 42" (paper 002 App. C,
+    line 853; paper 000 line 678). Train and test are pooled and split with scikit-learn's
+    ``train_test_split(test_size=0.1, random_state=seed, shuffle=True)``."""
+    if split == "standard":
+        return x_train, y_train, x_test, y_test
+    if split != "paper":
+        raise ValueError(f"split must be 'standard' or 'paper', got {split!r}")
+    x = np.concatenate([x_train, x_test])
+    y = np.concatenate([y_train, y_test])
+    x_tr, x_te, y_tr, y_te = train_test_split(x, y, test_size=0.1, random_state=seed, shuffle=True)
+    return x_tr, y_tr, x_te, y_te

@@ -1,0 +1,311 @@
+"""Image datasets of the papers: MNIST, Fashion-MNIST and CIFAR-10 (torchvision formats, plus the
+image-folder JPEG copy of CIFAR-10), with CIFAR preprocessing applied per client batch."""
+
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+from torch import Tensor
+from torch.utils.data import TensorDataset
+from torchvision import datasets
+
+from pl_privfed.datamodules.base import FederatedDataModule
+from pl_privfed.datamodules.files import Split, cache_dir, data_root, resplit, writable_copy
+
+__all__ = [
+    "CIFAR10_CLASSES",
+    "CIFAR10DataModule",
+    "FashionMNISTDataModule",
+    "MNISTDataModule",
+    "load_cifar10_arrays",
+    "random_crop_flip",
+]
+
+CIFAR10_CLASSES = (
+    "airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck",
+)  # fmt: skip
+# Normalization of the reference implementation the α-NormEC papers build on
+# (github.com/akamaster/pytorch_resnet_cifar10, trainer.py).
+CIFAR10_MEAN = (0.485, 0.456, 0.406)
+CIFAR10_STD = (0.229, 0.224, 0.225)
+JPEG_ARCHIVE = "cifar10-jpeg.tar.gz"
+
+
+class _MNISTLike(FederatedDataModule):
+    """Shared loader of the torchvision MNIST-format datasets."""
+
+    num_classes = 10
+    _dataset: type[datasets.MNIST] = datasets.MNIST
+    _mean_std: tuple[float, float] = (0.0, 1.0)
+
+    def __init__(
+        self,
+        data_dir: str | None = None,
+        download: bool = False,
+        split: Split = "standard",
+        split_seed: int = 42,
+        standardize: bool = False,
+        cache: str | None = None,
+        **kwargs,
+    ) -> None:
+        super().__init__(**kwargs)
+        if split not in ("standard", "paper"):
+            raise ValueError(f"split must be 'standard' or 'paper', got {split!r}")
+        self.data_dir = data_dir
+        self.download = download
+        self.split = split
+        self.split_seed = split_seed
+        self.standardize = standardize
+        self.cache = cache
+
+    def _root(self) -> Path:
+        root = data_root(self.data_dir)
+        name = self._dataset.__name__
+        raw = root / name / "raw"
+        if raw.is_dir() and not self.download:
+            # torchvision extracts the .gz archives next to them: use a writable copy if needed
+            copy = writable_copy(root / name, self.cache, name)
+            return copy.parent
+        return root
+
+    def _arrays(self, train: bool) -> tuple[np.ndarray, np.ndarray]:
+        root = self._root()
+        raw = root / self._dataset.__name__ / "raw"
+        has_archives = raw.is_dir() and any(raw.glob("*.gz"))
+        # download=True with the archives present only verifies their md5 and extracts them
+        ds = self._dataset(str(root), train=train, download=self.download or has_archives)
+        return ds.data.numpy(), ds.targets.numpy()
+
+    def load_datasets(self) -> tuple[TensorDataset, TensorDataset]:
+        x_tr, y_tr, x_te, y_te = resplit(
+            self.split, self.split_seed, *self._arrays(True), *self._arrays(False)
+        )
+        mean, std = self._mean_std if self.standardize else (0.0, 1.0)
+
+        def tensors(x: np.ndarray, y: np.ndarray) -> TensorDataset:
+            images = (torch.from_numpy(x).float().div_(255.0).sub_(mean).div_(std)).unsqueeze(1)
+            return TensorDataset(images, torch.from_numpy(y).long())
+
+        return tensors(x_tr, y_tr), tensors(x_te, y_te)
+
+
+class MNISTDataModule(_MNISTLike):
+    """MNIST (LeCun et al.) through torchvision: ``[1, 28, 28]`` images in [0, 1], labels 0–9.
+
+    Reads ``<data_dir>/MNIST/raw`` (the canonical ``.gz`` archives, md5-checked by torchvision;
+    a read-only directory is copied to the cache first), or downloads with ``download: true``.
+
+    Args:
+        data_dir: root holding ``MNIST/`` (default ``$PL_PRIVFED_DATA`` or ``./data``).
+        download: let torchvision download the files if they are missing.
+        split: ``"standard"`` (60,000 / 10,000) or ``"paper"`` (pooled, 90 % / 10 %,
+            :func:`~pl_privfed.datamodules.files.resplit`).
+        split_seed: seed of the paper split (42 in the papers).
+        standardize: subtract 0.1307 and divide by 0.3081 (the usual MNIST statistics).
+        cache: writable directory for copies (default ``$PL_PRIVFED_CACHE`` or
+            ``~/.cache/pl-privfed``).
+        **kwargs: :class:`FederatedDataModule` arguments (``num_clients``, ``batch_size``,
+            ``partitioner``, ``seed``, ...).
+    """
+
+    _dataset = datasets.MNIST
+    _mean_std = (0.1307, 0.3081)
+
+
+class FashionMNISTDataModule(_MNISTLike):
+    """Fashion-MNIST (Xiao et al.), same layout and arguments as :class:`MNISTDataModule`
+    (``<data_dir>/FashionMNIST/raw``; ``standardize`` uses 0.2860 / 0.3530)."""
+
+    _dataset = datasets.FashionMNIST
+    _mean_std = (0.2860, 0.3530)
+
+
+def _decode(data: bytes) -> np.ndarray:
+    return np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+
+
+def _image_folder_arrays(folder: Path) -> tuple[np.ndarray, np.ndarray]:
+    images, labels = [], []
+    for label, name in enumerate(CIFAR10_CLASSES):
+        files = sorted((folder / name).glob("*"))
+        if not files:
+            raise ValueError(f"CIFAR-10 image folder {folder} has no images of class {name!r}")
+        for path in files:
+            images.append(_decode(path.read_bytes()))
+            labels.append(label)
+    return np.stack(images), np.asarray(labels, dtype=np.int64)
+
+
+def load_cifar10_arrays(
+    data_dir: str | Path | None = None,
+    cache: str | Path | None = None,
+    download: bool = False,
+    verify_md5: bool = True,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, str]:
+    """CIFAR-10 as uint8 arrays ``[N, 32, 32, 3]`` and labels, from the first source found.
+
+    1. the canonical torchvision format ``<data_dir>/cifar-10-batches-py`` (md5-checked unless
+       ``verify_md5=False``; downloaded there with ``download=True``);
+    2. an image folder ``<data_dir>/{train,test}/<class>/*`` (e.g. the JPEG re-encoding);
+    3. the JPEG archive ``cifar10-jpeg.tar.gz`` in ``<data_dir>`` or ``<data_dir>/cifar10-jpeg``,
+       extracted once into ``<cache>/cifar10-jpeg``.
+
+    The decoded arrays of an image folder are cached as ``.npy`` files beside it, so later
+    loads take a fraction of a second. Returns ``(x_train, y_train, x_test, y_test, source)``
+    with ``source`` ``"canonical"`` or ``"jpeg"`` (numbers measured on the JPEG copy must say
+    so: it is a lossy re-encoding at quality ≈ 75).
+    """
+    root = data_root(data_dir)
+    if (root / "cifar-10-batches-py").is_dir() or download:
+        cls = datasets.CIFAR10 if verify_md5 else _UncheckedCIFAR10
+        train = cls(str(root), train=True, download=download)
+        test = cls(str(root), train=False, download=download)
+        return (
+            train.data,
+            np.asarray(train.targets, dtype=np.int64),
+            test.data,
+            np.asarray(test.targets, dtype=np.int64),
+            "canonical",
+        )
+    folder = root if (root / "train").is_dir() and (root / "test").is_dir() else None
+    if folder is None:
+        archive = next((p for p in (root / JPEG_ARCHIVE, root / "cifar10-jpeg" / JPEG_ARCHIVE)
+                        if p.is_file()), None)  # fmt: skip
+        if archive is None:
+            raise FileNotFoundError(
+                f"CIFAR-10 not found under data_dir={str(root)!r}: expected cifar-10-batches-py/, "
+                f"train/ and test/ image folders, or {JPEG_ARCHIVE} (or set download: true)"
+            )
+        folder = cache_dir(cache, "cifar10-jpeg")
+        if not (folder / "test" / CIFAR10_CLASSES[-1]).is_dir():
+            with tarfile.open(archive) as tar:
+                tar.extractall(folder, filter="data")
+    npy = folder if os.access(folder, os.W_OK) else cache_dir(cache, "cifar10-jpeg")
+    arrays = []
+    for part in ("train", "test"):
+        xs, ys = npy / f"{part}_x.npy", npy / f"{part}_y.npy"
+        if not (xs.is_file() and ys.is_file()):
+            x, y = _image_folder_arrays(folder / part)
+            np.save(xs, x)
+            np.save(ys, y)
+        arrays += [np.load(xs), np.load(ys)]
+    return (*arrays, "jpeg")
+
+
+class _UncheckedCIFAR10(datasets.CIFAR10):
+    """torchvision's CIFAR-10 reader without the md5 check (for generated miniature files)."""
+
+    def _check_integrity(self) -> bool:
+        return True
+
+    def _load_meta(self) -> None:
+        self.classes = list(CIFAR10_CLASSES)
+        self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
+
+
+def random_crop_flip(
+    images: Tensor, padding: int, generator: torch.Generator, flip: bool = True
+) -> Tensor:
+    """Random crop with zero padding and random horizontal flip, vectorized over the batch.
+
+    Equivalent to torchvision's ``RandomCrop(size, padding)`` then ``RandomHorizontalFlip()``
+    applied independently to each image of ``images [M, C, H, W]``.
+    """
+    m, _, h, w = images.shape
+    device = images.device
+    padded = torch.nn.functional.pad(images, (padding, padding, padding, padding))
+    top = torch.randint(0, 2 * padding + 1, (m,), generator=generator, device=device)
+    left = torch.randint(0, 2 * padding + 1, (m,), generator=generator, device=device)
+    rows = (top[:, None] + torch.arange(h, device=device))[:, None, :, None]
+    cols = (left[:, None] + torch.arange(w, device=device))[:, None, None, :]
+    batch = torch.arange(m, device=device)[:, None, None, None]
+    channels = torch.arange(images.shape[1], device=device)[None, :, None, None]
+    out = padded[batch, channels, rows, cols]
+    if flip:
+        mirror = torch.rand(m, generator=generator, device=device) < 0.5
+        out = torch.where(mirror[:, None, None, None], out.flip(-1), out)
+    return out
+
+
+class CIFAR10DataModule(FederatedDataModule):
+    """CIFAR-10 (Krizhevsky 2009): ``[3, 32, 32]`` images, labels 0–9 in torchvision's order.
+
+    Sources: see :func:`load_cifar10_arrays` (canonical torchvision files, or the JPEG
+    re-encoding in an image folder or its archive). Images are kept as uint8 and preprocessed per
+    client batch on the training device (:meth:`preprocess`), as in the reference
+    implementation the papers use (akamaster/pytorch_resnet_cifar10): for training, random crop
+    with 4-pixel zero padding and random horizontal flip (``augment``), then per-channel
+    normalization with mean (0.485, 0.456, 0.406) and std (0.229, 0.224, 0.225); for evaluation
+    normalization only. The augmentation generator is seeded by ``(seed, round)``.
+
+    Args:
+        data_dir: root of the data (default ``$PL_PRIVFED_DATA`` or ``./data``).
+        download: let torchvision download the canonical files into ``data_dir``.
+        split: ``"standard"`` (50,000 / 10,000) or ``"paper"`` (pooled, 90 % / 10 %).
+        split_seed: seed of the paper split (42 in the papers).
+        augment: random crop + flip for training batches.
+        cache: writable directory for the extracted JPEG copy and decoded arrays.
+        verify_md5: check the canonical files' md5 (turn off only for generated test files).
+        **kwargs: :class:`FederatedDataModule` arguments.
+    """
+
+    num_classes = 10
+
+    def __init__(
+        self,
+        data_dir: str | None = None,
+        download: bool = False,
+        split: Split = "standard",
+        split_seed: int = 42,
+        augment: bool = True,
+        cache: str | None = None,
+        verify_md5: bool = True,
+        **kwargs,
+    ) -> None:
+        super().__init__(**kwargs)
+        if split not in ("standard", "paper"):
+            raise ValueError(f"split must be 'standard' or 'paper', got {split!r}")
+        self.data_dir = data_dir
+        self.download = download
+        self.split = split
+        self.split_seed = split_seed
+        self.augment = augment
+        self.cache = cache
+        self.verify_md5 = verify_md5
+        self.source: str | None = None
+        self._stats: dict[torch.device, tuple[Tensor, Tensor]] = {}
+
+    def load_datasets(self) -> tuple[TensorDataset, TensorDataset]:
+        *arrays, self.source = load_cifar10_arrays(
+            self.data_dir, self.cache, self.download, self.verify_md5
+        )
+        x_tr, y_tr, x_te, y_te = resplit(self.split, self.split_seed, *arrays)
+
+        def tensors(x: np.ndarray, y: np.ndarray) -> TensorDataset:
+            images = torch.from_numpy(np.ascontiguousarray(x.transpose(0, 3, 1, 2)))
+            return TensorDataset(images, torch.from_numpy(np.asarray(y)).long())
+
+        return tensors(x_tr, y_tr), tensors(x_te, y_te)
+
+    def preprocess(self, inputs: Tensor, train: bool, round_index: int) -> Tensor:
+        x = inputs.float().div_(255.0) if inputs.dtype == torch.uint8 else inputs.float()
+        if train and self.augment:
+            state = np.random.SeedSequence([self.seed, round_index, 0xA06]).generate_state(2)
+            gen = torch.Generator(device=x.device)
+            gen.manual_seed(int(state[0]) << 32 | int(state[1]))
+            x = random_crop_flip(x, 4, gen)
+        if x.device not in self._stats:
+            mean = torch.tensor(CIFAR10_MEAN, device=x.device).view(1, 3, 1, 1)
+            std = torch.tensor(CIFAR10_STD, device=x.device).view(1, 3, 1, 1)
+            self._stats[x.device] = (mean, std)
+        mean, std = self._stats[x.device]
+        return (x - mean) / std
+
+    def describe(self) -> dict:
+        return {**super().describe(), "source": self.source}
