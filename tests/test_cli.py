@@ -9,7 +9,14 @@ from pl_privfed import FederatedModule
 from pl_privfed.cli import PrivFedCLI, main
 
 REPO = Path(__file__).resolve().parents[1]
-CONFIGS = sorted((REPO / "configs").rglob("*.yaml"))
+# full configs; configs/paper/*.yaml are overlays and configs/sweeps/ holds W&B sweep files
+CONFIGS = [
+    REPO / "configs/quickstart.yaml",
+    *sorted(
+        [*(REPO / "configs/algorithms").glob("*.yaml"), *(REPO / "configs/paper").glob("*/*.yaml")]
+    ),
+]
+PAPER_CONFIGS = sorted((REPO / "configs/paper").glob("*/*.yaml"))
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=[str(c.relative_to(REPO)) for c in CONFIGS])
@@ -106,3 +113,30 @@ def test_output_dir_collects_summary_curves_and_config(tmp_path, monkeypatch):
     rows = (out / "curves.csv").read_text().splitlines()
     assert rows[0] == "metric,round,value" and "train/loss,4," in "\n".join(rows)
     assert sum(r.startswith("test/acc,") for r in rows) == 2  # rounds 2 and 4
+
+
+@pytest.mark.parametrize("config", PAPER_CONFIGS, ids=[c.stem for c in PAPER_CONFIGS])
+def test_paper_config_runs_two_rounds_on_cpu(config, tmp_path, monkeypatch):
+    """Each paper config, shortened by the cpu_smoke overlay, on the real data (CIFAR-10 JPEG)."""
+    monkeypatch.chdir(tmp_path)
+    main(["fit", "--config", str(config), "--config", str(REPO / "configs/paper/cpu_smoke.yaml"),
+          "--output_dir", str(tmp_path)])  # fmt: skip
+    data = json.loads((tmp_path / "summary.json").read_text())
+    assert data["status"] == "finished" and data["rounds"] == 2
+    assert data["final_test_accuracy"] is not None and data["final_train_loss"] > 0
+    assert data["private"] == ("dp_" in config.stem)
+    if data["private"]:  # K = 300 in the formula, 2 releases accounted
+        assert data["privacy"]["calibration_rounds"] == 300
+        assert data["privacy"]["rounds_accounted"] == 2
+
+
+def test_paper_reading_overlays(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    config = REPO / "configs/paper/alpha_normec/dp_alpha_normec.yaml"
+    cli = PrivFedCLI(args=["--config", str(config),
+                           "--config", str(REPO / "configs/paper/paper_reading.yaml"),
+                           "--config", str(REPO / "configs/paper/calibrate_to_run.yaml"),
+                           "--trainer.logger", "false"], run=False)  # fmt: skip
+    assert cli.trainer.max_epochs == 300 and cli.trainer.max_steps == -1
+    assert cli.model.algorithm.noise.rounds is None  # calibrated to the run's iteration count
+    assert cli.datamodule.split == "paper" and cli.datamodule.num_clients == 10

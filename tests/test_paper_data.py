@@ -127,7 +127,7 @@ def test_generated_canonical_cifar10(tmp_path):
         CIFAR10DataModule(data_dir=str(tmp_path), num_clients=2).setup("fit")
 
 
-def test_generated_jpeg_archive_is_extracted_once(tmp_path):
+def test_generated_jpeg_archive_is_decoded_once(tmp_path):
     rng = np.random.default_rng(1)
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
@@ -149,7 +149,21 @@ def test_generated_jpeg_archive_is_extracted_once(tmp_path):
     dm.setup("fit")
     assert dm.source == "jpeg"
     assert dm.train_dataset.tensors[1].tolist() == [c for c in range(10) for _ in range(2)]
-    assert (cache / "cifar10-jpeg" / "train_x.npy").is_file()
+    cached = cache / "cifar10-jpeg" / "train_x.npy"
+    stamp = cached.stat().st_mtime_ns
+    again = CIFAR10DataModule(data_dir=str(data), cache=str(cache), num_clients=2)
+    again.setup("fit")
+    assert cached.stat().st_mtime_ns == stamp  # decoded once
+    assert torch.equal(again.train_dataset.tensors[0], dm.train_dataset.tensors[0])
+    # the same images as an (extracted) image folder give the same arrays
+    folder = tmp_path / "folder"
+    with tarfile.open(data / "cifar10-jpeg.tar.gz") as tar:
+        tar.extractall(folder, filter="data")
+    from_folder = CIFAR10DataModule(data_dir=str(folder), num_clients=2)
+    from_folder.setup("fit")
+    assert (folder / "train_x.npy").is_file()  # cached beside a writable folder
+    for a, b in zip(from_folder.train_dataset.tensors, dm.train_dataset.tensors, strict=True):
+        assert torch.equal(a, b)
     (data / "cifar10-jpeg.tar.gz").unlink()
     with pytest.raises(FileNotFoundError, match="CIFAR-10 not found"):
         CIFAR10DataModule(data_dir=str(data), cache=str(cache)).setup("fit")

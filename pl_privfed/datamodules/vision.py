@@ -142,6 +142,28 @@ def _image_folder_arrays(folder: Path) -> tuple[np.ndarray, np.ndarray]:
     return np.stack(images), np.asarray(labels, dtype=np.int64)
 
 
+def _archive_arrays(archive: Path) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Decode ``{train,test}/<class>/*.jpg`` straight from the archive (no extraction)."""
+    found: dict[str, list[tuple[str, np.ndarray, int]]] = {"train": [], "test": []}
+    labels = {name: i for i, name in enumerate(CIFAR10_CLASSES)}
+    with tarfile.open(archive) as tar:
+        for member in tar:
+            parts = Path(member.name).parts
+            if not member.isfile() or len(parts) < 3 or parts[-3] not in found:
+                continue
+            if parts[-2] not in labels:
+                raise ValueError(f"{archive}: unknown CIFAR-10 class folder {parts[-2]!r}")
+            image = _decode(tar.extractfile(member).read())
+            found[parts[-3]].append((member.name, image, labels[parts[-2]]))
+    out = []
+    for part in ("train", "test"):
+        items = sorted(found[part], key=lambda t: (t[2], t[0]))  # class, then file name
+        if not items:
+            raise ValueError(f"{archive} holds no {part}/ images")
+        out.append((np.stack([t[1] for t in items]), np.asarray([t[2] for t in items], np.int64)))
+    return out
+
+
 def load_cifar10_arrays(
     data_dir: str | Path | None = None,
     cache: str | Path | None = None,
@@ -154,10 +176,10 @@ def load_cifar10_arrays(
        ``verify_md5=False``; downloaded there with ``download=True``);
     2. an image folder ``<data_dir>/{train,test}/<class>/*`` (e.g. the JPEG re-encoding);
     3. the JPEG archive ``cifar10-jpeg.tar.gz`` in ``<data_dir>`` or ``<data_dir>/cifar10-jpeg``,
-       extracted once into ``<cache>/cifar10-jpeg``.
+       decoded once, straight from the archive, into ``<cache>/cifar10-jpeg``.
 
-    The decoded arrays of an image folder are cached as ``.npy`` files beside it, so later
-    loads take a fraction of a second. Returns ``(x_train, y_train, x_test, y_test, source)``
+    The decoded uint8 arrays are cached as ``.npy`` files (beside a writable image folder, else
+    in ``<cache>/cifar10-jpeg``), so later loads take a fraction of a second. Returns ``(x_train, y_train, x_test, y_test, source)``
     with ``source`` ``"canonical"`` or ``"jpeg"`` (numbers measured on the JPEG copy must say
     so: it is a lossy re-encoding at quality ≈ 75).
     """
@@ -174,6 +196,7 @@ def load_cifar10_arrays(
             "canonical",
         )
     folder = root if (root / "train").is_dir() and (root / "test").is_dir() else None
+    archive = None
     if folder is None:
         archive = next((p for p in (root / JPEG_ARCHIVE, root / "cifar10-jpeg" / JPEG_ARCHIVE)
                         if p.is_file()), None)  # fmt: skip
@@ -182,19 +205,17 @@ def load_cifar10_arrays(
                 f"CIFAR-10 not found under data_dir={str(root)!r}: expected cifar-10-batches-py/, "
                 f"train/ and test/ image folders, or {JPEG_ARCHIVE} (or set download: true)"
             )
-        folder = cache_dir(cache, "cifar10-jpeg")
-        if not (folder / "test" / CIFAR10_CLASSES[-1]).is_dir():
-            with tarfile.open(archive) as tar:
-                tar.extractall(folder, filter="data")
-    npy = folder if os.access(folder, os.W_OK) else cache_dir(cache, "cifar10-jpeg")
-    arrays = []
-    for part in ("train", "test"):
-        xs, ys = npy / f"{part}_x.npy", npy / f"{part}_y.npy"
-        if not (xs.is_file() and ys.is_file()):
-            x, y = _image_folder_arrays(folder / part)
-            np.save(xs, x)
-            np.save(ys, y)
-        arrays += [np.load(xs), np.load(ys)]
+    writable = folder is not None and os.access(folder, os.W_OK)
+    npy = folder if writable else cache_dir(cache, "cifar10-jpeg")
+    files = [npy / f"{part}_{kind}.npy" for part in ("train", "test") for kind in ("x", "y")]
+    if not all(f.is_file() for f in files):
+        if folder is not None:
+            parts = [_image_folder_arrays(folder / part) for part in ("train", "test")]
+        else:
+            parts = _archive_arrays(archive)
+        for f, array in zip(files, [a for pair in parts for a in pair], strict=True):
+            np.save(f, array)
+    arrays = [np.load(f) for f in files]
     return (*arrays, "jpeg")
 
 
