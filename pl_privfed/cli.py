@@ -2,12 +2,16 @@
 
 ``pl-privfed fit --config configs/quickstart.yaml`` trains; every value can be overridden on the
 command line (``--model.algorithm.init_args.beta 0.1``); ``--print_config`` shows the resolved
-config; ``validate`` and ``test`` evaluate a checkpoint (``--ckpt_path``).
+config; ``validate`` and ``test`` evaluate a checkpoint (``--ckpt_path``). ``pl-privfed sweep
+<sweep.yaml>`` runs a grid sweep file locally (:mod:`pl_privfed.sweep`) and ``pl-privfed report
+<results.csv>`` draws its figures and table (:mod:`pl_privfed.report`).
 """
 
 from __future__ import annotations
 
+import argparse
 import os
+import sys
 from pathlib import Path
 
 import yaml
@@ -117,8 +121,55 @@ class PrivFedCLI(LightningCLI):
         self._finish_wandb()
 
 
+def _sweep_main(args: list[str]) -> int:
+    from pl_privfed.sweep import run_sweep
+
+    parser = argparse.ArgumentParser(
+        prog="pl-privfed sweep",
+        description="Run a W&B grid sweep file locally (sequentially, resumable).",
+        epilog="Arguments after `--` are added to every run, e.g. "
+        "`-- --config=configs/paper/paper_reading.yaml` or `-- --trainer.max_steps=20`.",
+    )
+    parser.add_argument("sweep", help="the sweep YAML (configs/sweeps/*.yaml)")
+    parser.add_argument("--out", default=None, help="output directory (default sweeps/<name>)")
+    parser.add_argument("--dry-run", action="store_true", help="print the commands only")
+    extra: list[str] = []
+    if "--" in args:
+        cut = args.index("--")
+        args, extra = args[:cut], args[cut + 1 :]
+    ns = parser.parse_args(args)
+    path, failures = run_sweep(ns.sweep, ns.out, overrides=extra, dry_run=ns.dry_run)
+    print(
+        f"[pl-privfed sweep] results: {path}" + (f"; {failures} run(s) failed" if failures else "")
+    )
+    return 1 if failures else 0
+
+
+def _report_main(args: list[str]) -> int:
+    from pl_privfed.report import make_report
+
+    parser = argparse.ArgumentParser(
+        prog="pl-privfed report",
+        description="Heatmaps, curves and a paper-style table from a sweep's results.csv.",
+    )
+    parser.add_argument("results", help="results.csv written by `pl-privfed sweep`")
+    parser.add_argument("--out", default=None, help="output directory (default: report/ beside)")
+    parser.add_argument("--x", default="beta", help="heatmap x column (default beta)")
+    parser.add_argument("--y", default="step_size", help="heatmap y column (default step_size)")
+    ns = parser.parse_args(args)
+    for path in make_report(ns.results, ns.out, x=ns.x, y=ns.y):
+        print(path)
+    return 0
+
+
 def main(args: list[str] | None = None) -> None:
-    """Console entry point."""
+    """Console entry point: LightningCLI subcommands (fit, validate, test, ...), plus ``sweep``
+    and ``report``."""
+    argv = list(sys.argv[1:] if args is None else args)
+    if argv and argv[0] == "sweep":
+        raise SystemExit(_sweep_main(argv[1:]))
+    if argv and argv[0] == "report":
+        raise SystemExit(_report_main(argv[1:]))
     PrivFedCLI(args=args)
 
 

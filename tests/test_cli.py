@@ -125,6 +125,7 @@ def test_paper_config_runs_two_rounds_on_cpu(config, tmp_path, monkeypatch):
     assert data["status"] == "finished" and data["rounds"] == 2
     assert data["final_test_accuracy"] is not None and data["final_train_loss"] > 0
     assert data["private"] == ("dp_" in config.stem)
+    assert data["data"]["source"] == "jpeg" and data["data"]["num_clients"] == 10
     if data["private"]:  # K = 300 in the formula, 2 releases accounted
         assert data["privacy"]["calibration_rounds"] == 300
         assert data["privacy"]["rounds_accounted"] == 2

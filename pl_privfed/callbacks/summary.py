@@ -137,6 +137,9 @@ class RunSummary(pl.Callback):
             out["epsilon"] = privacy.get("epsilon")
             out["delta"] = privacy.get("delta")
             out["privacy"] = privacy
+        describe = getattr(trainer.datamodule, "describe", None)
+        if callable(describe):
+            out["data"] = describe()
         algorithm = getattr(pl_module, "algorithm", None)
         if algorithm is not None:
             out["algorithm"] = repr(algorithm)
