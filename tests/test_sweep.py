@@ -42,7 +42,8 @@ def test_grid_order_and_arguments(tmp_path):
     assert sweep.swept == ["a.x", "b.flag"]
     args = run_args(sweep, points[1], "out/0001")
     assert args == ["fit", "--config", str(REPO / "configs/quickstart.yaml"), "--a.x=1",
-                    "--b.flag=false", "--c.fixed=null", "--d.x=0.5", "--output_dir=out/0001"]  # fmt: skip
+                    "--b.flag=false", "--c.fixed=null", "--d.x=0.5", "--output_dir=out/0001",
+                    "--trainer.default_root_dir=out/0001"]  # fmt: skip
 
 
 @pytest.mark.parametrize(
