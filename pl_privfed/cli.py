@@ -122,7 +122,7 @@ class PrivFedCLI(LightningCLI):
 
 
 def _sweep_main(args: list[str]) -> int:
-    from pl_privfed.sweep import run_sweep
+    from pl_privfed.sweep import failed_runs, run_sweep
 
     parser = argparse.ArgumentParser(
         prog="pl-privfed sweep",
@@ -138,11 +138,13 @@ def _sweep_main(args: list[str]) -> int:
         cut = args.index("--")
         args, extra = args[:cut], args[cut + 1 :]
     ns = parser.parse_args(args)
-    path, failures = run_sweep(ns.sweep, ns.out, overrides=extra, dry_run=ns.dry_run)
-    print(
-        f"[pl-privfed sweep] results: {path}" + (f"; {failures} run(s) failed" if failures else "")
-    )
-    return 1 if failures else 0
+    path = run_sweep(ns.sweep, ns.out, overrides=extra, dry_run=ns.dry_run)
+    if ns.dry_run:
+        return 0
+    failed = failed_runs(path)
+    note = f"; {len(failed)} run(s) failed: {', '.join(failed)}" if failed else ""
+    print(f"[pl-privfed sweep] results: {path}{note}")
+    return 1 if failed else 0
 
 
 def _report_main(args: list[str]) -> int:
@@ -156,8 +158,11 @@ def _report_main(args: list[str]) -> int:
     parser.add_argument("--out", default=None, help="output directory (default: report/ beside)")
     parser.add_argument("--x", default="beta", help="heatmap x column (default beta)")
     parser.add_argument("--y", default="step_size", help="heatmap y column (default step_size)")
+    parser.add_argument(
+        "--facet", default=None, help="one panel per value of this column (default: all others)"
+    )
     ns = parser.parse_args(args)
-    for path in make_report(ns.results, ns.out, x=ns.x, y=ns.y):
+    for path in make_report(ns.results, ns.out, x=ns.x, y=ns.y, facet=ns.facet):
         print(path)
     return 0
 

@@ -1,14 +1,17 @@
 """Paper-style figures and tables from a sweep's ``results.csv``: ``pl-privfed report``.
 
-* ``heatmap[_<facet>].png``: the highest test accuracy over (x, y) — by default (β, γ) — one
-  panel per value of every other swept parameter (α, server normalization, ...), as in paper 002
-  Figs. 4-8 and 11-12;
-* ``heatmap_server_normalization_difference.png``: with minus without server normalization
-  (paper 002 Fig. 12, right) when that parameter was swept;
-* ``curves.png``: training loss and test accuracy against rounds for the best y per x value
-  (paper 002 Figs. 3, 9, 13), from each run's ``curves.csv``;
-* ``table.md`` / ``table.csv``: method, β, γ (and other swept columns), final and best accuracy,
-  ε (paper 002 Tables 7 and 10).
+Only finished runs are drawn. :func:`make_report` writes
+
+* ``heatmap.png``: the highest test accuracy over (x, y), by default (β, γ), values annotated,
+  one panel per value of every other parameter that varies (α, server normalization, ...), on
+  one colour scale, as in paper 002 Figs. 4-8 and 11-12;
+* ``heatmap_server_normalization_difference.png`` when ``server_normalization`` varies: with
+  minus without server normalization, in accuracy points (paper 002 Fig. 12);
+* ``curves.png``: training loss and test accuracy against rounds of the best y for each value
+  of x, from the runs' ``curves.csv`` (paper 002 Figs. 3, 9, 13);
+* ``table.md`` and ``table.csv``: method, β, γ (and every other varying parameter), final and
+  best test accuracy, ε where present, sorted by method then best accuracy (paper 002 Tables 7
+  and 10).
 """
 
 from __future__ import annotations
@@ -18,15 +21,22 @@ import json
 import math
 import os
 from collections import defaultdict
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+from matplotlib import colormaps
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+from pl_privfed.sweep import RESULT_COLUMNS
 
 __all__ = ["load_results", "make_report"]
 
-_RESULT_COLUMNS = {"run", "status", "run_dir", "final_test_accuracy", "best_test_accuracy",
-                   "final_train_loss", "epsilon", "rounds", "wall_time_s"}  # fmt: skip
+_NOT_PARAMETERS = {"run", "status", "run_dir", *RESULT_COLUMNS}
+_SYMBOLS = {"beta": "β", "step_size": "γ", "alpha": "α", "epsilon": "ε", "delta": "δ"}
+_SERVER_NORM = "server_normalization"
 
 
 def _number(text: Any) -> float | None:
@@ -37,72 +47,178 @@ def _number(text: Any) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def _key(text: str) -> tuple:
+def _order(text: str) -> tuple:
+    """Sort key: numbers numerically, then everything else as text."""
     value = _number(text)
     return (0, value, "") if value is not None else (1, 0.0, str(text))
 
 
+def _symbol(column: str) -> str:
+    return _SYMBOLS.get(column, column)
+
+
 def load_results(path: str | os.PathLike) -> list[dict[str, str]]:
     """The rows of a ``results.csv`` written by :func:`pl_privfed.sweep.run_sweep`."""
+    return _read_csv(path)[1]
+
+
+def _read_csv(path: str | os.PathLike) -> tuple[list[str], list[dict[str, str]]]:
     with Path(path).open(newline="") as f:
-        return list(csv.DictReader(f))
+        reader = csv.DictReader(f)
+        rows = list(reader)
+        return list(reader.fieldnames or []), rows
 
 
-def _method(row: dict[str, str]) -> str:
-    summary_path = Path(row.get("run_dir") or "") / "summary.json"
-    name = "?"
-    if summary_path.is_file():
-        config = json.loads(summary_path.read_text()).get("config") or {}
-        algorithm = (config.get("model") or {}).get("algorithm") or {}
-        name = str(algorithm.get("class_path", "?")).rsplit(".", 1)[-1]
-        if (algorithm.get("init_args") or {}).get("server_normalization") is True:
-            name += " + server norm"
-    return name
+def _run_dir(row: dict[str, str], results_csv: Path) -> Path:
+    """The run directory of a row: as recorded, else ``runs/<run>`` beside the CSV (a CSV read
+    from another working directory or a moved sweep folder)."""
+    recorded = Path(row.get("run_dir") or "")
+    if row.get("run_dir") and recorded.is_dir():
+        return recorded
+    return results_csv.parent / "runs" / (row.get("run") or "")
 
 
-def _heatmap(ax, grid, xs, ys, title, x, y, limits: tuple[float, float], diff=False):
-    """One annotated heatmap (values in %); ``limits`` are shared by the panels of a figure."""
-    import numpy as np
+def _method(row: dict[str, str], run_dir: Path) -> str:
+    """The algorithm's class name from the run's ``summary.json`` (+ " + server norm")."""
+    name, server_norm = "?", row.get(_SERVER_NORM) == "true"
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        summary = {}
+    summary = summary if isinstance(summary, dict) else {}
+    config = summary.get("config")
+    model = config.get("model") if isinstance(config, dict) else None
+    algorithm = model.get("algorithm") if isinstance(model, dict) else None
+    if isinstance(algorithm, dict) and algorithm.get("class_path"):
+        name = str(algorithm["class_path"]).rsplit(".", 1)[-1]
+        init_args = algorithm.get("init_args") or {}
+        if _SERVER_NORM in init_args:
+            server_norm = init_args[_SERVER_NORM] is True
+    elif summary.get("algorithm"):
+        name = str(summary["algorithm"]).split("(", 1)[0]
+    return name + (" + server norm" if server_norm else "")
 
+
+def _read_curves(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    curves: dict[str, list[tuple[int, float]]] = defaultdict(list)
+    path = run_dir / "curves.csv"
+    if not path.is_file():
+        return curves
+    with path.open(newline="") as f:
+        for rec in csv.DictReader(f):
+            step, value = _number(rec.get("round")), _number(rec.get("value"))
+            if step is not None and value is not None:
+                curves[rec.get("metric") or ""].append((int(step), value))
+    return curves
+
+
+def _best(rows: Iterable[dict[str, str]], metric: str) -> dict[str, str] | None:
+    scored = [(s, r) for r in rows if (s := _number(r.get(metric))) is not None]
+    return max(scored, key=lambda t: t[0])[1] if scored else None
+
+
+def _cells(rows: Sequence[dict[str, str]], x: str, y: str, metric: str) -> dict[tuple, float]:
+    """The highest ``metric`` per (x, y) cell, over every other column."""
+    groups: dict[tuple, list[dict[str, str]]] = defaultdict(list)
+    for r in rows:
+        groups[(r[x], r[y])].append(r)
+    out = {}
+    for cell, members in groups.items():
+        best = _best(members, metric)
+        if best is not None:
+            out[cell] = _number(best[metric])
+    return out
+
+
+def _draw_heatmap(
+    ax,
+    values: dict[tuple, float],
+    xs: list[str],
+    ys: list[str],
+    *,
+    x: str,
+    y: str,
+    title: str,
+    bounds: tuple[float, float],
+    diff: bool = False,
+):
+    """One annotated heatmap (values in accuracy points) on ``ax``; returns the image."""
     data = np.full((len(ys), len(xs)), np.nan)
-    for (xv, yv), value in grid.items():
-        if value is not None:
-            data[ys.index(yv), xs.index(xv)] = value * 100
-    image = ax.imshow(data, cmap="RdBu" if diff else "viridis", origin="lower", aspect="auto",
-                      vmin=limits[0], vmax=limits[1])  # fmt: skip
+    for (xv, yv), value in values.items():
+        data[ys.index(yv), xs.index(xv)] = 100.0 * value
+    cmap = colormaps["RdBu" if diff else "viridis"].with_extremes(bad="0.85")
+    vmin, vmax = bounds
+    image = ax.imshow(
+        np.ma.masked_invalid(data), cmap=cmap, vmin=vmin, vmax=vmax, origin="lower", aspect="auto"
+    )
     ax.set_xticks(range(len(xs)), xs)
     ax.set_yticks(range(len(ys)), ys)
-    ax.set_xlabel(x)
-    ax.set_ylabel(y)
+    ax.set_xlabel(_symbol(x))
+    ax.set_ylabel(_symbol(y))
     ax.set_title(title, fontsize=9)
+    span = (vmax - vmin) or 1.0
     for i in range(len(ys)):
         for j in range(len(xs)):
-            if np.isfinite(data[i, j]):
-                ax.text(j, i, f"{data[i, j]:+.1f}" if diff else f"{data[i, j]:.1f}",
-                        ha="center", va="center", fontsize=7, color="w")  # fmt: skip
+            value = data[i, j]
+            if not np.isfinite(value):
+                continue
+            level = (value - vmin) / span
+            dark = abs(level - 0.5) > 0.3 if diff else level < 0.6
+            ax.text(j, i, f"{value:+.1f}" if diff else f"{value:.1f}", ha="center", va="center",
+                    fontsize=8, color="white" if dark else "black")  # fmt: skip
     return image
 
 
-def _limits(panels, diff: bool) -> tuple[float, float]:
-    values = [100 * v for grid in panels for v in grid.values() if v is not None]
-    if not values:
-        return (0.0, 1.0)
-    if diff:
-        bound = max(1e-9, max(abs(v) for v in values))
-        return (-bound, bound)
-    return (min(values), max(values))
+def _heatmap_figure(
+    path: Path,
+    panels: dict[tuple, dict[tuple, float]],
+    columns: Sequence[str],
+    xs: list[str],
+    ys: list[str],
+    *,
+    x: str,
+    y: str,
+    title: str,
+    diff: bool = False,
+) -> Path:
+    """One panel per facet value (``columns``), one shared colour scale; rows follow all
+    facets but the last, columns the last one."""
+    keys = sorted(panels, key=lambda k: tuple(_order(v) for v in k))
+    bounds = _bounds((v for p in panels.values() for v in p.values()), symmetric=diff)
+    if len(columns) >= 2:
+        ncols = len({k[-1] for k in keys})
+    else:
+        ncols = min(len(keys), 4)
+    nrows = math.ceil(len(keys) / ncols)
+    width = max(3.6, 1.4 + 0.75 * len(xs))
+    height = max(2.9, 1.3 + 0.5 * len(ys))
+    fig = Figure(figsize=(width * ncols + 1.0, height * nrows), layout="constrained")
+    image = None
+    for i, key in enumerate(keys):
+        ax = fig.add_subplot(nrows, ncols, i + 1)
+        label = f"{_facet_title(columns, key)}: {title}" if columns else title
+        image = _draw_heatmap(
+            ax, panels[key], xs, ys, x=x, y=y, title=label, bounds=bounds, diff=diff
+        )
+    if image is not None:
+        fig.colorbar(image, ax=fig.axes, label="accuracy points" if diff else "accuracy (%)")
+    fig.savefig(path, dpi=120)
+    return path
 
 
-def _read_curves(run_dir: str) -> dict[str, list[tuple[int, float]]]:
-    path = Path(run_dir) / "curves.csv"
-    curves: dict[str, list[tuple[int, float]]] = defaultdict(list)
-    if path.is_file():
-        with path.open(newline="") as f:
-            for rec in csv.DictReader(f):
-                value = _number(rec["value"])
-                if value is not None:
-                    curves[rec["metric"]].append((int(rec["round"]), value))
-    return curves
+def _facet_title(columns: Sequence[str], values: Sequence[str]) -> str:
+    return ", ".join(f"{_symbol(c)}={v}" for c, v in zip(columns, values, strict=True))
+
+
+def _bounds(values: Iterable[float | None], symmetric: bool = False) -> tuple[float, float]:
+    finite = [100.0 * v for v in values if v is not None]
+    if not finite:
+        return (-1.0, 1.0) if symmetric else (0.0, 100.0)
+    if symmetric:
+        bound = max(1e-6, max(abs(v) for v in finite))
+        return -bound, bound
+    low, high = min(finite), max(finite)
+    return (low, high) if high > low else (low - 0.5, high + 0.5)
 
 
 def make_report(
@@ -111,113 +227,141 @@ def make_report(
     *,
     x: str = "beta",
     y: str = "step_size",
+    facet: str | Sequence[str] | None = None,
     metric: str = "best_test_accuracy",
 ) -> list[Path]:
-    """Write the heatmaps, curves and table of a sweep; return the written paths.
+    """Write the heatmaps, the curves figure and the table of a sweep; return the written paths.
 
     Args:
-        results_csv: a sweep's ``results.csv``.
-        out_dir: where to write (default: ``report/`` beside the CSV).
-        x: column on the heatmaps' x axis and of the curves' legend (default β).
-        y: column on the y axis, the one tuned per x value for the curves (default γ).
-        metric: the accuracy column the heatmaps show and the best run is chosen by.
-    """
-    rows = [r for r in load_results(results_csv) if (r.get("status") or "") == "finished"]
-    out = Path(out_dir) if out_dir is not None else Path(results_csv).parent / "report"
-    out.mkdir(parents=True, exist_ok=True)
-    written: list[Path] = []
-    params = [c for c in (rows[0] if rows else {}) if c not in _RESULT_COLUMNS]
-    for axis, name in (("x", x), ("y", y)):
-        if rows and name not in params:
-            raise ValueError(f"{axis}={name!r} is not a swept column of {results_csv}: {params}")
-    others = [c for c in params if c not in (x, y) and len({r[c] for r in rows}) > 1]
-    xs = sorted({r[x] for r in rows}, key=_key)
-    ys = sorted({r[y] for r in rows}, key=_key)
+        results_csv: a sweep's ``results.csv`` (:func:`pl_privfed.sweep.run_sweep`).
+        out_dir: where to write (default ``report/`` beside the CSV).
+        x: the column on the heatmaps' x axis, one curve per value (default β).
+        y: the column on the heatmaps' y axis, tuned per x for the curves (default γ).
+        facet: column(s) with one heatmap per value; default every other parameter that
+            varies. Parameters that vary but are neither x, y nor a facet are maximized over.
+        metric: the accuracy column of the heatmaps and of the choice of the best runs.
 
-    # heatmaps of the highest accuracy, one panel per combination of the other swept columns
-    facets: dict[tuple, dict[tuple[str, str], float | None]] = defaultdict(dict)
+    Where the default x (``beta``) or y (``step_size``) is not a column of the CSV (a grid over
+    other parameters), the first other parameter that varies takes its place.
+
+    Raises:
+        ValueError: when x, y or a facet is not a parameter column of the CSV.
+    """
+    results_csv = Path(results_csv)
+    header, all_rows = _read_csv(results_csv)
+    params = [c for c in header if c not in _NOT_PARAMETERS]
+    facets_given = [facet] if isinstance(facet, str) else list(facet or [])
+    varying_all = [c for c in params if len({r.get(c) for r in all_rows}) > 1]
+    if x == "beta" and x not in params:  # the default x, a grid without β: its first parameter
+        x = next((c for c in varying_all + params if c != y), x)
+    if y == "step_size" and y not in params:
+        y = next((c for c in varying_all + params if c != x), y)
+    for role, column in [("x", x), ("y", y), *(("facet", f) for f in facets_given)]:
+        if column not in params:
+            raise ValueError(
+                f"{role}={column!r} is not a parameter column of {results_csv}: {params}"
+            )
+    if x == y:
+        raise ValueError(f"x and y must differ, got x=y={x!r}")
+    out = Path(out_dir) if out_dir is not None else results_csv.parent / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    rows = [r for r in all_rows if r.get("status") == "finished"]
+    varying = [c for c in params if len({r.get(c) for r in rows}) > 1]
+    facets = facets_given if facet is not None else [c for c in varying if c not in (x, y)]
+    facets = [c for c in facets if c not in (x, y)]
+    xs = sorted({r[x] for r in rows}, key=_order)
+    ys = sorted({r[y] for r in rows}, key=_order)
+    written: list[Path] = []
+
+    # the highest accuracy over (x, y), one panel per facet value, one colour scale
+    groups: dict[tuple, list[dict[str, str]]] = defaultdict(list)
     for r in rows:
-        facet = tuple(r[c] for c in others)
-        facets[facet][(r[x], r[y])] = _number(r.get(metric))
-    if facets:
-        keys = sorted(facets, key=lambda f: tuple(_key(v) for v in f))
-        limits = _limits(facets.values(), diff=False)
-        fig = Figure(figsize=(4.2 * len(keys), 3.6), layout="constrained")
-        for i, facet in enumerate(keys):
-            ax = fig.add_subplot(1, len(keys), i + 1)
-            title = ", ".join(f"{c}={v}" for c, v in zip(others, facet, strict=True)) or metric
-            image = _heatmap(ax, facets[facet], xs, ys, f"{title} ({metric}, %)", x, y, limits)
-        fig.colorbar(image, ax=fig.axes)
-        written.append(out / "heatmap.png")
-        fig.savefig(written[-1], dpi=110)
+        groups[tuple(r[c] for c in facets)].append(r)
+    if groups:
+        panels = {key: _cells(members, x, y, metric) for key, members in groups.items()}
+        title = "highest test accuracy (%)" if metric == "best_test_accuracy" else f"{metric} (%)"
+        written.append(
+            _heatmap_figure(out / "heatmap.png", panels, facets, xs, ys, x=x, y=y, title=title)
+        )
 
     # with minus without server normalization
-    if "server_normalization" in others:
-        rest = [c for c in others if c != "server_normalization"]
-        pairs: dict[tuple, dict[tuple[str, str], float | None]] = defaultdict(dict)
-        by_key = {(tuple(r[c] for c in rest), r[x], r[y], r["server_normalization"]): r
-                  for r in rows}  # fmt: skip
-        for (facet, xv, yv, sn), r in by_key.items():
-            other = by_key.get((facet, xv, yv, "false"))
-            if sn == "true" and other is not None:
-                a, b = _number(r.get(metric)), _number(other.get(metric))
-                pairs[facet][(xv, yv)] = None if a is None or b is None else a - b
-        if pairs:
-            keys = sorted(pairs, key=lambda f: tuple(_key(v) for v in f))
-            limits = _limits(pairs.values(), diff=True)
-            fig = Figure(figsize=(4.2 * len(keys), 3.6), layout="constrained")
-            for i, facet in enumerate(keys):
-                ax = fig.add_subplot(1, len(keys), i + 1)
-                label = ", ".join(f"{c}={v}" for c, v in zip(rest, facet, strict=True))
-                title = f"with − without server norm. {label} (points)".replace("  ", " ")
-                image = _heatmap(ax, pairs[facet], xs, ys, title, x, y, limits, diff=True)
-            fig.colorbar(image, ax=fig.axes)
-            written.append(out / "heatmap_server_normalization_difference.png")
-            fig.savefig(written[-1], dpi=110)
+    if _SERVER_NORM in varying and _SERVER_NORM not in (x, y):
+        rest = [c for c in facets if c != _SERVER_NORM]
+        sides: dict[tuple, dict[str, list[dict[str, str]]]] = defaultdict(lambda: defaultdict(list))
+        for r in rows:
+            sides[tuple(r[c] for c in rest)][r[_SERVER_NORM]].append(r)
+        diffs: dict[tuple, dict[tuple, float]] = {}
+        for key, side in sides.items():
+            on, off = _cells(side["true"], x, y, metric), _cells(side["false"], x, y, metric)
+            diffs[key] = {c: on[c] - off[c] for c in on.keys() & off.keys()}
+        written.append(
+            _heatmap_figure(
+                out / "heatmap_server_normalization_difference.png",
+                diffs,
+                rest,
+                xs,
+                ys,
+                x=x,
+                y=y,
+                title="with − without server norm. (points)",
+                diff=True,
+            )
+        )
 
-    # curves of the best y per x (and per facet)
-    best: dict[tuple, dict[str, str]] = {}
-    for r in rows:
-        group = (tuple(r[c] for c in others), r[x])
-        score = _number(r.get(metric))
-        if score is not None and (group not in best or score > _number(best[group][metric])):
-            best[group] = r
-    if best:
-        fig = Figure(figsize=(10, 3.8), layout="constrained")
+    # training loss and test accuracy of the best y for each x
+    if rows:
+        fig = Figure(figsize=(11, 4), layout="constrained")
         loss_ax, acc_ax = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
-        for (facet, xv), r in sorted(best.items(), key=lambda t: (t[0][0], _key(t[0][1]))):
-            curves = _read_curves(r["run_dir"])
-            label = ", ".join([f"{x}={xv}", f"{y}={r[y]}",
-                               *(f"{c}={v}" for c, v in zip(others, facet, strict=True))])  # fmt: skip
+        losses: list[float] = []
+        others = [c for c in varying if c not in (x, y)]
+        for xv in xs:
+            best = _best((r for r in rows if r[x] == xv), metric)
+            if best is None:
+                continue
+            curves = _read_curves(_run_dir(best, results_csv))
+            label = ", ".join(f"{_symbol(c)}={best[c]}" for c in (x, y, *others))
             for ax, key in ((loss_ax, "train/loss"), (acc_ax, "test/acc")):
                 if curves.get(key):
-                    steps, values = zip(*curves[key], strict=True)
-                    ax.plot(steps, values, label=label)
-        for ax, title in ((loss_ax, "training loss"), (acc_ax, "test accuracy")):
-            ax.set_title(f"{title} (best {y} per {x})", fontsize=9)
+                    steps, values = zip(*sorted(curves[key]), strict=True)
+                    ax.plot(steps, values, label=label, marker="." if len(steps) < 30 else None)
+                    if key == "train/loss":
+                        losses += values
+        for ax, name in ((loss_ax, "training loss"), (acc_ax, "test accuracy")):
+            ax.set_title(f"{name}, best {_symbol(y)} per {_symbol(x)}", fontsize=9)
             ax.set_xlabel("round")
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             ax.grid(alpha=0.3)
-        loss_ax.set_yscale("log")
-        acc_ax.legend(fontsize=7)
+        if losses and min(losses) > 0 and max(losses) > 10 * min(losses):  # orders of magnitude
+            loss_ax.set_yscale("log")
+        for ax in (acc_ax, loss_ax):
+            if ax.lines:
+                ax.legend(fontsize=7)
+                break
         written.append(out / "curves.png")
-        fig.savefig(written[-1], dpi=110)
+        fig.savefig(written[-1], dpi=120)
 
     # the paper-style table
-    columns = ["method", x, y, *others, "final accuracy", "best accuracy", "epsilon"]
-    table = []
+    swept = [x, y, *(c for c in varying if c not in (x, y, _SERVER_NORM))]
+    with_eps = any(_number(r.get("epsilon")) is not None for r in rows)
+    columns = ["method", *(_symbol(c) for c in swept), "final accuracy (%)", "best accuracy (%)"]
+    columns += ["ε"] if with_eps else []
+    table: list[tuple[tuple, list[str]]] = []
     for r in rows:
-        final, top, eps = (_number(r.get(c)) for c in ("final_test_accuracy", metric, "epsilon"))
-        table.append({"method": _method(r), x: r[x], y: r[y], **{c: r[c] for c in others},
-                      "final accuracy": "" if final is None else f"{100 * final:.2f}%",
-                      "best accuracy": "" if top is None else f"{100 * top:.2f}%",
-                      "epsilon": "" if eps is None else f"{eps:.3g}", "_best": top or -1.0})  # fmt: skip
-    table.sort(key=lambda t: (t["method"], -t["_best"]))
+        method = _method(r, _run_dir(r, results_csv))
+        final, best = _number(r.get("final_test_accuracy")), _number(r.get(metric))
+        cells_ = [method, *(r.get(c) or "" for c in swept)]
+        cells_ += ["" if v is None else f"{100 * v:.2f}" for v in (final, best)]
+        if with_eps:
+            eps = _number(r.get("epsilon"))
+            cells_.append("" if eps is None else f"{eps:.3g}")
+        table.append(((method, best is None, -(best or 0.0)), cells_))
+    table.sort(key=lambda t: t[0])
     with (out / "table.csv").open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(table)
+        writer = csv.writer(f)
+        writer.writerow(columns)
+        writer.writerows(cells_ for _, cells_ in table)
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(str(t[c]) for c in columns) + " |" for t in table]
+    lines += ["| " + " | ".join(cells_) + " |" for _, cells_ in table]
     (out / "table.md").write_text("\n".join(lines) + "\n")
     written += [out / "table.md", out / "table.csv"]
     return written

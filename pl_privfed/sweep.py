@@ -157,7 +157,9 @@ def run_args(sweep: Sweep, params: dict[str, Any], output_dir: str | os.PathLike
 
     That is the sweep's ``command`` after ``pl-privfed`` (what ``wandb agent`` would run), with
     ``${env}``, ``${interpreter}`` and ``${program}`` dropped and ``${args}`` replaced by
-    ``--key=value`` pairs, followed by ``--output_dir <output_dir>``.
+    ``--key=value`` pairs (values as :func:`render_value` writes them), followed by
+    ``--output_dir=<output_dir>`` and ``--trainer.default_root_dir=<output_dir>`` (so that a run
+    without a logger keeps its ``config.yaml`` and checkpoints in its own directory).
     """
     command = [c for c in sweep.command if c not in _DROPPED]
     if command[:1] == ["pl-privfed"]:
@@ -170,7 +172,7 @@ def run_args(sweep: Sweep, params: dict[str, Any], output_dir: str | os.PathLike
             args += [f"--{k}={render_value(v)}" for k, v in params.items()]
         else:
             args.append(item)
-    return [*args, "--output_dir", str(output_dir)]
+    return [*args, f"--output_dir={output_dir}", f"--trainer.default_root_dir={output_dir}"]
 
 
 def run_id(index: int, params: dict[str, Any]) -> str:
@@ -282,7 +284,8 @@ def run_sweep(
     for index, params in enumerate(points):
         run_dir = _run_dir(out, index, params)
         cmd = [python, "-m", "pl_privfed.cli", *run_args(sweep, params, run_dir), *overrides]
-        label = f"[{index + 1:>{width}}/{len(points)}] {run_dir.name} {_describe(params, names, shown)}"
+        label = f"[{index + 1:>{width}}/{len(points)}] {run_dir.name}"
+        label += f" {_describe(params, names, shown)}"
         summary = _read_summary(run_dir)
         if summary is not None and summary.get("status") == "finished":
             print(f"{label}: finished before, skipped", flush=True)
@@ -308,10 +311,11 @@ def run_sweep(
             (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
         if summary.get("status") == "finished":
             acc = summary.get("final_test_accuracy")
-            acc_text = "n/a" if acc is None else f"{acc:.4f}"
+            acc_text = f"{acc:.4f}" if isinstance(acc, int | float) else "n/a"
             print(f"finished in {seconds:.1f} s, final test accuracy {acc_text}", flush=True)
         else:
-            print(f"{summary.get('status')} (see {run_dir / 'output.log'})", flush=True)
+            status = str(summary.get("status")).strip().splitlines() or ["failed"]
+            print(f"{status[0]} (see {run_dir / 'output.log'})", flush=True)
         write_results(sweep, out)
     if dry_run:
         return out / "results.csv"
