@@ -10,9 +10,16 @@ from typing import Literal
 import numpy as np
 from sklearn.model_selection import train_test_split
 
-__all__ = ["Split", "cache_dir", "data_root", "resplit"]
+__all__ = ["Split", "cache_dir", "check_split", "data_root", "resplit"]
 
 Split = Literal["standard", "paper"]
+
+
+def check_split(split: str) -> Split:
+    """``split`` if it is ``"standard"`` or ``"paper"``, else a ``ValueError`` naming it."""
+    if split not in ("standard", "paper"):
+        raise ValueError(f"split must be 'standard' or 'paper', got {split!r}")
+    return split
 
 
 def data_root(data_dir: str | os.PathLike | None) -> Path:
@@ -59,10 +66,8 @@ def resplit(
     train (90%) and test (10%) sets. [...] The random seed was fixed to 42" (paper 002 App. C,
     line 853; paper 000 line 678). Train and test are pooled and split with scikit-learn's
     ``train_test_split(test_size=0.1, random_state=seed, shuffle=True)``."""
-    if split == "standard":
+    if check_split(split) == "standard":
         return x_train, y_train, x_test, y_test
-    if split != "paper":
-        raise ValueError(f"split must be 'standard' or 'paper', got {split!r}")
     x = np.concatenate([x_train, x_test])
     y = np.concatenate([y_train, y_test])
     x_tr, x_te, y_tr, y_te = train_test_split(x, y, test_size=0.1, random_state=seed, shuffle=True)

@@ -8,7 +8,7 @@ from sklearn.datasets import load_svmlight_file
 from torch.utils.data import TensorDataset
 
 from pl_privfed.datamodules.base import FederatedDataModule
-from pl_privfed.datamodules.files import Split, data_root, resplit
+from pl_privfed.datamodules.files import Split, check_split, data_root, resplit
 
 __all__ = ["A9ADataModule"]
 
@@ -41,10 +41,8 @@ class A9ADataModule(FederatedDataModule):
         **kwargs,
     ) -> None:
         super().__init__(**kwargs)
-        if split not in ("standard", "paper"):
-            raise ValueError(f"split must be 'standard' or 'paper', got {split!r}")
         self.data_dir = data_dir
-        self.split = split
+        self.split = check_split(split)
         self.split_seed = split_seed
 
     def _file(self, name: str):

@@ -16,7 +16,14 @@ from torch.utils.data import TensorDataset
 from torchvision import datasets
 
 from pl_privfed.datamodules.base import FederatedDataModule
-from pl_privfed.datamodules.files import Split, cache_dir, data_root, resplit, writable_copy
+from pl_privfed.datamodules.files import (
+    Split,
+    cache_dir,
+    check_split,
+    data_root,
+    resplit,
+    writable_copy,
+)
 
 __all__ = [
     "CIFAR10_CLASSES",
@@ -55,11 +62,9 @@ class _MNISTLike(FederatedDataModule):
         **kwargs,
     ) -> None:
         super().__init__(**kwargs)
-        if split not in ("standard", "paper"):
-            raise ValueError(f"split must be 'standard' or 'paper', got {split!r}")
         self.data_dir = data_dir
         self.download = download
-        self.split = split
+        self.split = check_split(split)
         self.split_seed = split_seed
         self.standardize = standardize
         self.cache = cache
@@ -290,11 +295,9 @@ class CIFAR10DataModule(FederatedDataModule):
         **kwargs,
     ) -> None:
         super().__init__(**kwargs)
-        if split not in ("standard", "paper"):
-            raise ValueError(f"split must be 'standard' or 'paper', got {split!r}")
         self.data_dir = data_dir
         self.download = download
-        self.split = split
+        self.split = check_split(split)
         self.split_seed = split_seed
         self.augment = augment
         self.cache = cache
