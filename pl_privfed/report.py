@@ -23,13 +23,13 @@ import os
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 from matplotlib import colormaps
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from pl_privfed.callbacks.summary import finite_float
 from pl_privfed.sweep import RESULT_COLUMNS
 
 __all__ = ["load_results", "make_report"]
@@ -39,17 +39,9 @@ _SYMBOLS = {"beta": "β", "step_size": "γ", "alpha": "α", "epsilon": "ε", "de
 _SERVER_NORM = "server_normalization"
 
 
-def _number(text: Any) -> float | None:
-    try:
-        value = float(text)
-    except (TypeError, ValueError):
-        return None
-    return value if math.isfinite(value) else None
-
-
 def _order(text: str) -> tuple:
     """Sort key: numbers numerically, then everything else as text."""
-    value = _number(text)
+    value = finite_float(text)
     return (0, value, "") if value is not None else (1, 0.0, str(text))
 
 
@@ -106,14 +98,14 @@ def _read_curves(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
         return curves
     with path.open(newline="") as f:
         for rec in csv.DictReader(f):
-            step, value = _number(rec.get("round")), _number(rec.get("value"))
+            step, value = finite_float(rec.get("round")), finite_float(rec.get("value"))
             if step is not None and value is not None:
                 curves[rec.get("metric") or ""].append((int(step), value))
     return curves
 
 
 def _best(rows: Iterable[dict[str, str]], metric: str) -> dict[str, str] | None:
-    scored = [(s, r) for r in rows if (s := _number(r.get(metric))) is not None]
+    scored = [(s, r) for r in rows if (s := finite_float(r.get(metric))) is not None]
     return max(scored, key=lambda t: t[0])[1] if scored else None
 
 
@@ -126,7 +118,7 @@ def _cells(rows: Sequence[dict[str, str]], x: str, y: str, metric: str) -> dict[
     for cell, members in groups.items():
         best = _best(members, metric)
         if best is not None:
-            out[cell] = _number(best[metric])
+            out[cell] = finite_float(best[metric])
     return out
 
 
@@ -342,17 +334,17 @@ def make_report(
 
     # the paper-style table
     swept = [x, y, *(c for c in varying if c not in (x, y, _SERVER_NORM))]
-    with_eps = any(_number(r.get("epsilon")) is not None for r in rows)
+    with_eps = any(finite_float(r.get("epsilon")) is not None for r in rows)
     columns = ["method", *(_symbol(c) for c in swept), "final accuracy (%)", "best accuracy (%)"]
     columns += ["ε"] if with_eps else []
     table: list[tuple[tuple, list[str]]] = []
     for r in rows:
         method = _method(r, _run_dir(r, results_csv))
-        final, best = _number(r.get("final_test_accuracy")), _number(r.get(metric))
+        final, best = finite_float(r.get("final_test_accuracy")), finite_float(r.get(metric))
         cells_ = [method, *(r.get(c) or "" for c in swept)]
         cells_ += ["" if v is None else f"{100 * v:.2f}" for v in (final, best)]
         if with_eps:
-            eps = _number(r.get("epsilon"))
+            eps = finite_float(r.get("epsilon"))
             cells_.append("" if eps is None else f"{eps:.3g}")
         table.append(((method, best is None, -(best or 0.0)), cells_))
     table.sort(key=lambda t: t[0])

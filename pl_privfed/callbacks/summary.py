@@ -16,10 +16,11 @@ from typing_extensions import override
 
 from pl_privfed.callbacks._wandb import log_artifact, wandb_loggers
 
-__all__ = ["RunSummary"]
+__all__ = ["RunSummary", "finite_float"]
 
 
-def _scalar(value: Any) -> float | None:
+def finite_float(value: Any) -> float | None:
+    """``float(value)`` if that works and is finite, else ``None`` (tensors, strings, numbers)."""
     try:
         value = float(value)
     except (TypeError, ValueError):
@@ -73,13 +74,13 @@ class RunSummary(pl.Callback):
     @override
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
-        self.final_loss = _scalar(loss) if loss is not None else self.final_loss
+        self.final_loss = finite_float(loss) if loss is not None else self.final_loss
 
     @override
     def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.sanity_checking:
             return
-        acc = _scalar(trainer.callback_metrics.get(self.accuracy_key))
+        acc = finite_float(trainer.callback_metrics.get(self.accuracy_key))
         if acc is not None:
             self.final_accuracy = acc
             self.evaluated_round = trainer.global_step
@@ -114,7 +115,7 @@ class RunSummary(pl.Callback):
             "best_test_accuracy": self.best_accuracy,
             "final_train_loss": self.final_loss
             if self.final_loss is not None
-            else _scalar(trainer.callback_metrics.get(self.loss_key)),
+            else finite_float(trainer.callback_metrics.get(self.loss_key)),
             "rounds": trainer.global_step,
             "epochs": trainer.current_epoch,
             "wall_time_s": None if self._start is None else time.perf_counter() - self._start,

@@ -79,8 +79,7 @@ class _MNISTLike(FederatedDataModule):
             return copy.parent
         return root
 
-    def _arrays(self, train: bool) -> tuple[np.ndarray, np.ndarray]:
-        root = self._root()
+    def _arrays(self, root: Path, train: bool) -> tuple[np.ndarray, np.ndarray]:
         raw = root / self._dataset.__name__ / "raw"
         has_archives = raw.is_dir() and any(raw.glob("*.gz"))
         # download=True with the archives present only verifies their md5 and extracts them
@@ -88,8 +87,9 @@ class _MNISTLike(FederatedDataModule):
         return ds.data.numpy(), ds.targets.numpy()
 
     def load_datasets(self) -> tuple[TensorDataset, TensorDataset]:
+        root = self._root()  # once: it may copy a read-only directory to the cache
         x_tr, y_tr, x_te, y_te = resplit(
-            self.split, self.split_seed, *self._arrays(True), *self._arrays(False)
+            self.split, self.split_seed, *self._arrays(root, True), *self._arrays(root, False)
         )
         mean, std = self._mean_std if self.standardize else (0.0, 1.0)
 
