@@ -18,6 +18,14 @@ update to its copy starting from the global running statistics, and the new glob
 the average of the clients' copies, i.e. ``r ← (1 − m) r + m · mean_i(batch statistic_i)``
 (``num_batches_tracked`` advances by one per round). The oracle stores that average after each
 call with shared parameters; :meth:`GradientOracle.commit_buffers` writes it into the model.
+
+Per-example gradients (``per_example=True``, for record-level clipping as in paper 003 Algorithm 1
+and PORTER-DP): ``grads [n, B, d]`` and ``losses [n, B]``, the gradient of each example's own
+loss (``criterion`` on a batch of one, plus the model's regularizer if it has one), so that the
+mean over ``B`` equals the minibatch gradient. Both backends nest a ``vmap`` over the examples
+(the ``loop`` backend inside its loop over clients) — the technique of Opacus' functorch
+per-sample gradients. A model with BatchNorm is refused here: its output for one example depends
+on the rest of the batch, so per-example gradients are not defined (use ``norm: group``).
 """
 
 from __future__ import annotations
@@ -69,7 +77,10 @@ class ParameterLayout:
 
 @dataclass
 class OracleOutput:
-    """Per-client gradients ``grads [n, d]`` and mean minibatch losses ``losses [n]``."""
+    """Per-client gradients ``grads [n, d]`` and mean minibatch losses ``losses [n]``.
+
+    With ``per_example=True``: ``grads [n, B, d]`` and ``losses [n, B]``.
+    """
 
     grads: Tensor
     losses: Tensor
@@ -129,7 +140,10 @@ class GradientOracle:
         self.layout = ParameterLayout(model)
         self.buffer_names = [k for k, b in model.named_buffers() if b is not None]
         self._pending_buffers: dict[str, Tensor] | None = None
-        self._vmapped: dict[bool, Callable] = {}
+        self._vmapped: dict[tuple[bool, bool], Callable] = {}
+        self.has_batchnorm = any(
+            isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()
+        )
 
     # ------------------------------------------------------------------ helpers
     def _loss(self, flat: Tensor, buffers: dict[str, Tensor], x: Tensor, y: Tensor) -> Tensor:
@@ -139,6 +153,20 @@ class GradientOracle:
         if self.regularizer is not None:
             loss = loss + self.regularizer(params)
         return loss
+
+    def _example_loss(
+        self, flat: Tensor, buffers: dict[str, Tensor], x: Tensor, y: Tensor
+    ) -> Tensor:
+        """Loss of one example (``x`` without its batch axis), as a batch of one."""
+        return self._loss(flat, buffers, x.unsqueeze(0), y.unsqueeze(0))
+
+    def _per_example(self) -> Callable:
+        """``(flat [d], buffers, x [B, ...], y [B]) -> (grads [B, d], losses [B])``."""
+        return vmap(
+            grad_and_value(self._example_loss, argnums=0),
+            in_dims=(None, None, 0, 0),
+            randomness="different",
+        )
 
     def _client_buffers(self, n: int) -> dict[str, Tensor]:
         bufs = dict(self.model.named_buffers())
@@ -151,8 +179,14 @@ class GradientOracle:
         return out
 
     # ------------------------------------------------------------------ main entry
-    def __call__(self, params: Tensor, inputs: Tensor, targets: Tensor) -> OracleOutput:
-        """Gradients at ``params`` (``[d]`` shared by all clients, or ``[n, d]`` per client)."""
+    def __call__(
+        self, params: Tensor, inputs: Tensor, targets: Tensor, per_example: bool = False
+    ) -> OracleOutput:
+        """Gradients at ``params`` (``[d]`` shared by all clients, or ``[n, d]`` per client).
+
+        ``per_example=True`` returns every example's gradient, ``grads [n, B, d]`` (see the
+        module docstring).
+        """
         n = inputs.shape[0]
         d = self.layout.dim
         shared = params.dim() == 1
@@ -160,34 +194,42 @@ class GradientOracle:
             raise ValueError(
                 f"params must have shape [{d}] or [{n}, {d}], got {tuple(params.shape)}"
             )
+        if per_example and self.has_batchnorm:
+            raise ValueError(
+                "per-example gradients are not defined for a model with BatchNorm (an example's "
+                "output depends on its batch); use a GroupNorm model (e.g. ResNet norm: group)"
+            )
         params = params.detach()
         buffers = self._client_buffers(n)
         if self.backend == "vmap":
-            grads, losses = self._vmap(params, buffers, inputs, targets, shared)
+            grads, losses = self._vmap(params, buffers, inputs, targets, shared, per_example)
         else:
-            grads, losses = self._loop(params, buffers, inputs, targets, shared)
+            grads, losses = self._loop(params, buffers, inputs, targets, shared, per_example)
         self._pending_buffers = self._average_buffers(buffers) if shared and buffers else None
         return OracleOutput(grads=grads, losses=losses.detach())
 
-    def _vmap(self, params, buffers, inputs, targets, shared):
-        fn = self._vmapped.get(shared)
+    def _vmap(self, params, buffers, inputs, targets, shared, per_example=False):
+        fn = self._vmapped.get((shared, per_example))
         if fn is None:
-            fn = vmap(
-                grad_and_value(self._loss, argnums=0),
-                in_dims=(None if shared else 0, 0, 0, 0),
-                randomness="different",
-            )
-            self._vmapped[shared] = fn
+            inner = self._per_example() if per_example else grad_and_value(self._loss, argnums=0)
+            fn = vmap(inner, in_dims=(None if shared else 0, 0, 0, 0), randomness="different")
+            self._vmapped[(shared, per_example)] = fn
         return fn(params, buffers, inputs, targets)
 
-    def _loop(self, params, buffers, inputs, targets, shared):
-        n = inputs.shape[0]
-        grads = torch.empty(n, self.layout.dim, device=params.device, dtype=params.dtype)
-        losses = torch.empty(n, device=params.device, dtype=params.dtype)
+    def _loop(self, params, buffers, inputs, targets, shared, per_example=False):
+        n, batch = inputs.shape[0], inputs.shape[1]
+        lead = (n, batch) if per_example else (n,)
+        grads = torch.empty(*lead, self.layout.dim, device=params.device, dtype=params.dtype)
+        losses = torch.empty(*lead, device=params.device, dtype=params.dtype)
         with torch.enable_grad():
             for i in range(n):
-                leaf = (params if shared else params[i]).clone().requires_grad_(True)
+                leaf = (params if shared else params[i]).clone().requires_grad_(not per_example)
                 client_buffers = {k: v[i] for k, v in buffers.items()}
+                if per_example:
+                    grads[i], losses[i] = self._per_example()(
+                        leaf, client_buffers, inputs[i], targets[i]
+                    )
+                    continue
                 loss = self._loss(leaf, client_buffers, inputs[i], targets[i])
                 (grads[i],) = torch.autograd.grad(loss, leaf)
                 losses[i] = loss.detach()

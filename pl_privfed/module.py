@@ -144,9 +144,9 @@ class FederatedModule(pl.LightningModule):
         round_index = self.global_step
         losses: list[Tensor] = []
 
-        def grad_fn(params: Tensor) -> Tensor:
-            out = self.oracle(params, inputs, targets)
-            losses.append(out.losses)
+        def grad_fn(params: Tensor, per_example: bool = False) -> Tensor:
+            out = self.oracle(params, inputs, targets, per_example=per_example)
+            losses.append(out.losses.mean(-1) if per_example else out.losses)
             return out.grads
 
         x = self.layout.flatten(self.model)

@@ -106,3 +106,46 @@ def test_oracle_rejects_wrong_parameter_shape(batch):
     oracle = GradientOracle(bn_model(), nn.CrossEntropyLoss(), "loop")
     with pytest.raises(ValueError, match="params must have shape"):
         oracle(torch.zeros(3), inputs, targets)
+
+
+def gn_model():
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Conv2d(1, 4, 3, padding=1),
+        nn.GroupNorm(2, 4),
+        nn.ReLU(),
+        nn.Flatten(),
+        nn.Linear(4 * 6 * 6, 5),
+    )
+
+
+@pytest.mark.parametrize("backend", ["vmap", "loop"])
+@pytest.mark.parametrize("per_client", [False, True])
+def test_per_example_gradients_match_plain_autograd(batch, backend, per_client):
+    inputs, targets = batch
+    model = gn_model()
+    layout = ParameterLayout(model)
+    flat = layout.flatten(model)
+    if per_client:
+        flat = flat + 0.01 * torch.randn(6, layout.dim, generator=torch.Generator().manual_seed(3))
+    oracle = GradientOracle(model, nn.CrossEntropyLoss(), backend)
+    out = oracle(flat, inputs, targets, per_example=True)
+    assert out.grads.shape == (6, 8, layout.dim) and out.losses.shape == (6, 8)
+    for i in range(6):
+        m = gn_model()
+        torch.nn.utils.vector_to_parameters(flat if flat.dim() == 1 else flat[i], m.parameters())
+        for j in range(8):
+            loss = nn.functional.cross_entropy(m(inputs[i, j : j + 1]), targets[i, j : j + 1])
+            g = torch.cat([t.reshape(-1) for t in torch.autograd.grad(loss, m.parameters())])
+            torch.testing.assert_close(out.grads[i, j], g, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(out.losses[i, j], loss.detach(), atol=1e-6, rtol=1e-6)
+    # the mean of the per-example gradients is the minibatch gradient
+    full = oracle(flat, inputs, targets)
+    torch.testing.assert_close(out.grads.mean(1), full.grads, atol=1e-5, rtol=1e-5)
+
+
+def test_per_example_gradients_refuse_batchnorm(batch):
+    inputs, targets = batch
+    oracle = GradientOracle(bn_model(), nn.CrossEntropyLoss(), "vmap")
+    with pytest.raises(ValueError, match="BatchNorm"):
+        oracle(oracle.layout.flatten(oracle.model), inputs, targets, per_example=True)

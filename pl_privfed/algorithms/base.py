@@ -3,7 +3,8 @@
 An algorithm reads like its paper: :meth:`FederatedAlgorithm.round` follows the pseudocode of one
 iteration. It never sees the model, only a gradient oracle ``grad_fn(params) -> [n, d]`` that
 returns every client's gradient on this round's minibatch, at shared parameters ``[d]`` or at
-per-client parameters ``[n, d]``. Its state tensors (client memories ``[n, d]``, server memory
+per-client parameters ``[n, d]``; ``grad_fn(params, per_example=True) -> [n, B, d]`` returns
+every example's gradient instead (record-level clipping). Its state tensors (client memories ``[n, d]``, server memory
 ``[d]``) are registered buffers and its generators are saved through ``get_extra_state``, so a
 Lightning checkpoint carries all of it.
 """
@@ -31,7 +32,7 @@ __all__ = [
     "operator_metrics",
 ]
 
-GradFn = Callable[[Tensor], Tensor]
+GradFn = Callable[..., Tensor]
 
 
 def check_positive(name: str, value: float) -> float:
