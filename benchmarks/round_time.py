@@ -4,6 +4,7 @@ For each number of clients n, with B samples per client, it times
 
 * ``loop``: the per-client loop backend of :class:`pl_privfed.GradientOracle`;
 * ``vmap``: the ``torch.func.vmap(grad)`` backend;
+* ``graph`` (CUDA only): the vmap backend replayed from a CUDA graph (``cuda_graphs: true``);
 * ``central``: one forward/backward over the same n·B samples with shared parameters
   (the physical floor: the same arithmetic without per-client gradients);
 * ``algorithm``: the algorithm's own work in a round (DP-α-NormEC: operators, memories,
@@ -13,7 +14,10 @@ and prints the ratios measured in the same run. Usage::
 
     python benchmarks/round_time.py                       # quickstart MLP, n = 10, 100, 1000
     python benchmarks/round_time.py --model mlp270k --clients 100
-    python benchmarks/round_time.py --device cuda
+    python benchmarks/round_time.py --device cuda --model resnet20 --clients 10 20 100
+
+On CUDA, TF32 is off unless ``--tf32`` is given (fp32 numbers, comparable with the issue's
+reference figures).
 """
 
 from __future__ import annotations
@@ -84,6 +88,10 @@ def bench(model_name: str, n: int, batch: int, device: torch.device, repeats: in
     out["vmap_ms"] = timeit(lambda: vmapped(x, inputs, targets), device, repeats)
     # the loop is slow for many clients: fewer repeats keep the benchmark short
     out["loop_ms"] = timeit(lambda: loop(x, inputs, targets), device, max(3, repeats // 4), 1)
+    out["graph_ms"] = float("nan")
+    if device.type == "cuda":
+        graphed = GradientOracle(model, criterion, "vmap", cuda_graph=True)
+        out["graph_ms"] = timeit(lambda: graphed(x, inputs, targets), device, repeats)
 
     grads = vmapped(x, inputs, targets).grads
     alg = AlphaNormEC(0.1, 0.1, 0.01, noise=DPNoise(epsilon=8.0))
@@ -102,18 +110,27 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--tf32", action="store_true", help="allow TF32 on CUDA")
+    parser.add_argument(
+        "--cudnn-benchmark", action="store_true", help="torch.backends.cudnn.benchmark = True"
+    )
     args = parser.parse_args()
+    torch.backends.cudnn.benchmark = args.cudnn_benchmark
+    torch.backends.cudnn.allow_tf32 = args.tf32
+    torch.backends.cuda.matmul.allow_tf32 = args.tf32
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor()
     print(
         f"# device={device} ({name or platform.machine()}), torch {torch.__version__}, "
-        f"threads={torch.get_num_threads()}"
+        f"threads={torch.get_num_threads()}, tf32={args.tf32}, "
+        f"cudnn_benchmark={args.cudnn_benchmark}"
     )
     header = (
         f"{'model':>8} {'d':>8} {'n':>5} {'B':>3} {'central ms':>10} {'vmap ms':>9} "
-        f"{'loop ms':>9} {'vmap/floor':>10} {'loop/floor':>10} {'loop/vmap':>9} {'alg/vmap':>8}"
+        f"{'loop ms':>9} {'graph ms':>9} {'vmap/floor':>10} {'graph/floor':>11} "
+        f"{'loop/floor':>10} {'loop/vmap':>9} {'alg/vmap':>8}"
     )
     print(header)
     for n in args.clients:
@@ -121,7 +138,8 @@ def main() -> None:
         alg = max(r["algorithm_ms"] - r["clone_ms"], 0.0)
         print(
             f"{r['model']:>8} {r['d']:>8} {r['n']:>5} {r['B']:>3} {r['central_ms']:>10.3f} "
-            f"{r['vmap_ms']:>9.3f} {r['loop_ms']:>9.3f} {r['vmap_ms'] / r['central_ms']:>10.2f} "
+            f"{r['vmap_ms']:>9.3f} {r['loop_ms']:>9.3f} {r['graph_ms']:>9.3f} "
+            f"{r['vmap_ms'] / r['central_ms']:>10.2f} {r['graph_ms'] / r['central_ms']:>11.2f} "
             f"{r['loop_ms'] / r['central_ms']:>10.2f} {r['loop_ms'] / r['vmap_ms']:>9.2f} "
             f"{alg / r['vmap_ms']:>8.3f}"
         )

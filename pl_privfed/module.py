@@ -50,6 +50,8 @@ class FederatedModule(pl.LightningModule):
         grad_backend: ``"auto"`` (see :func:`~pl_privfed.grads.resolve_backend`), ``"vmap"`` or
             ``"loop"``.
         epsilon_every: compute and log the accountant's ε every this many rounds (and at the end).
+        cuda_graphs: on a CUDA device, replay the per-client gradient computation from a CUDA
+            graph (:class:`~pl_privfed.grads.GradientOracle` ``cuda_graph``); ignored on the CPU.
     """
 
     def __init__(
@@ -59,6 +61,7 @@ class FederatedModule(pl.LightningModule):
         criterion: nn.Module | None = None,
         grad_backend: Backend = "auto",
         epsilon_every: int = 1,
+        cuda_graphs: bool = False,
     ) -> None:
         super().__init__()
         if not isinstance(model, nn.Module):
@@ -74,6 +77,9 @@ class FederatedModule(pl.LightningModule):
         self.algorithm = algorithm
         self.criterion = criterion if criterion is not None else nn.CrossEntropyLoss()
         self.grad_backend = grad_backend
+        if not isinstance(cuda_graphs, bool):
+            raise ValueError(f"cuda_graphs must be true or false, got {cuda_graphs!r}")
+        self.cuda_graphs = cuda_graphs
         self.epsilon_every = epsilon_every
         self.layout = ParameterLayout(model)
         self.oracle: GradientOracle | None = None
@@ -121,7 +127,10 @@ class FederatedModule(pl.LightningModule):
             dtype=next(self.model.parameters()).dtype,
         )
         self.oracle = GradientOracle(
-            self.model, self.criterion, resolve_backend(self.grad_backend, device, self.model)
+            self.model,
+            self.criterion,
+            resolve_backend(self.grad_backend, device, self.model),
+            cuda_graph=self.cuda_graphs and device.type == "cuda",
         )
         if noise is not None:
             self.accountant = PrivacyAccountant(noise.accountant)

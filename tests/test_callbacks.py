@@ -161,3 +161,16 @@ def test_docs_example_with_all_callbacks_in_a_plain_lightning_project(tmp_path):
     assert summary["communication_total_bits"]["client_to_server"] == 32 * 2410 * summary["rounds"]
     assert 0 < summary["operator_means"]["clip_fraction"] < 1
     assert summary["final_test_accuracy"] > 0.5
+
+
+def test_log_artifact_without_wandb_logger_needs_no_wandb(tmp_path, monkeypatch):
+    """A run with loggers off must finish on a machine where wandb is not installed."""
+    import sys
+
+    import pytorch_lightning as pl
+
+    from pl_privfed.callbacks._wandb import log_artifact
+
+    monkeypatch.setitem(sys.modules, "wandb", None)  # ``import wandb`` now raises ImportError
+    trainer = pl.Trainer(logger=False, default_root_dir=tmp_path)
+    log_artifact(trainer, tmp_path / "summary.json", "run-summary")

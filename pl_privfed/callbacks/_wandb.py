@@ -15,10 +15,16 @@ def wandb_loggers(trainer: pl.Trainer) -> list[WandbLogger]:
 
 
 def log_artifact(trainer: pl.Trainer, path: Path, kind: str) -> None:
-    """Log ``path`` as a W&B artifact of type ``kind`` on every W&B logger of the trainer."""
+    """Log ``path`` as a W&B artifact of type ``kind`` on every W&B logger of the trainer.
+
+    Without a W&B logger nothing happens and ``wandb`` is not imported (it need not be installed).
+    """
+    loggers = wandb_loggers(trainer)
+    if not loggers:
+        return
     import wandb
 
-    for logger in wandb_loggers(trainer):
+    for logger in loggers:
         run = logger.experiment
         artifact = wandb.Artifact(name=f"{kind}-{run.id}", type=kind)
         artifact.add_file(str(path))
