@@ -1,10 +1,21 @@
 """``FederatedModule``: the whole federation in one LightningModule; one training step = one round.
 
 Each ``training_step`` receives one minibatch per client stacked along a leading client axis
-(``inputs [n, B, ...]``, ``targets [n, B, ...]``), hands the algorithm a gradient oracle over that
+(``inputs [n, B, ...]``, ``targets [n, B, ...]``; with the datamodule's ``local_batches: T > 1``,
+``[n, T, B, ...]``: one minibatch per local step), hands the algorithm a gradient oracle over that
 batch, and writes the algorithm's new parameters into the global model. Optimization is manual;
 a no-op optimizer is stepped once per round so that ``trainer.global_step`` counts rounds (and
 ``max_steps`` is a number of communication rounds).
+
+The oracle handed to the algorithm is
+``grad_fn(params, per_example=False, step=None, clients=None)``:
+
+* ``params``: shared ``[d]`` or per-client ``[m, d]`` (``m`` = the number of selected clients);
+* ``step``: with ``local_batches: T``, the local minibatch ``j < T`` to use; ``None`` uses all
+  the round's data of each client (``T·B`` examples);
+* ``clients``: indices of the clients to evaluate (partial participation computes only the
+  participants' gradients); ``None`` is every client;
+* ``per_example``: per-example gradients ``[m, B, d]`` (record-level clipping).
 """
 
 from __future__ import annotations
@@ -87,6 +98,8 @@ class FederatedModule(pl.LightningModule):
         self.test_accuracy: MulticlassAccuracy | None = None
         self._epsilon = 0.0
         self._last_round = None
+        self.local_batches = 1
+        self.client_transmissions = 0
 
     # ------------------------------------------------------------------ setup
     def _num_rounds(self) -> int:
@@ -119,6 +132,8 @@ class FederatedModule(pl.LightningModule):
                 "the paper noise calibration needs the number of rounds K: set trainer.max_steps, "
                 "trainer.max_epochs or algorithm noise.rounds"
             )
+        self.local_batches = int(getattr(datamodule, "local_batches", 1) or 1)
+        self._configure_data(datamodule)  # before setup: sampling rates enter the calibration
         self.algorithm.setup(
             num_clients=num_clients,
             dim=self.layout.dim,
@@ -138,6 +153,21 @@ class FederatedModule(pl.LightningModule):
         if num_classes:
             self.test_accuracy = MulticlassAccuracy(num_classes=num_classes, average="micro")
 
+    def _configure_data(self, datamodule: Any) -> None:
+        """Let an algorithm with local steps check the rounds the datamodule delivers."""
+        configure = getattr(self.algorithm, "configure_data", None)
+        if not callable(configure):
+            return
+        if getattr(datamodule, "streams", None) is None and hasattr(datamodule, "setup"):
+            datamodule.setup("fit")  # idempotent; shard sizes are needed for the checks
+        sizes = getattr(datamodule, "client_sizes", None)
+        configure(
+            batch_size=int(getattr(datamodule, "batch_size", 1)),
+            local_batches=self.local_batches,
+            shuffle=bool(getattr(datamodule, "shuffle", True)),
+            client_sizes=[int(v) for v in sizes] if sizes is not None else [],
+        )
+
     @override
     def configure_optimizers(self):
         return _RoundOptimizer(self.parameters())
@@ -148,31 +178,82 @@ class FederatedModule(pl.LightningModule):
 
     # ------------------------------------------------------------------ one round
     @override
-    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor | None:
         inputs, targets = batch
         round_index = self.global_step
         losses: list[Tensor] = []
-
-        def grad_fn(params: Tensor, per_example: bool = False) -> Tensor:
-            out = self.oracle(params, inputs, targets, per_example=per_example)
-            losses.append(out.losses.mean(-1) if per_example else out.losses)
-            return out.grads
-
+        buffers: list[Any] = []
+        grad_fn = self._round_oracle(inputs, targets, losses, buffers)
         x = self.layout.flatten(self.model)
         result = self.algorithm.step(x, grad_fn)
-        loss = losses[0].mean()  # mean over clients of the minibatch loss at x^k
-        if not math.isfinite(loss.item()):
+        # mean over the (computing) clients of the minibatch loss at x^k; None when no client
+        # computed this round (e.g. nobody was sampled)
+        loss = losses[0].mean() if losses else None
+        if loss is not None and not math.isfinite(loss.item()):
             raise NonFiniteLossError(
                 f"non-finite training loss ({loss.item()}) at round {round_index}; "
                 "stopping (lower the step size, or check the data and model)"
             )
+        if buffers and self.oracle._pending_buffers is None:
+            # the running statistics of the last shared-parameter call of the round (local steps
+            # at per-client parameters produce none)
+            self.oracle._pending_buffers = buffers[-1]
         self.oracle.commit_buffers()
         self.layout.assign(self.model, result.params)
         self.optimizers().step()
         self._last_round = result
-        self.log("train/loss", loss, prog_bar=True)
+        if loss is not None:
+            self.log("train/loss", loss, prog_bar=True)
+        self._count_transmissions(result)
         self._account(round_index)
         return loss
+
+    def _round_oracle(self, inputs: Tensor, targets: Tensor, losses: list, buffers: list):
+        """The round's ``grad_fn(params, per_example=False, step=None, clients=None)``."""
+        stacked = self.local_batches > 1  # inputs [n, T, B, ...]
+
+        def grad_fn(
+            params: Tensor,
+            per_example: bool = False,
+            step: int | None = None,
+            clients: Tensor | None = None,
+        ) -> Tensor:
+            x_in, y_in = inputs, targets
+            if step is not None:
+                if not 0 <= step < self.local_batches:
+                    raise ValueError(
+                        f"step={step} but the datamodule delivers local_batches="
+                        f"{self.local_batches} minibatches per round"
+                    )
+                if stacked:
+                    x_in, y_in = x_in[:, step], y_in[:, step]
+            elif stacked:  # all the round's data: [n, T·B, ...]
+                x_in = x_in.flatten(1, 2)
+                y_in = y_in.flatten(1, 2)
+            if clients is not None:
+                x_in, y_in = x_in[clients], y_in[clients]
+            out = self.oracle(params, x_in, y_in, per_example=per_example)
+            losses.append(out.losses.mean(-1) if per_example else out.losses)
+            if self.oracle._pending_buffers is not None:
+                buffers.append(self.oracle._pending_buffers)
+            return out.grads
+
+        return grad_fn
+
+    def _count_transmissions(self, result: Any) -> None:
+        """Client-to-server messages of the round (paper 004 Fig. 2's x-axis, ``k · p · M``)."""
+        sent = 0
+        for msg in result.messages:
+            if msg.channel == "client_to_server":
+                rows = 1 if msg.vectors.dim() == 1 else msg.vectors.shape[0]
+                sent += rows * msg.copies
+        self.client_transmissions += sent
+        self.log("comm/client_transmissions", float(sent))
+        self.log("comm/client_transmissions_total", float(self.client_transmissions))
+
+    def summary_entries(self) -> dict[str, Any]:
+        """Entries for ``summary.json``: the total client-to-server transmissions."""
+        return {"client_transmissions": self.client_transmissions}
 
     def operator_statistics(self) -> dict[str, Tensor]:
         """The last round's operator statistics (the protocol ``OperatorStatistics`` reads)."""
@@ -247,8 +328,10 @@ class FederatedModule(pl.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         if self.accountant is not None:
             checkpoint["privacy_accountant"] = self.accountant.state_dict()
+        checkpoint["client_transmissions"] = self.client_transmissions
 
     @override
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         if self.accountant is not None and "privacy_accountant" in checkpoint:
             self.accountant.load_state_dict(checkpoint["privacy_accountant"])
+        self.client_transmissions = int(checkpoint.get("client_transmissions", 0))

@@ -35,8 +35,9 @@ class RunSummary(pl.Callback):
     (``loss_key``) from the logged metrics, and, when the module has a ``privacy_report()`` method
     returning a dict (ε, δ, noise settings), includes it. If LightningCLI saved ``config.yaml``
     in the log directory, the resolved config is included too, and so are the
-    ``summary_entries()`` of the other callbacks (communication totals, operator averages,
-    a privacy-budget stop). With a ``WandbLogger`` the scalars go to the run summary and the file
+    ``summary_entries()`` of the module and of the other callbacks (client transmissions,
+    communication totals, operator averages, a privacy-budget stop, rounds to a gradient-norm
+    target). With a ``WandbLogger`` the scalars go to the run summary and the file
     is logged as an artifact.
 
     Args:
@@ -124,9 +125,9 @@ class RunSummary(pl.Callback):
             )
             or None,
         }
-        for cb in trainer.callbacks:
-            entries = getattr(cb, "summary_entries", None)
-            if callable(entries) and cb is not self:
+        for source in (pl_module, *trainer.callbacks):  # the module's entries, then callbacks'
+            entries = getattr(source, "summary_entries", None)
+            if callable(entries) and source is not self:
                 out.update(entries())
         report = getattr(pl_module, "privacy_report", None)
         privacy = report() if callable(report) else None

@@ -39,21 +39,30 @@ class ClientStreams:
     """Per-client sampling without replacement, as a pure function of the round number.
 
     Client ``i``'s examples form an infinite stream: the concatenation of per-local-epoch
-    permutations of its shard, where the permutation of local epoch ``e`` is drawn by a
+    permutations of its shard (or, with ``shuffle=False``, of the shard in its stored order), where the permutation of local epoch ``e`` is drawn by a
     ``torch.Generator`` seeded from ``(seed, i, e)`` (through NumPy's ``SeedSequence``). Round
     ``k`` takes stream positions ``[k·B, (k+1)·B)``. A batch may straddle two local epochs; a
     shard smaller than ``B`` yields batches with repeats.
     """
 
-    def __init__(self, shards: list[np.ndarray], batch_size: int, seed: int) -> None:
+    def __init__(
+        self, shards: list[np.ndarray], batch_size: int, seed: int, shuffle: bool = True
+    ) -> None:
         self.shards = [torch.as_tensor(np.asarray(s, dtype=np.int64)) for s in shards]
         self.sizes = [len(s) for s in shards]
         self.batch_size = batch_size
         self.seed = seed
+        self.shuffle = shuffle
         self._cache: list[dict[int, Tensor]] = [{} for _ in shards]
 
     def permutation(self, client: int, epoch: int) -> Tensor:
-        """Dataset indices of ``client``'s shard in the order of its local ``epoch``."""
+        """Dataset indices of ``client``'s shard in the order of its local ``epoch``.
+
+        Without ``shuffle`` every epoch walks the shard in its stored (sorted) order: the fixed
+        order of a cyclic incremental-gradient method.
+        """
+        if not self.shuffle:
+            return self.shards[client]
         cache = self._cache[client]
         if epoch not in cache:
             state = np.random.SeedSequence([self.seed, client, epoch]).generate_state(2)
@@ -105,9 +114,12 @@ class _RoundLoader:
 class FederatedDataModule(pl.LightningDataModule):
     """Splits a dataset across clients and serves one stacked minibatch per client per round.
 
-    A training batch is ``(inputs [n, B, *input_shape], targets [n, B, ...])``. Validation and
+    A training batch is ``(inputs [n, B, *input_shape], targets [n, B, ...])``; with
+    ``local_batches: T > 1`` it is ``(inputs [n, T, B, *input_shape], targets [n, T, B, ...])``:
+    ``T`` consecutive minibatches of each client's stream, one per local step of an algorithm
+    with local minibatch SGD (:class:`~pl_privfed.algorithms.LocalSGD`). Validation and
     test use the global held-out test set. One Lightning epoch is
-    ``ceil(N_train / (n · B))`` rounds: the federation sees the training set once on average.
+    ``ceil(N_train / (n · T · B))`` rounds: the federation sees the training set once on average.
 
     Subclasses implement :meth:`load_datasets` and set ``num_classes`` (``None`` for regression);
     those with natural per-client data override :meth:`client_indices`.
@@ -121,6 +133,11 @@ class FederatedDataModule(pl.LightningDataModule):
         max_train_examples: keep only this many training examples (a seeded random subset,
             drawn before partitioning) — for shortened runs on a CPU; ``None`` keeps all.
         max_test_examples: likewise for the test set.
+        local_batches: ``T``, minibatches per client per round (default 1: ``[n, B, ...]``).
+        local_epochs: instead of ``local_batches``: that many passes over the largest shard per
+            round, ``T = local_epochs · ceil(max_i N_i / B)`` (set when the data is loaded).
+        shuffle: reshuffle each client's shard every local epoch (default); ``False`` walks it in
+            its stored order every time (cyclic incremental gradient, paper 004 App. G).
     """
 
     num_classes: int | None = None
@@ -134,8 +151,23 @@ class FederatedDataModule(pl.LightningDataModule):
         eval_batch_size: int = 1024,
         max_train_examples: int | None = None,
         max_test_examples: int | None = None,
+        local_batches: int = 1,
+        local_epochs: int | None = None,
+        shuffle: bool = True,
     ) -> None:
         super().__init__()
+        self.local_batches = _positive_int("local_batches", local_batches)
+        if local_epochs is not None:
+            _positive_int("local_epochs", local_epochs)
+            if local_batches != 1:
+                raise ValueError(
+                    f"give local_batches or local_epochs, not both: got local_batches="
+                    f"{local_batches}, local_epochs={local_epochs}"
+                )
+        self.local_epochs = local_epochs
+        if not isinstance(shuffle, bool):
+            raise ValueError(f"shuffle must be true or false, got {shuffle!r}")
+        self.shuffle = shuffle
         for name, value in [
             ("max_train_examples", max_train_examples),
             ("max_test_examples", max_test_examples),
@@ -195,29 +227,40 @@ class FederatedDataModule(pl.LightningDataModule):
                 f"num_clients={self.num_clients} but the data has {len(self.shards)} clients"
             )
         self.client_sizes = np.array([len(s) for s in self.shards], dtype=np.int64)
-        self.streams = ClientStreams(self.shards, self.batch_size, self.seed)
+        if self.local_epochs is not None:
+            largest = int(self.client_sizes.max())
+            self.local_batches = self.local_epochs * math.ceil(largest / self.batch_size)
+        self.streams = ClientStreams(
+            self.shards, self.batch_size * self.local_batches, self.seed, self.shuffle
+        )
 
     @property
     def rounds_per_epoch(self) -> int:
         total = int(self.client_sizes.sum()) if len(self.client_sizes) else 0
-        return max(1, math.ceil(total / (self.num_clients * self.batch_size)))
+        per_round = self.num_clients * self.batch_size * self.local_batches
+        return max(1, math.ceil(total / per_round))
 
     def round_indices(self, round_index: int) -> Tensor:
-        """``[num_clients, batch_size]`` training-set indices of round ``round_index``."""
+        """Training-set indices of round ``round_index``: ``[n, B]``, or ``[n, T, B]`` with
+        ``local_batches: T > 1`` (stream positions ``[k·T·B, (k+1)·T·B)``, in order)."""
         if self.streams is None:
             self.setup("fit")
-        return self.streams.indices(round_index)
+        idx = self.streams.indices(round_index)
+        if self.local_batches > 1:
+            idx = idx.view(idx.shape[0], self.local_batches, self.batch_size)
+        return idx
 
     def round_batch(self, round_index: int) -> tuple[Tensor, Tensor]:
-        """The stacked minibatches ``(inputs [n, B, ...], targets [n, B, ...])`` of a round."""
+        """The stacked minibatches ``(inputs [n, B, ...], targets [n, B, ...])`` of a round
+        (``[n, T, B, ...]`` with ``local_batches: T > 1``)."""
         idx = self.round_indices(round_index)
         if self.train_inputs is not None:
             return self.train_inputs[idx], self.train_targets[idx]
         items = [self.train_dataset[int(j)] for j in idx.flatten()]
         inputs = torch.stack([torch.as_tensor(x) for x, _ in items])
         targets = torch.stack([torch.as_tensor(y) for _, y in items])
-        n, b = idx.shape
-        return inputs.view(n, b, *inputs.shape[1:]), targets.view(n, b, *targets.shape[1:])
+        lead = tuple(idx.shape)
+        return inputs.view(*lead, *inputs.shape[1:]), targets.view(*lead, *targets.shape[1:])
 
     def preprocess(self, inputs: Tensor, train: bool, round_index: int) -> Tensor:
         """Per-batch preprocessing on the training device (identity here).
@@ -236,10 +279,11 @@ class FederatedDataModule(pl.LightningDataModule):
         trainer = self.trainer
         train = trainer is not None and trainer.training
         round_index = int(trainer.global_step) if train else 0
-        if train:
-            n, b = inputs.shape[:2]
-            flat = self.preprocess(inputs.reshape(n * b, *inputs.shape[2:]), True, round_index)
-            return flat.reshape(n, b, *flat.shape[1:]), targets
+        if train:  # fold the client (and local-step) axes into one batch axis
+            lead = inputs.shape[: inputs.dim() - len(self.input_shape)]
+            flat = inputs.reshape(-1, *inputs.shape[len(lead) :])
+            flat = self.preprocess(flat, True, round_index)
+            return flat.reshape(*lead, *flat.shape[1:]), targets
         return self.preprocess(inputs, False, round_index), targets
 
     def train_dataloader(self) -> _RoundLoader:
@@ -261,6 +305,8 @@ class FederatedDataModule(pl.LightningDataModule):
         return {
             "num_clients": self.num_clients,
             "batch_size": self.batch_size,
+            "local_batches": self.local_batches,
+            "shuffle": self.shuffle,
             "client_sizes": self.client_sizes.tolist(),
             "rounds_per_epoch": self.rounds_per_epoch,
             "num_classes": self.num_classes,

@@ -1,0 +1,192 @@
+"""Fed-α-NormEC / DP-Fed-α-NormEC (paper 004 Algorithm 1)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from pl_privfed.algorithms.base import (
+    GradFn,
+    RoundResult,
+    check_positive,
+    noise_to_signal,
+    operator_metrics,
+)
+from pl_privfed.algorithms.fedavg import LocalUpdateAlgorithm
+from pl_privfed.algorithms.local import LocalSolver
+from pl_privfed.communication import Messages
+from pl_privfed.operators import SmoothedNormalization
+from pl_privfed.privacy import DPNoise
+
+__all__ = ["FedAlphaNormEC", "Participation"]
+
+Participation = Literal["as_written", "practical"]
+
+
+class FedAlphaNormEC(LocalUpdateAlgorithm):
+    r"""Fed-α-NormEC / DP-Fed-α-NormEC (paper 004, ``004-fed-alpha-normec.md``, Algorithm 1).
+
+    Algorithm 1 (lines 105–128), per round ``k``, for every client ``i`` in parallel:
+
+    * line 4: local update ``T_i(x^k)`` (the local solver at local step size γ: ``T`` local GD
+      steps of size ``γ/T``, ``T_i(x) = x − (γ/T) Σ_j ∇f_i(x_i^{k,j})``, Theorem 1, line 137;
+      or cyclic incremental gradient, ``γ/N`` per sample, App. G eq. (2), line 850);
+    * line 5: ``Δ_i = Norm_α((x^k − T_i(x^k))/γ − v_i)``, where ``(x − T_i(x))/γ`` is computed as
+      the paper defines it, ``(1/T) Σ_j ∇f_i(x_i^{k,j})`` (exactly ``∇f_i(x^k)`` for one step);
+    * line 6: ``v_i ← v_i + β Δ_i``;
+    * line 7: ``q_i = 1/p`` with probability ``p``, else 0;
+    * lines 8–9: transmit ``Δ̂_i = q_i Δ_i`` (non-private) or ``q_i (Δ_i + z_i)``,
+      ``z_i ~ N(0, σ² I)`` (private) — only clients with ``q_i ≠ 0`` send anything;
+
+    and the server (line 11) ``v̂ ← v̂ + (β/M) Σ_i Δ̂_i`` and (line 12)
+    ``x ← x − η v̂/||v̂||`` (``server_normalization``, 0/0 = 0) or ``x ← x − η v̂`` (the paper's
+    experiments, App. D line 318, turn the normalization off).
+
+    Participation (``participation``):
+
+    * ``"as_written"`` (default): every client computes ``T_i`` and updates ``v_i`` every round,
+      transmitting or not (lines 3–6 run for all ``i``); only the transmission is sampled.
+    * ``"practical"``: only the sampled clients compute and update their memory (unsampled
+      clients are offline and do nothing), and they send ``Δ_i`` (+ ``z_i``) with weight 1
+      instead of ``1/p``, so that ``v̂ = (1/M) Σ_i v_i`` holds exactly (noise aside) as in
+      EF21 with partial participation. This is not Algorithm 1: it saves the ``(1−p)`` share of
+      the local computation and is what a deployment can run.
+
+    With ``p = 1``, one local GD step, no noise, Algorithm 1 is α-NormEC (paper 004 line 147):
+    :class:`FedAlphaNormEC` then reproduces :class:`~pl_privfed.algorithms.AlphaNormEC` with the
+    same ``step_size`` (η) exactly, and with the same noise seed its private version too.
+
+    Memory initialization: ``"zeros"`` (``v_i⁰ = 0``) or ``"local_update"``
+    (``v_i⁰ = (x⁰ − T_i(x⁰))/γ``, i.e. ``R = 0`` in Theorem 1); always ``v̂⁰ = (1/M) Σ_i v_i⁰``
+    (line 1).
+
+    DP noise: ``σ`` from :class:`~pl_privfed.privacy.DPNoise`; the paper calibration gives
+    ``σ = c · p · sqrt(K log(1/δ))/ε`` (Corollary 2, line 159), which the server's factor β turns
+    into the paper's experimental noise ``p β sqrt(K log(1/δ))/ε`` (§5, line 175). Accountant:
+    noise multiplier ``σ/1`` (``Norm_α`` is bounded by 1; ``σ/2`` under replace-one) per round at
+    sampling rate ``p`` (amplification by the Bernoulli participation).
+
+    Args:
+        step_size: the server step size ``η > 0``.
+        local_step_size: ``γ > 0``.
+        beta: ``β > 0``.
+        alpha: ``α >= 0``.
+        local_solver: ``T_i`` (default one local GD step).
+        participation_prob: ``p ∈ (0, 1]``.
+        participation: ``"as_written"`` or ``"practical"``.
+        server_normalization: line 12 as written (True) or ``x ← x − η v̂`` (False).
+        memory_init: ``"zeros"`` or ``"local_update"``.
+        noise: DP noise (DP-Fed-α-NormEC) or ``None``.
+        sampling_seed: seed of the participation generator.
+    """
+
+    def __init__(
+        self,
+        step_size: float,
+        local_step_size: float,
+        beta: float,
+        alpha: float,
+        local_solver: LocalSolver | None = None,
+        participation_prob: float = 1.0,
+        participation: Participation = "as_written",
+        server_normalization: bool = True,
+        memory_init: Literal["zeros", "local_update"] = "zeros",
+        noise: DPNoise | None = None,
+        sampling_seed: int = 0,
+    ) -> None:
+        super().__init__(step_size, local_solver, None, noise, sampling_seed)
+        self.local_step_size = check_positive("local_step_size", local_step_size)
+        self.beta = check_positive("beta", beta)
+        self.operator = SmoothedNormalization(alpha)
+        self.alpha = float(alpha)
+        p = participation_prob
+        if isinstance(p, bool) or not isinstance(p, int | float) or not 0 < p <= 1:
+            raise ValueError(f"participation_prob must be in (0, 1], got {p!r}")
+        self.participation_prob = float(p)
+        if participation not in ("as_written", "practical"):
+            raise ValueError(
+                f"participation must be 'as_written' or 'practical', got {participation!r}"
+            )
+        self.participation = participation
+        if not isinstance(server_normalization, bool):
+            raise ValueError(f"server_normalization must be a bool, got {server_normalization!r}")
+        self.server_normalization = server_normalization
+        if memory_init not in ("zeros", "local_update"):
+            raise ValueError(f"memory_init must be 'zeros' or 'local_update', got {memory_init!r}")
+        self.memory_init = memory_init
+
+    @property
+    def sample_rate(self) -> float:
+        return self.participation_prob
+
+    def operators(self):
+        return [self.operator]
+
+    def message_bound(self) -> float | None:
+        return self.operator.bound
+
+    def allocate(self) -> None:
+        super().allocate()
+        self.register_buffer("client_memory", self._zeros(self.num_clients, self.dim))  # v_i
+        self.register_buffer("server_memory", self._zeros(self.dim))  # v̂
+
+    def _pseudo_gradient(self, x: Tensor, grad_fn: GradFn, idx: Tensor | None) -> Tensor:
+        """``(x − T_i(x))/γ = (1/T) Σ_j ∇f_i(x_i^{k,j})`` for the clients ``idx`` (all if None)."""
+        steps = self.local_solver.steps
+        local = self.local_solver.run(x, grad_fn, self.local_step_size / steps, clients=idx)
+        return local.grad_sum if steps == 1 else local.grad_sum.div_(steps)
+
+    def initialize(self, x: Tensor, grad_fn: GradFn) -> None:
+        if self.memory_init == "local_update":
+            self.client_memory.copy_(self._pseudo_gradient(x, grad_fn, None))
+        self.server_memory.copy_(self.client_memory.sum(0) / self.num_clients)  # line 1
+
+    def _transmitting(self) -> Tensor:
+        """Line 7: the mask of ``q_i ≠ 0`` (drawn from the sampling generator when ``p < 1``)."""
+        n = self.num_clients
+        if self.participation_prob >= 1.0:
+            return torch.ones(n, dtype=torch.bool, device=self.device)
+        gen = self.generator("sampling")
+        return torch.rand(n, generator=gen, device=gen.device) < self.participation_prob
+
+    def round(self, x: Tensor, grad_fn: GradFn) -> RoundResult:
+        mask = self._transmitting()  # line 7
+        idx = mask.nonzero().squeeze(1)
+        practical = self.participation == "practical"
+        weight = 1.0 if practical else 1.0 / self.participation_prob  # q_i
+        metrics: dict[str, Tensor] = {}
+        sent = self._zeros(0, self.dim)
+        if not practical or idx.numel() > 0:  # (practical: nobody online computes nothing)
+            pseudo = self._pseudo_gradient(x, grad_fn, idx if practical else None)  # line 4
+            memory = self.client_memory[idx] if practical else self.client_memory
+            diff = pseudo.sub_(memory)
+            delta = self.operator(diff)  # line 5: Δ_i
+            if practical:
+                self.client_memory[idx] += self.beta * delta  # line 6, sampled clients only
+            else:
+                self.client_memory.add_(delta, alpha=self.beta)  # line 6, every client
+            metrics = operator_metrics(diff, delta)
+            sent = delta if self.noise is None else self._gaussian(*delta.shape).add_(delta)
+            if not practical:  # lines 8-9: only q_i ≠ 0 transmits
+                sent, delta = sent[idx], delta[idx]
+            if self.noise is not None and idx.numel() > 0:
+                metrics["noise_to_signal"] = noise_to_signal(sent.sum(0), delta.sum(0))
+        total = sent.sum(0) if weight == 1.0 else sent.sum(0) * weight
+        self.server_memory.add_(total, alpha=self.beta / self.num_clients)  # line 11
+        vhat = self.server_memory
+        metrics["ef_gap"] = torch.linalg.vector_norm(vhat - self.client_memory.mean(0))
+        metrics["participants"] = torch.tensor(float(idx.numel()))
+        if self.server_normalization:  # line 12, with 0/0 = 0
+            norm = torch.linalg.vector_norm(vhat)
+            direction = torch.where(norm > 0, vhat / norm.clamp(min=1e-30), torch.zeros_like(vhat))
+        else:  # App. D (line 318): no server normalization
+            direction = vhat
+        new_x = x - self.step_size * direction
+        receivers = int(idx.numel()) if practical else self.num_clients
+        messages = [
+            Messages("client_to_server", sent * weight if weight != 1.0 else sent),
+            Messages("server_to_client", new_x, copies=receivers),
+        ]
+        return RoundResult(params=new_x, metrics=metrics, messages=messages)

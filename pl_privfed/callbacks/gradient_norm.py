@@ -1,0 +1,225 @@
+"""``GradientNorm``: the full-gradient norm ``||∇f(x)||`` of the global model, rounds to a target."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytorch_lightning as pl
+import torch
+from torch import Tensor, nn
+from torch.func import vmap
+from typing_extensions import override
+
+__all__ = ["GradientNorm"]
+
+
+class GradientNorm(pl.Callback):
+    """Logs ``||∇f(x)||`` over the union of the clients' training data; rounds to reach a target.
+
+    ``f(x) = (1/M) Σ_i f_i(x)``, ``f_i(x) = (1/N_i) Σ_{j ∈ shard i} ℓ(x; ξ_j)`` (paper 004 eq. (1),
+    paper 003 §2), evaluated at the global model the LightningModule holds — the quantity paper
+    003 plots and stops on (``||∇f(x_t)|| = 0.18``, Figs. 1–2, line 238). With
+    ``weighting="examples"`` each example counts equally (``f`` = the mean over the union), which
+    is the same when the shards have equal sizes.
+
+    The evaluation is vectorized over examples: the union is processed in chunks of
+    ``chunk_size`` examples, one batched forward and backward per chunk (per-example losses
+    from the module's criterion under ``vmap``, weighted and summed), with the model in eval mode
+    (BatchNorm uses its running statistics; no buffer changes). The model's ``regularizer()`` is
+    added once, as in every ``f_i``.
+
+    What it reads, so any LightningModule over a :class:`~pl_privfed.datamodules.
+    FederatedDataModule`-like datamodule works (server or decentralized algorithms):
+
+    * the model: ``pl_module.full_gradient_model()`` if defined (e.g. the average of a
+      decentralized method's agents), else ``pl_module.model`` if it is an ``nn.Module``, else
+      the LightningModule itself;
+    * the loss: ``pl_module.criterion`` (default cross-entropy), a mean over its batch;
+    * the data: ``datamodule.shards`` (one index array per client) into
+      ``datamodule.train_inputs`` / ``train_targets`` (or ``train_dataset``), passed through
+      ``datamodule.preprocess(x, False, 0)`` when the datamodule has it.
+
+    Logged as ``train/full_grad_norm`` after round 0 (before training; written to the loggers
+    directly) and every ``every_n_rounds`` rounds. ``summary_entries()`` puts the target, the
+    first round with ``||∇f|| <= target`` (``rounds_to_target``; ``None`` if never), the final and
+    smallest values and the history into ``summary.json``. With ``stop_at_target`` training stops
+    at that round (``trainer.should_stop``), with the reason in :attr:`stop_reason`.
+
+    Args:
+        every_n_rounds: evaluate every this many rounds.
+        target: the target gradient norm (``None``: no target).
+        stop_at_target: stop training when the target is reached (needs ``target``).
+        weighting: ``"clients"`` (``(1/M) Σ_i f_i``) or ``"examples"`` (mean over the union).
+        chunk_size: examples per forward/backward.
+        key: the logged metric name.
+
+    Example::
+
+        trainer = pl.Trainer(callbacks=[GradientNorm(every_n_rounds=5, target=0.18)])
+    """
+
+    def __init__(
+        self,
+        every_n_rounds: int = 1,
+        target: float | None = None,
+        stop_at_target: bool = False,
+        weighting: str = "clients",
+        chunk_size: int = 4096,
+        key: str = "train/full_grad_norm",
+    ) -> None:
+        for name, value in (("every_n_rounds", every_n_rounds), ("chunk_size", chunk_size)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if target is not None and not (
+            isinstance(target, int | float) and math.isfinite(target) and target > 0
+        ):
+            raise ValueError(f"target must be a positive number or None, got {target!r}")
+        if stop_at_target and target is None:
+            raise ValueError("stop_at_target=True needs a target, got target=None")
+        if weighting not in ("clients", "examples"):
+            raise ValueError(f"weighting must be 'clients' or 'examples', got {weighting!r}")
+        self.every_n_rounds = every_n_rounds
+        self.target = None if target is None else float(target)
+        self.stop_at_target = bool(stop_at_target)
+        self.weighting = weighting
+        self.chunk_size = chunk_size
+        self.key = key
+        self.history: list[tuple[int, float]] = []
+        self.rounds_to_target: int | None = None
+        self.stop_reason: str | None = None
+        self._data: tuple[Tensor, Tensor, Tensor] | None = None
+
+    # ------------------------------------------------------------------ data and model
+    def _union(self, datamodule: Any) -> tuple[Tensor, Tensor, Tensor]:
+        """``(inputs, targets, weights)`` of the union of the shards (weights sum to 1)."""
+        if self._data is not None:
+            return self._data
+        shards = [np.asarray(s, dtype=np.int64) for s in getattr(datamodule, "shards", [])]
+        if not shards:
+            raise ValueError(
+                "GradientNorm needs a datamodule with per-client shards (datamodule.shards)"
+            )
+        index = torch.as_tensor(np.concatenate(shards))
+        inputs = getattr(datamodule, "train_inputs", None)
+        targets = getattr(datamodule, "train_targets", None)
+        if inputs is not None and targets is not None:
+            x, y = inputs[index], targets[index]
+        else:
+            items = [datamodule.train_dataset[int(j)] for j in index]
+            x = torch.stack([torch.as_tensor(a) for a, _ in items])
+            y = torch.stack([torch.as_tensor(b) for _, b in items])
+        sizes = torch.tensor([len(s) for s in shards], dtype=torch.float64)
+        if self.weighting == "clients":
+            per_client = 1.0 / (len(shards) * sizes)
+        else:
+            per_client = torch.full_like(sizes, 1.0 / float(sizes.sum()))
+        weights = torch.repeat_interleave(per_client, sizes.long())
+        self._data = (x, y, weights)
+        return self._data
+
+    @staticmethod
+    def _model(pl_module: pl.LightningModule) -> nn.Module:
+        getter = getattr(pl_module, "full_gradient_model", None)
+        if callable(getter):
+            return getter()
+        model = getattr(pl_module, "model", None)
+        return model if isinstance(model, nn.Module) else pl_module
+
+    def full_gradient_norm(self, pl_module: pl.LightningModule, datamodule: Any) -> float:
+        """``||∇f(x)||`` at the module's global model (see the class docstring)."""
+        x_all, y_all, w_all = self._union(datamodule)
+        model = self._model(pl_module)
+        criterion = getattr(pl_module, "criterion", None)
+        criterion = criterion if criterion is not None else nn.CrossEntropyLoss()
+        params = [p for p in model.parameters() if p.requires_grad]
+        device = params[0].device
+        preprocess = getattr(datamodule, "preprocess", None)
+        grads = [torch.zeros_like(p) for p in params]
+
+        def example_loss(out: Tensor, target: Tensor) -> Tensor:
+            return criterion(out.unsqueeze(0), target.unsqueeze(0))
+
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.enable_grad():
+                for start in range(0, len(y_all), self.chunk_size):
+                    stop = start + self.chunk_size
+                    x = x_all[start:stop].to(device)
+                    if callable(preprocess):
+                        x = preprocess(x, False, 0)
+                    y = y_all[start:stop].to(device)
+                    w = w_all[start:stop].to(device=device, dtype=params[0].dtype)
+                    losses = vmap(example_loss)(model(x), y)
+                    total = (losses * w).sum()
+                    for g, piece in zip(grads, torch.autograd.grad(total, params), strict=True):
+                        g.add_(piece)
+                regularizer = getattr(model, "regularizer", None)
+                if callable(regularizer):
+                    reg = regularizer(dict(model.named_parameters()))
+                    for g, piece in zip(grads, torch.autograd.grad(reg, params), strict=True):
+                        g.add_(piece)
+        finally:
+            model.train(was_training)
+        return float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])))
+
+    # ------------------------------------------------------------------ hooks
+    def _evaluate(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> float:
+        value = self.full_gradient_norm(pl_module, trainer.datamodule)
+        round_index = int(trainer.global_step)
+        if not self.history or self.history[-1][0] != round_index:
+            self.history.append((round_index, value))
+        if self.target is not None and self.rounds_to_target is None and value <= self.target:
+            self.rounds_to_target = round_index
+            if self.stop_at_target:
+                trainer.should_stop = True
+                self.stop_reason = (
+                    f"full gradient norm {value:.4g} <= target {self.target:g} at round "
+                    f"{round_index}"
+                )
+        return value
+
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.global_step != 0 or self.history:
+            return  # resumed: round 0 was recorded before
+        value = self._evaluate(trainer, pl_module)
+        for logger in trainer.loggers:
+            logger.log_metrics({self.key: value}, step=0)
+
+    @override
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step % self.every_n_rounds:
+            return
+        pl_module.log(self.key, self._evaluate(trainer, pl_module))
+
+    # ------------------------------------------------------------------ summary and state
+    def summary_entries(self) -> dict[str, Any]:
+        values = [v for _, v in self.history]
+        return {
+            "rounds_to_target": self.rounds_to_target,
+            "final_full_grad_norm": values[-1] if values else None,
+            "full_grad_norm": {
+                "target": self.target,
+                "rounds_to_target": self.rounds_to_target,
+                "every_n_rounds": self.every_n_rounds,
+                "weighting": self.weighting,
+                "final": values[-1] if values else None,
+                "min": min(values) if values else None,
+                "history": [list(p) for p in self.history],
+            },
+        }
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "history": [list(p) for p in self.history],
+            "rounds_to_target": self.rounds_to_target,
+        }
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.history = [(int(r), float(v)) for r, v in state_dict.get("history", [])]
+        self.rounds_to_target = state_dict.get("rounds_to_target")

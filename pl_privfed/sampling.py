@@ -1,0 +1,144 @@
+"""Client sampling: which clients take part in a round, and the rate the accountant uses.
+
+A sampler draws a participation mask ``[n]`` (bool) from an explicit ``torch.Generator`` owned by
+the algorithm (so a checkpoint carries it) and says how the server normalizes the sum of the
+participants' messages:
+
+* :class:`BernoulliSampler` — each client independently with probability ``p``; the server
+  averages over the clients that actually took part (``|S|``, the realized cohort).
+* :class:`PoissonSampler` — the same independent draw with probability ``q``; the server divides
+  by the *expected* cohort size ``q·n`` (the fixed denominator of DP-FedAvg, McMahan et al. 2018,
+  which keeps the aggregate's sensitivity independent of who took part).
+* :class:`FixedSizeSampler` — a uniformly random cohort of exactly ``B`` clients (paper 003
+  App. C.1, paper 004 §3 "S^k … with size B"); the server divides by ``B``.
+
+``sample_rate`` is the probability that a given client takes part in a round; it is what the
+algorithms report to the privacy accountant (amplification by subsampling). For independent
+(Bernoulli / Poisson) sampling that is exactly the Poisson-subsampled Gaussian mechanism that
+Opacus' accountants analyse. For a fixed-size cohort ``B/n`` is the usual approximation (sampling
+without replacement is analysed as Poisson sampling at the same rate, as Opacus does for
+fixed-size batches); the reported ε is then an estimate, which the docs say.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+__all__ = ["BernoulliSampler", "ClientSampler", "FixedSizeSampler", "PoissonSampler"]
+
+
+def _probability(name: str, value: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a number in (0, 1], got {value!r}")
+    if not 0 < value <= 1:
+        raise ValueError(f"{name} must be in (0, 1], got {value!r}")
+    return float(value)
+
+
+class ClientSampler:
+    """Draws the clients of a round (override :meth:`sample`)."""
+
+    def setup(self, num_clients: int) -> None:
+        """Validate against the number of clients ``n`` (called before training)."""
+        self.num_clients = num_clients
+
+    @property
+    def sample_rate(self) -> float:
+        """Probability that one client takes part in a round."""
+        raise NotImplementedError
+
+    def sample(self, num_clients: int, generator: torch.Generator) -> Tensor:
+        """A participation mask ``[num_clients]`` (bool)."""
+        raise NotImplementedError
+
+    def denominator(self, mask: Tensor) -> Tensor:
+        """What the server divides the participants' sum by (a scalar tensor)."""
+        raise NotImplementedError
+
+    def expected_participants(self, num_clients: int) -> float:
+        """``E|S|``."""
+        return self.sample_rate * num_clients
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if k != "num_clients")
+        return f"{type(self).__name__}({args})"
+
+
+class _Independent(ClientSampler):
+    def __init__(self, probability: float) -> None:
+        self.probability = _probability("probability", probability)
+
+    @property
+    def sample_rate(self) -> float:
+        return self.probability
+
+    def sample(self, num_clients: int, generator: torch.Generator) -> Tensor:
+        u = torch.rand(num_clients, generator=generator, device=generator.device)
+        return u < self.probability
+
+
+class BernoulliSampler(_Independent):
+    """Each client takes part independently with probability ``p``; average over ``|S|``.
+
+    With no participant the round changes nothing (the denominator is ``max(|S|, 1)``).
+
+    Args:
+        probability: ``p ∈ (0, 1]``.
+
+    >>> mask = BernoulliSampler(0.5).sample(8, torch.Generator().manual_seed(0))
+    >>> mask.dtype, mask.shape
+    (torch.bool, torch.Size([8]))
+    """
+
+    def denominator(self, mask: Tensor) -> Tensor:
+        return mask.sum().clamp(min=1).to(torch.float64)
+
+
+class PoissonSampler(_Independent):
+    """Each client takes part independently with probability ``q``; divide by ``q·n``.
+
+    Args:
+        probability: ``q ∈ (0, 1]``.
+    """
+
+    def denominator(self, mask: Tensor) -> Tensor:
+        return torch.tensor(self.probability * mask.numel(), dtype=torch.float64)
+
+
+class FixedSizeSampler(ClientSampler):
+    """A uniformly random cohort of exactly ``cohort_size`` clients (without replacement).
+
+    Args:
+        cohort_size: ``B``, in ``[1, n]`` (checked when the number of clients is known).
+    """
+
+    def __init__(self, cohort_size: int) -> None:
+        if isinstance(cohort_size, bool) or not isinstance(cohort_size, int) or cohort_size < 1:
+            raise ValueError(f"cohort_size must be a positive integer, got {cohort_size!r}")
+        self.cohort_size = cohort_size
+        self.num_clients = 0
+
+    def setup(self, num_clients: int) -> None:
+        if self.cohort_size > num_clients:
+            raise ValueError(
+                f"cohort_size={self.cohort_size} is more than the {num_clients} clients"
+            )
+        self.num_clients = num_clients
+
+    @property
+    def sample_rate(self) -> float:
+        if not self.num_clients:
+            raise RuntimeError(f"{self!r}: call setup(num_clients) first")
+        return self.cohort_size / self.num_clients
+
+    def sample(self, num_clients: int, generator: torch.Generator) -> Tensor:
+        perm = torch.randperm(num_clients, generator=generator, device=generator.device)
+        mask = torch.zeros(num_clients, dtype=torch.bool, device=generator.device)
+        mask[perm[: self.cohort_size]] = True
+        return mask
+
+    def denominator(self, mask: Tensor) -> Tensor:
+        return torch.tensor(float(self.cohort_size), dtype=torch.float64)
