@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["Messages", "message_bits"]
+__all__ = ["ENCODING", "Messages", "message_bits", "per_agent_bits"]
 
 
 @dataclass
@@ -26,6 +26,15 @@ class Messages:
     copies: int = 1
 
 
+#: How :func:`message_bits` counts, written into ``summary.json`` beside the totals.
+ENCODING = (
+    "per message (one vector of d values): min(dense, sparse) bits, dense = d * value_bits, "
+    "sparse = nnz * (value_bits + ceil(log2 d)) (each non-zero as value + index); a vector sent "
+    "to several receivers (copies) is counted once per copy; a broadcast to graph neighbours "
+    "(agent_to_agent) is counted once per sending agent"
+)
+
+
 def message_bits(vectors: Tensor, value_bits: int = 32) -> Tensor:
     """Bits of each message (row) under the cheaper of two encodings.
 
@@ -36,7 +45,7 @@ def message_bits(vectors: Tensor, value_bits: int = 32) -> Tensor:
     noisy vector as dense.
 
     >>> message_bits(torch.tensor([[0.0, 2.0, 0.0, 0.0], [1.0, 2.0, 3.0, 4.0]]))
-    tensor([ 34., 128.])
+    tensor([ 34., 128.], dtype=torch.float64)
     """
     rows = vectors.reshape(-1, vectors.shape[-1])
     d = rows.shape[-1]
@@ -44,3 +53,17 @@ def message_bits(vectors: Tensor, value_bits: int = 32) -> Tensor:
     nnz = (rows != 0).sum(-1).to(torch.float64)
     dense = torch.full_like(nnz, float(d * value_bits))
     return torch.minimum(dense, nnz * (value_bits + index_bits))
+
+
+def per_agent_bits(message: Messages, value_bits: int = 32) -> float:
+    """Bits of ``message`` per agent endpoint: its total over (rows × copies).
+
+    For ``[n, d]`` messages (one per client or agent, ``copies = 1``) this is the mean bits each
+    sender sends; for a ``[d]`` vector sent to ``n`` clients (``copies = n``) the bits each
+    client receives.
+
+    >>> per_agent_bits(Messages("agent_to_agent", torch.tensor([[0.0, 2.0], [1.0, 2.0]])))
+    48.5
+    """
+    bits = message_bits(message.vectors, value_bits)  # one entry per row
+    return float(bits.sum()) / bits.numel()

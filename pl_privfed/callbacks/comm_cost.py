@@ -8,7 +8,7 @@ import pytorch_lightning as pl
 import torch
 from typing_extensions import override
 
-from pl_privfed.communication import Messages, message_bits
+from pl_privfed.communication import ENCODING, Messages, message_bits, per_agent_bits
 
 __all__ = ["CommunicationCost"]
 
@@ -27,8 +27,17 @@ class CommunicationCost(pl.Callback):
     With any other module (a data-parallel or parameter-server view) each step counts
     ``workers`` dense gradients up and ``workers`` dense models down.
 
-    Logged: ``comm/<channel>_bits`` (this step) and ``comm/<channel>_total_bits`` (cumulative),
-    and the totals go to ``summary.json`` through :meth:`summary_entries`.
+    Decentralized algorithms (:mod:`pl_privfed.algorithms.decentralized`) send on the
+    ``agent_to_agent`` channel: each agent's compressed vectors, counted once per sending agent
+    (a broadcast to its neighbours; a point-to-point network would pay that once per neighbour).
+
+    Logged: ``comm/<channel>_bits`` (this step, all senders), ``comm/<channel>_total_bits``
+    (cumulative), and per agent ``comm/<channel>_bits_per_agent`` /
+    ``comm/<channel>_total_bits_per_agent`` (each message's bits divided by its rows: what one
+    client or agent sends, or for a broadcast ``[d]`` vector what one client receives — the
+    x-axis of "accuracy against bits" plots). :meth:`summary_entries` puts the totals, the
+    per-agent totals and the encoding (:data:`~pl_privfed.communication.ENCODING`) into
+    ``summary.json``.
 
     Args:
         value_bits: bits per transmitted value (32 for float32).
@@ -48,6 +57,8 @@ class CommunicationCost(pl.Callback):
         self.workers = workers
         self.totals: dict[str, float] = {}
         self.last: dict[str, float] = {}
+        self.totals_per_agent: dict[str, float] = {}
+        self.last_per_agent: dict[str, float] = {}
 
     def step_messages(self, pl_module: pl.LightningModule) -> list[Messages]:
         protocol = getattr(pl_module, "communication_messages", None)
@@ -63,22 +74,35 @@ class CommunicationCost(pl.Callback):
     @override
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         step: dict[str, float] = {}
+        per_agent: dict[str, float] = {}
         for msg in self.step_messages(pl_module):
             bits = float(message_bits(msg.vectors, self.value_bits).sum()) * msg.copies
             step[msg.channel] = step.get(msg.channel, 0.0) + bits
-        self.last = step
+            agent_bits = per_agent_bits(msg, self.value_bits)
+            per_agent[msg.channel] = per_agent.get(msg.channel, 0.0) + agent_bits
+        self.last, self.last_per_agent = step, per_agent
         for channel, bits in step.items():
             self.totals[channel] = self.totals.get(channel, 0.0) + bits
+            self.totals_per_agent[channel] = (
+                self.totals_per_agent.get(channel, 0.0) + per_agent[channel]
+            )
             pl_module.log(f"comm/{channel}_bits", bits)
             pl_module.log(f"comm/{channel}_total_bits", self.totals[channel])
+            pl_module.log(f"comm/{channel}_bits_per_agent", per_agent[channel])
+            pl_module.log(f"comm/{channel}_total_bits_per_agent", self.totals_per_agent[channel])
 
     def summary_entries(self) -> dict[str, Any]:
-        return {"communication_total_bits": dict(self.totals)}
+        return {
+            "communication_total_bits": dict(self.totals),
+            "communication_total_bits_per_agent": dict(self.totals_per_agent),
+            "communication_encoding": f"{ENCODING}; value_bits = {self.value_bits}",
+        }
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        return {"totals": dict(self.totals)}
+        return {"totals": dict(self.totals), "totals_per_agent": dict(self.totals_per_agent)}
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.totals = dict(state_dict["totals"])
+        self.totals_per_agent = dict(state_dict.get("totals_per_agent", {}))

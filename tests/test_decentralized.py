@@ -1,0 +1,416 @@
+"""Exact iterates of PORTER-DP, PORTER-GC, BEER and SoteriaFL-SGD against plain references.
+
+Quadratic agents: agent ``i``'s examples in round ``t`` have targets ``b_{t,i,z}`` and losses
+``½||x − b_{t,i,z}||²``, so a per-example gradient is ``x_i − b_{t,i,z}``. The references are
+plain loops with scalar arithmetic written from paper 001 Algorithm 1 (``001-porter.txt`` lines
+167–183) in the paper's ``d × n`` layout (agents as columns, gossip ``Q (W − I)`` as a right
+product), sharing nothing with the package but the generator seeds: they draw the same uniform
+matrices for the compression masks, the same normal matrices for the noise and the same integers
+for the output iterate.
+"""
+
+import math
+
+import pytest
+import torch
+
+from pl_privfed.algorithms.decentralized import BEER, PORTER
+from pl_privfed.algorithms.soteria import SoteriaFL
+from pl_privfed.graphs import Topology
+from pl_privfed.operators import Identity, RandKBiased, TopK
+from pl_privfed.privacy import DPNoise
+
+DT = torch.float64
+ROUNDS = 12
+N, D, B = 4, 6, 3
+
+# A non-symmetric mixing matrix with W1 = 1 and 1ᵀW = 1ᵀ (paper 001 Def. 1 allows it):
+# 0.5 I + 0.3 P + 0.2 P² for the cyclic shift P — a wrong transpose changes the iterates.
+W_NONSYM = [
+    [0.5, 0.3, 0.2, 0.0],
+    [0.0, 0.5, 0.3, 0.2],
+    [0.2, 0.0, 0.5, 0.3],
+    [0.3, 0.2, 0.0, 0.5],
+]
+
+
+def targets(rounds=ROUNDS, n=N, batch=B, d=D, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(rounds, n, batch, d, generator=g, dtype=DT) * 2
+
+
+def grad_fn_for(b_t):
+    """Oracle of one round: ``[n, d]`` minibatch gradients or ``[n, B, d]`` per example."""
+
+    def grad_fn(params, per_example=False):
+        x = params.unsqueeze(0) if params.dim() == 1 else params  # shared or per agent
+        per = x.unsqueeze(1).expand(b_t.shape[0], b_t.shape[1], -1) - b_t
+        return per if per_example else per.mean(1)
+
+    return grad_fn
+
+
+def run(alg, b, x0, n=N):
+    alg.setup(num_clients=n, dim=x0.shape[0], num_rounds=b.shape[0], dtype=DT)
+    x, xs, agents = x0.clone(), [], []
+    for t in range(b.shape[0]):
+        x = alg.step(x, grad_fn_for(b[t])).params
+        xs.append(x.clone())
+        agents.append(alg.agent_params.clone() if hasattr(alg, "agent_params") else None)
+    return xs, agents
+
+
+# ---------------------------------------------------------------------------- plain references
+def norm(v):
+    return math.sqrt(sum(c * c for c in v))
+
+
+def smooth_clip(v, tau):  # Def. 2
+    s = tau / (tau + norm(v))
+    return [s * c for c in v]
+
+
+def linear_clip(v, tau):  # Remark 1
+    nv = norm(v)
+    return [c * min(1.0, tau / nv) for c in v] if nv > 0 else list(v)
+
+
+def column(m, i):
+    return [row[i] for row in m]
+
+
+def ref_porter(b, x0, w, eta, gamma, option, clip, keep=None, topk=None, std=0.0,
+               comp_seed=0, noise_seed=0, out_seed=1):  # fmt: skip
+    """Algorithm 1 in the d × n layout; ``keep`` = Example 1's probability k/d."""
+    rounds, n, batch, d = b.shape
+    b = b.tolist()
+    gen_c = torch.Generator().manual_seed(comp_seed)
+    gen_n = torch.Generator().manual_seed(noise_seed)
+    gen_o = torch.Generator().manual_seed(out_seed)
+    zeros = [[0.0] * n for _ in range(d)]
+    V, Qv, Gp = [r[:] for r in zeros], [r[:] for r in zeros], [r[:] for r in zeros]  # line 169
+    X = [[float(x0[j])] * n for j in range(d)]
+    Qx = [r[:] for r in X]
+
+    def compress(M):  # C applied to each column (agent) of a d × n matrix
+        if keep is not None:
+            u = torch.rand(n, d, generator=gen_c, dtype=DT).tolist()  # u[i][j]: agent i, coord j
+            return [[M[j][i] if u[i][j] < keep else 0.0 for i in range(n)] for j in range(d)]
+        if topk is not None:
+            out = [[0.0] * n for _ in range(d)]
+            for i in range(n):
+                col = column(M, i)
+                for j in sorted(range(d), key=lambda j: -abs(col[j]))[:topk]:
+                    out[j][i] = col[j]
+            return out
+        return [r[:] for r in M]
+
+    def right_gossip(Q):  # Q (W − I)
+        return [[sum(Q[j][k] * (w[k][i] - (k == i)) for k in range(n)) for i in range(n)]
+                for j in range(d)]  # fmt: skip
+
+    out_x, out_t, out_i = [0.0] * d, 0, 0
+    xbars, Xs = [], []
+    for t in range(rounds):
+        G = [[0.0] * n for _ in range(d)]
+        if option == "dp":
+            e = torch.randn(n, d, generator=gen_n, dtype=DT).tolist()
+            for i in range(n):
+                xi = column(X, i)
+                for z in range(batch):  # line 173: average of clipped per-example gradients
+                    gz = clip([xi[j] - b[t][i][z][j] for j in range(d)])
+                    for j in range(d):
+                        G[j][i] += gz[j] / batch
+                for j in range(d):  # line 174: + e_i
+                    G[j][i] += std * e[i][j]
+        else:
+            for i in range(n):
+                xi = column(X, i)
+                g = [sum(xi[j] - b[t][i][z][j] for z in range(batch)) / batch for j in range(d)]
+                g = clip(g) if clip is not None else g  # line 177 (BEER: no clipping)
+                for j in range(d):
+                    G[j][i] = g[j]
+        cv = compress([[V[j][i] - Qv[j][i] for i in range(n)] for j in range(d)])
+        Qv = [[Qv[j][i] + cv[j][i] for i in range(n)] for j in range(d)]  # line 178
+        mix = right_gossip(Qv)
+        V = [[V[j][i] + gamma * mix[j][i] + G[j][i] - Gp[j][i] for i in range(n)]
+             for j in range(d)]  # line 179  # fmt: skip
+        Gp = G
+        cx = compress([[X[j][i] - Qx[j][i] for i in range(n)] for j in range(d)])
+        Qx = [[Qx[j][i] + cx[j][i] for i in range(n)] for j in range(d)]  # line 180
+        mix = right_gossip(Qx)
+        X = [[X[j][i] + gamma * mix[j][i] - eta * V[j][i] for i in range(n)]
+             for j in range(d)]  # line 181  # fmt: skip
+        if int(torch.randint(t + 1, (), generator=gen_o)) == 0:  # line 183, reservoir
+            i = int(torch.randint(n, (), generator=gen_o))
+            out_x, out_t, out_i = column(X, i), t + 1, i
+        else:
+            torch.randint(n, (), generator=gen_o)
+        xbars.append(torch.tensor([sum(X[j]) / n for j in range(d)], dtype=DT))
+        Xs.append(torch.tensor(X, dtype=DT).T)  # agents as rows, for the comparison
+    return xbars, Xs, (torch.tensor(out_x, dtype=DT), out_t, out_i)
+
+
+def ref_soteria(b, x0, eta, gamma, G, keep=None, std=0.0, comp_seed=0, noise_seed=0):
+    rounds, n, batch, d = b.shape
+    b = b.tolist()
+    gen_c = torch.Generator().manual_seed(comp_seed)
+    gen_n = torch.Generator().manual_seed(noise_seed)
+    x = x0.tolist()
+    s_i = [[0.0] * d for _ in range(n)]
+    s = [0.0] * d
+    out = []
+    for t in range(rounds):
+        e = torch.randn(n, d, generator=gen_n, dtype=DT).tolist() if std > 0 else None
+        u = torch.rand(n, d, generator=gen_c, dtype=DT).tolist() if keep is not None else None
+        v_sum = [0.0] * d
+        for i in range(n):
+            g = [sum(x[j] - b[t][i][z][j] for z in range(batch)) / batch for j in range(d)]
+            g = linear_clip(g, G)
+            if e is not None:
+                g = [g[j] + std * e[i][j] for j in range(d)]
+            v = [g[j] - s_i[i][j] for j in range(d)]
+            if u is not None:
+                v = [v[j] if u[i][j] < keep else 0.0 for j in range(d)]
+            s_i[i] = [s_i[i][j] + gamma * v[j] for j in range(d)]
+            v_sum = [v_sum[j] + v[j] for j in range(d)]
+        v = [c / n for c in v_sum]
+        x = [x[j] - eta * (s[j] + v[j]) for j in range(d)]
+        s = [s[j] + gamma * v[j] for j in range(d)]
+        out.append(torch.tensor(x, dtype=DT))
+    return out
+
+
+def assert_close_all(got, ref):
+    assert len(got) == len(ref) == ROUNDS
+    for t, (a, r) in enumerate(zip(got, ref)):
+        torch.testing.assert_close(a, r, rtol=1e-10, atol=1e-10, msg=f"round {t + 1}")
+
+
+# ---------------------------------------------------------------------------- PORTER / BEER
+@pytest.mark.parametrize("clipping", ["smooth", "linear"])
+def test_porter_dp_exact(clipping):
+    b = targets()
+    x0 = torch.linspace(-1, 1, D, dtype=DT)
+    alg = PORTER(
+        step_size=0.1, consensus_step_size=0.4, option="dp", clip_threshold=1.5,
+        clipping=clipping, topology=Topology(matrix=W_NONSYM),
+        compressor=RandKBiased(k=3), noise=DPNoise(noise_multiplier=0.7, seed=5),
+        batch_size=B, local_dataset_size=30, seed=11,
+    )  # fmt: skip
+    xs, agents = run(alg, b, x0)
+    std = 0.7 * 1.5 / B  # noise multiplier × sensitivity τ/b of the averaged clipped gradients
+    assert alg.noise_std == pytest.approx(std)
+    clip = smooth_clip if clipping == "smooth" else linear_clip
+    xbars, Xs, (out_x, out_t, out_i) = ref_porter(
+        b, x0, W_NONSYM, 0.1, 0.4, "dp", lambda v: clip(v, 1.5), keep=3 / D, std=std,
+        comp_seed=11, noise_seed=5, out_seed=12,
+    )  # fmt: skip
+    assert_close_all(xs, xbars)
+    assert_close_all(agents, Xs)
+    got = alg.output()
+    assert (got["round"], got["agent"]) == (out_t, out_i) and 1 <= out_t <= ROUNDS
+    torch.testing.assert_close(got["params"], out_x, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("clipping", ["smooth", "linear"])
+@pytest.mark.parametrize("compressor", ["randk", "topk"])
+def test_porter_gc_exact(clipping, compressor):
+    b = targets(seed=1)
+    x0 = torch.linspace(2, -1, D, dtype=DT)
+    comp = RandKBiased(ratio=0.5) if compressor == "randk" else TopK(k=2)
+    alg = PORTER(
+        step_size=0.2, consensus_step_size=0.5, option="gc", clip_threshold=0.8,
+        clipping=clipping, topology=Topology(matrix=W_NONSYM), compressor=comp, seed=3,
+    )  # fmt: skip
+    xs, agents = run(alg, b, x0)
+    clip = smooth_clip if clipping == "smooth" else linear_clip
+    xbars, Xs, _ = ref_porter(
+        b, x0, W_NONSYM, 0.2, 0.5, "gc", lambda v: clip(v, 0.8),
+        keep=0.5 if compressor == "randk" else None, topk=2 if compressor == "topk" else None,
+        comp_seed=3, out_seed=4,
+    )  # fmt: skip
+    assert_close_all(xs, xbars)
+    assert_close_all(agents, Xs)
+
+
+@pytest.mark.parametrize("weights", ["fdla", "metropolis"])
+def test_beer_exact_on_erdos_renyi(weights):
+    b = targets(seed=2)
+    x0 = torch.zeros(D, dtype=DT)
+    topology = Topology(graph="erdos_renyi", p=0.6, weights=weights, seed=4)
+    alg = BEER(step_size=0.1, consensus_step_size=0.3, topology=topology,
+               compressor=RandKBiased(k=2), seed=8)  # fmt: skip
+    xs, agents = run(alg, b, x0)
+    w = topology.mixing_matrix(N).tolist()
+    xbars, Xs, _ = ref_porter(b, x0, w, 0.1, 0.3, "gc", None, keep=2 / D, comp_seed=8, out_seed=9)
+    assert_close_all(xs, xbars)
+    assert_close_all(agents, Xs)
+    assert alg.clipping == "none" and alg.noise is None
+
+
+def test_consensus_and_gradient_tracking_with_exact_averaging():
+    """Identity C, complete graph with W = 11ᵀ/n, γ = 1, no clipping or noise (BEER).
+
+    Then line 179 reads ``V ← J V + G^{(t)} − G^{(t−1)}`` and line 181 ``X ← J X − η V`` with
+    ``J = 11ᵀ/n``: the tracked average is the average gradient (``v̄ = ḡ``), so the agents'
+    average follows gradient descent on ``f = (1/n) Σ f_i`` with the gradients taken at the
+    agents' own points; for ``f_i = ½||x − b_i||²`` that is exactly ``x̄ ← x̄ − η (x̄ − b̄)``. The
+    deviation ``E = X − 1x̄ᵀ`` obeys ``E_1 = η (B − 1b̄ᵀ)``, ``E_2 = −η E_1``,
+    ``E_t = −η (E_{t−1} − E_{t−2})``: it vanishes geometrically, and is zero throughout when the
+    agents are identical (they stay in consensus).
+    """
+    n, d, eta = 5, 3, 0.1
+    centers = torch.randn(n, d, generator=torch.Generator().manual_seed(0), dtype=DT)
+    topology = Topology(graph="complete", weights="metropolis")
+    torch.testing.assert_close(topology.mixing_matrix(n), torch.full((n, n), 1 / n, dtype=DT))
+    b = centers.unsqueeze(0).unsqueeze(2).expand(ROUNDS, n, 1, d)
+    x0 = torch.ones(d, dtype=DT)
+    alg = BEER(eta, 1.0, topology=topology, compressor=Identity())
+    alg.setup(num_clients=n, dim=d, num_rounds=ROUNDS, dtype=DT)
+    xbar, deviations = x0.clone(), [torch.zeros(n, d, dtype=DT)]
+    for t in range(ROUNDS):
+        result = alg.step(xbar, grad_fn_for(b[t]))
+        expected = xbar - eta * (xbar - centers.mean(0))  # gradient descent on f
+        torch.testing.assert_close(result.params, expected, rtol=1e-12, atol=1e-12)
+        assert float(result.metrics["tracking_gap"]) < 1e-12  # v̄ = ḡ
+        xbar = result.params
+        deviations.append(alg.agent_params - xbar)
+    e1 = eta * (centers - centers.mean(0))
+    torch.testing.assert_close(deviations[1], e1, rtol=1e-12, atol=1e-12)
+    for t in range(2, ROUNDS + 1):
+        want = -eta * (deviations[t - 1] - deviations[t - 2])
+        torch.testing.assert_close(deviations[t], want, rtol=1e-10, atol=1e-12)
+    assert deviations[-1].norm() < 1e-3 * e1.norm()
+    # identical agents: exact consensus at every round
+    same = torch.ones(ROUNDS, n, 1, d, dtype=DT)
+    alg = BEER(eta, 1.0, topology=topology)
+    alg.setup(num_clients=n, dim=d, num_rounds=ROUNDS, dtype=DT)
+    x = x0.clone()
+    for t in range(ROUNDS):
+        x = alg.step(x, grad_fn_for(same[t])).params
+        assert float(alg.consensus_metrics()["consensus_error"]) < 1e-14
+
+
+def test_output_iterate_is_uniform_over_agents_and_rounds():
+    """Reservoir sampling: every (round, agent) pair is equally likely (chi-square, seeded)."""
+    n, rounds, runs = 3, 4, 1200
+    counts = torch.zeros(rounds, n)
+    b = torch.zeros(rounds, n, 1, 2, dtype=DT)
+    for seed in range(runs):
+        alg = BEER(0.1, 0.5, topology=Topology(graph="ring", weights="metropolis"), seed=seed)
+        alg.setup(num_clients=n, dim=2, num_rounds=rounds, dtype=DT)
+        x = torch.zeros(2, dtype=DT)
+        for t in range(rounds):
+            x = alg.step(x, grad_fn_for(b[t])).params
+        out = alg.output()
+        counts[out["round"] - 1, out["agent"]] += 1
+    expected = runs / (n * rounds)
+    chi2 = float(((counts - expected) ** 2 / expected).sum())
+    assert chi2 < 31.3  # 99.9 % quantile of χ²(11)
+
+
+def test_checkpoint_state_resumes_exactly():
+    b = targets(seed=5)
+    x0 = torch.zeros(D, dtype=DT)
+
+    def make():
+        return PORTER(0.1, 0.4, option="dp", topology=Topology(matrix=W_NONSYM),
+                      compressor=RandKBiased(k=2), noise=DPNoise(noise_multiplier=1.0, seed=2),
+                      batch_size=B, local_dataset_size=50, seed=1)  # fmt: skip
+
+    full = make()
+    full.setup(num_clients=N, dim=D, num_rounds=ROUNDS, dtype=DT)
+    x, state = x0.clone(), None
+    for t in range(ROUNDS):
+        if t == 5:
+            state = {
+                k: v.clone() if torch.is_tensor(v) else v for k, v in full.state_dict().items()
+            }
+            x_mid = x.clone()
+        x = full.step(x, grad_fn_for(b[t])).params
+    resumed = make()
+    resumed.setup(num_clients=N, dim=D, num_rounds=ROUNDS, dtype=DT)
+    resumed.load_state_dict(state)
+    y = x_mid
+    for t in range(5, ROUNDS):
+        y = resumed.step(y, grad_fn_for(b[t])).params
+    torch.testing.assert_close(y, x, rtol=0, atol=0)
+    assert set(full.get_extra_state()) == {"noise", "compression", "output"}
+
+
+# ---------------------------------------------------------------------------- privacy
+def test_porter_dp_theorem_1_noise_and_accountant_inputs():
+    """σ_p = τ sqrt(T log(1/δ))/(m ε) (eq. 5); accountant: multiplier σ_p b/τ at rate b/m."""
+    m, T, tau = 3256, 1000, 1.0
+    for batch in (1, 4):
+        alg = PORTER(0.01, 0.5, option="dp", clip_threshold=tau, batch_size=batch,
+                     local_dataset_size=m, noise=DPNoise(epsilon=0.1, delta=1e-3))  # fmt: skip
+        alg.setup(num_clients=10, dim=5, num_rounds=T)
+        sigma = tau * math.sqrt(T * math.log(1e3)) / (m * 0.1)
+        assert alg.noise_std == pytest.approx(sigma)
+        (mech,) = alg.mechanisms()
+        assert mech.sample_rate == pytest.approx(batch / m)
+        assert mech.noise_multiplier == pytest.approx(sigma * batch / tau)
+        assert "record-level" in mech.privacy_unit
+
+
+def test_soteria_paper_noise_matches_porter():
+    alg = SoteriaFL(0.1, 0.5, clip_threshold=1.0, noise=DPNoise(epsilon=0.01, delta=1e-3),
+                    local_dataset_size=6000)  # fmt: skip
+    alg.setup(num_clients=10, dim=5, num_rounds=500)
+    sigma = math.sqrt(500 * math.log(1e3)) / (6000 * 0.01)
+    assert alg.noise_std == pytest.approx(sigma)
+    (mech,) = alg.mechanisms()
+    assert mech.noise_multiplier == pytest.approx(sigma) and mech.sample_rate == 1 / 6000
+
+
+# ---------------------------------------------------------------------------- SoteriaFL
+@pytest.mark.parametrize("private", [False, True])
+def test_soteria_exact(private):
+    b = targets(seed=6)
+    x0 = torch.linspace(-2, 2, D, dtype=DT)
+    noise = DPNoise(noise_multiplier=0.5, seed=9) if private else None
+    alg = SoteriaFL(0.3, 0.6, clip_threshold=1.2, compressor=RandKBiased(k=2), noise=noise,
+                    batch_size=B, local_dataset_size=20, seed=4)  # fmt: skip
+    xs, _ = run(alg, b, x0)
+    std = 0.5 * 2 * 1.2 if private else 0.0  # b > 1: sensitivity 2G
+    ref = ref_soteria(b, x0, 0.3, 0.6, 1.2, keep=2 / D, std=std, comp_seed=4, noise_seed=9)
+    assert_close_all(xs, ref)
+
+
+# ---------------------------------------------------------------------------- validation
+@pytest.mark.parametrize(
+    "factory, message",
+    [
+        (lambda: PORTER(0.1, 0.0, option="gc"), "consensus_step_size"),
+        (lambda: PORTER(-0.1, 0.5, option="gc"), "step_size"),
+        (lambda: PORTER(0.1, 0.5, option="sgd"), "option"),
+        (lambda: PORTER(0.1, 0.5, option="gc", clipping="hard"), "clipping"),
+        (lambda: PORTER(0.1, 0.5, option="gc", clip_threshold=0), "clip_threshold"),
+        (lambda: PORTER(0.1, 0.5, option="dp"), "noise"),
+        (lambda: PORTER(0.1, 0.5, option="dp", noise=DPNoise(epsilon=1.0)), "local_dataset_size"),
+        (lambda: PORTER(0.1, 0.5, option="gc", noise=DPNoise(epsilon=1.0)), "noise"),
+        (lambda: PORTER(0.1, 0.5, option="gc", batch_size=0), "batch_size"),
+        (
+            lambda: PORTER(0.1, 0.5, option="gc", batch_size=4, local_dataset_size=2),
+            "local_dataset_size",
+        ),
+        (lambda: PORTER(0.1, 0.5, option="gc", topology="ring"), "topology"),
+        (lambda: BEER(0.1, 0.5, compressor="randk"), "compressor"),
+        (lambda: SoteriaFL(0.1, 0.0), "shift_step_size"),
+        (lambda: SoteriaFL(0.1, 0.5, noise=DPNoise(epsilon=1.0)), "local_dataset_size"),
+        (lambda: SoteriaFL(0.1, 0.5, clip_threshold=-1), "clip_threshold"),
+    ],
+)
+def test_bad_arguments(factory, message):
+    with pytest.raises(ValueError, match=message):
+        factory()
+
+
+def test_porter_dp_checks_the_batch_size_every_round():
+    alg = PORTER(0.1, 0.5, option="dp", noise=DPNoise(noise_multiplier=1.0), batch_size=2,
+                 local_dataset_size=10, topology=Topology(graph="ring"))  # fmt: skip
+    alg.setup(num_clients=N, dim=D, num_rounds=3, dtype=DT)
+    with pytest.raises(ValueError, match="batch_size=2"):
+        alg.step(torch.zeros(D, dtype=DT), grad_fn_for(targets(rounds=1)[0]))  # B = 3
