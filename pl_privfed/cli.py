@@ -4,7 +4,9 @@
 command line (``--model.algorithm.init_args.beta 0.1``); ``--print_config`` shows the resolved
 config; ``validate`` and ``test`` evaluate a checkpoint (``--ckpt_path``). ``pl-privfed sweep
 <sweep.yaml>`` runs a grid sweep file locally (:mod:`pl_privfed.sweep`) and ``pl-privfed report
-<results.csv>`` draws its figures and table (:mod:`pl_privfed.report`).
+<results.csv>`` draws its figures and table (:mod:`pl_privfed.report`); ``pl-privfed compare
+<a/results.csv> <b/results.csv> --out DIR`` draws the best run of each sweep against rounds and
+bits.
 """
 
 from __future__ import annotations
@@ -167,14 +169,32 @@ def _report_main(args: list[str]) -> int:
     return 0
 
 
+def _compare_main(args: list[str]) -> int:
+    from pl_privfed.report import compare_methods
+
+    parser = argparse.ArgumentParser(
+        prog="pl-privfed compare",
+        description="The best run of each sweep side by side, against rounds and against bits "
+        "(train utility ||∇f(x̄)||² and test accuracy, paper 001 Figs. 2-3).",
+    )
+    parser.add_argument("results", nargs="+", help="results.csv files, one sweep per method")
+    parser.add_argument("--out", required=True, help="output directory")
+    ns = parser.parse_args(args)
+    for path in compare_methods(ns.results, ns.out):
+        print(path)
+    return 0
+
+
 def main(args: list[str] | None = None) -> None:
-    """Console entry point: LightningCLI subcommands (fit, validate, test, ...), plus ``sweep``
-    and ``report``."""
+    """Console entry point: LightningCLI subcommands (fit, validate, test, ...), plus ``sweep``,
+    ``report`` and ``compare``."""
     argv = list(sys.argv[1:] if args is None else args)
     if argv and argv[0] == "sweep":
         raise SystemExit(_sweep_main(argv[1:]))
     if argv and argv[0] == "report":
         raise SystemExit(_report_main(argv[1:]))
+    if argv and argv[0] == "compare":
+        raise SystemExit(_compare_main(argv[1:]))
     PrivFedCLI(args=args)
 
 

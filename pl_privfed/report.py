@@ -11,7 +11,15 @@ Only finished runs are drawn. :func:`make_report` writes
   of x, from the runs' ``curves.csv`` (paper 002 Figs. 3, 9, 13);
 * ``table.md`` and ``table.csv``: method, β, γ (and every other varying parameter), final and
   best test accuracy, ε where present, sorted by method then best accuracy (paper 002 Tables 7
-  and 10).
+  and 10);
+* ``rounds_to_target.png`` when the runs measured the full-gradient norm
+  (:class:`~pl_privfed.callbacks.GradientNorm`): the fewest rounds to reach the target against
+  the clipping threshold, one line per number of local steps, one panel per number of classes
+  per client, the step sizes tuned (minimum over the other parameters), as in paper 003
+  Figs. 1–2;
+* ``accuracy_vs_transmissions.png`` when the participation probability varies: test accuracy of
+  the best run per ``p`` against the total client-to-server transmissions ``k · p · M`` (measured:
+  round × the run's transmissions per round), as in paper 004 Fig. 2.
 """
 
 from __future__ import annotations
@@ -32,7 +40,7 @@ from matplotlib.ticker import MaxNLocator
 from pl_privfed.callbacks.summary import finite_float
 from pl_privfed.sweep import RESULT_COLUMNS
 
-__all__ = ["load_results", "make_report"]
+__all__ = ["compare_methods", "load_results", "make_report"]
 
 _NOT_PARAMETERS = {"run", "status", "run_dir", *RESULT_COLUMNS}
 _SYMBOLS = {"beta": "β", "step_size": "γ", "alpha": "α", "epsilon": "ε", "delta": "δ"}
@@ -70,14 +78,18 @@ def _run_dir(row: dict[str, str], results_csv: Path) -> Path:
     return results_csv.parent / "runs" / (row.get("run") or "")
 
 
+def _summary(run_dir: Path) -> dict:
+    try:
+        data = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
 def _method(row: dict[str, str], run_dir: Path) -> str:
     """The algorithm's class name from the run's ``summary.json`` (+ " + server norm")."""
     name, server_norm = "?", row.get(_SERVER_NORM) == "true"
-    try:
-        summary = json.loads((run_dir / "summary.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        summary = {}
-    summary = summary if isinstance(summary, dict) else {}
+    summary = _summary(run_dir)
     config = summary.get("config")
     model = config.get("model") if isinstance(config, dict) else None
     algorithm = model.get("algorithm") if isinstance(model, dict) else None
@@ -356,4 +368,184 @@ def make_report(
     lines += ["| " + " | ".join(cells_) + " |" for _, cells_ in table]
     (out / "table.md").write_text("\n".join(lines) + "\n")
     written += [out / "table.md", out / "table.csv"]
+    if any(finite_float(r.get("final_full_grad_norm")) is not None for r in rows):
+        written.append(_rounds_to_target_figure(out / "rounds_to_target.png", rows, params))
+    participation = next((c for c in _PARTICIPATION if c in varying), None)
+    if participation is not None:
+        path = _transmissions_figure(
+            out / "accuracy_vs_transmissions.png", rows, participation, results_csv
+        )
+        if path is not None:
+            written.append(path)
+    return written
+
+
+_PARTICIPATION = ("participation_prob", "probability", "cohort_size")
+_CLIP = ("clip_threshold", "threshold")
+_STEPS = ("steps", "local_batches")
+_FACETS = ("classes_per_client", "concentration")
+
+
+def _none_last(text: str) -> tuple:
+    return (1, 0.0, "") if text in ("null", "None", "") else (0, *_order(text)[1:])
+
+
+def _rounds_to_target_figure(path: Path, rows: list[dict[str, str]], params: list[str]) -> Path:
+    """Paper 003 Figs. 1-2: fewest rounds to the gradient-norm target against the clipping
+    threshold (``null`` = no clipping, drawn last as "none"), one line per local-step count, one
+    panel per heterogeneity level; runs that never reached it are drawn as × at the top."""
+    x = next((c for c in _CLIP if c in params), None) or params[0]
+    series = next((c for c in _STEPS if c in params and c != x), None)
+    facet = next((c for c in _FACETS if c in params and c not in (x, series)), None)
+    facets = sorted({r.get(facet, "") for r in rows}, key=_order) if facet else [""]
+    xs = sorted({r[x] for r in rows}, key=_none_last)
+    ceiling = max((finite_float(r.get("rounds")) or 0.0 for r in rows), default=1.0)
+    fig = Figure(figsize=(4.6 * len(facets), 3.6), layout="constrained")
+    for k, fv in enumerate(facets):
+        ax = fig.add_subplot(1, len(facets), k + 1)
+        members = [r for r in rows if not facet or r.get(facet) == fv]
+        for sv in sorted({r.get(series, "") for r in members} if series else {""}, key=_order):
+            best: list[float] = []
+            for xv in xs:
+                cell = [r for r in members if r[x] == xv and (not series or r.get(series) == sv)]
+                reached = [finite_float(r.get("rounds_to_target")) for r in cell]
+                reached = [v for v in reached if v is not None]
+                best.append(min(reached) if reached else math.nan)
+            label = f"{_symbol(series)}={sv}" if series else None
+            line = ax.plot(range(len(xs)), best, marker="o", label=label)[0]
+            missing = [i for i, v in enumerate(best) if math.isnan(v)]
+            ax.plot(missing, [ceiling] * len(missing), "x", color=line.get_color())
+        ax.set_xticks(range(len(xs)), [("none" if v in ("null", "None") else v) for v in xs])
+        ax.set_xlabel(f"{_symbol(x)} (clipping threshold)" if x in _CLIP else _symbol(x))
+        ax.set_ylabel("rounds to target")
+        ax.set_title(f"{facet}={fv}" if facet else "rounds to ||∇f|| target", fontsize=9)
+        ax.grid(alpha=0.3)
+        if series:
+            ax.legend(fontsize=7)
+    fig.savefig(path, dpi=120)
+    return path
+
+
+def _transmissions_figure(
+    path: Path, rows: list[dict[str, str]], column: str, results_csv: Path
+) -> Path | None:
+    """Paper 004 Fig. 2: test accuracy of the best run per participation value against the
+    cumulative client-to-server transmissions."""
+    fig = Figure(figsize=(5.5, 4), layout="constrained")
+    ax = fig.add_subplot(1, 1, 1)
+    for value in sorted({r[column] for r in rows}, key=_order):
+        best = _best((r for r in rows if r[column] == value), "best_test_accuracy")
+        if best is None:
+            continue
+        sent, rounds = finite_float(best.get("client_transmissions")), finite_float(best["rounds"])
+        curve = sorted(_read_curves(_run_dir(best, results_csv)).get("test/acc", []))
+        if not curve or not sent or not rounds:
+            continue
+        per_round = sent / rounds
+        ax.plot([k * per_round for k, _ in curve], [v for _, v in curve], marker=".",
+                label=f"{column}={value}")  # fmt: skip
+    if not ax.lines:
+        return None
+    ax.set_xlabel("client-to-server transmissions (k · p · M)")
+    ax.set_ylabel("test accuracy")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.savefig(path, dpi=120)
+    return path
+
+
+def _sent_bits_per_round(summary: dict) -> float | None:
+    """Mean bits one agent or client *sends* per round: the per-agent totals of every channel but
+    the server's broadcast, divided by the rounds run."""
+    totals = summary.get("communication_total_bits_per_agent")
+    rounds = finite_float(summary.get("rounds"))
+    if not isinstance(totals, dict) or not rounds:
+        return None
+    sent = [finite_float(v) for k, v in totals.items() if k != "server_to_client"]
+    sent = [v for v in sent if v is not None]
+    return sum(sent) / rounds if sent else None
+
+
+def compare_methods(
+    results_csvs: Sequence[str | os.PathLike],
+    out_dir: str | os.PathLike,
+    *,
+    metric: str = "best_test_accuracy",
+) -> list[Path]:
+    """Side by side, the best run of each sweep against rounds and against bits (paper 001 §5).
+
+    One sweep per method (e.g. ``paper001_a9a_porter_dp_eps0.01`` and
+    ``paper001_a9a_soteriafl_eps0.01``, each tuning its step sizes). From each ``results.csv`` the
+    finished run with the highest ``metric`` is drawn, as paper 001 Figs. 2–3 draw the best-tuned
+    runs: the train utility ``||∇f(x̄)||²`` (from the run's
+    :class:`~pl_privfed.callbacks.GradientNorm` history, at the agents' average for a
+    decentralized method) and the test accuracy (``curves.csv``), each against the round and
+    against the bits one agent sent. The bits axis is ``round ×`` the run's mean bits sent per
+    agent per round (the per-agent totals of ``summary.json`` over the rounds run: every channel
+    but the server's broadcast down), so curves of methods with different message sizes can be
+    compared. Writes ``comparison.png`` and ``comparison.csv`` (method, the best run's
+    parameters, final accuracy, final utility, bits sent per agent, ε).
+
+    Raises:
+        ValueError: with fewer than one results file, or a file without a finished run.
+    """
+    if not results_csvs:
+        raise ValueError("compare_methods needs at least one results.csv")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    fig = Figure(figsize=(10, 7), layout="constrained")
+    axes = [fig.add_subplot(2, 2, k + 1) for k in range(4)]
+    table: list[list[str]] = []
+    for path in map(Path, results_csvs):
+        header, rows = _read_csv(path)
+        best = _best((r for r in rows if r.get("status") == "finished"), metric)
+        if best is None:
+            raise ValueError(f"{path} has no finished run with a {metric} value")
+        run_dir = _run_dir(best, path)
+        summary = _summary(run_dir)
+        params = [c for c in header if c not in _NOT_PARAMETERS and len({r[c] for r in rows}) > 1]
+        setting = ", ".join(f"{_symbol(c)}={best[c]}" for c in params)
+        label = f"{_method(best, run_dir)} ({setting})" if setting else _method(best, run_dir)
+        per_round = _sent_bits_per_round(summary)
+        history = (summary.get("full_grad_norm") or {}).get("history") or []
+        utility = [(int(r), float(v) ** 2) for r, v in history]
+        accuracy = sorted(_read_curves(run_dir).get("test/acc", []))
+        color = None
+        for k, curve in enumerate((utility, utility, accuracy, accuracy)):
+            against_bits = k % 2 == 1
+            if not curve or (against_bits and per_round is None):
+                continue
+            xs = [r * per_round if against_bits else r for r, _ in curve]
+            line = axes[k].plot(xs, [v for _, v in curve], label=label, color=color)[0]
+            color = line.get_color()
+        utility_final = utility[-1][1] if utility else None
+        eps = finite_float(best.get("epsilon"))
+        final = finite_float(best.get("final_test_accuracy"))
+        total = None if per_round is None else per_round * finite_float(summary.get("rounds"))
+        table.append(
+            [
+                label,
+                "" if final is None else f"{100 * final:.2f}",
+                "" if utility_final is None else f"{utility_final:.4g}",
+                "" if total is None else f"{total:.4g}",
+                "" if eps is None else f"{eps:.3g}",
+            ]
+        )
+    titles = ("train utility ||∇f(x̄)||²", "test accuracy")
+    for k, ax in enumerate(axes):
+        ax.set_title(titles[k // 2], fontsize=9)
+        ax.set_xlabel("bits sent per agent" if k % 2 else "round")
+        ax.grid(alpha=0.3)
+        if k < 2 and ax.lines:
+            ax.set_yscale("log")
+    if axes[0].lines or axes[2].lines:
+        (axes[0] if axes[0].lines else axes[2]).legend(fontsize=7)
+    written = [out / "comparison.png", out / "comparison.csv"]
+    fig.savefig(written[0], dpi=120)
+    with written[1].open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(
+            ["method", "final accuracy (%)", "final utility", "bits sent per agent", "ε"]
+        )
+        writer.writerows(table)
     return written

@@ -52,6 +52,9 @@ RESULT_COLUMNS = (
     "epsilon",
     "rounds",
     "wall_time_s",
+    "rounds_to_target",
+    "final_full_grad_norm",
+    "client_transmissions",
 )
 _RESERVED = {"run", "status", "run_dir", *RESULT_COLUMNS}
 _DROPPED = {"${env}", "${interpreter}", "${program}"}
@@ -211,7 +214,9 @@ def write_results(sweep: Sweep, out_dir: str | os.PathLike) -> Path:
 
     One row per grid point whose run directory holds a ``summary.json``, in grid order, with
     the columns ``run, status, <parameters>, final_test_accuracy, best_test_accuracy,
-    final_train_loss, epsilon, rounds, wall_time_s, run_dir`` (missing values empty).
+    final_train_loss, epsilon, rounds, wall_time_s, rounds_to_target, final_full_grad_norm,
+    client_transmissions, run_dir`` (missing values empty; the last three come from
+    :class:`~pl_privfed.callbacks.GradientNorm` and the module's transmission count).
     """
     out_dir = Path(out_dir)
     names = column_names(list(sweep.parameters))

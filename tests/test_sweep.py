@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from pl_privfed.cli import PrivFedCLI, main
-from pl_privfed.report import make_report
+from pl_privfed.report import compare_methods, make_report
 from pl_privfed.sweep import (
     column_names,
     failed_runs,
@@ -188,7 +188,8 @@ def test_runner_contract_with_a_stand_in_interpreter(tmp_path, monkeypatch, caps
     assert [(r["run"][:4], r["status"], r["beta"], r["c"]) for r in table] == [
         ("0000", "finished", "0.5", "true"), ("0001", "failed: ValueError", "-1", "true")]  # fmt: skip
     assert list(table[0]) == ["run", "status", "beta", "c", "final_test_accuracy",
-        "best_test_accuracy", "final_train_loss", "epsilon", "rounds", "wall_time_s", "run_dir"]  # fmt: skip
+        "best_test_accuracy", "final_train_loss", "epsilon", "rounds", "wall_time_s",
+        "rounds_to_target", "final_full_grad_norm", "client_transmissions", "run_dir"]  # fmt: skip
     assert table[0]["epsilon"] == "" and failed_runs(path) == [table[1]["run"]]
     out = capsys.readouterr().out
     assert "[1/2]" in out and "[2/2]" in out and "finished" in out and "failed" in out
@@ -413,17 +414,127 @@ def test_shipped_sweeps_are_accepted_by_the_cli(path, tmp_path, monkeypatch):
         assert args[0] == "fit"
         cli = PrivFedCLI(args=[*args[1:], "--trainer.logger=false"], run=False)
         for key, value in params.items():
-            obj = {"model": cli.model, "trainer": cli.trainer}[key.split(".")[0]]
+            obj = {"model": cli.model, "trainer": cli.trainer, "data": cli.datamodule}[
+                key.split(".")[0]
+            ]
             attr = key.split(".")[-1]
             if key.startswith("model.algorithm"):
                 obj = cli.model.algorithm
                 if ".noise." in key:
                     obj = obj.noise
+                elif ".local_solver." in key:
+                    obj = obj.local_solver
+            elif ".partitioner." in key:
+                obj = obj.partitioner
             actual = getattr(obj, attr, None)
             if attr == "clip_threshold":
-                actual = obj.operator.threshold
+                actual = getattr(obj.operator, "threshold", None)
+                assert actual == value, (key, actual, value)  # None: no clipping
             elif attr == "scale":
                 actual = obj.scale
             if actual is not None:
                 assert actual == value, (key, actual, value)
     assert len(grid(sweep)) == math.prod(len(v) for v in sweep.parameters.values())
+
+
+# --------------------------------------------------------------------------- federated report figures
+
+
+def write_rows(path, header, rows_):
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(header)
+        writer.writerows(rows_)
+    return path
+
+
+def test_report_rounds_to_target(tmp_path):
+    """Paper 003 Figs. 1-2: rounds to the gradient-norm target against c, per τ and per classes."""
+    header = ["run", "status", "classes_per_client", "clip_threshold", "steps", "step_size",
+              "final_test_accuracy", "best_test_accuracy", "final_train_loss", "epsilon",
+              "rounds", "wall_time_s", "rounds_to_target", "final_full_grad_norm",
+              "client_transmissions", "run_dir"]  # fmt: skip
+    body, i = [], 0
+    for classes in ("1", "10"):
+        for c in ("0.5", "null"):
+            for steps in ("1", "5"):
+                for step in ("0.1", "0.2"):
+                    reached = "" if (classes == "1" and c == "0.5") else str(10 + i)
+                    body.append([f"{i:04d}-x", "finished", classes, c, steps, step, "0.5", "0.5",
+                                 "0.3", "", "100", "1.0", reached, "0.2", "1000", "missing"])  # fmt: skip
+                    i += 1
+    path = write_rows(tmp_path / "results.csv", header, body)
+    written = make_report(path, tmp_path / "report", x="clip_threshold", y="step_size")
+    assert [p.name for p in written][-1] == "rounds_to_target.png"
+    assert written[-1].stat().st_size > 1000
+
+
+def test_report_accuracy_vs_transmissions(tmp_path):
+    """Paper 004 Fig. 2: accuracy of the best run per p against k · p · M transmissions."""
+    header = ["run", "status", "step_size", "beta", "participation_prob",
+              "final_test_accuracy", "best_test_accuracy", "final_train_loss", "epsilon",
+              "rounds", "wall_time_s", "client_transmissions", "run_dir"]  # fmt: skip
+    body = []
+    for i, p in enumerate(("0.25", "0.5", "1.0")):
+        run_dir = tmp_path / "runs" / f"{i:04d}-x"
+        run_dir.mkdir(parents=True)
+        (run_dir / "curves.csv").write_text(
+            "metric,round,value\n" + "".join(f"test/acc,{k},{0.1 * k}\n" for k in (1, 2, 3))
+        )
+        body.append([run_dir.name, "finished", "0.01", "0.01", p, "0.3", "0.3", "1.0", "8.0",
+                     "4", "1.0", str(int(4 * 20 * float(p))), str(run_dir)])  # fmt: skip
+    path = write_rows(tmp_path / "results.csv", header, body)
+    written = make_report(path, tmp_path / "report")
+    assert written[-1].name == "accuracy_vs_transmissions.png" and written[-1].stat().st_size > 1000
+
+
+def fake_method_sweep(root, name, algorithm, accuracies, bits_per_round, channel):
+    """A results.csv of runs whose summary.json holds a gradient-norm history and bit totals."""
+    header = ["run", "status", "step_size", "final_test_accuracy", "best_test_accuracy",
+              "final_train_loss", "epsilon", "rounds", "wall_time_s", "run_dir"]  # fmt: skip
+    body = []
+    for i, acc in enumerate(accuracies):
+        run_dir = root / name / "runs" / f"{i:04d}"
+        run_dir.mkdir(parents=True)
+        summary = {
+            "config": {"model": {"algorithm": {"class_path": f"pl_privfed.algorithms.{algorithm}"}}},
+            "rounds": 100,
+            "communication_total_bits_per_agent": {channel: 100 * bits_per_round,
+                                                   "server_to_client": 1e9},
+            "full_grad_norm": {"history": [[0, 2.0], [50, 1.0], [100, 0.5 + i]]},
+        }  # fmt: skip
+        (run_dir / "summary.json").write_text(json.dumps(summary))
+        (run_dir / "curves.csv").write_text(
+            "metric,round,value\ntest/acc,50,0.4\ntest/acc,100,0.6\n"
+        )
+        body.append([f"{i:04d}", "finished", str(0.1 * (i + 1)), str(acc), str(acc), "0.3", "0.01",
+                     "100", "1.0", str(run_dir)])  # fmt: skip
+    return write_rows(root / name / "results.csv", header, body)
+
+
+def test_compare_methods_draws_the_best_run_of_each_sweep(tmp_path):
+    """Paper 001 Figs. 2-3: utility and accuracy of the best-tuned runs against rounds and bits."""
+    porter = fake_method_sweep(tmp_path, "porter", "PORTER", [0.7, 0.8], 64.0, "agent_to_agent")
+    soteria = fake_method_sweep(tmp_path, "soteria", "SoteriaFL", [0.6], 32.0, "client_to_server")
+    main_args = ["compare", str(porter), str(soteria), "--out", str(tmp_path / "cmp")]
+    with pytest.raises(SystemExit) as exit_:
+        main(main_args)
+    assert exit_.value.code == 0
+    assert (tmp_path / "cmp" / "comparison.png").stat().st_size > 1000
+    with (tmp_path / "cmp" / "comparison.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert [r["method"] for r in rows] == ["PORTER (γ=0.2)", "SoteriaFL"]
+    # the best PORTER run (accuracy 0.8, the second) ends at ||∇f|| = 1.5: utility 2.25
+    assert [float(r["final utility"]) for r in rows] == [2.25, 0.25]
+    # bits sent per agent: every channel but the server's broadcast
+    assert [float(r["bits sent per agent"]) for r in rows] == [6400.0, 3200.0]
+    assert [r["final accuracy (%)"] for r in rows] == ["80.00", "60.00"]
+
+
+def test_compare_methods_needs_a_finished_run(tmp_path):
+    header = ["run", "status", "step_size", "best_test_accuracy", "run_dir"]
+    path = write_rows(tmp_path / "results.csv", header, [["0000", "failed", "0.1", "", ""]])
+    with pytest.raises(ValueError, match="no finished run"):
+        compare_methods([path], tmp_path / "out")
+    with pytest.raises(ValueError, match="at least one"):
+        compare_methods([], tmp_path / "out")
