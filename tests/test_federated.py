@@ -23,7 +23,7 @@ from pl_privfed.algorithms import (
     LocalSGD,
 )
 from pl_privfed.operators import Clip, SmoothedNormalization
-from pl_privfed.privacy import DPNoise
+from pl_privfed.privacy import DPNoise, PrivacyAccountant
 from pl_privfed.sampling import BernoulliSampler, FixedSizeSampler, PoissonSampler
 
 DT = torch.float64
@@ -358,7 +358,8 @@ def test_per_sample_clipping_exact(level, c, solver, private):
                                   noise=noise)  # fmt: skip
     xs = run(alg, centers, x0, batch_size=2, local_batches=3, shuffle=True, client_sizes=[6] * 5)
     batch = 2 if solver == "sgd" else 6  # examples per local step: a minibatch, or all of them
-    sens = (c or 0) / batch if level == "example" else (c or 0)  # c/B
+    # c/B per example; the clipped minibatch mean can flip sign when B > 1: 2c
+    sens = (c or 0) / batch if level == "example" else (c or 0) * (2 if batch > 1 else 1)
     ref = ref_per_sample(centers.tolist(), x0.tolist(), eta=0.2, c=c, steps=3,
                          minibatches=solver == "sgd", level=level, rounds=ROUNDS,
                          std=0.1 * sens if noise else 0.0, noise_seed=8)  # fmt: skip
@@ -386,6 +387,57 @@ def test_per_sample_paper_calibration_counts_local_steps():
     alg.setup(num_clients=3, dim=2, num_rounds=50, dtype=DT)
     # paper 003 line 196 with batch size 1 = N (record rate 1): σ = c sqrt(Rτ log(1/δ))/ε
     assert alg.noise_std == pytest.approx(2.0 * math.sqrt(200 * math.log(1e5)) / 4.0)
+
+
+def test_per_sample_accounting_follows_how_local_steps_use_the_data():
+    """Fresh minibatches: τ releases at rate B/N; a reused batch (local GD): one release of τ
+    Gaussians (multiplier/√τ); a fixed order (IG): one release at rate 1 (no sampling)."""
+    noise = DPNoise(noise_multiplier=2.0)
+
+    def mechanisms(solver, level="example", **data_kwargs):
+        alg = FedAvgPerSampleClipping(0.1, clip_threshold=1.0, local_solver=solver,
+                                      clip_level=level, noise=noise)  # fmt: skip
+        alg.configure_data(**data_kwargs)
+        alg.setup(num_clients=4, dim=2, num_rounds=10, dtype=DT)
+        return alg, alg.mechanisms()
+
+    alg, mechs = mechanisms(LocalSGD(5), batch_size=2, local_batches=5, shuffle=True,
+                            client_sizes=[40] * 4)  # fmt: skip
+    assert len(mechs) == 5 and mechs[0].sample_rate == pytest.approx(2 / 40)
+    assert mechs[0].noise_multiplier == pytest.approx(2.0)  # std = 2 · c/B, sensitivity c/B
+    assert alg.noise_std == pytest.approx(2.0 * 1.0 / 2)
+    alg, mechs = mechanisms(LocalGD(4), batch_size=8, local_batches=1, shuffle=True,
+                            client_sizes=[40] * 4)  # fmt: skip
+    assert len(mechs) == 1 and mechs[0].sample_rate == pytest.approx(8 / 40)
+    assert mechs[0].noise_multiplier == pytest.approx(2.0 / 2)  # 2/√4
+    alg, mechs = mechanisms(IncrementalGradient(10), batch_size=1, local_batches=10,
+                            shuffle=False, client_sizes=[10] * 4)  # fmt: skip
+    assert len(mechs) == 1 and mechs[0].sample_rate == 1.0
+    assert mechs[0].noise_multiplier == pytest.approx(2.0)  # each example used once a round
+    alg, mechs = mechanisms(LocalGD(3), level="minibatch", batch_size=8, local_batches=1,
+                            shuffle=True, client_sizes=[40] * 4)  # fmt: skip
+    assert alg.accounting_sensitivity() == 2.0  # the clipped mean flips: 2c
+    assert mechs[0].noise_multiplier == pytest.approx(2.0 / math.sqrt(3))
+
+
+@pytest.mark.parametrize("solver", ["sgd", "gd", "ig"])
+def test_per_sample_target_calibration_certifies_the_target(solver):
+    """With calibration: target the accountant, fed the run's mechanisms, certifies ε."""
+    local, data_kwargs = {
+        "sgd": (LocalSGD(3), dict(batch_size=2, local_batches=3, shuffle=True)),
+        "gd": (LocalGD(3), dict(batch_size=6, local_batches=1, shuffle=True)),
+        "ig": (IncrementalGradient(20), dict(batch_size=1, local_batches=20, shuffle=False)),
+    }[solver]
+    alg = FedAvgPerSampleClipping(0.1, clip_threshold=1.0, local_solver=local,
+                                  clip_level="example",
+                                  noise=DPNoise(epsilon=2.0, delta=1e-5, calibration="target"))  # fmt: skip
+    alg.configure_data(client_sizes=[20] * 3, **data_kwargs)
+    alg.setup(num_clients=3, dim=2, num_rounds=30, dtype=DT)
+    accountant = PrivacyAccountant("rdp")
+    for _ in range(30):
+        for mech in alg.mechanisms():
+            accountant.step(noise_multiplier=mech.noise_multiplier, sample_rate=mech.sample_rate)
+    assert accountant.get_epsilon(1e-5) == pytest.approx(2.0, rel=0.02)
 
 
 def test_per_example_clipping_bounds_each_example():

@@ -15,6 +15,7 @@ LocalSolver` (per-client parameters ``[m, d]``, no loop over clients) and draws 
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Literal
 
 import torch
@@ -215,13 +216,26 @@ class FedAvgPerSampleClipping(LocalUpdateAlgorithm):
     then the server ``x ← x + (1/|S|) Σ_{i∈S} (y_i − x)`` (line 13; ``S`` all clients in the paper,
     a sampler's cohort here, normalized by the sampler's denominator).
 
-    Privacy (example-level local DP): each local step is one Gaussian mechanism with sensitivity
-    ``c`` (``"minibatch"``: any one example can change the clipped minibatch gradient entirely) or
-    ``c/B`` (``"example"``: one example moves the average of ``B`` clipped gradients by at most
-    ``c/B``), doubled under replace-one, at sampling rate ``q_client · B/N`` (``B`` the batch,
-    ``N`` the smallest shard; the minibatches are drawn by shuffling, analysed as Poisson
-    sampling). The paper calibration's ``K`` counts local steps (``R τ``), so with batch size 1
-    it is paper 003's ``σ_DP² = c² d log(1/δ) T / (N² ε²)`` (line 196).
+    Privacy (example-level local DP). Sensitivity of one noised local step: ``c/B``
+    (``"example"``: one example moves the average of ``B`` clipped gradients by at most ``c/B``;
+    ``2c/B`` under replace-one); ``"minibatch"`` with ``B = 1``: ``c`` (``2c`` replace-one); with
+    ``B > 1``: ``2c`` under either relation (one example can turn the clipped mean ``c·u`` into
+    ``−c·u``). How the local steps compose depends on the data they use:
+
+    * :class:`~pl_privfed.algorithms.LocalSGD` on shuffled data: every step a fresh minibatch,
+      ``τ`` releases per round, each at rate ``q_client · B/N`` (``N`` the smallest shard;
+      shuffling without replacement analysed as Poisson sampling, as Opacus does);
+    * :class:`~pl_privfed.algorithms.LocalGD`: the round's batch (``b`` examples) is reused by all
+      ``τ`` steps — one release per round of ``τ`` Gaussians on the same sample, i.e. noise
+      multiplier ``σ/(sens·√τ)``, at rate ``q_client · min(1, b/N)`` (``q_client`` alone when
+      the data is not shuffled);
+    * a fixed order (``shuffle: false``, e.g. :class:`~pl_privfed.algorithms.IncrementalGradient`):
+      no record sampling; an example is used by at most ``u = ⌈τB/N⌉`` steps of a round, so one
+      release per round with multiplier ``σ/(sens·√u)`` at rate ``q_client``.
+
+    ``calibration: "target"`` solves for that accounting; ``calibration: "paper"`` is paper
+    003's formula, whose ``K`` counts local steps (``R τ``) at bound ``c/B`` (``"example"``) or
+    ``c``: with batch size 1 it is ``σ_DP² = c² d log(1/δ) T / (N² ε²)`` (line 196).
 
     Args:
         step_size: ``η > 0``, the local step size (and, through line 13, the server's).
@@ -251,8 +265,12 @@ class FedAvgPerSampleClipping(LocalUpdateAlgorithm):
         self.clip_level = clip_level
         self.operator: Operator = Clip(clip_threshold) if clip_threshold is not None else Identity()
         self.clip_threshold = None if clip_threshold is None else float(clip_threshold)
-        self.batch_size = 1
-        self.record_rate = 1.0
+        self.batch_size = 1  # B, examples per local step (set by configure_data)
+        self.record_rate = 1.0  # probability that an example is in a release
+        # releases per round, and local steps a release's example is used by (see docstring)
+        steps = self.local_solver.steps
+        per_step = self.local_solver.per_step_batches
+        self.releases_per_round, self.uses_per_release = (steps, 1) if per_step else (1, steps)
 
     def operators(self) -> list[Operator]:
         return [self.operator]
@@ -260,10 +278,15 @@ class FedAvgPerSampleClipping(LocalUpdateAlgorithm):
     def message_bound(self) -> float | None:
         return self.operator.bound
 
-    def accounting_sensitivity(self) -> float:
+    def record_bound(self) -> float:
+        """What one example adds to a noised step before the relation: ``c/B`` or ``c``."""
         per_example = self.clip_level == "example"
-        scale = 1.0 / self.batch_size if per_example else 1.0
-        return self.message_bound() * scale * self.noise.sensitivity_factor
+        return self.message_bound() / (self.batch_size if per_example else 1)
+
+    def accounting_sensitivity(self) -> float:
+        if self.clip_level == "minibatch" and self.batch_size > 1:
+            return 2.0 * self.message_bound()  # the clipped mean can flip: c·u → −c·u
+        return self.record_bound() * self.noise.sensitivity_factor
 
     def configure_data(self, *, batch_size, local_batches, shuffle, client_sizes) -> None:
         super().configure_data(
@@ -273,10 +296,18 @@ class FedAvgPerSampleClipping(LocalUpdateAlgorithm):
             client_sizes=client_sizes,
         )
         # examples per local step: one minibatch each (LocalSGD), or all the round's data
-        per_step = 1 if self.local_solver.per_step_batches else local_batches
-        self.batch_size = int(batch_size) * per_step
-        smallest = min(client_sizes) if client_sizes else self.batch_size
-        self.record_rate = min(1.0, self.batch_size / max(1, smallest))
+        steps, per_step = self.local_solver.steps, self.local_solver.per_step_batches
+        self.batch_size = int(batch_size) * (1 if per_step else local_batches)
+        smallest = max(1, min(client_sizes) if client_sizes else self.batch_size)
+        if not shuffle:  # a fixed order: no record sampling
+            self.record_rate = 1.0
+            self.releases_per_round = 1
+            self.uses_per_release = (
+                math.ceil(steps * self.batch_size / smallest) if per_step else steps
+            )
+        else:
+            self.record_rate = min(1.0, self.batch_size / smallest)
+            self.releases_per_round, self.uses_per_release = (steps, 1) if per_step else (1, steps)
 
     @property
     def sample_rate(self) -> float:
@@ -284,18 +315,33 @@ class FedAvgPerSampleClipping(LocalUpdateAlgorithm):
 
     def setup(self, **kwargs: Any) -> None:
         super().setup(**kwargs)
-        if self.noise is not None:  # the calibration's K counts the R·τ local steps
-            steps = self.local_solver.steps
-            noise = dataclasses.replace(self.noise, rounds=None)
+        if self.noise is None or self.noise.noise_multiplier is not None:
+            return
+        rounds = self.noise.rounds or self.num_rounds
+        noise = dataclasses.replace(self.noise, rounds=None)
+        if self.noise.calibration == "paper":  # paper 003: K counts the R·τ local steps
             self.noise_std = noise.std(
-                bound=self.message_bound(),
+                bound=self.record_bound(),
                 sensitivity=self.accounting_sensitivity(),
-                rounds=(self.noise.rounds or self.num_rounds) * steps,
+                rounds=rounds * self.local_solver.steps,
+                sample_rate=self.sample_rate,
+            )
+        else:  # the accountant's releases: multiplier/√uses each, releases_per_round per round
+            self.noise_std = math.sqrt(self.uses_per_release) * noise.std(
+                bound=self.record_bound(),
+                sensitivity=self.accounting_sensitivity(),
+                rounds=rounds * self.releases_per_round,
                 sample_rate=self.sample_rate,
             )
 
     def mechanisms(self) -> list[Mechanism]:
-        return super().mechanisms() * self.local_solver.steps  # one release per local step
+        if self.noise is None:
+            return []
+        multiplier = self.noise_std / (
+            self.accounting_sensitivity() * math.sqrt(self.uses_per_release)
+        )
+        mechanism = Mechanism(multiplier, self.sample_rate, self.privacy_unit)
+        return [mechanism] * self.releases_per_round
 
     def round(self, x: Tensor, grad_fn: GradFn) -> RoundResult:
         idx, denom = self._cohort()
