@@ -100,6 +100,7 @@ class FederatedModule(pl.LightningModule):
         self._last_round = None
         self.local_batches = 1
         self.client_transmissions = 0
+        self._output_report: dict[str, Any] | None = None
 
     # ------------------------------------------------------------------ setup
     def _num_rounds(self) -> int:
@@ -252,8 +253,57 @@ class FederatedModule(pl.LightningModule):
         self.log("comm/client_transmissions_total", float(self.client_transmissions))
 
     def summary_entries(self) -> dict[str, Any]:
-        """Entries for ``summary.json``: the total client-to-server transmissions."""
-        return {"client_transmissions": self.client_transmissions}
+        """Entries for ``summary.json``: the total client-to-server transmissions, and for an
+        algorithm with a sampled output iterate (paper 001 Algorithm 1 line 16) where it came
+        from and how it does on the test set (:meth:`evaluate_output_iterate`)."""
+        entries: dict[str, Any] = {"client_transmissions": self.client_transmissions}
+        if self._output_report is not None:
+            entries["output_iterate"] = self._output_report
+        return entries
+
+    @override
+    def on_train_end(self) -> None:
+        if callable(getattr(self.algorithm, "output", None)) and self.algorithm.rounds_done > 0:
+            self._output_report = self.evaluate_output_iterate()
+
+    @torch.no_grad()
+    def evaluate_output_iterate(self) -> dict[str, Any]:
+        """Test loss and accuracy at the algorithm's sampled output ``x_out`` (``output()``).
+
+        The global model (the agents' average ``x̄``, what the training curves show) is swapped
+        for ``x_out`` over the datamodule's test set, in eval mode, then restored; buffers such
+        as BatchNorm running statistics stay those of the global model.
+        """
+        out = self.algorithm.output()
+        report: dict[str, Any] = {"round": out["round"], "agent": out["agent"]}
+        datamodule = self.trainer.datamodule
+        loader = getattr(datamodule, "test_dataloader", None)
+        if not callable(loader):
+            return report
+        preprocess = getattr(datamodule, "preprocess", None)
+        x = self.layout.flatten(self.model)
+        was_training = self.model.training
+        self.layout.assign(self.model, out["params"].to(x))
+        self.model.eval()
+        total_loss, correct, count = 0.0, 0, 0
+        try:
+            for inputs, targets in loader():
+                inputs, targets = inputs.to(self.device), targets.to(self.device)
+                if callable(preprocess):
+                    inputs = preprocess(inputs, False, 0)
+                logits = self.model(inputs)
+                total_loss += float(self.criterion(logits, targets)) * len(targets)
+                if self.test_accuracy is not None:
+                    correct += int((logits.argmax(-1) == targets).sum())
+                count += len(targets)
+            regularizer = getattr(self.model, "regularizer", None)
+            reg = float(regularizer(dict(self.model.named_parameters()))) if regularizer else 0.0
+        finally:
+            self.layout.assign(self.model, x)
+            self.model.train(was_training)
+        report["test_loss"] = total_loss / max(count, 1) + reg
+        report["test_accuracy"] = correct / max(count, 1) if self.test_accuracy else None
+        return report
 
     def operator_statistics(self) -> dict[str, Tensor]:
         """The last round's operator statistics (the protocol ``OperatorStatistics`` reads)."""

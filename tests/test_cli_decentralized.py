@@ -34,7 +34,10 @@ def test_algorithm_config_runs_two_rounds(config, tmp_path, monkeypatch):
     channel = "agent_to_agent" if decentralized else "client_to_server"
     assert data["communication_total_bits_per_agent"][channel] >= 0
     assert "ceil(log2 d)" in data["communication_encoding"]
-    if decentralized:
+    if decentralized:  # the uniformly sampled output iterate (Algorithm 1 line 16), evaluated
+        out = data["output_iterate"]
+        assert out["round"] in (1, 2) and 0 <= out["agent"] < 10
+        assert 0 <= out["test_accuracy"] <= 1 and out["test_loss"] > 0
         assert {"consensus_error", "mixing_rate", "tracking_error"} <= set(data["operator_means"])
         assert 0 <= data["operator_means"]["mixing_rate"] < 1
     assert data["private"] == (config.stem in ("porter_dp", "soteriafl"))
@@ -56,13 +59,14 @@ def test_paper_001_config_runs_two_rounds(config, tmp_path, monkeypatch):
     privacy = data["privacy"]
     alg = data["config"]["model"]["algorithm"]["init_args"]
     # Theorem 1 (eq. 5): σ_p = τ sqrt(T log(1/δ))/(m ε), reported beside the accountant's ε
-    sigma = (
-        alg["clip_threshold"] * math.sqrt(1000 * math.log(1e3)) / (alg["local_dataset_size"] * 0.01)
-    )
+    m = min(data["data"]["client_sizes"])  # local_dataset_size: null takes the smallest shard
+    assert alg["local_dataset_size"] is None and m == 64  # cpu_smoke: 640 examples, 10 agents
+    sigma = alg["clip_threshold"] * math.sqrt(1000 * math.log(1e3)) / (m * 0.01)
     assert privacy["noise_std"] == pytest.approx(sigma)
     assert privacy["target_epsilon"] == 0.01 and privacy["calibration_rounds"] == 1000
     assert privacy["rounds_accounted"] == 2 and privacy["epsilon"] > 0
-    assert privacy["sample_rate"] == pytest.approx(1 / alg["local_dataset_size"])
+    assert privacy["sample_rate"] == pytest.approx(1 / m)
+    assert privacy["neighbouring_relation"] == "replace_one"  # paper 001 Def. 4
     bits = data["communication_total_bits_per_agent"]
     assert set(bits) == ({"agent_to_agent"} if "porter" in config.stem else
                          {"client_to_server", "server_to_client"})  # fmt: skip
@@ -78,10 +82,11 @@ def test_paper_001_configs_match_their_data(dataset, tmp_path, monkeypatch):
     cli.datamodule.setup("fit")
     sizes = cli.datamodule.client_sizes
     assert sizes.max() - sizes.min() <= 1  # shuffled and split evenly
+    assert sizes.min() == {"a9a": 3256, "mnist": 6000}[dataset]  # the m of the comments
     for config in configs:
         spec = yaml.safe_load(config.read_text())
         alg, data = spec["model"]["algorithm"]["init_args"], spec["data"]["init_args"]
-        assert alg["local_dataset_size"] == sizes.min(), config.name
+        assert alg["local_dataset_size"] is None, config.name  # m from the data
         assert alg["batch_size"] == data["batch_size"] == 1, config.name
         assert data == spec_data(configs[0]), config.name  # same data for both algorithms
         if "porter" in config.stem:
@@ -92,3 +97,40 @@ def test_paper_001_configs_match_their_data(dataset, tmp_path, monkeypatch):
 
 def spec_data(config):
     return yaml.safe_load(config.read_text())["data"]["init_args"]
+
+
+def test_output_iterate_is_evaluated_at_the_sampled_agent_model(tmp_path):
+    """The module evaluates x_out itself (not the average x̄) and puts x̄ back afterwards."""
+    import pytorch_lightning as pl
+    import torch
+
+    from pl_privfed import FederatedModule
+    from pl_privfed.algorithms.decentralized import BEER
+    from pl_privfed.datamodules import DigitsDataModule
+    from pl_privfed.graphs import Topology
+    from pl_privfed.models import MLP
+
+    torch.manual_seed(0)
+    dm = DigitsDataModule(num_clients=5, batch_size=16)
+    module = FederatedModule(MLP(64, [16], 10),
+                             BEER(0.5, 0.3, topology=Topology(graph="ring")))  # fmt: skip
+    pl.Trainer(accelerator="cpu", max_steps=6, logger=False, enable_checkpointing=False,
+               enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
+               default_root_dir=tmp_path).fit(module, datamodule=dm)  # fmt: skip
+    out = module.algorithm.output()
+    report = module.summary_entries()["output_iterate"]
+    assert (report["round"], report["agent"]) == (out["round"], out["agent"])
+    x_bar = module.layout.flatten(module.model)
+    torch.testing.assert_close(x_bar, module.algorithm.agent_params.mean(0))  # restored
+    model = MLP(64, [16], 10)
+    module.layout.assign(model, out["params"])
+    batches = list(dm.test_dataloader())
+    inputs = torch.cat([x for x, _ in batches])
+    targets = torch.cat([y for _, y in batches])
+    with torch.no_grad():
+        logits = model(inputs)
+    accuracy = (logits.argmax(-1) == targets).float().mean().item()
+    loss = torch.nn.functional.cross_entropy(logits, targets).item()
+    assert report["test_accuracy"] == pytest.approx(accuracy)
+    assert report["test_loss"] == pytest.approx(loss, rel=1e-5)
+    assert not torch.equal(out["params"], x_bar)  # the agents disagree: a real check

@@ -389,7 +389,6 @@ def test_soteria_exact(private):
         (lambda: PORTER(0.1, 0.5, option="gc", clipping="hard"), "clipping"),
         (lambda: PORTER(0.1, 0.5, option="gc", clip_threshold=0), "clip_threshold"),
         (lambda: PORTER(0.1, 0.5, option="dp"), "noise"),
-        (lambda: PORTER(0.1, 0.5, option="dp", noise=DPNoise(epsilon=1.0)), "local_dataset_size"),
         (lambda: PORTER(0.1, 0.5, option="gc", noise=DPNoise(epsilon=1.0)), "noise"),
         (lambda: PORTER(0.1, 0.5, option="gc", batch_size=0), "batch_size"),
         (
@@ -399,13 +398,42 @@ def test_soteria_exact(private):
         (lambda: PORTER(0.1, 0.5, option="gc", topology="ring"), "topology"),
         (lambda: BEER(0.1, 0.5, compressor="randk"), "compressor"),
         (lambda: SoteriaFL(0.1, 0.0), "shift_step_size"),
-        (lambda: SoteriaFL(0.1, 0.5, noise=DPNoise(epsilon=1.0)), "local_dataset_size"),
         (lambda: SoteriaFL(0.1, 0.5, clip_threshold=-1), "clip_threshold"),
     ],
 )
 def test_bad_arguments(factory, message):
     with pytest.raises(ValueError, match=message):
         factory()
+
+
+DP_FACTORIES = {
+    "porter_dp": lambda **kw: PORTER(0.1, 0.5, option="dp", noise=DPNoise(epsilon=1.0), **kw),
+    "soteriafl": lambda **kw: SoteriaFL(0.1, 0.5, noise=DPNoise(epsilon=1.0), **kw),
+}
+
+
+@pytest.mark.parametrize("name", list(DP_FACTORIES))
+def test_record_sampling_takes_m_from_the_data_and_checks_b(name):
+    """m defaults to the smallest shard; a larger m or a b the data does not deliver is refused
+    before training; without data or m the noise cannot be calibrated."""
+    make = DP_FACTORIES[name]
+    data = dict(batch_size=2, local_batches=1, shuffle=True, client_sizes=[40, 37, 41])
+    alg = make(batch_size=2)
+    alg.configure_data(**data)
+    alg.setup(num_clients=3, dim=D, num_rounds=10, dtype=DT)
+    assert alg.local_dataset_size == 37 and alg.sample_rate == pytest.approx(2 / 37)
+    assert alg.mechanisms()[0].sample_rate == pytest.approx(2 / 37)
+    alg = make(batch_size=2, local_dataset_size=30)  # smaller: conservative, kept
+    alg.configure_data(**data)
+    assert alg.local_dataset_size == 30
+    with pytest.raises(ValueError, match="local_dataset_size=38"):
+        make(batch_size=2, local_dataset_size=38).configure_data(**data)
+    with pytest.raises(ValueError, match="batch_size=1"):
+        make(batch_size=1).configure_data(**data)
+    with pytest.raises(ValueError, match="shuffle"):
+        make(batch_size=2).configure_data(**{**data, "shuffle": False})
+    with pytest.raises(ValueError, match="local_dataset_size"):
+        make(batch_size=2).setup(num_clients=3, dim=D, num_rounds=10, dtype=DT)
 
 
 def test_porter_dp_checks_the_batch_size_every_round():

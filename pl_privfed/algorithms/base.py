@@ -26,8 +26,10 @@ __all__ = [
     "FederatedAlgorithm",
     "GradFn",
     "Mechanism",
+    "RecordSampling",
     "RoundResult",
     "check_positive",
+    "check_positive_int",
     "noise_to_signal",
     "operator_metrics",
 ]
@@ -42,6 +44,13 @@ def check_positive(name: str, value: float) -> float:
     if not math.isfinite(value) or value <= 0:
         raise ValueError(f"{name} must be a positive finite number, got {value!r}")
     return float(value)
+
+
+def check_positive_int(name: str, value: object) -> int:
+    """Return ``value``, or raise ``ValueError`` naming ``name`` if it is not an integer >= 1."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return value
 
 
 def operator_metrics(inputs: Tensor, outputs: Tensor) -> dict[str, Tensor]:
@@ -234,3 +243,64 @@ class FederatedAlgorithm(nn.Module):
             if name not in self._generators:
                 raise KeyError(f"checkpoint has generator {name!r} that this algorithm lacks")
             self._generators[name].set_state(gen_state)
+
+
+class RecordSampling:
+    """Mixin for record-level local DP: each agent noises the average of ``b`` of its ``m`` records.
+
+    The accountant sees one release per round at the sampling rate ``q = b/m`` (shuffled
+    minibatches analysed as Poisson sampling). ``m`` (``local_dataset_size``) defaults to the
+    smallest shard of the datamodule (the conservative rate); given explicitly it may not exceed
+    that shard, and ``b`` must be the examples per agent and round the datamodule delivers — both
+    checked before training (:meth:`configure_data`), so a run's ε cannot silently assume the
+    wrong rate.
+    """
+
+    batch_size: int
+    local_dataset_size: int | None
+
+    def _init_record_sampling(self, batch_size: int, local_dataset_size: int | None) -> None:
+        self.batch_size = check_positive_int("batch_size", batch_size)
+        if local_dataset_size is not None:
+            check_positive_int("local_dataset_size", local_dataset_size)
+            if local_dataset_size < self.batch_size:
+                raise ValueError(
+                    f"local_dataset_size must be >= batch_size={self.batch_size}, "
+                    f"got {local_dataset_size!r}"
+                )
+        self.local_dataset_size = local_dataset_size
+
+    def configure_data(
+        self, *, batch_size: int, local_batches: int, shuffle: bool, client_sizes: list[int]
+    ) -> None:
+        """Check ``b`` against the data and take ``m`` from it (called before training)."""
+        if self.noise is None:
+            return
+        delivered = int(batch_size) * int(local_batches)
+        if delivered != self.batch_size:
+            raise ValueError(
+                f"batch_size={self.batch_size} (b: the sensitivity and the sampling rate b/m) but "
+                f"the datamodule delivers {delivered} examples per agent and round: set the "
+                f"algorithm's batch_size: {delivered} or the data's batch_size: {self.batch_size}"
+            )
+        if not shuffle:
+            raise ValueError("record-level sampling needs shuffled data, got shuffle=False")
+        smallest = min(int(v) for v in client_sizes)
+        if self.local_dataset_size is None:
+            self.local_dataset_size = smallest
+        elif self.local_dataset_size > smallest:
+            raise ValueError(
+                f"local_dataset_size={self.local_dataset_size} (m) is more than the smallest "
+                f"shard ({smallest} records): the rate b/m would understate that agent's "
+                "privacy loss; leave it null to take the smallest shard"
+            )
+
+    @property
+    def record_rate(self) -> float:
+        """``q = b/m``."""
+        if self.local_dataset_size is None:
+            raise ValueError(
+                "record-level noise needs local_dataset_size (m, records per agent): give it, "
+                "or train through FederatedModule, which takes the smallest shard of the data"
+            )
+        return self.batch_size / self.local_dataset_size

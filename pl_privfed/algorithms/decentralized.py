@@ -25,6 +25,7 @@ from torch import Tensor
 from pl_privfed.algorithms.base import (
     FederatedAlgorithm,
     GradFn,
+    RecordSampling,
     RoundResult,
     check_positive,
     noise_to_signal,
@@ -39,12 +40,6 @@ __all__ = ["BEER", "PORTER", "ClippingName", "DecentralizedAlgorithm", "PorterOp
 
 ClippingName = Literal["smooth", "linear", "none"]
 PorterOption = Literal["dp", "gc"]
-
-
-def _positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return value
 
 
 def clipping_operator(clipping: ClippingName, threshold: float) -> Operator:
@@ -161,7 +156,7 @@ class DecentralizedAlgorithm(FederatedAlgorithm):
         }
 
 
-class PORTER(DecentralizedAlgorithm):
+class PORTER(RecordSampling, DecentralizedAlgorithm):
     r"""PORTER (paper 001, ``001-porter.txt`` Algorithm 1, lines 167–183).
 
     Initialization (line 169): ``V = Q_v = G_p = 0``, ``Q_x = X = x̄⁰ 1ᵀ``. Round ``t``:
@@ -201,10 +196,11 @@ class PORTER(DecentralizedAlgorithm):
         topology: graph and mixing rule (paper §5: Erdős–Rényi(0.8), FDLA).
         compressor: ``C`` (default identity).
         noise: DP noise, required with ``option="dp"`` and refused with ``"gc"``.
-        batch_size: ``b``, each agent's minibatch size (PORTER-DP: checked every round against
-            the per-example gradients; it sets the sensitivity ``τ/b``).
-        local_dataset_size: ``m``, records per agent (PORTER-DP: sampling rate ``b/m``; with an
-            uneven split give the smallest shard, which is the conservative choice).
+        batch_size: ``b``, each agent's minibatch size (PORTER-DP: it sets the sensitivity
+            ``τ/b``; checked against the data before training and every round).
+        local_dataset_size: ``m``, records per agent (PORTER-DP: sampling rate ``b/m``);
+            ``None`` takes the smallest shard of the data (:class:`~pl_privfed.algorithms.base.
+            RecordSampling`).
         seed: seed of the compression and output generators.
     """
 
@@ -229,24 +225,14 @@ class PORTER(DecentralizedAlgorithm):
         self.clip_threshold = check_positive("clip_threshold", clip_threshold)
         self.clipping = clipping
         self.clip = clipping_operator(clipping, self.clip_threshold)
-        self.batch_size = _positive_int("batch_size", batch_size)
+        self._init_record_sampling(batch_size, local_dataset_size)
         if option == "dp":
             if noise is None:
                 raise ValueError("option='dp' (PORTER-DP) needs noise (paper 001 line 174)")
             if clipping == "none":
                 raise ValueError("option='dp' needs clipping 'smooth' or 'linear', got 'none'")
-            if local_dataset_size is None:
-                raise ValueError("option='dp' needs local_dataset_size (m, records per agent)")
         elif noise is not None:
             raise ValueError(f"option='gc' (PORTER-GC) adds no noise, got noise={noise!r}")
-        if local_dataset_size is not None:
-            _positive_int("local_dataset_size", local_dataset_size)
-            if local_dataset_size < self.batch_size:
-                raise ValueError(
-                    f"local_dataset_size must be >= batch_size={self.batch_size}, "
-                    f"got {local_dataset_size!r}"
-                )
-        self.local_dataset_size = local_dataset_size
 
     def extra_repr(self) -> str:
         return (
@@ -258,9 +244,7 @@ class PORTER(DecentralizedAlgorithm):
     @property
     def sample_rate(self) -> float:
         """``q = b/m`` for PORTER-DP (record-level sampling), 1 otherwise."""
-        if self.option == "dp":
-            return self.batch_size / self.local_dataset_size
-        return 1.0
+        return self.record_rate if self.option == "dp" else 1.0
 
     def message_bound(self) -> float | None:
         """PORTER-DP: ``τ/b``, one record's largest contribution to the noised average ``G_τ``."""

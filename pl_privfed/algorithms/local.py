@@ -34,6 +34,8 @@ from dataclasses import dataclass
 import numpy as np
 from torch import Tensor
 
+from pl_privfed.algorithms.base import check_positive_int
+
 __all__ = ["IncrementalGradient", "LocalGD", "LocalRun", "LocalSGD", "LocalSolver"]
 
 
@@ -52,12 +54,6 @@ class LocalRun:
     steps: int
 
 
-def _positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return value
-
-
 class LocalSolver:
     """Base class: ``steps`` local steps from ``x`` for the clients ``clients`` (all if None)."""
 
@@ -65,7 +61,7 @@ class LocalSolver:
     per_step_batches: bool = False
 
     def __init__(self, steps: int = 1) -> None:
-        self.steps = _positive_int("steps", steps)
+        self.steps = check_positive_int("steps", steps)
 
     def check_data(
         self,
@@ -154,7 +150,7 @@ class IncrementalGradient(LocalSGD):
     """
 
     def __init__(self, num_samples: int) -> None:
-        super().__init__(_positive_int("num_samples", num_samples))
+        super().__init__(check_positive_int("num_samples", num_samples))
         self.num_samples = num_samples
 
     def check_data(self, *, batch_size, local_batches, shuffle, client_sizes) -> None:

@@ -8,6 +8,7 @@ from torch import Tensor
 from pl_privfed.algorithms.base import (
     FederatedAlgorithm,
     GradFn,
+    RecordSampling,
     RoundResult,
     check_positive,
     noise_to_signal,
@@ -20,13 +21,7 @@ from pl_privfed.privacy import DPNoise
 __all__ = ["SoteriaFL"]
 
 
-def _positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return value
-
-
-class SoteriaFL(FederatedAlgorithm):
+class SoteriaFL(RecordSampling, FederatedAlgorithm):
     r"""SoteriaFL-SGD with shifted compression, as in its public reference implementation.
 
     The baseline of paper 001 §5 (``001-porter.txt`` line 293: "the state-of-the-art
@@ -60,8 +55,10 @@ class SoteriaFL(FederatedAlgorithm):
         clip_threshold: ``G > 0`` (paper 001 §5: τ = 1).
         compressor: ``C`` (default identity; paper §5: biased random sparsification).
         noise: DP noise settings or ``None``.
-        batch_size: ``b``, each client's minibatch size (sets ``q = b/m``; must match the data).
-        local_dataset_size: ``m``, records per client (required with noise).
+        batch_size: ``b``, each client's minibatch size (sets ``q = b/m``; checked against the
+            data before training).
+        local_dataset_size: ``m``, records per client; ``None`` takes the smallest shard of the
+            data (:class:`~pl_privfed.algorithms.base.RecordSampling`).
         seed: seed of the compression generator.
     """
 
@@ -85,17 +82,7 @@ class SoteriaFL(FederatedAlgorithm):
         self.compressor = compressor if compressor is not None else Identity()
         if not isinstance(self.compressor, Operator):
             raise ValueError(f"compressor must be an Operator, got {compressor!r}")
-        self.batch_size = _positive_int("batch_size", batch_size)
-        if local_dataset_size is not None:
-            _positive_int("local_dataset_size", local_dataset_size)
-            if local_dataset_size < self.batch_size:
-                raise ValueError(
-                    f"local_dataset_size must be >= batch_size={self.batch_size}, "
-                    f"got {local_dataset_size!r}"
-                )
-        elif noise is not None:
-            raise ValueError("noise needs local_dataset_size (m, records per client)")
-        self.local_dataset_size = local_dataset_size
+        self._init_record_sampling(batch_size, local_dataset_size)
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise ValueError(f"seed must be an integer, got {seed!r}")
         self.seed = seed
@@ -114,9 +101,7 @@ class SoteriaFL(FederatedAlgorithm):
     @property
     def sample_rate(self) -> float:
         """``q = b/m`` with noise (record-level sampling), 1 otherwise."""
-        if self.noise is not None:
-            return self.batch_size / self.local_dataset_size
-        return 1.0
+        return self.record_rate if self.noise is not None else 1.0
 
     def message_bound(self) -> float | None:
         """``G/b``: what the paper's formula scales with (``σ_p = G sqrt(T log(1/δ))/(mε)``)."""
