@@ -133,7 +133,6 @@ class FederatedModule(pl.LightningModule):
                 "the paper noise calibration needs the number of rounds K: set trainer.max_steps, "
                 "trainer.max_epochs or algorithm noise.rounds"
             )
-        self.local_batches = int(getattr(datamodule, "local_batches", 1) or 1)
         self._configure_data(datamodule)  # before setup: sampling rates enter the calibration
         self.algorithm.setup(
             num_clients=num_clients,
@@ -155,12 +154,14 @@ class FederatedModule(pl.LightningModule):
             self.test_accuracy = MulticlassAccuracy(num_classes=num_classes, average="micro")
 
     def _configure_data(self, datamodule: Any) -> None:
-        """Let an algorithm with local steps check the rounds the datamodule delivers."""
+        """Read the local minibatches per round (``local_epochs`` sets them when the data is
+        loaded) and let the algorithm check the rounds the datamodule delivers."""
         configure = getattr(self.algorithm, "configure_data", None)
+        if hasattr(datamodule, "streams") and datamodule.streams is None:
+            datamodule.setup("fit")  # idempotent; shard sizes are needed for the checks
+        self.local_batches = int(getattr(datamodule, "local_batches", 1) or 1)
         if not callable(configure):
             return
-        if getattr(datamodule, "streams", None) is None and hasattr(datamodule, "setup"):
-            datamodule.setup("fit")  # idempotent; shard sizes are needed for the checks
         sizes = getattr(datamodule, "client_sizes", None)
         configure(
             batch_size=int(getattr(datamodule, "batch_size", 1)),
