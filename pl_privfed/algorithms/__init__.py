@@ -1,6 +1,13 @@
-"""Federated optimization algorithms (server topology)."""
+"""Federated optimization algorithms: server-based (α-NormEC family, DP-SGD, FedAvg variants) and decentralized (PORTER, BEER)."""
 
-from pl_privfed.algorithms.base import FederatedAlgorithm, GradFn, Mechanism, RoundResult
+from pl_privfed.algorithms.base import (
+    FederatedAlgorithm,
+    GradFn,
+    Mechanism,
+    RecordSampling,
+    RoundResult,
+)
+from pl_privfed.algorithms.decentralized import BEER, PORTER, DecentralizedAlgorithm
 from pl_privfed.algorithms.dpsgd import DistributedDPSGD
 from pl_privfed.algorithms.ef21 import EF21, AlphaNormEC, Clip21, ErrorFeedback, MemoryInit
 from pl_privfed.algorithms.fed_normec import FedAlphaNormEC
@@ -17,12 +24,16 @@ from pl_privfed.algorithms.local import (
     LocalSGD,
     LocalSolver,
 )
+from pl_privfed.algorithms.soteria import SoteriaFL
 
 __all__ = [
+    "BEER",
     "EF21",
+    "PORTER",
     "AlphaNormEC",
     "Clip21",
     "DPFedAvg",
+    "DecentralizedAlgorithm",
     "DistributedDPSGD",
     "ErrorFeedback",
     "FedAlphaNormEC",
@@ -38,5 +49,7 @@ __all__ = [
     "LocalUpdateAlgorithm",
     "Mechanism",
     "MemoryInit",
+    "RecordSampling",
     "RoundResult",
+    "SoteriaFL",
 ]
