@@ -33,6 +33,22 @@ def test_golden_values_equal_opacus(name, cls):
     assert ours.get_epsilon(1e-5) == pytest.approx(theirs.get_epsilon(delta=1e-5), rel=1e-9)
 
 
+def test_rdp_with_a_mixed_history_equals_opacus_at_every_call():
+    """The cached one-step RDP curves give Opacus's ε after every step of a mixed history."""
+    ours, theirs = PrivacyAccountant("rdp"), RDPAccountant()
+    schedule = [(0.9, 0.3)] * 5 + [(1.7, 0.05)] * 4 + [(0.9, 0.3)] * 3 + [(2.0, 1.0)] * 2
+    for sigma, q in schedule:
+        ours.step(noise_multiplier=sigma, sample_rate=q)
+        theirs.step(noise_multiplier=sigma, sample_rate=q)
+        for delta in (1e-5, 1e-3):
+            assert ours.get_epsilon(delta) == pytest.approx(
+                theirs.get_epsilon(delta=delta), rel=1e-12
+            )
+    restored = PrivacyAccountant("rdp")
+    restored.load_state_dict(ours.state_dict())  # the cache is rebuilt from the history
+    assert restored.get_epsilon(1e-5) == ours.get_epsilon(1e-5)
+
+
 def test_accountant_state_roundtrip_and_validation():
     acc = PrivacyAccountant()
     assert acc.get_epsilon(1e-5) == 0.0
