@@ -235,7 +235,7 @@ class FedAvgPerSampleClipping(LocalUpdateAlgorithm):
 
     ``calibration: "target"`` solves for that accounting; ``calibration: "paper"`` is paper
     003's formula, whose ``K`` counts local steps (``R τ``) at bound ``c/B`` (``"example"``) or
-    ``c``: with batch size 1 it is ``σ_DP² = c² d log(1/δ) T / (N² ε²)`` (line 196).
+    ``c``: with batch size 1 it is ``σ_DP² = c² d log(1/δ) T / (N² ε²)`` (line 172).
 
     Args:
         step_size: ``η > 0``, the local step size (and, through line 13, the server's).
@@ -404,7 +404,7 @@ class FedAvgPerUpdateClipping(LocalUpdateAlgorithm):
         sampling_seed: seed of the sampling generator.
     """
 
-    privacy_unit = "user-level local DP (each client noises its clipped update)"
+    privacy_unit = "user-level (client-level) local DP (each client noises its clipped update)"
 
     def __init__(
         self,
