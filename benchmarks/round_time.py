@@ -4,6 +4,8 @@ For each number of clients n, with B samples per client, it times
 
 * ``loop``: the per-client loop backend of :class:`pl_privfed.GradientOracle`;
 * ``vmap``: the ``torch.func.vmap(grad)`` backend;
+* ``analytic`` (fully connected networks under cross-entropy): the backward pass written out
+  (:mod:`pl_privfed.analytic_grads`; what ``grad_backend: auto`` picks for them on a CPU);
 * ``graph`` (CUDA only): the vmap backend replayed from a CUDA graph (``cuda_graphs: true``);
 * ``central``: one forward/backward over the same n·B samples with shared parameters
   (the physical floor: the same arithmetic without per-client gradients);
@@ -30,6 +32,7 @@ import torch
 from torch import nn
 
 from pl_privfed.algorithms import AlphaNormEC
+from pl_privfed.analytic_grads import analytic_support
 from pl_privfed.grads import GradientOracle
 from pl_privfed.models import MLP, resnet20
 from pl_privfed.privacy import DPNoise
@@ -88,6 +91,10 @@ def bench(model_name: str, n: int, batch: int, device: torch.device, repeats: in
     out["vmap_ms"] = timeit(lambda: vmapped(x, inputs, targets), device, repeats)
     # the loop is slow for many clients: fewer repeats keep the benchmark short
     out["loop_ms"] = timeit(lambda: loop(x, inputs, targets), device, max(3, repeats // 4), 1)
+    out["analytic_ms"] = float("nan")
+    if analytic_support(model, criterion) is None:
+        analytic = GradientOracle(model, criterion, "analytic")
+        out["analytic_ms"] = timeit(lambda: analytic(x, inputs, targets), device, repeats)
     out["graph_ms"] = float("nan")
     if device.type == "cuda":
         graphed = GradientOracle(model, criterion, "vmap", cuda_graph=True)
@@ -129,7 +136,8 @@ def main() -> None:
     )
     header = (
         f"{'model':>8} {'d':>8} {'n':>5} {'B':>3} {'central ms':>10} {'vmap ms':>9} "
-        f"{'loop ms':>9} {'graph ms':>9} {'vmap/floor':>10} {'graph/floor':>11} "
+        f"{'loop ms':>9} {'analytic ms':>11} {'graph ms':>9} {'vmap/floor':>10} "
+        f"{'analytic/floor':>14} {'graph/floor':>11} "
         f"{'loop/floor':>10} {'loop/vmap':>9} {'alg/vmap':>8}"
     )
     print(header)
@@ -138,8 +146,9 @@ def main() -> None:
         alg = max(r["algorithm_ms"] - r["clone_ms"], 0.0)
         print(
             f"{r['model']:>8} {r['d']:>8} {r['n']:>5} {r['B']:>3} {r['central_ms']:>10.3f} "
-            f"{r['vmap_ms']:>9.3f} {r['loop_ms']:>9.3f} {r['graph_ms']:>9.3f} "
-            f"{r['vmap_ms'] / r['central_ms']:>10.2f} {r['graph_ms'] / r['central_ms']:>11.2f} "
+            f"{r['vmap_ms']:>9.3f} {r['loop_ms']:>9.3f} {r['analytic_ms']:>11.3f} "
+            f"{r['graph_ms']:>9.3f} {r['vmap_ms'] / r['central_ms']:>10.2f} "
+            f"{r['analytic_ms'] / r['central_ms']:>14.2f} {r['graph_ms'] / r['central_ms']:>11.2f} "
             f"{r['loop_ms'] / r['central_ms']:>10.2f} {r['loop_ms'] / r['vmap_ms']:>9.2f} "
             f"{alg / r['vmap_ms']:>8.3f}"
         )

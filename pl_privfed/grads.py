@@ -10,6 +10,9 @@ Backends (same numbers up to floating-point rounding, tested):
   :func:`torch.func.functional_call`: one batched forward/backward for all clients.
 * ``"loop"``: one forward/backward per client (the reference; the only loop over clients in the
   package).
+* ``"analytic"``: for fully connected networks under softmax cross-entropy, the backward pass
+  written out (:mod:`pl_privfed.analytic_grads`): as fast as one centralized forward/backward on
+  a CPU. Per-example gradients (below) fall back to ``vmap``.
 
 BatchNorm and other buffers: during training every client normalizes with the statistics of its
 own minibatch (each client gets its own copy of the buffers). The running statistics used for
@@ -38,9 +41,12 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, grad_and_value, vmap
 
+from pl_privfed.analytic_grads import AnalyticMLPGradients, analytic_support
+
 __all__ = ["Backend", "GradientOracle", "OracleOutput", "ParameterLayout", "resolve_backend"]
 
-Backend = Literal["auto", "vmap", "loop"]
+Backend = Literal["auto", "vmap", "loop", "analytic"]
+BACKENDS = ("vmap", "loop", "analytic")
 
 
 class ParameterLayout:
@@ -87,24 +93,33 @@ class OracleOutput:
 
 
 def resolve_backend(
-    backend: Backend, device: torch.device, model: nn.Module | None = None
-) -> Literal["vmap", "loop"]:
+    backend: Backend,
+    device: torch.device,
+    model: nn.Module | None = None,
+    criterion: object | None = None,
+) -> Literal["vmap", "loop", "analytic"]:
     """Pick the gradient backend; explicit names pass through.
 
-    ``"auto"`` → ``"vmap"`` on CUDA. On the CPU → ``"loop"`` for convolutional models and
-    ``"vmap"`` otherwise, following measurements on a 2-core x86 CPU (``benchmarks/round_time.py``,
-    see docs/performance.md): ResNet-20 at 10 clients × 32, loop 0.91 s vs vmap 1.55 s per
-    round; the quickstart MLP at 10 × 32, vmap 1.5 ms vs loop 4.4 ms (21× at 100 clients).
+    ``"auto"`` → ``"vmap"`` on CUDA. On the CPU → ``"analytic"`` for the fully connected networks
+    under cross-entropy it supports (:func:`~pl_privfed.analytic_grads.analytic_support`),
+    ``"loop"`` for convolutional models and ``"vmap"`` otherwise, following measurements on a
+    2-core x86 CPU (``benchmarks/round_time.py``, see docs/performance.md): the quickstart MLP at
+    10 × 32, analytic 0.9× one centralized forward/backward, vmap 4×, loop 13×; ResNet-20 at
+    10 clients × 32, loop 0.91 s vs vmap 1.55 s per round.
     """
     if backend == "auto":
         if device.type == "cuda":
             return "vmap"
+        if model is not None and analytic_support(model, criterion) is None:
+            return "analytic"
         convolutional = model is not None and any(
             isinstance(m, nn.modules.conv._ConvNd) for m in model.modules()
         )
         return "loop" if convolutional else "vmap"
-    if backend not in ("vmap", "loop"):
-        raise ValueError(f"grad_backend must be 'auto', 'vmap' or 'loop', got {backend!r}")
+    if backend not in BACKENDS:
+        raise ValueError(
+            f"grad_backend must be 'auto', 'vmap', 'loop' or 'analytic', got {backend!r}"
+        )
     return backend
 
 
@@ -114,7 +129,7 @@ class GradientOracle:
     Args:
         model: the network; its parameters define the layout of the flat vector.
         criterion: a loss returning the mean over the minibatch (e.g. ``nn.CrossEntropyLoss()``).
-        backend: ``"vmap"`` or ``"loop"`` (see the module docstring).
+        backend: ``"vmap"``, ``"loop"`` or ``"analytic"`` (see the module docstring).
         cuda_graph: on CUDA, capture the gradient computation in a CUDA graph on the first call
             with each input signature and replay it afterwards: one launch instead of hundreds of
             kernel launches, which is what bounds small federations (10 clients × 32) on a GPU.
@@ -130,11 +145,13 @@ class GradientOracle:
         self,
         model: nn.Module,
         criterion: Callable[[Tensor, Tensor], Tensor],
-        backend: Literal["vmap", "loop"] = "loop",
+        backend: Literal["vmap", "loop", "analytic"] = "loop",
         cuda_graph: bool = False,
     ) -> None:
-        if backend not in ("vmap", "loop"):
-            raise ValueError(f"backend must be 'vmap' or 'loop', got {backend!r}")
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be 'vmap', 'loop' or 'analytic', got {backend!r}")
+        # the analytic backend refuses a model it cannot differentiate (ValueError naming why)
+        self._analytic = AnalyticMLPGradients(model, criterion) if backend == "analytic" else None
         if not isinstance(cuda_graph, bool):
             raise ValueError(f"cuda_graph must be a bool, got {cuda_graph!r}")
         self.cuda_graph = cuda_graph
@@ -221,7 +238,9 @@ class GradientOracle:
     def _compute(self, params, inputs, targets, shared, per_example):
         """Gradients, losses and (shared parameters only) the client-averaged buffers."""
         buffers = self._client_buffers(inputs.shape[0])
-        if self.backend == "vmap":
+        if self._analytic is not None and not per_example:  # no buffers: nothing to average
+            grads, losses = self._analytic(params, inputs, targets)
+        elif self.backend in ("vmap", "analytic"):
             grads, losses = self._vmap(params, buffers, inputs, targets, shared, per_example)
         else:
             grads, losses = self._loop(params, buffers, inputs, targets, shared, per_example)

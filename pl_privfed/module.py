@@ -58,8 +58,8 @@ class FederatedModule(pl.LightningModule):
         model: the global model (a plain ``nn.Module``).
         algorithm: the federated algorithm, e.g. :class:`~pl_privfed.algorithms.AlphaNormEC`.
         criterion: per-client loss, a mean over the minibatch (default cross-entropy).
-        grad_backend: ``"auto"`` (see :func:`~pl_privfed.grads.resolve_backend`), ``"vmap"`` or
-            ``"loop"``.
+        grad_backend: ``"auto"`` (see :func:`~pl_privfed.grads.resolve_backend`), ``"vmap"``,
+            ``"loop"`` or ``"analytic"``.
         epsilon_every: compute and log the accountant's ε every this many rounds (and at the end).
         cuda_graphs: on a CUDA device, replay the per-client gradient computation from a CUDA
             graph (:class:`~pl_privfed.grads.GradientOracle` ``cuda_graph``); ignored on the CPU.
@@ -79,8 +79,10 @@ class FederatedModule(pl.LightningModule):
             raise ValueError(f"model must be an nn.Module, got {model!r}")
         if not isinstance(algorithm, FederatedAlgorithm):
             raise ValueError(f"algorithm must be a FederatedAlgorithm, got {algorithm!r}")
-        if grad_backend not in ("auto", "vmap", "loop"):
-            raise ValueError(f"grad_backend must be 'auto', 'vmap' or 'loop', got {grad_backend!r}")
+        if grad_backend not in ("auto", "vmap", "loop", "analytic"):
+            raise ValueError(
+                f"grad_backend must be 'auto', 'vmap', 'loop' or 'analytic', got {grad_backend!r}"
+            )
         if not isinstance(epsilon_every, int) or epsilon_every < 1:
             raise ValueError(f"epsilon_every must be a positive integer, got {epsilon_every!r}")
         self.automatic_optimization = False
@@ -144,7 +146,7 @@ class FederatedModule(pl.LightningModule):
         self.oracle = GradientOracle(
             self.model,
             self.criterion,
-            resolve_backend(self.grad_backend, device, self.model),
+            resolve_backend(self.grad_backend, device, self.model, self.criterion),
             cuda_graph=self.cuda_graphs and device.type == "cuda",
         )
         if noise is not None:

@@ -504,7 +504,8 @@ def compare_methods(
         run_dir = _run_dir(best, path)
         summary = _summary(run_dir)
         params = [c for c in header if c not in _NOT_PARAMETERS and len({r[c] for r in rows}) > 1]
-        setting = ", ".join(f"{_symbol(c)}={best[c]}" for c in params)
+        # raw names: the Greek letters of the α-NormEC grids mean other things here (η, γ)
+        setting = ", ".join(f"{c}={best[c]}" for c in params)
         label = f"{_method(best, run_dir)} ({setting})" if setting else _method(best, run_dir)
         per_round = _sent_bits_per_round(summary)
         history = (summary.get("full_grad_norm") or {}).get("history") or []

@@ -523,7 +523,7 @@ def test_compare_methods_draws_the_best_run_of_each_sweep(tmp_path):
     assert (tmp_path / "cmp" / "comparison.png").stat().st_size > 1000
     with (tmp_path / "cmp" / "comparison.csv").open() as f:
         rows = list(csv.DictReader(f))
-    assert [r["method"] for r in rows] == ["PORTER (γ=0.2)", "SoteriaFL"]
+    assert [r["method"] for r in rows] == ["PORTER (step_size=0.2)", "SoteriaFL"]
     # the best PORTER run (accuracy 0.8, the second) ends at ||∇f|| = 1.5: utility 2.25
     assert [float(r["final utility"]) for r in rows] == [2.25, 0.25]
     # bits sent per agent: every channel but the server's broadcast

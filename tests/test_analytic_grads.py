@@ -1,0 +1,113 @@
+"""The analytic backend: per-client gradients of fully connected networks, written-out backward."""
+
+import pytest
+import torch
+from torch import nn
+
+from pl_privfed import FederatedModule
+from pl_privfed.algorithms import AlphaNormEC
+from pl_privfed.analytic_grads import AnalyticMLPGradients, analytic_support
+from pl_privfed.grads import GradientOracle, resolve_backend
+from pl_privfed.models import MLP, LogisticRegression, NonconvexLogisticRegression
+
+N, B = 5, 7
+
+
+def reference(model, flat, inputs, targets):
+    """Independent: a copy of the model per client, plain autograd on the mean cross-entropy."""
+    grads, losses = [], []
+    for i in range(inputs.shape[0]):
+        params = [p.detach().clone().requires_grad_() for p in model.parameters()]
+        torch.nn.utils.vector_to_parameters(flat if flat.dim() == 1 else flat[i], params)
+        out = torch.func.functional_call(
+            model, dict(zip([k for k, _ in model.named_parameters()], params)), (inputs[i],)
+        )
+        loss = nn.functional.cross_entropy(out, targets[i])
+        grads.append(torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, params)]))
+        losses.append(loss.detach())
+    return torch.stack(grads), torch.stack(losses)
+
+
+MODELS = {
+    "relu": lambda: MLP(12, [9], 4),
+    "sigmoid_two_hidden": lambda: MLP(12, [9, 6], 4, activation="sigmoid"),
+    "tanh": lambda: MLP(12, [5], 4, activation="tanh"),
+    "logistic": lambda: LogisticRegression(12, 4),
+    "sequential_no_bias": lambda: nn.Sequential(
+        nn.Linear(12, 6, bias=False), nn.ReLU(), nn.Linear(6, 4)
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+@pytest.mark.parametrize("per_client", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_analytic_equals_autograd_and_the_other_backends(name, per_client, dtype):
+    torch.manual_seed(0)
+    model = MODELS[name]().to(dtype)
+    g = torch.Generator().manual_seed(1)
+    inputs = torch.randn(N, B, 3, 4, generator=g, dtype=dtype)  # flattened to 12 features
+    targets = torch.randint(0, 4, (N, B), generator=g)
+    if not isinstance(model, MLP):
+        inputs = inputs.flatten(2)
+    oracle = GradientOracle(model, nn.CrossEntropyLoss(), "analytic")
+    flat = oracle.layout.flatten(model)
+    if per_client:
+        flat = flat + 0.3 * torch.randn(N, flat.numel(), generator=g, dtype=dtype)
+    out = oracle(flat, inputs, targets)
+    tol = dict(atol=1e-12, rtol=1e-10) if dtype == torch.float64 else dict(atol=1e-5, rtol=1e-5)
+    ref_grads, ref_losses = reference(model, flat, inputs, targets)
+    torch.testing.assert_close(out.grads, ref_grads, **tol)
+    torch.testing.assert_close(out.losses, ref_losses, **tol)
+    for backend in ("vmap", "loop"):
+        other = GradientOracle(model, nn.CrossEntropyLoss(), backend)(flat, inputs, targets)
+        torch.testing.assert_close(out.grads, other.grads, **tol)
+
+
+def test_per_example_gradients_fall_back_to_vmap():
+    torch.manual_seed(0)
+    model = MLP(12, [9], 4)
+    inputs, targets = torch.randn(N, B, 12), torch.randint(0, 4, (N, B))
+    analytic = GradientOracle(model, nn.CrossEntropyLoss(), "analytic")
+    vmapped = GradientOracle(model, nn.CrossEntropyLoss(), "vmap")
+    flat = analytic.layout.flatten(model)
+    a = analytic(flat, inputs, targets, per_example=True)
+    v = vmapped(flat, inputs, targets, per_example=True)
+    assert a.grads.shape == (N, B, flat.numel())
+    torch.testing.assert_close(a.grads, v.grads)
+    torch.testing.assert_close(a.grads.mean(1), analytic(flat, inputs, targets).grads)
+
+
+@pytest.mark.parametrize(
+    "model, criterion, reason",
+    [
+        (lambda: MLP(4, [3], 2, batch_norm=True), nn.CrossEntropyLoss(), "buffers"),
+        (lambda: MLP(4, [3], 2, activation="gelu"), nn.CrossEntropyLoss(), "GELU"),
+        (lambda: MLP(4, [3], 2), nn.MSELoss(), "MSELoss"),
+        (lambda: MLP(4, [3], 2), nn.CrossEntropyLoss(label_smoothing=0.1), "label smoothing"),
+        (lambda: MLP(4, [3], 2), nn.CrossEntropyLoss(reduction="sum"), "mean"),
+        (lambda: NonconvexLogisticRegression(4), nn.CrossEntropyLoss(), "regularizer"),
+        (lambda: nn.Sequential(nn.Conv2d(1, 2, 3), nn.Flatten(), nn.Linear(2, 2)),
+         nn.CrossEntropyLoss(), "Conv2d"),
+        (lambda: nn.Sequential(nn.Linear(4, 3), nn.ReLU()), nn.CrossEntropyLoss(), "Linear"),
+    ],
+)  # fmt: skip
+def test_unsupported_models_are_refused_with_the_reason(model, criterion, reason):
+    built = model()
+    assert reason in analytic_support(built, criterion)
+    with pytest.raises(ValueError, match="analytic"):
+        AnalyticMLPGradients(built, criterion)
+    with pytest.raises(ValueError, match=reason):
+        GradientOracle(built, criterion, "analytic")
+    # auto never picks it for them
+    assert resolve_backend("auto", torch.device("cpu"), built, criterion) != "analytic"
+
+
+def test_auto_picks_analytic_on_the_cpu_for_supported_networks():
+    model = MLP(64, [32], 10)
+    assert resolve_backend("auto", torch.device("cpu"), model, nn.CrossEntropyLoss()) == "analytic"
+    assert resolve_backend("auto", torch.device("cuda"), model, nn.CrossEntropyLoss()) == "vmap"
+    module = FederatedModule(model, AlphaNormEC(0.1, 0.1, 0.01))
+    assert module.grad_backend == "auto"
+    with pytest.raises(ValueError, match="grad_backend"):
+        FederatedModule(model, module.algorithm, grad_backend="jit")
