@@ -12,7 +12,7 @@ Backends (same numbers up to floating-point rounding, tested):
   package).
 * ``"analytic"``: for fully connected networks under softmax cross-entropy, the backward pass
   written out (:mod:`pl_privfed.analytic_grads`): as fast as one centralized forward/backward on
-  a CPU. Per-example gradients (below) fall back to ``vmap``.
+  a CPU; per example (below), every example is treated as a client with a batch of one.
 
 BatchNorm and other buffers: during training every client normalizes with the statistics of its
 own minibatch (each client gets its own copy of the buffers). The running statistics used for
@@ -238,14 +238,29 @@ class GradientOracle:
     def _compute(self, params, inputs, targets, shared, per_example):
         """Gradients, losses and (shared parameters only) the client-averaged buffers."""
         buffers = self._client_buffers(inputs.shape[0])
-        if self._analytic is not None and not per_example:  # no buffers: nothing to average
-            grads, losses = self._analytic(params, inputs, targets)
+        if self._analytic is not None:  # no buffers: nothing to average
+            grads, losses = self._analytic_grads(params, inputs, targets, shared, per_example)
         elif self.backend in ("vmap", "analytic"):
             grads, losses = self._vmap(params, buffers, inputs, targets, shared, per_example)
         else:
             grads, losses = self._loop(params, buffers, inputs, targets, shared, per_example)
         averaged = self._average_buffers(buffers) if shared and buffers else None
         return grads, losses, averaged
+
+    def _analytic_grads(self, params, inputs, targets, shared, per_example):
+        """The analytic backend; per example, every example is a client of its own (a batch of
+        one: ``[n·B, 1, ...]``, the client's parameters repeated ``B`` times)."""
+        if not per_example:
+            return self._analytic(params, inputs, targets)
+        n, batch = inputs.shape[:2]
+        if not shared:
+            params = params.repeat_interleave(batch, dim=0)
+        grads, losses = self._analytic(
+            params,
+            inputs.reshape(n * batch, 1, *inputs.shape[2:]),
+            targets.reshape(n * batch, 1, *targets.shape[2:]),
+        )
+        return grads.view(n, batch, -1), losses.view(n, batch)
 
     def _graphed(self, params, inputs, targets, shared, per_example):
         """:meth:`_compute` captured once per input signature in a CUDA graph, then replayed.

@@ -64,18 +64,25 @@ def test_analytic_equals_autograd_and_the_other_backends(name, per_client, dtype
         torch.testing.assert_close(out.grads, other.grads, **tol)
 
 
-def test_per_example_gradients_fall_back_to_vmap():
+@pytest.mark.parametrize("per_client", [False, True])
+def test_per_example_gradients_equal_vmap(per_client):
     torch.manual_seed(0)
-    model = MLP(12, [9], 4)
-    inputs, targets = torch.randn(N, B, 12), torch.randint(0, 4, (N, B))
+    model = MLP(12, [9], 4, activation="sigmoid").double()
+    g = torch.Generator().manual_seed(3)
+    inputs = torch.randn(N, B, 12, generator=g, dtype=torch.float64)
+    targets = torch.randint(0, 4, (N, B), generator=g)
     analytic = GradientOracle(model, nn.CrossEntropyLoss(), "analytic")
     vmapped = GradientOracle(model, nn.CrossEntropyLoss(), "vmap")
     flat = analytic.layout.flatten(model)
+    if per_client:
+        flat = flat + 0.3 * torch.randn(N, flat.numel(), generator=g, dtype=torch.float64)
     a = analytic(flat, inputs, targets, per_example=True)
     v = vmapped(flat, inputs, targets, per_example=True)
-    assert a.grads.shape == (N, B, flat.numel())
-    torch.testing.assert_close(a.grads, v.grads)
-    torch.testing.assert_close(a.grads.mean(1), analytic(flat, inputs, targets).grads)
+    assert a.grads.shape == (N, B, analytic.layout.dim) and a.losses.shape == (N, B)
+    torch.testing.assert_close(a.grads, v.grads, atol=1e-12, rtol=1e-10)
+    torch.testing.assert_close(a.losses, v.losses, atol=1e-12, rtol=1e-10)
+    whole = analytic(flat, inputs, targets)  # the mean over B is the minibatch gradient
+    torch.testing.assert_close(a.grads.mean(1), whole.grads, atol=1e-12, rtol=1e-10)
 
 
 @pytest.mark.parametrize(
