@@ -27,10 +27,17 @@ import math
 import torch
 from torch import Tensor
 
-__all__ = ["BernoulliSampler", "ClientSampler", "FixedSizeSampler", "PoissonSampler"]
+__all__ = [
+    "BernoulliSampler",
+    "ClientSampler",
+    "FixedSizeSampler",
+    "PoissonSampler",
+    "check_probability",
+]
 
 
-def _probability(name: str, value: float) -> float:
+def check_probability(name: str, value: float) -> float:
+    """Return ``value`` as a float, or raise ``ValueError`` naming ``name`` unless it is in (0, 1]."""
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise ValueError(f"{name} must be a number in (0, 1], got {value!r}")
     if not 0 < value <= 1:
@@ -69,7 +76,7 @@ class ClientSampler:
 
 class _Independent(ClientSampler):
     def __init__(self, probability: float) -> None:
-        self.probability = _probability("probability", probability)
+        self.probability = check_probability("probability", probability)
 
     @property
     def sample_rate(self) -> float:

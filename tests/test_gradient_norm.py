@@ -5,8 +5,8 @@ import json
 
 import numpy as np
 import pytest
-import pytorch_lightning as pl
 import torch
+from test_module import trainer
 from torch import nn
 
 from pl_privfed import FederatedModule
@@ -19,20 +19,6 @@ from pl_privfed.datamodules import (
     MNISTDataModule,
 )
 from pl_privfed.models import MLP, LogisticRegression
-
-
-def trainer(tmp_path, callbacks, rounds):
-    return pl.Trainer(
-        max_steps=rounds,
-        callbacks=callbacks,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        limit_val_batches=0,
-        default_root_dir=tmp_path,
-    )
 
 
 def reference_norm(model, dm, weighting):
@@ -56,7 +42,7 @@ def test_full_gradient_norm_is_exact(tmp_path, weighting):
     model = MLP(64, [16], 10)
     module = FederatedModule(model, FedAvgPerUpdateClipping(1.0, 0.1, clip_threshold=1.0))
     callback = GradientNorm(every_n_rounds=2, weighting=weighting, chunk_size=100)
-    trainer(tmp_path, [callback], 4).fit(module, dm)
+    trainer(tmp_path, callbacks=[callback], max_steps=4).fit(module, dm)
     assert len({len(s) for s in dm.shards}) > 1  # unequal shards: the weighting matters
     assert [r for r, _ in callback.history] == [0, 2, 4]
     expected = reference_norm(model, dm, weighting)
@@ -80,7 +66,7 @@ def run_mnist(tmp_path, algorithm, rounds, stop=True):
         nn.init.zeros_(p)  # x⁰ = 0
     callback = GradientNorm(target=0.18, stop_at_target=stop)
     summary = RunSummary(dirpath=str(tmp_path), verbose=False)
-    trainer(tmp_path, [callback, summary], rounds).fit(
+    trainer(tmp_path, callbacks=[callback, summary], max_steps=rounds).fit(
         FederatedModule(model, algorithm), mnist_one_class()
     )
     return callback, json.loads((tmp_path / "summary.json").read_text())

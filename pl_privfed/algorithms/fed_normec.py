@@ -19,6 +19,7 @@ from pl_privfed.algorithms.local import LocalSolver
 from pl_privfed.communication import Messages
 from pl_privfed.operators import SmoothedNormalization
 from pl_privfed.privacy import DPNoise
+from pl_privfed.sampling import BernoulliSampler, check_probability
 
 __all__ = ["FedAlphaNormEC", "Participation"]
 
@@ -101,10 +102,8 @@ class FedAlphaNormEC(LocalUpdateAlgorithm):
         self.beta = check_positive("beta", beta)
         self.operator = SmoothedNormalization(alpha)
         self.alpha = float(alpha)
-        p = participation_prob
-        if isinstance(p, bool) or not isinstance(p, int | float) or not 0 < p <= 1:
-            raise ValueError(f"participation_prob must be in (0, 1], got {p!r}")
-        self.participation_prob = float(p)
+        self.participation_prob = check_probability("participation_prob", participation_prob)
+        self.sampler = BernoulliSampler(self.participation_prob)  # line 7's independent q_i
         if participation not in ("as_written", "practical"):
             raise ValueError(
                 f"participation must be 'as_written' or 'practical', got {participation!r}"
@@ -145,11 +144,9 @@ class FedAlphaNormEC(LocalUpdateAlgorithm):
 
     def _transmitting(self) -> Tensor:
         """Line 7: the mask of ``q_i ≠ 0`` (drawn from the sampling generator when ``p < 1``)."""
-        n = self.num_clients
         if self.participation_prob >= 1.0:
-            return torch.ones(n, dtype=torch.bool, device=self.device)
-        gen = self.generator("sampling")
-        return torch.rand(n, generator=gen, device=gen.device) < self.participation_prob
+            return torch.ones(self.num_clients, dtype=torch.bool, device=self.device)
+        return self.sampler.sample(self.num_clients, self.generator("sampling"))
 
     def round(self, x: Tensor, grad_fn: GradFn) -> RoundResult:
         mask = self._transmitting()  # line 7
