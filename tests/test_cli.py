@@ -46,7 +46,13 @@ def test_quickstart_runs_through_cli(tmp_path, monkeypatch, capsys):
         data["communication_total_bits"]["client_to_server"] == 20 * 10 * 32 * 2410
     )  # dense noisy messages, d = 2,410
     assert set(data["operator_means"]) >= {"clip_fraction", "update_norm", "ef_gap"}
-    # W&B ran offline; its run log holds the resolved config and both artifacts
+    # W&B ran offline; its run log holds the resolved config and both artifacts. ``finish()`` only
+    # informs W&B's service process that the run is over, and the service closes (flushes) the
+    # run log when it gets to it; ``teardown()`` waits for the service to exit, as a process's
+    # atexit hook does, so that the file is complete when it is read.
+    import wandb
+
+    wandb.teardown()
     (run_log,) = tmp_path.glob("logs/wandb/offline-run-*/run-*.wandb")
     raw = run_log.read_bytes()
     for needle in (b"AlphaNormEC", b"DirichletPartitioner", b"run-summary", b"training-curves"):
