@@ -166,6 +166,8 @@ class GradientOracle:
         self.layout = ParameterLayout(model)
         self.buffer_names = [k for k, b in model.named_buffers() if b is not None]
         self._pending_buffers: dict[str, Tensor] | None = None
+        #: the clients' updated buffers after a call with ``buffers=`` (else ``None``)
+        self.client_buffers: dict[str, Tensor] | None = None
         self._vmapped: dict[tuple[bool, bool], Callable] = {}
         self.has_batchnorm = any(
             isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()
@@ -206,12 +208,22 @@ class GradientOracle:
 
     # ------------------------------------------------------------------ main entry
     def __call__(
-        self, params: Tensor, inputs: Tensor, targets: Tensor, per_example: bool = False
+        self,
+        params: Tensor,
+        inputs: Tensor,
+        targets: Tensor,
+        per_example: bool = False,
+        buffers: dict[str, Tensor] | None = None,
     ) -> OracleOutput:
         """Gradients at ``params`` (``[d]`` shared by all clients, or ``[n, d]`` per client).
 
         ``per_example=True`` returns every example's gradient, ``grads [n, B, d]`` (see the
         module docstring).
+
+        ``buffers``: every client's own buffers ``{name: [n, ...]}`` (e.g. the BatchNorm running
+        statistics of the model each client trains, as in a batch of several configurations)
+        instead of copies of the model's; the call leaves them untouched and stores the
+        clients' updated copies in :attr:`client_buffers`.
         """
         n = inputs.shape[0]
         d = self.layout.dim
@@ -226,26 +238,51 @@ class GradientOracle:
                 "output depends on its batch); use a GroupNorm model (e.g. ResNet norm: group)"
             )
         params = params.detach()
+        if buffers is not None:
+            buffers = self._check_client_buffers(buffers, n)
         if self.cuda_graph:
             if params.device.type != "cuda":
                 raise ValueError(f"cuda_graph=True needs CUDA tensors, got {params.device}")
-            grads, losses, averaged = self._graphed(params, inputs, targets, shared, per_example)
+            grads, losses, averaged, updated = self._graphed(
+                params, inputs, targets, shared, per_example, buffers
+            )
         else:
-            grads, losses, averaged = self._compute(params, inputs, targets, shared, per_example)
-        self._pending_buffers = averaged
+            grads, losses, averaged, updated = self._compute(
+                params, inputs, targets, shared, per_example, buffers
+            )
+        self._pending_buffers = averaged if buffers is None else None
+        self.client_buffers = updated if buffers is not None else None
         return OracleOutput(grads=grads, losses=losses.detach())
 
-    def _compute(self, params, inputs, targets, shared, per_example):
-        """Gradients, losses and (shared parameters only) the client-averaged buffers."""
-        buffers = self._client_buffers(inputs.shape[0])
+    def _check_client_buffers(self, buffers: dict[str, Tensor], n: int) -> dict[str, Tensor]:
+        """Copies of the given per-client buffers, checked against the model's."""
+        own = dict(self.model.named_buffers())
+        if set(buffers) != set(own):
+            raise ValueError(
+                f"buffers must have the model's buffers {sorted(own)}, got {sorted(buffers)}"
+            )
+        out = {}
+        for k, v in buffers.items():
+            if tuple(v.shape) != (n, *own[k].shape):
+                raise ValueError(
+                    f"buffer {k!r} must have shape {(n, *own[k].shape)}, got {tuple(v.shape)}"
+                )
+            out[k] = v.detach().clone()
+        return out
+
+    def _compute(self, params, inputs, targets, shared, per_example, client_buffers=None):
+        """Gradients, losses, (shared parameters, model buffers only) the client-averaged
+        buffers, and the clients' updated buffers."""
+        given = client_buffers is not None
+        buffers = client_buffers if given else self._client_buffers(inputs.shape[0])
         if self._analytic is not None:  # no buffers: nothing to average
             grads, losses = self._analytic_grads(params, inputs, targets, shared, per_example)
         elif self.backend in ("vmap", "analytic"):
             grads, losses = self._vmap(params, buffers, inputs, targets, shared, per_example)
         else:
             grads, losses = self._loop(params, buffers, inputs, targets, shared, per_example)
-        averaged = self._average_buffers(buffers) if shared and buffers else None
-        return grads, losses, averaged
+        averaged = self._average_buffers(buffers) if shared and buffers and not given else None
+        return grads, losses, averaged, buffers
 
     def _analytic_grads(self, params, inputs, targets, shared, per_example):
         """The analytic backend; per example, every example is a client of its own (a batch of
@@ -262,35 +299,47 @@ class GradientOracle:
         )
         return grads.view(n, batch, -1), losses.view(n, batch)
 
-    def _graphed(self, params, inputs, targets, shared, per_example):
+    def _graphed(self, params, inputs, targets, shared, per_example, client_buffers=None):
         """:meth:`_compute` captured once per input signature in a CUDA graph, then replayed.
 
         The graph reads the model's buffers in place (they keep their storage:
         :meth:`commit_buffers` copies into them) and copies of ``params``, ``inputs`` and
-        ``targets`` held by the graph; outputs are cloned out of the graph's static memory.
+        ``targets`` (and of given per-client buffers) held by the graph; outputs are cloned out
+        of the graph's static memory.
         """
-        signature = [(tuple(t.shape), t.dtype, t.device) for t in (params, inputs, targets)]
-        key = (shared, per_example, *signature)
+        tensors = [params, inputs, targets]
+        names = sorted(client_buffers) if client_buffers is not None else []
+        tensors += [client_buffers[k] for k in names]
+        signature = [(tuple(t.shape), t.dtype, t.device) for t in tensors]
+        key = (shared, per_example, tuple(names), *signature)
         entry = self._graphs.get(key)
         if entry is None:
-            static = (params.clone(), inputs.clone(), targets.clone())
+            static = [t.clone() for t in tensors]
+
+            def compute():
+                bufs = dict(zip(names, static[3:])) if client_buffers is not None else None
+                return self._compute(*static[:3], shared, per_example, bufs)
+
             side = torch.cuda.Stream(device=params.device)
             side.wait_stream(torch.cuda.current_stream(params.device))
             with torch.cuda.stream(side):
                 for _ in range(2):  # warm-up outside capture (cuDNN autotuning, allocations)
-                    self._compute(*static, shared, per_example)
+                    for dst, src in zip(static, tensors):
+                        dst.copy_(src)  # the warm-up updated the static buffers in place
+                    compute()
             torch.cuda.current_stream(params.device).wait_stream(side)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
-                outputs = self._compute(*static, shared, per_example)
+                outputs = compute()
             entry = self._graphs[key] = (graph, static, outputs)
-        graph, static, (grads, losses, averaged) = entry
-        for dst, src in zip(static, (params, inputs, targets)):
+        graph, static, (grads, losses, averaged, updated) = entry
+        for dst, src in zip(static, tensors):
             dst.copy_(src)
         graph.replay()
         if averaged is not None:
             averaged = {k: v.clone() for k, v in averaged.items()}
-        return grads.clone(), losses.clone(), averaged
+        updated = {k: v.clone() for k, v in updated.items()}
+        return grads.clone(), losses.clone(), averaged, updated
 
     def _vmap(self, params, buffers, inputs, targets, shared, per_example=False):
         fn = self._vmapped.get((shared, per_example))

@@ -21,6 +21,7 @@ The oracle handed to the algorithm is
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import pytorch_lightning as pl
@@ -31,6 +32,7 @@ from typing_extensions import override
 
 from pl_privfed.algorithms import FederatedAlgorithm
 from pl_privfed.grads import Backend, GradientOracle, ParameterLayout, resolve_backend
+from pl_privfed.grid import grid_points, rebuild_algorithm, write_grid_results
 from pl_privfed.privacy import PrivacyAccountant
 
 __all__ = ["FederatedModule", "NonFiniteLossError"]
@@ -51,6 +53,22 @@ class _RoundOptimizer(torch.optim.Optimizer):
         return closure() if closure is not None else None
 
 
+def _served_first(x, pos, all_gradients, single, losses, buffers):
+    """Configuration ``pos``'s oracle in a grid round: gradients of its clients at its current
+    parameters ``x`` come from the batch of all configurations, anything else from ``single``."""
+
+    def grad_fn(params, per_example=False, step=None, clients=None):
+        if params is x and not per_example and step is None and clients is None:
+            shared = all_gradients()
+            losses.append(shared["losses"][pos])
+            if "buffers" in shared:
+                buffers.append({k: v[pos] for k, v in shared["buffers"].items()})
+            return shared["grads"][pos].clone()  # the algorithm may write into it
+        return single(params, per_example, step, clients)
+
+    return grad_fn
+
+
 class FederatedModule(pl.LightningModule):
     """Simulates a federation of clients training ``model`` with ``algorithm``.
 
@@ -63,6 +81,14 @@ class FederatedModule(pl.LightningModule):
         epsilon_every: compute and log the accountant's ε every this many rounds (and at the end).
         cuda_graphs: on a CUDA device, replay the per-client gradient computation from a CUDA
             graph (:class:`~pl_privfed.grads.GradientOracle` ``cuda_graph``); ignored on the CPU.
+        grid: train a grid of configurations of ``algorithm`` as one batched federation
+            (:mod:`pl_privfed.grid`): ``{argument: [values]}``, e.g. ``{"step_size": [0.01,
+            0.1], "beta": [0.1, 1]}`` gives 4 configurations, each with the other arguments of
+            ``algorithm``. Each configuration's iterates equal those of its separate run; the
+            results are written like a ``pl-privfed sweep`` into ``grid_dir``. Private
+            configurations must share their privacy mechanisms (the run reports one ε).
+        grid_dir: where the grid's ``results.csv`` and ``runs/<id>/`` go (default
+            ``<log dir>/grid``).
     """
 
     def __init__(
@@ -73,6 +99,8 @@ class FederatedModule(pl.LightningModule):
         grad_backend: Backend = "auto",
         epsilon_every: int = 1,
         cuda_graphs: bool = False,
+        grid: dict[str, list[Any]] | None = None,
+        grid_dir: str | None = None,
     ) -> None:
         super().__init__()
         if not isinstance(model, nn.Module):
@@ -103,6 +131,33 @@ class FederatedModule(pl.LightningModule):
         self.local_batches = 1
         self.client_transmissions = 0
         self._output_report: dict[str, Any] | None = None
+        self._init_grid(grid, grid_dir)
+
+    def _init_grid(self, grid: dict[str, list[Any]] | None, grid_dir: str | None) -> None:
+        """The configurations of ``grid`` (see the class docstring), their parameters ``[K, d]``
+        and their own copies of the model's buffers ``[K, ...]``."""
+        self.grid = grid
+        self.grid_dir = grid_dir
+        self.grid_points: list[dict[str, Any]] = []
+        self.grid_algorithms: nn.ModuleList | None = None
+        if grid is None:
+            return
+        self.grid_points = grid_points(self.algorithm, grid)
+        self.grid_algorithms = nn.ModuleList(
+            rebuild_algorithm(self.algorithm, point) for point in self.grid_points
+        )
+        k = len(self.grid_points)
+        self.register_buffer("grid_params", self.layout.flatten(self.model).repeat(k, 1))
+        self._grid_buffer_names = {}
+        for name, buf in self.model.named_buffers():
+            if buf is None:
+                continue
+            key = "grid_buffer__" + name.replace(".", "__")
+            self._grid_buffer_names[name] = key
+            self.register_buffer(key, buf.detach().unsqueeze(0).repeat(k, *([1] * buf.dim())))
+        self._grid_status = ["running"] * k
+        self._grid_history: list[dict[str, list[tuple[int, float]]]] = [{} for _ in range(k)]
+        self._grid_eval: list[list[float]] | None = None
 
     # ------------------------------------------------------------------ setup
     def _num_rounds(self) -> int:
@@ -135,14 +190,19 @@ class FederatedModule(pl.LightningModule):
                 "the paper noise calibration needs the number of rounds K: set trainer.max_steps, "
                 "trainer.max_epochs or algorithm noise.rounds"
             )
-        self._configure_data(datamodule)  # before setup: sampling rates enter the calibration
-        self.algorithm.setup(
-            num_clients=num_clients,
-            dim=self.layout.dim,
-            num_rounds=num_rounds,
-            device=device,
-            dtype=next(self.model.parameters()).dtype,
-        )
+        algorithms = [self.algorithm, *(self.grid_algorithms or [])]
+        for algorithm in algorithms:
+            # before setup: sampling rates enter the calibration
+            self._configure_data(datamodule, algorithm)
+            algorithm.setup(
+                num_clients=num_clients,
+                dim=self.layout.dim,
+                num_rounds=num_rounds,
+                device=device,
+                dtype=next(self.model.parameters()).dtype,
+            )
+        if self.grid_algorithms is not None:
+            self._check_grid_mechanisms()
         self.oracle = GradientOracle(
             self.model,
             self.criterion,
@@ -155,10 +215,31 @@ class FederatedModule(pl.LightningModule):
         if num_classes:
             self.test_accuracy = MulticlassAccuracy(num_classes=num_classes, average="micro")
 
-    def _configure_data(self, datamodule: Any) -> None:
+    def _check_grid_mechanisms(self) -> None:
+        """One accountant serves the grid: every configuration must release the same
+        mechanisms (noise multiplier and sampling rate) as ``algorithm``."""
+
+        def signature(alg: FederatedAlgorithm) -> list[tuple[float, float]]:
+            return [(m.noise_multiplier, m.sample_rate) for m in alg.mechanisms()]
+
+        reference = signature(self.algorithm)
+        for point, alg in zip(self.grid_points, self.grid_algorithms):
+            own = signature(alg)
+            same = len(own) == len(reference) and all(
+                math.isclose(a, c, rel_tol=1e-9) and math.isclose(b, e, rel_tol=1e-9)
+                for (a, b), (c, e) in zip(own, reference)
+            )
+            if not same:
+                raise ValueError(
+                    f"grid point {point} releases the mechanisms (noise multiplier, rate) {own}, "
+                    f"the algorithm {reference}: one run reports one ε, so a grid's private "
+                    "configurations must share them (run such a grid with `pl-privfed sweep`)"
+                )
+
+    def _configure_data(self, datamodule: Any, algorithm: FederatedAlgorithm) -> None:
         """Read the local minibatches per round (``local_epochs`` sets them when the data is
         loaded) and let the algorithm check the rounds the datamodule delivers."""
-        configure = getattr(self.algorithm, "configure_data", None)
+        configure = getattr(algorithm, "configure_data", None)
         if hasattr(datamodule, "streams") and datamodule.streams is None:
             datamodule.setup("fit")  # idempotent; shard sizes are needed for the checks
         self.local_batches = int(getattr(datamodule, "local_batches", 1) or 1)
@@ -184,6 +265,8 @@ class FederatedModule(pl.LightningModule):
     @override
     def training_step(self, batch: Any, batch_idx: int) -> Tensor | None:
         inputs, targets = batch
+        if self.grid_algorithms is not None:
+            return self._grid_training_step(inputs, targets)
         round_index = self.global_step
         losses: list[Tensor] = []
         buffers: list[Any] = []
@@ -244,6 +327,173 @@ class FederatedModule(pl.LightningModule):
 
         return grad_fn
 
+    # ------------------------------------------------------------------ a grid's round
+    def _grid_buffers(self) -> dict[str, Tensor]:
+        """The configurations' buffers ``{model buffer name: [K, ...]}``."""
+        return {name: getattr(self, key) for name, key in self._grid_buffer_names.items()}
+
+    @torch.no_grad()
+    def _load_grid_configuration(self, k: int, params: bool = True) -> None:
+        """Put configuration ``k``'s buffers (and parameters) into the model."""
+        if params:
+            self.layout.assign(self.model, self.grid_params[k])
+        bufs = dict(self.model.named_buffers())
+        for name, value in self._grid_buffers().items():
+            bufs[name].copy_(value[k])
+
+    def _grid_training_step(self, inputs: Tensor, targets: Tensor) -> None:
+        """One round of every live configuration of the grid (see :mod:`pl_privfed.grid`).
+
+        The first request of each configuration's round for its clients' gradients at its
+        current parameters (what every server algorithm asks first) is served from one oracle
+        call for all live configurations, ``[K·n, d]``; any other request (local steps,
+        per-example gradients, partial participation) goes to the oracle as in a single run.
+        """
+        round_index = self.global_step
+        live = [k for k, status in enumerate(self._grid_status) if status == "running"]
+        n = inputs.shape[0]
+        batched: dict[str, Any] = {}
+
+        def all_gradients() -> dict[str, Any]:
+            if batched:
+                return batched
+            x_in, y_in = inputs, targets
+            if self.local_batches > 1:  # all the round's data: [n, T·B, ...]
+                x_in, y_in = x_in.flatten(1, 2), y_in.flatten(1, 2)
+            rows = torch.tensor(live, device=self.grid_params.device)
+            k = len(live)
+
+            def per_row(t: Tensor) -> Tensor:
+                return t[rows].repeat_interleave(n, 0)
+
+            buffers = {name: per_row(v) for name, v in self._grid_buffers().items()}
+            out = self.oracle(
+                per_row(self.grid_params),
+                x_in.repeat(k, *([1] * (x_in.dim() - 1))),
+                y_in.repeat(k, *([1] * (y_in.dim() - 1))),
+                buffers=buffers or None,
+            )
+            batched["grads"] = out.grads.view(k, n, -1)
+            batched["losses"] = out.losses.view(k, n)
+            if buffers:  # r ← mean over the configuration's clients (the engine's rule)
+                batched["buffers"] = {
+                    name: v.view(k, n, *v.shape[1:]).mean(1)
+                    if v.is_floating_point()
+                    else v.view(k, n, *v.shape[1:])[:, 0]
+                    for name, v in self.oracle.client_buffers.items()
+                }
+            return batched
+
+        outcomes: dict[int, tuple[Any, Tensor | None, dict[str, Tensor] | None]] = {}
+        for pos, k in enumerate(live):
+            x = self.grid_params[k]
+            if self._grid_buffer_names:
+                self._load_grid_configuration(k, params=False)  # for requests outside the batch
+            losses: list[Tensor] = []
+            buffers: list[Any] = []
+            single = self._round_oracle(inputs, targets, losses, buffers)
+            grad_fn = _served_first(x, pos, all_gradients, single, losses, buffers)
+            result = self.grid_algorithms[k].step(x, grad_fn)
+            self.oracle._pending_buffers = None
+            outcomes[k] = (
+                result,
+                losses[0].mean() if losses else None,
+                buffers[-1] if buffers else None,
+            )
+        computed = [k for k in live if outcomes[k][1] is not None]
+        values = torch.stack([outcomes[k][1] for k in computed]).tolist() if computed else []
+        loss_of = dict(zip(computed, values))
+        new_params = self.grid_params.clone()
+        record = round_index % self.trainer.log_every_n_steps == 0 or (
+            self._num_rounds() and round_index + 1 >= self._num_rounds()
+        )
+        for k in live:
+            result, _, new_buffers = outcomes[k]
+            loss = loss_of.get(k)
+            if loss is not None and not math.isfinite(loss):
+                self._grid_status[k] = f"failed: non-finite training loss at round {round_index}"
+                continue
+            new_params[k] = result.params
+            for name, value in (new_buffers or {}).items():
+                getattr(self, self._grid_buffer_names[name])[k].copy_(value)
+            if loss is not None and record:
+                self._grid_history[k].setdefault("train/loss", []).append((round_index + 1, loss))
+        self.grid_params.copy_(new_params)
+        running = [k for k in live if self._grid_status[k] == "running"]
+        if not running:
+            raise NonFiniteLossError(
+                f"every configuration of the grid has a non-finite training loss by round "
+                f"{round_index}; stopping (lower the step sizes, or check the data and model)"
+            )
+        self.optimizers().step()
+        self._last_round = outcomes[running[0]][0]  # statistics of the first live configuration
+        finite = [loss_of[k] for k in running if k in loss_of]
+        if finite:
+            self.log("grid/min_train_loss", min(finite), prog_bar=True)
+        self.log("grid/live_configurations", float(len(running)))
+        self._count_transmissions(self._last_round)
+        self._account(round_index)
+        return None
+
+    def _grid_evaluate(self, batch: Any) -> None:
+        """Test loss and accuracy of every configuration that has not failed, on this batch."""
+        inputs, targets = batch
+        if self._grid_eval is None:
+            self._grid_eval = torch.zeros(len(self.grid_points), 3, device=inputs.device)
+        regularizer = getattr(self.model, "regularizer", None)
+        for k, status in enumerate(self._grid_status):
+            if status.startswith("failed"):
+                continue
+            self._load_grid_configuration(k)
+            out = self.model(inputs)
+            loss = self.criterion(out, targets)
+            if callable(regularizer):
+                loss = loss + regularizer(dict(self.model.named_parameters()))
+            stats = self._grid_eval[k]
+            stats[0] += loss.detach() * len(targets)
+            stats[1] += (out.argmax(-1) == targets).sum()
+            stats[2] += len(targets)
+
+    def _grid_record_evaluation(self) -> None:
+        """Append the evaluation's per-configuration results to the history and write them."""
+        if self._grid_eval is None:
+            return
+        stats, self._grid_eval = self._grid_eval.tolist(), None
+        accuracies = []
+        for k, (loss_sum, correct, count) in enumerate(stats):
+            if count == 0:
+                continue
+            curves = self._grid_history[k]
+            curves.setdefault("test/loss", []).append((self.global_step, loss_sum / count))
+            if self.test_accuracy is not None:
+                accuracies.append(correct / count)
+                curves.setdefault("test/acc", []).append((self.global_step, correct / count))
+        if accuracies:
+            self.log("grid/best_test_acc", max(accuracies), prog_bar=True)
+        self.write_grid_results()
+
+    def write_grid_results(self) -> Any:
+        """Write the grid's ``results.csv`` and ``runs/<id>/`` (:func:`write_grid_results`)."""
+        if self.grid_algorithms is None or not self.trainer.is_global_zero:
+            return None
+        out = self.grid_dir
+        if out is None:
+            root = self.trainer.log_dir or self.trainer.default_root_dir
+            out = str(Path(root) / "grid")
+        extra = {}
+        report = self.privacy_report()
+        if report is not None:
+            extra = {"epsilon": report["epsilon"], "delta": report["delta"]}
+        return write_grid_results(
+            out,
+            list(self.grid_algorithms),
+            self.grid_points,
+            self._grid_history,
+            self._grid_status,
+            int(self.global_step),
+            extra,
+        )
+
     def _count_transmissions(self, result: Any) -> None:
         """Client-to-server messages of the round (paper 004 Fig. 2's x-axis, ``k · p · M``)."""
         sent = 0
@@ -260,12 +510,22 @@ class FederatedModule(pl.LightningModule):
         algorithm with a sampled output iterate (paper 001 Algorithm 1 line 16) where it came
         from and how it does on the test set (:meth:`evaluate_output_iterate`)."""
         entries: dict[str, Any] = {"client_transmissions": self.client_transmissions}
+        if self.grid_algorithms is not None:
+            entries["grid"] = {
+                "configurations": len(self.grid_points),
+                "finished": sum(s == "finished" for s in self._grid_status),
+                "failed": sum(s.startswith("failed") for s in self._grid_status),
+                "results": str(self.write_grid_results()),
+            }
         if self._output_report is not None:
             entries["output_iterate"] = self._output_report
         return entries
 
     @override
     def on_train_end(self) -> None:
+        if self.grid_algorithms is not None:
+            self._grid_status = ["finished" if s == "running" else s for s in self._grid_status]
+            self.write_grid_results()
         if callable(getattr(self.algorithm, "output", None)) and self.algorithm.rounds_done > 0:
             self._output_report = self.evaluate_output_iterate()
 
@@ -343,11 +603,21 @@ class FederatedModule(pl.LightningModule):
 
     @override
     def validation_step(self, batch: Any, batch_idx: int) -> None:
-        self._evaluate(batch)
+        self._evaluate(batch) if self.grid_algorithms is None else self._grid_evaluate(batch)
 
     @override
     def test_step(self, batch: Any, batch_idx: int) -> None:
-        self._evaluate(batch)
+        self._evaluate(batch) if self.grid_algorithms is None else self._grid_evaluate(batch)
+
+    @override
+    def on_validation_epoch_end(self) -> None:
+        if self.grid_algorithms is not None:
+            self._grid_record_evaluation()
+
+    @override
+    def on_test_epoch_end(self) -> None:
+        if self.grid_algorithms is not None:
+            self._grid_record_evaluation()
 
     # ------------------------------------------------------------------ privacy report & state
     def privacy_mechanisms(self) -> list:
@@ -382,9 +652,17 @@ class FederatedModule(pl.LightningModule):
         if self.accountant is not None:
             checkpoint["privacy_accountant"] = self.accountant.state_dict()
         checkpoint["client_transmissions"] = self.client_transmissions
+        if self.grid_algorithms is not None:
+            checkpoint["grid"] = {"status": self._grid_status, "history": self._grid_history}
 
     @override
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         if self.accountant is not None and "privacy_accountant" in checkpoint:
             self.accountant.load_state_dict(checkpoint["privacy_accountant"])
         self.client_transmissions = int(checkpoint.get("client_transmissions", 0))
+        if self.grid_algorithms is not None and "grid" in checkpoint:
+            self._grid_status = list(checkpoint["grid"]["status"])
+            self._grid_history = [
+                {m: [tuple(p) for p in pts] for m, pts in h.items()}
+                for h in checkpoint["grid"]["history"]
+            ]

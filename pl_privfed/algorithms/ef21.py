@@ -258,3 +258,4 @@ class EF21(ErrorFeedback):
             server_normalization,
             memory_init,
         )
+        self.compressor = self.operator

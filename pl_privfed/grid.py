@@ -1,0 +1,177 @@
+"""A grid of hyperparameter configurations trained as one batched federation.
+
+The configurations of a grid share the data, the architecture and the initial model, and differ
+only in the algorithm's hyperparameters (paper 002's grid over γ, β, α and server
+normalization). ``FederatedModule(grid={...})`` trains them side by side: a *configuration axis*
+beside the client axis. Every round, the gradients of all ``K`` configurations' ``n`` clients on
+the round's minibatches (the same minibatches a separate run with the same seed would draw) come
+from **one** call of the gradient oracle with per-client parameters ``[K·n, d]`` (and per-client
+BatchNorm buffers), which is where a GPU spends its time; each configuration's algorithm then
+runs its own round (a loop over configurations, never over clients) on its slice ``[n, d]``.
+
+Each configuration's iterates are those of a separate run of the same configuration (tested:
+equal to the last bit in float64). A configuration whose training loss becomes non-finite is
+marked failed at that round and frozen, as a separate run would stop; the others go on.
+
+This module holds the pieces that do not need the LightningModule: the grid's points,
+rebuilding an algorithm with other hyperparameters, and the sweep-style output (one
+``summary.json`` and ``curves.csv`` per configuration and a ``results.csv`` that
+``pl-privfed report`` reads).
+"""
+
+from __future__ import annotations
+
+import copy
+import csv
+import inspect
+import itertools
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from pl_privfed.algorithms import FederatedAlgorithm
+from pl_privfed.sweep import RESULT_COLUMNS, column_names, render_value, run_id
+
+__all__ = ["GRID_PREFIX", "grid_points", "rebuild_algorithm", "write_grid_results"]
+
+#: How the grid's parameter names appear in run ids and results (as a sweep file names them).
+GRID_PREFIX = "model.algorithm.init_args."
+
+
+def _init_parameters(cls: type) -> dict[str, inspect.Parameter]:
+    params = inspect.signature(cls.__init__).parameters
+    return {k: p for k, p in params.items() if k != "self" and p.kind is p.POSITIONAL_OR_KEYWORD}
+
+
+def grid_points(algorithm: FederatedAlgorithm, grid: Any) -> list[dict[str, Any]]:
+    """All points of ``grid`` (``{parameter: [values]}``), the last parameter varying fastest
+    (the order of ``pl-privfed sweep``); ``ValueError`` naming a bad parameter or value list."""
+    if not isinstance(grid, dict) or not grid:
+        raise ValueError(
+            f"grid must be a non-empty mapping parameter -> list of values, got {grid!r}"
+        )
+    known = _init_parameters(type(algorithm))
+    for name, values in grid.items():
+        if name not in known:
+            raise ValueError(
+                f"grid parameter {name!r} is not an argument of {type(algorithm).__name__} "
+                f"(arguments: {', '.join(known)})"
+            )
+        if not isinstance(values, list | tuple) or not values:
+            raise ValueError(f"grid[{name!r}] must be a non-empty list of values, got {values!r}")
+    keys = list(grid)
+    return [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*grid.values())]
+
+
+def rebuild_algorithm(
+    algorithm: FederatedAlgorithm, overrides: dict[str, Any]
+) -> FederatedAlgorithm:
+    """A fresh algorithm of ``algorithm``'s class with the same arguments except ``overrides``.
+
+    The arguments are read back from the attributes of the same names (every algorithm of the
+    package keeps them); values that are objects (operators, noise settings) are deep-copied, so
+    that no state is shared. The constructor validates the new values (``ValueError`` naming
+    the parameter).
+    """
+    kwargs = {}
+    for name, param in _init_parameters(type(algorithm)).items():
+        if name in overrides:
+            kwargs[name] = overrides[name]
+        elif hasattr(algorithm, name):
+            kwargs[name] = copy.deepcopy(getattr(algorithm, name))
+        elif param.default is not inspect.Parameter.empty:
+            raise ValueError(
+                f"{type(algorithm).__name__} keeps no attribute {name!r}: it cannot be rebuilt "
+                "for a grid (its argument would silently fall back to the default)"
+            )
+        else:
+            raise ValueError(f"{type(algorithm).__name__} keeps no attribute {name!r}")
+    return type(algorithm)(**kwargs)
+
+
+def _class_path(obj: object) -> str:
+    cls = type(obj)
+    public = f"pl_privfed.algorithms.{cls.__name__}"
+    return (
+        public
+        if cls.__module__.startswith("pl_privfed.algorithms")
+        else (f"{cls.__module__}.{cls.__qualname__}")
+    )
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, bool | int | str) or value is None:
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    return repr(value)
+
+
+def write_grid_results(
+    out_dir: str | Path,
+    algorithms: Sequence[FederatedAlgorithm],
+    points: Sequence[dict[str, Any]],
+    history: Sequence[dict[str, list[tuple[int, float]]]],
+    statuses: Sequence[str],
+    rounds: int,
+    extra: dict[str, Any] | None = None,
+) -> Path:
+    """Write the grid's results like a ``pl-privfed sweep``; return the ``results.csv`` path.
+
+    ``<out_dir>/runs/<run id>/summary.json`` and ``curves.csv`` for every configuration and
+    ``<out_dir>/results.csv`` with one row each (the sweep's columns), so that
+    ``pl-privfed report <out_dir>/results.csv`` draws the grid's heatmaps, curves and table.
+    ``history[k]`` maps a metric (``train/loss``, ``test/acc``, ``test/loss``) to
+    ``(round, value)`` points; ``extra`` adds entries (e.g. ε) to every summary.
+    """
+    out = Path(out_dir)
+    keys = [GRID_PREFIX + k for k in points[0]]
+    names = column_names(keys)
+    header = ["run", "status", *names.values(), *RESULT_COLUMNS, "run_dir"]
+    rows = []
+    for index, (alg, point, curves, status) in enumerate(
+        zip(algorithms, points, history, statuses, strict=True)
+    ):
+        params = {GRID_PREFIX + k: v for k, v in point.items()}
+        run_dir = out / "runs" / run_id(index, params)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        accuracy = [v for _, v in sorted(curves.get("test/acc", []))]
+        losses = [v for _, v in sorted(curves.get("train/loss", []))]
+        init_args = {
+            name: _json_value(getattr(alg, name))
+            for name in _init_parameters(type(alg))
+            if hasattr(alg, name)
+        }
+        summary = {
+            "status": status,
+            "rounds": rounds,
+            "final_test_accuracy": accuracy[-1] if accuracy else None,
+            "best_test_accuracy": max(accuracy) if accuracy else None,
+            "final_train_loss": losses[-1] if losses else None,
+            "grid_index": index,
+            "grid_point": {k: _json_value(v) for k, v in point.items()},
+            "config": {
+                "model": {"algorithm": {"class_path": _class_path(alg), "init_args": init_args}}
+            },
+            **(extra or {}),
+        }
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        lines = ["metric,round,value"]
+        for metric, pts in curves.items():
+            lines.extend(f"{metric},{step},{value!r}" for step, value in pts)
+        (run_dir / "curves.csv").write_text("\n".join(lines) + "\n")
+        row: dict[str, Any] = {"run": run_dir.name, "status": status}
+        row.update({names[k]: render_value(v) for k, v in params.items()})
+        row.update({c: summary.get(c) for c in RESULT_COLUMNS})
+        row["run_dir"] = str(run_dir)
+        rows.append(row)
+    path = out / "results.csv"
+    tmp = path.with_suffix(".csv.tmp")
+    with tmp.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=header)
+        writer.writeheader()
+        writer.writerows(rows)
+    tmp.replace(path)
+    return path

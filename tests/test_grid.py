@@ -1,0 +1,248 @@
+"""A grid of configurations as one batched federation (``FederatedModule(grid=...)``): every
+configuration's iterates equal its separate run; divergence, results, report, resume, errors."""
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from pytorch_lightning.callbacks import ModelCheckpoint
+from test_module import StopAt, trainer
+
+from pl_privfed import FederatedModule, NonFiniteLossError
+from pl_privfed.algorithms import AlphaNormEC, Clip21, FedAvgPerUpdateClipping, LocalSGD
+from pl_privfed.datamodules import DigitsDataModule, DirichletPartitioner
+from pl_privfed.grid import grid_points, rebuild_algorithm
+from pl_privfed.models import MLP
+from pl_privfed.privacy import DPNoise
+from pl_privfed.cli import PrivFedCLI, main
+from pl_privfed.report import make_report
+from pl_privfed.sweep import grid as sweep_grid
+from pl_privfed.sweep import load_sweep
+
+
+class Digits64(DigitsDataModule):
+    """The digits in float64, for comparisons to the last bit."""
+
+    def preprocess(self, inputs, train, round_index):
+        return inputs.double()
+
+
+def _data(dtype=torch.float64, **kwargs):
+    args = dict(num_clients=4, batch_size=8,
+                partitioner=DirichletPartitioner(concentration=0.5, seed=1))  # fmt: skip
+    args.update(kwargs)
+    return Digits64(**args) if dtype == torch.float64 else DigitsDataModule(**args)
+
+
+def _model(batch_norm=True, dtype=torch.float64):
+    torch.manual_seed(0)  # every run starts from the same x⁰, as the CLI's seed_everything does
+    return MLP(64, [12], 10, batch_norm=batch_norm).to(dtype)
+
+
+def _fit(module, tmp_path, rounds, data=None, ckpt_path=None, **kwargs):
+    dtype = next(module.model.parameters()).dtype
+    trainer(tmp_path, max_steps=rounds, **kwargs).fit(
+        module, datamodule=data or _data(dtype), ckpt_path=ckpt_path
+    )
+    return module
+
+
+def _assert_equals_separate_runs(grid_module, algorithm, backend, rounds, tmp_path, batch_norm):
+    for k, point in enumerate(grid_module.grid_points):
+        single = FederatedModule(
+            _model(batch_norm), rebuild_algorithm(algorithm, point), grad_backend=backend
+        )
+        _fit(single, tmp_path / f"single{k}", rounds)
+        x = single.layout.flatten(single.model)
+        torch.testing.assert_close(grid_module.grid_params[k], x, rtol=1e-12, atol=1e-12)
+        for name, buf in single.model.named_buffers():
+            key = grid_module._grid_buffer_names[name]
+            torch.testing.assert_close(getattr(grid_module, key)[k], buf, rtol=1e-12, atol=1e-12)
+        for name, buf in single.algorithm.named_buffers():
+            other = dict(grid_module.grid_algorithms[k].named_buffers())[name]
+            torch.testing.assert_close(other, buf, rtol=1e-12, atol=1e-12)
+        if single.accountant is not None:
+            eps = grid_module.accountant.get_epsilon(1e-5)
+            assert single.accountant.get_epsilon(1e-5) == pytest.approx(eps, rel=1e-12)
+
+
+@pytest.mark.parametrize("backend, batch_norm", [("vmap", True), ("loop", True),
+                                                 ("analytic", False)])  # fmt: skip
+def test_alpha_normec_grid_equals_separate_runs(backend, batch_norm, tmp_path):
+    """Paper 002's grid axes (γ, β, server normalization): each configuration's parameters,
+    BatchNorm running statistics and memories equal its own run's, in float64."""
+    alg = AlphaNormEC(0.05, beta=0.1, alpha=0.01, memory_init="gradient")
+    grid = {"step_size": [0.05, 0.5], "beta": [0.1, 1.0], "server_normalization": [True, False]}
+    module = FederatedModule(_model(batch_norm), alg, grad_backend=backend, grid=grid)
+    _fit(module, tmp_path / "grid", 5)
+    assert len(module.grid_points) == 8
+    assert module.grid_points[1] == {"step_size": 0.05, "beta": 0.1, "server_normalization": False}
+    assert module._grid_status == ["finished"] * 8
+    _assert_equals_separate_runs(module, alg, backend, 5, tmp_path, batch_norm)
+    # the configurations did move apart
+    assert not torch.equal(module.grid_params[0], module.grid_params[7])
+
+
+def test_private_clip21_grid_equals_separate_runs(tmp_path):
+    """DP-Clip21 over τ and γ: the noise multiplier does not depend on τ (σ ∝ τ), so one
+    accountant serves every configuration, and each draws its noise as its own run does."""
+    alg = Clip21(0.1, clip_threshold=1.0, noise=DPNoise(epsilon=8.0, seed=5))
+    grid = {"clip_threshold": [0.1, 1.0], "step_size": [0.01, 0.1]}
+    module = FederatedModule(_model(), alg, grad_backend="vmap", grid=grid)
+    _fit(module, tmp_path / "grid", 4)
+    assert module.accountant.steps == 4
+    _assert_equals_separate_runs(module, alg, "vmap", 4, tmp_path, True)
+
+
+def test_grid_with_local_steps_serves_other_requests_from_the_oracle(tmp_path):
+    """FedAvg with per-update clipping asks for gradients at per-client local iterates (not the
+    batched request): those go to the oracle as in a single run, with the same results."""
+    alg = FedAvgPerUpdateClipping(1.0, local_step_size=0.1, clip_threshold=1.0,
+                                  local_solver=LocalSGD(steps=2))  # fmt: skip
+    grid = {"clip_threshold": [0.1, 10.0]}
+    data = dict(local_batches=2)
+    module = FederatedModule(_model(batch_norm=False), alg, grad_backend="vmap", grid=grid)
+    _fit(module, tmp_path / "grid", 3, data=_data(**data))
+    for k, point in enumerate(module.grid_points):
+        single = FederatedModule(_model(batch_norm=False), rebuild_algorithm(alg, point),
+                                 grad_backend="vmap")  # fmt: skip
+        _fit(single, tmp_path / f"s{k}", 3, data=_data(**data))
+        torch.testing.assert_close(module.grid_params[k], single.layout.flatten(single.model))
+
+
+def test_diverging_configuration_is_frozen_and_the_others_go_on(tmp_path):
+    alg = Clip21(0.1, clip_threshold=1.0)
+    module = FederatedModule(_model(batch_norm=False, dtype=torch.float32), alg,
+                             grid={"step_size": [0.1, 3e38]})  # fmt: skip
+    _fit(module, tmp_path / "grid", 6)
+    ok, failed = module._grid_status
+    assert ok == "finished"
+    assert failed.startswith("failed: non-finite training loss at round ")
+    single = FederatedModule(_model(batch_norm=False, dtype=torch.float32), Clip21(0.1, 1.0))
+    _fit(single, tmp_path / "single", 6)
+    torch.testing.assert_close(module.grid_params[0], single.layout.flatten(single.model))
+    # when every configuration diverges the run stops, naming the round
+    module = FederatedModule(_model(batch_norm=False, dtype=torch.float32), alg,
+                             grid={"step_size": [3e38]})  # fmt: skip
+    with pytest.raises(NonFiniteLossError, match="round"):
+        _fit(module, tmp_path / "all", 6)
+
+
+def test_grid_results_are_a_sweep_that_report_draws(tmp_path):
+    alg = AlphaNormEC(0.05, beta=0.1, alpha=0.01)
+    grid = {"beta": [0.1, 1.0], "step_size": [0.01, 0.1, 0.5]}
+    module = FederatedModule(_model(dtype=torch.float32), alg, grid=grid,
+                             grid_dir=str(tmp_path / "out"))  # fmt: skip
+    _fit(module, tmp_path / "grid", 6, limit_val_batches=None, val_check_interval=3,
+         log_every_n_steps=2)  # fmt: skip
+    with (tmp_path / "out" / "results.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["beta"], r["step_size"]) for r in rows] == [
+        (b, g) for b in ("0.1", "1.0") for g in ("0.01", "0.1", "0.5")
+    ]
+    assert {r["status"] for r in rows} == {"finished"}
+    for k, row in enumerate(rows):
+        summary = json.loads((tmp_path / "out" / "runs" / row["run"] / "summary.json").read_text())
+        assert summary["config"]["model"]["algorithm"]["class_path"].endswith("AlphaNormEC")
+        assert summary["config"]["model"]["algorithm"]["init_args"]["beta"] == float(row["beta"])
+        accuracy = module._grid_history[k]["test/acc"]
+        assert [r for r, _ in accuracy] == [3, 6]
+        assert float(row["final_test_accuracy"]) == accuracy[-1][1]
+        # the accuracy is that of the configuration's own model
+        module._load_grid_configuration(k)
+        module.model.eval()
+        dm = _data(torch.float32)
+        dm.setup("fit")
+        correct = total = 0
+        for inputs, targets in dm.val_dataloader():
+            correct += int((module.model(inputs).argmax(-1) == targets).sum())
+            total += len(targets)
+        assert correct / total == pytest.approx(accuracy[-1][1])
+        assert [r for r, _ in module._grid_history[k]["train/loss"]] == [1, 3, 5, 6]
+    paths = {p.name for p in make_report(tmp_path / "out" / "results.csv", tmp_path / "report")}
+    assert {"heatmap.png", "curves.png", "table.md"} <= paths
+
+
+def test_grid_resume_is_bit_identical(tmp_path):
+    def run(name, ckpt_path=None, callbacks=()):
+        alg = AlphaNormEC(0.05, beta=0.1, alpha=0.01, noise=DPNoise(epsilon=8.0, seed=3))
+        module = FederatedModule(_model(dtype=torch.float32), alg,
+                                 grid={"beta": [0.1, 1.0], "alpha": [0.01, 1.0]})  # fmt: skip
+        _fit(module, tmp_path / name, 8, callbacks=list(callbacks), enable_checkpointing=True,
+             ckpt_path=ckpt_path)  # fmt: skip
+        return module
+
+    full = run("full")
+    ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=4, save_top_k=-1)
+    run("first", callbacks=[ckpt, StopAt(4)])
+    (path,) = (tmp_path / "ckpt").glob("*.ckpt")
+    resumed = run("resumed", ckpt_path=str(path))
+    for (k, a), (_, b) in zip(full.state_dict().items(), resumed.state_dict().items()):
+        if isinstance(a, torch.Tensor):
+            assert torch.equal(a, b), k
+    for a, b in zip(full.grid_algorithms, resumed.grid_algorithms):
+        assert torch.equal(a.generator("noise").get_state(), b.generator("noise").get_state())
+    assert full._grid_history == resumed._grid_history
+    assert full.accountant.steps == resumed.accountant.steps == 8
+
+
+@pytest.mark.parametrize(
+    "grid, message",
+    [
+        ({}, "grid"),
+        ({"nope": [1.0]}, "'nope'"),
+        ({"beta": []}, "beta"),
+        ({"beta": 0.1}, "beta"),
+        ({"beta": [0.1, -1.0]}, "beta"),
+    ],
+)
+def test_bad_grid_fails_at_construction(grid, message):
+    with pytest.raises(ValueError, match=message):
+        FederatedModule(_model(), AlphaNormEC(0.1, beta=0.1, alpha=0.01), grid=grid)
+
+
+def test_private_grid_with_different_mechanisms_fails_before_training(tmp_path):
+    alg = AlphaNormEC(0.1, beta=0.1, alpha=0.01, noise=DPNoise(noise_multiplier=1.0))
+    grid = {"noise": [DPNoise(noise_multiplier=1.0), DPNoise(noise_multiplier=2.0)]}
+    module = FederatedModule(_model(), alg, grid=grid)
+    with pytest.raises(ValueError, match="mechanisms"):
+        _fit(module, tmp_path, 2)
+    assert module.global_step == 0
+
+
+def test_grid_points_order_is_the_sweep_order():
+    points = grid_points(AlphaNormEC(0.1, 0.1, 0.1), {"beta": [1, 2], "alpha": [3, 4]})
+    assert points == [{"beta": 1, "alpha": 3}, {"beta": 1, "alpha": 4},
+                      {"beta": 2, "alpha": 3}, {"beta": 2, "alpha": 4}]  # fmt: skip
+
+
+REPO = Path(__file__).resolve().parents[1]
+GRIDS = [("alpha_normec", "alpha_normec", 96), ("dpsgd_smoothed_normalization", "dpsgd", 16),
+         ("clip21", "clip21", 16)]  # fmt: skip
+
+
+@pytest.mark.parametrize("base, overlay, size", GRIDS, ids=[g[1] for g in GRIDS])
+def test_paper_002_grid_overlays_match_their_sweeps(base, overlay, size, tmp_path, monkeypatch):
+    """Each grid overlay builds the configurations of the sweep file it replaces."""
+    monkeypatch.chdir(tmp_path)
+    cli = PrivFedCLI(args=["--config", str(REPO / f"configs/paper/alpha_normec/{base}.yaml"),
+                           "--config", str(REPO / f"configs/paper/grid_paper002_{overlay}.yaml"),
+                           "--trainer.logger", "false"], run=False)  # fmt: skip
+    sweep = load_sweep(REPO / f"configs/sweeps/paper002_{overlay}.yaml")
+    expected = [{k.rsplit(".", 1)[-1]: v for k, v in p.items()} for p in sweep_grid(sweep)]
+    assert len(cli.model.grid_points) == size
+    assert sorted(map(repr, cli.model.grid_points)) == sorted(map(repr, expected))
+
+
+def test_grid_from_the_command_line(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    main(["fit", "--config", str(REPO / "configs/quickstart.yaml"), "--trainer.logger", "false",
+          "--trainer.max_steps", "4", "--trainer.val_check_interval", "2",
+          "--model.grid", '{"step_size": [0.1, 0.2], "beta": [0.1, 1.0]}',
+          "--model.grid_dir", "grid"])  # fmt: skip
+    with open("grid/results.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 4 and {r["status"] for r in rows} == {"finished"}
+    assert all(float(r["epsilon"]) > 0 for r in rows)  # the quickstart is private
