@@ -12,11 +12,12 @@ from test_module import StopAt, trainer
 
 from pl_privfed import FederatedModule, NonFiniteLossError
 from pl_privfed.algorithms import AlphaNormEC, Clip21, FedAvgPerUpdateClipping, LocalSGD
+from pl_privfed.cli import PrivFedCLI, main
 from pl_privfed.datamodules import DigitsDataModule, DirichletPartitioner
+from pl_privfed.grads import GradientOracle
 from pl_privfed.grid import grid_points, rebuild_algorithm
 from pl_privfed.models import MLP
 from pl_privfed.privacy import DPNoise
-from pl_privfed.cli import PrivFedCLI, main
 from pl_privfed.report import make_report
 from pl_privfed.sweep import grid as sweep_grid
 from pl_privfed.sweep import load_sweep
@@ -246,3 +247,35 @@ def test_grid_from_the_command_line(tmp_path, monkeypatch):
         rows = list(csv.DictReader(f))
     assert len(rows) == 4 and {r["status"] for r in rows} == {"finished"}
     assert all(float(r["epsilon"]) > 0 for r in rows)  # the quickstart is private
+
+
+@pytest.mark.parametrize("backend", ["vmap", "loop"])
+def test_oracle_with_given_client_buffers(backend):
+    """Given every client's own buffers, the oracle uses them (not the model's), leaves them
+    untouched, and returns the clients' updated copies; shape and name mistakes are refused."""
+    model = _model()
+    oracle = GradientOracle(model, torch.nn.CrossEntropyLoss(), backend)
+    x = oracle.layout.flatten(model)
+    g = torch.Generator().manual_seed(0)
+    inputs = torch.randn(3, 8, 64, generator=g, dtype=torch.float64)
+    targets = torch.randint(0, 10, (3, 8), generator=g)
+    plain = oracle(x, inputs, targets)
+    averaged = oracle._pending_buffers
+    own = {k: b.unsqueeze(0).repeat(3, *[1] * b.dim()) for k, b in model.named_buffers()}
+    shifted = {k: v + 1 if v.is_floating_point() else v for k, v in own.items()}
+    before = {k: v.clone() for k, v in shifted.items()}
+    out = oracle(x.repeat(3, 1), inputs, targets, buffers=own)
+    torch.testing.assert_close(out.grads, plain.grads)  # training mode: batch statistics
+    for k, v in oracle.client_buffers.items():
+        ref = v.mean(0) if v.is_floating_point() else v[0]
+        torch.testing.assert_close(ref, averaged[k])
+    assert oracle._pending_buffers is None  # nothing to commit into the model
+    oracle(x.repeat(3, 1), inputs, targets, buffers=shifted)
+    for k, v in shifted.items():
+        assert torch.equal(v, before[k])
+        if v.is_floating_point() and "running_mean" in k:  # r ← (1 − m) r + m·batch mean
+            assert not torch.allclose(oracle.client_buffers[k], own[k])
+    with pytest.raises(ValueError, match="shape"):
+        oracle(x, inputs, targets, buffers={k: v[:2] for k, v in own.items()})
+    with pytest.raises(ValueError, match="buffers"):
+        oracle(x, inputs, targets, buffers={})
