@@ -22,7 +22,6 @@ rebuilding an algorithm with other hyperparameters, and the sweep-style output (
 from __future__ import annotations
 
 import copy
-import csv
 import inspect
 import itertools
 import json
@@ -32,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from pl_privfed.algorithms import FederatedAlgorithm
-from pl_privfed.sweep import RESULT_COLUMNS, column_names, render_value, run_id
+from pl_privfed.sweep import column_names, result_row, run_id, save_results
 
 __all__ = ["GRID_PREFIX", "grid_points", "rebuild_algorithm", "write_grid_results"]
 
@@ -129,7 +128,6 @@ def write_grid_results(
     out = Path(out_dir)
     keys = [GRID_PREFIX + k for k in points[0]]
     names = column_names(keys)
-    header = ["run", "status", *names.values(), *RESULT_COLUMNS, "run_dir"]
     rows = []
     for index, (alg, point, curves, status) in enumerate(
         zip(algorithms, points, history, statuses, strict=True)
@@ -162,16 +160,5 @@ def write_grid_results(
         for metric, pts in curves.items():
             lines.extend(f"{metric},{step},{value!r}" for step, value in pts)
         (run_dir / "curves.csv").write_text("\n".join(lines) + "\n")
-        row: dict[str, Any] = {"run": run_dir.name, "status": status}
-        row.update({names[k]: render_value(v) for k, v in params.items()})
-        row.update({c: summary.get(c) for c in RESULT_COLUMNS})
-        row["run_dir"] = str(run_dir)
-        rows.append(row)
-    path = out / "results.csv"
-    tmp = path.with_suffix(".csv.tmp")
-    with tmp.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=header)
-        writer.writeheader()
-        writer.writerows(rows)
-    tmp.replace(path)
-    return path
+        rows.append(result_row(run_dir, summary, params, names))
+    return save_results(out, names, rows)

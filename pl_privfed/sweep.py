@@ -38,9 +38,11 @@ __all__ = [
     "grid",
     "load_sweep",
     "render_value",
+    "result_row",
     "run_args",
     "run_id",
     "run_sweep",
+    "save_results",
     "write_results",
 ]
 
@@ -220,18 +222,30 @@ def write_results(sweep: Sweep, out_dir: str | os.PathLike) -> Path:
     """
     out_dir = Path(out_dir)
     names = column_names(list(sweep.parameters))
-    header = ["run", "status", *names.values(), *RESULT_COLUMNS, "run_dir"]
     rows = []
     for index, params in enumerate(grid(sweep)):
         run_dir = _run_dir(out_dir, index, params)
         summary = _read_summary(run_dir)
-        if summary is None:
-            continue
-        row: dict[str, Any] = {"run": run_dir.name, "status": summary.get("status")}
-        row.update({names[k]: render_value(v) for k, v in params.items()})
-        row.update({c: summary.get(c) for c in RESULT_COLUMNS})
-        row["run_dir"] = str(run_dir)
-        rows.append(row)
+        if summary is not None:
+            rows.append(result_row(run_dir, summary, params, names))
+    return save_results(out_dir, names, rows)
+
+
+def result_row(
+    run_dir: Path, summary: dict[str, Any], params: dict[str, Any], names: dict[str, str]
+) -> dict[str, Any]:
+    """One ``results.csv`` row: the run, its status, its parameters (columns ``names``), the
+    :data:`RESULT_COLUMNS` of its ``summary`` and its directory."""
+    row: dict[str, Any] = {"run": run_dir.name, "status": summary.get("status")}
+    row.update({names[k]: render_value(v) for k, v in params.items()})
+    row.update({c: summary.get(c) for c in RESULT_COLUMNS})
+    row["run_dir"] = str(run_dir)
+    return row
+
+
+def save_results(out_dir: Path, names: dict[str, str], rows: list[dict[str, Any]]) -> Path:
+    """Write ``<out_dir>/results.csv`` atomically (through a temporary file); return its path."""
+    header = ["run", "status", *names.values(), *RESULT_COLUMNS, "run_dir"]
     path = out_dir / "results.csv"
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".csv.tmp")
