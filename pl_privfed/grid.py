@@ -115,7 +115,7 @@ def write_grid_results(
     history: Sequence[dict[str, list[tuple[int, float]]]],
     statuses: Sequence[str],
     rounds: int,
-    extra: dict[str, Any] | None = None,
+    extra: Sequence[dict[str, Any]] | None = None,
 ) -> Path:
     """Write the grid's results like a ``pl-privfed sweep``; return the ``results.csv`` path.
 
@@ -123,20 +123,23 @@ def write_grid_results(
     ``<out_dir>/results.csv`` with one row each (the sweep's columns), so that
     ``pl-privfed report <out_dir>/results.csv`` draws the grid's heatmaps, curves and table.
     ``history[k]`` maps a metric (``train/loss``, ``test/acc``, ``test/loss``) to
-    ``(round, value)`` points; ``extra`` adds entries (e.g. ε) to every summary.
+    ``(round, value)`` points (``train/full_grad_norm`` also gives ``final_full_grad_norm``);
+    ``extra[k]`` adds entries (e.g. ε, ``rounds_to_target``) to configuration ``k``'s summary.
     """
     out = Path(out_dir)
     keys = [GRID_PREFIX + k for k in points[0]]
     names = column_names(keys)
     rows = []
-    for index, (alg, point, curves, status) in enumerate(
-        zip(algorithms, points, history, statuses, strict=True)
+    extra = extra if extra is not None else [{} for _ in points]
+    for index, (alg, point, curves, status, entries) in enumerate(
+        zip(algorithms, points, history, statuses, extra, strict=True)
     ):
         params = {GRID_PREFIX + k: v for k, v in point.items()}
         run_dir = out / "runs" / run_id(index, params)
         run_dir.mkdir(parents=True, exist_ok=True)
         accuracy = [v for _, v in sorted(curves.get("test/acc", []))]
         losses = [v for _, v in sorted(curves.get("train/loss", []))]
+        grad_norms = [v for _, v in sorted(curves.get("train/full_grad_norm", []))]
         init_args = {
             name: _json_value(getattr(alg, name))
             for name in _init_parameters(type(alg))
@@ -148,12 +151,13 @@ def write_grid_results(
             "final_test_accuracy": accuracy[-1] if accuracy else None,
             "best_test_accuracy": max(accuracy) if accuracy else None,
             "final_train_loss": losses[-1] if losses else None,
+            "final_full_grad_norm": grad_norms[-1] if grad_norms else None,
             "grid_index": index,
             "grid_point": {k: _json_value(v) for k, v in point.items()},
             "config": {
                 "model": {"algorithm": {"class_path": _class_path(alg), "init_args": init_args}}
             },
-            **(extra or {}),
+            **entries,
         }
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         lines = ["metric,round,value"]

@@ -157,6 +157,7 @@ class FederatedModule(pl.LightningModule):
             self.register_buffer(key, buf.detach().unsqueeze(0).repeat(k, *([1] * buf.dim())))
         self._grid_status = ["running"] * k
         self._grid_history: list[dict[str, list[tuple[int, float]]]] = [{} for _ in range(k)]
+        self._grid_entries: list[dict[str, Any]] = [{} for _ in range(k)]
         self._grid_eval: list[list[float]] | None = None
 
     # ------------------------------------------------------------------ setup
@@ -341,6 +342,26 @@ class FederatedModule(pl.LightningModule):
         for name, value in self._grid_buffers().items():
             bufs[name].copy_(value[k])
 
+    def grid_running(self) -> list[int]:
+        """Indices of the grid's configurations still training (not failed, not done)."""
+        return [k for k, status in enumerate(self._grid_status) if status == "running"]
+
+    def grid_record(self, k: int, metric: str, round_index: int, value: float) -> None:
+        """Add a point to configuration ``k``'s curve ``metric`` (its ``curves.csv``)."""
+        self._grid_history[k].setdefault(metric, []).append((int(round_index), float(value)))
+
+    def grid_entries(self, k: int) -> dict[str, Any]:
+        """Configuration ``k``'s extra ``summary.json`` entries (e.g. ``rounds_to_target``),
+        which callbacks may fill; kept in checkpoints."""
+        return self._grid_entries[k]
+
+    def grid_finish(self, k: int, reason: str) -> None:
+        """Stop training configuration ``k`` (status ``finished: <reason>``); the run stops
+        when no configuration is left training."""
+        self._grid_status[k] = f"finished: {reason}"
+        if not self.grid_running():
+            self.trainer.should_stop = True
+
     def _grid_training_step(self, inputs: Tensor, targets: Tensor) -> None:
         """One round of every live configuration of the grid (see :mod:`pl_privfed.grid`).
 
@@ -350,7 +371,10 @@ class FederatedModule(pl.LightningModule):
         per-example gradients, partial participation) goes to the oracle as in a single run.
         """
         round_index = self.global_step
-        live = [k for k, status in enumerate(self._grid_status) if status == "running"]
+        live = self.grid_running()
+        if not live:  # every configuration is done (e.g. reached its target)
+            self.trainer.should_stop = True
+            return None
         n = inputs.shape[0]
         batched: dict[str, Any] = {}
 
@@ -417,14 +441,17 @@ class FederatedModule(pl.LightningModule):
             for name, value in (new_buffers or {}).items():
                 getattr(self, self._grid_buffer_names[name])[k].copy_(value)
             if loss is not None and record:
-                self._grid_history[k].setdefault("train/loss", []).append((round_index + 1, loss))
+                self.grid_record(k, "train/loss", round_index + 1, loss)
         self.grid_params.copy_(new_params)
-        running = [k for k in live if self._grid_status[k] == "running"]
-        if not running:
+        running = self.grid_running()
+        if not running and not any(s.startswith("finished") for s in self._grid_status):
             raise NonFiniteLossError(
                 f"every configuration of the grid has a non-finite training loss by round "
                 f"{round_index}; stopping (lower the step sizes, or check the data and model)"
             )
+        if not running:
+            self.trainer.should_stop = True
+            return None
         self.optimizers().step()
         self._last_round = outcomes[running[0]][0]  # statistics of the first live configuration
         finite = [loss_of[k] for k in running if k in loss_of]
@@ -463,11 +490,10 @@ class FederatedModule(pl.LightningModule):
         for k, (loss_sum, correct, count) in enumerate(stats):
             if count == 0:
                 continue
-            curves = self._grid_history[k]
-            curves.setdefault("test/loss", []).append((self.global_step, loss_sum / count))
+            self.grid_record(k, "test/loss", self.global_step, loss_sum / count)
             if self.test_accuracy is not None:
                 accuracies.append(correct / count)
-                curves.setdefault("test/acc", []).append((self.global_step, correct / count))
+                self.grid_record(k, "test/acc", self.global_step, correct / count)
         if accuracies:
             self.log("grid/best_test_acc", max(accuracies), prog_bar=True)
         self.write_grid_results()
@@ -491,7 +517,7 @@ class FederatedModule(pl.LightningModule):
             self._grid_history,
             self._grid_status,
             int(self.global_step),
-            extra,
+            [{**extra, **entries} for entries in self._grid_entries],
         )
 
     def _count_transmissions(self, result: Any) -> None:
@@ -513,7 +539,7 @@ class FederatedModule(pl.LightningModule):
         if self.grid_algorithms is not None:
             entries["grid"] = {
                 "configurations": len(self.grid_points),
-                "finished": sum(s == "finished" for s in self._grid_status),
+                "finished": sum(s.startswith("finished") for s in self._grid_status),
                 "failed": sum(s.startswith("failed") for s in self._grid_status),
                 "results": str(self.write_grid_results()),
             }
@@ -653,7 +679,11 @@ class FederatedModule(pl.LightningModule):
             checkpoint["privacy_accountant"] = self.accountant.state_dict()
         checkpoint["client_transmissions"] = self.client_transmissions
         if self.grid_algorithms is not None:
-            checkpoint["grid"] = {"status": self._grid_status, "history": self._grid_history}
+            checkpoint["grid"] = {
+                "status": self._grid_status,
+                "history": self._grid_history,
+                "entries": self._grid_entries,
+            }
 
     @override
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -665,4 +695,7 @@ class FederatedModule(pl.LightningModule):
             self._grid_history = [
                 {m: [tuple(p) for p in pts] for m, pts in h.items()}
                 for h in checkpoint["grid"]["history"]
+            ]
+            self._grid_entries = [dict(e) for e in checkpoint["grid"].get("entries", [])] or [
+                {} for _ in self.grid_points
             ]

@@ -11,7 +11,14 @@ from pytorch_lightning.callbacks import ModelCheckpoint
 from test_module import StopAt, trainer
 
 from pl_privfed import FederatedModule, NonFiniteLossError
-from pl_privfed.algorithms import AlphaNormEC, Clip21, FedAvgPerUpdateClipping, LocalSGD
+from pl_privfed.algorithms import (
+    AlphaNormEC,
+    Clip21,
+    DistributedDPSGD,
+    FedAvgPerUpdateClipping,
+    LocalSGD,
+)
+from pl_privfed.callbacks import GradientNorm
 from pl_privfed.cli import PrivFedCLI, main
 from pl_privfed.datamodules import DigitsDataModule, DirichletPartitioner
 from pl_privfed.grads import GradientOracle
@@ -279,3 +286,48 @@ def test_oracle_with_given_client_buffers(backend):
         oracle(x, inputs, targets, buffers={k: v[:2] for k, v in own.items()})
     with pytest.raises(ValueError, match="buffers"):
         oracle(x, inputs, targets, buffers={})
+
+
+def test_gradient_norm_measures_and_stops_each_configuration(tmp_path):
+    """Paper 003's metric in a grid: every configuration's ||∇f(x)|| curve and rounds to the
+    target equal its separate run's; each stops at its own target round; the run stops when
+    every configuration has."""
+    data = dict(batch_size=64)
+
+    def logistic():
+        torch.manual_seed(0)
+        return MLP(64, [], 10).double()
+
+    def norm_callback():
+        return GradientNorm(every_n_rounds=1, target=0.3, stop_at_target=True)
+
+    alg = DistributedDPSGD(0.5)
+    module = FederatedModule(logistic(), alg, grid={"step_size": [0.01, 0.5, 1.0]})
+    _fit(module, tmp_path / "grid", 30, data=_data(**data), callbacks=[norm_callback()])
+    assert module.global_step == 30  # γ = 0.01 never gets there
+    for k, point in enumerate(module.grid_points):
+        single, callback = (
+            FederatedModule(logistic(), rebuild_algorithm(alg, point)),
+            norm_callback(),
+        )
+        _fit(single, tmp_path / f"s{k}", 30, data=_data(**data), callbacks=[callback])
+        curve = module._grid_history[k]["train/full_grad_norm"]
+        assert [r for r, _ in curve] == [r for r, _ in callback.history]
+        torch.testing.assert_close(torch.tensor([v for _, v in curve]),
+                                   torch.tensor([v for _, v in callback.history]))  # fmt: skip
+        assert module.grid_entries(k)["rounds_to_target"] == callback.rounds_to_target
+        if callback.rounds_to_target is None:
+            assert module._grid_status[k] == "finished"
+        else:
+            assert module._grid_status[k].startswith("finished: full gradient norm")
+            assert single.global_step == callback.rounds_to_target
+    reached = [module.grid_entries(k)["rounds_to_target"] for k in range(3)]
+    assert reached[0] is None and reached[1] is not None and reached[2] is not None
+    with (tmp_path / "grid" / "grid" / "results.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert [r["rounds_to_target"] for r in rows] == ["", str(reached[1]), str(reached[2])]
+    assert all(r["final_full_grad_norm"] for r in rows)
+    # when every configuration reaches the target the run stops there
+    module = FederatedModule(logistic(), alg, grid={"step_size": [0.5, 1.0]})
+    _fit(module, tmp_path / "both", 30, data=_data(**data), callbacks=[norm_callback()])
+    assert module.global_step == max(reached[1:])

@@ -47,6 +47,12 @@ class GradientNorm(pl.Callback):
     smallest values and the history into ``summary.json``. With ``stop_at_target`` training stops
     at that round (``trainer.should_stop``), with the reason in :attr:`stop_reason`.
 
+    In a grid of configurations (``FederatedModule(grid=...)``) every configuration still
+    training is measured at its own parameters: its curve, ``rounds_to_target`` and
+    ``final_full_grad_norm`` go into its own results (``results.csv``), and with
+    ``stop_at_target`` each configuration stops at its own target round (the run stops when none
+    is left); this callback's own history holds the smallest norm over the configurations.
+
     Args:
         every_n_rounds: evaluate every this many rounds.
         target: the target gradient norm (``None``: no target).
@@ -166,14 +172,45 @@ class GradientNorm(pl.Callback):
         return float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])))
 
     # ------------------------------------------------------------------ hooks
+    def _evaluate_grid(self, trainer: pl.Trainer, pl_module: Any) -> float:
+        """Every training configuration of a grid (:mod:`pl_privfed.grid`): its own curve,
+        ``rounds_to_target`` and, with ``stop_at_target``, its own stop; returns the smallest
+        norm, which is what this callback's own history and log hold for a grid."""
+        round_index = int(trainer.global_step)
+        smallest = math.inf
+        for k in pl_module.grid_running():
+            pl_module._load_grid_configuration(k)
+            value = self.full_gradient_norm(pl_module, trainer.datamodule)
+            pl_module.grid_record(k, self.key, round_index, value)
+            smallest = min(smallest, value)
+            entries = pl_module.grid_entries(k)
+            entries.setdefault("rounds_to_target", None)
+            if self.target is None or entries["rounds_to_target"] is not None:
+                continue
+            if value <= self.target:
+                entries["rounds_to_target"] = round_index
+                if self.stop_at_target:
+                    pl_module.grid_finish(
+                        k, f"full gradient norm {value:.4g} <= target {self.target:g} at round "
+                        f"{round_index}"
+                    )  # fmt: skip
+        if self.stop_at_target and trainer.should_stop:
+            self.stop_reason = "every configuration of the grid reached the target or failed"
+        return smallest
+
     def _evaluate(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> float:
-        value = self.full_gradient_norm(pl_module, trainer.datamodule)
+        if getattr(pl_module, "grid_algorithms", None) is not None:
+            value = self._evaluate_grid(trainer, pl_module)
+            if not math.isfinite(value):  # no configuration left training
+                return value
+        else:
+            value = self.full_gradient_norm(pl_module, trainer.datamodule)
         round_index = int(trainer.global_step)
         if not self.history or self.history[-1][0] != round_index:
             self.history.append((round_index, value))
         if self.target is not None and self.rounds_to_target is None and value <= self.target:
             self.rounds_to_target = round_index
-            if self.stop_at_target:
+            if self.stop_at_target and getattr(pl_module, "grid_algorithms", None) is None:
                 trainer.should_stop = True
                 self.stop_reason = (
                     f"full gradient norm {value:.4g} <= target {self.target:g} at round "
@@ -193,7 +230,9 @@ class GradientNorm(pl.Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if trainer.global_step % self.every_n_rounds:
             return
-        pl_module.log(self.key, self._evaluate(trainer, pl_module))
+        value = self._evaluate(trainer, pl_module)
+        if math.isfinite(value):
+            pl_module.log(self.key, value)
 
     # ------------------------------------------------------------------ summary and state
     def summary_entries(self) -> dict[str, Any]:
