@@ -125,6 +125,8 @@ def write_grid_results(
     ``history[k]`` maps a metric (``train/loss``, ``test/acc``, ``test/loss``) to
     ``(round, value)`` points (``train/full_grad_norm`` also gives ``final_full_grad_norm``);
     ``extra[k]`` adds entries (e.g. ε, ``rounds_to_target``) to configuration ``k``'s summary.
+    ``rounds`` is the run's round count; a configuration that has stopped (failed, or finished
+    at its target) reports the rounds it ran.
     """
     out = Path(out_dir)
     keys = [GRID_PREFIX + k for k in points[0]]
@@ -147,7 +149,7 @@ def write_grid_results(
         }
         summary = {
             "status": status,
-            "rounds": rounds,
+            "rounds": int(alg.rounds_done) if status != "running" else rounds,
             "final_test_accuracy": accuracy[-1] if accuracy else None,
             "best_test_accuracy": max(accuracy) if accuracy else None,
             "final_train_loss": losses[-1] if losses else None,

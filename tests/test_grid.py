@@ -327,6 +327,7 @@ def test_gradient_norm_measures_and_stops_each_configuration(tmp_path):
         rows = list(csv.DictReader(f))
     assert [r["rounds_to_target"] for r in rows] == ["", str(reached[1]), str(reached[2])]
     assert all(r["final_full_grad_norm"] for r in rows)
+    assert [r["rounds"] for r in rows] == ["30", str(reached[1]), str(reached[2])]
     # when every configuration reaches the target the run stops there
     module = FederatedModule(logistic(), alg, grid={"step_size": [0.5, 1.0]})
     _fit(module, tmp_path / "both", 30, data=_data(**data), callbacks=[norm_callback()])
