@@ -89,6 +89,9 @@ class FederatedModule(pl.LightningModule):
             configurations must share their privacy mechanisms (the run reports one ε).
         grid_dir: where the grid's ``results.csv`` and ``runs/<id>/`` go (default
             ``<log dir>/grid``).
+        grid_chunk: compute the grid's gradients for at most this many configurations per
+            oracle call (default: all in one), to bound the memory of a large grid; the results
+            do not depend on it.
     """
 
     def __init__(
@@ -101,6 +104,7 @@ class FederatedModule(pl.LightningModule):
         cuda_graphs: bool = False,
         grid: dict[str, list[Any]] | None = None,
         grid_dir: str | None = None,
+        grid_chunk: int | None = None,
     ) -> None:
         super().__init__()
         if not isinstance(model, nn.Module):
@@ -131,13 +135,20 @@ class FederatedModule(pl.LightningModule):
         self.local_batches = 1
         self.client_transmissions = 0
         self._output_report: dict[str, Any] | None = None
-        self._init_grid(grid, grid_dir)
+        self._init_grid(grid, grid_dir, grid_chunk)
 
-    def _init_grid(self, grid: dict[str, list[Any]] | None, grid_dir: str | None) -> None:
+    def _init_grid(
+        self, grid: dict[str, list[Any]] | None, grid_dir: str | None, grid_chunk: int | None
+    ) -> None:
         """The configurations of ``grid`` (see the class docstring), their parameters ``[K, d]``
         and their own copies of the model's buffers ``[K, ...]``."""
         self.grid = grid
         self.grid_dir = grid_dir
+        if grid_chunk is not None and (
+            isinstance(grid_chunk, bool) or not isinstance(grid_chunk, int) or grid_chunk < 1
+        ):
+            raise ValueError(f"grid_chunk must be a positive integer or None, got {grid_chunk!r}")
+        self.grid_chunk = grid_chunk
         self.grid_points: list[dict[str, Any]] = []
         self.grid_algorithms: nn.ModuleList | None = None
         if grid is None:
@@ -375,7 +386,6 @@ class FederatedModule(pl.LightningModule):
         if not live:  # every configuration is done (e.g. reached its target)
             self.trainer.should_stop = True
             return None
-        n = inputs.shape[0]
         batched: dict[str, Any] = {}
 
         def all_gradients() -> dict[str, Any]:
@@ -384,27 +394,16 @@ class FederatedModule(pl.LightningModule):
             x_in, y_in = inputs, targets
             if self.local_batches > 1:  # all the round's data: [n, T·B, ...]
                 x_in, y_in = x_in.flatten(1, 2), y_in.flatten(1, 2)
-            rows = torch.tensor(live, device=self.grid_params.device)
-            k = len(live)
-
-            def per_row(t: Tensor) -> Tensor:
-                return t[rows].repeat_interleave(n, 0)
-
-            buffers = {name: per_row(v) for name, v in self._grid_buffers().items()}
-            out = self.oracle(
-                per_row(self.grid_params),
-                x_in.repeat(k, *([1] * (x_in.dim() - 1))),
-                y_in.repeat(k, *([1] * (y_in.dim() - 1))),
-                buffers=buffers or None,
-            )
-            batched["grads"] = out.grads.view(k, n, -1)
-            batched["losses"] = out.losses.view(k, n)
-            if buffers:  # r ← mean over the configuration's clients (the engine's rule)
+            size = self.grid_chunk or len(live)
+            chunks = [
+                self._grid_gradients(live[i : i + size], x_in, y_in)
+                for i in range(0, len(live), size)
+            ]
+            batched["grads"] = torch.cat([c[0] for c in chunks])
+            batched["losses"] = torch.cat([c[1] for c in chunks])
+            if chunks[0][2]:
                 batched["buffers"] = {
-                    name: v.view(k, n, *v.shape[1:]).mean(1)
-                    if v.is_floating_point()
-                    else v.view(k, n, *v.shape[1:])[:, 0]
-                    for name, v in self.oracle.client_buffers.items()
+                    name: torch.cat([c[2][name] for c in chunks]) for name in chunks[0][2]
                 }
             return batched
 
@@ -461,6 +460,31 @@ class FederatedModule(pl.LightningModule):
         self._count_transmissions(self._last_round)
         self._account(round_index)
         return None
+
+    def _grid_gradients(
+        self, configs: list[int], inputs: Tensor, targets: Tensor
+    ) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+        """One oracle call for the clients of ``configs``: gradients ``[k, n, d]``, losses
+        ``[k, n]`` and each configuration's new buffers (``r ←`` the mean over its clients of
+        their updated copies, the engine's rule)."""
+        n, k = inputs.shape[0], len(configs)
+        rows = torch.tensor(configs, device=self.grid_params.device)
+
+        def per_row(t: Tensor) -> Tensor:
+            return t[rows].repeat_interleave(n, 0)
+
+        buffers = {name: per_row(v) for name, v in self._grid_buffers().items()}
+        out = self.oracle(
+            per_row(self.grid_params),
+            inputs.repeat(k, *([1] * (inputs.dim() - 1))),
+            targets.repeat(k, *([1] * (targets.dim() - 1))),
+            buffers=buffers or None,
+        )
+        averaged = {}
+        for name, v in (self.oracle.client_buffers or {}).items():
+            v = v.view(k, n, *v.shape[1:])
+            averaged[name] = v.mean(1) if v.is_floating_point() else v[:, 0]
+        return out.grads.view(k, n, -1), out.losses.view(k, n), averaged
 
     def _grid_evaluate(self, batch: Any) -> None:
         """Test loss and accuracy of every configuration that has not failed, on this batch."""

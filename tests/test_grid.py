@@ -86,6 +86,14 @@ def test_alpha_normec_grid_equals_separate_runs(backend, batch_norm, tmp_path):
     module = FederatedModule(_model(batch_norm), alg, grad_backend=backend, grid=grid)
     _fit(module, tmp_path / "grid", 5)
     assert len(module.grid_points) == 8
+    # gradients for 3 configurations per oracle call: the same iterates
+    chunked = FederatedModule(
+        _model(batch_norm), alg, grad_backend=backend, grid=grid, grid_chunk=3
+    )
+    _fit(chunked, tmp_path / "chunked", 5)
+    for a, b in zip(module.state_dict().values(), chunked.state_dict().values()):
+        if isinstance(a, torch.Tensor):
+            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
     assert module.grid_points[1] == {"step_size": 0.05, "beta": 0.1, "server_normalization": False}
     assert module._grid_status == ["finished"] * 8
     _assert_equals_separate_runs(module, alg, backend, 5, tmp_path, batch_norm)
@@ -209,6 +217,13 @@ def test_grid_resume_is_bit_identical(tmp_path):
 def test_bad_grid_fails_at_construction(grid, message):
     with pytest.raises(ValueError, match=message):
         FederatedModule(_model(), AlphaNormEC(0.1, beta=0.1, alpha=0.01), grid=grid)
+
+
+@pytest.mark.parametrize("chunk", [0, 2.5, True])
+def test_bad_grid_chunk(chunk):
+    with pytest.raises(ValueError, match="grid_chunk"):
+        FederatedModule(_model(), AlphaNormEC(0.1, beta=0.1, alpha=0.01), grid={"beta": [1.0]},
+                        grid_chunk=chunk)  # fmt: skip
 
 
 def test_private_grid_with_different_mechanisms_fails_before_training(tmp_path):
