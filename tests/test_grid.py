@@ -347,3 +347,36 @@ def test_gradient_norm_measures_and_stops_each_configuration(tmp_path):
     module = FederatedModule(logistic(), alg, grid={"step_size": [0.5, 1.0]})
     _fit(module, tmp_path / "both", 30, data=_data(**data), callbacks=[norm_callback()])
     assert module.global_step == max(reached[1:])
+
+
+FAMILIES = ["dp_alpha_normec", "dp_clip21", "ef21", "dpsgd_clip", "dp_fed_alpha_normec",
+            "dp_fedavg_clip", "dp_fedavg_per_sample_clipping", "dp_fedavg_per_update_clipping",
+            "porter_dp", "porter_gc", "beer", "soteriafl"]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_every_algorithm_family_in_a_grid_equals_its_separate_runs(name, tmp_path, monkeypatch):
+    """Shipped algorithm configs (client sampling, local steps, per-example clipping, gossip,
+    compression, noise): a 2-configuration grid over the step size against the two runs."""
+    monkeypatch.chdir(tmp_path)
+    config = str(REPO / f"configs/algorithms/{name}.yaml")
+    base = ["--config", config, "--trainer.logger", "false", "--trainer.enable_checkpointing",
+            "false", "--trainer.callbacks", "[]"]  # fmt: skip
+
+    def fit(*extra, run=True):
+        cli = PrivFedCLI(args=[*base, *extra], run=False)
+        if run:
+            trainer(tmp_path, max_steps=3).fit(cli.model, datamodule=cli.datamodule)
+        return cli.model
+
+    step = fit(run=False).algorithm.step_size
+    steps = [step, step / 2]
+    grid = fit("--model.grid", json.dumps({"step_size": steps}))
+    assert grid._grid_status == ["finished", "finished"]
+    assert not torch.equal(grid.grid_params[0], grid.grid_params[1])
+    for k, value in enumerate(steps):
+        single = fit("--model.algorithm.init_args.step_size", str(value))
+        x = single.layout.flatten(single.model)
+        torch.testing.assert_close(grid.grid_params[k], x, rtol=1e-6, atol=1e-7)
+        if single.accountant is not None:
+            assert grid.accountant.steps == single.accountant.steps
