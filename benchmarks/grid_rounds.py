@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import tempfile
 
 import pytorch_lightning as pl
 import torch
@@ -67,6 +68,7 @@ def run(args, clients: int, size: int) -> float:
                              grid=grid_of(size))  # fmt: skip
     timer = RoundTimer()
     trainer = pl.Trainer(
+        default_root_dir=tempfile.mkdtemp(prefix="grid_rounds_"),  # the grid's results.csv
         accelerator=args.accelerator, devices=1, max_steps=args.rounds, logger=False,
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
         limit_val_batches=0, num_sanity_val_steps=0, benchmark=True, callbacks=[timer],
