@@ -95,7 +95,7 @@ def test_module_with_cuda_graphs_follows_eager_module():
     torch.testing.assert_close(finals[1], finals[0], atol=1e-5, rtol=1e-5)
 
 
-def test_grid_with_cuda_graphs_follows_eager_grid():
+def test_grid_with_cuda_graphs_follows_eager_grid(tmp_path):
     """A 4-configuration grid (ResNet-20 with BatchNorm, per-configuration buffers) on the GPU:
     the CUDA-graph engine follows the eager one, and each configuration its separate run."""
     import pytorch_lightning as pl
@@ -114,6 +114,7 @@ def test_grid_with_cuda_graphs_follows_eager_grid():
         torch.manual_seed(0)
         module = FederatedModule(resnet20(), algorithm, cuda_graphs=graphs, grid=grid)
         pl.Trainer(accelerator="gpu", devices=1, max_steps=6, logger=False,
+                   default_root_dir=tmp_path,
                    enable_checkpointing=False, enable_progress_bar=False,
                    enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
                    ).fit(module, datamodule=TinyImages(num_clients=3, batch_size=8))  # fmt: skip
