@@ -169,7 +169,7 @@ class FederatedModule(pl.LightningModule):
         self._grid_status = ["running"] * k
         self._grid_history: list[dict[str, list[tuple[int, float]]]] = [{} for _ in range(k)]
         self._grid_entries: list[dict[str, Any]] = [{} for _ in range(k)]
-        self._grid_eval: list[list[float]] | None = None
+        self._grid_eval: Tensor | None = None  # per configuration: loss sum, correct, count
 
     # ------------------------------------------------------------------ setup
     def _num_rounds(self) -> int:
