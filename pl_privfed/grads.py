@@ -338,7 +338,8 @@ class GradientOracle:
         graph.replay()
         if averaged is not None:
             averaged = {k: v.clone() for k, v in averaged.items()}
-        updated = {k: v.clone() for k, v in updated.items()}
+        if client_buffers is not None:  # else the model's copies, which nobody reads
+            updated = {k: v.clone() for k, v in updated.items()}
         return grads.clone(), losses.clone(), averaged, updated
 
     def _vmap(self, params, buffers, inputs, targets, shared, per_example=False):
