@@ -31,6 +31,7 @@ from torchmetrics.classification import MulticlassAccuracy
 from typing_extensions import override
 
 from pl_privfed.algorithms import FederatedAlgorithm
+from pl_privfed.callbacks._wandb import log_artifact
 from pl_privfed.grads import Backend, GradientOracle, ParameterLayout, resolve_backend
 from pl_privfed.grid import grid_points, rebuild_algorithm, write_grid_results
 from pl_privfed.privacy import PrivacyAccountant
@@ -575,7 +576,9 @@ class FederatedModule(pl.LightningModule):
     def on_train_end(self) -> None:
         if self.grid_algorithms is not None:
             self._grid_status = ["finished" if s == "running" else s for s in self._grid_status]
-            self.write_grid_results()
+            results = self.write_grid_results()
+            if results is not None:  # on a W&B logger, the table as an artifact
+                log_artifact(self.trainer, results, "grid-results")
         if callable(getattr(self.algorithm, "output", None)) and self.algorithm.rounds_done > 0:
             self._output_report = self.evaluate_output_iterate()
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import wandb
 from pytorch_lightning.callbacks import ModelCheckpoint
 from test_module import StopAt, trainer
 
@@ -261,7 +262,7 @@ def test_paper_002_grid_overlays_match_their_sweeps(base, overlay, size, tmp_pat
 
 def test_grid_from_the_command_line(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    main(["fit", "--config", str(REPO / "configs/quickstart.yaml"), "--trainer.logger", "false",
+    main(["fit", "--config", str(REPO / "configs/quickstart.yaml"),
           "--trainer.max_steps", "4", "--trainer.val_check_interval", "2",
           "--model.grid", '{"step_size": [0.1, 0.2], "beta": [0.1, 1.0]}',
           "--model.grid_dir", "grid"])  # fmt: skip
@@ -269,6 +270,11 @@ def test_grid_from_the_command_line(tmp_path, monkeypatch):
         rows = list(csv.DictReader(f))
     assert len(rows) == 4 and {r["status"] for r in rows} == {"finished"}
     assert all(float(r["epsilon"]) > 0 for r in rows)  # the quickstart is private
+    # the quickstart's W&B logger (offline) got the table as an artifact; teardown() waits for
+    # W&B's service to close the run log (see tests/test_cli.py)
+    wandb.teardown()
+    (run_log,) = tmp_path.glob("logs/wandb/offline-run-*/run-*.wandb")
+    assert b"grid-results" in run_log.read_bytes()
 
 
 @pytest.mark.parametrize("backend", ["vmap", "loop"])
