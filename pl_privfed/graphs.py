@@ -39,6 +39,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from pl_privfed.checks import check_int, check_positive_int
+
 __all__ = [
     "GraphName",
     "Topology",
@@ -80,8 +82,7 @@ def erdos_renyi_graph(n: int, p: float, seed: int = 0, max_tries: int = 100) -> 
     _check_nodes(n)
     if isinstance(p, bool) or not isinstance(p, int | float) or not 0 < p <= 1:
         raise ValueError(f"p must be in (0, 1], got {p!r}")
-    if isinstance(max_tries, bool) or not isinstance(max_tries, int) or max_tries < 1:
-        raise ValueError(f"max_tries must be a positive integer, got {max_tries!r}")
+    check_positive_int("max_tries", max_tries)
     for attempt in range(max_tries):
         graph = nx.gnp_random_graph(n, p, seed=seed + attempt)
         if nx.is_connected(graph):
@@ -237,10 +238,8 @@ class Topology:
             raise ValueError(f"weights must be one of {WEIGHTS}, got {weights!r}")
         if isinstance(p, bool) or not isinstance(p, int | float) or not 0 < p <= 1:
             raise ValueError(f"p must be in (0, 1], got {p!r}")
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise ValueError(f"seed must be an integer, got {seed!r}")
-        if isinstance(max_tries, bool) or not isinstance(max_tries, int) or max_tries < 1:
-            raise ValueError(f"max_tries must be a positive integer, got {max_tries!r}")
+        check_int("seed", seed)
+        check_positive_int("max_tries", max_tries)
         self.graph_name = graph
         self.p = float(p)
         self.weights = weights

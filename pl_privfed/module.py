@@ -32,6 +32,7 @@ from typing_extensions import override
 
 from pl_privfed.algorithms import FederatedAlgorithm
 from pl_privfed.callbacks._wandb import log_artifact
+from pl_privfed.checks import check_positive_int
 from pl_privfed.grads import Backend, GradientOracle, ParameterLayout, resolve_backend
 from pl_privfed.grid import grid_points, rebuild_algorithm, write_grid_results
 from pl_privfed.privacy import PrivacyAccountant
@@ -145,11 +146,9 @@ class FederatedModule(pl.LightningModule):
         and their own copies of the model's buffers ``[K, ...]``."""
         self.grid = grid
         self.grid_dir = grid_dir
-        if grid_chunk is not None and (
-            isinstance(grid_chunk, bool) or not isinstance(grid_chunk, int) or grid_chunk < 1
-        ):
-            raise ValueError(f"grid_chunk must be a positive integer or None, got {grid_chunk!r}")
         self.grid_chunk = grid_chunk
+        if grid_chunk is not None:
+            check_positive_int("grid_chunk", grid_chunk)
         self.grid_points: list[dict[str, Any]] = []
         self.grid_algorithms: nn.ModuleList | None = None
         if grid is None:

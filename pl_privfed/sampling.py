@@ -27,6 +27,8 @@ import math
 import torch
 from torch import Tensor
 
+from pl_privfed.checks import check_positive_int
+
 __all__ = [
     "BernoulliSampler",
     "ClientSampler",
@@ -123,9 +125,7 @@ class FixedSizeSampler(ClientSampler):
     """
 
     def __init__(self, cohort_size: int) -> None:
-        if isinstance(cohort_size, bool) or not isinstance(cohort_size, int) or cohort_size < 1:
-            raise ValueError(f"cohort_size must be a positive integer, got {cohort_size!r}")
-        self.cohort_size = cohort_size
+        self.cohort_size = check_positive_int("cohort_size", cohort_size)
         self.num_clients = 0
 
     def setup(self, num_clients: int) -> None:

@@ -11,13 +11,13 @@ Lightning checkpoint carries all of it.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
 
+from pl_privfed.checks import check_int, check_positive, check_positive_int
 from pl_privfed.communication import Messages
 from pl_privfed.operators import Operator
 from pl_privfed.privacy import DPNoise
@@ -28,6 +28,7 @@ __all__ = [
     "Mechanism",
     "RecordSampling",
     "RoundResult",
+    "check_int",
     "check_positive",
     "check_positive_int",
     "noise_to_signal",
@@ -35,22 +36,6 @@ __all__ = [
 ]
 
 GradFn = Callable[..., Tensor]
-
-
-def check_positive(name: str, value: float) -> float:
-    """Return ``value`` as a float, or raise ``ValueError`` naming ``name`` if not > 0 and finite."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(f"{name} must be a positive number, got {value!r}")
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be a positive finite number, got {value!r}")
-    return float(value)
-
-
-def check_positive_int(name: str, value: object) -> int:
-    """Return ``value``, or raise ``ValueError`` naming ``name`` if it is not an integer >= 1."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return value
 
 
 def operator_metrics(inputs: Tensor, outputs: Tensor) -> dict[str, Tensor]:

@@ -27,6 +27,7 @@ from pl_privfed.algorithms.base import (
     GradFn,
     RecordSampling,
     RoundResult,
+    check_int,
     check_positive,
     noise_to_signal,
     operator_metrics,
@@ -92,9 +93,7 @@ class DecentralizedAlgorithm(FederatedAlgorithm):
         self.compressor = compressor if compressor is not None else Identity()
         if not isinstance(self.compressor, Operator):
             raise ValueError(f"compressor must be an Operator, got {compressor!r}")
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise ValueError(f"seed must be an integer, got {seed!r}")
-        self.seed = seed
+        self.seed = check_int("seed", seed)
         self.rate = float("nan")
 
     def operators(self) -> list[Operator]:

@@ -26,6 +26,7 @@ from pl_privfed.algorithms.base import (
     GradFn,
     Mechanism,
     RoundResult,
+    check_int,
     check_positive,
     noise_to_signal,
     operator_metrics,
@@ -64,8 +65,7 @@ class LocalUpdateAlgorithm(FederatedAlgorithm):
             raise ValueError(f"local_solver must be a LocalSolver, got {local_solver!r}")
         if sampler is not None and not isinstance(sampler, ClientSampler):
             raise ValueError(f"sampler must be a ClientSampler or None, got {sampler!r}")
-        if isinstance(sampling_seed, bool) or not isinstance(sampling_seed, int):
-            raise ValueError(f"sampling_seed must be an integer, got {sampling_seed!r}")
+        check_int("sampling_seed", sampling_seed)
         self.local_solver = local_solver
         self.sampler = sampler
         self.sampling_seed = sampling_seed

@@ -10,6 +10,7 @@ from pl_privfed.algorithms.base import (
     GradFn,
     RecordSampling,
     RoundResult,
+    check_int,
     check_positive,
     noise_to_signal,
     operator_metrics,
@@ -83,9 +84,7 @@ class SoteriaFL(RecordSampling, FederatedAlgorithm):
         if not isinstance(self.compressor, Operator):
             raise ValueError(f"compressor must be an Operator, got {compressor!r}")
         self._init_record_sampling(batch_size, local_dataset_size)
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise ValueError(f"seed must be an integer, got {seed!r}")
-        self.seed = seed
+        self.seed = check_int("seed", seed)
 
     def operators(self) -> list[Operator]:
         return [self.compressor]

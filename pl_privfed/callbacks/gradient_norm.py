@@ -12,6 +12,8 @@ from torch import Tensor, nn
 from torch.func import vmap
 from typing_extensions import override
 
+from pl_privfed.checks import check_positive_int
+
 __all__ = ["GradientNorm"]
 
 
@@ -75,9 +77,8 @@ class GradientNorm(pl.Callback):
         chunk_size: int = 4096,
         key: str = "train/full_grad_norm",
     ) -> None:
-        for name, value in (("every_n_rounds", every_n_rounds), ("chunk_size", chunk_size)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        check_positive_int("every_n_rounds", every_n_rounds)
+        check_positive_int("chunk_size", chunk_size)
         if target is not None and not (
             isinstance(target, int | float) and math.isfinite(target) and target > 0
         ):

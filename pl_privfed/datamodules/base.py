@@ -12,15 +12,10 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 
+from pl_privfed.checks import check_positive_int
 from pl_privfed.datamodules.partition import IIDPartitioner, Partitioner
 
 __all__ = ["ClientStreams", "FederatedDataModule"]
-
-
-def _positive_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return value
 
 
 def _subset(dataset: Dataset, size: int | None, seed: int) -> Dataset:
@@ -156,9 +151,9 @@ class FederatedDataModule(pl.LightningDataModule):
         shuffle: bool = True,
     ) -> None:
         super().__init__()
-        self.local_batches = _positive_int("local_batches", local_batches)
+        self.local_batches = check_positive_int("local_batches", local_batches)
         if local_epochs is not None:
-            _positive_int("local_epochs", local_epochs)
+            check_positive_int("local_epochs", local_epochs)
             if local_batches != 1:
                 raise ValueError(
                     f"give local_batches or local_epochs, not both: got local_batches="
@@ -173,12 +168,12 @@ class FederatedDataModule(pl.LightningDataModule):
             ("max_test_examples", max_test_examples),
         ]:
             if value is not None:
-                _positive_int(name, value)
+                check_positive_int(name, value)
         self.max_train_examples = max_train_examples
         self.max_test_examples = max_test_examples
-        self.num_clients = _positive_int("num_clients", num_clients)
-        self.batch_size = _positive_int("batch_size", batch_size)
-        self.eval_batch_size = _positive_int("eval_batch_size", eval_batch_size)
+        self.num_clients = check_positive_int("num_clients", num_clients)
+        self.batch_size = check_positive_int("batch_size", batch_size)
+        self.eval_batch_size = check_positive_int("eval_batch_size", eval_batch_size)
         if partitioner is not None and not isinstance(partitioner, Partitioner):
             raise ValueError(f"partitioner must be a Partitioner, got {partitioner!r}")
         self.partitioner = partitioner if partitioner is not None else IIDPartitioner(seed)

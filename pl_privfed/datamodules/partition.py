@@ -10,6 +10,8 @@ from abc import ABC, abstractmethod
 
 import numpy as np
 
+from pl_privfed.checks import check_positive_int
+
 __all__ = [
     "ClassesPerClientPartitioner",
     "DirichletPartitioner",
@@ -22,8 +24,7 @@ __all__ = [
 
 
 def _check_num_clients(num_clients: int, num_examples: int) -> None:
-    if isinstance(num_clients, bool) or not isinstance(num_clients, int) or num_clients < 1:
-        raise ValueError(f"num_clients must be a positive integer, got {num_clients!r}")
+    check_positive_int("num_clients", num_clients)
     if num_clients > num_examples:
         raise ValueError(
             f"num_clients={num_clients} is more than the {num_examples} training examples"

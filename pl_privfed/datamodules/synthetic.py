@@ -6,7 +6,8 @@ import numpy as np
 import torch
 from torch.utils.data import TensorDataset
 
-from pl_privfed.datamodules.base import FederatedDataModule, _positive_int
+from pl_privfed.checks import check_positive_int
+from pl_privfed.datamodules.base import FederatedDataModule
 
 __all__ = ["QuadraticDataModule", "SyntheticLogisticDataModule"]
 
@@ -45,7 +46,7 @@ class QuadraticDataModule(FederatedDataModule):
                 raise ValueError(f"centers must all have the same dimension, got {centers!r}")
         super().__init__(num_clients or 10, batch_size=1, seed=seed)
         self.centers = centers
-        self.dim = _positive_int("dim", dim)
+        self.dim = check_positive_int("dim", dim)
         self.scale = float(scale)
 
     def load_datasets(self) -> tuple[TensorDataset, TensorDataset]:
@@ -102,9 +103,9 @@ class SyntheticLogisticDataModule(FederatedDataModule):
         if not 0 < test_fraction < 1:
             raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction!r}")
         self.alpha, self.beta = float(alpha), float(beta)
-        self.dim = _positive_int("dim", dim)
-        self.num_classes = _positive_int("num_classes", num_classes)
-        self.samples_per_client = _positive_int("samples_per_client", samples_per_client)
+        self.dim = check_positive_int("dim", dim)
+        self.num_classes = check_positive_int("num_classes", num_classes)
+        self.samples_per_client = check_positive_int("samples_per_client", samples_per_client)
         self.test_fraction = float(test_fraction)
         self._train_shards: list[np.ndarray] = []
 
