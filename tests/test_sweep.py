@@ -340,12 +340,7 @@ def fake_results(tmp_path, with_nan=True):
                 lines.append([run, status, step, beta, norm, str(acc), best,
                               "nan" if index == 2 else "0.5", "", "4", "1.0", str(run_dir)])  # fmt: skip
                 index += 1
-    path = tmp_path / "results.csv"
-    with path.open("w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(header)
-        writer.writerows(lines)
-    return path
+    return write_rows(tmp_path / "results.csv", header, lines)
 
 
 def test_report_facets_difference_and_table(tmp_path):
