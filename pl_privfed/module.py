@@ -56,16 +56,20 @@ class _RoundOptimizer(torch.optim.Optimizer):
 
 
 def _served_first(x, pos, all_gradients, single, losses, buffers):
-    """Configuration ``pos``'s oracle in a grid round: gradients of its clients at its current
-    parameters ``x`` come from the batch of all configurations, anything else from ``single``."""
+    """Configuration ``pos``'s oracle in a grid round: the first request for its clients'
+    gradients at its current parameters ``x`` is answered from the batch of all configurations
+    (its own rows, which the algorithm may then write into), anything else from ``single``."""
+    served = []
 
     def grad_fn(params, per_example=False, step=None, clients=None):
-        if params is x and not per_example and step is None and clients is None:
+        batchable = params is x and not per_example and step is None and clients is None
+        if batchable and not served:
+            served.append(True)
             shared = all_gradients()
             losses.append(shared["losses"][pos])
             if "buffers" in shared:
                 buffers.append({k: v[pos] for k, v in shared["buffers"].items()})
-            return shared["grads"][pos].clone()  # the algorithm may write into it
+            return shared["grads"][pos]
         return single(params, per_example, step, clients)
 
     return grad_fn
@@ -399,12 +403,15 @@ class FederatedModule(pl.LightningModule):
                 self._grid_gradients(live[i : i + size], x_in, y_in)
                 for i in range(0, len(live), size)
             ]
-            batched["grads"] = torch.cat([c[0] for c in chunks])
-            batched["losses"] = torch.cat([c[1] for c in chunks])
-            if chunks[0][2]:
-                batched["buffers"] = {
-                    name: torch.cat([c[2][name] for c in chunks]) for name in chunks[0][2]
-                }
+            if len(chunks) == 1:
+                grads, losses, buffers = chunks[0]
+            else:
+                grads = torch.cat([c[0] for c in chunks])
+                losses = torch.cat([c[1] for c in chunks])
+                buffers = {name: torch.cat([c[2][name] for c in chunks]) for name in chunks[0][2]}
+            batched.update(grads=grads, losses=losses)
+            if buffers:
+                batched["buffers"] = buffers
             return batched
 
         outcomes: dict[int, tuple[Any, Tensor | None, dict[str, Tensor] | None]] = {}
@@ -426,7 +433,6 @@ class FederatedModule(pl.LightningModule):
         computed = [k for k in live if outcomes[k][1] is not None]
         values = torch.stack([outcomes[k][1] for k in computed]).tolist() if computed else []
         loss_of = dict(zip(computed, values))
-        new_params = self.grid_params.clone()
         record = round_index % self.trainer.log_every_n_steps == 0 or (
             self._num_rounds() and round_index + 1 >= self._num_rounds()
         )
@@ -436,12 +442,11 @@ class FederatedModule(pl.LightningModule):
             if loss is not None and not math.isfinite(loss):
                 self._grid_status[k] = f"failed: non-finite training loss at round {round_index}"
                 continue
-            new_params[k] = result.params
+            self.grid_params[k] = result.params  # every round has run: x^k is no longer read
             for name, value in (new_buffers or {}).items():
                 getattr(self, self._grid_buffer_names[name])[k].copy_(value)
             if loss is not None and record:
                 self.grid_record(k, "train/loss", round_index + 1, loss)
-        self.grid_params.copy_(new_params)
         running = self.grid_running()
         if not running and not any(s.startswith("finished") for s in self._grid_status):
             raise NonFiniteLossError(
@@ -522,20 +527,22 @@ class FederatedModule(pl.LightningModule):
             self.log("grid/best_test_acc", max(accuracies), prog_bar=True)
         self.write_grid_results()
 
+    def _grid_results_dir(self) -> Path:
+        """``grid_dir``, by default ``<log dir>/grid``."""
+        if self.grid_dir is not None:
+            return Path(self.grid_dir)
+        return Path(self.trainer.log_dir or self.trainer.default_root_dir) / "grid"
+
     def write_grid_results(self) -> Any:
         """Write the grid's ``results.csv`` and ``runs/<id>/`` (:func:`write_grid_results`)."""
         if self.grid_algorithms is None or not self.trainer.is_global_zero:
             return None
-        out = self.grid_dir
-        if out is None:
-            root = self.trainer.log_dir or self.trainer.default_root_dir
-            out = str(Path(root) / "grid")
         extra = {}
         report = self.privacy_report()
         if report is not None:
             extra = {"epsilon": report["epsilon"], "delta": report["delta"]}
         return write_grid_results(
-            out,
+            self._grid_results_dir(),
             list(self.grid_algorithms),
             self.grid_points,
             self._grid_history,
@@ -565,7 +572,7 @@ class FederatedModule(pl.LightningModule):
                 "configurations": len(self.grid_points),
                 "finished": sum(s.startswith("finished") for s in self._grid_status),
                 "failed": sum(s.startswith("failed") for s in self._grid_status),
-                "results": str(self.write_grid_results()),
+                "results": str(self._grid_results_dir() / "results.csv"),  # written by the module
             }
         if self._output_report is not None:
             entries["output_iterate"] = self._output_report
