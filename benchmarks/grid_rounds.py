@@ -6,7 +6,8 @@ of one single-configuration run (the baseline: what each of ``K`` separate runs 
 and of the grid run (``FederatedModule(grid=...)``: one oracle call for all ``K·n`` client
 gradients, then each configuration's algorithm), inside a real Trainer with evaluation off,
 and prints ``grid / (K × single)``: the fraction of the separate runs' time that the grid
-takes. Usage::
+takes (the median over ``--trials`` back-to-back pairs, since a shared machine's speed drifts
+between runs). Usage::
 
     python benchmarks/grid_rounds.py                                   # digits MLP, CPU
     python benchmarks/grid_rounds.py --workload cifar10 --configs 1 4 16 48 --cuda-graphs
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import statistics
 import tempfile
 
 import pytorch_lightning as pl
@@ -85,6 +87,7 @@ def main() -> None:
     parser.add_argument("--configs", type=int, nargs="+", default=[4, 16, 48])
     parser.add_argument("--rounds", type=int, default=60)
     parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--trials", type=int, default=3, help="(single, grid) pairs per cell")
     parser.add_argument("--backend", default="auto")
     parser.add_argument("--cuda-graphs", action="store_true")
     parser.add_argument("--accelerator", default="gpu" if torch.cuda.is_available() else "cpu")
@@ -95,12 +98,17 @@ def main() -> None:
     name = torch.cuda.get_device_name() if args.accelerator == "gpu" else "cpu"
     print(f"# {name}, torch {torch.__version__}, {args.workload}, backend {args.backend}, "
           f"CUDA graphs {args.cuda_graphs}, TF32 off")  # fmt: skip
+    print(f"# median over {args.trials} trials, each trial timing the single run right before the "
+          "grid run (ratio range over the trials in brackets)")  # fmt: skip
     print(f"{'clients':>7} {'K':>4} {'single ms':>10} {'grid ms':>10} {'grid/(K·single)':>16}")
     for n in args.clients:
-        single = run(args, n, 1)
         for size in args.configs:
-            grid = run(args, n, size)
-            print(f"{n:>7} {size:>4} {single:>10.2f} {grid:>10.2f} {grid / (size * single):>16.3f}")
+            pairs = [(run(args, n, 1), run(args, n, size)) for _ in range(args.trials)]
+            single = statistics.median(p[0] for p in pairs)
+            grid = statistics.median(p[1] for p in pairs)
+            ratios = [g / (size * s) for s, g in pairs]
+            print(f"{n:>7} {size:>4} {single:>10.2f} {grid:>10.2f} "
+                  f"{statistics.median(ratios):>7.3f} [{min(ratios):.3f}, {max(ratios):.3f}]")  # fmt: skip
 
 
 if __name__ == "__main__":
