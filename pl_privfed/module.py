@@ -311,9 +311,23 @@ class FederatedModule(pl.LightningModule):
         self._account(round_index)
         return loss
 
+    def _round_batch(
+        self, inputs: Tensor, targets: Tensor, step: int | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """Every client's local minibatch ``step``, or with ``None`` all its data of the round
+        (with ``local_batches: T > 1`` the inputs are ``[n, T, B, ...]``: ``[n, T·B, ...]``)."""
+        stacked = self.local_batches > 1
+        if step is not None:
+            if not 0 <= step < self.local_batches:
+                raise ValueError(
+                    f"step={step} but the datamodule delivers local_batches="
+                    f"{self.local_batches} minibatches per round"
+                )
+            return (inputs[:, step], targets[:, step]) if stacked else (inputs, targets)
+        return (inputs.flatten(1, 2), targets.flatten(1, 2)) if stacked else (inputs, targets)
+
     def _round_oracle(self, inputs: Tensor, targets: Tensor, losses: list, buffers: list):
         """The round's ``grad_fn(params, per_example=False, step=None, clients=None)``."""
-        stacked = self.local_batches > 1  # inputs [n, T, B, ...]
 
         def grad_fn(
             params: Tensor,
@@ -321,18 +335,7 @@ class FederatedModule(pl.LightningModule):
             step: int | None = None,
             clients: Tensor | None = None,
         ) -> Tensor:
-            x_in, y_in = inputs, targets
-            if step is not None:
-                if not 0 <= step < self.local_batches:
-                    raise ValueError(
-                        f"step={step} but the datamodule delivers local_batches="
-                        f"{self.local_batches} minibatches per round"
-                    )
-                if stacked:
-                    x_in, y_in = x_in[:, step], y_in[:, step]
-            elif stacked:  # all the round's data: [n, T·B, ...]
-                x_in = x_in.flatten(1, 2)
-                y_in = y_in.flatten(1, 2)
+            x_in, y_in = self._round_batch(inputs, targets, step)
             if clients is not None:
                 x_in, y_in = x_in[clients], y_in[clients]
             out = self.oracle(params, x_in, y_in, per_example=per_example)
@@ -395,9 +398,7 @@ class FederatedModule(pl.LightningModule):
         def all_gradients() -> dict[str, Any]:
             if batched:
                 return batched
-            x_in, y_in = inputs, targets
-            if self.local_batches > 1:  # all the round's data: [n, T·B, ...]
-                x_in, y_in = x_in.flatten(1, 2), y_in.flatten(1, 2)
+            x_in, y_in = self._round_batch(inputs, targets)
             size = self.grid_chunk or len(live)
             chunks = [
                 self._grid_gradients(live[i : i + size], x_in, y_in)
@@ -496,15 +497,11 @@ class FederatedModule(pl.LightningModule):
         inputs, targets = batch
         if self._grid_eval is None:
             self._grid_eval = torch.zeros(len(self.grid_points), 3, device=inputs.device)
-        regularizer = getattr(self.model, "regularizer", None)
         for k, status in enumerate(self._grid_status):
             if status.startswith("failed"):
                 continue
             self._load_grid_configuration(k)
-            out = self.model(inputs)
-            loss = self.criterion(out, targets)
-            if callable(regularizer):
-                loss = loss + regularizer(dict(self.model.named_parameters()))
+            out, loss = self._model_loss(inputs, targets)
             stats = self._grid_eval[k]
             stats[0] += loss.detach() * len(targets)
             stats[1] += (out.argmax(-1) == targets).sum()
@@ -613,17 +610,15 @@ class FederatedModule(pl.LightningModule):
                 inputs, targets = inputs.to(self.device), targets.to(self.device)
                 if callable(preprocess):
                     inputs = preprocess(inputs, False, 0)
-                logits = self.model(inputs)
-                total_loss += float(self.criterion(logits, targets)) * len(targets)
+                logits, loss = self._model_loss(inputs, targets)
+                total_loss += float(loss) * len(targets)
                 if self.test_accuracy is not None:
                     correct += int((logits.argmax(-1) == targets).sum())
                 count += len(targets)
-            regularizer = getattr(self.model, "regularizer", None)
-            reg = float(regularizer(dict(self.model.named_parameters()))) if regularizer else 0.0
         finally:
             self.layout.assign(self.model, x)
             self.model.train(was_training)
-        report["test_loss"] = total_loss / max(count, 1) + reg
+        report["test_loss"] = total_loss / max(count, 1)
         report["test_accuracy"] = correct / max(count, 1) if self.test_accuracy else None
         return report
 
@@ -648,13 +643,19 @@ class FederatedModule(pl.LightningModule):
             self.log("privacy/epsilon", self._epsilon, prog_bar=True)
 
     # ------------------------------------------------------------------ evaluation
-    def _evaluate(self, batch: Any) -> None:
-        inputs, targets = batch
+    def _model_loss(self, inputs: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
+        """The model's outputs on a batch and its loss: the criterion plus the model's
+        ``regularizer()`` if it has one (the objective every client's loss also carries)."""
         out = self.model(inputs)
         loss = self.criterion(out, targets)
         regularizer = getattr(self.model, "regularizer", None)
         if callable(regularizer):
             loss = loss + regularizer(dict(self.model.named_parameters()))
+        return out, loss
+
+    def _evaluate(self, batch: Any) -> None:
+        out, loss = self._model_loss(*batch)
+        targets = batch[1]
         self.log("test/loss", loss, on_epoch=True, prog_bar=True)
         if self.test_accuracy is not None:
             self.test_accuracy(out, targets)
