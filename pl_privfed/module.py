@@ -352,7 +352,7 @@ class FederatedModule(pl.LightningModule):
         return {name: getattr(self, key) for name, key in self._grid_buffer_names.items()}
 
     @torch.no_grad()
-    def _load_grid_configuration(self, k: int, params: bool = True) -> None:
+    def load_grid_configuration(self, k: int, params: bool = True) -> None:
         """Put configuration ``k``'s buffers (and parameters) into the model."""
         if params:
             self.layout.assign(self.model, self.grid_params[k])
@@ -419,7 +419,7 @@ class FederatedModule(pl.LightningModule):
         for pos, k in enumerate(live):
             x = self.grid_params[k]
             if self._grid_buffer_names:
-                self._load_grid_configuration(k, params=False)  # for requests outside the batch
+                self.load_grid_configuration(k, params=False)  # for requests outside the batch
             losses: list[Tensor] = []
             buffers: list[Any] = []
             single = self._round_oracle(inputs, targets, losses, buffers)
@@ -500,7 +500,7 @@ class FederatedModule(pl.LightningModule):
         for k, status in enumerate(self._grid_status):
             if status.startswith("failed"):
                 continue
-            self._load_grid_configuration(k)
+            self.load_grid_configuration(k)
             out, loss = self._model_loss(inputs, targets)
             stats = self._grid_eval[k]
             stats[0] += loss.detach() * len(targets)

@@ -168,7 +168,7 @@ def test_grid_results_are_a_sweep_that_report_draws(tmp_path):
         assert [r for r, _ in accuracy] == [3, 6]
         assert float(row["final_test_accuracy"]) == accuracy[-1][1]
         # the accuracy is that of the configuration's own model
-        module._load_grid_configuration(k)
+        module.load_grid_configuration(k)
         module.model.eval()
         dm = _data(torch.float32)
         dm.setup("fit")

@@ -180,7 +180,7 @@ class GradientNorm(pl.Callback):
         round_index = int(trainer.global_step)
         smallest = math.inf
         for k in pl_module.grid_running():
-            pl_module._load_grid_configuration(k)
+            pl_module.load_grid_configuration(k)
             value = self.full_gradient_norm(pl_module, trainer.datamodule)
             pl_module.grid_record(k, self.key, round_index, value)
             smallest = min(smallest, value)
