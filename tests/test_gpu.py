@@ -5,6 +5,7 @@ TF32 is disabled: on its own it makes the vmap and loop backends differ by ~5 %.
 
 import pytest
 import torch
+from _resnet_grid import assert_grid_follows_single_runs, fit_resnet
 from torch import nn
 
 from pl_privfed.grads import GradientOracle
@@ -96,38 +97,14 @@ def test_module_with_cuda_graphs_follows_eager_module():
 
 
 def test_grid_with_cuda_graphs_follows_eager_grid(tmp_path):
-    """A 4-configuration grid (ResNet-20 with BatchNorm, per-configuration buffers) on the GPU:
-    the CUDA-graph engine follows the eager one, and each configuration its separate run."""
-    import pytorch_lightning as pl
-
-    from pl_privfed import FederatedModule
+    """A 4-configuration grid (ResNet-20 with BatchNorm, per-configuration buffers) on the GPU,
+    in float64: the CUDA-graph engine follows the eager one, and each configuration its
+    separate run (the same check as tests/test_grid.py's on the CPU)."""
     from pl_privfed.algorithms import AlphaNormEC
-    from pl_privfed.datamodules import DigitsDataModule
-    from pl_privfed.grid import rebuild_algorithm
-
-    class TinyImages(DigitsDataModule):  # the digits as 3 × 32 × 32 images for ResNet-20
-        def preprocess(self, inputs, train, round_index):
-            images = inputs.reshape(-1, 1, 8, 8).repeat(1, 3, 4, 4)
-            return images.view(*inputs.shape[:-1], 3, 32, 32)
-
-    def fit(algorithm, grid, graphs):
-        torch.manual_seed(0)
-        module = FederatedModule(resnet20(), algorithm, cuda_graphs=graphs, grid=grid)
-        pl.Trainer(accelerator="gpu", devices=1, max_steps=6, logger=False,
-                   default_root_dir=tmp_path,
-                   enable_checkpointing=False, enable_progress_bar=False,
-                   enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
-                   ).fit(module, datamodule=TinyImages(num_clients=3, batch_size=8))  # fmt: skip
-        return module
 
     alg = AlphaNormEC(0.1, beta=0.1, alpha=0.01)
     grid = {"beta": [0.1, 1.0], "server_normalization": [False, True]}
-    eager, graphed = fit(alg, grid, False), fit(alg, grid, True)
-    torch.testing.assert_close(graphed.grid_params, eager.grid_params, atol=1e-5, rtol=1e-5)
-    for k, point in enumerate(eager.grid_points):
-        single = fit(rebuild_algorithm(alg, point), None, False)
-        x = single.layout.flatten(single.model)
-        torch.testing.assert_close(eager.grid_params[k], x, atol=1e-5, rtol=1e-5)
-        for name, buf in single.model.named_buffers():
-            grid_buf = getattr(eager, eager._grid_buffer_names[name])[k]
-            torch.testing.assert_close(grid_buf, buf, atol=1e-5, rtol=1e-5)
+    eager = assert_grid_follows_single_runs(tmp_path, alg, grid, accelerator="gpu")
+    graphed = fit_resnet(tmp_path, alg, grid, accelerator="gpu", cuda_graphs=True)
+    assert graphed.oracle.cuda_graph
+    torch.testing.assert_close(graphed.grid_params, eager.grid_params, atol=1e-9, rtol=1e-9)

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 import wandb
+from _resnet_grid import assert_grid_follows_single_runs
 from pytorch_lightning.callbacks import ModelCheckpoint
 from test_module import StopAt, trainer
 
@@ -75,6 +76,17 @@ def _assert_equals_separate_runs(grid_module, algorithm, backend, rounds, tmp_pa
         if single.accountant is not None:
             eps = grid_module.accountant.get_epsilon(1e-5)
             assert single.accountant.get_epsilon(1e-5) == pytest.approx(eps, rel=1e-12)
+
+
+@pytest.mark.parametrize("backend", ["vmap", "loop"])
+def test_resnet20_grid_equals_separate_runs(backend, tmp_path):
+    """Convolutions and BatchNorm with per-configuration buffers (what paper 002's ResNet-20
+    grid runs): each configuration ends as its single run, in float64 (tests/test_gpu.py makes
+    the same check on CUDA, with and without CUDA graphs)."""
+    alg = AlphaNormEC(0.1, beta=0.1, alpha=0.01)
+    grid = {"beta": [0.1, 1.0]}
+    module = assert_grid_follows_single_runs(tmp_path, alg, grid, steps=3, grad_backend=backend)
+    assert not torch.equal(module.grid_params[0], module.grid_params[1])
 
 
 @pytest.mark.parametrize("backend, batch_norm", [("vmap", True), ("loop", True),
