@@ -374,9 +374,11 @@ class FederatedModule(pl.LightningModule):
         return self._grid_entries[k]
 
     def grid_finish(self, k: int, reason: str) -> None:
-        """Stop training configuration ``k`` (status ``finished: <reason>``); the run stops
+        """Stop training configuration ``k``: its status is ``finished`` and its
+        ``summary.json`` says why in ``stopped_reason``, as a single run's does; the run stops
         when no configuration is left training."""
-        self._grid_status[k] = f"finished: {reason}"
+        self._grid_status[k] = "finished"
+        self._grid_entries[k]["stopped_reason"] = reason
         if not self.grid_running():
             self.trainer.should_stop = True
 

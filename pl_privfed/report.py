@@ -246,7 +246,8 @@ def make_report(
         metric: the accuracy column of the heatmaps and of the choice of the best runs.
 
     Where the default x (``beta``) or y (``step_size``) is not a column of the CSV (a grid over
-    other parameters), the first other parameter that varies takes its place.
+    other parameters), the first other parameter that varies takes its place. A grid over one
+    parameter gets no heatmap: its curves (one per value) and table.
 
     Raises:
         ValueError: when x, y or a facet is not a parameter column of the CSV.
@@ -256,12 +257,15 @@ def make_report(
     params = [c for c in header if c not in _NOT_PARAMETERS]
     facets_given = [facet] if isinstance(facet, str) else list(facet or [])
     varying_all = [c for c in params if len({r.get(c) for r in all_rows}) > 1]
-    if x == "beta" and x not in params:  # the default x, a grid without β: its first parameter
+    one_parameter = len(params) == 1 and (x, y) == ("beta", "step_size")
+    if one_parameter:  # a one-dimensional grid: no heatmap; curves and table per value
+        x, y = params[0], None
+    elif x == "beta" and x not in params:  # the default x, a grid without β: its first parameter
         x = next((c for c in varying_all + params if c != y), x)
     if y == "step_size" and y not in params:
         y = next((c for c in varying_all + params if c != x), y)
     for role, column in [("x", x), ("y", y), *(("facet", f) for f in facets_given)]:
-        if column not in params:
+        if column not in params and not (role == "y" and one_parameter):
             raise ValueError(
                 f"{role}={column!r} is not a parameter column of {results_csv}: {params}"
             )
@@ -274,14 +278,14 @@ def make_report(
     facets = facets_given if facet is not None else [c for c in varying if c not in (x, y)]
     facets = [c for c in facets if c not in (x, y)]
     xs = sorted({r[x] for r in rows}, key=_order)
-    ys = sorted({r[y] for r in rows}, key=_order)
+    ys = sorted({r[y] for r in rows}, key=_order) if y is not None else []
     written: list[Path] = []
 
     # the highest accuracy over (x, y), one panel per facet value, one colour scale
     groups: dict[tuple, list[dict[str, str]]] = defaultdict(list)
     for r in rows:
         groups[tuple(r[c] for c in facets)].append(r)
-    if groups:
+    if groups and y is not None:
         panels = {key: _cells(members, x, y, metric) for key, members in groups.items()}
         title = "highest test accuracy (%)" if metric == "best_test_accuracy" else f"{metric} (%)"
         written.append(
@@ -323,7 +327,7 @@ def make_report(
             if best is None:
                 continue
             curves = _read_curves(_run_dir(best, results_csv))
-            label = ", ".join(f"{_symbol(c)}={best[c]}" for c in (x, y, *others))
+            label = ", ".join(f"{_symbol(c)}={best[c]}" for c in (x, y, *others) if c)
             for ax, key in ((loss_ax, "train/loss"), (acc_ax, "test/acc")):
                 if curves.get(key):
                     steps, values = zip(*sorted(curves[key]), strict=True)
@@ -331,7 +335,8 @@ def make_report(
                     if key == "train/loss":
                         losses += values
         for ax, name in ((loss_ax, "training loss"), (acc_ax, "test accuracy")):
-            ax.set_title(f"{name}, best {_symbol(y)} per {_symbol(x)}", fontsize=9)
+            tuned = f"best {_symbol(y)} per {_symbol(x)}" if y else f"per {_symbol(x)}"
+            ax.set_title(f"{name}, {tuned}", fontsize=9)
             ax.set_xlabel("round")
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             ax.grid(alpha=0.3)
@@ -345,7 +350,7 @@ def make_report(
         fig.savefig(written[-1], dpi=120)
 
     # the paper-style table
-    swept = [x, y, *(c for c in varying if c not in (x, y, _SERVER_NORM))]
+    swept = [c for c in (x, y) if c] + [c for c in varying if c not in (x, y, _SERVER_NORM)]
     with_eps = any(finite_float(r.get("epsilon")) is not None for r in rows)
     columns = ["method", *(_symbol(c) for c in swept), "final accuracy (%)", "best accuracy (%)"]
     columns += ["ε"] if with_eps else []

@@ -349,10 +349,12 @@ def test_gradient_norm_measures_and_stops_each_configuration(tmp_path):
         torch.testing.assert_close(torch.tensor([v for _, v in curve]),
                                    torch.tensor([v for _, v in callback.history]))  # fmt: skip
         assert module.grid_entries(k)["rounds_to_target"] == callback.rounds_to_target
+        assert module._grid_status[k] == "finished"  # what report.py keeps, as for a sweep
         if callback.rounds_to_target is None:
-            assert module._grid_status[k] == "finished"
+            assert "stopped_reason" not in module.grid_entries(k)
         else:
-            assert module._grid_status[k].startswith("finished: full gradient norm")
+            reason = module.grid_entries(k)["stopped_reason"]
+            assert reason.startswith("full gradient norm")
             assert single.global_step == callback.rounds_to_target
     reached = [module.grid_entries(k)["rounds_to_target"] for k in range(3)]
     assert reached[0] is None and reached[1] is not None and reached[2] is not None
@@ -361,6 +363,11 @@ def test_gradient_norm_measures_and_stops_each_configuration(tmp_path):
     assert [r["rounds_to_target"] for r in rows] == ["", str(reached[1]), str(reached[2])]
     assert all(r["final_full_grad_norm"] for r in rows)
     assert [r["rounds"] for r in rows] == ["30", str(reached[1]), str(reached[2])]
+    # the report keeps the configurations stopped at their target (paper 003's figures)
+    written = {p.name for p in make_report(tmp_path / "grid" / "grid" / "results.csv")}
+    assert written == {"curves.png", "rounds_to_target.png", "table.md", "table.csv"}
+    table = (tmp_path / "grid" / "grid" / "report" / "table.csv").read_text().splitlines()
+    assert len(table) == 1 + 3
     # when every configuration reaches the target the run stops there
     module = FederatedModule(logistic(), alg, grid={"step_size": [0.5, 1.0]})
     _fit(module, tmp_path / "both", 30, data=_data(**data), callbacks=[norm_callback()])
