@@ -83,7 +83,7 @@ class PrivacyAccountant:
         over a domain as wide as the loss, so where ε is in the hundreds (tiny noise
         multipliers, or tens of thousands of releases) one call took minutes and many GiB:
         paper 001's MNIST run at a target ε of 0.1 (noise multiplier 0.069, sampling rate
-        1/6000) needed 174 s and 7.8 GiB at 400 steps and was killed for memory before its
+        1/6000) needed 174 s and 7.8 GB at 400 steps and was killed for memory before its
         1,000th; 50,700 releases at noise multiplier 1 asked for a 30 GiB array. A first pass at
         ``eps_error = 1`` gives ε's scale cheaply (itself a valid upper bound). Below the
         threshold every ε, and so the noise :func:`~pl_privfed.privacy.calibrate_noise_multiplier`
