@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from pl_privfed.algorithms import FederatedAlgorithm
+from pl_privfed.callbacks.plots import curves_csv
 from pl_privfed.sweep import column_names, result_row, run_id, save_results
 
 __all__ = ["GRID_PREFIX", "grid_points", "rebuild_algorithm", "write_grid_results"]
@@ -162,9 +163,6 @@ def write_grid_results(
             **entries,
         }
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        lines = ["metric,round,value"]
-        for metric, pts in curves.items():
-            lines.extend(f"{metric},{step},{value!r}" for step, value in pts)
-        (run_dir / "curves.csv").write_text("\n".join(lines) + "\n")
+        (run_dir / "curves.csv").write_text(curves_csv(curves))
         rows.append(result_row(run_dir, summary, params, names))
     return save_results(out, names, rows)

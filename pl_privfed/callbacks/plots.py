@@ -14,7 +14,17 @@ from typing_extensions import override
 
 from pl_privfed.callbacks._wandb import log_artifact, wandb_loggers
 
-__all__ = ["TrainingCurves"]
+__all__ = ["TrainingCurves", "curves_csv"]
+
+
+def curves_csv(history: dict[str, list[tuple[int, float]]]) -> str:
+    """Curves ``{metric: [(round, value), ...]}`` as the CSV text of a run's ``curves.csv``
+    (``metric,round,value`` rows), which ``pl-privfed report`` reads."""
+    lines = ["metric,round,value"]
+    for key, points in history.items():
+        lines.extend(f"{key},{step},{value!r}" for step, value in points)
+    return "\n".join(lines) + "\n"
+
 
 DEFAULT_KEYS = ("train/loss", "test/loss", "test/acc", "privacy/epsilon")
 
@@ -87,11 +97,8 @@ class TrainingCurves(pl.Callback):
         self._capture(trainer, updated)
 
     def history_csv(self) -> str:
-        """The recorded history as CSV text: ``metric,round,value`` rows."""
-        lines = ["metric,round,value"]
-        for key, points in self.history.items():
-            lines.extend(f"{key},{step},{value!r}" for step, value in points)
-        return "\n".join(lines) + "\n"
+        """The recorded history as CSV text: ``metric,round,value`` rows (:func:`curves_csv`)."""
+        return curves_csv(self.history)
 
     def figure(self) -> Figure:
         """The curves as a matplotlib figure (one panel per recorded metric)."""
