@@ -43,10 +43,26 @@ from torch.func import functional_call, grad_and_value, vmap
 
 from pl_privfed.analytic_grads import AnalyticMLPGradients, analytic_support
 
-__all__ = ["Backend", "GradientOracle", "OracleOutput", "ParameterLayout", "resolve_backend"]
+__all__ = [
+    "Backend",
+    "GradientOracle",
+    "OracleOutput",
+    "ParameterLayout",
+    "average_client_buffers",
+    "resolve_backend",
+]
 
 Backend = Literal["auto", "vmap", "loop", "analytic"]
 BACKENDS = ("vmap", "loop", "analytic")
+
+
+def average_client_buffers(per_client: dict[str, Tensor], dim: int = 0) -> dict[str, Tensor]:
+    """The engine's rule for the buffers after a round (module docstring): the mean of the
+    clients' updated copies along the client axis ``dim``; integer buffers
+    (``num_batches_tracked``) advance alike for every client, so the first client's is kept."""
+    return {
+        k: v.mean(dim) if v.is_floating_point() else v.select(dim, 0) for k, v in per_client.items()
+    }
 
 
 class ParameterLayout:
@@ -200,12 +216,6 @@ class GradientOracle:
         bufs = dict(self.model.named_buffers())
         return {k: bufs[k].detach().unsqueeze(0).repeat(n, *([1] * bufs[k].dim())) for k in bufs}
 
-    def _average_buffers(self, per_client: dict[str, Tensor]) -> dict[str, Tensor]:
-        out = {}
-        for k, v in per_client.items():
-            out[k] = v.mean(0) if v.is_floating_point() else v[0]
-        return out
-
     # ------------------------------------------------------------------ main entry
     def __call__(
         self,
@@ -281,7 +291,7 @@ class GradientOracle:
             grads, losses = self._vmap(params, buffers, inputs, targets, shared, per_example)
         else:
             grads, losses = self._loop(params, buffers, inputs, targets, shared, per_example)
-        averaged = self._average_buffers(buffers) if shared and buffers and not given else None
+        averaged = average_client_buffers(buffers) if shared and buffers and not given else None
         return grads, losses, averaged, buffers
 
     def _analytic_grads(self, params, inputs, targets, shared, per_example):

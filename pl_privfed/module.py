@@ -33,7 +33,13 @@ from typing_extensions import override
 from pl_privfed.algorithms import FederatedAlgorithm
 from pl_privfed.callbacks._wandb import log_artifact
 from pl_privfed.checks import check_positive_int
-from pl_privfed.grads import Backend, GradientOracle, ParameterLayout, resolve_backend
+from pl_privfed.grads import (
+    Backend,
+    GradientOracle,
+    ParameterLayout,
+    average_client_buffers,
+    resolve_backend,
+)
 from pl_privfed.grid import grid_points, rebuild_algorithm, write_grid_results
 from pl_privfed.privacy import PrivacyAccountant
 
@@ -488,10 +494,11 @@ class FederatedModule(pl.LightningModule):
             targets.repeat(k, *([1] * (targets.dim() - 1))),
             buffers=buffers or None,
         )
-        averaged = {}
-        for name, v in (self.oracle.client_buffers or {}).items():
-            v = v.view(k, n, *v.shape[1:])
-            averaged[name] = v.mean(1) if v.is_floating_point() else v[:, 0]
+        per_config = {
+            name: v.view(k, n, *v.shape[1:])
+            for name, v in (self.oracle.client_buffers or {}).items()
+        }
+        averaged = average_client_buffers(per_config, dim=1)
         return out.grads.view(k, n, -1), out.losses.view(k, n), averaged
 
     def _grid_evaluate(self, batch: Any) -> None:
