@@ -12,7 +12,7 @@ from torch import Tensor, nn
 from torch.func import vmap
 from typing_extensions import override
 
-from pl_privfed.checks import check_positive_int
+from pl_privfed.checks import check_positive, check_positive_int
 
 __all__ = ["GradientNorm"]
 
@@ -79,10 +79,8 @@ class GradientNorm(pl.Callback):
     ) -> None:
         check_positive_int("every_n_rounds", every_n_rounds)
         check_positive_int("chunk_size", chunk_size)
-        if target is not None and not (
-            isinstance(target, int | float) and math.isfinite(target) and target > 0
-        ):
-            raise ValueError(f"target must be a positive number or None, got {target!r}")
+        if target is not None:
+            check_positive("target", target)
         if stop_at_target and target is None:
             raise ValueError("stop_at_target=True needs a target, got target=None")
         if weighting not in ("clients", "examples"):
@@ -173,6 +171,10 @@ class GradientNorm(pl.Callback):
         return float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])))
 
     # ------------------------------------------------------------------ hooks
+    def _reached(self, value: float, round_index: int) -> str:
+        """Why a run (or a grid configuration) stops at the target."""
+        return f"full gradient norm {value:.4g} <= target {self.target:g} at round {round_index}"
+
     def _evaluate_grid(self, trainer: pl.Trainer, pl_module: Any) -> float:
         """Every training configuration of a grid (:mod:`pl_privfed.grid`): its own curve,
         ``rounds_to_target`` and, with ``stop_at_target``, its own stop; returns the smallest
@@ -191,10 +193,7 @@ class GradientNorm(pl.Callback):
             if value <= self.target:
                 entries["rounds_to_target"] = round_index
                 if self.stop_at_target:
-                    pl_module.grid_finish(
-                        k, f"full gradient norm {value:.4g} <= target {self.target:g} at round "
-                        f"{round_index}"
-                    )  # fmt: skip
+                    pl_module.grid_finish(k, self._reached(value, round_index))
         if self.stop_at_target and trainer.should_stop:
             self.stop_reason = "every configuration of the grid reached the target or failed"
         return smallest
@@ -213,10 +212,7 @@ class GradientNorm(pl.Callback):
             self.rounds_to_target = round_index
             if self.stop_at_target and getattr(pl_module, "grid_algorithms", None) is None:
                 trainer.should_stop = True
-                self.stop_reason = (
-                    f"full gradient norm {value:.4g} <= target {self.target:g} at round "
-                    f"{round_index}"
-                )
+                self.stop_reason = self._reached(value, round_index)
         return value
 
     @override
