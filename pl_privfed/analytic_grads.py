@@ -132,7 +132,9 @@ class AnalyticMLPGradients:
             return a * (1 - a)
         return 1 - a * a  # Tanh
 
-    def __call__(self, params: Tensor, inputs: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
+    def _forward(self, params: Tensor, inputs: Tensor, targets: Tensor):
+        """Every layer's input ``A_l`` and pre-activation ``Z_l``, the log-probabilities, the
+        class indices ``[n, B, 1]`` and the layers' ``(W, b)``."""
         n, batch = inputs.shape[:2]
         shared = params.dim() == 1
         layers = self._split(params)
@@ -141,7 +143,6 @@ class AnalyticMLPGradients:
             raise ValueError(
                 f"inputs have {a.shape[-1]} features per example, the model {self.in_features}"
             )
-        # forward: keep every layer's input A_l and pre-activation Z_l
         acts, pre = [a], []
         for k, (weight, bias) in enumerate(layers):
             z = self._linear(acts[-1], weight, bias, shared)
@@ -150,6 +151,49 @@ class AnalyticMLPGradients:
                 acts.append(self.activations[k](z))
         logp = pre[-1].log_softmax(-1)  # [n, B, C]
         index = targets.reshape(n, batch, 1).long()
+        return acts, pre, logp, index, layers
+
+    def clipped_mean(
+        self, params: Tensor, inputs: Tensor, targets: Tensor, scale
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """``(1/B) Σ_b s(||g_b||) g_b`` per client without forming the per-example gradients
+        ``g_b``: ``(grads [n, d], example losses [n, B], example gradient norms [n, B])``.
+
+        Example ``b``'s gradient of layer ``l`` is ``δ_{l,b} a_{l,b}ᵀ`` (weight) and
+        ``δ_{l,b}`` (bias), with ``δ`` the gradient of the example's own loss with respect to the
+        layer's output, so ``||g_b||² = Σ_l ||δ_{l,b}||² (||a_{l,b}||² + 1)`` and the weighted sum
+        is ``(s ⊙ δ_l)ᵀ A_l`` — the per-example norm trick of Opacus's ghost clipping, exact for
+        fully connected layers.
+        """
+        n, batch = inputs.shape[:2]
+        acts, pre, logp, index, layers = self._forward(params, inputs, targets)
+        losses = -logp.gather(-1, index).squeeze(-1)  # [n, B]
+        delta = logp.exp()
+        delta.scatter_add_(-1, index, delta.new_full(index.shape, -1.0))  # ∂ℓ_b/∂logits
+        deltas: list[Tensor] = [delta]
+        for k in range(len(layers) - 1, 0, -1):
+            back = deltas[0] @ layers[k][0]
+            deltas.insert(0, back.mul_(self._activation_grad(self.activations[k - 1], pre[k - 1],
+                                                               acts[k])))  # fmt: skip
+        squared = torch.zeros(n, batch, dtype=delta.dtype, device=delta.device)
+        for k, (_, bias) in enumerate(layers):
+            reach = acts[k].square().sum(-1)
+            if bias is not None:
+                reach = reach + 1.0
+            squared += deltas[k].square().sum(-1) * reach
+        norms = squared.sqrt_()
+        weights = scale(norms).div_(batch).unsqueeze(-1)  # s(||g_b||)/B
+        pieces: list[Tensor] = []
+        for k, (_, bias) in enumerate(layers):
+            weighted = deltas[k] * weights
+            pieces.append((weighted.transpose(1, 2) @ acts[k]).reshape(n, -1))
+            if bias is not None:
+                pieces.append(weighted.sum(1))
+        return torch.cat(pieces, dim=1), losses, norms
+
+    def __call__(self, params: Tensor, inputs: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
+        n, batch = inputs.shape[:2]
+        acts, pre, logp, index, layers = self._forward(params, inputs, targets)
         losses = -logp.gather(-1, index).squeeze(-1).mean(1)
         # backward: δ = ∂(mean_b loss_b)/∂logits = (softmax − onehot)/B
         delta = logp.exp_()

@@ -1,4 +1,9 @@
-"""Messages of a round and how many bits they take on the wire."""
+"""Messages of a round and how many bits they take on the wire.
+
+A round never holds every client's message at once (the engine processes clients in chunks), so
+a :class:`Messages` records what the bit count needs: the number of non-zero values of each
+message, counted while its chunk is in memory (:func:`count_nonzeros`).
+"""
 
 from __future__ import annotations
 
@@ -8,22 +13,38 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["ENCODING", "Messages", "message_bits", "per_agent_bits"]
+__all__ = ["ENCODING", "Messages", "count_nonzeros", "message_bits", "per_agent_bits"]
+
+
+def count_nonzeros(vectors: Tensor) -> Tensor:
+    """Non-zero values of each row of ``vectors`` (``[m, d]``; a ``[d]`` vector is one row)."""
+    return torch.count_nonzero(vectors.reshape(-1, vectors.shape[-1]), dim=-1)
 
 
 @dataclass
 class Messages:
-    """Vectors sent over one channel in one round.
+    """Vectors of dimension ``dim`` sent over one channel in one round.
 
     Attributes:
         channel: ``"client_to_server"``, ``"server_to_client"`` or ``"agent_to_agent"``.
-        vectors: ``[m, d]`` (one row per message) or ``[d]`` (one message).
-        copies: how many times each vector is sent (e.g. a broadcast to ``n`` clients).
+        nonzeros: ``[m]``, the non-zero values of each of the ``m`` messages.
+        dim: ``d``, the length of every message.
+        copies: how many times each message is sent (e.g. a broadcast to ``n`` clients).
     """
 
     channel: str
-    vectors: Tensor
+    nonzeros: Tensor
+    dim: int
     copies: int = 1
+
+    @classmethod
+    def of(cls, channel: str, vectors: Tensor, copies: int = 1) -> Messages:
+        """The messages ``vectors`` (``[m, d]``, or ``[d]`` for one message)."""
+        return cls(channel, count_nonzeros(vectors), int(vectors.shape[-1]), copies)
+
+    @property
+    def rows(self) -> int:
+        return int(self.nonzeros.numel())
 
 
 #: How :func:`message_bits` counts, written into ``summary.json`` beside the totals.
@@ -35,8 +56,8 @@ ENCODING = (
 )
 
 
-def message_bits(vectors: Tensor, value_bits: int = 32) -> Tensor:
-    """Bits of each message (row) under the cheaper of two encodings.
+def message_bits(nonzeros: Tensor, dim: int, value_bits: int = 32) -> Tensor:
+    """Bits of each message under the cheaper of two encodings.
 
     * dense: ``d`` values of ``value_bits`` bits;
     * sparse: for each non-zero, its value and its index (``ceil(log2 d)`` bits).
@@ -44,26 +65,24 @@ def message_bits(vectors: Tensor, value_bits: int = 32) -> Tensor:
     A compressed message (top-k, random-k) is counted as the sparse encoding it needs; a dense or
     noisy vector as dense.
 
-    >>> message_bits(torch.tensor([[0.0, 2.0, 0.0, 0.0], [1.0, 2.0, 3.0, 4.0]]))
+    >>> message_bits(torch.tensor([1, 4]), 4)
     tensor([ 34., 128.], dtype=torch.float64)
     """
-    rows = vectors.reshape(-1, vectors.shape[-1])
-    d = rows.shape[-1]
-    index_bits = max(1, math.ceil(math.log2(d))) if d > 1 else 1
-    nnz = (rows != 0).sum(-1).to(torch.float64)
-    dense = torch.full_like(nnz, float(d * value_bits))
+    index_bits = max(1, math.ceil(math.log2(dim))) if dim > 1 else 1
+    nnz = nonzeros.to(torch.float64)
+    dense = torch.full_like(nnz, float(dim * value_bits))
     return torch.minimum(dense, nnz * (value_bits + index_bits))
 
 
 def per_agent_bits(message: Messages, value_bits: int = 32) -> float:
     """Bits of ``message`` per agent endpoint: its total over (rows × copies).
 
-    For ``[n, d]`` messages (one per client or agent, ``copies = 1``) this is the mean bits each
-    sender sends; for a ``[d]`` vector sent to ``n`` clients (``copies = n``) the bits each
-    client receives.
+    For ``m`` messages (one per client or agent, ``copies = 1``) this is the mean bits each
+    sender sends; for one vector sent to ``n`` clients (``copies = n``) the bits each client
+    receives.
 
-    >>> per_agent_bits(Messages("agent_to_agent", torch.tensor([[0.0, 2.0], [1.0, 2.0]])))
+    >>> per_agent_bits(Messages("agent_to_agent", torch.tensor([1, 2]), 2))
     48.5
     """
-    bits = message_bits(message.vectors, value_bits)  # one entry per row
-    return float(bits.sum()) / bits.numel()
+    bits = message_bits(message.nonzeros, message.dim, value_bits)
+    return float(bits.sum()) / max(bits.numel(), 1)

@@ -34,7 +34,6 @@ on the rest of the batch, so per-example gradients are not defined (use ``norm: 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -42,14 +41,17 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad_and_value, vmap
 
 from pl_privfed.analytic_grads import AnalyticMLPGradients, analytic_support
+from pl_privfed.engine.chunk import ChunkOracle, OracleOutput
 
 __all__ = [
     "Backend",
     "GradientOracle",
     "OracleOutput",
     "ParameterLayout",
+    "RoundOracle",
     "average_client_buffers",
     "resolve_backend",
+    "sum_client_buffers",
 ]
 
 Backend = Literal["auto", "vmap", "loop", "analytic"]
@@ -95,17 +97,6 @@ class ParameterLayout:
         params = dict(module.named_parameters())
         for k, v in self.unflatten(flat).items():
             params[k].copy_(v)
-
-
-@dataclass
-class OracleOutput:
-    """Per-client gradients ``grads [n, d]`` and mean minibatch losses ``losses [n]``.
-
-    With ``per_example=True``: ``grads [n, B, d]`` and ``losses [n, B]``.
-    """
-
-    grads: Tensor
-    losses: Tensor
 
 
 def resolve_backend(
@@ -262,7 +253,50 @@ class GradientOracle:
             )
         self._pending_buffers = averaged if buffers is None else None
         self.client_buffers = updated if buffers is not None else None
-        return OracleOutput(grads=grads, losses=losses.detach())
+        sums = None
+        if averaged:  # the engine sums the clients' buffers over chunks
+            sums = {k: v * n if v.is_floating_point() else v for k, v in averaged.items()}
+        return OracleOutput(grads=grads, losses=losses.detach(), buffer_sums=sums)
+
+    def clipped_mean(
+        self,
+        params: Tensor,
+        inputs: Tensor,
+        targets: Tensor,
+        scale: Callable[[Tensor], Tensor],
+        max_bytes: int = 64 * 2**20,
+    ) -> OracleOutput:
+        """``(1/B) Σ_b s(||g_b||) g_b`` for every client, with ``g_b`` example ``b``'s
+        gradient and ``s`` a norm-based operator's factor (clipping): ``grads [n, d]``, the
+        examples' losses ``[n, B]`` and gradient norms ``norms [n, B]``.
+
+        The ``analytic`` backend never forms the per-example gradients: for a layer with input
+        ``a_b`` and output gradient ``δ_b``, example ``b``'s weight gradient is ``δ_b a_bᵀ``, of
+        norm ``||δ_b|| ||a_b||``, so the norms come from the layers' factors and the clipped
+        sum is one product ``(s ⊙ δ)ᵀ A`` per layer (the identity behind Opacus's ghost
+        clipping). The other backends compute per-example gradients for as many clients at a
+        time as fit in ``max_bytes``.
+        """
+        if self._analytic is not None:
+            grads, losses, norms = self._analytic.clipped_mean(params, inputs, targets, scale)
+            return OracleOutput(grads=grads, losses=losses.detach(), norms=norms)
+        n, batch = inputs.shape[:2]
+        per = max(1, max_bytes // max(1, batch * self.layout.dim * params.element_size()))
+        grads, losses, norms = [], [], []
+        for lo in range(0, n, per):
+            part = params if params.dim() == 1 else params[lo : lo + per]
+            out = self(part, inputs[lo : lo + per], targets[lo : lo + per], per_example=True)
+            g = out.grads
+            norm = torch.linalg.vector_norm(g, dim=-1)
+            weights = scale(norm).div_(batch)  # s(||g_b||)/B
+            grads.append(torch.einsum("cb,cbd->cd", weights, g))
+            losses.append(out.losses)
+            norms.append(norm)
+        return OracleOutput(
+            grads=torch.cat(grads) if len(grads) > 1 else grads[0],
+            losses=torch.cat(losses) if len(losses) > 1 else losses[0],
+            norms=torch.cat(norms) if len(norms) > 1 else norms[0],
+        )
 
     def _check_client_buffers(self, buffers: dict[str, Tensor], n: int) -> dict[str, Tensor]:
         """Copies of the given per-client buffers, checked against the model's."""
@@ -388,3 +422,77 @@ class GradientOracle:
         for k, v in self._pending_buffers.items():
             bufs[k].copy_(v)
         self._pending_buffers = None
+
+
+class RoundOracle(ChunkOracle):
+    """The round's :class:`~pl_privfed.engine.ChunkOracle`: a :class:`GradientOracle` over the
+    round's data (a :class:`~pl_privfed.datamodules.RoundBatch`), for the chunk of clients
+    asked for.
+
+    Args:
+        oracle: the gradient oracle.
+        batch: the round's data; ``batch.clients(ids)`` gives the clients' minibatches.
+        local_batches: ``T``, the minibatches per client and round (``[c, T, B, ...]`` data).
+        buffers: for a grid configuration, its own model buffers ``{name: tensor}``, which each
+            client of a chunk starts from (instead of the model's).
+    """
+
+    def __init__(
+        self,
+        oracle: GradientOracle,
+        batch,
+        local_batches: int = 1,
+        buffers: dict[str, Tensor] | None = None,
+    ) -> None:
+        self.oracle = oracle
+        self.batch = batch
+        self.local_batches = local_batches
+        self.buffers = buffers
+        self._cached: tuple[Tensor, Tensor, Tensor] | None = None
+
+    def data(self, clients: Tensor, step: int | None = None) -> tuple[Tensor, Tensor]:
+        """The clients' local minibatch ``step``, or with ``None`` all their data of the round
+        (with ``local_batches: T > 1`` the inputs are ``[c, T, B, ...]``: ``[c, T·B, ...]``)."""
+        if self._cached is None or self._cached[0] is not clients:
+            self._cached = (clients, *self.batch.clients(clients))
+        _, inputs, targets = self._cached
+        stacked = self.local_batches > 1
+        if step is not None:
+            if not 0 <= step < self.local_batches:
+                raise ValueError(
+                    f"step={step} but the datamodule delivers local_batches="
+                    f"{self.local_batches} minibatches per round"
+                )
+            return (inputs[:, step], targets[:, step]) if stacked else (inputs, targets)
+        return (inputs.flatten(1, 2), targets.flatten(1, 2)) if stacked else (inputs, targets)
+
+    def client_buffers(self, count: int) -> dict[str, Tensor] | None:
+        """``count`` copies of the configuration's buffers (``None`` without a configuration)."""
+        if self.buffers is None:
+            return None
+        return {k: v.unsqueeze(0).expand(count, *v.shape) for k, v in self.buffers.items()}
+
+    def __call__(
+        self, params: Tensor, clients: Tensor, *, per_example: bool = False, step: int | None = None
+    ) -> OracleOutput:
+        inputs, targets = self.data(clients, step)
+        buffers = None if per_example else self.client_buffers(inputs.shape[0])
+        out = self.oracle(params, inputs, targets, per_example=per_example, buffers=buffers)
+        if buffers is not None and params.dim() == 1:
+            out.buffer_sums = sum_client_buffers(self.oracle.client_buffers)
+        return out
+
+    def clipped_mean(
+        self, params: Tensor, clients: Tensor, scale, *, step: int | None = None
+    ) -> OracleOutput:
+        inputs, targets = self.data(clients, step)
+        return self.oracle.clipped_mean(params, inputs, targets, scale)
+
+
+def sum_client_buffers(per_client: dict[str, Tensor], dim: int = 0) -> dict[str, Tensor]:
+    """The clients' updated buffers summed along the client axis ``dim`` (integer buffers:
+    the first client's, which all share); divided by the number of clients this is
+    :func:`average_client_buffers`."""
+    return {
+        k: v.sum(dim) if v.is_floating_point() else v.select(dim, 0) for k, v in per_client.items()
+    }

@@ -1,21 +1,13 @@
 """``FederatedModule``: the whole federation in one LightningModule; one training step = one round.
 
-Each ``training_step`` receives one minibatch per client stacked along a leading client axis
-(``inputs [n, B, ...]``, ``targets [n, B, ...]``; with the datamodule's ``local_batches: T > 1``,
-``[n, T, B, ...]``: one minibatch per local step), hands the algorithm a gradient oracle over that
-batch, and writes the algorithm's new parameters into the global model. Optimization is manual;
-a no-op optimizer is stepped once per round so that ``trainer.global_step`` counts rounds (and
+Each ``training_step`` receives the round's data (a :class:`~pl_privfed.datamodules.RoundBatch`,
+which serves each client's minibatches on demand, or stacked tensors ``(inputs [n, B, ...],
+targets [n, B, ...])``; with the datamodule's ``local_batches: T > 1``, ``[n, T, B, ...]``) and
+runs the algorithm's round through the engine (:mod:`pl_privfed.engine`): the clients' part
+chunk by chunk over a :class:`~pl_privfed.grads.RoundOracle`, then the server's part. It writes
+the new parameters (and BatchNorm statistics) into the global model. Optimization is manual; a
+no-op optimizer is stepped once per round so that ``trainer.global_step`` counts rounds (and
 ``max_steps`` is a number of communication rounds).
-
-The oracle handed to the algorithm is
-``grad_fn(params, per_example=False, step=None, clients=None)``:
-
-* ``params``: shared ``[d]`` or per-client ``[m, d]`` (``m`` = the number of selected clients);
-* ``step``: with ``local_batches: T``, the local minibatch ``j < T`` to use; ``None`` uses all
-  the round's data of each client (``T·B`` examples);
-* ``clients``: indices of the clients to evaluate (partial participation computes only the
-  participants' gradients); ``None`` is every client;
-* ``per_example``: per-example gradients ``[m, B, d]`` (record-level clipping).
 """
 
 from __future__ import annotations
@@ -33,12 +25,15 @@ from typing_extensions import override
 from pl_privfed.algorithms import FederatedAlgorithm
 from pl_privfed.callbacks._wandb import log_artifact
 from pl_privfed.checks import check_positive_int
+from pl_privfed.datamodules.base import TensorRoundBatch
+from pl_privfed.engine import ChunkOracle, OracleOutput, choose_chunk_size
 from pl_privfed.grads import (
     Backend,
     GradientOracle,
     ParameterLayout,
-    average_client_buffers,
+    RoundOracle,
     resolve_backend,
+    sum_client_buffers,
 )
 from pl_privfed.grid import grid_points, rebuild_algorithm, write_grid_results
 from pl_privfed.privacy import PrivacyAccountant
@@ -61,24 +56,59 @@ class _RoundOptimizer(torch.optim.Optimizer):
         return closure() if closure is not None else None
 
 
-def _served_first(x, pos, all_gradients, single, losses, buffers):
-    """Configuration ``pos``'s oracle in a grid round: the first request for its clients'
-    gradients at its current parameters ``x`` is answered from the batch of all configurations
-    (its own rows, which the algorithm may then write into), anything else from ``single``."""
-    served = []
+class _GridBatch:
+    """A grid round's shared gradient computations: for a chunk of clients, the gradients of
+    every live configuration at its current parameters, from one oracle call (in pieces of
+    ``grid_chunk`` configurations), each configuration's served once; :meth:`clear` after every
+    lockstep pass over the configurations bounds the memory to one chunk."""
 
-    def grad_fn(params, per_example=False, step=None, clients=None):
-        batchable = params is x and not per_example and step is None and clients is None
-        if batchable and not served:
-            served.append(True)
-            shared = all_gradients()
-            losses.append(shared["losses"][pos])
-            if "buffers" in shared:
-                buffers.append({k: v[pos] for k, v in shared["buffers"].items()})
-            return shared["grads"][pos]
-        return single(params, per_example, step, clients)
+    def __init__(self, module: FederatedModule, batch: Any, live: list[int]) -> None:
+        self.module, self.batch, self.live = module, batch, live
+        self.served: dict[tuple[int, int, int], dict[int, OracleOutput]] = {}
 
-    return grad_fn
+    def get(self, k: int, ids: Tensor) -> OracleOutput | None:
+        if not ids.numel():
+            return None
+        key = (int(ids[0]), int(ids[-1]), int(ids.numel()))
+        entry = self.served.get(key)
+        if entry is None:
+            entry = self.served[key] = self._compute(ids)
+        return entry.pop(k, None)
+
+    def _compute(self, ids: Tensor) -> dict[int, OracleOutput]:
+        size = self.module.grid_chunk or len(self.live)
+        out: dict[int, OracleOutput] = {}
+        for lo in range(0, len(self.live), size):
+            configs = self.live[lo : lo + size]
+            grads, losses, buffers = self.module._grid_gradients(configs, ids, self.batch)
+            for pos, k in enumerate(configs):
+                sums = {name: v[pos] for name, v in buffers.items()} or None
+                out[k] = OracleOutput(grads=grads[pos], losses=losses[pos], buffer_sums=sums)
+        return out
+
+    def clear(self) -> None:
+        self.served = {}
+
+
+class _GridConfigOracle(ChunkOracle):
+    """Configuration ``k``'s oracle in a grid round: its first request for a chunk's gradients
+    at its current parameters ``x`` comes from the shared batch, anything else from its own
+    :class:`~pl_privfed.grads.RoundOracle` (with its own BatchNorm buffers)."""
+
+    def __init__(self, shared: _GridBatch, k: int, x: Tensor, own: RoundOracle) -> None:
+        self.shared, self.k, self.x, self.own = shared, k, x, own
+
+    def __call__(
+        self, params: Tensor, clients: Tensor, *, per_example: bool = False, step: int | None = None
+    ) -> OracleOutput:
+        if params is self.x and not per_example and step is None:
+            out = self.shared.get(self.k, clients)
+            if out is not None:
+                return out
+        return self.own(params, clients, per_example=per_example, step=step)
+
+    def clipped_mean(self, params, clients, scale, *, step=None) -> OracleOutput:
+        return self.own.clipped_mean(params, clients, scale, step=step)
 
 
 class FederatedModule(pl.LightningModule):
@@ -104,6 +134,10 @@ class FederatedModule(pl.LightningModule):
         grid_chunk: compute the grid's gradients for at most this many configurations per
             oracle call (default: all in one), to bound the memory of a large grid; the results
             do not depend on it.
+        client_chunk: clients per chunk of the round's client map (:mod:`pl_privfed.engine`):
+            ``"auto"`` (default: every client on a GPU; on a CPU as many as keep a chunk's
+            ``[c, d]`` tensors in cache), ``"all"``, or a number. The iterates do not depend on
+            it (up to the order of floating-point sums).
     """
 
     def __init__(
@@ -117,6 +151,7 @@ class FederatedModule(pl.LightningModule):
         grid: dict[str, list[Any]] | None = None,
         grid_dir: str | None = None,
         grid_chunk: int | None = None,
+        client_chunk: int | str = "auto",
     ) -> None:
         super().__init__()
         if not isinstance(model, nn.Module):
@@ -138,6 +173,18 @@ class FederatedModule(pl.LightningModule):
             raise ValueError(f"cuda_graphs must be true or false, got {cuda_graphs!r}")
         self.cuda_graphs = cuda_graphs
         self.epsilon_every = epsilon_every
+        if not (
+            client_chunk in ("auto", "all")
+            or (
+                isinstance(client_chunk, int)
+                and not isinstance(client_chunk, bool)
+                and client_chunk > 0
+            )
+        ):
+            raise ValueError(
+                f"client_chunk must be 'auto', 'all' or a positive integer, got {client_chunk!r}"
+            )
+        self.client_chunk = client_chunk
         self.layout = ParameterLayout(model)
         self.oracle: GradientOracle | None = None
         self.accountant: PrivacyAccountant | None = None
@@ -284,73 +331,66 @@ class FederatedModule(pl.LightningModule):
         return self.model(x)
 
     # ------------------------------------------------------------------ one round
+    def chunk_size(self) -> int:
+        """Clients per chunk of this run's rounds (:func:`~pl_privfed.engine.choose_chunk_size`)."""
+        dtype = next(self.model.parameters()).dtype
+        return choose_chunk_size(self.algorithm.num_clients, self.layout.dim, self.device,
+                                 self.client_chunk, dtype.itemsize)  # fmt: skip
+
+    def _statistics_round(self, round_index: int) -> bool:
+        """Whether this round's statistics that cost a pass over client rows are computed: on
+        the rounds the logger writes (every ``log_every_n_steps``) and the last one."""
+        every = max(1, int(self.trainer.log_every_n_steps or 1))
+        last = self._num_rounds() and round_index + 1 >= self._num_rounds()
+        return round_index % every == 0 or bool(last)
+
+    @staticmethod
+    def _round_data(batch: Any) -> Any:
+        """The round's data as a served-by-client batch (stacked tensors are wrapped)."""
+        if isinstance(batch, tuple | list):
+            return TensorRoundBatch(*batch)
+        return batch
+
     @override
     def training_step(self, batch: Any, batch_idx: int) -> Tensor | None:
-        inputs, targets = batch
+        batch = self._round_data(batch)
         if self.grid_algorithms is not None:
-            return self._grid_training_step(inputs, targets)
+            return self._grid_training_step(batch)
         round_index = self.global_step
-        losses: list[Tensor] = []
-        buffers: list[Any] = []
-        grad_fn = self._round_oracle(inputs, targets, losses, buffers)
+        oracle = RoundOracle(self.oracle, batch, self.local_batches)
         x = self.layout.flatten(self.model)
-        result = self.algorithm.step(x, grad_fn)
+        result = self.algorithm.step(
+            x,
+            oracle,
+            client_chunk=self.chunk_size(),
+            statistics=self._statistics_round(round_index),
+        )
         # mean over the (computing) clients of the minibatch loss at x^k; None when no client
         # computed this round (e.g. nobody was sampled)
-        loss = losses[0].mean() if losses else None
+        loss = result.loss
         if loss is not None and not math.isfinite(loss.item()):
             raise NonFiniteLossError(
                 f"non-finite training loss ({loss.item()}) at round {round_index}; "
                 "stopping (lower the step size, or check the data and model)"
             )
-        if buffers and self.oracle._pending_buffers is None:
-            # the running statistics of the last shared-parameter call of the round (local steps
-            # at per-client parameters produce none)
-            self.oracle._pending_buffers = buffers[-1]
-        self.oracle.commit_buffers()
+        if result.buffers:
+            # the running statistics of the clients' last shared-parameter evaluation (local
+            # steps at per-client parameters produce none)
+            self._assign_buffers(result.buffers)
         self.layout.assign(self.model, result.params)
         self.optimizers().step()
         self._last_round = result
         if loss is not None:
-            self.log("train/loss", loss, prog_bar=True)
+            self.log("train/loss", loss, prog_bar=True, batch_size=1)
         self._count_transmissions(result)
         self._account(round_index)
         return loss
 
-    def _round_batch(
-        self, inputs: Tensor, targets: Tensor, step: int | None = None
-    ) -> tuple[Tensor, Tensor]:
-        """Every client's local minibatch ``step``, or with ``None`` all its data of the round
-        (with ``local_batches: T > 1`` the inputs are ``[n, T, B, ...]``: ``[n, T·B, ...]``)."""
-        stacked = self.local_batches > 1
-        if step is not None:
-            if not 0 <= step < self.local_batches:
-                raise ValueError(
-                    f"step={step} but the datamodule delivers local_batches="
-                    f"{self.local_batches} minibatches per round"
-                )
-            return (inputs[:, step], targets[:, step]) if stacked else (inputs, targets)
-        return (inputs.flatten(1, 2), targets.flatten(1, 2)) if stacked else (inputs, targets)
-
-    def _round_oracle(self, inputs: Tensor, targets: Tensor, losses: list, buffers: list):
-        """The round's ``grad_fn(params, per_example=False, step=None, clients=None)``."""
-
-        def grad_fn(
-            params: Tensor,
-            per_example: bool = False,
-            step: int | None = None,
-            clients: Tensor | None = None,
-        ) -> Tensor:
-            x_in, y_in = self._round_batch(inputs, targets, step)
-            if clients is not None:
-                x_in, y_in = x_in[clients], y_in[clients]
-            out = self.oracle(params, x_in, y_in, per_example=per_example)
-            losses.append(out.losses.mean(-1) if per_example else out.losses)
-            if self.oracle._pending_buffers is not None:
-                buffers.append(self.oracle._pending_buffers)
-            return out.grads
-
-        return grad_fn
+    @torch.no_grad()
+    def _assign_buffers(self, values: dict[str, Tensor]) -> None:
+        bufs = dict(self.model.named_buffers())
+        for name, value in values.items():
+            bufs[name].copy_(value)
 
     # ------------------------------------------------------------------ a grid's round
     def _grid_buffers(self) -> dict[str, Tensor]:
@@ -388,71 +428,56 @@ class FederatedModule(pl.LightningModule):
         if not self.grid_running():
             self.trainer.should_stop = True
 
-    def _grid_training_step(self, inputs: Tensor, targets: Tensor) -> None:
+    def _grid_training_step(self, batch: Any) -> None:
         """One round of every live configuration of the grid (see :mod:`pl_privfed.grid`).
 
-        The first request of each configuration's round for its clients' gradients at its
-        current parameters (what every server algorithm asks first) is served from one oracle
-        call for all live configurations, ``[K·n, d]``; any other request (local steps,
-        per-example gradients, partial participation) goes to the oracle as in a single run.
+        The configurations' rounds advance in lockstep, chunk by chunk of clients; the first
+        request of each configuration for a chunk's gradients at its current parameters (what
+        every server algorithm asks first) is served from one oracle call for every live
+        configuration whose chunk holds the same clients (``[K·c, d]``, per-configuration
+        BatchNorm buffers); any other request (local steps, per-example gradients) goes to the
+        oracle as in a single run.
         """
         round_index = self.global_step
         live = self.grid_running()
         if not live:  # every configuration is done (e.g. reached its target)
             self.trainer.should_stop = True
             return None
-        batched: dict[str, Any] = {}
-
-        def all_gradients() -> dict[str, Any]:
-            if batched:
-                return batched
-            x_in, y_in = self._round_batch(inputs, targets)
-            size = self.grid_chunk or len(live)
-            chunks = [
-                self._grid_gradients(live[i : i + size], x_in, y_in)
-                for i in range(0, len(live), size)
-            ]
-            if len(chunks) == 1:
-                grads, losses, buffers = chunks[0]
-            else:
-                grads = torch.cat([c[0] for c in chunks])
-                losses = torch.cat([c[1] for c in chunks])
-                buffers = {name: torch.cat([c[2][name] for c in chunks]) for name in chunks[0][2]}
-            batched.update(grads=grads, losses=losses)
-            if buffers:
-                batched["buffers"] = buffers
-            return batched
-
-        outcomes: dict[int, tuple[Any, Tensor | None, dict[str, Tensor] | None]] = {}
-        for pos, k in enumerate(live):
+        shared = _GridBatch(self, batch, live)
+        size = self.chunk_size()
+        statistics = self._statistics_round(round_index)
+        steps = {}
+        for k in live:
+            buffers = {name: v[k] for name, v in self._grid_buffers().items()} or None
+            own = RoundOracle(self.oracle, batch, self.local_batches, buffers)
             x = self.grid_params[k]
-            if self._grid_buffer_names:
-                self.load_grid_configuration(k, params=False)  # for requests outside the batch
-            losses: list[Tensor] = []
-            buffers: list[Any] = []
-            single = self._round_oracle(inputs, targets, losses, buffers)
-            grad_fn = _served_first(x, pos, all_gradients, single, losses, buffers)
-            result = self.grid_algorithms[k].step(x, grad_fn)
-            self.oracle._pending_buffers = None
-            outcomes[k] = (
-                result,
-                losses[0].mean() if losses else None,
-                buffers[-1] if buffers else None,
+            steps[k] = self.grid_algorithms[k].step_iter(
+                x, _GridConfigOracle(shared, k, x, own), client_chunk=size, statistics=statistics
             )
-        computed = [k for k in live if outcomes[k][1] is not None]
-        values = torch.stack([outcomes[k][1] for k in computed]).tolist() if computed else []
+        outcomes = {}
+        pending = list(live)
+        while pending:  # one chunk of every configuration per pass
+            for k in list(pending):
+                try:
+                    next(steps[k])
+                except StopIteration as done:
+                    outcomes[k] = done.value
+                    pending.remove(k)
+            shared.clear()
+        computed = [k for k in live if outcomes[k].loss is not None]
+        values = torch.stack([outcomes[k].loss for k in computed]).tolist() if computed else []
         loss_of = dict(zip(computed, values))
         record = round_index % self.trainer.log_every_n_steps == 0 or (
             self._num_rounds() and round_index + 1 >= self._num_rounds()
         )
         for k in live:
-            result, _, new_buffers = outcomes[k]
+            result = outcomes[k]
             loss = loss_of.get(k)
             if loss is not None and not math.isfinite(loss):
                 self._grid_status[k] = f"failed: non-finite training loss at round {round_index}"
                 continue
             self.grid_params[k] = result.params  # every round has run: x^k is no longer read
-            for name, value in (new_buffers or {}).items():
+            for name, value in (result.buffers or {}).items():
                 getattr(self, self._grid_buffer_names[name])[k].copy_(value)
             if loss is not None and record:
                 self.grid_record(k, "train/loss", round_index + 1, loss)
@@ -466,26 +491,28 @@ class FederatedModule(pl.LightningModule):
             self.trainer.should_stop = True
             return None
         self.optimizers().step()
-        self._last_round = outcomes[running[0]][0]  # statistics of the first live configuration
+        self._last_round = outcomes[running[0]]  # statistics of the first live configuration
         finite = [loss_of[k] for k in running if k in loss_of]
         if finite:
-            self.log("grid/min_train_loss", min(finite), prog_bar=True)
-        self.log("grid/live_configurations", float(len(running)))
+            self.log("grid/min_train_loss", min(finite), prog_bar=True, batch_size=1)
+        self.log("grid/live_configurations", float(len(running)), batch_size=1)
         self._count_transmissions(self._last_round)
         self._account(round_index)
         return None
 
     def _grid_gradients(
-        self, configs: list[int], inputs: Tensor, targets: Tensor
+        self, configs: list[int], ids: Tensor, batch: Any
     ) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
-        """One oracle call for the clients of ``configs``: gradients ``[k, n, d]``, losses
-        ``[k, n]`` and each configuration's new buffers (``r ←`` the mean over its clients of
-        their updated copies, the engine's rule)."""
-        n, k = inputs.shape[0], len(configs)
+        """One oracle call for the clients ``ids`` of the configurations ``configs`` at their
+        parameters: gradients ``[k, c, d]``, losses ``[k, c]`` and each configuration's sums
+        over those clients of their updated buffers."""
+        oracle = RoundOracle(self.oracle, batch, self.local_batches)
+        inputs, targets = oracle.data(ids)
+        c, k = inputs.shape[0], len(configs)
         rows = torch.tensor(configs, device=self.grid_params.device)
 
         def per_row(t: Tensor) -> Tensor:
-            return t[rows].repeat_interleave(n, 0)
+            return t[rows].repeat_interleave(c, 0)
 
         buffers = {name: per_row(v) for name, v in self._grid_buffers().items()}
         out = self.oracle(
@@ -495,11 +522,11 @@ class FederatedModule(pl.LightningModule):
             buffers=buffers or None,
         )
         per_config = {
-            name: v.view(k, n, *v.shape[1:])
+            name: v.view(k, c, *v.shape[1:])
             for name, v in (self.oracle.client_buffers or {}).items()
         }
-        averaged = average_client_buffers(per_config, dim=1)
-        return out.grads.view(k, n, -1), out.losses.view(k, n), averaged
+        summed = sum_client_buffers(per_config, dim=1)
+        return out.grads.view(k, c, -1), out.losses.view(k, c), summed
 
     def _grid_evaluate(self, batch: Any) -> None:
         """Test loss and accuracy of every configuration that has not failed, on this batch."""
@@ -562,11 +589,10 @@ class FederatedModule(pl.LightningModule):
         sent = 0
         for msg in result.messages:
             if msg.channel == "client_to_server":
-                rows = 1 if msg.vectors.dim() == 1 else msg.vectors.shape[0]
-                sent += rows * msg.copies
+                sent += msg.rows * msg.copies
         self.client_transmissions += sent
-        self.log("comm/client_transmissions", float(sent))
-        self.log("comm/client_transmissions_total", float(self.client_transmissions))
+        self.log("comm/client_transmissions", float(sent), batch_size=1)
+        self.log("comm/client_transmissions_total", float(self.client_transmissions), batch_size=1)
 
     def summary_entries(self) -> dict[str, Any]:
         """Entries for ``summary.json``: the total client-to-server transmissions, and for an

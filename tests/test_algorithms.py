@@ -2,13 +2,16 @@
 
 Quadratic clients f_i(x) = ½||x − b_i||² (∇f_i(x) = x − b_i). The references below are plain
 loops over clients with scalar arithmetic written from the papers, sharing nothing with the
-package but the noise generator seed (they draw the same N(0, 1) matrix per round).
+package but the noise: the same keyed streams (tests/_noise.py), either each client's own draw
+(``draws: per_client``) or the sum of the clients' noises drawn once (``aggregate``). Every
+reference comparison runs with chunks of one client, two clients and all of them.
 """
 
 import math
 
 import pytest
 import torch
+from _noise import client_noise, noise_sum, server_noise
 
 from pl_privfed.algorithms import EF21, AlphaNormEC, Clip21, DistributedDPSGD
 from pl_privfed.operators import Clip, SmoothedNormalization, TopK
@@ -26,17 +29,18 @@ def problem(n=5, d=4, seed=0):
 
 
 def grad_fn_for(b):
-    def grad_fn(params):
-        return (params.unsqueeze(0) if params.dim() == 1 else params) - b
+    def grad_fn(params, clients=None):
+        rows = b if clients is None else b[clients]
+        return (params.unsqueeze(0) if params.dim() == 1 else params) - rows
 
     return grad_fn
 
 
-def run(alg, b, x0, rounds=ROUNDS):
+def run(alg, b, x0, rounds=ROUNDS, chunk=None):
     alg.setup(num_clients=b.shape[0], dim=b.shape[1], num_rounds=rounds, dtype=DT)
     x, xs = x0.clone(), []
     for _ in range(rounds):
-        x = alg.step(x, grad_fn_for(b)).params
+        x = alg.step(x, grad_fn_for(b), client_chunk=chunk).params
         xs.append(x.clone())
     return xs
 
@@ -61,11 +65,11 @@ def topk(v, k):
     return [v[j] if j in keep else 0.0 for j in range(len(v))]
 
 
-def ref_error_feedback(b, x0, psi, beta, gamma, sn, rounds, init="zeros", std=0.0, seed=0, D=0.0):
+def ref_error_feedback(b, x0, psi, beta, gamma, sn, rounds, init="zeros", std=0.0, seed=0, D=0.0,
+                       draws="aggregate"):  # fmt: skip
     n, d = b.shape
     b = b.tolist()
     x = x0.tolist()
-    gen = torch.Generator().manual_seed(seed)
 
     def grad(i, x):
         return [x[j] - b[i][j] for j in range(d)]
@@ -79,14 +83,18 @@ def ref_error_feedback(b, x0, psi, beta, gamma, sn, rounds, init="zeros", std=0.
                 g[i][0] += D / math.sqrt(rounds + 1)
     ghat = [sum(g[i][j] for i in range(n)) / n for j in range(d)]
     out = []
-    for _ in range(rounds):
-        z = torch.randn(n, d, generator=gen, dtype=DT).tolist() if std > 0 else None
+    for k in range(rounds):
+        per_client = std > 0 and draws == "per_client"
         sent_sum = [0.0] * d
         for i in range(n):  # each client
             delta = psi([grad(i, x)[j] - g[i][j] for j in range(d)])
             g[i] = [g[i][j] + beta * delta[j] for j in range(d)]
-            sent = [delta[j] + (std * z[i][j] if z else 0.0) for j in range(d)]
+            z = client_noise(seed, k, i, d, std) if per_client else [0.0] * d
+            sent = [delta[j] + z[j] for j in range(d)]
             sent_sum = [sent_sum[j] + sent[j] for j in range(d)]
+        if std > 0 and not per_client:  # the clients' noises, drawn as their sum
+            total = noise_sum(seed, k, n, d, std)
+            sent_sum = [sent_sum[j] + total[j] for j in range(d)]
         ghat = [ghat[j] + beta / n * sent_sum[j] for j in range(d)]
         if sn:
             ng = norm(ghat)
@@ -98,21 +106,25 @@ def ref_error_feedback(b, x0, psi, beta, gamma, sn, rounds, init="zeros", std=0.
     return out
 
 
-def ref_dpsgd(b, x0, psi, scale, gamma, rounds, std=0.0, placement="client", seed=0):
+def ref_dpsgd(b, x0, psi, scale, gamma, rounds, std=0.0, placement="client", seed=0,
+              draws="aggregate"):  # fmt: skip
     n, d = b.shape
     b = b.tolist()
     x = x0.tolist()
-    gen = torch.Generator().manual_seed(seed)
     out = []
-    for _ in range(rounds):
+    for k in range(rounds):
         msgs = [[scale * c for c in psi([x[j] - b[i][j] for j in range(d)])] for i in range(n)]
-        if std > 0 and placement == "client":
-            z = torch.randn(n, d, generator=gen, dtype=DT).tolist()
-            msgs = [[msgs[i][j] + std * z[i][j] for j in range(d)] for i in range(n)]
-        agg = [sum(msgs[i][j] for i in range(n)) / n for j in range(d)]
+        if std > 0 and placement == "client" and draws == "per_client":
+            z = [client_noise(seed, k, i, d, std) for i in range(n)]
+            msgs = [[msgs[i][j] + z[i][j] for j in range(d)] for i in range(n)]
+        total = [sum(msgs[i][j] for i in range(n)) for j in range(d)]
+        if std > 0 and placement == "client" and draws == "aggregate":
+            z = noise_sum(seed, k, n, d, std)
+            total = [total[j] + z[j] for j in range(d)]
+        agg = [total[j] / n for j in range(d)]
         if std > 0 and placement == "server":
-            z = torch.randn(d, generator=gen, dtype=DT).tolist()
-            agg = [agg[j] + std * z[j] for j in range(d)]
+            z = server_noise(seed, k, d, std)
+            agg = [agg[j] + z[j] for j in range(d)]
         x = [x[j] - gamma * agg[j] for j in range(d)]
         out.append(torch.tensor(x, dtype=DT))
     return out
@@ -125,12 +137,19 @@ def assert_iterates(xs, ref):
 
 
 # ---------------------------------------------------------------------------- tests
+CHUNKS = [1, 2, "all"]
+DRAWS = ["aggregate", "per_client"]
+
+
 @pytest.mark.parametrize("server_normalization", [True, False])
 @pytest.mark.parametrize("init", ["zeros", "gradient", "gradient_offset"])
-@pytest.mark.parametrize("private", [False, True])
-def test_alpha_normec_exact(server_normalization, init, private):
+@pytest.mark.parametrize(
+    "private, draws", [(False, None), (True, "aggregate"), (True, "per_client")]
+)
+@pytest.mark.parametrize("chunk", CHUNKS)
+def test_alpha_normec_exact(server_normalization, init, private, draws, chunk):
     b, x0 = problem()
-    noise = DPNoise(noise_multiplier=0.3, seed=7) if private else None
+    noise = DPNoise(noise_multiplier=0.3, seed=7, draws=draws) if private else None
     alg = AlphaNormEC(
         step_size=0.05,
         beta=0.4,
@@ -140,10 +159,10 @@ def test_alpha_normec_exact(server_normalization, init, private):
         memory_init_offset=2.0,
         noise=noise,
     )
-    xs = run(alg, b, x0)
+    xs = run(alg, b, x0, chunk=chunk)
     ref = ref_error_feedback(
         b, x0, lambda v: smoothed(v, 0.5), 0.4, 0.05, server_normalization, ROUNDS,
-        init=init, std=0.3 if private else 0.0, seed=7, D=2.0,
+        init=init, std=0.3 if private else 0.0, seed=7, D=2.0, draws=draws,
     )  # fmt: skip
     assert_iterates(xs, ref)
 
@@ -163,23 +182,28 @@ def test_dp_alpha_normec_paper_noise_level():
 
 
 @pytest.mark.parametrize("server_normalization", [False, True])
-@pytest.mark.parametrize("private", [False, True])
-def test_clip21_exact(server_normalization, private):
+@pytest.mark.parametrize(
+    "private, draws", [(False, None), (True, "aggregate"), (True, "per_client")]
+)
+@pytest.mark.parametrize("chunk", CHUNKS)
+def test_clip21_exact(server_normalization, private, draws, chunk):
     b, x0 = problem(seed=3)
-    noise = DPNoise(noise_multiplier=0.5, seed=2) if private else None
+    noise = DPNoise(noise_multiplier=0.5, seed=2, draws=draws) if private else None
     alg = Clip21(0.1, clip_threshold=1.5, server_normalization=server_normalization, noise=noise)
     assert alg.beta == 1.0
-    xs = run(alg, b, x0)
+    xs = run(alg, b, x0, chunk=chunk)
     # DP-Clip21 noise is calibrated to the sensitivity τ: std = noise_multiplier · τ
     ref = ref_error_feedback(b, x0, lambda v: hard_clip(v, 1.5), 1.0, 0.1, server_normalization,
-                             ROUNDS, std=0.5 * 1.5 if private else 0.0, seed=2)  # fmt: skip
+                             ROUNDS, std=0.5 * 1.5 if private else 0.0, seed=2,
+                             draws=draws)  # fmt: skip
     assert_iterates(xs, ref)
 
 
-def test_ef21_topk_exact():
+@pytest.mark.parametrize("chunk", CHUNKS)
+def test_ef21_topk_exact(chunk):
     b, x0 = problem(seed=4)
     alg = EF21(0.2, compressor=TopK(k=2))
-    xs = run(alg, b, x0)
+    xs = run(alg, b, x0, chunk=chunk)
     ref = ref_error_feedback(b, x0, lambda v: topk(v, 2), 1.0, 0.2, False, ROUNDS, init="gradient")
     assert_iterates(xs, ref)
 
@@ -192,15 +216,19 @@ def test_ef21_topk_exact():
         (Clip(1.0), lambda v: hard_clip(v, 1.0)),
     ],
 )
-@pytest.mark.parametrize("private", [False, True])
-def test_distributed_dpsgd_exact(operator, psi, placement, private):
+@pytest.mark.parametrize(
+    "private, draws", [(False, None), (True, "aggregate"), (True, "per_client")]
+)
+@pytest.mark.parametrize("chunk", CHUNKS)
+def test_distributed_dpsgd_exact(operator, psi, placement, private, draws, chunk):
     b, x0 = problem(seed=5)
-    noise = DPNoise(noise_multiplier=0.2, seed=3) if private else None
+    noise = DPNoise(noise_multiplier=0.2, seed=3, draws=draws) if private else None
     alg = DistributedDPSGD(0.1, operator, scale=2.0, noise=noise, noise_placement=placement)
-    xs = run(alg, b, x0)
+    xs = run(alg, b, x0, chunk=chunk)
     # noise multiplier = std / sensitivity; sensitivity β·τ per client, β·τ/n for the average
     std = 0.2 * 2.0 / (b.shape[0] if placement == "server" else 1) if private else 0.0
-    ref = ref_dpsgd(b, x0, psi, 2.0, 0.1, ROUNDS, std=std, placement=placement, seed=3)
+    ref = ref_dpsgd(b, x0, psi, 2.0, 0.1, ROUNDS, std=std, placement=placement, seed=3,
+                    draws=draws)  # fmt: skip
     assert_iterates(xs, ref)
 
 

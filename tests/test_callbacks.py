@@ -11,11 +11,16 @@ from torch import nn
 from pl_privfed import FederatedModule
 from pl_privfed.algorithms import EF21, AlphaNormEC
 from pl_privfed.callbacks import CommunicationCost, OperatorStatistics, TrainingCurves
-from pl_privfed.communication import message_bits
+from pl_privfed.communication import count_nonzeros, message_bits
 from pl_privfed.datamodules import QuadraticDataModule
 from pl_privfed.models import HalfSquaredError, QuadraticModel
 from pl_privfed.operators import TopK
 from pl_privfed.privacy import DPNoise
+
+
+def bits(vectors, value_bits=32):
+    """Bits of each row of ``vectors`` (its non-zeros counted as the engine does)."""
+    return message_bits(count_nonzeros(vectors), vectors.shape[-1], value_bits)
 
 
 def fit(module, callbacks, datamodule=None, **kwargs):
@@ -31,12 +36,12 @@ def test_message_bits_known_sizes():
     dense = torch.randn(2, d) + 10
     sparse = torch.zeros(3, d)
     sparse[:, :5] = 1.0
-    assert message_bits(dense).tolist() == [32_000.0, 32_000.0]
-    assert message_bits(sparse).tolist() == [5 * 42.0] * 3
-    assert message_bits(sparse, value_bits=16).tolist() == [5 * 26.0] * 3
+    assert bits(dense).tolist() == [32_000.0, 32_000.0]
+    assert bits(sparse).tolist() == [5 * 42.0] * 3
+    assert bits(sparse, value_bits=16).tolist() == [5 * 26.0] * 3
     half = torch.ones(1, d)
     half[:, :300] = 0  # 700 non-zeros: sparse (29,400) < dense (32,000)
-    assert message_bits(half).item() == 700 * 42
+    assert bits(half).item() == 700 * 42
 
 
 def quadratic_module(algorithm, n=4, d=64):

@@ -65,14 +65,14 @@ class _FakeTrainer:
 
 def test_loader_resumes_from_global_step():
     dm = digits()
-    full = [b[0] for b in dm.train_dataloader()]
+    full = [b.dense()[0] for b in dm.train_dataloader()]
     assert len(full) == dm.rounds_per_epoch
     dm.trainer = _FakeTrainer(3)
-    rest = [b[0] for b in dm.train_dataloader()]
+    rest = [b.dense()[0] for b in dm.train_dataloader()]
     assert len(rest) == dm.rounds_per_epoch - 3
     assert all(torch.equal(a, b) for a, b in zip(rest, full[3:]))
     dm.trainer = _FakeTrainer(7)  # second epoch, round 2 of it
-    assert torch.equal(next(iter(dm.train_dataloader()))[0], dm.round_batch(7)[0])
+    assert torch.equal(next(iter(dm.train_dataloader())).dense()[0], dm.round_batch(7)[0])
 
 
 def test_quadratic_module():

@@ -4,18 +4,21 @@ Quadratic agents: agent ``i``'s examples in round ``t`` have targets ``b_{t,i,z}
 ``½||x − b_{t,i,z}||²``, so a per-example gradient is ``x_i − b_{t,i,z}``. The references are
 plain loops with scalar arithmetic written from paper 001 Algorithm 1 (``001-porter.txt`` lines
 167–183) in the paper's ``d × n`` layout (agents as columns, gossip ``Q (W − I)`` as a right
-product), sharing nothing with the package but the generator seeds: they draw the same uniform
-matrices for the compression masks, the same normal matrices for the noise and the same integers
-for the output iterate.
+product), sharing nothing with the package but the definition of the random streams: agent
+``i``'s compression mask and noise in round ``t`` come from the streams keyed by ``(seed, t, i)``
+(tests/_noise.py), the output iterate's integers from ``(seed, t)``. The comparisons run with
+chunks of one agent, two agents and all of them.
 """
 
 import math
 
 import pytest
 import torch
+from _noise import client_noise
 
 from pl_privfed.algorithms.decentralized import BEER, PORTER
 from pl_privfed.algorithms.soteria import SoteriaFL
+from pl_privfed.engine import STREAM_COMPRESSION, STREAM_OUTPUT, keyed_generator
 from pl_privfed.graphs import Topology
 from pl_privfed.operators import Identity, RandKBiased, TopK
 from pl_privfed.privacy import DPNoise
@@ -40,21 +43,23 @@ def targets(rounds=ROUNDS, n=N, batch=B, d=D, seed=0):
 
 
 def grad_fn_for(b_t):
-    """Oracle of one round: ``[n, d]`` minibatch gradients or ``[n, B, d]`` per example."""
+    """Oracle of one round: ``[m, d]`` minibatch gradients or ``[m, B, d]`` per example of the
+    agents ``clients``."""
 
-    def grad_fn(params, per_example=False):
+    def grad_fn(params, per_example=False, clients=None):
+        rows = b_t if clients is None else b_t[clients]
         x = params.unsqueeze(0) if params.dim() == 1 else params  # shared or per agent
-        per = x.unsqueeze(1).expand(b_t.shape[0], b_t.shape[1], -1) - b_t
+        per = x.unsqueeze(1).expand(rows.shape[0], rows.shape[1], -1) - rows
         return per if per_example else per.mean(1)
 
     return grad_fn
 
 
-def run(alg, b, x0, n=N):
+def run(alg, b, x0, n=N, chunk=None):
     alg.setup(num_clients=n, dim=x0.shape[0], num_rounds=b.shape[0], dtype=DT)
     x, xs, agents = x0.clone(), [], []
     for t in range(b.shape[0]):
-        x = alg.step(x, grad_fn_for(b[t])).params
+        x = alg.step(x, grad_fn_for(b[t]), client_chunk=chunk).params
         xs.append(x.clone())
         agents.append(alg.agent_params.clone() if hasattr(alg, "agent_params") else None)
     return xs, agents
@@ -79,22 +84,25 @@ def column(m, i):
     return [row[i] for row in m]
 
 
-def ref_porter(b, x0, w, eta, gamma, option, clip, keep=None, topk=None, std=0.0,
-               comp_seed=0, noise_seed=0, out_seed=1):  # fmt: skip
+def keep_mask(seed, t, i, which, d):
+    """Agent ``i``'s uniforms of round ``t`` for the mask of its ``which``-th message."""
+    gen = keyed_generator(seed, STREAM_COMPRESSION, t, i, which)
+    return torch.rand(1, d, generator=gen, dtype=DT)[0].tolist()
+
+
+def ref_porter(b, x0, w, eta, gamma, option, clip, keep=None, topk=None, std=0.0, seed=0,
+               noise_seed=0):  # fmt: skip
     """Algorithm 1 in the d × n layout; ``keep`` = Example 1's probability k/d."""
     rounds, n, batch, d = b.shape
     b = b.tolist()
-    gen_c = torch.Generator().manual_seed(comp_seed)
-    gen_n = torch.Generator().manual_seed(noise_seed)
-    gen_o = torch.Generator().manual_seed(out_seed)
     zeros = [[0.0] * n for _ in range(d)]
     V, Qv, Gp = [r[:] for r in zeros], [r[:] for r in zeros], [r[:] for r in zeros]  # line 169
     X = [[float(x0[j])] * n for j in range(d)]
     Qx = [r[:] for r in X]
 
-    def compress(M):  # C applied to each column (agent) of a d × n matrix
+    def compress(M, t, which):  # C applied to each column (agent) of a d × n matrix
         if keep is not None:
-            u = torch.rand(n, d, generator=gen_c, dtype=DT).tolist()  # u[i][j]: agent i, coord j
+            u = [keep_mask(seed, t, i, which, d) for i in range(n)]  # u[i][j]: agent i, coord j
             return [[M[j][i] if u[i][j] < keep else 0.0 for i in range(n)] for j in range(d)]
         if topk is not None:
             out = [[0.0] * n for _ in range(d)]
@@ -114,7 +122,7 @@ def ref_porter(b, x0, w, eta, gamma, option, clip, keep=None, topk=None, std=0.0
     for t in range(rounds):
         G = [[0.0] * n for _ in range(d)]
         if option == "dp":
-            e = torch.randn(n, d, generator=gen_n, dtype=DT).tolist()
+            e = [client_noise(noise_seed, t, i, d, std) for i in range(n)]
             for i in range(n):
                 xi = column(X, i)
                 for z in range(batch):  # line 173: average of clipped per-example gradients
@@ -122,7 +130,7 @@ def ref_porter(b, x0, w, eta, gamma, option, clip, keep=None, topk=None, std=0.0
                     for j in range(d):
                         G[j][i] += gz[j] / batch
                 for j in range(d):  # line 174: + e_i
-                    G[j][i] += std * e[i][j]
+                    G[j][i] += e[i][j]
         else:
             for i in range(n):
                 xi = column(X, i)
@@ -130,48 +138,46 @@ def ref_porter(b, x0, w, eta, gamma, option, clip, keep=None, topk=None, std=0.0
                 g = clip(g) if clip is not None else g  # line 177 (BEER: no clipping)
                 for j in range(d):
                     G[j][i] = g[j]
-        cv = compress([[V[j][i] - Qv[j][i] for i in range(n)] for j in range(d)])
+        cv = compress([[V[j][i] - Qv[j][i] for i in range(n)] for j in range(d)], t, 0)
         Qv = [[Qv[j][i] + cv[j][i] for i in range(n)] for j in range(d)]  # line 178
         mix = right_gossip(Qv)
         V = [[V[j][i] + gamma * mix[j][i] + G[j][i] - Gp[j][i] for i in range(n)]
              for j in range(d)]  # line 179  # fmt: skip
         Gp = G
-        cx = compress([[X[j][i] - Qx[j][i] for i in range(n)] for j in range(d)])
+        cx = compress([[X[j][i] - Qx[j][i] for i in range(n)] for j in range(d)], t, 1)
         Qx = [[Qx[j][i] + cx[j][i] for i in range(n)] for j in range(d)]  # line 180
         mix = right_gossip(Qx)
         X = [[X[j][i] + gamma * mix[j][i] - eta * V[j][i] for i in range(n)]
              for j in range(d)]  # line 181  # fmt: skip
-        if int(torch.randint(t + 1, (), generator=gen_o)) == 0:  # line 183, reservoir
-            i = int(torch.randint(n, (), generator=gen_o))
+        gen_o = keyed_generator(seed, STREAM_OUTPUT, t)
+        replace = int(torch.randint(t + 1, (), generator=gen_o)) == 0  # line 183, reservoir
+        i = int(torch.randint(n, (), generator=gen_o))
+        if replace:
             out_x, out_t, out_i = column(X, i), t + 1, i
-        else:
-            torch.randint(n, (), generator=gen_o)
         xbars.append(torch.tensor([sum(X[j]) / n for j in range(d)], dtype=DT))
         Xs.append(torch.tensor(X, dtype=DT).T)  # agents as rows, for the comparison
     return xbars, Xs, (torch.tensor(out_x, dtype=DT), out_t, out_i)
 
 
-def ref_soteria(b, x0, eta, gamma, G, keep=None, std=0.0, comp_seed=0, noise_seed=0):
+def ref_soteria(b, x0, eta, gamma, G, keep=None, std=0.0, seed=0, noise_seed=0):
     rounds, n, batch, d = b.shape
     b = b.tolist()
-    gen_c = torch.Generator().manual_seed(comp_seed)
-    gen_n = torch.Generator().manual_seed(noise_seed)
     x = x0.tolist()
     s_i = [[0.0] * d for _ in range(n)]
     s = [0.0] * d
     out = []
     for t in range(rounds):
-        e = torch.randn(n, d, generator=gen_n, dtype=DT).tolist() if std > 0 else None
-        u = torch.rand(n, d, generator=gen_c, dtype=DT).tolist() if keep is not None else None
         v_sum = [0.0] * d
         for i in range(n):
             g = [sum(x[j] - b[t][i][z][j] for z in range(batch)) / batch for j in range(d)]
             g = linear_clip(g, G)
-            if e is not None:
-                g = [g[j] + std * e[i][j] for j in range(d)]
+            if std > 0:
+                e = client_noise(noise_seed, t, i, d, std)
+                g = [g[j] + e[j] for j in range(d)]
             v = [g[j] - s_i[i][j] for j in range(d)]
-            if u is not None:
-                v = [v[j] if u[i][j] < keep else 0.0 for j in range(d)]
+            if keep is not None:
+                u = keep_mask(seed, t, i, 0, d)
+                v = [v[j] if u[j] < keep else 0.0 for j in range(d)]
             s_i[i] = [s_i[i][j] + gamma * v[j] for j in range(d)]
             v_sum = [v_sum[j] + v[j] for j in range(d)]
         v = [c / n for c in v_sum]
@@ -188,8 +194,12 @@ def assert_close_all(got, ref):
 
 
 # ---------------------------------------------------------------------------- PORTER / BEER
+CHUNKS = [1, 3, "all"]
+
+
 @pytest.mark.parametrize("clipping", ["smooth", "linear"])
-def test_porter_dp_exact(clipping):
+@pytest.mark.parametrize("chunk", CHUNKS)
+def test_porter_dp_exact(clipping, chunk):
     b = targets()
     x0 = torch.linspace(-1, 1, D, dtype=DT)
     alg = PORTER(
@@ -198,13 +208,13 @@ def test_porter_dp_exact(clipping):
         compressor=RandKBiased(k=3), noise=DPNoise(noise_multiplier=0.7, seed=5),
         batch_size=B, local_dataset_size=30, seed=11,
     )  # fmt: skip
-    xs, agents = run(alg, b, x0)
+    xs, agents = run(alg, b, x0, chunk=chunk)
     std = 0.7 * 1.5 / B  # noise multiplier × sensitivity τ/b of the averaged clipped gradients
     assert alg.noise_std == pytest.approx(std)
     clip = smooth_clip if clipping == "smooth" else linear_clip
     xbars, Xs, (out_x, out_t, out_i) = ref_porter(
         b, x0, W_NONSYM, 0.1, 0.4, "dp", lambda v: clip(v, 1.5), keep=3 / D, std=std,
-        comp_seed=11, noise_seed=5, out_seed=12,
+        seed=11, noise_seed=5,
     )  # fmt: skip
     assert_close_all(xs, xbars)
     assert_close_all(agents, Xs)
@@ -215,7 +225,8 @@ def test_porter_dp_exact(clipping):
 
 @pytest.mark.parametrize("clipping", ["smooth", "linear"])
 @pytest.mark.parametrize("compressor", ["randk", "topk"])
-def test_porter_gc_exact(clipping, compressor):
+@pytest.mark.parametrize("chunk", CHUNKS)
+def test_porter_gc_exact(clipping, compressor, chunk):
     b = targets(seed=1)
     x0 = torch.linspace(2, -1, D, dtype=DT)
     comp = RandKBiased(ratio=0.5) if compressor == "randk" else TopK(k=2)
@@ -223,27 +234,28 @@ def test_porter_gc_exact(clipping, compressor):
         step_size=0.2, consensus_step_size=0.5, option="gc", clip_threshold=0.8,
         clipping=clipping, topology=Topology(matrix=W_NONSYM), compressor=comp, seed=3,
     )  # fmt: skip
-    xs, agents = run(alg, b, x0)
+    xs, agents = run(alg, b, x0, chunk=chunk)
     clip = smooth_clip if clipping == "smooth" else linear_clip
     xbars, Xs, _ = ref_porter(
         b, x0, W_NONSYM, 0.2, 0.5, "gc", lambda v: clip(v, 0.8),
         keep=0.5 if compressor == "randk" else None, topk=2 if compressor == "topk" else None,
-        comp_seed=3, out_seed=4,
+        seed=3,
     )  # fmt: skip
     assert_close_all(xs, xbars)
     assert_close_all(agents, Xs)
 
 
 @pytest.mark.parametrize("weights", ["fdla", "metropolis"])
-def test_beer_exact_on_erdos_renyi(weights):
+@pytest.mark.parametrize("chunk", CHUNKS)
+def test_beer_exact_on_erdos_renyi(weights, chunk):
     b = targets(seed=2)
     x0 = torch.zeros(D, dtype=DT)
     topology = Topology(graph="erdos_renyi", p=0.6, weights=weights, seed=4)
     alg = BEER(step_size=0.1, consensus_step_size=0.3, topology=topology,
                compressor=RandKBiased(k=2), seed=8)  # fmt: skip
-    xs, agents = run(alg, b, x0)
+    xs, agents = run(alg, b, x0, chunk=chunk)
     w = topology.mixing_matrix(N).tolist()
-    xbars, Xs, _ = ref_porter(b, x0, w, 0.1, 0.3, "gc", None, keep=2 / D, comp_seed=8, out_seed=9)
+    xbars, Xs, _ = ref_porter(b, x0, w, 0.1, 0.3, "gc", None, keep=2 / D, seed=8)
     assert_close_all(xs, xbars)
     assert_close_all(agents, Xs)
     assert alg.clipping == "none" and alg.noise is None
@@ -288,8 +300,9 @@ def test_consensus_and_gradient_tracking_with_exact_averaging():
     alg.setup(num_clients=n, dim=d, num_rounds=ROUNDS, dtype=DT)
     x = x0.clone()
     for t in range(ROUNDS):
-        x = alg.step(x, grad_fn_for(same[t])).params
-        assert float(alg.consensus_metrics()["consensus_error"]) < 1e-14
+        result = alg.step(x, grad_fn_for(same[t]))
+        x = result.params
+        assert float(result.metrics["consensus_error"]) < 1e-14
 
 
 def test_output_iterate_is_uniform_over_agents_and_rounds():
@@ -336,7 +349,6 @@ def test_checkpoint_state_resumes_exactly():
     for t in range(5, ROUNDS):
         y = resumed.step(y, grad_fn_for(b[t])).params
     torch.testing.assert_close(y, x, rtol=0, atol=0)
-    assert set(full.get_extra_state()) == {"noise", "compression", "output"}
 
 
 # ---------------------------------------------------------------------------- privacy
@@ -367,15 +379,16 @@ def test_soteria_paper_noise_matches_porter():
 
 # ---------------------------------------------------------------------------- SoteriaFL
 @pytest.mark.parametrize("private", [False, True])
-def test_soteria_exact(private):
+@pytest.mark.parametrize("chunk", CHUNKS)
+def test_soteria_exact(private, chunk):
     b = targets(seed=6)
     x0 = torch.linspace(-2, 2, D, dtype=DT)
     noise = DPNoise(noise_multiplier=0.5, seed=9) if private else None
     alg = SoteriaFL(0.3, 0.6, clip_threshold=1.2, compressor=RandKBiased(k=2), noise=noise,
                     batch_size=B, local_dataset_size=20, seed=4)  # fmt: skip
-    xs, _ = run(alg, b, x0)
+    xs, _ = run(alg, b, x0, chunk=chunk)
     std = 0.5 * 2 * 1.2 if private else 0.0  # b > 1: sensitivity 2G
-    ref = ref_soteria(b, x0, 0.3, 0.6, 1.2, keep=2 / D, std=std, comp_seed=4, noise_seed=9)
+    ref = ref_soteria(b, x0, 0.3, 0.6, 1.2, keep=2 / D, std=std, seed=4, noise_seed=9)
     assert_close_all(xs, ref)
 
 

@@ -211,8 +211,8 @@ def test_grid_resume_is_bit_identical(tmp_path):
     for (k, a), (_, b) in zip(full.state_dict().items(), resumed.state_dict().items()):
         if isinstance(a, torch.Tensor):
             assert torch.equal(a, b), k
-    for a, b in zip(full.grid_algorithms, resumed.grid_algorithms):
-        assert torch.equal(a.generator("noise").get_state(), b.generator("noise").get_state())
+    for a, b in zip(full.grid_algorithms, resumed.grid_algorithms):  # the streams' key
+        assert int(a.rounds_done) == int(b.rounds_done) == 8
     assert full._grid_history == resumed._grid_history
     assert full.accountant.steps == resumed.accountant.steps == 8
 

@@ -83,8 +83,8 @@ def test_resume_is_bit_identical(tmp_path):
     for (k, a), (_, b) in zip(full.state_dict().items(), resumed.state_dict().items()):
         if isinstance(a, torch.Tensor):
             assert torch.equal(a, b), k
-    assert torch.equal(full.algorithm.generator("noise").get_state(),
-                       resumed.algorithm.generator("noise").get_state())  # fmt: skip
+    # the noise streams are keyed by the round: rounds_done (a buffer) is their whole state
+    assert int(full.algorithm.rounds_done) == int(resumed.algorithm.rounds_done) == 14
     assert full.accountant.steps == resumed.accountant.steps == 14
     assert full.accountant.get_epsilon(1e-5) == resumed.accountant.get_epsilon(1e-5)
 

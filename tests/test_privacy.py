@@ -5,6 +5,7 @@ import torch
 from opacus.accountants import PRVAccountant, RDPAccountant
 
 from pl_privfed.algorithms import AlphaNormEC, DistributedDPSGD
+from pl_privfed.engine import ClientChunk
 from pl_privfed.operators import Clip
 from pl_privfed.privacy import (
     DPNoise,
@@ -84,45 +85,54 @@ def test_accountant_state_roundtrip_and_validation():
         PrivacyAccountant("gdp2")
 
 
-def _noise_of_one_round(alg, n=200, d=500):
-    """Run one round at a point where the messages are known; return message − expected."""
+def _noise_of_one_round(alg, monkeypatch, n=200, d=500):
+    """Run one round of all-ones gradients and return the noise the algorithm drew: each
+    client's (``draws: per_client``), the drawn sum (``aggregate``) or the server's."""
     alg.setup(num_clients=n, dim=d, num_rounds=10)
-    alg.initialized.fill_(True)
-    captured = {}
-    original = alg._gaussian
+    captured = []
 
-    def spy(*shape):
-        z = original(*shape)
-        captured["z"] = z.clone()  # the algorithm may add its message into z in place
-        return z
+    def spy(original):
+        def wrapped(*args, **kwargs):
+            z = original(*args, **kwargs)
+            captured.append(z.clone())  # the algorithm may add its message into z in place
+            return z
 
-    alg._gaussian = spy
-    alg.round(torch.zeros(d), lambda p: torch.ones(n, d))
-    return captured["z"]
+        return wrapped
+
+    monkeypatch.setattr(ClientChunk, "normal", spy(ClientChunk.normal))
+    monkeypatch.setattr(alg, "noise_sum", spy(alg.noise_sum))
+    monkeypatch.setattr(alg, "server_gaussian", spy(alg.server_gaussian))
+    alg.step(torch.zeros(d), lambda p, clients: torch.ones(len(clients), d), client_chunk=7)
+    return torch.cat(captured) if captured[0].dim() == 2 else captured[0]
 
 
 @pytest.mark.parametrize(
     "make, std",
     [  # std = noise_multiplier × sensitivity (1 for Norm_α, τ = 2 for clipping)
-        (lambda s: AlphaNormEC(0.1, 0.1, 0.01, noise=DPNoise(noise_multiplier=1.5, seed=s)), 1.5),
+        (lambda s, draws: AlphaNormEC(0.1, 0.1, 0.01, noise=DPNoise(noise_multiplier=1.5, seed=s,
+                                                                     draws=draws)), 1.5),
         (
-            lambda s: DistributedDPSGD(0.1, Clip(2.0), noise=DPNoise(noise_multiplier=1.5, seed=s)),
+            lambda s, draws: DistributedDPSGD(0.1, Clip(2.0), noise=DPNoise(noise_multiplier=1.5,
+                                                                            seed=s, draws=draws)),
             3.0,
         ),
     ],
-)
-def test_noise_moments_and_seeding(make, std):
-    z1, z2, z3 = (_noise_of_one_round(make(s)) for s in (0, 0, 1))
+)  # fmt: skip
+def test_noise_moments_and_seeding(make, std, monkeypatch):
+    z1, z2, z3 = (_noise_of_one_round(make(s, "per_client"), monkeypatch) for s in (0, 0, 1))
     assert torch.equal(z1, z2) and not torch.equal(z1, z3)
-    assert z1.shape == (200, 500)  # one noise vector per client
+    assert z1.shape == (200, 500)  # one noise vector per client, in chunks of 7
     assert abs(z1.mean().item()) < 5 * std / math.sqrt(z1.numel())
     assert z1.std().item() == pytest.approx(std, rel=0.01)
+    total = _noise_of_one_round(make(0, "aggregate"), monkeypatch, d=20_000)
+    assert total.shape == (20_000,)  # the sum of the 200 clients' noises, drawn once
+    assert total.std().item() == pytest.approx(std * math.sqrt(200), rel=0.02)
 
 
-def test_server_noise_is_one_vector():
+def test_server_noise_is_one_vector(monkeypatch):
     alg = DistributedDPSGD(1.0, Clip(1.0), noise=DPNoise(noise_multiplier=1.0, seed=0),
                            noise_placement="server")  # fmt: skip
-    z = _noise_of_one_round(alg, n=50, d=20_000)
+    z = _noise_of_one_round(alg, monkeypatch, n=50, d=20_000)
     assert z.shape == (20_000,)
     assert z.std().item() == pytest.approx(1.0 / 50, rel=0.02)  # multiplier × τ/n
 

@@ -1,17 +1,23 @@
 """Base class of the federated algorithms (server topology).
 
-An algorithm reads like its paper: :meth:`FederatedAlgorithm.round` follows the pseudocode of one
-iteration. It never sees the model, only a gradient oracle ``grad_fn(params) -> [n, d]`` that
-returns every client's gradient on this round's minibatch, at shared parameters ``[d]`` or at
-per-client parameters ``[n, d]``; ``grad_fn(params, per_example=True) -> [n, B, d]`` returns
-every example's gradient instead (record-level clipping). Its state tensors (client memories ``[n, d]``, server memory
-``[d]``) are registered buffers and its generators are saved through ``get_extra_state``, so a
-Lightning checkpoint carries all of it.
+An algorithm reads like its paper, split the way a round runs: the client lines for a chunk of
+clients (:meth:`FederatedAlgorithm.client_update`, a map: each client's update depends only on
+its own state, data and randomness and on the broadcast) and the server lines on the sums the
+clients contributed (:meth:`FederatedAlgorithm.server_update`). The engine
+(:mod:`pl_privfed.engine`) runs the client part chunk by chunk and hands the reduced sums to the
+server part; the algorithm never sees the model or the chunk size, only a
+:class:`~pl_privfed.engine.ClientChunk` whose ``grad(params)`` returns the chunk's clients'
+gradients (``[c, d]``, at shared ``[d]`` or per-client ``[c, d]`` parameters) and whose
+``rows(name)`` are their rows of the algorithm's per-client state. Its state tensors (client
+memories ``[n, d]``, server memory ``[d]``) are registered buffers, and its randomness is keyed
+by ``(seed, round, client)`` (:mod:`pl_privfed.engine.rng`), so a Lightning checkpoint carries
+all of it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -19,6 +25,19 @@ from torch import Tensor, nn
 
 from pl_privfed.checks import check_int, check_positive, check_positive_int
 from pl_privfed.communication import Messages
+from pl_privfed.engine import (
+    STREAM_INIT,
+    STREAM_SERVER_NOISE,
+    ChunkOracle,
+    ClientChunk,
+    DeviceRows,
+    FunctionOracle,
+    KeyedGenerator,
+    Reduction,
+    choose_chunk_size,
+    iter_phases,
+    make_context,
+)
 from pl_privfed.operators import Operator
 from pl_privfed.privacy import DPNoise
 
@@ -83,11 +102,17 @@ class RoundResult:
         params: the new parameters ``[d]``.
         metrics: the round's operator statistics (scalar tensors, not synced).
         messages: what was sent, for communication accounting.
+        loss: the mean training loss of the round's computing clients (set by the engine;
+            ``None`` when nobody computed or the oracle reports no losses).
+        buffers: the model's buffers after the round (BatchNorm running statistics, the
+            engine's rule), or ``None``.
     """
 
     params: Tensor
     metrics: dict[str, Tensor] = field(default_factory=dict)
     messages: list[Messages] = field(default_factory=list)
+    loss: Tensor | None = None
+    buffers: dict[str, Tensor] | None = None
 
 
 class FederatedAlgorithm(nn.Module):
@@ -111,7 +136,8 @@ class FederatedAlgorithm(nn.Module):
         self.dim = 0
         self.num_rounds = 0
         self.noise_std = 0.0
-        self._generators: dict[str, torch.Generator] = {}
+        self.state = DeviceRows(self)
+        self._keyed: KeyedGenerator | None = None
         self.register_buffer("initialized", torch.tensor(False))
         self.register_buffer("rounds_done", torch.tensor(0, dtype=torch.int64))
 
@@ -133,6 +159,7 @@ class FederatedAlgorithm(nn.Module):
             raise ValueError(f"num_clients must be >= 1, got {num_clients}")
         self.num_clients, self.dim, self.num_rounds = num_clients, dim, max(1, num_rounds)
         self.device, self.dtype = torch.device(device), dtype
+        self._keyed = KeyedGenerator(self.device)
         for op in self.operators():
             op.setup(dim)
         if self.noise is not None:
@@ -146,7 +173,6 @@ class FederatedAlgorithm(nn.Module):
                 rounds=self.num_rounds,
                 sample_rate=self.sample_rate,
             )
-            self.add_generator("noise", self.noise.seed)
         self.allocate()
 
     def allocate(self) -> None:
@@ -172,15 +198,6 @@ class FederatedAlgorithm(nn.Module):
         """Probability that a client takes part in a round (1: full participation)."""
         return 1.0
 
-    def add_generator(self, name: str, seed: int) -> torch.Generator:
-        gen = torch.Generator(device=self.device)
-        gen.manual_seed(int(seed))
-        self._generators[name] = gen
-        return gen
-
-    def generator(self, name: str) -> torch.Generator:
-        return self._generators[name]
-
     def _zeros(self, *shape: int) -> Tensor:
         return torch.zeros(*shape, device=self.device, dtype=self.dtype)
 
@@ -198,36 +215,132 @@ class FederatedAlgorithm(nn.Module):
         ]
 
     # ------------------------------------------------------------------ the round
-    def initialize(self, x: Tensor, grad_fn: GradFn) -> None:
-        """Initialize the memories at ``x⁰`` (called once, before the first round)."""
+    def begin_round(self, round_index: int) -> Tensor | None:
+        """Server decisions taken before the clients compute (e.g. the cohort); returns the
+        indices of the clients that compute this round (sorted, on the CPU), ``None`` for all."""
+        return None
 
-    def round(self, x: Tensor, grad_fn: GradFn) -> RoundResult:
-        """One communication round from ``x`` (``[d]``); returns the new parameters."""
+    def client_phases(self) -> list:
+        """The client map's phases, each run over every chunk before the next starts (one
+        phase for server-based algorithms; decentralized ones add the gossip)."""
+        return [self.client_update]
+
+    def client_update(self, chunk: ClientChunk) -> None:
+        """The client lines of one round for the clients of ``chunk`` (override)."""
         raise NotImplementedError
 
-    def step(self, x: Tensor, grad_fn: GradFn) -> RoundResult:
-        """Initialize on first use, then run one round."""
+    def server_update(self, x: Tensor, reduced: Reduction) -> RoundResult:
+        """The server lines of one round from ``x`` (``[d]``) and the clients' sums; returns
+        the new parameters (override)."""
+        raise NotImplementedError
+
+    def initializes_clients(self) -> bool:
+        """Whether :meth:`client_init` must run over the clients before the first round."""
+        return False
+
+    def client_init(self, chunk: ClientChunk) -> None:
+        """Initialize the chunk's clients' memories at ``x⁰`` (override with
+        :meth:`initializes_clients`)."""
+
+    def server_init(self, x: Tensor, reduced: Reduction) -> None:
+        """Initialize the server's state at ``x⁰`` from the clients' initialization sums."""
+
+    def step(
+        self,
+        x: Tensor,
+        oracle: ChunkOracle | GradFn,
+        *,
+        client_chunk: int | str | None = None,
+        statistics: bool = True,
+    ) -> RoundResult:
+        """One communication round from ``x`` (initializing the memories first on first use).
+
+        Args:
+            x: the global parameters ``[d]``.
+            oracle: the round's gradient oracle for chunks of clients
+                (:class:`~pl_privfed.engine.ChunkOracle`), or a plain function
+                ``grad_fn(params, per_example=False, step=None, clients=None)`` returning the
+                gradients of the clients ``clients``.
+            client_chunk: clients per chunk (an int or ``"all"``); default: the engine's choice
+                (:func:`~pl_privfed.engine.choose_chunk_size`). The iterates do not depend on it.
+            statistics: compute the round's operator statistics.
+        """
+        steps = self.step_iter(x, oracle, client_chunk=client_chunk, statistics=statistics)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                return done.value
+
+    def step_iter(
+        self,
+        x: Tensor,
+        oracle: ChunkOracle | GradFn,
+        *,
+        client_chunk: int | str | None = None,
+        statistics: bool = True,
+    ) -> Iterator[None]:
+        """:meth:`step` as a generator that yields after every chunk and returns the round's
+        :class:`RoundResult` (a grid advances its configurations' rounds chunk by chunk)."""
+        if not isinstance(oracle, ChunkOracle):
+            oracle = FunctionOracle(oracle)
+        size = choose_chunk_size(self.num_clients, self.dim, x.device, client_chunk,
+                                 x.element_size())  # fmt: skip
         if not bool(self.initialized):
-            self.initialize(x, grad_fn)
+            if self.initializes_clients():
+                yield from self._run(x, oracle, -1, size, statistics, init=True)
+            else:
+                self.server_init(x, Reduction(self.dim))
             self.initialized.fill_(True)
-        result = self.round(x, grad_fn)
+        result = yield from self._run(x, oracle, int(self.rounds_done), size, statistics)
         self.rounds_done += 1
         return result
 
-    def _gaussian(self, *shape: int) -> Tensor:
-        """``N(0, σ² I)`` of the given shape from the algorithm's noise generator."""
-        out = torch.empty(*shape, device=self.device, dtype=self.dtype)
-        return out.normal_(0.0, self.noise_std, generator=self.generator("noise"))
+    def _run(self, x, oracle, round_index, chunk_size, statistics, init=False):
+        """The map over chunks (:func:`~pl_privfed.engine.iter_phases`), then the server."""
+        ctx = make_context(x, oracle, round_index, self.dim, self._keyed, statistics)
+        participants = None if init else self.begin_round(round_index)
+        if participants is None:
+            participants = torch.arange(self.num_clients)
+        phases = [self.client_init] if init else self.client_phases()
+        yield from iter_phases(phases, ctx, participants, chunk_size, self.state)
+        if init:
+            self.server_init(x, ctx.reduction)
+            return None
+        result = self.server_update(x, ctx.reduction)
+        result.loss = ctx.reduction.loss()
+        result.buffers = ctx.reduction.buffers()
+        return result
 
-    # ------------------------------------------------------------------ checkpoint state
-    def get_extra_state(self) -> dict:
-        return {name: gen.get_state() for name, gen in self._generators.items()}
+    def noise_sum(self, count: int, round_index: int) -> Tensor:
+        """``Σ_{i ≤ count} z_i`` for ``count`` clients' independent ``z_i ~ N(0, σ² I)``,
+        drawn as the one Gaussian ``N(0, count·σ² I)`` it is, from the round's server stream
+        ``(noise seed, round)``: for algorithms whose clients' noise enters the iterates only
+        through its sum (``DPNoise(draws="aggregate")``, the default), which saves ``count − 1``
+        draws of ``d`` normals per round and gives every iterate the same distribution."""
+        out = self._zeros(self.dim)
+        if count > 0:
+            gen = self._keyed(self.noise.seed, STREAM_SERVER_NOISE, round_index)
+            out.normal_(0.0, self.noise_std * math.sqrt(count), generator=gen)
+        return out
 
-    def set_extra_state(self, state: dict) -> None:
-        for name, gen_state in state.items():
-            if name not in self._generators:
-                raise KeyError(f"checkpoint has generator {name!r} that this algorithm lacks")
-            self._generators[name].set_state(gen_state)
+    def server_gaussian(self, round_index: int) -> Tensor:
+        """One ``N(0, σ² I)`` draw of the server in round ``round_index`` (central noise)."""
+        gen = self._keyed(self.noise.seed, STREAM_SERVER_NOISE, round_index)
+        return self._zeros(self.dim).normal_(0.0, self.noise_std, generator=gen)
+
+    def per_client_noise(self) -> bool:
+        """Whether each client's noise is drawn and added to its own message (``DPNoise``
+        ``draws: per_client``) rather than the sum drawn once (``aggregate``)."""
+        return self.noise is not None and self.noise.draws == "per_client"
+
+    def init_generator(self, *keys: int) -> torch.Generator:
+        """A generator for the memory initialization (``(noise seed, init, *keys)``)."""
+        seed = self.noise.seed if self.noise is not None else 0
+        return self._keyed(seed, STREAM_INIT, *keys)
+
+    def _keyed_generator(self, seed: int, *keys: int) -> torch.Generator:
+        return self._keyed(seed, *keys)
 
 
 class RecordSampling:

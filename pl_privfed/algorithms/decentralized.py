@@ -9,10 +9,13 @@ agents. (For the symmetric weights of :mod:`pl_privfed.graphs` the transpose cha
 matters for a non-symmetric ``W``, which paper 001 Def. 1 allows, and is tested with one.)
 
 An algorithm here plugs into :class:`~pl_privfed.FederatedModule` like the server-based ones: it
-keeps the agents' parameters ``X`` as a buffer, asks the oracle for gradients at per-agent
-parameters (``grad_fn(X) -> [n, d]``, or ``grad_fn(X, per_example=True) -> [n, b, d]`` for
-PORTER-DP's per-example clipping) and returns the agents' average ``x̄ = (1/n) Σ_i x_i`` as the
-round's parameters, at which the module evaluates the model.
+keeps the agents' parameters ``X`` as a buffer and runs a round as two maps over chunks of agents
+(:mod:`pl_privfed.engine`): the *local* phase (gradients at each agent's own parameters, with
+PORTER-DP's per-example clipping, the compressed differences and the surrogates' updates), then
+the *gossip* phase, which for each agent reads only its neighbours' rows of the surrogates
+(``(Wᵀ Q)_i = Σ_j w_ji q_j``: a dense product for dense graphs, a gather over the neighbours for
+sparse ones). It returns the agents' average ``x̄ = (1/n) Σ_i x_i`` as the round's parameters, at
+which the module evaluates the model.
 """
 
 from __future__ import annotations
@@ -24,15 +27,13 @@ from torch import Tensor
 
 from pl_privfed.algorithms.base import (
     FederatedAlgorithm,
-    GradFn,
     RecordSampling,
     RoundResult,
     check_int,
     check_positive,
     noise_to_signal,
-    operator_metrics,
 )
-from pl_privfed.communication import Messages
+from pl_privfed.engine import STREAM_OUTPUT, ClientChunk, Reduction
 from pl_privfed.graphs import Topology, mixing_rate
 from pl_privfed.operators import Clip, Identity, Operator, SmoothClip
 from pl_privfed.privacy import DPNoise
@@ -105,6 +106,9 @@ class DecentralizedAlgorithm(FederatedAlgorithm):
             f"topology={self.topology!r}, compressor={self.compressor!r}, noise={self.noise!r}"
         )
 
+    #: a graph denser than this (share of non-zero weights) is gossiped by a dense product
+    DENSE_GOSSIP = 0.25
+
     def allocate(self) -> None:
         n, d = self.num_clients, self.dim
         weights = self.topology.mixing_matrix(n)
@@ -114,22 +118,38 @@ class DecentralizedAlgorithm(FederatedAlgorithm):
         self.register_buffer("output_iterate", self._zeros(d))  # x_out
         self.register_buffer("output_round", torch.zeros((), dtype=torch.int64, device=self.device))
         self.register_buffer("output_agent", torch.zeros((), dtype=torch.int64, device=self.device))
-        self.add_generator("compression", self.seed)
-        self.add_generator("output", self.seed + 1)
+        # (Wᵀ)_ij = w_ji: row i lists agent i's in-neighbours j and their weights (CSR)
+        transposed = self.mixing_matrix.T.contiguous()
+        self._dense_gossip = bool((transposed != 0).float().mean() > self.DENSE_GOSSIP)
+        self._neighbours = transposed.to_sparse_csr() if not self._dense_gossip else None
 
     # ------------------------------------------------------------------ helpers
-    def gossip(self, q: Tensor) -> Tensor:
-        """The paper's ``Q (W − I_n)`` for agents as rows: ``(W − I)ᵀ Q``."""
-        return self.mixing_matrix.T @ q - q
+    def gossip_rows(self, name: str, chunk: ClientChunk) -> Tensor:
+        """The paper's ``Q (W − I_n)`` for the chunk's agents, as rows: ``(Wᵀ Q)_i − q_i`` with
+        ``Q`` the state ``name`` of every agent (only the neighbours' rows are read)."""
+        full = self.state.full(name)
+        ids = chunk.ids.to(full.device)
+        if self._dense_gossip:
+            mixed = self.mixing_matrix.T.index_select(0, ids) @ full
+        else:
+            crow, col, val = (self._neighbours.crow_indices(), self._neighbours.col_indices(),
+                              self._neighbours.values())  # fmt: skip
+            mixed = torch.zeros(ids.numel(), self.dim, device=full.device, dtype=full.dtype)
+            for row, agent in enumerate(ids.tolist()):
+                lo, hi = int(crow[agent]), int(crow[agent + 1])
+                mixed[row] = val[lo:hi] @ full.index_select(0, col[lo:hi])
+        return mixed.sub_(chunk.rows(name))
 
-    def compress(self, v: Tensor) -> Tensor:
-        """``C(v)`` row by row, drawing from the ``"compression"`` generator."""
-        return self.compressor(v, self.generator("compression"))
+    def compress(self, chunk: ClientChunk, v: Tensor, which: int) -> Tensor:
+        """``C(v)`` row by row, agent ``i`` drawing from its stream
+        ``(seed, compression, round, i, which)``."""
+        return chunk.apply(self.compressor, v, seed=self.seed, extra=which, statistics=False)
 
-    def _sample_output(self) -> None:
-        """Reservoir step of the uniformly sampled output iterate (Algorithm 1 line 16)."""
+    def _sample_output(self, round_index: int) -> None:
+        """Reservoir step of the uniformly sampled output iterate (Algorithm 1 line 16), from
+        the round's stream ``(seed, output, round)``."""
         t = int(self.rounds_done) + 1
-        gen = self.generator("output")
+        gen = self._keyed(self.seed, STREAM_OUTPUT, round_index)
         keep_new = torch.randint(t, (), generator=gen, device=self.device) == 0
         agent = torch.randint(self.num_clients, (), generator=gen, device=self.device)
         self.output_iterate.copy_(
@@ -146,13 +166,10 @@ class DecentralizedAlgorithm(FederatedAlgorithm):
             "agent": int(self.output_agent),
         }
 
-    def consensus_metrics(self) -> dict[str, Tensor]:
-        """``consensus_error = ||X − 1 x̄ᵀ||_F`` and the mixing rate ``α`` (Def. 1)."""
-        x = self.agent_params
-        return {
-            "consensus_error": torch.linalg.vector_norm(x - x.mean(0)),
-            "mixing_rate": torch.tensor(self.rate),
-        }
+    def spread(self, chunk: ClientChunk, name: str, mean: Tensor) -> None:
+        """Statistics phase: ``Σ_i ||q_i − q̄||²`` over the chunk's rows of ``name``."""
+        rows = chunk.rows(name)
+        chunk.add(name + "_spread", torch.linalg.vector_norm(rows - mean, dim=1).square())
 
 
 class PORTER(RecordSampling, DecentralizedAlgorithm):
@@ -257,54 +274,88 @@ class PORTER(RecordSampling, DecentralizedAlgorithm):
         for name in ("agent_params_surrogate", "tracking", "tracking_surrogate", "noisy_gradient"):
             self.register_buffer(name, self._zeros(n, d))  # Q_x, V, Q_v, G_p
 
-    def initialize(self, x: Tensor, grad_fn: GradFn) -> None:
+    def initializes_clients(self) -> bool:
+        return True
+
+    def client_init(self, chunk: ClientChunk) -> None:
         """Line 169: ``V = Q_v = G_p = 0``, ``Q_x = X = x̄⁰ 1ᵀ``."""
         for name in ("tracking", "tracking_surrogate", "noisy_gradient"):
-            getattr(self, name).zero_()
-        self.agent_params.copy_(x.expand_as(self.agent_params))
-        self.agent_params_surrogate.copy_(self.agent_params)
+            chunk.rows(name).zero_()
+        chunk.rows("agent_params").copy_(chunk.x.expand(chunk.size, -1))
+        chunk.rows("agent_params_surrogate").copy_(chunk.x.expand(chunk.size, -1))
 
-    def local_gradient(self, grad_fn: GradFn) -> tuple[Tensor, dict[str, Tensor]]:
+    def local_gradient(self, chunk: ClientChunk) -> Tensor:
         """``G_p^{(t)}`` at ``X^{(t−1)}``: Option I (lines 173–174) or Option II (176–177)."""
-        x = self.agent_params
+        x = chunk.rows("agent_params")
         if self.option == "dp":
-            per_example = grad_fn(x, per_example=True)  # ∇ℓ(X; Z), [n, b, d]
-            if per_example.shape[1] != self.batch_size:
+            g_tau = chunk.clipped_mean(x, self.clip)  # line 173: (1/b) Σ_Z Clip_τ(∇ℓ(X; Z))
+            if chunk.examples_per_client != self.batch_size:
                 raise ValueError(
                     f"batch_size={self.batch_size} (sets the sensitivity τ/b and the sampling "
-                    f"rate b/m) but the agents' minibatches have {per_example.shape[1]} examples"
+                    f"rate b/m) but the agents' minibatches have {chunk.examples_per_client} "
+                    "examples"
                 )
-            clipped = self.clip(per_example)  # Clip_τ of every example's gradient
-            metrics = operator_metrics(per_example, clipped)
-            g_tau = clipped.mean(1)  # line 173: G_τ
-            g_p = g_tau + self._gaussian(*g_tau.shape)  # line 174: G_p = G_τ + E
-            metrics["noise_to_signal"] = noise_to_signal(g_p.sum(0), g_tau.sum(0))
-            return g_p, metrics
-        grads = grad_fn(x)  # line 176: G, [n, d]
-        g_p = self.clip(grads)  # line 177: G_p = Clip_τ(G)
-        return g_p, operator_metrics(grads, g_p)
+            g_p = g_tau + chunk.normal(self.noise.seed, self.noise_std)  # line 174: G_τ + E
+            chunk.add("clean", g_tau)
+            chunk.add("noisy", g_p)
+            return g_p
+        grads = chunk.grad(x)  # line 176: G
+        return chunk.apply(self.clip, grads, inplace=True)  # line 177: G_p = Clip_τ(G)
 
-    def round(self, x: Tensor, grad_fn: GradFn) -> RoundResult:
-        g_p, metrics = self.local_gradient(grad_fn)  # lines 172–177
-        gamma, eta = self.consensus_step_size, self.step_size
-        q_v, v = self.tracking_surrogate, self.tracking
-        sent_v = self.compress(v - q_v)
+    def client_phases(self) -> list:
+        return [self.local_phase, self.gossip_phase, self.spread_phase]
+
+    def local_phase(self, chunk: ClientChunk) -> None:
+        """Lines 172–178 and 180, and the gradient-tracking increment of line 179."""
+        g_p = self.local_gradient(chunk)  # lines 172–177
+        q_v, v = chunk.rows("tracking_surrogate"), chunk.rows("tracking")
+        sent_v = self.compress(chunk, v - q_v, 0)
         q_v.add_(sent_v)  # line 178: Q_v ← Q_v + C(V − Q_v)
-        v.add_(self.gossip(q_v), alpha=gamma).add_(g_p).sub_(self.noisy_gradient)  # line 179
-        self.noisy_gradient.copy_(g_p)
-        q_x, x_agents = self.agent_params_surrogate, self.agent_params
-        sent_x = self.compress(x_agents - q_x)
+        g_old = chunk.rows("noisy_gradient")
+        v.add_(g_p).sub_(g_old)  # line 179, its G_p^{(t)} − G_p^{(t−1)} part
+        g_old.copy_(g_p)
+        q_x, x = chunk.rows("agent_params_surrogate"), chunk.rows("agent_params")
+        sent_x = self.compress(chunk, x - q_x, 1)
         q_x.add_(sent_x)  # line 180: Q_x ← Q_x + C(X − Q_x)
-        x_agents.add_(self.gossip(q_x), alpha=gamma).sub_(v, alpha=eta)  # line 181
-        self._sample_output()  # line 183
-        metrics.update(self.consensus_metrics())
-        metrics["tracking_error"] = torch.linalg.vector_norm(v - v.mean(0))
-        metrics["tracking_gap"] = torch.linalg.vector_norm(v.mean(0) - g_p.mean(0))
-        messages = [  # each agent broadcasts C(V − Q_v) and C(X − Q_x) to its neighbours
-            Messages("agent_to_agent", sent_v),
-            Messages("agent_to_agent", sent_x),
-        ]
-        return RoundResult(params=x_agents.mean(0), metrics=metrics, messages=messages)
+        chunk.send("agent_to_agent:v", sent_v)  # each agent broadcasts its two compressed
+        chunk.send("agent_to_agent:x", sent_x)  # differences to its neighbours
+        chunk.add("gradient", g_p)
+
+    def gossip_phase(self, chunk: ClientChunk) -> None:
+        """The gossip parts of lines 179 and 181, reading the neighbours' surrogates."""
+        gamma, eta = self.consensus_step_size, self.step_size
+        v = chunk.rows("tracking")
+        v.add_(self.gossip_rows("tracking_surrogate", chunk), alpha=gamma)  # line 179
+        x = chunk.rows("agent_params")
+        x.add_(self.gossip_rows("agent_params_surrogate", chunk), alpha=gamma)
+        x.sub_(v, alpha=eta)  # line 181: X ← X + γ Q_x (W − I) − η V
+        chunk.add("params", x)
+        chunk.add("tracking", v)
+
+    def spread_phase(self, chunk: ClientChunk) -> None:
+        """Statistics: the consensus and tracking errors need the means of the gossip phase."""
+        if not chunk.statistics:
+            return
+        n = self.num_clients
+        self.spread(chunk, "agent_params", chunk.reduction.get("params") / n)
+        self.spread(chunk, "tracking", chunk.reduction.get("tracking") / n)
+
+    def server_update(self, x: Tensor, reduced: Reduction) -> RoundResult:
+        n = self.num_clients
+        mean_x = reduced.get("params") / n  # x̄, where the model is evaluated
+        metrics = reduced.operator_metrics()
+        if self.option == "dp":
+            metrics["noise_to_signal"] = noise_to_signal(reduced.get("noisy"), reduced.get("clean"))
+        self._sample_output(reduced.round_index)  # line 183
+        metrics["mixing_rate"] = torch.tensor(self.rate)
+        metrics["tracking_gap"] = torch.linalg.vector_norm(
+            (reduced.get("tracking") - reduced.get("gradient")) / n
+        )
+        if "agent_params_spread" in reduced.sums:
+            metrics["consensus_error"] = reduced.get("agent_params_spread").sum().sqrt()
+            metrics["tracking_error"] = reduced.get("tracking_spread").sum().sqrt()
+        messages = [reduced.messages(f"agent_to_agent:{v}", channel="agent_to_agent") for v in "vx"]
+        return RoundResult(params=mean_x, metrics=metrics, messages=messages)
 
 
 class BEER(PORTER):

@@ -9,13 +9,12 @@ from torch import Tensor
 
 from pl_privfed.algorithms.base import (
     FederatedAlgorithm,
-    GradFn,
     RoundResult,
     check_positive,
     noise_to_signal,
-    operator_metrics,
 )
 from pl_privfed.communication import Messages
+from pl_privfed.engine import ClientChunk, Reduction
 from pl_privfed.operators import Identity, Operator
 from pl_privfed.privacy import DPNoise
 
@@ -85,22 +84,34 @@ class DistributedDPSGD(FederatedAlgorithm):
             sensitivity /= self.num_clients
         return sensitivity
 
-    def round(self, x: Tensor, grad_fn: GradFn) -> RoundResult:
-        grads = grad_fn(x)  # line 73: ∇f_i(x^k) for every client, [n, d]
-        messages = self.operator(grads).mul_(self.scale)  # β Ψ(∇f_i(x^k))
-        metrics = operator_metrics(grads, messages)
-        clean = messages.mean(0) if self.noise is not None else None
-        if self.noise is not None and self.noise_placement == "client":
-            messages.add_(self._gaussian(*messages.shape))  # z_i added by each client
-        aggregate = messages.mean(0)
+    def client_update(self, chunk: ClientChunk) -> None:
+        grads = chunk.grad(chunk.x)  # line 73: ∇f_i(x^k)
+        message = chunk.apply(self.operator, grads, factor=self.scale, inplace=True)  # β Ψ(∇f_i)
+        local = self.noise is not None and self.noise_placement == "client"
+        if local and self.per_client_noise():
+            chunk.add("clean", message)
+            message = message + chunk.normal(self.noise.seed, self.noise_std)  # z_i
+        chunk.add("sent", message)
+        chunk.send("client_to_server", message, dense=local)
+
+    def server_update(self, x: Tensor, reduced: Reduction) -> RoundResult:
+        n, k = self.num_clients, reduced.round_index
+        metrics = reduced.operator_metrics()
+        total = reduced.get("sent", like=x)
+        clean = None
+        if self.noise is not None:
+            clean = reduced.get("clean", like=x) / n if self.per_client_noise() else total / n
+            if self.noise_placement == "client" and not self.per_client_noise():
+                total = total + self.noise_sum(n, k)  # Σ_i z_i, added by the clients
+        aggregate = total / n
         if self.noise is not None and self.noise_placement == "server":
-            aggregate.add_(self._gaussian(self.dim))  # z^k added once by the server
+            aggregate.add_(self.server_gaussian(k))  # z^k added once by the server
         if clean is not None:
             metrics["noise_to_signal"] = noise_to_signal(aggregate, clean)
         metrics["aggregate_norm"] = torch.linalg.vector_norm(aggregate)
         new_x = x - self.step_size * aggregate
         messages_sent = [
-            Messages("client_to_server", messages),
-            Messages("server_to_client", new_x, copies=self.num_clients),
+            reduced.messages("client_to_server"),
+            Messages.of("server_to_client", new_x, copies=n),
         ]
         return RoundResult(params=new_x, metrics=metrics, messages=messages_sent)

@@ -9,13 +9,12 @@ from torch import Tensor
 
 from pl_privfed.algorithms.base import (
     FederatedAlgorithm,
-    GradFn,
     RoundResult,
     check_positive,
     noise_to_signal,
-    operator_metrics,
 )
 from pl_privfed.communication import Messages
+from pl_privfed.engine import ClientChunk, Reduction
 from pl_privfed.operators import Clip, Operator, SmoothedNormalization, TopK
 from pl_privfed.privacy import DPNoise, SecureAggregation
 
@@ -104,39 +103,94 @@ class ErrorFeedback(FederatedAlgorithm):
     def allocate(self) -> None:
         self.register_buffer("client_memory", self._zeros(self.num_clients, self.dim))  # g_i
         self.register_buffer("server_memory", self._zeros(self.dim))  # ĝ
-        if self.operator.random:
-            self.add_generator("operator", 0 if self.noise is None else self.noise.seed + 1)
 
-    def initialize(self, x: Tensor, grad_fn: GradFn) -> None:
-        if self.memory_init != "zeros":
-            self.client_memory.copy_(grad_fn(x))
-            if self.memory_init == "gradient_offset":
-                self.client_memory[:, 0] += self.memory_init_offset / (self.num_rounds + 1) ** 0.5
-        self.server_memory.copy_(
-            self._aggregate(self.client_memory, 0) / self.num_clients
-        )  # line 1
+    @property
+    def operator_seed(self) -> int:
+        """Seed of a random operator's per-client streams (rand-k)."""
+        return 0 if self.noise is None else self.noise.seed + 1
 
-    def _aggregate(self, rows: Tensor, round_index: int) -> Tensor:
-        """``Σ_i rows_i``, through secure aggregation when configured."""
+    def _secure(self) -> bool:
+        return self.secure_aggregation is not None and self.secure_aggregation.every_round
+
+    def _secure_share(self, chunk: ClientChunk, name: str, rows: Tensor, round_index: int) -> None:
+        """The chunk's share of a secure sum of ``rows`` over all clients (:meth:`_secure_sum`)."""
+        masked, absolute = self.secure_aggregation.partial_sum(
+            rows, round_index, torch.arange(self.num_clients), chunk.ids
+        )
+        reduction = chunk.reduction
+        reduction.add(name + "_abs", absolute)
+        reduction.add(name, masked)
+        reduction.sums[name].remainder_(self.secure_aggregation.modulus)
+
+    def _secure_sum(self, reduced: Reduction, name: str) -> Tensor:
+        total = self.secure_aggregation.finish(
+            reduced.get(name), reduced.get(name + "_abs"), self.num_clients
+        )
+        return total.to(self.device, self.dtype)
+
+    # ------------------------------------------------------------------ initialization
+    def initializes_clients(self) -> bool:
+        return self.memory_init != "zeros"
+
+    def client_init(self, chunk: ClientChunk) -> None:
+        g = chunk.rows("client_memory")
+        g.copy_(chunk.grad(chunk.x))  # g_i⁰ = ∇f_i(x⁰)
+        if self.memory_init == "gradient_offset":
+            g[:, 0] += self.memory_init_offset / (self.num_rounds + 1) ** 0.5
         if self.secure_aggregation is None:
-            return rows.sum(0)
-        return self.secure_aggregation.sum(rows, round_index).to(rows.device, rows.dtype)
+            chunk.add("memory", g)
+        else:
+            self._secure_share(chunk, "memory", g, 0)
 
-    def round(self, x: Tensor, grad_fn: GradFn) -> RoundResult:
-        grads = grad_fn(x)  # line 4
-        diff = grads.sub_(self.client_memory)  # ∇f_i(x^k) − g_i^k (in place: grads not reused)
-        gen = self._generators.get("operator")
-        delta = self.operator(diff, gen)  # line 5: Δ_i^k
-        self.client_memory.add_(delta, alpha=self.beta)  # line 6: g_i^{k+1}
-        metrics = operator_metrics(diff, delta)
-        sent = delta if self.noise is None else self._gaussian(*delta.shape).add_(delta)  # l. 7-8
-        secure = self.secure_aggregation is not None and self.secure_aggregation.every_round
-        total = self._aggregate(sent, int(self.rounds_done) + 1) if secure else sent.sum(0)
+    def server_init(self, x: Tensor, reduced: Reduction) -> None:
+        if not self.initializes_clients():
+            self.server_memory.zero_()
+            return
+        if self.secure_aggregation is None:
+            total = reduced.get("memory")
+        else:
+            total = self._secure_sum(reduced, "memory")
+        self.server_memory.copy_(total / self.num_clients)  # line 1: ĝ⁰ = (1/n) Σ_i g_i⁰
+
+    # ------------------------------------------------------------------ one round
+    def client_update(self, chunk: ClientChunk) -> None:
+        grads = chunk.grad(chunk.x)  # line 4: ∇f_i(x^k)
+        g = chunk.rows("client_memory")
+        diff = grads.sub_(g)  # ∇f_i(x^k) − g_i^k (in place: the gradients are not reused)
+        delta = chunk.apply(self.operator, diff, seed=self.operator_seed, inplace=True)  # l. 5
+        g.add_(delta, alpha=self.beta)  # line 6: g_i^{k+1} = g_i^k + β Δ_i
+        noised = self.noise is not None
+        if noised and (self.per_client_noise() or self._secure()):  # line 8: Δ̂_i = Δ_i + z_i
+            chunk.add("clean", delta)
+            sent = delta + chunk.normal(self.noise.seed, self.noise_std)
+        else:  # line 7 (noise, if any, enters the aggregate: its sum is drawn by the server)
+            sent = delta
+        if self._secure():
+            self._secure_share(chunk, "sent", sent, chunk.round_index + 1)
+        else:
+            chunk.add("sent", sent)
+        chunk.send("client_to_server", sent, dense=noised)
+        if chunk.statistics:
+            chunk.add("memory", g)  # for ef_gap = ||ĝ − (1/n) Σ_i g_i||
+
+    def server_update(self, x: Tensor, reduced: Reduction) -> RoundResult:
+        n, k = self.num_clients, reduced.round_index
+        metrics = reduced.operator_metrics()
+        if self._secure():
+            total = self._secure_sum(reduced, "sent")
+        else:
+            total = reduced.get("sent", like=x)
         if self.noise is not None:
-            metrics["noise_to_signal"] = noise_to_signal(total, delta.sum(0))
-        self.server_memory.add_(total, alpha=self.beta / self.num_clients)  # line 10
+            if self.per_client_noise() or self._secure():
+                clean = reduced.get("clean", like=x)
+            else:
+                clean = total.clone()
+                total = total + self.noise_sum(n, k)  # Σ_i z_i
+            metrics["noise_to_signal"] = noise_to_signal(total, clean)
+        self.server_memory.add_(total, alpha=self.beta / n)  # line 10
         ghat = self.server_memory
-        metrics["ef_gap"] = torch.linalg.vector_norm(ghat - self.client_memory.mean(0))
+        if "memory" in reduced.sums:
+            metrics["ef_gap"] = torch.linalg.vector_norm(ghat - reduced.get("memory") / n)
         if self.server_normalization:  # line 11, with 0/0 = 0
             norm = torch.linalg.vector_norm(ghat)
             direction = torch.where(norm > 0, ghat / norm.clamp(min=1e-30), torch.zeros_like(ghat))
@@ -144,8 +198,8 @@ class ErrorFeedback(FederatedAlgorithm):
             direction = ghat
         new_x = x - self.step_size * direction
         messages = [  # Δ̂_i up; the new model down to every client
-            Messages("client_to_server", sent),
-            Messages("server_to_client", new_x, copies=self.num_clients),
+            reduced.messages("client_to_server"),
+            Messages.of("server_to_client", new_x, copies=n),
         ]
         return RoundResult(params=new_x, metrics=metrics, messages=messages)
 

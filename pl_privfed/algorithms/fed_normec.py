@@ -8,15 +8,14 @@ import torch
 from torch import Tensor
 
 from pl_privfed.algorithms.base import (
-    GradFn,
     RoundResult,
     check_positive,
     noise_to_signal,
-    operator_metrics,
 )
 from pl_privfed.algorithms.fedavg import LocalUpdateAlgorithm
 from pl_privfed.algorithms.local import LocalSolver
 from pl_privfed.communication import Messages
+from pl_privfed.engine import ClientChunk, Reduction
 from pl_privfed.operators import SmoothedNormalization
 from pl_privfed.privacy import DPNoise
 from pl_privfed.sampling import BernoulliSampler, check_probability
@@ -131,59 +130,84 @@ class FedAlphaNormEC(LocalUpdateAlgorithm):
         self.register_buffer("client_memory", self._zeros(self.num_clients, self.dim))  # v_i
         self.register_buffer("server_memory", self._zeros(self.dim))  # v̂
 
-    def _pseudo_gradient(self, x: Tensor, grad_fn: GradFn, idx: Tensor | None) -> Tensor:
-        """``(x − T_i(x))/γ = (1/T) Σ_j ∇f_i(x_i^{k,j})`` for the clients ``idx`` (all if None)."""
+    def _pseudo_gradient(self, chunk: ClientChunk) -> Tensor:
+        """``(x − T_i(x))/γ = (1/T) Σ_j ∇f_i(x_i^{k,j})`` for the chunk's clients."""
         steps = self.local_solver.steps
-        local = self.local_solver.run(x, grad_fn, self.local_step_size / steps, clients=idx)
+        local = self.local_solver.run(chunk.x, chunk.grad, self.local_step_size / steps)
         return local.grad_sum if steps == 1 else local.grad_sum.div_(steps)
 
-    def initialize(self, x: Tensor, grad_fn: GradFn) -> None:
-        if self.memory_init == "local_update":
-            self.client_memory.copy_(self._pseudo_gradient(x, grad_fn, None))
-        self.server_memory.copy_(self.client_memory.sum(0) / self.num_clients)  # line 1
+    def initializes_clients(self) -> bool:
+        return self.memory_init == "local_update"
 
-    def _transmitting(self) -> Tensor:
-        """Line 7: the mask of ``q_i ≠ 0`` (drawn from the sampling generator when ``p < 1``)."""
+    def client_init(self, chunk: ClientChunk) -> None:
+        v = chunk.rows("client_memory")
+        v.copy_(self._pseudo_gradient(chunk))  # v_i⁰ = (x⁰ − T_i(x⁰))/γ
+        chunk.add("memory", v)
+
+    def server_init(self, x: Tensor, reduced: Reduction) -> None:
+        total = reduced.get("memory", like=self.server_memory)
+        self.server_memory.copy_(total / self.num_clients)  # line 1
+
+    def begin_round(self, round_index: int) -> Tensor | None:
+        """Line 7's ``q_i`` (drawn before the clients compute; they use it only at line 8):
+        as written every client computes, in ``"practical"`` only the sampled ones."""
         if self.participation_prob >= 1.0:
-            return torch.ones(self.num_clients, dtype=torch.bool, device=self.device)
-        return self.sampler.sample(self.num_clients, self.generator("sampling"))
+            self._transmits = torch.ones(self.num_clients, dtype=torch.bool)
+        else:
+            gen = self.sampling_generator(round_index)
+            self._transmits = self.sampler.sample(self.num_clients, gen).cpu()
+        self._cohort_size = int(self._transmits.sum())
+        if self.participation == "practical":
+            return self._transmits.nonzero().squeeze(1)
+        return None
 
-    def round(self, x: Tensor, grad_fn: GradFn) -> RoundResult:
-        mask = self._transmitting()  # line 7
-        idx = mask.nonzero().squeeze(1)
+    def client_update(self, chunk: ClientChunk) -> None:
+        pseudo = self._pseudo_gradient(chunk)  # line 4: (x^k − T_i(x^k))/γ
+        v = chunk.rows("client_memory")
+        delta = chunk.apply(self.operator, pseudo.sub_(v), inplace=True)  # line 5: Δ_i
+        v.add_(delta, alpha=self.beta)  # line 6 (every client; practical: the sampled ones)
+        if chunk.statistics:
+            chunk.add("memory", v)
+        transmits = self._transmits[chunk.ids]  # line 7: q_i ≠ 0
+        sent = delta if bool(transmits.all()) else delta[transmits.to(delta.device)]
+        if sent.shape[0] == 0:
+            return
+        if self.noise is not None and self.per_client_noise():  # line 9: Δ_i + z_i
+            chunk.add("clean", sent)
+            sent = sent + chunk.normal(self.noise.seed, self.noise_std, select=transmits)
+        chunk.add("sent", sent)  # (line 8 or 9: the factor q_i = 1/p is the server's)
+        chunk.send("client_to_server", sent, dense=self.noise is not None)
+
+    def server_update(self, x: Tensor, reduced: Reduction) -> RoundResult:
         practical = self.participation == "practical"
         weight = 1.0 if practical else 1.0 / self.participation_prob  # q_i
-        metrics: dict[str, Tensor] = {}
-        sent = self._zeros(0, self.dim)
-        if not practical or idx.numel() > 0:  # (practical: nobody online computes nothing)
-            pseudo = self._pseudo_gradient(x, grad_fn, idx if practical else None)  # line 4
-            memory = self.client_memory[idx] if practical else self.client_memory
-            diff = pseudo.sub_(memory)
-            delta = self.operator(diff)  # line 5: Δ_i
-            if practical:
-                self.client_memory[idx] += self.beta * delta  # line 6, sampled clients only
+        metrics = reduced.operator_metrics()
+        total = reduced.get("sent", like=x)
+        if self.noise is not None and self._cohort_size > 0:
+            if self.per_client_noise():
+                clean = reduced.get("clean", like=x)
             else:
-                self.client_memory.add_(delta, alpha=self.beta)  # line 6, every client
-            metrics = operator_metrics(diff, delta)
-            sent = delta if self.noise is None else self._gaussian(*delta.shape).add_(delta)
-            if not practical:  # lines 8-9: only q_i ≠ 0 transmits
-                sent, delta = sent[idx], delta[idx]
-            if self.noise is not None and idx.numel() > 0:
-                metrics["noise_to_signal"] = noise_to_signal(sent.sum(0), delta.sum(0))
-        total = sent.sum(0) if weight == 1.0 else sent.sum(0) * weight
+                clean = total.clone()
+                total = total + self.noise_sum(self._cohort_size, reduced.round_index)
+            metrics["noise_to_signal"] = noise_to_signal(total, clean)
+        if weight != 1.0:
+            total = total * weight
         self.server_memory.add_(total, alpha=self.beta / self.num_clients)  # line 11
         vhat = self.server_memory
-        metrics["ef_gap"] = torch.linalg.vector_norm(vhat - self.client_memory.mean(0))
-        metrics["participants"] = torch.tensor(float(idx.numel()))
+        if "memory" in reduced.sums and not practical:
+            metrics["ef_gap"] = torch.linalg.vector_norm(
+                vhat - reduced.get("memory") / self.num_clients
+            )
+        metrics["participants"] = torch.tensor(float(self._cohort_size))
         if self.server_normalization:  # line 12, with 0/0 = 0
             norm = torch.linalg.vector_norm(vhat)
             direction = torch.where(norm > 0, vhat / norm.clamp(min=1e-30), torch.zeros_like(vhat))
         else:  # App. D (line 318): no server normalization
             direction = vhat
         new_x = x - self.step_size * direction
-        receivers = int(idx.numel()) if practical else self.num_clients
+        receivers = self._cohort_size if practical else self.num_clients
         messages = [
-            Messages("client_to_server", sent * weight if weight != 1.0 else sent),
-            Messages("server_to_client", new_x, copies=receivers),
+            reduced.messages("client_to_server"),
+            Messages.of("server_to_client", new_x, copies=receivers),
         ]
         return RoundResult(params=new_x, metrics=metrics, messages=messages)

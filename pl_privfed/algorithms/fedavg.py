@@ -8,8 +8,9 @@
   client sampling, eq. (C.1) (line 514).
 
 Every algorithm here runs its clients' local steps through a :class:`~pl_privfed.algorithms.local.
-LocalSolver` (per-client parameters ``[m, d]``, no loop over clients) and draws the cohort with a
-:class:`~pl_privfed.sampling.ClientSampler` from its own ``"sampling"`` generator (checkpointed).
+LocalSolver` (per-client parameters ``[c, d]`` for a chunk of clients) and draws the cohort with a
+:class:`~pl_privfed.sampling.ClientSampler` from the round's sampling stream
+``(sampling_seed, round)`` (:mod:`pl_privfed.engine.rng`).
 """
 
 from __future__ import annotations
@@ -23,16 +24,15 @@ from torch import Tensor
 
 from pl_privfed.algorithms.base import (
     FederatedAlgorithm,
-    GradFn,
     Mechanism,
     RoundResult,
     check_int,
     check_positive,
     noise_to_signal,
-    operator_metrics,
 )
 from pl_privfed.algorithms.local import LocalGD, LocalSolver
 from pl_privfed.communication import Messages
+from pl_privfed.engine import STREAM_SAMPLING, ClientChunk, Reduction
 from pl_privfed.operators import Clip, Identity, Operator
 from pl_privfed.privacy import DPNoise
 from pl_privfed.sampling import ClientSampler
@@ -75,9 +75,6 @@ class LocalUpdateAlgorithm(FederatedAlgorithm):
             self.sampler.setup(num_clients)  # before the noise calibration reads sample_rate
         super().setup(num_clients=num_clients, **kwargs)
 
-    def allocate(self) -> None:
-        self.add_generator("sampling", self.sampling_seed)
-
     @property
     def sample_rate(self) -> float:
         return 1.0 if self.sampler is None else self.sampler.sample_rate
@@ -93,24 +90,58 @@ class LocalUpdateAlgorithm(FederatedAlgorithm):
             client_sizes=client_sizes,
         )
 
-    def _cohort(self) -> tuple[Tensor | None, Tensor]:
-        """``(indices of the participants or None for all, denominator)``."""
+    def sampling_generator(self, round_index: int) -> torch.Generator:
+        """The round's cohort stream ``(sampling_seed, round)``."""
+        return self._keyed(self.sampling_seed, STREAM_SAMPLING, round_index)
+
+    def begin_round(self, round_index: int) -> Tensor | None:
+        """Draw the cohort ``S^k`` (all clients without a sampler) and the server's
+        denominator; the participants compute."""
         if self.sampler is None:
-            return None, torch.tensor(float(self.num_clients), dtype=torch.float64)
-        mask = self.sampler.sample(self.num_clients, self.generator("sampling"))
-        return mask.nonzero().squeeze(1), self.sampler.denominator(mask)
+            self._denominator, self._cohort_size = float(self.num_clients), self.num_clients
+            return None
+        mask = self.sampler.sample(self.num_clients, self.sampling_generator(round_index))
+        self._denominator = float(self.sampler.denominator(mask))
+        cohort = mask.nonzero().squeeze(1).cpu()
+        self._cohort_size = int(cohort.numel())
+        return cohort
 
-    def _empty_round(self, x: Tensor) -> RoundResult:
-        """A round in which no client was sampled: nothing is sent, the model stays."""
-        metrics = {"participants": torch.tensor(0.0)}
-        return RoundResult(params=x.clone(), metrics=metrics, messages=[])
+    def _server_step(
+        self, x: Tensor, reduced: Reduction, total: Tensor, clean: Tensor | None, step: float
+    ) -> RoundResult:
+        """``x + step · total / B`` with the round's metrics and messages (``total`` the
+        participants' summed messages, noise included; ``clean`` without noise)."""
+        metrics = reduced.operator_metrics()
+        participants = self._cohort_size
+        if clean is not None and participants:
+            metrics["noise_to_signal"] = noise_to_signal(total, clean)
+        aggregate = total / self._denominator
+        metrics["aggregate_norm"] = torch.linalg.vector_norm(aggregate)
+        metrics["participants"] = torch.tensor(float(participants))
+        new_x = x + step * aggregate
+        messages = [reduced.messages("client_to_server")] if participants else []
+        if participants:
+            messages.append(Messages.of("server_to_client", new_x, copies=participants))
+        return RoundResult(params=new_x, metrics=metrics, messages=messages)
 
-    def _broadcast(self, new_x: Tensor, participants: int) -> Messages:
-        return Messages("server_to_client", new_x, copies=participants)
+    def _noised_total(self, reduced: Reduction, x: Tensor) -> tuple[Tensor, Tensor | None]:
+        """``Σ_i (Δ_i + z_i)`` over the participants, and ``Σ_i Δ_i`` when noised: the clients'
+        noise added per client (``draws: per_client``) or drawn as its sum."""
+        total = reduced.get("sent", like=x)
+        if self.noise is None:
+            return total, None
+        if self.per_client_noise():
+            return total, reduced.get("clean", like=x)
+        clean = total.clone()
+        return total + self.noise_sum(self._cohort_size, reduced.round_index), clean
 
-
-def _participants(idx: Tensor | None, n: int) -> int:
-    return n if idx is None else int(idx.numel())
+    def _send(self, chunk: ClientChunk, message: Tensor) -> None:
+        """Line "send": the chunk's messages (``+ z_i`` each with per-client draws)."""
+        if self.noise is not None and self.per_client_noise():
+            chunk.add("clean", message)
+            message = message + chunk.normal(self.noise.seed, self.noise_std)
+        chunk.add("sent", message)
+        chunk.send("client_to_server", message, dense=self.noise is not None)
 
 
 class DPFedAvg(LocalUpdateAlgorithm):
@@ -170,30 +201,16 @@ class DPFedAvg(LocalUpdateAlgorithm):
         bound = self.operator.bound
         return None if bound is None else self.scale * bound
 
-    def round(self, x: Tensor, grad_fn: GradFn) -> RoundResult:
-        idx, denom = self._cohort()
-        if idx is not None and idx.numel() == 0:
-            return self._empty_round(x)
+    def client_update(self, chunk: ClientChunk) -> None:
         steps = self.local_solver.steps
-        local = self.local_solver.run(x, grad_fn, self.local_step_size / steps, clients=idx)
+        local = self.local_solver.run(chunk.x, chunk.grad, self.local_step_size / steps)
         update = local.grad_sum.mul_(self.local_step_size / steps)  # x − T_i(x) = (γ/T) Σ_j ∇f_i
-        messages = self.operator(update).mul(self.scale)  # β Ψ(x − T_i(x))
-        metrics = operator_metrics(update, messages)
-        clean = messages.sum(0)
-        sent = messages if self.noise is None else messages + self._gaussian(*messages.shape)
-        total = sent.sum(0)
-        if self.noise is not None:
-            metrics["noise_to_signal"] = noise_to_signal(total, clean)
-        aggregate = total / denom.to(total.dtype)
-        metrics["aggregate_norm"] = torch.linalg.vector_norm(aggregate)
-        metrics["participants"] = torch.tensor(float(sent.shape[0]))
-        new_x = x - self.step_size * aggregate
-        m = _participants(idx, self.num_clients)
-        return RoundResult(
-            params=new_x,
-            metrics=metrics,
-            messages=[Messages("client_to_server", sent), self._broadcast(new_x, m)],
-        )
+        message = chunk.apply(self.operator, update, factor=self.scale, inplace=True)  # βΨ(·)
+        self._send(chunk, message)  # β Ψ(x − T_i(x)) (+ z_i)
+
+    def server_update(self, x: Tensor, reduced: Reduction) -> RoundResult:
+        total, clean = self._noised_total(reduced, x)
+        return self._server_step(x, reduced, total, clean, -self.step_size)  # x − (η/B) Σ(·)
 
 
 PerSampleLevel = Literal["minibatch", "example"]
@@ -343,39 +360,28 @@ class FedAvgPerSampleClipping(LocalUpdateAlgorithm):
         mechanism = Mechanism(multiplier, self.sample_rate, self.privacy_unit)
         return [mechanism] * self.releases_per_round
 
-    def round(self, x: Tensor, grad_fn: GradFn) -> RoundResult:
-        idx, denom = self._cohort()
-        if idx is not None and idx.numel() == 0:
-            return self._empty_round(x)
-        stats: list[dict[str, Tensor]] = []
+    def client_update(self, chunk: ClientChunk) -> None:
+        example = self.clip_level == "example"
 
-        def example_grad_fn(params: Tensor, **kwargs: Any) -> Tensor:
-            per_example = grad_fn(params, per_example=True, **kwargs)  # [m, B, d]
-            clipped = self.operator(per_example)  # clip_c(∇f_b) for every example b
-            if not stats:
-                stats.append(operator_metrics(per_example, clipped))
-            return clipped.mean(1)
+        def grad(params: Tensor, step: int | None) -> Tensor:
+            if example:  # clip_c(∇f_b) for every example b, then the minibatch mean
+                first = params.dim() == 1
+                return chunk.clipped_mean(params, self.operator, step, statistics=first)
+            return chunk.grad(params, step)
 
         def transform(g: Tensor, j: int) -> Tensor:
-            clipped = g if self.clip_level == "example" else self.operator(g)  # line 8
-            if not stats:
-                stats.append(operator_metrics(g, clipped))
-            if self.noise is not None:  # Corollary I: y ← y − η(g + z)
-                clipped = clipped + self._gaussian(*clipped.shape)
+            clipped = g if example else chunk.apply(self.operator, g, statistics=j == 0)  # l. 8
+            if self.noise is not None:  # Corollary I: y ← y − η(g + z), z fresh at every step
+                clipped = clipped + chunk.normal(self.noise.seed, self.noise_std, extra=j)
             return clipped
 
-        oracle = example_grad_fn if self.clip_level == "example" else grad_fn
-        local = self.local_solver.run(x, oracle, self.step_size, clients=idx, transform=transform)
+        local = self.local_solver.run(chunk.x, grad, self.step_size, transform=transform)
         sent = local.params  # line 11: y_i to the server
-        new_x = x + (sent - x).sum(0) / denom.to(x.dtype)  # line 13
-        metrics = dict(stats[0]) if stats else {}
-        metrics["participants"] = torch.tensor(float(sent.shape[0]))
-        m = _participants(idx, self.num_clients)
-        return RoundResult(
-            params=new_x,
-            metrics=metrics,
-            messages=[Messages("client_to_server", sent), self._broadcast(new_x, m)],
-        )
+        chunk.add("moved", sent - chunk.x)
+        chunk.send("client_to_server", sent)
+
+    def server_update(self, x: Tensor, reduced: Reduction) -> RoundResult:
+        return self._server_step(x, reduced, reduced.get("moved", like=x), None, 1.0)  # line 13
 
 
 class FedAvgPerUpdateClipping(LocalUpdateAlgorithm):
@@ -427,23 +433,12 @@ class FedAvgPerUpdateClipping(LocalUpdateAlgorithm):
     def message_bound(self) -> float | None:
         return self.operator.bound
 
-    def round(self, x: Tensor, grad_fn: GradFn) -> RoundResult:
-        idx, denom = self._cohort()
-        if idx is not None and idx.numel() == 0:
-            return self._empty_round(x)
-        local = self.local_solver.run(x, grad_fn, self.local_step_size, clients=idx)
-        update = local.params - x  # line 10: Δ_i = y_i − x
-        clipped = self.operator(update)  # line 11
-        metrics = operator_metrics(update, clipped)
-        sent = clipped if self.noise is None else clipped + self._gaussian(*clipped.shape)
-        total = sent.sum(0)
-        if self.noise is not None:
-            metrics["noise_to_signal"] = noise_to_signal(total, clipped.sum(0))
-        new_x = x + self.step_size * (total / denom.to(total.dtype))  # line 14
-        metrics["participants"] = torch.tensor(float(sent.shape[0]))
-        m = _participants(idx, self.num_clients)
-        return RoundResult(
-            params=new_x,
-            metrics=metrics,
-            messages=[Messages("client_to_server", sent), self._broadcast(new_x, m)],
-        )
+    def client_update(self, chunk: ClientChunk) -> None:
+        local = self.local_solver.run(chunk.x, chunk.grad, self.local_step_size)  # lines 6-9
+        update = local.params.sub_(chunk.x)  # line 10: Δ_i = y_i − x
+        clipped = chunk.apply(self.operator, update, inplace=True)  # line 11
+        self._send(chunk, clipped)  # §3.2: Δ_i (+ z_i)
+
+    def server_update(self, x: Tensor, reduced: Reduction) -> RoundResult:
+        total, clean = self._noised_total(reduced, x)
+        return self._server_step(x, reduced, total, clean, self.step_size)  # line 14

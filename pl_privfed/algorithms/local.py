@@ -1,9 +1,9 @@
-"""Local solvers: the client-side update ``T_i(x)``, run for all participating clients at once.
+"""Local solvers: the client-side update ``T_i(x)``, run for the clients of a chunk at once.
 
-A solver starts every participating client at the server model ``x`` and takes ``steps`` local
-steps ``y_i ← y_i − lr · g_i`` with the clients' parameters stacked as ``[m, d]`` — one call of the
-gradient oracle per local step, in its per-client-parameter mode, never a loop over clients. The
-solvers differ in the data a step uses:
+A solver starts every client of the chunk at the server model ``x`` and takes ``steps`` local
+steps ``y_i ← y_i − lr · g_i`` with the chunk's parameters stacked as ``[c, d]`` — one call of the
+chunk's gradient oracle per local step, in its per-client-parameter mode. The solvers differ in
+the data a step uses:
 
 * :class:`LocalGD` — every step uses the round's whole batch (full-batch local gradient descent
   when the client's batch is its whole shard): paper 004 Theorem 1 (line 137),
@@ -44,8 +44,8 @@ class LocalRun:
     """The outcome of the local steps of the participating clients.
 
     Attributes:
-        params: the local models ``y_i`` after the last step, ``[m, d]``.
-        grad_sum: ``Σ_j g_i^j`` over the steps (after ``transform``), ``[m, d]``.
+        params: the local models ``y_i`` after the last step, ``[c, d]``.
+        grad_sum: ``Σ_j g_i^j`` over the steps (after ``transform``), ``[c, d]``.
         steps: the number of local steps taken.
     """
 
@@ -81,36 +81,30 @@ class LocalSolver:
     def run(
         self,
         x: Tensor,
-        grad_fn: Callable[..., Tensor],
+        grad: Callable[[Tensor, int | None], Tensor],
         lr: float,
         *,
-        clients: Tensor | None = None,
         transform: Callable[[Tensor, int], Tensor] | None = None,
     ) -> LocalRun:
         """Local steps ``y ← y − lr · transform(g(y), j)`` from ``y = x`` for every client.
 
         Args:
             x: the server model ``[d]``.
-            grad_fn: the round's gradient oracle.
+            grad: the chunk's gradients ``grad(params, step) -> [c, d]`` (e.g.
+                :meth:`~pl_privfed.engine.ClientChunk.grad`), ``step`` the local minibatch
+                (``None`` for solvers that use all the round's data at every step).
             lr: the local step size of one step.
-            clients: indices of the participating clients (``None``: all ``n``).
-            transform: applied to every step's gradients ``[m, d]`` (with the step index).
+            transform: applied to every step's gradients ``[c, d]`` (with the step index).
         """
         y: Tensor = x  # shared at the first step: one oracle call in its shared mode
         grad_sum: Tensor | None = None
         for j in range(self.steps):
-            g = self._grad(grad_fn, y, j, clients)
+            g = grad(y, j if self.per_step_batches else None)
             if transform is not None:
                 g = transform(g, j)
             grad_sum = g.clone() if grad_sum is None else grad_sum.add_(g)
-            y = y - lr * g  # broadcasts [d] − [m, d] at the first step
+            y = y - lr * g if j == 0 else y.sub_(g, alpha=lr)  # [d] − [c, d] at the first step
         return LocalRun(params=y, grad_sum=grad_sum, steps=self.steps)
-
-    def _grad(self, grad_fn, y: Tensor, j: int, clients: Tensor | None) -> Tensor:
-        kwargs = {} if clients is None else {"clients": clients}
-        if self.per_step_batches:
-            kwargs["step"] = j
-        return grad_fn(y, **kwargs)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(steps={self.steps})"

@@ -7,15 +7,14 @@ from torch import Tensor
 
 from pl_privfed.algorithms.base import (
     FederatedAlgorithm,
-    GradFn,
     RecordSampling,
     RoundResult,
     check_int,
     check_positive,
     noise_to_signal,
-    operator_metrics,
 )
 from pl_privfed.communication import Messages
+from pl_privfed.engine import ClientChunk, Reduction
 from pl_privfed.operators import Clip, Identity, Operator
 from pl_privfed.privacy import DPNoise
 
@@ -115,29 +114,41 @@ class SoteriaFL(RecordSampling, FederatedAlgorithm):
     def allocate(self) -> None:
         self.register_buffer("client_shift", self._zeros(self.num_clients, self.dim))  # s_i
         self.register_buffer("server_shift", self._zeros(self.dim))  # s
-        self.add_generator("compression", self.seed)
 
-    def initialize(self, x: Tensor, grad_fn: GradFn) -> None:
+    def server_init(self, x: Tensor, reduced: Reduction) -> None:
         self.client_shift.zero_()
         self.server_shift.zero_()
 
-    def round(self, x: Tensor, grad_fn: GradFn) -> RoundResult:
-        grads = grad_fn(x)  # minibatch gradient at the server model, [n, d]
-        clipped = self.clip(grads)  # min(1, G/||g||) g
-        metrics = operator_metrics(grads, clipped)
-        noisy = clipped if self.noise is None else clipped + self._gaussian(*clipped.shape)
+    def client_update(self, chunk: ClientChunk) -> None:
+        grads = chunk.grad(chunk.x)  # minibatch gradient at the server model
+        clipped = chunk.apply(self.clip, grads, inplace=True)  # min(1, G/||g||) g
+        noisy = clipped
+        if self.noise is not None:  # g_i = clip_G(∇f_i) + e_i
+            chunk.add("clean", clipped)
+            noisy = clipped + chunk.normal(self.noise.seed, self.noise_std)
+            chunk.add("noisy", noisy)
+        shift = chunk.rows("client_shift")
+        sent = chunk.apply(self.compressor, noisy - shift, seed=self.seed, statistics=False)
+        shift.add_(sent, alpha=self.shift_step_size)  # s_i ← s_i + γ v_i
+        chunk.add("sent", sent)  # v_i = C(g_i − s_i)
+        chunk.send("client_to_server", sent)
+        if chunk.statistics:
+            chunk.add("shift", shift)
+
+    def server_update(self, x: Tensor, reduced: Reduction) -> RoundResult:
+        n = self.num_clients
+        metrics = reduced.operator_metrics()
         if self.noise is not None:
-            metrics["noise_to_signal"] = noise_to_signal(noisy.sum(0), clipped.sum(0))
-        sent = self.compressor(noisy - self.client_shift, self.generator("compression"))  # v_i
-        self.client_shift.add_(sent, alpha=self.shift_step_size)  # s_i ← s_i + γ v_i
-        v = sent.mean(0)  # server: v = mean_i v_i
+            metrics["noise_to_signal"] = noise_to_signal(reduced.get("noisy"), reduced.get("clean"))
+        v = reduced.get("sent", like=x) / n  # server: v = mean_i v_i
         new_x = x - self.step_size * (self.server_shift + v)  # x ← x − η (s + v)
         self.server_shift.add_(v, alpha=self.shift_step_size)  # s ← s + γ v
-        metrics["shift_gap"] = torch.linalg.vector_norm(
-            self.server_shift - self.client_shift.mean(0)
-        )
+        if "shift" in reduced.sums:
+            metrics["shift_gap"] = torch.linalg.vector_norm(
+                self.server_shift - reduced.get("shift") / n
+            )
         messages = [
-            Messages("client_to_server", sent),
-            Messages("server_to_client", v, copies=self.num_clients),
+            reduced.messages("client_to_server"),
+            Messages.of("server_to_client", v, copies=n),
         ]
         return RoundResult(params=new_x, metrics=metrics, messages=messages)

@@ -65,10 +65,10 @@ class CommunicationCost(pl.Callback):
         if callable(protocol):
             return list(protocol())
         dim = sum(p.numel() for p in pl_module.parameters() if p.requires_grad)
-        dense = torch.ones(dim)  # a dense vector of the model's size
+        dense = torch.tensor([dim])  # one dense vector of the model's size
         return [
-            Messages("client_to_server", dense, copies=self.workers),
-            Messages("server_to_client", dense, copies=self.workers),
+            Messages("client_to_server", dense, dim, copies=self.workers),
+            Messages("server_to_client", dense, dim, copies=self.workers),
         ]
 
     @override
@@ -76,7 +76,7 @@ class CommunicationCost(pl.Callback):
         step: dict[str, float] = {}
         per_agent: dict[str, float] = {}
         for msg in self.step_messages(pl_module):
-            bits = float(message_bits(msg.vectors, self.value_bits).sum()) * msg.copies
+            bits = float(message_bits(msg.nonzeros, msg.dim, self.value_bits).sum()) * msg.copies
             step[msg.channel] = step.get(msg.channel, 0.0) + bits
             agent_bits = per_agent_bits(msg, self.value_bits)
             per_agent[msg.channel] = per_agent.get(msg.channel, 0.0) + agent_bits

@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 from pl_privfed.checks import check_positive_int
 from pl_privfed.datamodules.partition import IIDPartitioner, Partitioner
 
-__all__ = ["ClientStreams", "FederatedDataModule"]
+__all__ = ["ClientStreams", "FederatedDataModule", "RoundBatch", "TensorRoundBatch"]
 
 
 def _subset(dataset: Dataset, size: int | None, seed: int) -> Dataset:
@@ -68,21 +68,96 @@ class ClientStreams:
             cache[epoch] = perm
         return cache[epoch]
 
-    def indices(self, round_index: int) -> Tensor:
-        """``[num_clients, batch_size]`` dataset indices of round ``round_index``."""
+    def indices(self, round_index: int, clients: Tensor | None = None) -> Tensor:
+        """``[c, batch_size]`` dataset indices of round ``round_index`` for the clients
+        ``clients`` (default: every client, in order)."""
         if round_index < 0:
             raise ValueError(f"round_index must be >= 0, got {round_index}")
         batch = self.batch_size
-        out = torch.empty(len(self.shards), batch, dtype=torch.int64)
-        for i, size in enumerate(self.sizes):
+        ids = range(len(self.shards)) if clients is None else clients.tolist()
+        out = torch.empty(len(ids), batch, dtype=torch.int64)
+        for row, i in enumerate(ids):
+            size = self.sizes[i]
             pos, filled = round_index * batch, 0
             while filled < batch:
                 epoch, offset = divmod(pos, size)
                 take = min(batch - filled, size - offset)
-                out[i, filled : filled + take] = self.permutation(i, epoch)[offset : offset + take]
+                out[row, filled : filled + take] = self.permutation(i, epoch)[
+                    offset : offset + take
+                ]
                 filled += take
                 pos += take
         return out
+
+
+class RoundBatch:
+    """One round's training data, served by client (a lazy batch: no ``[n, B, ...]`` tensor).
+
+    :meth:`clients` gathers the minibatches of a chunk of clients, ``(inputs [c, B, ...],
+    targets [c, B, ...])`` (``[c, T, B, ...]`` with ``local_batches: T > 1``), moves them to
+    the training device and preprocesses them there
+    (:meth:`FederatedDataModule.preprocess_clients`). Lightning moves the batch by calling
+    :meth:`to`, which only records the device.
+    """
+
+    def __init__(
+        self, datamodule: FederatedDataModule, round_index: int, device: torch.device | None = None
+    ) -> None:
+        self.datamodule = datamodule
+        self.round_index = int(round_index)
+        self.device = device
+        self._dense: tuple[Tensor, Tensor] | None = None
+
+    def to(self, device: torch.device | str, *args: Any, **kwargs: Any) -> RoundBatch:
+        return RoundBatch(self.datamodule, self.round_index, torch.device(device))
+
+    @property
+    def num_clients(self) -> int:
+        return self.datamodule.num_clients
+
+    def clients(self, ids: Tensor) -> tuple[Tensor, Tensor]:
+        """The minibatches of the clients ``ids`` on the training device, preprocessed."""
+        dm = self.datamodule
+        inputs, targets = dm.gather(dm.round_indices(self.round_index, ids))
+        if self.device is not None:
+            inputs, targets = inputs.to(self.device), targets.to(self.device)
+        return dm.preprocess_clients(inputs, self.round_index, ids), targets
+
+    def dense(self) -> tuple[Tensor, Tensor]:
+        """Every client's minibatches at once (``[n, B, ...]``), preprocessed: what a module
+        other than :class:`~pl_privfed.FederatedModule` reads (``inputs, targets = batch``)."""
+        if self._dense is None:
+            self._dense = self.clients(torch.arange(self.num_clients))
+        return self._dense
+
+    def __getitem__(self, index: int) -> Tensor:
+        """``batch[0]``, ``batch[1]`` and ``inputs, targets = batch`` read :meth:`dense` (it is
+        deliberately not an ``Iterable``, so that Lightning never materializes it by itself)."""
+        return self.dense()[index]
+
+
+class TensorRoundBatch:
+    """A round's data given as stacked tensors ``(inputs [n, ...], targets [n, ...])``, served
+    by client like a :class:`RoundBatch` (for modules driven without a datamodule's loader)."""
+
+    def __init__(self, inputs: Tensor, targets: Tensor) -> None:
+        self.inputs, self.targets = inputs, targets
+
+    def to(self, device: torch.device | str, *args: Any, **kwargs: Any) -> TensorRoundBatch:
+        return TensorRoundBatch(self.inputs.to(device), self.targets.to(device))
+
+    @property
+    def num_clients(self) -> int:
+        return int(self.inputs.shape[0])
+
+    def clients(self, ids: Tensor) -> tuple[Tensor, Tensor]:
+        if ids.numel() == self.num_clients:
+            return self.inputs, self.targets
+        index = ids.to(self.inputs.device)
+        return self.inputs.index_select(0, index), self.targets.index_select(0, index)
+
+    def dense(self) -> tuple[Tensor, Tensor]:
+        return self.inputs, self.targets
 
 
 class _RoundLoader:
@@ -98,12 +173,12 @@ class _RoundLoader:
     def __len__(self) -> int:
         return self.datamodule.rounds_per_epoch
 
-    def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
+    def __iter__(self) -> Iterator[RoundBatch]:
         trainer = self.datamodule.trainer
         start = int(trainer.global_step) if trainer is not None else 0
         per_epoch = self.datamodule.rounds_per_epoch
         for k in range(start, (start // per_epoch + 1) * per_epoch):
-            yield self.datamodule.round_batch(k)
+            yield RoundBatch(self.datamodule, k)
 
 
 class FederatedDataModule(pl.LightningDataModule):
@@ -235,20 +310,19 @@ class FederatedDataModule(pl.LightningDataModule):
         per_round = self.num_clients * self.batch_size * self.local_batches
         return max(1, math.ceil(total / per_round))
 
-    def round_indices(self, round_index: int) -> Tensor:
+    def round_indices(self, round_index: int, clients: Tensor | None = None) -> Tensor:
         """Training-set indices of round ``round_index``: ``[n, B]``, or ``[n, T, B]`` with
-        ``local_batches: T > 1`` (stream positions ``[k·T·B, (k+1)·T·B)``, in order)."""
+        ``local_batches: T > 1`` (stream positions ``[k·T·B, (k+1)·T·B)``, in order); only the
+        rows of ``clients`` when given."""
         if self.streams is None:
             self.setup("fit")
-        idx = self.streams.indices(round_index)
+        idx = self.streams.indices(round_index, clients)
         if self.local_batches > 1:
             idx = idx.view(idx.shape[0], self.local_batches, self.batch_size)
         return idx
 
-    def round_batch(self, round_index: int) -> tuple[Tensor, Tensor]:
-        """The stacked minibatches ``(inputs [n, B, ...], targets [n, B, ...])`` of a round
-        (``[n, T, B, ...]`` with ``local_batches: T > 1``)."""
-        idx = self.round_indices(round_index)
+    def gather(self, idx: Tensor) -> tuple[Tensor, Tensor]:
+        """The training examples at the indices ``idx`` (any shape), stacked in that shape."""
         if self.train_inputs is not None:
             return self.train_inputs[idx], self.train_targets[idx]
         items = [self.train_dataset[int(j)] for j in idx.flatten()]
@@ -257,29 +331,43 @@ class FederatedDataModule(pl.LightningDataModule):
         lead = tuple(idx.shape)
         return inputs.view(*lead, *inputs.shape[1:]), targets.view(*lead, *targets.shape[1:])
 
+    def round_batch(self, round_index: int) -> tuple[Tensor, Tensor]:
+        """The stacked minibatches ``(inputs [n, B, ...], targets [n, B, ...])`` of a round
+        (``[n, T, B, ...]`` with ``local_batches: T > 1``), before preprocessing. Training
+        reads a round by chunks of clients instead (:class:`RoundBatch`)."""
+        return self.gather(self.round_indices(round_index))
+
+    def preprocess_clients(self, inputs: Tensor, round_index: int, clients: Tensor) -> Tensor:
+        """Preprocess the training minibatches ``[c, ..., *input_shape]`` of the clients
+        ``clients`` in round ``round_index`` on the training device.
+
+        The default folds the client (and local-step) axes into one batch axis and calls
+        :meth:`preprocess` with ``train=True``; a datamodule with random augmentation overrides
+        it to draw each client's randomness from its own stream (``(seed, round, client)``),
+        so that the data does not depend on how clients are chunked.
+        """
+        if type(self).preprocess is FederatedDataModule.preprocess:
+            return inputs
+        lead = inputs.shape[: inputs.dim() - len(self.input_shape)]
+        flat = self.preprocess(inputs.reshape(-1, *inputs.shape[len(lead) :]), True, round_index)
+        return flat.reshape(*lead, *flat.shape[1:])
+
     def preprocess(self, inputs: Tensor, train: bool, round_index: int) -> Tensor:
         """Per-batch preprocessing on the training device (identity here).
 
-        Called by :meth:`on_after_batch_transfer` for every batch: training batches arrive as
-        ``[n · B, ...]`` (the client axis folded in) with ``train=True`` and the round number
-        (augmentations draw from a generator seeded by ``(seed, round)``, so a resumed run
-        augments exactly as the uninterrupted one); evaluation batches with ``train=False``.
+        Called for evaluation batches with ``train=False`` (:meth:`on_after_batch_transfer`)
+        and, through :meth:`preprocess_clients`, for each chunk of clients' training batches
+        folded to ``[c · B, ...]`` with ``train=True`` and the round number.
         """
         return inputs
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        if isinstance(batch, RoundBatch | TensorRoundBatch):
+            return batch  # training data is preprocessed chunk by chunk (preprocess_clients)
         if type(self).preprocess is FederatedDataModule.preprocess:
             return batch
         inputs, targets = batch
-        trainer = self.trainer
-        train = trainer is not None and trainer.training
-        round_index = int(trainer.global_step) if train else 0
-        if train:  # fold the client (and local-step) axes into one batch axis
-            lead = inputs.shape[: inputs.dim() - len(self.input_shape)]
-            flat = inputs.reshape(-1, *inputs.shape[len(lead) :])
-            flat = self.preprocess(flat, True, round_index)
-            return flat.reshape(*lead, *flat.shape[1:]), targets
-        return self.preprocess(inputs, False, round_index), targets
+        return self.preprocess(inputs, False, 0), targets
 
     def train_dataloader(self) -> _RoundLoader:
         return _RoundLoader(self)

@@ -24,12 +24,14 @@ from pl_privfed.datamodules.files import (
     resplit,
     writable_copy,
 )
+from pl_privfed.engine.rng import STREAM_AUGMENTATION, keyed_generator
 
 __all__ = [
     "CIFAR10_CLASSES",
     "CIFAR10DataModule",
     "FashionMNISTDataModule",
     "MNISTDataModule",
+    "crop_flip",
     "load_cifar10_arrays",
     "random_crop_flip",
 ]
@@ -243,19 +245,30 @@ def random_crop_flip(
     Equivalent to torchvision's ``RandomCrop(size, padding)`` then ``RandomHorizontalFlip()``
     applied independently to each image of ``images [M, C, H, W]``.
     """
-    m, _, h, w = images.shape
-    device = images.device
-    padded = torch.nn.functional.pad(images, (padding, padding, padding, padding))
+    m = images.shape[0]
+    device = generator.device
     top = torch.randint(0, 2 * padding + 1, (m,), generator=generator, device=device)
     left = torch.randint(0, 2 * padding + 1, (m,), generator=generator, device=device)
+    mirror = torch.rand(m, generator=generator, device=device) < 0.5 if flip else None
+    return crop_flip(images, padding, top, left, mirror)
+
+
+def crop_flip(
+    images: Tensor, padding: int, top: Tensor, left: Tensor, mirror: Tensor | None
+) -> Tensor:
+    """Crop each zero-padded image of ``images [M, C, H, W]`` at ``(top, left)`` and flip the
+    ones where ``mirror`` is true: the deterministic half of :func:`random_crop_flip`."""
+    m, _, h, w = images.shape
+    device = images.device
+    top, left = top.to(device), left.to(device)
+    padded = torch.nn.functional.pad(images, (padding, padding, padding, padding))
     rows = (top[:, None] + torch.arange(h, device=device))[:, None, :, None]
     cols = (left[:, None] + torch.arange(w, device=device))[:, None, None, :]
     batch = torch.arange(m, device=device)[:, None, None, None]
     channels = torch.arange(images.shape[1], device=device)[None, :, None, None]
     out = padded[batch, channels, rows, cols]
-    if flip:
-        mirror = torch.rand(m, generator=generator, device=device) < 0.5
-        out = torch.where(mirror[:, None, None, None], out.flip(-1), out)
+    if mirror is not None:
+        out = torch.where(mirror.to(device)[:, None, None, None], out.flip(-1), out)
     return out
 
 
@@ -324,6 +337,28 @@ class CIFAR10DataModule(FederatedDataModule):
             gen = torch.Generator(device=x.device)
             gen.manual_seed(int(state[0]) << 32 | int(state[1]))
             x = random_crop_flip(x, 4, gen)
+        return self._normalize(x)
+
+    def preprocess_clients(self, inputs: Tensor, round_index: int, clients: Tensor) -> Tensor:
+        """Training minibatches ``[c, ..., 3, 32, 32]``: client ``i``'s crops and flips drawn
+        from its stream ``(seed, augmentation, round, i)`` on the CPU (a few integers per
+        image), then applied to the whole chunk at once on the device."""
+        lead = inputs.shape[:-3]
+        flat = inputs.reshape(-1, *inputs.shape[-3:])
+        x = flat.float().div_(255.0) if flat.dtype == torch.uint8 else flat.float()
+        if self.augment:
+            per_client = x.shape[0] // max(1, clients.numel())
+            tops, lefts, mirrors = [], [], []
+            for client in clients.tolist():
+                gen = keyed_generator(self.seed, STREAM_AUGMENTATION, round_index, client)
+                tops.append(torch.randint(0, 9, (per_client,), generator=gen))
+                lefts.append(torch.randint(0, 9, (per_client,), generator=gen))
+                mirrors.append(torch.rand(per_client, generator=gen) < 0.5)
+            x = crop_flip(x, 4, torch.cat(tops), torch.cat(lefts), torch.cat(mirrors))
+        x = self._normalize(x)
+        return x.reshape(*lead, *x.shape[1:])
+
+    def _normalize(self, x: Tensor) -> Tensor:
         if x.device not in self._stats:
             mean = torch.tensor(CIFAR10_MEAN, device=x.device).view(1, 3, 1, 1)
             std = torch.tensor(CIFAR10_STD, device=x.device).view(1, 3, 1, 1)

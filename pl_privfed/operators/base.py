@@ -33,13 +33,23 @@ class Operator:
         bound: upper bound on ``||Ψ(g)||`` for every ``g`` (the sensitivity used to calibrate DP
             noise), or ``None`` when the output norm is unbounded.
         random: whether the operator draws randomness (then ``__call__`` needs a generator).
+        norm_based: whether ``Ψ(g) = s(||g||) g`` for a scalar function ``s`` of the norm
+            (clipping, smooth clipping, smoothed normalization): then :meth:`scale` gives
+            ``s``, and the engine applies Ψ as one scaling of each row (and can clip per-example
+            gradients without holding them, :meth:`~pl_privfed.engine.ClientChunk.clipped_mean`).
     """
 
     bound: float | None = None
     random: bool = False
+    norm_based: bool = False
+    is_identity: bool = False
 
     def __call__(self, v: Tensor, generator: torch.Generator | None = None) -> Tensor:
         raise NotImplementedError
+
+    def scale(self, norms: Tensor) -> Tensor:
+        """``s(||g||)`` for a norm-based operator, elementwise over ``norms``."""
+        raise NotImplementedError(f"{type(self).__name__} is not norm-based")
 
     def setup(self, dim: int) -> None:
         """Validate dimension-dependent parameters once the model size ``d`` is known."""
@@ -52,8 +62,14 @@ class Operator:
 class Identity(Operator):
     """``Ψ(g) = g`` (no clipping, no compression). Unbounded."""
 
+    norm_based = True
+    is_identity = True
+
     def __call__(self, v: Tensor, generator: torch.Generator | None = None) -> Tensor:
         return v
+
+    def scale(self, norms: Tensor) -> Tensor:
+        return torch.ones_like(norms)
 
 
 class Clip(Operator):
@@ -68,8 +84,13 @@ class Clip(Operator):
         self.threshold = float(threshold)
         self.bound = self.threshold
 
+    norm_based = True
+
     def __call__(self, v: Tensor, generator: torch.Generator | None = None) -> Tensor:
         return F.clip(v, self.threshold)
+
+    def scale(self, norms: Tensor) -> Tensor:
+        return F.clip_scale(norms, self.threshold)
 
 
 class SmoothClip(Operator):
@@ -84,8 +105,13 @@ class SmoothClip(Operator):
         self.threshold = float(threshold)
         self.bound = self.threshold
 
+    norm_based = True
+
     def __call__(self, v: Tensor, generator: torch.Generator | None = None) -> Tensor:
         return F.smooth_clip(v, self.threshold)
+
+    def scale(self, norms: Tensor) -> Tensor:
+        return self.threshold / (self.threshold + norms)
 
 
 class SmoothedNormalization(Operator):
@@ -101,8 +127,13 @@ class SmoothedNormalization(Operator):
         self.alpha = float(alpha)
         self.bound = 1.0
 
+    norm_based = True
+
     def __call__(self, v: Tensor, generator: torch.Generator | None = None) -> Tensor:
         return F.smoothed_normalize(v, self.alpha)
+
+    def scale(self, norms: Tensor) -> Tensor:
+        return F.smoothed_normalize_scale(norms, self.alpha)
 
 
 class _Sparsifier(Operator):

@@ -11,12 +11,14 @@ from torch import Tensor
 
 __all__ = [
     "clip",
+    "clip_scale",
     "gaussian_noise",
     "rand_k_biased",
     "rand_k_unbiased",
     "row_norms",
     "smooth_clip",
     "smoothed_normalize",
+    "smoothed_normalize_scale",
     "top_k",
 ]
 
@@ -33,9 +35,15 @@ def clip(v: Tensor, threshold: float) -> Tensor:
     tensor([[0.6000, 0.8000],
             [0.3000, 0.4000]])
     """
-    norms = row_norms(v)
-    # τ/max(||g||, τ) == min(1, τ/||g||) and is 1 at g = 0 (no division by zero).
-    return v * (threshold / torch.clamp(norms, min=threshold))
+    return v * clip_scale(row_norms(v), threshold)
+
+
+def clip_scale(norms: Tensor, threshold: float) -> Tensor:
+    """The factor ``min(1, τ/||g||)`` of :func:`clip` as a function of the norms.
+
+    ``τ/max(||g||, τ)``: equal to ``min(1, τ/||g||)`` and 1 at ``g = 0`` (no division by zero).
+    """
+    return threshold / torch.clamp(norms, min=threshold)
 
 
 def smooth_clip(v: Tensor, threshold: float) -> Tensor:
@@ -55,10 +63,15 @@ def smoothed_normalize(v: Tensor, alpha: float) -> Tensor:
     >>> smoothed_normalize(torch.tensor([[3.0, 4.0]]), 0.0)
     tensor([[0.6000, 0.8000]])
     """
-    denom = alpha + row_norms(v)
+    return v * smoothed_normalize_scale(row_norms(v), alpha)
+
+
+def smoothed_normalize_scale(norms: Tensor, alpha: float) -> Tensor:
+    """The factor ``1/(α + ||g||)`` of :func:`smoothed_normalize` (0 where ``α + ||g|| = 0``)."""
+    denom = alpha + norms
     if alpha > 0:
-        return v / denom
-    return torch.where(denom > 0, v / denom.clamp(min=torch.finfo(v.dtype).tiny), 0.0)
+        return denom.reciprocal()
+    return torch.where(denom > 0, denom.clamp(min=torch.finfo(norms.dtype).tiny).reciprocal(), 0.0)
 
 
 def top_k(v: Tensor, k: int) -> Tensor:

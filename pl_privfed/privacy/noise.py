@@ -9,10 +9,11 @@ from typing import Literal
 from pl_privfed.privacy.accounting import AccountantName
 from pl_privfed.privacy.calibration import calibrate_noise_multiplier, paper_noise_std
 
-__all__ = ["Calibration", "DPNoise", "Neighbouring", "paper_noise_std"]
+__all__ = ["Calibration", "DPNoise", "Draws", "Neighbouring", "paper_noise_std"]
 
 Calibration = Literal["paper", "target"]
 Neighbouring = Literal["add_remove", "replace_one"]
+Draws = Literal["aggregate", "per_client"]
 
 
 @dataclass
@@ -35,8 +36,18 @@ class DPNoise:
         neighbouring: ``"add_remove"`` (sensitivity = the bound Φ of the noised message) or
             ``"replace_one"`` (sensitivity 2Φ: a clipped or normalized vector can be replaced by
             its opposite).
-        seed: seed of the noise ``torch.Generator``.
+        seed: seed of the noise streams: client ``i``'s noise in round ``k`` is drawn from the
+            stream keyed by ``(seed, k, i)`` (:mod:`pl_privfed.engine.rng`).
         accountant: ``"rdp"`` or ``"prv"`` (Opacus) for calibration and the reported ε.
+        draws: how the simulation draws the clients' noise when an algorithm uses it only
+            through the sum the server receives (the error-feedback family, DP-SGD, DP-FedAvg,
+            Fed-α-NormEC, per-update clipping): ``"aggregate"`` draws that sum
+            ``Σ_i z_i ~ N(0, m σ² I)`` once per round (``d`` normals instead of ``m·d``; every
+            iterate has the same distribution), ``"per_client"`` draws each client's ``z_i``
+            from its own stream and adds it to its message. Algorithms whose clients use their
+            own noise (per-sample clipping's local steps, PORTER-DP, SoteriaFL) always draw
+            per client. The privacy guarantee is the same either way: it is a property of the
+            mechanism, not of how the simulation samples it.
     """
 
     epsilon: float | None = None
@@ -48,6 +59,7 @@ class DPNoise:
     neighbouring: Neighbouring = "add_remove"
     seed: int = 0
     accountant: AccountantName = "rdp"
+    draws: Draws = "aggregate"
 
     def __post_init__(self) -> None:
         if (self.epsilon is None) == (self.noise_multiplier is None):
@@ -73,6 +85,8 @@ class DPNoise:
             )
         if self.accountant not in ("rdp", "prv"):
             raise ValueError(f"accountant must be 'rdp' or 'prv', got {self.accountant!r}")
+        if self.draws not in ("aggregate", "per_client"):
+            raise ValueError(f"draws must be 'aggregate' or 'per_client', got {self.draws!r}")
 
     @property
     def sensitivity_factor(self) -> float:

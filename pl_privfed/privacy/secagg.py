@@ -91,27 +91,63 @@ class SecureAggregation:
         gen = torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
         return torch.randint(0, self.modulus, (dim,), generator=gen, dtype=torch.int64).to(device)
 
-    def mask(self, encoded: Tensor, round_index: int = 0, cohort: Tensor | None = None) -> Tensor:
+    def mask(
+        self,
+        encoded: Tensor,
+        round_index: int = 0,
+        cohort: Tensor | None = None,
+        rows: Tensor | None = None,
+    ) -> Tensor:
         """What the server receives: each row plus its pairwise masks, mod ``2^b``.
 
         Args:
-            encoded: ``[m, d]`` fixed-point rows of the ``m`` participating clients.
+            encoded: ``[m, d]`` fixed-point rows of the clients ``rows`` (default: the cohort).
             round_index: the round (masks are fresh every round).
-            cohort: the client ids of the rows (default ``0..m-1``); masks are formed among them.
+            cohort: the client ids among which masks are formed (default ``0..m-1``).
+            rows: the client ids of ``encoded``'s rows, a part of the cohort (default: all of
+                it), so that a chunk of clients masks its rows without the others' vectors.
         """
         m, d = encoded.shape
         ids = list(range(m)) if cohort is None else [int(c) for c in cohort]
-        if len(ids) != m or len(set(ids)) != m:
+        mine = ids if rows is None else [int(c) for c in rows]
+        if len(set(ids)) != len(ids) or (rows is None and len(ids) != m):
             raise ValueError(f"cohort must list {m} distinct client ids, got {ids!r}")
+        if len(mine) != m or not set(mine) <= set(ids):
+            raise ValueError(f"rows must list {m} client ids of the cohort, got {mine!r}")
         masked = encoded.clone()
-        for a in range(m):
-            for b in range(a + 1, m):
-                lo, hi = sorted((ids[a], ids[b]))
+        for a, me in enumerate(mine):
+            for other in ids:
+                if other == me:
+                    continue
+                lo, hi = min(me, other), max(me, other)
                 pair = self.pair_mask(lo, hi, round_index, d, encoded.device)
-                sign = 1 if ids[a] == lo else -1
-                masked[a] += sign * pair
-                masked[b] -= sign * pair
+                if me == lo:
+                    masked[a] += pair
+                else:
+                    masked[a] -= pair
         return torch.remainder(masked, self.modulus)
+
+    def partial_sum(
+        self, v: Tensor, round_index: int, cohort: Tensor, rows: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """One chunk's share of a secure sum: the sum mod ``2^b`` of its masked rows (``rows``,
+        a part of ``cohort``) and the sum of their absolute values (for the overflow check);
+        add the shares of all chunks and decode with :meth:`finish`."""
+        masked = self.mask(self.encode(v), round_index, cohort, rows)
+        return torch.remainder(masked.sum(0), self.modulus), v.abs().double().sum(0)
+
+    def finish(self, masked_sum: Tensor, abs_sum: Tensor, num_clients: int) -> Tensor:
+        """The decoded sum from the chunks' :meth:`partial_sum` shares (checked for overflow)."""
+        self._check_range(abs_sum, num_clients)
+        return self.unmask_sum(masked_sum.unsqueeze(0))
+
+    def _check_range(self, abs_sum: Tensor, num_clients: int) -> None:
+        limit = 2.0 ** (self.modulus_bits - 1 - self.fraction_bits)
+        if abs_sum.max().item() >= limit - self.error_bound(num_clients):
+            raise ValueError(
+                f"secure aggregation overflow: sums must stay below 2^{self.modulus_bits - 1 - self.fraction_bits}"
+                f" = {limit:g} in absolute value; raise modulus_bits or lower fraction_bits"
+            )
 
     def unmask_sum(self, masked: Tensor) -> Tensor:
         """The server's sum of the masked rows mod ``2^b`` (the masks cancel), decoded."""
@@ -119,10 +155,5 @@ class SecureAggregation:
 
     def sum(self, v: Tensor, round_index: int = 0, cohort: Tensor | None = None) -> Tensor:
         """Securely aggregated ``Σ_i v_i`` (float64) of the rows of ``v [m, d]``."""
-        limit = 2.0 ** (self.modulus_bits - 1 - self.fraction_bits)
-        if v.abs().double().sum(0).max().item() >= limit - self.error_bound(v.shape[0]):
-            raise ValueError(
-                f"secure aggregation overflow: sums must stay below 2^{self.modulus_bits - 1 - self.fraction_bits}"
-                f" = {limit:g} in absolute value; raise modulus_bits or lower fraction_bits"
-            )
+        self._check_range(v.abs().double().sum(0), v.shape[0])
         return self.unmask_sum(self.mask(self.encode(v), round_index, cohort))

@@ -1,0 +1,63 @@
+"""The round engine: a round is a map over chunks of clients, a reduce, and a server step.
+
+* :mod:`~pl_privfed.engine.round` — the loop over chunks and the choice of the chunk size;
+* :mod:`~pl_privfed.engine.chunk` — :class:`ClientChunk`, what an algorithm's client part sees;
+* :mod:`~pl_privfed.engine.reduce` — :class:`Reduction`, the sums the server needs;
+* :mod:`~pl_privfed.engine.rng` — random streams keyed by ``(seed, stream, round, client)``;
+* :mod:`~pl_privfed.engine.state` — where the per-client state rows live.
+
+See docs/engine.md.
+"""
+
+from pl_privfed.engine.chunk import ChunkOracle, ClientChunk, OracleOutput, RoundContext
+from pl_privfed.engine.reduce import Reduction
+from pl_privfed.engine.rng import (
+    STREAM_AUGMENTATION,
+    STREAM_COMPRESSION,
+    STREAM_INIT,
+    STREAM_NOISE,
+    STREAM_OUTPUT,
+    STREAM_SAMPLING,
+    STREAM_SERVER_NOISE,
+    KeyedGenerator,
+    client_normal,
+    keyed_generator,
+    stream_key,
+)
+from pl_privfed.engine.round import (
+    CHUNK_ENV,
+    FunctionOracle,
+    choose_chunk_size,
+    chunk_ids,
+    iter_phases,
+    make_context,
+    run_phases,
+)
+from pl_privfed.engine.state import DeviceRows
+
+__all__ = [
+    "CHUNK_ENV",
+    "STREAM_AUGMENTATION",
+    "STREAM_COMPRESSION",
+    "STREAM_INIT",
+    "STREAM_NOISE",
+    "STREAM_OUTPUT",
+    "STREAM_SAMPLING",
+    "STREAM_SERVER_NOISE",
+    "ChunkOracle",
+    "ClientChunk",
+    "DeviceRows",
+    "FunctionOracle",
+    "KeyedGenerator",
+    "OracleOutput",
+    "Reduction",
+    "RoundContext",
+    "choose_chunk_size",
+    "chunk_ids",
+    "client_normal",
+    "iter_phases",
+    "keyed_generator",
+    "make_context",
+    "run_phases",
+    "stream_key",
+]

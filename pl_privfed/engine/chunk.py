@@ -1,0 +1,271 @@
+"""A chunk of clients: the view an algorithm's client part has of the round.
+
+An algorithm's client part (``client_update(chunk)``) is written for the clients of one chunk,
+``chunk.ids`` (global client indices), as if they were the whole federation: it asks for their
+gradients, reads and updates their rows of its per-client state, draws their noise and adds what
+the server needs to the round's :class:`~pl_privfed.engine.reduce.Reduction`. The engine
+(:func:`~pl_privfed.engine.round.run_round`) calls it for every chunk of the round's clients,
+so the algorithm's code does not know the chunk size; nothing it does may depend on another
+client of the round (a map).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from pl_privfed.communication import count_nonzeros
+from pl_privfed.engine.reduce import Reduction
+from pl_privfed.engine.rng import STREAM_COMPRESSION, STREAM_NOISE, KeyedGenerator
+
+if TYPE_CHECKING:
+    from pl_privfed.operators import Operator
+
+__all__ = ["ChunkOracle", "ClientChunk", "OracleOutput", "RoundContext"]
+
+
+@dataclass
+class OracleOutput:
+    """Gradients of the clients of a chunk.
+
+    Attributes:
+        grads: ``[c, d]`` (``[c, B, d]`` per example).
+        losses: ``[c]`` mean minibatch losses (``[c, B]`` per example), or ``None`` when the
+            oracle has no losses (a plain gradient function).
+        buffer_sums: with shared parameters and a model with buffers (BatchNorm), the sum over
+            the chunk's clients of their updated buffers (integer buffers: their common value).
+        norms: for :meth:`~pl_privfed.grads.GradientOracle.clipped_mean`, every example's
+            gradient norm ``[c, B]``.
+    """
+
+    grads: Tensor
+    losses: Tensor | None = None
+    buffer_sums: dict[str, Tensor] | None = None
+    norms: Tensor | None = None
+
+
+class ChunkOracle:
+    """Gradients of the clients of a chunk, on the round's data.
+
+    ``oracle(params, clients, per_example=False, step=None) -> OracleOutput``: ``params`` shared
+    ``[d]`` or per client ``[c, d]``; ``clients`` the chunk's global indices; ``step`` the local
+    minibatch (``None``: all the round's data of each client). An oracle may also offer
+    ``clipped_mean(params, clients, scale, step=None) -> OracleOutput`` (see
+    :meth:`ClientChunk.clipped_mean`).
+    """
+
+    def __call__(
+        self, params: Tensor, clients: Tensor, *, per_example: bool = False, step: int | None = None
+    ) -> OracleOutput:
+        raise NotImplementedError
+
+
+@dataclass
+class RoundContext:
+    """What all chunks of one round share (built by the engine)."""
+
+    x: Tensor
+    oracle: Any
+    reduction: Reduction
+    round_index: int
+    dim: int
+    device: torch.device
+    dtype: torch.dtype
+    keyed: KeyedGenerator
+    statistics: bool = True
+    state: dict[str, Any] = field(default_factory=dict)
+
+
+class ClientChunk:
+    """The clients ``ids`` of one chunk of a round (see the module docstring).
+
+    Attributes:
+        ids: ``[c]`` global indices of the chunk's clients (sorted).
+        x: the broadcast ``x^k`` (``[d]``).
+        round_index: ``k``, the round (0-based; the memory initialization runs as round ``-1``).
+        reduction: the round's running sums.
+    """
+
+    def __init__(self, ctx: RoundContext, ids: Tensor, store: Any) -> None:
+        self.ctx = ctx
+        self.ids = ids
+        self.size = int(ids.numel())
+        self.x = ctx.x
+        self.round_index = ctx.round_index
+        self.reduction = ctx.reduction
+        self._store = store
+        self._rows: dict[str, Tensor] = {}
+        self._losses_recorded = False
+        self._buffer_sums: dict[str, Tensor] | None = None
+        #: examples per client of the last per-example computation (record-level checks)
+        self.examples_per_client: int | None = None
+
+    @property
+    def statistics(self) -> bool:
+        """Whether this round's statistics are wanted (those that cost a pass over rows)."""
+        return self.ctx.statistics
+
+    # ------------------------------------------------------------------ gradients
+    def _record(self, out: OracleOutput, shared: bool) -> None:
+        if not self._losses_recorded and out.losses is not None:
+            losses = out.losses.mean(-1) if out.losses.dim() > 1 else out.losses
+            self.reduction.add_losses(losses)
+            self._losses_recorded = True
+        if shared and out.buffer_sums is not None:
+            self._buffer_sums = out.buffer_sums  # the chunk's last shared-parameter call
+
+    def grad(self, params: Tensor, step: int | None = None) -> Tensor:
+        """The chunk's clients' gradients ``[c, d]`` of their minibatch losses at ``params``
+        (shared ``[d]`` or per client ``[c, d]``); ``step``: the local minibatch (local SGD)."""
+        out = self.ctx.oracle(params, self.ids, step=step)
+        self._record(out, params.dim() == 1)
+        return out.grads
+
+    def example_grads(self, params: Tensor, step: int | None = None) -> Tensor:
+        """Every example's gradient ``[c, B, d]`` (record-level clipping)."""
+        out = self.ctx.oracle(params, self.ids, per_example=True, step=step)
+        self._record(out, False)
+        self.examples_per_client = int(out.grads.shape[1])
+        return out.grads
+
+    def clipped_mean(
+        self,
+        params: Tensor,
+        operator: Operator,
+        step: int | None = None,
+        statistics: bool = True,
+    ) -> Tensor:
+        """``(1/B) Σ_b Ψ(∇ℓ(params; z_b))`` for every client of the chunk, ``[c, d]``: each
+        example's gradient through the operator (clipping), then the minibatch mean.
+
+        For norm-based operators (clipping, smooth clipping, normalization) the oracle computes
+        it without holding every example's gradient where the model allows (the analytic
+        backend: per-example norms from the layers' factors, then one weighted backward
+        product, the ghost-clipping identity); otherwise from the per-example gradients of the
+        chunk. Records the per-example operator statistics."""
+        clipped = getattr(self.ctx.oracle, "clipped_mean", None)
+        if callable(clipped) and operator.norm_based:
+            out = clipped(params, self.ids, operator.scale, step=step)
+            self._record(out, False)
+            self.examples_per_client = int(out.norms.shape[-1])
+            if statistics:
+                norms = out.norms
+                self._operator_stats(norms, norms * operator.scale(norms).abs())
+            return out.grads
+        per_example = self.example_grads(params, step)
+        out = self.apply(operator, per_example, statistics=statistics, inplace=True)
+        return out.mean(1)
+
+    # ------------------------------------------------------------------ state rows
+    def rows(self, name: str) -> Tensor:
+        """The chunk's rows ``[c, ...]`` of the algorithm's per-client state ``name``; changes
+        made in place are kept (written back when the chunk closes)."""
+        rows = self._rows.get(name)
+        if rows is None:
+            rows = self._rows[name] = self._store.read(name, self.ids)
+        return rows
+
+    # ------------------------------------------------------------------ randomness
+    def normal(self, seed: int, std: float, extra: int = 0, select: Tensor | None = None) -> Tensor:
+        """``[c, d]``: client ``i``'s ``N(0, std² I)`` draw from its stream
+        ``(seed, noise, round, i, extra)`` (``extra``: e.g. the local step); with ``select`` (a
+        boolean mask over the chunk) only the selected clients' rows."""
+        ids = self.ids if select is None else self.ids[select.cpu()]
+        out = torch.empty(ids.numel(), self.ctx.dim, device=self.ctx.device, dtype=self.ctx.dtype)
+        for row, client in zip(out, ids.tolist()):
+            gen = self.ctx.keyed(seed, STREAM_NOISE, self.round_index, client, extra)
+            row.normal_(0.0, std, generator=gen)
+        return out
+
+    def generators(self, seed: int, stream: int = STREAM_COMPRESSION, extra: int = 0):
+        """Each client's generator of ``(seed, stream, round, client, extra)``, in chunk order
+        (each is valid until the next one is drawn)."""
+        for client in self.ids.tolist():
+            yield self.ctx.keyed(seed, stream, self.round_index, client, extra)
+
+    # ------------------------------------------------------------------ operators
+    def _operator_stats(self, before: Tensor, after: Tensor) -> None:
+        self.reduction.stat("clip_fraction", (after < before * (1 - 1e-6)).float())
+        self.reduction.stat("norm_before", before)
+        self.reduction.stat("update_norm", after)
+
+    def apply(
+        self,
+        operator: Operator,
+        v: Tensor,
+        *,
+        seed: int = 0,
+        extra: int = 0,
+        factor: float = 1.0,
+        statistics: bool = True,
+        inplace: bool = False,
+    ) -> Tensor:
+        """``factor · Ψ(v_i)`` for every row ``v_i`` of ``v`` (``[c, d]``, or ``[c, B, d]``
+        per example).
+
+        A random operator (rand-k) draws client ``i``'s randomness from its stream
+        ``(seed, compression, round, i, extra)``. With ``statistics``, records the operator's
+        ``clip_fraction`` (share of rows it shortened), ``norm_before`` and ``update_norm``
+        (mean norm of the rows before and after, ``factor`` included). With ``inplace`` a
+        norm-based operator scales ``v`` itself.
+        """
+        if operator.is_identity:
+            if statistics and self.statistics:
+                norms = torch.linalg.vector_norm(v, dim=-1)
+                self._operator_stats(norms, norms * abs(factor))
+            return v if factor == 1.0 else (v.mul_(factor) if inplace else v * factor)
+        if operator.norm_based:
+            norms = torch.linalg.vector_norm(v, dim=-1)
+            scale = operator.scale(norms)
+            if factor != 1.0:
+                scale = scale * factor
+            out = v.mul_(scale.unsqueeze(-1)) if inplace else v * scale.unsqueeze(-1)
+            if statistics:
+                self._operator_stats(norms, norms * scale.abs())
+            return out
+        if operator.random:
+            out = torch.empty_like(v)
+            for i, gen in enumerate(self.generators(seed, STREAM_COMPRESSION, extra)):
+                out[i] = operator(v[i : i + 1], gen)[0]
+        else:
+            out = operator(v)
+        if factor != 1.0:
+            out = out.mul_(factor) if out is not v else out * factor
+        if statistics and self.statistics:
+            self._operator_stats(
+                torch.linalg.vector_norm(v, dim=-1), torch.linalg.vector_norm(out, dim=-1)
+            )
+        return out
+
+    # ------------------------------------------------------------------ the reduce
+    def add(self, name: str, rows: Tensor, weights: Tensor | None = None) -> None:
+        """Add ``Σ_i w_i rows_i`` over the chunk's rows to the round's sum ``name``."""
+        self.reduction.add_rows(name, rows, weights)
+
+    def stat(self, name: str, values: Tensor) -> None:
+        """Per-client values of statistic ``name`` (its mean over clients is logged)."""
+        self.reduction.stat(name, values)
+
+    def send(self, channel: str, rows: Tensor | None = None, *, dense: bool = False) -> None:
+        """Record messages on ``channel``: ``rows`` (their non-zeros are counted; with
+        ``dense``, e.g. noised vectors, every value counts), or without ``rows`` one dense
+        message per client of the chunk."""
+        if dense or rows is None:
+            count = self.size if rows is None else rows.shape[0]
+            nnz = torch.full((count,), self.ctx.dim, dtype=torch.int64)
+        else:
+            nnz = count_nonzeros(rows)
+        self.reduction.send(channel, nnz)
+
+    # ------------------------------------------------------------------ engine
+    def close(self) -> None:
+        """Write the state rows back and hand the chunk's buffers to the reduce."""
+        for name, rows in self._rows.items():
+            self._store.write(name, self.ids, rows)
+        self._rows = {}
+        if self._buffer_sums is not None:
+            self.reduction.add_buffers(self._buffer_sums, self.size)
+            self._buffer_sums = None

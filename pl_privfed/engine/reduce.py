@@ -1,0 +1,143 @@
+"""The reduce of a round: what the server needs from the clients' map, summed over chunks.
+
+The client part of every server-based algorithm only ever hands the server *sums* over clients
+(messages, memories' increments, statistics); a :class:`Reduction` accumulates them chunk by
+chunk (and, with several processes, rank by rank: :meth:`Reduction.all_reduce`), so no
+``[n, d]`` tensor of the round is ever held.
+
+Three kinds of entries:
+
+* vector sums (:meth:`Reduction.add`): e.g. ``Σ_i Δ̂_i``;
+* statistics (:meth:`Reduction.stat`): per-client values whose sum and count are kept, e.g.
+  every client's norm before the operator (the run's ``norm_before`` is their mean);
+* messages (:meth:`Reduction.send`): the number of non-zero values of every message of a
+  channel, from which :mod:`pl_privfed.communication` counts bits.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from pl_privfed.communication import Messages
+
+__all__ = ["Reduction"]
+
+
+class Reduction:
+    """Running sums of a round's client map (see the module docstring)."""
+
+    def __init__(self, dim: int = 0) -> None:
+        self.dim = dim
+        self.sums: dict[str, Tensor] = {}
+        self.stat_sums: dict[str, Tensor] = {}
+        self.stat_counts: dict[str, int] = {}
+        self.nonzeros: dict[str, list[Tensor]] = {}
+        self.loss_sum: Tensor | None = None
+        self.loss_count = 0
+        self.buffer_sums: dict[str, Tensor] = {}
+        self.buffer_count = 0
+
+    # ------------------------------------------------------------------ accumulate
+    def add(self, name: str, value: Tensor) -> None:
+        """``sums[name] += value`` (the first value is copied)."""
+        current = self.sums.get(name)
+        if current is None:
+            self.sums[name] = value.detach().clone()
+        else:
+            current.add_(value)
+
+    def add_rows(self, name: str, rows: Tensor, weights: Tensor | None = None) -> None:
+        """``sums[name] += Σ_i w_i rows_i`` over the rows of ``rows [c, d]`` (``w = 1``)."""
+        if rows.shape[0] == 0:
+            return
+        if weights is None:
+            total = rows[0] if rows.shape[0] == 1 else rows.sum(0)
+        else:
+            total = weights.to(rows.dtype) @ rows
+        self.add(name, total)
+
+    def stat(self, name: str, values: Tensor) -> None:
+        """Add every element of ``values`` (one per client) to statistic ``name``."""
+        values = values.detach()
+        total = values.sum().to(torch.float64)
+        if name in self.stat_sums:
+            self.stat_sums[name] = self.stat_sums[name] + total
+            self.stat_counts[name] += values.numel()
+        else:
+            self.stat_sums[name] = total
+            self.stat_counts[name] = values.numel()
+
+    def send(self, channel: str, nonzeros: Tensor) -> None:
+        """Record messages on ``channel``: the non-zero count of each (``[rows]``)."""
+        self.nonzeros.setdefault(channel, []).append(nonzeros.detach().to("cpu", torch.int64))
+
+    def add_losses(self, losses: Tensor) -> None:
+        """The clients' training losses of the round (their mean is ``train/loss``)."""
+        total = losses.detach().sum()
+        self.loss_sum = total if self.loss_sum is None else self.loss_sum + total
+        self.loss_count += losses.numel()
+
+    def add_buffers(self, sums: dict[str, Tensor], count: int) -> None:
+        """Sums over ``count`` clients of their updated model buffers (BatchNorm statistics);
+        integer buffers (``num_batches_tracked``) are the same for every client and kept as is."""
+        for name, value in sums.items():
+            if not value.is_floating_point():
+                self.buffer_sums[name] = value
+            elif name in self.buffer_sums:
+                self.buffer_sums[name] = self.buffer_sums[name] + value
+            else:
+                self.buffer_sums[name] = value
+        self.buffer_count += count
+
+    # ------------------------------------------------------------------ read
+    def get(self, name: str, like: Tensor | None = None) -> Tensor:
+        """``sums[name]``, or zeros shaped like ``like`` when no client added to it."""
+        value = self.sums.get(name)
+        if value is not None:
+            return value
+        if like is None:
+            raise KeyError(f"no client contributed to {name!r}")
+        return torch.zeros_like(like)
+
+    def mean(self, name: str) -> Tensor:
+        """The mean of statistic ``name`` over the clients that reported it (NaN if none)."""
+        count = self.stat_counts.get(name, 0)
+        if not count:
+            return torch.tensor(float("nan"))
+        return (self.stat_sums[name] / count).float()
+
+    def count(self, name: str) -> int:
+        return self.stat_counts.get(name, 0)
+
+    def loss(self) -> Tensor | None:
+        """Mean training loss of the round's computing clients (``None`` if none computed)."""
+        if self.loss_sum is None or not self.loss_count:
+            return None
+        return self.loss_sum / self.loss_count
+
+    def buffers(self) -> dict[str, Tensor] | None:
+        """The engine's rule for the buffers after a round: the mean over the clients of their
+        updated copies (integer buffers: their common value); ``None`` when none were updated."""
+        if not self.buffer_count:
+            return None
+        return {
+            k: v / self.buffer_count if v.is_floating_point() else v
+            for k, v in self.buffer_sums.items()
+        }
+
+    def messages(self, key: str, copies: int = 1, channel: str | None = None) -> Messages:
+        """The messages recorded under ``key`` (empty if none), on ``channel`` (default: the
+        key itself; two kinds of message on one channel are recorded under two keys)."""
+        parts = self.nonzeros.get(key, [])
+        nnz = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64)
+        return Messages(channel or key, nnz, self.dim, copies=copies)
+
+    def operator_metrics(self) -> dict[str, Tensor]:
+        """``clip_fraction``, ``norm_before`` and ``update_norm`` from the statistics that
+        :meth:`pl_privfed.engine.ClientChunk.apply` records."""
+        out = {}
+        for key in ("clip_fraction", "norm_before", "update_norm"):
+            if self.count(key):
+                out[key] = self.mean(key)
+        return out

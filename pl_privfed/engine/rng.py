@@ -1,0 +1,114 @@
+"""Random streams keyed by ``(seed, stream, round, client)``.
+
+Every random draw of a round comes from a ``torch.Generator`` seeded from a key that names what
+the draw is for, never from a generator that advances as clients are processed. A client's noise
+in round ``k`` is therefore the same whether the client is processed alone, in a chunk of 16, on
+another process, or after a resume: the iterates do not depend on the chunk size or the number of
+processes, and there is no generator state to checkpoint (the round number is enough).
+
+The key is a 64-bit hash of the seed and the integers after it (SplitMix64's finalizer, chained):
+``stream_key(seed, STREAM_NOISE, round, client)``. Keys of different streams, rounds or clients
+are unrelated seeds of the Mersenne Twister (CPU) or Philox (CUDA) generator.
+
+>>> stream_key(0, STREAM_NOISE, 3, 7) == stream_key(0, STREAM_NOISE, 3, 7)
+True
+>>> stream_key(0, STREAM_NOISE, 3, 7) != stream_key(0, STREAM_NOISE, 3, 8)
+True
+>>> a = client_normal(1, STREAM_NOISE, 0, torch.tensor([2, 5]), 3, std=1.0)
+>>> b = client_normal(1, STREAM_NOISE, 0, torch.tensor([5]), 3, std=1.0)
+>>> torch.equal(a[1], b[0])
+True
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "STREAM_AUGMENTATION",
+    "STREAM_COMPRESSION",
+    "STREAM_INIT",
+    "STREAM_NOISE",
+    "STREAM_OUTPUT",
+    "STREAM_SAMPLING",
+    "STREAM_SERVER_NOISE",
+    "KeyedGenerator",
+    "client_normal",
+    "keyed_generator",
+    "stream_key",
+]
+
+#: Stream identifiers (the second element of every key).
+STREAM_NOISE = 1  # a client's Gaussian DP noise (per client, per round, per local step)
+STREAM_COMPRESSION = 2  # a client's random compressor (rand-k)
+STREAM_SAMPLING = 3  # the round's cohort
+STREAM_OUTPUT = 4  # a decentralized method's sampled output iterate
+STREAM_SERVER_NOISE = 5  # noise drawn once per round by the server (central DP, or a noise sum)
+STREAM_AUGMENTATION = 6  # a client's data augmentation
+STREAM_INIT = 7  # randomness of the memory initialization
+
+_MASK64 = (1 << 64) - 1
+
+
+def _mix(z: int) -> int:
+    """SplitMix64's finalizer: a bijection of 64-bit integers with good avalanche."""
+    z = (z + 0x9E3779B97F4A7C15) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
+def stream_key(seed: int, *keys: int) -> int:
+    """A 63-bit generator seed determined by ``seed`` and the integers ``keys``."""
+    h = _mix(int(seed) & _MASK64)
+    for key in keys:
+        h = _mix(h ^ (int(key) & _MASK64))
+    return h >> 1
+
+
+class KeyedGenerator:
+    """One reusable ``torch.Generator`` on ``device``, re-seeded for every key.
+
+    ``gen(seed, *keys)`` returns the generator seeded with :func:`stream_key`; the next draw from
+    it is a pure function of the key.
+    """
+
+    def __init__(self, device: torch.device | str = "cpu") -> None:
+        self.device = torch.device(device)
+        self._gen = torch.Generator(device=self.device)
+
+    def __call__(self, seed: int, *keys: int) -> torch.Generator:
+        self._gen.manual_seed(stream_key(seed, *keys))
+        return self._gen
+
+
+def keyed_generator(seed: int, *keys: int, device: torch.device | str = "cpu") -> torch.Generator:
+    """A fresh generator seeded with ``stream_key(seed, *keys)``."""
+    gen = torch.Generator(device=torch.device(device))
+    gen.manual_seed(stream_key(seed, *keys))
+    return gen
+
+
+def client_normal(
+    seed: int,
+    stream: int,
+    round_index: int,
+    clients: Tensor,
+    dim: int,
+    *,
+    std: float,
+    extra: int = 0,
+    dtype: torch.dtype = torch.float64,
+    device: torch.device | str = "cpu",
+    out: Tensor | None = None,
+    generator: KeyedGenerator | None = None,
+) -> Tensor:
+    """``[len(clients), dim]`` draws of ``N(0, std²)``, row ``i`` from client ``clients[i]``'s
+    stream ``(seed, stream, round_index, client, extra)`` (``extra``: e.g. the local step)."""
+    ids = clients.tolist()
+    rows = out if out is not None else torch.empty(len(ids), dim, dtype=dtype, device=device)
+    gen = generator if generator is not None else KeyedGenerator(rows.device)
+    for i, client in enumerate(ids):
+        rows[i].normal_(0.0, std, generator=gen(seed, stream, round_index, client, extra))
+    return rows

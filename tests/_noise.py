@@ -1,0 +1,30 @@
+"""The noise the references draw: the same keyed streams as the package's
+(:mod:`pl_privfed.engine.rng`), so that a reference and a run share the noise definition (the
+seed and the key) and nothing else."""
+
+import math
+
+import torch
+
+from pl_privfed.engine import STREAM_NOISE, STREAM_SERVER_NOISE, stream_key
+
+
+def client_noise(seed, round_index, client, dim, std, extra=0, dtype=torch.float64):
+    """Client ``client``'s ``N(0, std² I)`` draw in round ``round_index`` (``extra``: local step)."""
+    gen = torch.Generator().manual_seed(stream_key(seed, STREAM_NOISE, round_index, client, extra))
+    return torch.empty(dim, dtype=dtype).normal_(0.0, std, generator=gen).tolist()
+
+
+def noise_sum(seed, round_index, count, dim, std, dtype=torch.float64):
+    """The server's draw of ``Σ_{i ≤ count} z_i ~ N(0, count·std² I)`` in round ``round_index``."""
+    if count == 0:
+        return [0.0] * dim
+    gen = torch.Generator().manual_seed(stream_key(seed, STREAM_SERVER_NOISE, round_index))
+    scale = std * math.sqrt(count)
+    return torch.empty(dim, dtype=dtype).normal_(0.0, scale, generator=gen).tolist()
+
+
+def server_noise(seed, round_index, dim, std, dtype=torch.float64):
+    """The server's own ``N(0, std² I)`` draw in round ``round_index`` (central noise)."""
+    gen = torch.Generator().manual_seed(stream_key(seed, STREAM_SERVER_NOISE, round_index))
+    return torch.empty(dim, dtype=dtype).normal_(0.0, std, generator=gen).tolist()
