@@ -99,6 +99,12 @@ class AnalyticMLPGradients:
         # (weight numel, weight shape, has bias) per layer, in named_parameters order
         self.spec = [(lin.weight.numel(), tuple(lin.weight.shape), lin.bias is not None)
                      for lin in self.linears]  # fmt: skip
+        self.offsets = []  # where each layer's weight starts in the flat vector
+        offset = 0
+        for numel, shape, has_bias in self.spec:
+            self.offsets.append(offset)
+            offset += numel + (shape[0] if has_bias else 0)
+        self.dim = offset
         self.in_features = self.linears[0].in_features
 
     def _split(self, params: Tensor) -> list[tuple[Tensor, Tensor | None]]:
@@ -183,13 +189,20 @@ class AnalyticMLPGradients:
             squared += deltas[k].square().sum(-1) * reach
         norms = squared.sqrt_()
         weights = scale(norms).div_(batch).unsqueeze(-1)  # s(||g_b||)/B
-        pieces: list[Tensor] = []
-        for k, (_, bias) in enumerate(layers):
-            weighted = deltas[k] * weights
-            pieces.append((weighted.transpose(1, 2) @ acts[k]).reshape(n, -1))
-            if bias is not None:
-                pieces.append(weighted.sum(1))
-        return torch.cat(pieces, dim=1), losses, norms
+        out = params.new_empty(n, self.dim)
+        for k in range(len(layers)):
+            self._write(out, k, deltas[k] * weights, acts[k])
+        return out, losses, norms
+
+    def _write(self, out: Tensor, k: int, delta: Tensor, acts: Tensor) -> None:
+        """Layer ``k``'s gradients ``Σ_b δ_b a_bᵀ`` and ``Σ_b δ_b`` into their columns of
+        ``out [n, d]`` (written in place: no concatenation of per-layer pieces)."""
+        numel, shape, has_bias = self.spec[k]
+        start = self.offsets[k]
+        weight = out[:, start : start + numel].view(out.shape[0], *shape)
+        torch.bmm(delta.transpose(1, 2), acts, out=weight)  # [n, out, in]
+        if has_bias:
+            torch.sum(delta, 1, out=out[:, start + numel : start + numel + shape[0]])
 
     def __call__(self, params: Tensor, inputs: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
         n, batch = inputs.shape[:2]
@@ -198,14 +211,11 @@ class AnalyticMLPGradients:
         # backward: δ = ∂(mean_b loss_b)/∂logits = (softmax − onehot)/B
         delta = logp.exp_()
         delta.scatter_add_(-1, index, delta.new_full(index.shape, -1.0)).div_(batch)
-        pieces: list[Tensor] = []
+        out = params.new_empty(n, self.dim)
         for k in range(len(layers) - 1, -1, -1):
-            weight, bias = layers[k]
-            grad_bias = delta.sum(1) if bias is not None else None
-            grad_weight = delta.transpose(1, 2) @ acts[k]  # [n, out, in]: Σ_b δ_b a_bᵀ
-            pieces[:0] = [grad_weight.reshape(n, -1)] + ([grad_bias] if bias is not None else [])
+            self._write(out, k, delta, acts[k])  # [n, out, in]: Σ_b δ_b a_bᵀ, and Σ_b δ_b
             if k > 0:
-                back = delta @ weight  # [n, B, in], for a shared or a per-client W
+                back = delta @ layers[k][0]  # [n, B, in], for a shared or a per-client W
                 delta = back.mul_(self._activation_grad(self.activations[k - 1], pre[k - 1],
                                                         acts[k]))  # fmt: skip
-        return torch.cat(pieces, dim=1), losses
+        return out, losses

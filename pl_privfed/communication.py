@@ -39,8 +39,14 @@ class Messages:
 
     @classmethod
     def of(cls, channel: str, vectors: Tensor, copies: int = 1) -> Messages:
-        """The messages ``vectors`` (``[m, d]``, or ``[d]`` for one message)."""
+        """The messages ``vectors`` (``[m, d]``, or ``[d]`` for one message), their non-zeros
+        counted (for a sparsifier's output)."""
         return cls(channel, count_nonzeros(vectors), int(vectors.shape[-1]), copies)
+
+    @classmethod
+    def dense(cls, channel: str, dim: int, count: int = 1, copies: int = 1) -> Messages:
+        """``count`` dense messages of ``dim`` values (e.g. the model broadcast)."""
+        return cls(channel, torch.full((count,), dim, dtype=torch.int64), dim, copies)
 
     @property
     def rows(self) -> int:
@@ -49,10 +55,12 @@ class Messages:
 
 #: How :func:`message_bits` counts, written into ``summary.json`` beside the totals.
 ENCODING = (
-    "per message (one vector of d values): min(dense, sparse) bits, dense = d * value_bits, "
-    "sparse = nnz * (value_bits + ceil(log2 d)) (each non-zero as value + index); a vector sent "
-    "to several receivers (copies) is counted once per copy; a broadcast to graph neighbours "
-    "(agent_to_agent) is counted once per sending agent"
+    "per message (one vector of d values): a sparsifier's output (top-k, rand-k) costs "
+    "min(dense, sparse) bits, dense = d * value_bits, sparse = nnz * (value_bits + ceil(log2 d)) "
+    "(each non-zero as value + index); every other message (gradients, clipped or normalized "
+    "vectors, noised vectors, models) is sent dense; a vector sent to several receivers (copies) "
+    "is counted once per copy; a broadcast to graph neighbours (agent_to_agent) is counted once "
+    "per sending agent"
 )
 
 

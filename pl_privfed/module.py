@@ -120,7 +120,8 @@ class FederatedModule(pl.LightningModule):
         criterion: per-client loss, a mean over the minibatch (default cross-entropy).
         grad_backend: ``"auto"`` (see :func:`~pl_privfed.grads.resolve_backend`), ``"vmap"``,
             ``"loop"`` or ``"analytic"``.
-        epsilon_every: compute and log the accountant's ε every this many rounds (and at the end).
+        epsilon_every: compute and log the accountant's ε every this many rounds (and at the end);
+            default: on the rounds whose metrics reach the loggers (:meth:`logging_round`).
         cuda_graphs: on a CUDA device, replay the per-client gradient computation from a CUDA
             graph (:class:`~pl_privfed.grads.GradientOracle` ``cuda_graph``); ignored on the CPU.
         grid: train a grid of configurations of ``algorithm`` as one batched federation
@@ -146,7 +147,7 @@ class FederatedModule(pl.LightningModule):
         algorithm: FederatedAlgorithm,
         criterion: nn.Module | None = None,
         grad_backend: Backend = "auto",
-        epsilon_every: int = 1,
+        epsilon_every: int | None = None,
         cuda_graphs: bool = False,
         grid: dict[str, list[Any]] | None = None,
         grid_dir: str | None = None,
@@ -162,8 +163,14 @@ class FederatedModule(pl.LightningModule):
             raise ValueError(
                 f"grad_backend must be 'auto', 'vmap', 'loop' or 'analytic', got {grad_backend!r}"
             )
-        if not isinstance(epsilon_every, int) or epsilon_every < 1:
-            raise ValueError(f"epsilon_every must be a positive integer, got {epsilon_every!r}")
+        if epsilon_every is not None and (
+            not isinstance(epsilon_every, int)
+            or isinstance(epsilon_every, bool)
+            or epsilon_every < 1
+        ):
+            raise ValueError(
+                f"epsilon_every must be a positive integer or null, got {epsilon_every!r}"
+            )
         self.automatic_optimization = False
         self.model = model
         self.algorithm = algorithm
@@ -192,6 +199,7 @@ class FederatedModule(pl.LightningModule):
         self._epsilon = 0.0
         self._last_round = None
         self.local_batches = 1
+        self._logging_round = True
         self.client_transmissions = 0
         self._output_report: dict[str, Any] | None = None
         self._init_grid(grid, grid_dir, grid_chunk)
@@ -338,11 +346,19 @@ class FederatedModule(pl.LightningModule):
                                  self.client_chunk, dtype.itemsize)  # fmt: skip
 
     def _statistics_round(self, round_index: int) -> bool:
-        """Whether this round's statistics that cost a pass over client rows are computed: on
-        the rounds the logger writes (every ``log_every_n_steps``) and the last one."""
+        """Whether round ``round_index``'s metrics reach the loggers: Lightning writes a training
+        step's metrics every ``log_every_n_steps`` steps (step ``k`` when ``(k + 1)`` is a
+        multiple), and the last round's. Only then are the round's statistics that cost a pass
+        over client rows computed, and only then does anything call ``self.log`` (each call
+        costs about a millisecond on a CPU: at a 10-client round, more than the round)."""
         every = max(1, int(self.trainer.log_every_n_steps or 1))
         last = self._num_rounds() and round_index + 1 >= self._num_rounds()
-        return round_index % every == 0 or bool(last)
+        return (round_index + 1) % every == 0 or bool(last)
+
+    def logging_round(self) -> bool:
+        """Whether the current round's metrics are logged (for callbacks: the protocol
+        :func:`pl_privfed.callbacks.logs_this_round` reads)."""
+        return self._logging_round
 
     @staticmethod
     def _round_data(batch: Any) -> Any:
@@ -357,13 +373,11 @@ class FederatedModule(pl.LightningModule):
         if self.grid_algorithms is not None:
             return self._grid_training_step(batch)
         round_index = self.global_step
+        self._logging_round = self._statistics_round(round_index)
         oracle = RoundOracle(self.oracle, batch, self.local_batches)
         x = self.layout.flatten(self.model)
         result = self.algorithm.step(
-            x,
-            oracle,
-            client_chunk=self.chunk_size(),
-            statistics=self._statistics_round(round_index),
+            x, oracle, client_chunk=self.chunk_size(), statistics=self._logging_round
         )
         # mean over the (computing) clients of the minibatch loss at x^k; None when no client
         # computed this round (e.g. nobody was sampled)
@@ -380,7 +394,7 @@ class FederatedModule(pl.LightningModule):
         self.layout.assign(self.model, result.params)
         self.optimizers().step()
         self._last_round = result
-        if loss is not None:
+        if loss is not None and self._logging_round:
             self.log("train/loss", loss, prog_bar=True, batch_size=1)
         self._count_transmissions(result)
         self._account(round_index)
@@ -439,13 +453,14 @@ class FederatedModule(pl.LightningModule):
         oracle as in a single run.
         """
         round_index = self.global_step
+        self._logging_round = self._statistics_round(round_index)
         live = self.grid_running()
         if not live:  # every configuration is done (e.g. reached its target)
             self.trainer.should_stop = True
             return None
         shared = _GridBatch(self, batch, live)
         size = self.chunk_size()
-        statistics = self._statistics_round(round_index)
+        statistics = self._logging_round
         steps = {}
         for k in live:
             buffers = {name: v[k] for name, v in self._grid_buffers().items()} or None
@@ -493,9 +508,10 @@ class FederatedModule(pl.LightningModule):
         self.optimizers().step()
         self._last_round = outcomes[running[0]]  # statistics of the first live configuration
         finite = [loss_of[k] for k in running if k in loss_of]
-        if finite:
+        if finite and self._logging_round:
             self.log("grid/min_train_loss", min(finite), prog_bar=True, batch_size=1)
-        self.log("grid/live_configurations", float(len(running)), batch_size=1)
+        if self._logging_round:
+            self.log("grid/live_configurations", float(len(running)), batch_size=1)
         self._count_transmissions(self._last_round)
         self._account(round_index)
         return None
@@ -591,8 +607,10 @@ class FederatedModule(pl.LightningModule):
             if msg.channel == "client_to_server":
                 sent += msg.rows * msg.copies
         self.client_transmissions += sent
-        self.log("comm/client_transmissions", float(sent), batch_size=1)
-        self.log("comm/client_transmissions_total", float(self.client_transmissions), batch_size=1)
+        if self._logging_round:
+            self.log("comm/client_transmissions", float(sent), batch_size=1)
+            self.log("comm/client_transmissions_total", float(self.client_transmissions),
+                     batch_size=1)  # fmt: skip
 
     def summary_entries(self) -> dict[str, Any]:
         """Entries for ``summary.json``: the total client-to-server transmissions, and for an
@@ -673,9 +691,14 @@ class FederatedModule(pl.LightningModule):
                 noise_multiplier=mech.noise_multiplier, sample_rate=mech.sample_rate
             )
         last = self._num_rounds() and round_index + 1 >= self._num_rounds()
-        if (round_index + 1) % self.epsilon_every == 0 or last:
+        due = (
+            self._logging_round
+            if self.epsilon_every is None
+            else (round_index + 1) % self.epsilon_every == 0
+        )
+        if due or last:
             self._epsilon = self.accountant.get_epsilon(self.algorithm.noise.delta)
-            self.log("privacy/epsilon", self._epsilon, prog_bar=True)
+            self.log("privacy/epsilon", self._epsilon, prog_bar=True, batch_size=1)
 
     # ------------------------------------------------------------------ evaluation
     def _model_loss(self, inputs: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:

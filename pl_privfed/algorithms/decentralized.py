@@ -317,8 +317,12 @@ class PORTER(RecordSampling, DecentralizedAlgorithm):
         q_x, x = chunk.rows("agent_params_surrogate"), chunk.rows("agent_params")
         sent_x = self.compress(chunk, x - q_x, 1)
         q_x.add_(sent_x)  # line 180: Q_x ← Q_x + C(X − Q_x)
-        chunk.send("agent_to_agent:v", sent_v)  # each agent broadcasts its two compressed
-        chunk.send("agent_to_agent:x", sent_x)  # differences to its neighbours
+        chunk.send(
+            "agent_to_agent:v", sent_v, compressed=self.compressor.sparsifying
+        )  # each agent broadcasts its two compressed
+        chunk.send(
+            "agent_to_agent:x", sent_x, compressed=self.compressor.sparsifying
+        )  # differences to its neighbours
         chunk.add("gradient", g_p)
 
     def gossip_phase(self, chunk: ClientChunk) -> None:

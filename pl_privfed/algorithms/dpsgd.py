@@ -86,13 +86,19 @@ class DistributedDPSGD(FederatedAlgorithm):
 
     def client_update(self, chunk: ClientChunk) -> None:
         grads = chunk.grad(chunk.x)  # line 73: ∇f_i(x^k)
-        message = chunk.apply(self.operator, grads, factor=self.scale, inplace=True)  # β Ψ(∇f_i)
         local = self.noise is not None and self.noise_placement == "client"
-        if local and self.per_client_noise():
+        own_noise = local and self.per_client_noise()
+        scale = None if own_noise else chunk.scales(self.operator, grads, factor=self.scale)
+        if scale is not None:  # β Ψ(∇f_i) = β s(||∇f_i||) ∇f_i, summed without being formed
+            chunk.add("sent", grads, weights=scale)
+            chunk.send("client_to_server", grads)
+            return
+        message = chunk.apply(self.operator, grads, factor=self.scale, inplace=True)  # β Ψ(∇f_i)
+        if own_noise:
             chunk.add("clean", message)
             message = message + chunk.normal(self.noise.seed, self.noise_std)  # z_i
         chunk.add("sent", message)
-        chunk.send("client_to_server", message, dense=local)
+        chunk.send("client_to_server", message, compressed=self.operator.sparsifying and not local)
 
     def server_update(self, x: Tensor, reduced: Reduction) -> RoundResult:
         n, k = self.num_clients, reduced.round_index
@@ -112,6 +118,6 @@ class DistributedDPSGD(FederatedAlgorithm):
         new_x = x - self.step_size * aggregate
         messages_sent = [
             reduced.messages("client_to_server"),
-            Messages.of("server_to_client", new_x, copies=n),
+            Messages.dense("server_to_client", self.dim, copies=n),
         ]
         return RoundResult(params=new_x, metrics=metrics, messages=messages_sent)

@@ -157,10 +157,20 @@ class ErrorFeedback(FederatedAlgorithm):
         grads = chunk.grad(chunk.x)  # line 4: ∇f_i(x^k)
         g = chunk.rows("client_memory")
         diff = grads.sub_(g)  # ∇f_i(x^k) − g_i^k (in place: the gradients are not reused)
+        noised = self.noise is not None
+        own_noise = noised and (self.per_client_noise() or self._secure())
+        rows_needed = own_noise or self._secure()  # each message formed (noised, or encoded)
+        scale = None if rows_needed else chunk.scales(self.operator, diff)
+        if scale is not None:  # Ψ(g) = s(||g||) g: Δ_i = s_i diff_i, never formed
+            g.addcmul_(diff, scale.unsqueeze(1), value=self.beta)  # lines 5-6: g_i += β Δ_i
+            chunk.add("sent", diff, weights=scale)  # line 7 (line 8's noise: the server's sum)
+            chunk.send("client_to_server", diff)
+            if chunk.statistics:
+                chunk.add("memory", g)  # for ef_gap = ||ĝ − (1/n) Σ_i g_i||
+            return
         delta = chunk.apply(self.operator, diff, seed=self.operator_seed, inplace=True)  # l. 5
         g.add_(delta, alpha=self.beta)  # line 6: g_i^{k+1} = g_i^k + β Δ_i
-        noised = self.noise is not None
-        if noised and (self.per_client_noise() or self._secure()):  # line 8: Δ̂_i = Δ_i + z_i
+        if own_noise:  # line 8: Δ̂_i = Δ_i + z_i
             chunk.add("clean", delta)
             sent = delta + chunk.normal(self.noise.seed, self.noise_std)
         else:  # line 7 (noise, if any, enters the aggregate: its sum is drawn by the server)
@@ -169,7 +179,7 @@ class ErrorFeedback(FederatedAlgorithm):
             self._secure_share(chunk, "sent", sent, chunk.round_index + 1)
         else:
             chunk.add("sent", sent)
-        chunk.send("client_to_server", sent, dense=noised)
+        chunk.send("client_to_server", sent, compressed=self.operator.sparsifying and not noised)
         if chunk.statistics:
             chunk.add("memory", g)  # for ef_gap = ||ĝ − (1/n) Σ_i g_i||
 
@@ -199,7 +209,7 @@ class ErrorFeedback(FederatedAlgorithm):
         new_x = x - self.step_size * direction
         messages = [  # Δ̂_i up; the new model down to every client
             reduced.messages("client_to_server"),
-            Messages.of("server_to_client", new_x, copies=n),
+            Messages.dense("server_to_client", self.dim, copies=n),
         ]
         return RoundResult(params=new_x, metrics=metrics, messages=messages)
 

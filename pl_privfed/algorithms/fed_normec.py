@@ -133,7 +133,7 @@ class FedAlphaNormEC(LocalUpdateAlgorithm):
     def _pseudo_gradient(self, chunk: ClientChunk) -> Tensor:
         """``(x − T_i(x))/γ = (1/T) Σ_j ∇f_i(x_i^{k,j})`` for the chunk's clients."""
         steps = self.local_solver.steps
-        local = self.local_solver.run(chunk.x, chunk.grad, self.local_step_size / steps)
+        local = self.local_solver.run(chunk.x, chunk.grad, self.local_step_size / steps, keep="sum")
         return local.grad_sum if steps == 1 else local.grad_sum.div_(steps)
 
     def initializes_clients(self) -> bool:
@@ -164,11 +164,22 @@ class FedAlphaNormEC(LocalUpdateAlgorithm):
     def client_update(self, chunk: ClientChunk) -> None:
         pseudo = self._pseudo_gradient(chunk)  # line 4: (x^k − T_i(x^k))/γ
         v = chunk.rows("client_memory")
-        delta = chunk.apply(self.operator, pseudo.sub_(v), inplace=True)  # line 5: Δ_i
+        diff = pseudo.sub_(v)
+        transmits = self._transmits[chunk.ids]  # line 7: q_i ≠ 0
+        if self.noise is None or not self.per_client_noise():  # Δ_i = s_i diff_i, not formed
+            scale = chunk.scales(self.operator, diff)  # line 5: Norm_α = 1/(α + ||·||)
+            v.addcmul_(diff, scale.unsqueeze(1), value=self.beta)  # line 6
+            if chunk.statistics:
+                chunk.add("memory", v)
+            sending = transmits.to(scale.device)
+            if bool(sending.any()):  # lines 8-9: Σ over q_i ≠ 0 (the noise sum: the server's)
+                chunk.add("sent", diff, weights=scale * sending.to(scale.dtype))
+                chunk.send("client_to_server", diff[sending])
+            return
+        delta = chunk.apply(self.operator, diff, inplace=True)  # line 5: Δ_i
         v.add_(delta, alpha=self.beta)  # line 6 (every client; practical: the sampled ones)
         if chunk.statistics:
             chunk.add("memory", v)
-        transmits = self._transmits[chunk.ids]  # line 7: q_i ≠ 0
         sent = delta if bool(transmits.all()) else delta[transmits.to(delta.device)]
         if sent.shape[0] == 0:
             return
@@ -176,7 +187,7 @@ class FedAlphaNormEC(LocalUpdateAlgorithm):
             chunk.add("clean", sent)
             sent = sent + chunk.normal(self.noise.seed, self.noise_std, select=transmits)
         chunk.add("sent", sent)  # (line 8 or 9: the factor q_i = 1/p is the server's)
-        chunk.send("client_to_server", sent, dense=self.noise is not None)
+        chunk.send("client_to_server", sent)
 
     def server_update(self, x: Tensor, reduced: Reduction) -> RoundResult:
         practical = self.participation == "practical"
@@ -208,6 +219,6 @@ class FedAlphaNormEC(LocalUpdateAlgorithm):
         receivers = self._cohort_size if practical else self.num_clients
         messages = [
             reduced.messages("client_to_server"),
-            Messages.of("server_to_client", new_x, copies=receivers),
+            Messages.dense("server_to_client", self.dim, copies=receivers),
         ]
         return RoundResult(params=new_x, metrics=metrics, messages=messages)

@@ -121,7 +121,7 @@ class LocalUpdateAlgorithm(FederatedAlgorithm):
         new_x = x + step * aggregate
         messages = [reduced.messages("client_to_server")] if participants else []
         if participants:
-            messages.append(Messages.of("server_to_client", new_x, copies=participants))
+            messages.append(Messages.dense("server_to_client", self.dim, copies=participants))
         return RoundResult(params=new_x, metrics=metrics, messages=messages)
 
     def _noised_total(self, reduced: Reduction, x: Tensor) -> tuple[Tensor, Tensor | None]:
@@ -135,13 +135,22 @@ class LocalUpdateAlgorithm(FederatedAlgorithm):
         clean = total.clone()
         return total + self.noise_sum(self._cohort_size, reduced.round_index), clean
 
-    def _send(self, chunk: ClientChunk, message: Tensor) -> None:
-        """Line "send": the chunk's messages (``+ z_i`` each with per-client draws)."""
-        if self.noise is not None and self.per_client_noise():
+    def _send(self, chunk: ClientChunk, update: Tensor, operator: Operator, factor: float) -> None:
+        """The chunk's messages ``factor · Ψ(update_i)`` (``+ z_i`` each with per-client
+        draws; otherwise the server draws the noises' sum): for a norm-based ``Ψ`` summed as
+        ``Σ_i factor · s_i update_i`` without being formed."""
+        own_noise = self.noise is not None and self.per_client_noise()
+        scale = None if own_noise else chunk.scales(operator, update, factor=factor)
+        if scale is not None:
+            chunk.add("sent", update, weights=scale)
+            chunk.send("client_to_server", update)
+            return
+        message = chunk.apply(operator, update, factor=factor, inplace=True)
+        if own_noise:
             chunk.add("clean", message)
             message = message + chunk.normal(self.noise.seed, self.noise_std)
         chunk.add("sent", message)
-        chunk.send("client_to_server", message, dense=self.noise is not None)
+        chunk.send("client_to_server", message)
 
 
 class DPFedAvg(LocalUpdateAlgorithm):
@@ -203,10 +212,9 @@ class DPFedAvg(LocalUpdateAlgorithm):
 
     def client_update(self, chunk: ClientChunk) -> None:
         steps = self.local_solver.steps
-        local = self.local_solver.run(chunk.x, chunk.grad, self.local_step_size / steps)
+        local = self.local_solver.run(chunk.x, chunk.grad, self.local_step_size / steps, keep="sum")
         update = local.grad_sum.mul_(self.local_step_size / steps)  # x − T_i(x) = (γ/T) Σ_j ∇f_i
-        message = chunk.apply(self.operator, update, factor=self.scale, inplace=True)  # βΨ(·)
-        self._send(chunk, message)  # β Ψ(x − T_i(x)) (+ z_i)
+        self._send(chunk, update, self.operator, self.scale)  # β Ψ(x − T_i(x)) (+ z_i)
 
     def server_update(self, x: Tensor, reduced: Reduction) -> RoundResult:
         total, clean = self._noised_total(reduced, x)
@@ -375,7 +383,9 @@ class FedAvgPerSampleClipping(LocalUpdateAlgorithm):
                 clipped = clipped + chunk.normal(self.noise.seed, self.noise_std, extra=j)
             return clipped
 
-        local = self.local_solver.run(chunk.x, grad, self.step_size, transform=transform)
+        local = self.local_solver.run(
+            chunk.x, grad, self.step_size, transform=transform, keep="params"
+        )
         sent = local.params  # line 11: y_i to the server
         chunk.add("moved", sent - chunk.x)
         chunk.send("client_to_server", sent)
@@ -434,10 +444,11 @@ class FedAvgPerUpdateClipping(LocalUpdateAlgorithm):
         return self.operator.bound
 
     def client_update(self, chunk: ClientChunk) -> None:
-        local = self.local_solver.run(chunk.x, chunk.grad, self.local_step_size)  # lines 6-9
-        update = local.params.sub_(chunk.x)  # line 10: Δ_i = y_i − x
-        clipped = chunk.apply(self.operator, update, inplace=True)  # line 11
-        self._send(chunk, clipped)  # §3.2: Δ_i (+ z_i)
+        local = self.local_solver.run(chunk.x, chunk.grad, self.local_step_size, keep="sum")
+        # lines 6-10: Δ_i = y_i − x = −η_l Σ_j ∇F_i(y_i^j), formed from the gradients' sum (the
+        # last local model is never needed, so neither is the subtraction of x)
+        update = local.grad_sum.mul_(-self.local_step_size)
+        self._send(chunk, update, self.operator, 1.0)  # line 11, §3.2: clip_c(Δ_i) (+ z_i)
 
     def server_update(self, x: Tensor, reduced: Reduction) -> RoundResult:
         total, clean = self._noised_total(reduced, x)

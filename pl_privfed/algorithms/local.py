@@ -32,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 from torch import Tensor
 
 from pl_privfed.algorithms.base import check_positive_int
@@ -85,6 +86,7 @@ class LocalSolver:
         lr: float,
         *,
         transform: Callable[[Tensor, int], Tensor] | None = None,
+        keep: str = "both",
     ) -> LocalRun:
         """Local steps ``y ← y − lr · transform(g(y), j)`` from ``y = x`` for every client.
 
@@ -95,15 +97,25 @@ class LocalSolver:
                 (``None`` for solvers that use all the round's data at every step).
             lr: the local step size of one step.
             transform: applied to every step's gradients ``[c, d]`` (with the step index).
+            keep: what the caller reads: ``"params"`` (the local models), ``"sum"`` (the
+                gradient sum; the last step's model is then not formed) or ``"both"``.
         """
+        if keep not in ("params", "sum", "both"):
+            raise ValueError(f"keep must be 'params', 'sum' or 'both', got {keep!r}")
         y: Tensor = x  # shared at the first step: one oracle call in its shared mode
         grad_sum: Tensor | None = None
         for j in range(self.steps):
             g = grad(y, j if self.per_step_batches else None)
             if transform is not None:
                 g = transform(g, j)
-            grad_sum = g.clone() if grad_sum is None else grad_sum.add_(g)
-            y = y - lr * g if j == 0 else y.sub_(g, alpha=lr)  # [d] − [c, d] at the first step
+            if keep != "params":
+                grad_sum = (
+                    g.clone()
+                    if grad_sum is None and j + 1 < self.steps
+                    else (g if grad_sum is None else grad_sum.add_(g))
+                )
+            if keep != "sum" or j + 1 < self.steps:  # [d] − lr·[c, d] at the first step
+                y = torch.add(y, g, alpha=-lr) if j == 0 else y.sub_(g, alpha=lr)
         return LocalRun(params=y, grad_sum=grad_sum, steps=self.steps)
 
     def __repr__(self) -> str:

@@ -131,7 +131,7 @@ class SoteriaFL(RecordSampling, FederatedAlgorithm):
         sent = chunk.apply(self.compressor, noisy - shift, seed=self.seed, statistics=False)
         shift.add_(sent, alpha=self.shift_step_size)  # s_i ← s_i + γ v_i
         chunk.add("sent", sent)  # v_i = C(g_i − s_i)
-        chunk.send("client_to_server", sent)
+        chunk.send("client_to_server", sent, compressed=self.compressor.sparsifying)
         if chunk.statistics:
             chunk.add("shift", shift)
 
@@ -149,6 +149,8 @@ class SoteriaFL(RecordSampling, FederatedAlgorithm):
             )
         messages = [
             reduced.messages("client_to_server"),
-            Messages.of("server_to_client", v, copies=n),
+            Messages.of("server_to_client", v, copies=n)  # the mean of n sparse vectors
+            if self.compressor.sparsifying
+            else Messages.dense("server_to_client", self.dim, copies=n),
         ]
         return RoundResult(params=new_x, metrics=metrics, messages=messages)

@@ -8,6 +8,7 @@ import pytorch_lightning as pl
 import torch
 from typing_extensions import override
 
+from pl_privfed.callbacks._logging import logs_this_round
 from pl_privfed.communication import ENCODING, Messages, message_bits, per_agent_bits
 
 __all__ = ["CommunicationCost"]
@@ -81,15 +82,19 @@ class CommunicationCost(pl.Callback):
             agent_bits = per_agent_bits(msg, self.value_bits)
             per_agent[msg.channel] = per_agent.get(msg.channel, 0.0) + agent_bits
         self.last, self.last_per_agent = step, per_agent
+        log = logs_this_round(pl_module)
         for channel, bits in step.items():
             self.totals[channel] = self.totals.get(channel, 0.0) + bits
             self.totals_per_agent[channel] = (
                 self.totals_per_agent.get(channel, 0.0) + per_agent[channel]
             )
-            pl_module.log(f"comm/{channel}_bits", bits)
-            pl_module.log(f"comm/{channel}_total_bits", self.totals[channel])
-            pl_module.log(f"comm/{channel}_bits_per_agent", per_agent[channel])
-            pl_module.log(f"comm/{channel}_total_bits_per_agent", self.totals_per_agent[channel])
+            if not log:  # counted every round, logged when the loggers write
+                continue
+            pl_module.log(f"comm/{channel}_bits", bits, batch_size=1)
+            pl_module.log(f"comm/{channel}_total_bits", self.totals[channel], batch_size=1)
+            pl_module.log(f"comm/{channel}_bits_per_agent", per_agent[channel], batch_size=1)
+            pl_module.log(f"comm/{channel}_total_bits_per_agent", self.totals_per_agent[channel],
+                          batch_size=1)  # fmt: skip
 
     def summary_entries(self) -> dict[str, Any]:
         return {

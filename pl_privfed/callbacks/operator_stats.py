@@ -9,6 +9,8 @@ import pytorch_lightning as pl
 import torch
 from typing_extensions import override
 
+from pl_privfed.callbacks._logging import logs_this_round
+
 __all__ = ["OperatorStatistics"]
 
 
@@ -21,6 +23,10 @@ class OperatorStatistics(pl.Callback):
     shortened), ``norm_before`` / ``update_norm`` (mean norm before / after the operator),
     ``ef_gap`` (``||ĝ − mean_i g_i||``, error-feedback methods), ``noise_to_signal``
     (``||Σ noise|| / ||Σ messages||`` of the aggregate, private runs) and ``aggregate_norm``.
+    The module computes the statistics that cost a pass over the clients' rows (``ef_gap``, a
+    plain operator's norms) only on the rounds whose metrics reach the loggers, and this
+    callback logs on those rounds only (:func:`logs_this_round`); the run averages in
+    ``summary.json`` are over the rounds that reported each statistic.
 
     With any other module it measures the gradient before the optimizer step (and before
     Lightning's own gradient clipping): ``grad_norm``, and with ``clip_threshold`` τ,
@@ -45,9 +51,11 @@ class OperatorStatistics(pl.Callback):
         self._pending: dict[str, torch.Tensor] = {}
 
     def _record(self, pl_module: pl.LightningModule, stats: dict[str, Any]) -> None:
+        log = logs_this_round(pl_module)
         for name, value in stats.items():
             value = float(value)
-            pl_module.log(self.prefix + name, value)
+            if log:
+                pl_module.log(self.prefix + name, value, batch_size=1)
             if math.isfinite(value):
                 self.sums[name] = self.sums.get(name, 0.0) + value
                 self.counts[name] = self.counts.get(name, 0) + 1

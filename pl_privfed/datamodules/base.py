@@ -324,7 +324,11 @@ class FederatedDataModule(pl.LightningDataModule):
     def gather(self, idx: Tensor) -> tuple[Tensor, Tensor]:
         """The training examples at the indices ``idx`` (any shape), stacked in that shape."""
         if self.train_inputs is not None:
-            return self.train_inputs[idx], self.train_targets[idx]
+            flat = idx.reshape(-1)
+            inputs = self.train_inputs.index_select(0, flat)
+            targets = self.train_targets.index_select(0, flat)
+            return (inputs.view(*idx.shape, *inputs.shape[1:]),
+                    targets.view(*idx.shape, *targets.shape[1:]))  # fmt: skip
         items = [self.train_dataset[int(j)] for j in idx.flatten()]
         inputs = torch.stack([torch.as_tensor(x) for x, _ in items])
         targets = torch.stack([torch.as_tensor(y) for _, y in items])

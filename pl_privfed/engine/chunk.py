@@ -192,6 +192,30 @@ class ClientChunk:
         self.reduction.stat("norm_before", before)
         self.reduction.stat("update_norm", after)
 
+    def scales(
+        self, operator: Operator, v: Tensor, *, factor: float = 1.0, statistics: bool = True
+    ) -> Tensor | None:
+        """For a norm-based ``Ψ`` (``Ψ(g) = s(||g||) g``): each row's factor
+        ``factor · s(||v_i||)`` (``[c]``, or ``[c, B]`` per example), so that
+        ``factor · Ψ(v_i) = scales_i · v_i`` can be used without forming it (a weighted sum, an
+        ``addcmul_`` into a memory): one pass over ``v`` for the norms. ``None`` for other
+        operators. Records the operator's statistics as :meth:`apply` does."""
+        if not operator.norm_based:
+            return None
+        if operator.is_identity:
+            scale = torch.full(v.shape[:-1], float(factor), dtype=v.dtype, device=v.device)
+            if statistics and self.statistics:
+                norms = torch.linalg.vector_norm(v, dim=-1)
+                self._operator_stats(norms, norms * abs(factor))
+            return scale
+        norms = torch.linalg.vector_norm(v, dim=-1)
+        scale = operator.scale(norms)
+        if factor != 1.0:
+            scale = scale * factor
+        if statistics:
+            self._operator_stats(norms, norms * scale.abs())
+        return scale
+
     def apply(
         self,
         operator: Operator,
@@ -212,20 +236,12 @@ class ClientChunk:
         (mean norm of the rows before and after, ``factor`` included). With ``inplace`` a
         norm-based operator scales ``v`` itself.
         """
-        if operator.is_identity:
-            if statistics and self.statistics:
-                norms = torch.linalg.vector_norm(v, dim=-1)
-                self._operator_stats(norms, norms * abs(factor))
-            return v if factor == 1.0 else (v.mul_(factor) if inplace else v * factor)
-        if operator.norm_based:
-            norms = torch.linalg.vector_norm(v, dim=-1)
-            scale = operator.scale(norms)
-            if factor != 1.0:
-                scale = scale * factor
-            out = v.mul_(scale.unsqueeze(-1)) if inplace else v * scale.unsqueeze(-1)
-            if statistics:
-                self._operator_stats(norms, norms * scale.abs())
-            return out
+        if operator.is_identity and factor == 1.0:
+            self.scales(operator, v, statistics=statistics)
+            return v
+        scale = self.scales(operator, v, factor=factor, statistics=statistics)
+        if scale is not None:
+            return v.mul_(scale.unsqueeze(-1)) if inplace else v * scale.unsqueeze(-1)
         if operator.random:
             out = torch.empty_like(v)
             for i, gen in enumerate(self.generators(seed, STREAM_COMPRESSION, extra)):
@@ -249,15 +265,17 @@ class ClientChunk:
         """Per-client values of statistic ``name`` (its mean over clients is logged)."""
         self.reduction.stat(name, values)
 
-    def send(self, channel: str, rows: Tensor | None = None, *, dense: bool = False) -> None:
-        """Record messages on ``channel``: ``rows`` (their non-zeros are counted; with
-        ``dense``, e.g. noised vectors, every value counts), or without ``rows`` one dense
-        message per client of the chunk."""
-        if dense or rows is None:
-            count = self.size if rows is None else rows.shape[0]
-            nnz = torch.full((count,), self.ctx.dim, dtype=torch.int64)
-        else:
+    def send(self, channel: str, rows: Tensor | None = None, *, compressed: bool = False) -> None:
+        """Record the messages ``rows`` (one per client; without ``rows`` one per client of the
+        chunk) on ``channel``. Only a sparsifier's output (``compressed``: top-k, rand-k) is
+        counted by its non-zeros, which the encoding may then send sparse; any other message (a
+        gradient, a clipped or normalized vector, a noised vector, a model) is dense, as a
+        deployed system sends it (:data:`~pl_privfed.communication.ENCODING`)."""
+        count = self.size if rows is None else rows.shape[0]
+        if compressed and rows is not None:
             nnz = count_nonzeros(rows)
+        else:
+            nnz = torch.full((count,), self.ctx.dim, dtype=torch.int64)
         self.reduction.send(channel, nnz)
 
     # ------------------------------------------------------------------ engine

@@ -51,11 +51,16 @@ class Reduction:
         """``sums[name] += Σ_i w_i rows_i`` over the rows of ``rows [c, d]`` (``w = 1``)."""
         if rows.shape[0] == 0:
             return
-        if weights is None:
-            total = rows[0] if rows.shape[0] == 1 else rows.sum(0)
-        else:
-            total = weights.to(rows.dtype) @ rows
-        self.add(name, total)
+        current = self.sums.get(name)
+        if current is None:
+            current = self.sums[name] = rows.new_zeros(rows.shape[1:])
+        if weights is None and rows.shape[0] == 1:
+            current.add_(rows[0])
+        elif rows.dim() == 1:  # one number per client
+            current.add_(rows.sum() if weights is None else rows @ weights.to(rows.dtype))
+        else:  # Σ_i w_i rows_i as one matrix-vector product: one pass, no [d] temporary
+            weights = rows.new_ones(rows.shape[0]) if weights is None else weights.to(rows.dtype)
+            current.view(-1).addmv_(rows.reshape(rows.shape[0], -1).T, weights)
 
     def stat(self, name: str, values: Tensor) -> None:
         """Add every element of ``values`` (one per client) to statistic ``name``."""

@@ -43,6 +43,9 @@ class Operator:
     random: bool = False
     norm_based: bool = False
     is_identity: bool = False
+    #: whether the output is sparse by design (sent with a sparse encoding, see
+    #: :data:`~pl_privfed.communication.ENCODING`)
+    sparsifying: bool = False
 
     def __call__(self, v: Tensor, generator: torch.Generator | None = None) -> Tensor:
         raise NotImplementedError
@@ -138,6 +141,8 @@ class SmoothedNormalization(Operator):
 
 class _Sparsifier(Operator):
     """Shared parameter handling of the ``k``-sparsifiers: ``k`` coordinates or a ``ratio`` of d."""
+
+    sparsifying = True
 
     def __init__(self, k: int | None = None, ratio: float | None = None) -> None:
         if (k is None) == (ratio is None):

@@ -1,0 +1,543 @@
+"""pl-privfed against what users would otherwise run: round time and peak memory, as ratios.
+
+Workloads (MNIST, standard split, pixels in [0, 1], MLP 784-200-200-10, d = 199,210, IID
+split, B = 32 examples per client and local step, full participation, the same initial
+weights and the same minibatches in every system):
+
+* ``fedavg``: FedAvg with ``T`` local SGD steps of lr 0.1 and server step 1;
+* ``alpha_normec`` / ``dp_alpha_normec``: α-NormEC (β = 0.1, α = 0.01, γ = 0.1, server
+  normalization; with ``T > 1`` Fed-α-NormEC with ``T`` local SGD steps) without and with
+  client noise (noise multiplier 1);
+* ``per_example_dp``: FedAvg with per-example clipping (C = 1) and local Gaussian noise at every
+  local step (noise multiplier 1; paper 003 Algorithm 1 with Corollary I's noise).
+
+Systems:
+
+* ``loop``: a plain per-client PyTorch loop written here (autograd, ``torch.optim.SGD``);
+* ``opacus``: for ``per_example_dp``, the same loop with Opacus's ``GradSampleModule`` and
+  ``DPOptimizer`` (per-sample gradients, clipping and noise as Opacus does them);
+* ``pfl``: for ``fedavg``, apple/pfl-research's ``FederatedAveraging`` with its PyTorch model
+  and ``SimulatedBackend``, run by the Python given with ``--pfl-python`` (a separate
+  environment: pfl pins its own dependencies);
+* ``package``: pl-privfed's ``FederatedModule`` in a bare ``pl.Trainer`` (no logger, no
+  callbacks);
+* ``fit``: ``pl-privfed fit`` (the CLI with its default callbacks, a CSV and an offline W&B
+  logger) on ``benchmarks/configs/fedavg_mnist.yaml`` with the workload set on the command line.
+
+Every (workload, n, T, system) runs in a fresh process with one torch thread; systems alternate
+within each repetition (their order rotates between repetitions); a round's time is the time
+between consecutive round ends after the warm-up rounds, so the CLI's per-round overhead
+(callbacks, logging, data) is in it; peak memory is the process's peak resident set size. The
+script prints medians over repetitions (of each run's median round), their range, the ratios
+against the baselines, and for the package the split of a round into gradient time and the
+algorithm's own work (operators, memories, noise). Needs the MNIST copy
+(``$PL_PRIVFED_DATA``; default ``../shared/data``). Nothing here is a timed test.
+
+Usage::
+
+    python benchmarks/peers.py                                  # the whole table
+    python benchmarks/peers.py --workloads fedavg --clients 100 --local-steps 1 --repeats 2
+    python benchmarks/peers.py --pfl-python /path/to/pfl-venv/bin/python
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKLOADS = ("fedavg", "alpha_normec", "dp_alpha_normec", "per_example_dp")
+BASELINES = {"fedavg": ("loop", "pfl"), "per_example_dp": ("opacus",)}
+LR, BATCH, NOISE, CLIP = 0.1, 32, 1.0, 1.0
+NORMEC = dict(step_size=0.1, beta=0.1, alpha=0.01)
+
+
+def systems_of(workload: str) -> list[str]:
+    return [*BASELINES.get(workload, ("loop",)), "package", "fit"]
+
+
+# ---------------------------------------------------------------------------- shared worker code
+def _peak_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def _round_times(ends: list[float], warmup: int) -> list[float]:
+    steps = [b - a for a, b in zip(ends, ends[1:])]
+    return steps[max(0, warmup - 1) :]
+
+
+def _data(spec: dict):
+    """The datamodule (MNIST, IID, the run's n, T, B) set up; its streams give every system
+    the same minibatches."""
+    from pl_privfed.datamodules import IIDPartitioner, MNISTDataModule
+
+    kwargs = dict(num_clients=spec["n"], batch_size=BATCH, local_batches=spec["T"], seed=0,
+                  partitioner=IIDPartitioner(seed=0), cache=spec["cache"])  # fmt: skip
+    try:
+        dm = MNISTDataModule(val_fraction=0.0, **kwargs)
+    except TypeError:  # a datamodule without a validation split
+        dm = MNISTDataModule(**kwargs)
+    dm.setup("fit")
+    return dm
+
+
+def _model():
+    import torch
+
+    from pl_privfed.models import MLP
+
+    torch.manual_seed(0)
+    return MLP(784, [200, 200], 10)
+
+
+def _algorithm(spec: dict):
+    from pl_privfed.algorithms import (
+        AlphaNormEC,
+        FedAlphaNormEC,
+        FedAvgPerSampleClipping,
+        FedAvgPerUpdateClipping,
+        LocalSGD,
+    )
+    from pl_privfed.privacy import DPNoise
+
+    workload, steps = spec["workload"], spec["T"]
+    if workload == "fedavg":
+        return FedAvgPerUpdateClipping(1.0, LR, clip_threshold=None, local_solver=LocalSGD(steps))
+    if workload == "per_example_dp":
+        return FedAvgPerSampleClipping(LR, clip_threshold=CLIP, local_solver=LocalSGD(steps),
+                                       clip_level="example",
+                                       noise=DPNoise(noise_multiplier=NOISE))  # fmt: skip
+    noise = DPNoise(noise_multiplier=NOISE) if workload == "dp_alpha_normec" else None
+    if steps == 1:
+        return AlphaNormEC(**NORMEC, noise=noise)
+    return FedAlphaNormEC(NORMEC["step_size"], LR * steps, beta=NORMEC["beta"],
+                          alpha=NORMEC["alpha"], local_solver=LocalSGD(steps), noise=noise)  # fmt: skip
+
+
+def _accuracy(model, dm) -> float:
+    import torch
+
+    x, y = dm.test_dataset.tensors
+    with torch.no_grad():
+        return float((model(x).argmax(-1) == y).float().mean())
+
+
+# ---------------------------------------------------------------------------- the systems
+def run_loop(spec: dict) -> dict:
+    """FedAvg / α-NormEC as a plain per-client PyTorch loop (optionally with Opacus)."""
+    import torch
+    from torch.nn.utils import parameters_to_vector
+
+    dm, model = _data(spec), _model()
+    n, steps, workload = spec["n"], spec["T"], spec["workload"]
+    local = _model()
+    opacus = spec["system"] == "opacus"
+    if opacus:
+        from opacus import GradSampleModule
+        from opacus.optimizers import DPOptimizer
+
+        local = GradSampleModule(local)
+        optimizer = DPOptimizer(torch.optim.SGD(local.parameters(), lr=LR), noise_multiplier=NOISE,
+                                max_grad_norm=CLIP, expected_batch_size=BATCH)  # fmt: skip
+    else:
+        optimizer = torch.optim.SGD(local.parameters(), lr=LR)
+    criterion = torch.nn.CrossEntropyLoss()
+    x = parameters_to_vector(model.parameters()).detach()
+    normec = workload in ("alpha_normec", "dp_alpha_normec")
+    memory = torch.zeros(n, x.numel()) if normec else None
+    server = torch.zeros_like(x)
+    inputs, targets = dm.train_inputs, dm.train_targets
+    ends = []
+    for k in range(spec["rounds"]):
+        idx = dm.round_indices(k).reshape(n, steps, BATCH)
+        total = torch.zeros_like(x)
+        for i in range(n):
+            with torch.no_grad():  # load the broadcast (copied: SGD updates in place)
+                torch.nn.utils.vector_to_parameters(x.clone(), local.parameters())
+            for j in range(steps):
+                optimizer.zero_grad()
+                criterion(local(inputs[idx[i, j]]), targets[idx[i, j]]).backward()
+                optimizer.step()
+            moved = parameters_to_vector(local.parameters()).detach() - x
+            if not normec:
+                total += moved
+                continue
+            diff = moved / (-LR * steps) - memory[i]  # (x − T_i(x))/γ − g_i
+            delta = diff / (NORMEC["alpha"] + diff.norm())
+            memory[i] += NORMEC["beta"] * delta
+            total += delta
+            if workload == "dp_alpha_normec":
+                total += torch.randn_like(x) * NOISE
+        if normec:
+            server += NORMEC["beta"] / n * total
+            x = x - NORMEC["step_size"] * server / server.norm()
+        else:
+            x = x + total / n
+        ends.append(time.perf_counter())
+    torch.nn.utils.vector_to_parameters(x, model.parameters())
+    return {"round_s": _round_times(ends, spec["warmup"]), "accuracy": _accuracy(model, dm)}
+
+
+class RoundTimer:
+    """A Lightning callback (built lazily so that importing this file needs no Lightning) that
+    records when every round ends and, with ``split``, how long the round spent in the
+    gradient oracle and in the algorithm's step."""
+
+    @staticmethod
+    def build(split: bool = False):
+        import pytorch_lightning as pl
+
+        class _Timer(pl.Callback):
+            def __init__(self) -> None:
+                self.ends: list[float] = []
+                self.oracle = self.step = 0.0
+                self.splits: list[tuple[float, float]] = []
+
+            def on_fit_start(self, trainer, pl_module) -> None:
+                if not split:
+                    return
+                oracle, algorithm, timer = pl_module.oracle, pl_module.algorithm, self
+                call, step, base = oracle.__call__, algorithm.step, type(oracle)
+
+                class Timed(base):
+                    def __call__(self, *args, **kwargs):
+                        start = time.perf_counter()
+                        out = call(*args, **kwargs)
+                        timer.oracle += time.perf_counter() - start
+                        return out
+
+                    def clipped_mean(self, *args, **kwargs):
+                        start = time.perf_counter()
+                        out = base.clipped_mean(self, *args, **kwargs)
+                        timer.oracle += time.perf_counter() - start
+                        return out
+
+                oracle.__class__ = Timed
+
+                def timed_step(*args, **kwargs):
+                    start = time.perf_counter()
+                    out = step(*args, **kwargs)
+                    timer.step += time.perf_counter() - start
+                    return out
+
+                algorithm.step = timed_step
+
+            def on_train_batch_end(self, trainer, *args) -> None:
+                self.ends.append(time.perf_counter())
+                self.splits.append((self.oracle, self.step))
+                self.oracle = self.step = 0.0
+
+        return _Timer()
+
+
+def run_package(spec: dict) -> dict:
+    """The FederatedModule in a bare Trainer."""
+    import pytorch_lightning as pl
+
+    from pl_privfed import FederatedModule
+
+    dm = _data(spec)
+    module = FederatedModule(_model(), _algorithm(spec))
+    timer = RoundTimer.build(split=True)
+    trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=spec["rounds"], logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0,
+                         callbacks=[timer])  # fmt: skip
+    trainer.fit(module, datamodule=dm)
+    splits = timer.splits[spec["warmup"] :]
+    return {
+        "round_s": _round_times(timer.ends, spec["warmup"]),
+        "gradient_s": statistics.median(s[0] for s in splits),
+        "step_s": statistics.median(s[1] for s in splits),
+        "chunk": module.chunk_size(),
+        "accuracy": _accuracy(module.model, dm),
+    }
+
+
+def run_fit(spec: dict) -> dict:
+    """``pl-privfed fit`` in this process, its default callbacks and loggers on."""
+    from pl_privfed.cli import main
+
+    out = Path(spec["tmp"]) / "fit"
+    algorithm = _algorithm(spec)
+    args = ["fit", "--config", str(ROOT / "benchmarks/configs/fedavg_mnist.yaml"),
+            f"--trainer.max_steps={spec['rounds']}", f"--data.init_args.num_clients={spec['n']}",
+            f"--data.init_args.local_batches={spec['T']}", f"--data.init_args.cache={spec['cache']}",
+            f"--output_dir={out}", "--trainer.callbacks+=peers.FitTimer",
+            f"--model.algorithm={json.dumps(_init_of(algorithm))}"]  # fmt: skip
+    os.environ["PEERS_TIMES"] = str(out / "times.json")
+    os.chdir(spec["tmp"])  # the config's logs/ go there
+    try:
+        main(args)
+    except SystemExit as done:
+        if done.code:
+            raise
+    ends = json.loads((out / "times.json").read_text())
+    summary = json.loads((out / "summary.json").read_text())
+    return {"round_s": _round_times(ends, spec["warmup"]),
+            "accuracy": summary.get("final_test_accuracy")}  # fmt: skip
+
+
+def _init_of(algorithm) -> dict:
+    """The algorithm as a class_path/init_args config (what the CLI would read from YAML)."""
+    import inspect
+
+    def encode(value):
+        if hasattr(value, "__dict__") and type(value).__module__.startswith("pl_privfed"):
+            params = inspect.signature(type(value).__init__).parameters
+            args = {k: encode(getattr(value, k)) for k in params
+                    if k != "self" and hasattr(value, k)}  # fmt: skip
+            return {"class_path": f"{type(value).__module__}.{type(value).__name__}",
+                    "init_args": args}  # fmt: skip
+        return value
+
+    config = encode(algorithm)
+    noise = getattr(algorithm, "noise", None)
+    if noise is not None:
+        config["init_args"]["noise"] = {"noise_multiplier": noise.noise_multiplier}
+    return config
+
+
+_FIT_TIMER: type | None = None
+
+
+def __getattr__(name: str):
+    """``peers.FitTimer``, the class path ``run_fit`` gives ``--trainer.callbacks``: a Lightning
+    callback built on first use (the pfl process imports this file without Lightning) that
+    writes the round end times to ``$PEERS_TIMES`` when the fit ends."""
+    global _FIT_TIMER
+    if name != "FitTimer":
+        raise AttributeError(name)
+    if _FIT_TIMER is None:
+        import pytorch_lightning as pl
+
+        class FitTimer(pl.Callback):
+            def __init__(self) -> None:
+                self.ends: list[float] = []
+
+            def on_train_batch_end(self, trainer, *args) -> None:
+                self.ends.append(time.perf_counter())
+
+            def on_fit_end(self, trainer, pl_module) -> None:
+                Path(os.environ["PEERS_TIMES"]).write_text(json.dumps(self.ends))
+
+        FitTimer.__module__ = __name__
+        _FIT_TIMER = FitTimer
+    return _FIT_TIMER
+
+
+def run_pfl(spec: dict) -> dict:
+    """FedAvg in pfl (this function runs in pfl's own environment: no pl_privfed import)."""
+    import numpy as np
+    import torch
+    from pfl.aggregate.simulate import SimulatedBackend
+    from pfl.algorithm import FederatedAveraging, NNAlgorithmParams
+    from pfl.callback import TrainingProcessCallback
+    from pfl.data.dataset import Dataset
+    from pfl.data.federated_dataset import FederatedDataset
+    from pfl.data.sampling import get_user_sampler
+    from pfl.hyperparam import NNEvalHyperParams, NNTrainHyperParams
+    from pfl.metrics import Weighted
+    from pfl.model.pytorch import PyTorchModel
+
+    data = np.load(spec["pfl_data"])
+    images, labels, rounds = data["images"], data["labels"], data["rounds"]  # rounds [R, n, T·B]
+    n = spec["n"]
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.net = torch.nn.Sequential(
+                torch.nn.Flatten(), torch.nn.Linear(784, 200), torch.nn.ReLU(),
+                torch.nn.Linear(200, 200), torch.nn.ReLU(), torch.nn.Linear(200, 10),
+            )  # fmt: skip
+
+        def forward(self, x):
+            return self.net(x)
+
+        def loss(self, x, y, eval=False):
+            self.eval() if eval else self.train()
+            return torch.nn.functional.cross_entropy(self(x), y.long())
+
+        @torch.no_grad()
+        def metrics(self, x, y, eval=False):
+            self.eval() if eval else self.train()
+            out = self(x)
+            loss = torch.nn.functional.cross_entropy(out, y.long(), reduction="sum")
+            correct = (out.argmax(-1) == y).sum()
+            return {"loss": Weighted(loss, len(y)), "accuracy": Weighted(correct, len(y))}
+
+    calls = {"n": 0}
+
+    def make_dataset(user_id):
+        k = calls["n"] // n  # users are drawn in order, n per central iteration
+        calls["n"] += 1
+        idx = rounds[k % len(rounds), user_id]
+        return Dataset(raw_data=[torch.from_numpy(images[idx]), torch.from_numpy(labels[idx])],
+                       user_id=user_id)  # fmt: skip
+
+    sampler = get_user_sampler("minimize_reuse", list(range(n)))
+    train = FederatedDataset(make_dataset, sampler)
+    model = Net()
+    pfl_model = PyTorchModel(model=model, local_optimizer_create=torch.optim.SGD,
+                             central_optimizer=torch.optim.SGD(model.parameters(), lr=1.0))  # fmt: skip
+    ends: list[float] = []
+
+    class Timer(TrainingProcessCallback):
+        def after_central_iteration(self, aggregate_metrics, model, *, central_iteration):
+            ends.append(time.perf_counter())
+            return False, type(aggregate_metrics)()
+
+    FederatedAveraging().run(
+        algorithm_params=NNAlgorithmParams(central_num_iterations=spec["rounds"],
+                                           evaluation_frequency=10**9, train_cohort_size=n,
+                                           val_cohort_size=0),
+        backend=SimulatedBackend(training_data=train, val_data=train),
+        model=pfl_model,
+        model_train_params=NNTrainHyperParams(local_learning_rate=LR, local_num_epochs=1,
+                                              local_batch_size=BATCH),
+        model_eval_params=NNEvalHyperParams(local_batch_size=BATCH),
+        callbacks=[Timer()],
+    )  # fmt: skip
+    test_x, test_y = torch.from_numpy(data["test_images"]), torch.from_numpy(data["test_labels"])
+    with torch.no_grad():
+        accuracy = float((model(test_x).argmax(-1) == test_y).float().mean())
+    return {"round_s": _round_times(ends, spec["warmup"]), "accuracy": accuracy}
+
+
+def export_pfl_data(spec: dict, path: Path) -> None:
+    """The MNIST arrays and every round's per-client indices, for the pfl process."""
+    import numpy as np
+
+    dm = _data(spec)
+    rounds = np.stack([dm.round_indices(k).reshape(spec["n"], -1).numpy()
+                       for k in range(spec["rounds"])])  # fmt: skip
+    x_te, y_te = dm.test_dataset.tensors
+    np.savez(path, images=dm.train_inputs.numpy(), labels=dm.train_targets.numpy(),
+             rounds=rounds, test_images=x_te.numpy(), test_labels=y_te.numpy())  # fmt: skip
+
+
+RUNNERS = {"loop": run_loop, "opacus": run_loop, "package": run_package, "fit": run_fit,
+           "pfl": run_pfl}  # fmt: skip
+
+
+def worker(spec: dict) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    result = RUNNERS[spec["system"]](spec)
+    result["peak_mb"] = _peak_mb()
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+# ---------------------------------------------------------------------------- the driver
+def run_one(spec: dict, python: str) -> dict | None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "WANDB_MODE": "offline",
+           "WANDB_SILENT": "true"}  # fmt: skip
+    cmd = [python, str(Path(__file__).resolve()), "--worker", json.dumps(spec)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    print(f"# {spec['system']} failed:\n{proc.stderr[-3000:]}", file=sys.stderr)
+    return None
+
+
+def summarize(values: list[float]) -> tuple[float, float, float]:
+    return statistics.median(values), min(values), max(values)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
+    parser.add_argument("--clients", type=int, nargs="+", default=[10, 100, 1000])
+    parser.add_argument("--local-steps", type=int, nargs="+", default=[1, 5])
+    parser.add_argument("--rounds", type=int, default=4, help="rounds per run, warm-up included")
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--systems", nargs="+", default=None, help="default: all that apply")
+    parser.add_argument("--pfl-python", default=None, help="a Python with pfl 0.6 installed")
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker is not None:
+        worker(json.loads(args.worker))
+        return
+    if args.rounds <= args.warmup + 1:
+        raise SystemExit(f"--rounds must exceed --warmup + 1, got {args.rounds}")
+    os.environ.setdefault("PL_PRIVFED_DATA", str(ROOT.parent / "shared" / "data"))
+    import platform
+
+    import torch
+
+    print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+          f"torch {torch.__version__}, 1 thread per system; {time.strftime('%Y-%m-%d')}")  # fmt: skip
+    tmp = Path(tempfile.mkdtemp(prefix="peers-"))
+    cache = tmp / "cache"
+    results: dict[tuple, list[dict]] = {}
+    for workload in args.workloads:
+        for n in args.clients:
+            for steps in args.local_steps:
+                systems = [s for s in systems_of(workload)
+                           if args.systems is None or s in args.systems]  # fmt: skip
+                if "pfl" in systems and not args.pfl_python:
+                    systems.remove("pfl")
+                base = dict(workload=workload, n=n, T=steps, rounds=args.rounds,
+                            warmup=args.warmup, cache=str(cache))  # fmt: skip
+                if "pfl" in systems:
+                    path = tmp / f"pfl-{n}-{steps}.npz"
+                    export_pfl_data(base, path)
+                    base["pfl_data"] = str(path)
+                for rep in range(args.repeats):
+                    order = systems[rep % len(systems) :] + systems[: rep % len(systems)]
+                    for system in order:
+                        run_tmp = tmp / f"{workload}-{n}-{steps}-{system}-{rep}"
+                        run_tmp.mkdir()
+                        spec = {**base, "system": system, "tmp": str(run_tmp)}
+                        python = args.pfl_python if system == "pfl" else sys.executable
+                        out = run_one(spec, python)
+                        if out is not None:
+                            results.setdefault((workload, n, steps, system), []).append(out)
+                report(workload, n, steps, systems, results)
+
+
+def report(workload: str, n: int, steps: int, systems: list[str], results: dict) -> None:
+    """Print one configuration's medians, ranges and ratios."""
+    rows = {}
+    for system in systems:
+        runs = results.get((workload, n, steps, system), [])
+        if runs:
+            rows[system] = (summarize([statistics.median(r["round_s"]) for r in runs]),
+                            max(r["peak_mb"] for r in runs), runs)  # fmt: skip
+    print(f"\n## {workload}, n = {n}, T = {steps}")
+    print(f"{'system':>8} {'s/round':>9} {'range':>17} {'peak MB':>8} {'accuracy':>9}")
+    for system, ((med, lo, hi), peak, runs) in rows.items():
+        acc = runs[-1].get("accuracy")
+        acc_s = f"{acc:.4f}" if isinstance(acc, float) else "-"
+        print(f"{system:>8} {med:9.4f} [{lo:7.4f}, {hi:7.4f}] {peak:8.0f} {acc_s:>9}")
+    for system in ("package", "fit"):
+        for baseline in BASELINES.get(workload, ("loop",)):
+            if system in rows and baseline in rows:
+                time_ratio = rows[system][0][0] / rows[baseline][0][0]
+                mem_ratio = rows[system][1] / rows[baseline][1]
+                print(f"{system}/{baseline}: time {time_ratio:.2f}x, peak memory {mem_ratio:.2f}x")
+    if "package" in rows:
+        runs = rows["package"][2]
+        gradient = statistics.median(r["gradient_s"] for r in runs)
+        step = statistics.median(r["step_s"] for r in runs)
+        print(f"package round: gradients {gradient:.4f} s, algorithm's own work "
+              f"{step - gradient:.4f} s ({(step - gradient) / gradient:.1%} of the gradients), "
+              f"chunk {runs[-1]['chunk']} clients")  # fmt: skip
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
