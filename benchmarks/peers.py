@@ -43,6 +43,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import resource
@@ -70,7 +71,7 @@ def _peak_mb() -> float:
 
 
 def _round_times(ends: list[float], warmup: int) -> list[float]:
-    steps = [b - a for a, b in zip(ends, ends[1:])]
+    steps = [b - a for a, b in itertools.pairwise(ends)]
     return steps[max(0, warmup - 1) :]
 
 
