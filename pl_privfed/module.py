@@ -16,6 +16,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytorch_lightning as pl
 import torch
 from torch import Tensor, nn
@@ -26,7 +27,8 @@ from pl_privfed.algorithms import FederatedAlgorithm
 from pl_privfed.callbacks._wandb import log_artifact
 from pl_privfed.checks import check_positive_int
 from pl_privfed.datamodules.base import TensorRoundBatch
-from pl_privfed.engine import ChunkOracle, OracleOutput, choose_chunk_size
+from pl_privfed.engine import ChunkOracle, ClientShard, OracleOutput, Placement, choose_chunk_size
+from pl_privfed.engine.distributed import adopt_strategy
 from pl_privfed.grads import (
     Backend,
     GradientOracle,
@@ -139,6 +141,18 @@ class FederatedModule(pl.LightningModule):
             ``"auto"`` (default: every client on a GPU; on a CPU as many as keep a chunk's
             ``[c, d]`` tensors in cache), ``"all"``, or a number. The iterates do not depend on
             it (up to the order of floating-point sums).
+        client_state: where the algorithm's per-client state tables live (``"auto"``,
+            ``"device"``, ``"host"`` or ``"disk"``, :mod:`pl_privfed.engine.state`): ``auto``
+            keeps them on the training device while they fit in a quarter of its memory, then
+            in host memory (GPU runs), then memory-mapped on disk.
+        state_dir: directory of memory-mapped state (default ``<default_root_dir>/client_state``).
+
+    Several processes (``Trainer(strategy="ddp", devices=N)``, CPU with gloo or CUDA with NCCL,
+    several nodes through Lightning's cluster environments) shard the clients: each process
+    holds a block of them (their state, their part of every round) and the round's sums are
+    added over the processes (:mod:`pl_privfed.engine.distributed`); the model is not wrapped
+    in ``DistributedDataParallel`` (the module sums what the algorithm needs itself). Other
+    multi-device strategies (FSDP, DeepSpeed, model parallelism) are refused.
     """
 
     def __init__(
@@ -153,6 +167,8 @@ class FederatedModule(pl.LightningModule):
         grid_dir: str | None = None,
         grid_chunk: int | None = None,
         client_chunk: int | str = "auto",
+        client_state: Placement = "auto",
+        state_dir: str | None = None,
     ) -> None:
         super().__init__()
         if not isinstance(model, nn.Module):
@@ -192,6 +208,12 @@ class FederatedModule(pl.LightningModule):
                 f"client_chunk must be 'auto', 'all' or a positive integer, got {client_chunk!r}"
             )
         self.client_chunk = client_chunk
+        if client_state not in ("auto", "device", "host", "disk"):
+            raise ValueError(
+                f"client_state must be 'auto', 'device', 'host' or 'disk', got {client_state!r}"
+            )
+        self.client_state = client_state
+        self.state_dir = state_dir
         self.layout = ParameterLayout(model)
         self.oracle: GradientOracle | None = None
         self.accountant: PrivacyAccountant | None = None
@@ -267,7 +289,9 @@ class FederatedModule(pl.LightningModule):
                 "the paper noise calibration needs the number of rounds K: set trainer.max_steps, "
                 "trainer.max_epochs or algorithm noise.rounds"
             )
+        adopt_strategy(self.trainer)
         algorithms = [self.algorithm, *(self.grid_algorithms or [])]
+        state_dir = self.state_dir or str(Path(self.trainer.default_root_dir) / "client_state")
         for algorithm in algorithms:
             # before setup: sampling rates enter the calibration
             self._configure_data(datamodule, algorithm)
@@ -277,6 +301,9 @@ class FederatedModule(pl.LightningModule):
                 num_rounds=num_rounds,
                 device=device,
                 dtype=next(self.model.parameters()).dtype,
+                shard=ClientShard.of_trainer(self.trainer, num_clients),
+                client_state=self.client_state,
+                state_dir=state_dir,
             )
         if self.grid_algorithms is not None:
             self._check_grid_mechanisms()
@@ -765,8 +792,60 @@ class FederatedModule(pl.LightningModule):
             "rounds_accounted": self.accountant.steps,
         }
 
+    def _client_states(self) -> list[tuple[str, FederatedAlgorithm]]:
+        """Every algorithm's ``state_dict`` prefix and the algorithm."""
+        out = [("algorithm.", self.algorithm)]
+        for k, alg in enumerate(self.grid_algorithms or []):
+            out.append((f"grid_algorithms.{k}.", alg))
+        return out
+
+    def _save_client_state(self, checkpoint: dict[str, Any]) -> None:
+        """The whole federation's per-client state in the checkpoint, whichever process holds
+        which clients: device and host tables as full ``[n, ...]`` tensors (gathered over the
+        processes), memory-mapped tables as a snapshot of each process's file, named in the
+        checkpoint (the tables can be larger than memory)."""
+        extra: dict[str, Any] = {}
+        for prefix, alg in self._client_states():
+            shard, store = alg.shard, alg.state
+            for name in store.names:
+                key = prefix + name
+                if store.placement == "disk":
+                    snapshot = store.snapshot(name, int(self.global_step))
+                    extra[key] = {"files": shard.all_gather_object(str(snapshot)),
+                                  "block": shard.block}  # fmt: skip
+                    continue
+                full = shard.gather_rows(store.table(name).to(self.device))
+                if store.placement == "device":
+                    checkpoint["state_dict"][key] = full
+                else:
+                    extra[key] = {"rows": full.cpu()}
+        if extra:
+            checkpoint["client_state"] = extra
+
+    def _load_client_state(self, checkpoint: dict[str, Any]) -> None:
+        """This process's rows of every table from a checkpoint written with any number of
+        processes."""
+        extra = checkpoint.get("client_state", {})
+        for prefix, alg in self._client_states():
+            shard, store = alg.shard, alg.state
+            for name in store.names:
+                key = prefix + name
+                if key in extra:
+                    rows = _rows_of(extra[key], shard.start, shard.stop)
+                else:
+                    full = checkpoint["state_dict"].get(key)
+                    if full is None:
+                        continue
+                    rows = full[shard.start : shard.stop]
+                if store.placement == "device":
+                    checkpoint["state_dict"][key] = rows
+                else:
+                    store.table(name).copy_(rows)
+                    checkpoint["state_dict"].pop(key, None)
+
     @override
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self._save_client_state(checkpoint)
         if self.accountant is not None:
             checkpoint["privacy_accountant"] = self.accountant.state_dict()
         checkpoint["client_transmissions"] = self.client_transmissions
@@ -779,6 +858,8 @@ class FederatedModule(pl.LightningModule):
 
     @override
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if self.oracle is not None:  # set up: the state tables exist
+            self._load_client_state(checkpoint)
         if self.accountant is not None and "privacy_accountant" in checkpoint:
             self.accountant.load_state_dict(checkpoint["privacy_accountant"])
         self.client_transmissions = int(checkpoint.get("client_transmissions", 0))
@@ -791,3 +872,19 @@ class FederatedModule(pl.LightningModule):
             self._grid_entries = [dict(e) for e in checkpoint["grid"].get("entries", [])] or [
                 {} for _ in self.grid_points
             ]
+
+
+def _rows_of(saved: dict[str, Any], start: int, stop: int) -> Tensor:
+    """Rows ``[start, stop)`` of a saved table: gathered ``rows``, or memory-mapped ``files``
+    written by processes holding blocks of ``block`` clients each."""
+    if "rows" in saved:
+        return saved["rows"][start:stop]
+    parts, block = [], int(saved["block"])
+    for rank, path in enumerate(saved["files"]):
+        lo = rank * block
+        table = np.load(path, mmap_mode="r")
+        hi = lo + table.shape[0]
+        a, b = max(start, lo), min(stop, hi)
+        if a < b:
+            parts.append(torch.from_numpy(np.array(table[a - lo : b - lo])))
+    return torch.cat(parts)

@@ -193,7 +193,9 @@ def test_sparse_gossip_reads_only_neighbours_and_equals_the_dense_product():
     got = torch.cat([alg.gossip_rows("tracking_surrogate", Chunk(torch.tensor(ids)))
                      for ids in ([0, 1], [2, 3, 4, 5], list(range(6, 16)))])  # fmt: skip
     torch.testing.assert_close(got, want, rtol=1e-14, atol=1e-14)
-    alg._dense_gossip = True
+    alg.DENSE_GOSSIP = 0.0
+    alg._plan_gossip()
+    assert alg._dense_gossip
     dense = alg.gossip_rows("tracking_surrogate", Chunk(torch.arange(n)))
     torch.testing.assert_close(dense, want, rtol=1e-14, atol=1e-14)
 

@@ -30,7 +30,8 @@ from pl_privfed.engine import (
     STREAM_SERVER_NOISE,
     ChunkOracle,
     ClientChunk,
-    DeviceRows,
+    ClientShard,
+    ClientStates,
     FunctionOracle,
     KeyedGenerator,
     Reduction,
@@ -136,7 +137,8 @@ class FederatedAlgorithm(nn.Module):
         self.dim = 0
         self.num_rounds = 0
         self.noise_std = 0.0
-        self.state = DeviceRows(self)
+        self.state = ClientStates(self)
+        self.shard = ClientShard(0)
         self._keyed: KeyedGenerator | None = None
         self.register_buffer("initialized", torch.tensor(False))
         self.register_buffer("rounds_done", torch.tensor(0, dtype=torch.int64))
@@ -150,15 +152,26 @@ class FederatedAlgorithm(nn.Module):
         num_rounds: int,
         device: torch.device | str = "cpu",
         dtype: torch.dtype = torch.float32,
+        shard: ClientShard | None = None,
+        client_state: str = "auto",
+        state_dir: str | None = None,
     ) -> None:
         """Allocate state for ``num_clients`` clients and ``d = dim`` parameters.
 
         Called before training (and before a checkpoint is restored into the buffers).
+
+        Args:
+            shard: the clients this process holds (default: all of them, one process).
+            client_state: where the per-client state tables go (``"auto"``, ``"device"``,
+                ``"host"``, ``"disk"``; :mod:`pl_privfed.engine.state`).
+            state_dir: directory of the memory-mapped tables (``"disk"``).
         """
         if num_clients < 1:
             raise ValueError(f"num_clients must be >= 1, got {num_clients}")
         self.num_clients, self.dim, self.num_rounds = num_clients, dim, max(1, num_rounds)
         self.device, self.dtype = torch.device(device), dtype
+        self.shard = shard if shard is not None else ClientShard(num_clients)
+        self.state = ClientStates(self, self.shard)
         self._keyed = KeyedGenerator(self.device)
         for op in self.operators():
             op.setup(dim)
@@ -174,9 +187,18 @@ class FederatedAlgorithm(nn.Module):
                 sample_rate=self.sample_rate,
             )
         self.allocate()
+        self.state.allocate(self.device, client_state, state_dir)
 
     def allocate(self) -> None:
-        """Register the state buffers (override)."""
+        """Register the state: server buffers with ``register_buffer``, per-client tables with
+        :meth:`register_client_state` (override)."""
+
+    def register_client_state(self, name: str, *shape: int) -> None:
+        """A per-client state table ``name``: one row of shape ``shape`` per client (zeros),
+        placed by :mod:`pl_privfed.engine.state` and read by chunks through
+        :meth:`~pl_privfed.engine.ClientChunk.rows`; on the device it is the buffer
+        ``self.<name>`` of this process's clients."""
+        self.state.declare(name, shape, self.dtype)
 
     def operators(self) -> list[Operator]:
         """Operators whose ``setup(dim)`` must run (override)."""
@@ -303,7 +325,9 @@ class FederatedAlgorithm(nn.Module):
         if participants is None:
             participants = torch.arange(self.num_clients)
         phases = [self.client_init] if init else self.client_phases()
-        yield from iter_phases(phases, ctx, participants, chunk_size, self.state)
+        mine = self.shard.owned(participants)  # this process's clients of the round
+        yield from iter_phases(phases, ctx, mine, chunk_size, self.state, self.between_phases)
+        self.shard.all_reduce_reduction(ctx.reduction)
         if init:
             self.server_init(x, ctx.reduction)
             return None
@@ -311,6 +335,10 @@ class FederatedAlgorithm(nn.Module):
         result.loss = ctx.reduction.loss()
         result.buffers = ctx.reduction.buffers()
         return result
+
+    def between_phases(self, phase: int, ctx) -> None:
+        """Runs after client phase ``phase`` of a round (context ``ctx``) on every process
+        (override: e.g. the exchange of gossiped rows)."""
 
     def noise_sum(self, count: int, round_index: int) -> Tensor:
         """``Σ_{i ≤ count} z_i`` for ``count`` clients' independent ``z_i ~ N(0, σ² I)``,

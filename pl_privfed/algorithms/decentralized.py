@@ -108,36 +108,84 @@ class DecentralizedAlgorithm(FederatedAlgorithm):
 
     #: a graph denser than this (share of non-zero weights) is gossiped by a dense product
     DENSE_GOSSIP = 0.25
+    #: the per-agent tables the gossip phase reads at the neighbours
+    GOSSIPED: tuple[str, ...] = ()
 
     def allocate(self) -> None:
         n, d = self.num_clients, self.dim
         weights = self.topology.mixing_matrix(n)
         self.rate = mixing_rate(weights)
         self.register_buffer("mixing_matrix", weights.to(self.device, self.dtype))
-        self.register_buffer("agent_params", self._zeros(n, d))  # X
+        self.register_client_state("agent_params", d)  # X
         self.register_buffer("output_iterate", self._zeros(d))  # x_out
         self.register_buffer("output_round", torch.zeros((), dtype=torch.int64, device=self.device))
         self.register_buffer("output_agent", torch.zeros((), dtype=torch.int64, device=self.device))
-        # (Wᵀ)_ij = w_ji: row i lists agent i's in-neighbours j and their weights (CSR)
-        transposed = self.mixing_matrix.T.contiguous()
+        self._plan_gossip()
+
+    def _plan_gossip(self) -> None:
+        """Which agents' rows this process reads in the gossip: its own and, under several
+        processes, its agents' in-neighbours held elsewhere (received each round, the only
+        rows that cross between processes); ``(Wᵀ)_ij = w_ji`` restricted to those columns."""
+        shard, transposed = self.shard, self.mixing_matrix.T.contiguous()
+        needed = lambda lo, hi: (transposed[lo:hi] != 0).any(0).nonzero().squeeze(1).cpu()  # noqa: E731
+        own = torch.arange(shard.start, shard.stop)
+        self._send: dict[int, Tensor] = {}
+        self._receive: dict[int, Tensor] = {}
+        if shard.distributed:
+            mine = needed(shard.start, shard.stop)
+            for peer in range(shard.world_size):
+                if peer == shard.rank:
+                    continue
+                lo, hi = shard.bounds(peer)
+                self._receive[peer] = mine[(mine >= lo) & (mine < hi)]
+                theirs = needed(lo, hi)
+                self._send[peer] = shard.local(
+                    theirs[(theirs >= shard.start) & (theirs < shard.stop)]
+                )
+        outside = [self._receive[p] for p in sorted(self._receive)]
+        columns = torch.cat([own, *outside]) if outside else own
+        self._columns = columns.to(self.device)  # global ids of the rows the gossip reads
+        local = transposed.index_select(1, self._columns)
         self._dense_gossip = bool((transposed != 0).float().mean() > self.DENSE_GOSSIP)
-        self._neighbours = transposed.to_sparse_csr() if not self._dense_gossip else None
+        self._mixing = local if self._dense_gossip else local.to_sparse_csr()
+        self._extended: dict[str, Tensor] = {}
+
+    def between_phases(self, phase: int, ctx) -> None:
+        """After the local phase: the neighbours' rows of the gossiped tables (exchanged
+        between processes); after the gossip: the agents' means the statistics need."""
+        if phase == 0:
+            self._extended = {}
+            for name in self.GOSSIPED:
+                table = self.state.table(name)
+                if self.shard.distributed:
+                    halo = self.shard.exchange(table, self._send, self._receive)
+                    self._extended[name] = torch.cat([table.to(self.device), halo.to(self.device)])
+                else:
+                    self._extended[name] = table
+        elif phase == 1 and ctx.statistics:
+            means = [ctx.reduction.get(k).clone() for k in ("params", "tracking")]
+            self.shard.all_reduce_(means)
+            ctx.state["means"] = [m / self.num_clients for m in means]
 
     # ------------------------------------------------------------------ helpers
     def gossip_rows(self, name: str, chunk: ClientChunk) -> Tensor:
         """The paper's ``Q (W − I_n)`` for the chunk's agents, as rows: ``(Wᵀ Q)_i − q_i`` with
-        ``Q`` the state ``name`` of every agent (only the neighbours' rows are read)."""
-        full = self.state.full(name)
-        ids = chunk.ids.to(full.device)
+        ``Q`` the table ``name`` (only the neighbours' rows are read)."""
+        table = self._extended.get(name)
+        if table is None:
+            table = self.state.table(name)
+        ids = chunk.ids.to(self.device)
         if self._dense_gossip:
-            mixed = self.mixing_matrix.T.index_select(0, ids) @ full
+            mixed = self._mixing.index_select(0, ids) @ table.to(self.device)
         else:
-            crow, col, val = (self._neighbours.crow_indices(), self._neighbours.col_indices(),
-                              self._neighbours.values())  # fmt: skip
-            mixed = torch.zeros(ids.numel(), self.dim, device=full.device, dtype=full.dtype)
+            crow, col, val = (self._mixing.crow_indices(), self._mixing.col_indices(),
+                              self._mixing.values())  # fmt: skip
+            mixed = torch.zeros(ids.numel(), self.dim, device=self.device, dtype=self.dtype)
             for row, agent in enumerate(ids.tolist()):
                 lo, hi = int(crow[agent]), int(crow[agent + 1])
-                mixed[row] = val[lo:hi] @ full.index_select(0, col[lo:hi])
+                mixed[row] = val[lo:hi] @ table.index_select(0, col[lo:hi].to(table.device)).to(
+                    self.device
+                )
         return mixed.sub_(chunk.rows(name))
 
     def compress(self, chunk: ClientChunk, v: Tensor, which: int) -> Tensor:
@@ -150,13 +198,12 @@ class DecentralizedAlgorithm(FederatedAlgorithm):
         the round's stream ``(seed, output, round)``."""
         t = int(self.rounds_done) + 1
         gen = self._keyed(self.seed, STREAM_OUTPUT, round_index)
-        keep_new = torch.randint(t, (), generator=gen, device=self.device) == 0
-        agent = torch.randint(self.num_clients, (), generator=gen, device=self.device)
-        self.output_iterate.copy_(
-            torch.where(keep_new, self.agent_params[agent], self.output_iterate)
-        )
-        self.output_round.copy_(torch.where(keep_new, t, self.output_round))
-        self.output_agent.copy_(torch.where(keep_new, agent, self.output_agent))
+        keep_new = int(torch.randint(t, (), generator=gen, device=self.device)) == 0
+        agent = int(torch.randint(self.num_clients, (), generator=gen, device=self.device))
+        if keep_new:  # the agent's holder broadcasts its row
+            self.output_iterate.copy_(self.shard.row(self.state.table("agent_params"), agent))
+            self.output_round.fill_(t)
+            self.output_agent.fill_(agent)
 
     def output(self) -> dict[str, Tensor | int]:
         """The sampled output ``x_out`` and where it came from (round ``t`` >= 1, agent ``i``)."""
@@ -268,11 +315,12 @@ class PORTER(RecordSampling, DecentralizedAlgorithm):
             return self.clip_threshold / self.batch_size
         return None
 
+    GOSSIPED = ("tracking_surrogate", "agent_params_surrogate")  # Q_v, Q_x
+
     def allocate(self) -> None:
         super().allocate()
-        n, d = self.num_clients, self.dim
         for name in ("agent_params_surrogate", "tracking", "tracking_surrogate", "noisy_gradient"):
-            self.register_buffer(name, self._zeros(n, d))  # Q_x, V, Q_v, G_p
+            self.register_client_state(name, self.dim)  # Q_x, V, Q_v, G_p
 
     def initializes_clients(self) -> bool:
         return True
@@ -340,9 +388,9 @@ class PORTER(RecordSampling, DecentralizedAlgorithm):
         """Statistics: the consensus and tracking errors need the means of the gossip phase."""
         if not chunk.statistics:
             return
-        n = self.num_clients
-        self.spread(chunk, "agent_params", chunk.reduction.get("params") / n)
-        self.spread(chunk, "tracking", chunk.reduction.get("tracking") / n)
+        mean_x, mean_v = chunk.ctx.state["means"]
+        self.spread(chunk, "agent_params", mean_x)
+        self.spread(chunk, "tracking", mean_v)
 
     def server_update(self, x: Tensor, reduced: Reduction) -> RoundResult:
         n = self.num_clients

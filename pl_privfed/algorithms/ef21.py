@@ -101,7 +101,7 @@ class ErrorFeedback(FederatedAlgorithm):
         return self.operator.bound
 
     def allocate(self) -> None:
-        self.register_buffer("client_memory", self._zeros(self.num_clients, self.dim))  # g_i
+        self.register_client_state("client_memory", self.dim)  # g_i
         self.register_buffer("server_memory", self._zeros(self.dim))  # ĝ
 
     @property

@@ -127,7 +127,7 @@ class FedAlphaNormEC(LocalUpdateAlgorithm):
 
     def allocate(self) -> None:
         super().allocate()
-        self.register_buffer("client_memory", self._zeros(self.num_clients, self.dim))  # v_i
+        self.register_client_state("client_memory", self.dim)  # v_i
         self.register_buffer("server_memory", self._zeros(self.dim))  # v̂
 
     def _pseudo_gradient(self, chunk: ClientChunk) -> Tensor:

@@ -112,12 +112,11 @@ class SoteriaFL(RecordSampling, FederatedAlgorithm):
         return 2.0 * self.clip_threshold
 
     def allocate(self) -> None:
-        self.register_buffer("client_shift", self._zeros(self.num_clients, self.dim))  # s_i
+        self.register_client_state("client_shift", self.dim)  # s_i
         self.register_buffer("server_shift", self._zeros(self.dim))  # s
 
     def server_init(self, x: Tensor, reduced: Reduction) -> None:
-        self.client_shift.zero_()
-        self.server_shift.zero_()
+        self.server_shift.zero_()  # (the clients' shifts s_i start at zero too)
 
     def client_update(self, chunk: ClientChunk) -> None:
         grads = chunk.grad(chunk.x)  # minibatch gradient at the server model

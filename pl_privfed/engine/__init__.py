@@ -10,6 +10,7 @@ See docs/engine.md.
 """
 
 from pl_privfed.engine.chunk import ChunkOracle, ClientChunk, OracleOutput, RoundContext
+from pl_privfed.engine.distributed import ClientShard
 from pl_privfed.engine.reduce import Reduction
 from pl_privfed.engine.rng import (
     STREAM_AUGMENTATION,
@@ -33,7 +34,7 @@ from pl_privfed.engine.round import (
     make_context,
     run_phases,
 )
-from pl_privfed.engine.state import DeviceRows
+from pl_privfed.engine.state import ClientStates, Placement, choose_placement
 
 __all__ = [
     "CHUNK_ENV",
@@ -46,13 +47,16 @@ __all__ = [
     "STREAM_SERVER_NOISE",
     "ChunkOracle",
     "ClientChunk",
-    "DeviceRows",
+    "ClientShard",
+    "ClientStates",
     "FunctionOracle",
     "KeyedGenerator",
     "OracleOutput",
+    "Placement",
     "Reduction",
     "RoundContext",
     "choose_chunk_size",
+    "choose_placement",
     "chunk_ids",
     "client_normal",
     "iter_phases",

@@ -104,11 +104,11 @@ def iter_phases(
     participants: Tensor,
     chunk_size: int,
     store: Any,
-    between: Callable[[int], None] | None = None,
+    between: Callable[[int, RoundContext], None] | None = None,
 ) -> Iterator[None]:
     """Run every phase of the client map over ``participants`` in chunks of ``chunk_size``,
     yielding after each chunk (so that a grid can run several configurations' rounds in
-    lockstep, chunk by chunk); ``between(p)`` runs after phase ``p``, e.g. the exchange of
+    lockstep, chunk by chunk); ``between(p, ctx)`` runs after phase ``p``, e.g. the exchange of
     gossiped rows between processes."""
     pieces = chunk_ids(participants, chunk_size)
     for p, phase in enumerate(phases):
@@ -118,7 +118,7 @@ def iter_phases(
             chunk.close()
             yield
         if between is not None:
-            between(p)
+            between(p, ctx)
 
 
 def run_phases(*args: Any, **kwargs: Any) -> None:
