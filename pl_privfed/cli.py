@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 from jsonargparse import Namespace
-from lightning_fabric.utilities.seed import seed_everything
+from pytorch_lightning import seed_everything
 from pytorch_lightning.cli import LightningCLI, SaveConfigCallback
 from pytorch_lightning.loggers import WandbLogger
 

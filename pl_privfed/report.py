@@ -893,6 +893,8 @@ def compare_methods(
         # raw names: the Greek letters of the α-NormEC grids mean other things here (η, γ)
         setting = ", ".join(f"{c}={best.values[c]}" for c in varying)
         label = f"{best.method} ({setting})" if setting else best.method
+        if label in tests:  # the same method twice (e.g. two privacy levels): name the file
+            label += f" [{path.parent.name}]"
         dirs = [_run_dir(r) for r in best.rows]
         summaries = [_summary(d) for d in dirs]
         per_round = mean_interval(_sent_bits_per_round(s) for s in summaries)
