@@ -119,8 +119,8 @@ def _sweep_run_name() -> str | None:
         return None
     from pl_privfed.sweep import run_name
 
-    params = {k: v.get("value") if isinstance(v, dict) else v for k, v in raw.items()}
-    params = {k: v for k, v in params.items() if not k.startswith("_")}
+    # {parameter: {value: v}}, beside W&B's own keys (``wandb_version``)
+    params = {k: v["value"] for k, v in raw.items() if isinstance(v, dict) and "value" in v}
     return run_name(params) if params else None
 
 

@@ -263,9 +263,13 @@ def test_a_sweep_run_keeps_its_logs_and_names_its_wandb_run(tmp_path, monkeypatc
     assert Path(csv_logger.log_dir).is_relative_to(out) and wandb_logger.save_dir == str(out)
     assert wandb_logger._wandb_init["name"] == "beta=0.1 seed=2"
     assert wandb_logger._wandb_init["group"] == "quickstart_grid"
-    # under `wandb agent`: the name from the sweep parameters the agent wrote
-    params = tmp_path / "config-abc.yaml"
-    params.write_text("model.algorithm.init_args.beta: {value: 0.1}\nseed: {value: 2}\n")
+    # under `wandb agent`: the name from the sweep parameters the agent wrote, with W&B's writer
+    from wandb.sdk.lib.config_util import save_config_file_from_dict
+
+    params = tmp_path / "wandb" / "config-abc.yaml"
+    save_config_file_from_dict(str(params), {"model.algorithm.init_args.beta": {"value": 0.1},
+                                             "seed": {"value": 2}})  # fmt: skip
+    assert "wandb_version" in params.read_text()
     monkeypatch.setenv("WANDB_SWEEP_PARAM_PATH", str(params))
     cli = PrivFedCLI(args=["--config", str(REPO / "configs/quickstart.yaml")], run=False)
     assert cli.trainer.loggers[1]._wandb_init["name"] == "beta=0.1 seed=2"
