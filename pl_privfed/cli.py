@@ -5,8 +5,14 @@ command line (``--model.algorithm.init_args.beta 0.1``); ``--print_config`` show
 config; ``validate`` and ``test`` evaluate a checkpoint (``--ckpt_path``). ``pl-privfed sweep
 <sweep.yaml>`` runs a grid sweep file locally (:mod:`pl_privfed.sweep`) and ``pl-privfed report
 <results.csv>`` draws its figures and table (:mod:`pl_privfed.report`); ``pl-privfed compare
-<a/results.csv> <b/results.csv> --out DIR`` draws the best run of each sweep against rounds and
-bits.
+<a/results.csv> <b/results.csv> --out DIR`` draws the best configuration of each sweep against
+rounds and bits.
+
+Beside the LightningCLI arguments, ``fit`` takes ``--seed N`` (every seed of the run, see
+:func:`set_seeds`), ``--output_dir`` (the run's summary, curves and the loggers' files),
+``--run_name`` and ``--run_group`` (its W&B run's name and group). Arguments as ``wandb agent``
+writes them are accepted (:func:`agent_arguments`): every file in ``configs/sweeps`` runs
+unchanged under ``wandb sweep`` + ``wandb agent``, from any working directory of a checkout.
 """
 
 from __future__ import annotations
@@ -157,7 +163,13 @@ class LoggedConfig(SaveConfigCallback):
 class PrivFedCLI(LightningCLI):
     """LightningCLI with W&B offline without credentials, the resolved config logged to W&B, and
     these callbacks always on: :class:`RunSummary`, :class:`OperatorStatistics`,
-    :class:`CommunicationCost`, :class:`TrainingCurves`."""
+    :class:`CommunicationCost`, :class:`TrainingCurves`.
+
+    Before the classes are instantiated, ``--seed`` sets every seed of the config
+    (:func:`set_seeds`); with ``--output_dir`` every logger's ``save_dir`` becomes that directory
+    (the run's CSV logs and offline W&B files live with its summary); a ``WandbLogger`` is named
+    ``--run_name`` (under ``wandb agent``: after the sweep parameters the agent wrote) and
+    grouped by ``--run_group``."""
 
     def __init__(self, *args, **kwargs) -> None:
         wandb_offline_unless_logged_in()
@@ -302,7 +314,7 @@ def _report_main(args: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="pl-privfed report",
         description="Heatmaps, curves and a paper-style table from a sweep's results.csv: "
-        "configurations selected on the validation split, mean ± std and 95 %% intervals over "
+        "configurations selected on the validation split, mean ± std and 95 % intervals over "
         "seeds, the selected configurations' test accuracy.",
     )
     parser.add_argument(
@@ -339,7 +351,7 @@ def _compare_main(args: list[str]) -> int:
         prog="pl-privfed compare",
         description="The best configuration (on validation) of each sweep side by side, against "
         "rounds and against bits (train utility ||∇f(x̄)||² and validation accuracy, paper 001 "
-        "Figs. 2-3), mean over seeds with 95 %% bands; test accuracy with intervals in the table.",
+        "Figs. 2-3), mean over seeds with 95 % bands; test accuracy with intervals in the table.",
     )
     parser.add_argument("results", nargs="+", help="results.csv files, one sweep per method")
     parser.add_argument("--out", required=True, help="output directory")

@@ -84,6 +84,13 @@ def _served_first(x, pos, all_gradients, single, losses, buffers):
 class FederatedModule(pl.LightningModule):
     """Simulates a federation of clients training ``model`` with ``algorithm``.
 
+    Evaluation: Lightning's validation loop logs ``val/loss`` and ``val/acc`` on the
+    datamodule's validation split (held out of the training data) every ``val_check_interval``
+    rounds and always after the last round; a run resumed at round ``k`` evaluates round ``k``
+    first unless its checkpoint was written right after that evaluation. The test set is
+    evaluated once, for the final model, at the end of fit (:meth:`evaluate_test_set`), and by
+    ``trainer.test``. Selection reads ``val/*`` only.
+
     Args:
         model: the global model (a plain ``nn.Module``).
         algorithm: the federated algorithm, e.g. :class:`~pl_privfed.algorithms.AlphaNormEC`.
