@@ -123,8 +123,8 @@ def write_grid_results(
     ``<out_dir>/runs/<run id>/summary.json`` and ``curves.csv`` for every configuration and
     ``<out_dir>/results.csv`` with one row each (the sweep's columns), so that
     ``pl-privfed report <out_dir>/results.csv`` draws the grid's heatmaps, curves and table.
-    ``history[k]`` maps a metric (``train/loss``, ``test/acc``, ``test/loss``) to
-    ``(round, value)`` points (``train/full_grad_norm`` also gives ``final_full_grad_norm``);
+    ``history[k]`` maps a metric (``train/loss``, ``val/acc``, ``val/loss``, and ``test/acc``,
+    ``test/loss`` from the end-of-fit test evaluation) to ``(round, value)`` points (``train/full_grad_norm`` also gives ``final_full_grad_norm``);
     ``extra[k]`` adds entries (e.g. ε, ``rounds_to_target``) to configuration ``k``'s summary.
     ``rounds`` is the run's round count; a configuration that has stopped (failed, or finished
     at its target) reports the rounds it ran.
@@ -140,7 +140,11 @@ def write_grid_results(
         params = {GRID_PREFIX + k: v for k, v in point.items()}
         run_dir = out / "runs" / run_id(index, params)
         run_dir.mkdir(parents=True, exist_ok=True)
-        accuracy = [v for _, v in sorted(curves.get("test/acc", []))]
+        val_acc = sorted(curves.get("val/acc", []))
+        val_loss = sorted(curves.get("val/loss", []))
+        test_acc = sorted(curves.get("test/acc", []))
+        test_loss = sorted(curves.get("test/loss", []))
+        best = max(val_acc, key=lambda p: p[1]) if val_acc else None
         losses = [v for _, v in sorted(curves.get("train/loss", []))]
         grad_norms = [v for _, v in sorted(curves.get("train/full_grad_norm", []))]
         init_args = {
@@ -151,8 +155,14 @@ def write_grid_results(
         summary = {
             "status": status,
             "rounds": int(alg.rounds_done) if status != "running" else rounds,
-            "final_test_accuracy": accuracy[-1] if accuracy else None,
-            "best_test_accuracy": max(accuracy) if accuracy else None,
+            "final_val_accuracy": val_acc[-1][1] if val_acc else None,
+            "final_val_loss": val_loss[-1][1] if val_loss else None,
+            "final_val_round": (val_loss or val_acc)[-1][0] if (val_loss or val_acc) else None,
+            "best_val_accuracy": best[1] if best else None,
+            "best_val_round": best[0] if best else None,
+            "final_test_accuracy": test_acc[-1][1] if test_acc else None,
+            "final_test_loss": test_loss[-1][1] if test_loss else None,
+            "final_test_round": (test_loss or test_acc)[-1][0] if (test_loss or test_acc) else None,
             "final_train_loss": losses[-1] if losses else None,
             "final_full_grad_norm": grad_norms[-1] if grad_norms else None,
             "grid_index": index,

@@ -116,6 +116,13 @@ class _GridConfigOracle(ChunkOracle):
 class FederatedModule(pl.LightningModule):
     """Simulates a federation of clients training ``model`` with ``algorithm``.
 
+    Evaluation: Lightning's validation loop logs ``val/loss`` and ``val/acc`` on the
+    datamodule's validation split (held out of the training data) every ``val_check_interval``
+    rounds and always after the last round; a run resumed at round ``k`` evaluates round ``k``
+    first unless its checkpoint was written right after that evaluation. The test set is
+    evaluated once, for the final model, at the end of fit (:meth:`evaluate_test_set`), and by
+    ``trainer.test``. Selection reads ``val/*`` only.
+
     Args:
         model: the global model (a plain ``nn.Module``).
         algorithm: the federated algorithm, e.g. :class:`~pl_privfed.algorithms.AlphaNormEC`.
@@ -218,6 +225,9 @@ class FederatedModule(pl.LightningModule):
         self.oracle: GradientOracle | None = None
         self.accountant: PrivacyAccountant | None = None
         self.test_accuracy: MulticlassAccuracy | None = None
+        self.val_accuracy: MulticlassAccuracy | None = None
+        self._validated_round: int | None = None  # the round of the last validation
+        self._final_test: dict[str, Any] | None = None  # the end-of-fit test evaluation
         self._epsilon = 0.0
         self._last_round = None
         self.local_batches = 1
@@ -318,6 +328,7 @@ class FederatedModule(pl.LightningModule):
         num_classes = getattr(datamodule, "num_classes", None)
         if num_classes:
             self.test_accuracy = MulticlassAccuracy(num_classes=num_classes, average="micro")
+            self.val_accuracy = MulticlassAccuracy(num_classes=num_classes, average="micro")
 
     def _check_grid_mechanisms(self) -> None:
         """One accountant serves the grid: every configuration must release the same
@@ -586,8 +597,10 @@ class FederatedModule(pl.LightningModule):
             stats[1] += (out.argmax(-1) == targets).sum()
             stats[2] += len(targets)
 
-    def _grid_record_evaluation(self) -> None:
-        """Append the evaluation's per-configuration results to the history and write them."""
+    def _grid_record_evaluation(self, stage: str, log: bool = True) -> None:
+        """Append the evaluation's per-configuration results (``<stage>/loss``,
+        ``<stage>/acc``, ``stage`` = ``val`` or ``test``) to the history and write them; with
+        ``log`` (inside Lightning's evaluation loops) also log the best accuracy."""
         if self._grid_eval is None:
             return
         stats, self._grid_eval = self._grid_eval.tolist(), None
@@ -595,12 +608,12 @@ class FederatedModule(pl.LightningModule):
         for k, (loss_sum, correct, count) in enumerate(stats):
             if count == 0:
                 continue
-            self.grid_record(k, "test/loss", self.global_step, loss_sum / count)
+            self.grid_record(k, f"{stage}/loss", self.global_step, loss_sum / count)
             if self.test_accuracy is not None:
                 accuracies.append(correct / count)
-                self.grid_record(k, "test/acc", self.global_step, correct / count)
-        if accuracies:
-            self.log("grid/best_test_acc", max(accuracies), prog_bar=True)
+                self.grid_record(k, f"{stage}/acc", self.global_step, correct / count)
+        if accuracies and log:
+            self.log(f"grid/best_{stage}_acc", max(accuracies), prog_bar=True)
         self.write_grid_results()
 
     def _grid_results_dir(self) -> Path:
@@ -653,10 +666,15 @@ class FederatedModule(pl.LightningModule):
             }
         if self._output_report is not None:
             entries["output_iterate"] = self._output_report
+        if self._final_test is not None and self.grid_algorithms is None:
+            entries["final_test_accuracy"] = self._final_test["accuracy"]
+            entries["final_test_loss"] = self._final_test["loss"]
+            entries["final_test_round"] = self._final_test["round"]
         return entries
 
     @override
     def on_train_end(self) -> None:
+        self._final_test = self.evaluate_test_set()  # before a grid's results are written
         if self.grid_algorithms is not None:
             self._grid_status = ["finished" if s == "running" else s for s in self._grid_status]
             results = self.write_grid_results()
@@ -675,31 +693,15 @@ class FederatedModule(pl.LightningModule):
         """
         out = self.algorithm.output()
         report: dict[str, Any] = {"round": out["round"], "agent": out["agent"]}
-        datamodule = self.trainer.datamodule
-        loader = getattr(datamodule, "test_dataloader", None)
+        loader = getattr(self.trainer.datamodule, "test_dataloader", None)
         if not callable(loader):
             return report
-        preprocess = getattr(datamodule, "preprocess", None)
         x = self.layout.flatten(self.model)
-        was_training = self.model.training
         self.layout.assign(self.model, out["params"].to(x))
-        self.model.eval()
-        total_loss, correct, count = 0.0, 0, 0
         try:
-            for inputs, targets in loader():
-                inputs, targets = inputs.to(self.device), targets.to(self.device)
-                if callable(preprocess):
-                    inputs = preprocess(inputs, False, 0)
-                logits, loss = self._model_loss(inputs, targets)
-                total_loss += float(loss) * len(targets)
-                if self.test_accuracy is not None:
-                    correct += int((logits.argmax(-1) == targets).sum())
-                count += len(targets)
+            report["test_loss"], report["test_accuracy"] = self._loader_metrics(loader())
         finally:
             self.layout.assign(self.model, x)
-            self.model.train(was_training)
-        report["test_loss"] = total_loss / max(count, 1)
-        report["test_accuracy"] = correct / max(count, 1) if self.test_accuracy else None
         return report
 
     def operator_statistics(self) -> dict[str, Tensor]:
@@ -738,31 +740,131 @@ class FederatedModule(pl.LightningModule):
             loss = loss + regularizer(dict(self.model.named_parameters()))
         return out, loss
 
-    def _evaluate(self, batch: Any) -> None:
+    def _evaluate(self, batch: Any, stage: str) -> None:
+        """Log ``<stage>/loss`` and ``<stage>/acc`` (``stage``: ``val`` or ``test``)."""
         out, loss = self._model_loss(*batch)
         targets = batch[1]
-        self.log("test/loss", loss, on_epoch=True, prog_bar=True)
-        if self.test_accuracy is not None:
-            self.test_accuracy(out, targets)
-            self.log("test/acc", self.test_accuracy, on_epoch=True, prog_bar=True)
+        self.log(f"{stage}/loss", loss, on_epoch=True, prog_bar=True)
+        accuracy = self.val_accuracy if stage == "val" else self.test_accuracy
+        if accuracy is not None:
+            accuracy(out, targets)
+            self.log(f"{stage}/acc", accuracy, on_epoch=True, prog_bar=True)
+
+    @torch.no_grad()
+    def _loader_metrics(self, loader: Any) -> tuple[float, float | None]:
+        """Mean loss and accuracy (``None`` for regression) of the model over ``loader``, in
+        eval mode (restored afterwards), batches through the datamodule's ``preprocess``."""
+        preprocess = getattr(self.trainer.datamodule, "preprocess", None)
+        was_training = self.model.training
+        self.model.eval()
+        total_loss, correct, count = 0.0, 0, 0
+        try:
+            for inputs, targets in loader:
+                inputs, targets = inputs.to(self.device), targets.to(self.device)
+                if callable(preprocess):
+                    inputs = preprocess(inputs, False, 0)
+                logits, loss = self._model_loss(inputs, targets)
+                total_loss += float(loss) * len(targets)
+                if self.test_accuracy is not None:
+                    correct += int((logits.argmax(-1) == targets).sum())
+                count += len(targets)
+        finally:
+            self.model.train(was_training)
+        accuracy = correct / max(count, 1) if self.test_accuracy is not None else None
+        return total_loss / max(count, 1), accuracy
+
+    @torch.no_grad()
+    def evaluate_test_set(self) -> dict[str, Any] | None:
+        """The held-out test set, once, for the final model: called at the end of fit.
+
+        Selection (sweeps, reports, early stopping) reads the validation split; the test set is
+        measured here, after the last round, for the model that training produced, and for
+        every configuration of a grid that has not failed (its ``test/*`` point and
+        ``final_test_accuracy``). The values go to the loggers as ``test/loss`` and ``test/acc``
+        at the last round and into ``summary.json`` (``final_test_accuracy``,
+        ``final_test_loss``, ``final_test_round``). Returns ``None`` when the datamodule has no
+        test set.
+        """
+        loader = getattr(self.trainer.datamodule, "test_dataloader", None)
+        if not callable(loader) or self.oracle is None:
+            return None
+        round_index = int(self.global_step)
+        if self.grid_algorithms is not None:
+            preprocess = getattr(self.trainer.datamodule, "preprocess", None)
+            was_training = self.model.training
+            self.model.eval()
+            self._grid_eval = None
+            try:
+                for inputs, targets in loader():
+                    inputs, targets = inputs.to(self.device), targets.to(self.device)
+                    if callable(preprocess):
+                        inputs = preprocess(inputs, False, 0)
+                    self._grid_evaluate((inputs, targets))
+            finally:
+                self.model.train(was_training)
+            self._grid_record_evaluation("test", log=False)
+            return {"round": round_index}
+        loss, accuracy = self._loader_metrics(loader())
+        metrics = {"test/loss": loss}
+        if accuracy is not None:
+            metrics["test/acc"] = accuracy
+        if self.trainer.is_global_zero:  # at the step Lightning gave the last round's metrics
+            for logger in self.trainer.loggers:
+                logger.log_metrics(metrics, step=max(round_index - 1, 0))
+        return {"round": round_index, "loss": loss, "accuracy": accuracy}
+
+    def _validate_now(self) -> None:
+        """Run Lightning's validation loop of the fit now (callbacks and loggers see it as the
+        evaluation of the current round), as the training loop itself runs it."""
+        trainer = self.trainer
+        if not trainer.enable_validation:
+            return
+        connector = trainer._logger_connector
+        first_loop_iter = connector._first_loop_iter
+        trainer.validating = True
+        trainer.fit_loop.epoch_loop.val_loop.run()
+        trainer.training = True
+        connector._first_loop_iter = first_loop_iter
+
+    @override
+    def on_train_start(self) -> None:
+        # a run resumed at round k evaluates round k, unless the checkpoint was written after
+        # that evaluation (then its point is in the restored curves already)
+        if self.global_step > 0 and self._validated_round != self.global_step:
+            self._validate_now()
+
+    @override
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        # the last round is always evaluated: Lightning validates when a run is told to stop
+        rounds = self._num_rounds()
+        if rounds and self.global_step >= rounds:
+            self.trainer.should_stop = True
 
     @override
     def validation_step(self, batch: Any, batch_idx: int) -> None:
-        self._evaluate(batch) if self.grid_algorithms is None else self._grid_evaluate(batch)
+        if self.grid_algorithms is None:
+            self._evaluate(batch, "val")
+        else:
+            self._grid_evaluate(batch)
 
     @override
     def test_step(self, batch: Any, batch_idx: int) -> None:
-        self._evaluate(batch) if self.grid_algorithms is None else self._grid_evaluate(batch)
+        if self.grid_algorithms is None:
+            self._evaluate(batch, "test")
+        else:
+            self._grid_evaluate(batch)
 
     @override
     def on_validation_epoch_end(self) -> None:
         if self.grid_algorithms is not None:
-            self._grid_record_evaluation()
+            self._grid_record_evaluation("val")
+        if not self.trainer.sanity_checking:
+            self._validated_round = int(self.global_step)
 
     @override
     def on_test_epoch_end(self) -> None:
         if self.grid_algorithms is not None:
-            self._grid_record_evaluation()
+            self._grid_record_evaluation("test")
 
     # ------------------------------------------------------------------ privacy report & state
     def privacy_mechanisms(self) -> list:
@@ -849,6 +951,7 @@ class FederatedModule(pl.LightningModule):
         if self.accountant is not None:
             checkpoint["privacy_accountant"] = self.accountant.state_dict()
         checkpoint["client_transmissions"] = self.client_transmissions
+        checkpoint["validated_round"] = self._validated_round
         if self.grid_algorithms is not None:
             checkpoint["grid"] = {
                 "status": self._grid_status,
@@ -863,6 +966,7 @@ class FederatedModule(pl.LightningModule):
         if self.accountant is not None and "privacy_accountant" in checkpoint:
             self.accountant.load_state_dict(checkpoint["privacy_accountant"])
         self.client_transmissions = int(checkpoint.get("client_transmissions", 0))
+        self._validated_round = checkpoint.get("validated_round")
         if self.grid_algorithms is not None and "grid" in checkpoint:
             self._grid_status = list(checkpoint["grid"]["status"])
             self._grid_history = [

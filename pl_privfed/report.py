@@ -1,25 +1,37 @@
 """Paper-style figures and tables from a sweep's ``results.csv``: ``pl-privfed report``.
 
-Only finished runs are drawn. :func:`make_report` writes
+Only finished runs are drawn. Runs that differ only in their seed (a parameter in
+:data:`~pl_privfed.sweep.SEED_PARAMETERS`, e.g. ``seed: {values: [0, 1, 2]}``) are one
+*configuration*: every number below is aggregated over its seeds as the mean, the sample standard
+deviation and a 95 % Student-t interval (:func:`scipy.stats.t.interval`; none with one seed).
+Every choice of a configuration — the best γ per β, the best cell of a heatmap, the run a curve
+shows — is made on the **validation** metric (default ``final_val_accuracy``, the held-out split
+of the training data at the last round); the test accuracy is only *reported*, for the selected
+configurations. Accuracies are in percent everywhere (heatmaps, curves, tables).
+:func:`make_report` writes
 
-* ``heatmap.png``: the highest test accuracy over (x, y), by default (β, γ), values annotated,
-  one panel per value of every other parameter that varies (α, server normalization, ...), on
-  one colour scale, as in paper 002 Figs. 4-8 and 11-12;
+* ``heatmap.png``: the mean validation accuracy of the best configuration per (x, y) cell, by
+  default (β, γ), annotated with the mean and the 95 % interval's half-width, one panel per value
+  of every other parameter that varies (α, server normalization, ...), on a fixed colour range
+  (``vmin``, ``vmax``; default 0–100 %), as in paper 002 Figs. 4-8 and 11-12;
 * ``heatmap_server_normalization_difference.png`` when ``server_normalization`` varies: with
   minus without server normalization, in accuracy points (paper 002 Fig. 12);
-* ``curves.png``: training loss and test accuracy against rounds of the best y for each value
-  of x, from the runs' ``curves.csv`` (paper 002 Figs. 3, 9, 13);
-* ``table.md`` and ``table.csv``: method, β, γ (and every other varying parameter), final and
-  best test accuracy, ε where present, sorted by method then best accuracy (paper 002 Tables 7
-  and 10);
+* ``curves.png``: training loss and validation accuracy against rounds of the best y for each
+  value of x and each method (both server-normalization variants), the mean over seeds with a
+  95 % band (paper 002 Figs. 3, 9, 13);
+* ``table.md`` and ``table.csv``: per method the configuration selected on validation with its
+  test accuracy (mean ± std and 95 % interval), then every configuration, and notes where two
+  methods' test intervals overlap (paper 002 Tables 7 and 10);
 * ``rounds_to_target.png`` when the runs measured the full-gradient norm
-  (:class:`~pl_privfed.callbacks.GradientNorm`): the fewest rounds to reach the target against
-  the clipping threshold, one line per number of local steps, one panel per number of classes
-  per client, the step sizes tuned (minimum over the other parameters), as in paper 003
-  Figs. 1–2;
-* ``accuracy_vs_transmissions.png`` when the participation probability varies: test accuracy of
-  the best run per ``p`` against the total client-to-server transmissions ``k · p · M`` (measured:
-  round × the run's transmissions per round), as in paper 004 Fig. 2.
+  (:class:`~pl_privfed.callbacks.GradientNorm`): the fewest mean rounds to reach the target
+  against the clipping threshold, one line per number of local steps, one panel per number of
+  classes per client, as in paper 003 Figs. 1–2;
+* ``accuracy_vs_transmissions.png`` when the participation probability varies: validation
+  accuracy of the best configuration per ``p`` against the client-to-server transmissions
+  ``k · p · M``, as in paper 004 Fig. 2.
+
+Runs without the selection metric (no evaluation ran) are named in a warning, never drawn as
+silent grey cells.
 """
 
 from __future__ import annotations
@@ -28,23 +40,118 @@ import csv
 import json
 import math
 import os
+import warnings
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from matplotlib import colormaps
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
+from scipy import stats as scipy_stats
 
 from pl_privfed.callbacks.summary import finite_float
-from pl_privfed.sweep import RESULT_COLUMNS
+from pl_privfed.sweep import RESULT_COLUMNS, SEED_PARAMETERS
 
-__all__ = ["compare_methods", "load_results", "make_report"]
+__all__ = [
+    "Configuration",
+    "Interval",
+    "aggregate",
+    "compare_methods",
+    "load_results",
+    "make_report",
+    "mean_interval",
+    "overlap_notes",
+]
 
 _NOT_PARAMETERS = {"run", "status", "run_dir", *RESULT_COLUMNS}
 _SYMBOLS = {"beta": "β", "step_size": "γ", "alpha": "α", "epsilon": "ε", "delta": "δ"}
 _SERVER_NORM = "server_normalization"
+_DEFAULT_METRIC = "final_val_accuracy"
+
+
+# --------------------------------------------------------------------------- statistics
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A metric over the seeds of one configuration.
+
+    Attributes:
+        n: the number of seeds with a value.
+        mean: their mean (``nan`` when ``n = 0``).
+        std: their sample standard deviation (``ddof=1``; ``nan`` when ``n < 2``).
+        low, high: the 95 % Student-t interval of the mean (``nan`` when ``n < 2``).
+    """
+
+    n: int
+    mean: float
+    std: float
+    low: float
+    high: float
+
+    @property
+    def half_width(self) -> float:
+        return (self.high - self.low) / 2
+
+    def overlaps(self, other: Interval) -> bool:
+        """Whether the two 95 % intervals overlap (true when either is undefined)."""
+        if not (math.isfinite(self.low) and math.isfinite(other.low)):
+            return True
+        return self.low <= other.high and other.low <= self.high
+
+    def scaled(self, factor: float) -> Interval:
+        return Interval(
+            self.n, self.mean * factor, self.std * factor, self.low * factor, self.high * factor
+        )
+
+
+def mean_interval(values: Iterable[float], confidence: float = 0.95) -> Interval:
+    """Mean, sample standard deviation and Student-t interval of ``values``.
+
+    The interval is :func:`scipy.stats.t.interval` with ``n − 1`` degrees of freedom around the
+    mean with the standard error :func:`scipy.stats.sem`; with equal values it is the mean.
+
+    >>> r = mean_interval([0.70, 0.72, 0.74])
+    >>> round(r.mean, 4), round(r.std, 4), round(r.low, 4), round(r.high, 4)
+    (0.72, 0.02, 0.6703, 0.7697)
+    """
+    data = np.asarray([v for v in values if v is not None and math.isfinite(v)], dtype=float)
+    n = len(data)
+    if n == 0:
+        return Interval(0, math.nan, math.nan, math.nan, math.nan)
+    mean = float(data.mean())
+    if n == 1:
+        return Interval(1, mean, math.nan, math.nan, math.nan)
+    std = float(data.std(ddof=1))
+    if std == 0:
+        return Interval(n, mean, 0.0, mean, mean)
+    low, high = scipy_stats.t.interval(confidence, df=n - 1, loc=mean, scale=scipy_stats.sem(data))
+    return Interval(n, mean, std, float(low), float(high))
+
+
+def _percent(metric: str) -> bool:
+    return "accuracy" in metric or metric.endswith("/acc")
+
+
+def _fmt(interval: Interval, scale: float = 1.0, digits: int = 2) -> str:
+    """``mean ± std`` (``mean`` alone with one seed; empty without a value)."""
+    if interval.n == 0:
+        return ""
+    if interval.n == 1:
+        return f"{interval.mean * scale:.{digits}f}"
+    return f"{interval.mean * scale:.{digits}f} ± {interval.std * scale:.{digits}f}"
+
+
+def _fmt_ci(interval: Interval, scale: float = 1.0, digits: int = 2) -> str:
+    if interval.n < 2:
+        return ""
+    return f"[{interval.low * scale:.{digits}f}, {interval.high * scale:.{digits}f}]"
+
+
+# --------------------------------------------------------------------------- reading
 
 
 def _order(text: str) -> tuple:
@@ -69,13 +176,26 @@ def _read_csv(path: str | os.PathLike) -> tuple[list[str], list[dict[str, str]]]
         return list(reader.fieldnames or []), rows
 
 
-def _run_dir(row: dict[str, str], results_csv: Path) -> Path:
+def _read_many(paths: Sequence[Path]) -> tuple[list[str], list[dict[str, str]]]:
+    """The rows of several ``results.csv`` files (e.g. one grid per seed), columns united;
+    each row remembers its file (for run directories recorded relative to it)."""
+    header: list[str] = []
+    rows: list[dict[str, str]] = []
+    for path in paths:
+        names, own = _read_csv(path)
+        header += [c for c in names if c not in header]
+        rows += [{**r, "_csv": str(path)} for r in own]
+    return header, rows
+
+
+def _run_dir(row: dict[str, str], results_csv: Path | None = None) -> Path:
     """The run directory of a row: as recorded, else ``runs/<run>`` beside the CSV (a CSV read
     from another working directory or a moved sweep folder)."""
     recorded = Path(row.get("run_dir") or "")
     if row.get("run_dir") and recorded.is_dir():
         return recorded
-    return results_csv.parent / "runs" / (row.get("run") or "")
+    base = Path(row["_csv"]).parent if row.get("_csv") else Path(results_csv or ".").parent
+    return base / "runs" / (row.get("run") or "")
 
 
 def _summary(run_dir: Path) -> dict:
@@ -87,12 +207,15 @@ def _summary(run_dir: Path) -> dict:
 
 
 def _method(row: dict[str, str], run_dir: Path) -> str:
-    """The algorithm's class name from the run's ``summary.json`` (+ " + server norm")."""
+    """The algorithm's class name from the run's ``summary.json``, ``DP-`` in front when the
+    run is private (it adds noise), ``+ server norm`` behind when it normalizes the server
+    step."""
     name, server_norm = "?", row.get(_SERVER_NORM) == "true"
     summary = _summary(run_dir)
     config = summary.get("config")
     model = config.get("model") if isinstance(config, dict) else None
     algorithm = model.get("algorithm") if isinstance(model, dict) else None
+    init_args: dict = {}
     if isinstance(algorithm, dict) and algorithm.get("class_path"):
         name = str(algorithm["class_path"]).rsplit(".", 1)[-1]
         init_args = algorithm.get("init_args") or {}
@@ -100,6 +223,11 @@ def _method(row: dict[str, str], run_dir: Path) -> str:
             server_norm = init_args[_SERVER_NORM] is True
     elif summary.get("algorithm"):
         name = str(summary["algorithm"]).split("(", 1)[0]
+    private = summary.get("private")
+    if private is None:
+        private = init_args.get("noise") is not None or finite_float(row.get("epsilon")) is not None
+    if private and "DP" not in name:
+        name = f"DP-{name}"
     return name + (" + server norm" if server_norm else "")
 
 
@@ -116,27 +244,90 @@ def _read_curves(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
     return curves
 
 
-def _best(rows: Iterable[dict[str, str]], metric: str) -> dict[str, str] | None:
-    scored = [(s, r) for r in rows if (s := finite_float(r.get(metric))) is not None]
+# --------------------------------------------------------------------------- configurations
+
+
+@dataclass
+class Configuration:
+    """The finished runs of one setting of the non-seed parameters."""
+
+    key: tuple[str, ...]
+    values: dict[str, str]
+    rows: list[dict[str, str]]
+    method: str
+
+    def stat(self, metric: str) -> Interval:
+        return mean_interval(finite_float(r.get(metric)) for r in self.rows)
+
+
+def aggregate(
+    rows: Sequence[dict[str, str]], params: Sequence[str], results_csv: Path | None = None
+) -> list[Configuration]:
+    """Group finished ``rows`` by every parameter but the seeds (:data:`SEED_PARAMETERS`): one
+    :class:`Configuration` per setting, in first-seen order."""
+    keys = [c for c in params if c not in SEED_PARAMETERS]
+    groups: dict[tuple, Configuration] = {}
+    for row in rows:
+        key = tuple(row.get(c, "") for c in keys)
+        if key not in groups:
+            method = _method(row, _run_dir(row, results_csv))
+            groups[key] = Configuration(key, dict(zip(keys, key, strict=True)), [], method)
+        groups[key].rows.append(row)
+    return list(groups.values())
+
+
+def _best(configs: Iterable[Configuration], metric: str) -> Configuration | None:
+    """The configuration with the highest mean ``metric`` (a validation metric)."""
+    scored = [(c.stat(metric).mean, c) for c in configs if c.stat(metric).n]
     return max(scored, key=lambda t: t[0])[1] if scored else None
 
 
-def _cells(rows: Sequence[dict[str, str]], x: str, y: str, metric: str) -> dict[tuple, float]:
-    """The highest ``metric`` per (x, y) cell, over every other column."""
-    groups: dict[tuple, list[dict[str, str]]] = defaultdict(list)
-    for r in rows:
-        groups[(r[x], r[y])].append(r)
+def _cells(configs: Sequence[Configuration], x: str, y: str, metric: str) -> dict[tuple, Interval]:
+    """The best configuration's ``metric`` per (x, y) cell, over every other column."""
+    groups: dict[tuple, list[Configuration]] = defaultdict(list)
+    for c in configs:
+        groups[(c.values[x], c.values[y])].append(c)
     out = {}
     for cell, members in groups.items():
         best = _best(members, metric)
         if best is not None:
-            out[cell] = finite_float(best[metric])
+            out[cell] = best.stat(metric)
     return out
+
+
+def _mean_curve(
+    run_dirs: Sequence[Path], key: str
+) -> tuple[list[int], np.ndarray, np.ndarray, np.ndarray] | None:
+    """Mean of a curve over seeds at the rounds every seed logged, with a 95 % band."""
+    curves = [dict(_read_curves(d).get(key, [])) for d in run_dirs]
+    curves = [c for c in curves if c]
+    if not curves:
+        return None
+    rounds = sorted(set.intersection(*(set(c) for c in curves)))
+    if not rounds:
+        return None
+    stats = [mean_interval(c[r] for c in curves) for r in rounds]
+    mean = np.array([s.mean for s in stats])
+    low = np.array([s.low if math.isfinite(s.low) else s.mean for s in stats])
+    high = np.array([s.high if math.isfinite(s.high) else s.mean for s in stats])
+    return rounds, mean, low, high
+
+
+def _plot_band(ax, xs, curve, scale: float, label: str, linestyle: str = "-", color=None):
+    _, mean, low, high = curve
+    line = ax.plot(xs, mean * scale, label=label, linestyle=linestyle, color=color,
+                   marker="." if len(xs) < 30 else None)[0]  # fmt: skip
+    if np.any(high > low):
+        ax.fill_between(xs, low * scale, high * scale, color=line.get_color(), alpha=0.2)
+    return line
+
+
+# --------------------------------------------------------------------------- heatmaps
 
 
 def _draw_heatmap(
     ax,
-    values: dict[tuple, float],
+    values: dict[tuple, Interval],
     xs: list[str],
     ys: list[str],
     *,
@@ -144,12 +335,16 @@ def _draw_heatmap(
     y: str,
     title: str,
     bounds: tuple[float, float],
+    scale: float,
     diff: bool = False,
 ):
-    """One annotated heatmap (values in accuracy points) on ``ax``; returns the image."""
+    """One annotated heatmap on ``ax`` (mean, and ± the 95 % half-width with several seeds);
+    returns the image."""
     data = np.full((len(ys), len(xs)), np.nan)
+    half = np.full((len(ys), len(xs)), np.nan)
     for (xv, yv), value in values.items():
-        data[ys.index(yv), xs.index(xv)] = 100.0 * value
+        data[ys.index(yv), xs.index(xv)] = scale * value.mean
+        half[ys.index(yv), xs.index(xv)] = scale * value.half_width
     cmap = colormaps["RdBu" if diff else "viridis"].with_extremes(bad="0.85")
     vmin, vmax = bounds
     image = ax.imshow(
@@ -166,16 +361,19 @@ def _draw_heatmap(
             value = data[i, j]
             if not np.isfinite(value):
                 continue
-            level = (value - vmin) / span
+            level = min(max((value - vmin) / span, 0.0), 1.0)
             dark = abs(level - 0.5) > 0.3 if diff else level < 0.6
-            ax.text(j, i, f"{value:+.1f}" if diff else f"{value:.1f}", ha="center", va="center",
-                    fontsize=8, color="white" if dark else "black")  # fmt: skip
+            text = f"{value:+.1f}" if diff else f"{value:.1f}"
+            if np.isfinite(half[i, j]):
+                text += f"\n±{half[i, j]:.1f}"
+            ax.text(j, i, text, ha="center", va="center", fontsize=7,
+                    color="white" if dark else "black")  # fmt: skip
     return image
 
 
 def _heatmap_figure(
     path: Path,
-    panels: dict[tuple, dict[tuple, float]],
+    panels: dict[tuple, dict[tuple, Interval]],
     columns: Sequence[str],
     xs: list[str],
     ys: list[str],
@@ -183,29 +381,30 @@ def _heatmap_figure(
     x: str,
     y: str,
     title: str,
+    bounds: tuple[float, float],
+    scale: float,
+    unit: str,
     diff: bool = False,
 ) -> Path:
-    """One panel per facet value (``columns``), one shared colour scale; rows follow all
+    """One panel per facet value (``columns``), one colour range (``bounds``); rows follow all
     facets but the last, columns the last one."""
     keys = sorted(panels, key=lambda k: tuple(_order(v) for v in k))
-    bounds = _bounds((v for p in panels.values() for v in p.values()), symmetric=diff)
     if len(columns) >= 2:
         ncols = len({k[-1] for k in keys})
     else:
         ncols = min(len(keys), 4)
     nrows = math.ceil(len(keys) / ncols)
-    width = max(3.6, 1.4 + 0.75 * len(xs))
-    height = max(2.9, 1.3 + 0.5 * len(ys))
+    width = max(3.6, 1.4 + 0.8 * len(xs))
+    height = max(2.9, 1.3 + 0.6 * len(ys))
     fig = Figure(figsize=(width * ncols + 1.0, height * nrows), layout="constrained")
     image = None
     for i, key in enumerate(keys):
         ax = fig.add_subplot(nrows, ncols, i + 1)
         label = f"{_facet_title(columns, key)}: {title}" if columns else title
-        image = _draw_heatmap(
-            ax, panels[key], xs, ys, x=x, y=y, title=label, bounds=bounds, diff=diff
-        )
+        image = _draw_heatmap(ax, panels[key], xs, ys, x=x, y=y, title=label, bounds=bounds,
+                              scale=scale, diff=diff)  # fmt: skip
     if image is not None:
-        fig.colorbar(image, ax=fig.axes, label="accuracy points" if diff else "accuracy (%)")
+        fig.colorbar(image, ax=fig.axes, label=unit)
     fig.savefig(path, dpi=120)
     return path
 
@@ -214,94 +413,159 @@ def _facet_title(columns: Sequence[str], values: Sequence[str]) -> str:
     return ", ".join(f"{_symbol(c)}={v}" for c, v in zip(columns, values, strict=True))
 
 
-def _bounds(values: Iterable[float | None], symmetric: bool = False) -> tuple[float, float]:
-    finite = [100.0 * v for v in values if v is not None]
+def _symmetric_bound(values: Iterable[Interval], scale: float) -> tuple[float, float]:
+    finite = [abs(scale * v.mean) for v in values if v.n]
+    bound = max([1e-6, *finite])
+    return -bound, bound
+
+
+def _auto_bounds(values: Iterable[Interval], scale: float) -> tuple[float, float]:
+    finite = [scale * v.mean for v in values if v.n]
     if not finite:
-        return (-1.0, 1.0) if symmetric else (0.0, 100.0)
-    if symmetric:
-        bound = max(1e-6, max(abs(v) for v in finite))
-        return -bound, bound
+        return 0.0, 1.0
     low, high = min(finite), max(finite)
     return (low, high) if high > low else (low - 0.5, high + 0.5)
 
 
+def _check_selection_metric(metric: str) -> None:
+    if "test" in metric:
+        raise ValueError(
+            f"metric={metric!r} would select on the test set: select on a validation metric "
+            "(final_val_accuracy, best_val_accuracy); the test accuracy is reported for the "
+            "selected configurations"
+        )
+
+
+def _warn_missing(rows: Sequence[dict[str, str]], metric: str, where: str) -> None:
+    missing = [r.get("run", "?") for r in rows if finite_float(r.get(metric)) is None]
+    if missing:
+        shown = ", ".join(missing[:8]) + (", ..." if len(missing) > 8 else "")
+        warnings.warn(
+            f"{len(missing)} of {len(rows)} finished runs in {where} have no {metric} (no "
+            f"evaluation ran?): {shown}; they are left out of the heatmaps and the selection",
+            UserWarning,
+            stacklevel=3,
+        )
+
+
+# --------------------------------------------------------------------------- the report
+
+
 def make_report(
-    results_csv: str | os.PathLike,
+    results_csv: str | os.PathLike | Sequence[str | os.PathLike],
     out_dir: str | os.PathLike | None = None,
     *,
     x: str = "beta",
     y: str = "step_size",
     facet: str | Sequence[str] | None = None,
-    metric: str = "best_test_accuracy",
+    metric: str = _DEFAULT_METRIC,
+    vmin: float | None = None,
+    vmax: float | None = None,
 ) -> list[Path]:
     """Write the heatmaps, the curves figure and the table of a sweep; return the written paths.
 
     Args:
-        results_csv: a sweep's ``results.csv`` (:func:`pl_privfed.sweep.run_sweep`).
-        out_dir: where to write (default ``report/`` beside the CSV).
+        results_csv: a sweep's ``results.csv`` (:func:`pl_privfed.sweep.run_sweep`), or several
+            (e.g. one grid per seed), read as one.
+        out_dir: where to write (default ``report/`` beside the (first) CSV).
         x: the column on the heatmaps' x axis, one curve per value (default β).
         y: the column on the heatmaps' y axis, tuned per x for the curves (default γ).
         facet: column(s) with one heatmap per value; default every other parameter that
-            varies. Parameters that vary but are neither x, y nor a facet are maximized over.
-        metric: the accuracy column of the heatmaps and of the choice of the best runs.
+            varies. Parameters that vary but are neither x, y nor a facet are maximized over
+            (by the mean of ``metric``); seeds are averaged.
+        metric: the validation column that selects configurations and fills the heatmaps
+            (default ``final_val_accuracy``; ``best_val_accuracy`` is the best round's). A test
+            column is refused.
+        vmin, vmax: the heatmaps' colour range, in the metric's units (percent for
+            accuracies); default 0 and 100 for an accuracy, else the values' range.
 
     Where the default x (``beta``) or y (``step_size``) is not a column of the CSV (a grid over
     other parameters), the first other parameter that varies takes its place. A grid over one
     parameter gets no heatmap: its curves (one per value) and table.
 
     Raises:
-        ValueError: when x, y or a facet is not a parameter column of the CSV.
+        ValueError: when x, y or a facet is not a parameter column of the CSV, or ``metric``
+            is a test metric.
     """
-    results_csv = Path(results_csv)
-    header, all_rows = _read_csv(results_csv)
+    _check_selection_metric(metric)
+    paths = (
+        [Path(results_csv)]
+        if isinstance(results_csv, str | os.PathLike)
+        else [Path(p) for p in results_csv]
+    )
+    if not paths:
+        raise ValueError("make_report needs at least one results.csv")
+    results_csv = paths[0]
+    header, all_rows = _read_many(paths)
     params = [c for c in header if c not in _NOT_PARAMETERS]
+    config_params = [c for c in params if c not in SEED_PARAMETERS]
     facets_given = [facet] if isinstance(facet, str) else list(facet or [])
-    varying_all = [c for c in params if len({r.get(c) for r in all_rows}) > 1]
-    one_parameter = len(params) == 1 and (x, y) == ("beta", "step_size")
+    varying_all = [c for c in config_params if len({r.get(c) for r in all_rows}) > 1]
+    one_parameter = len(config_params) == 1 and (x, y) == ("beta", "step_size")
     if one_parameter:  # a one-dimensional grid: no heatmap; curves and table per value
-        x, y = params[0], None
-    elif x == "beta" and x not in params:  # the default x, a grid without β: its first parameter
-        x = next((c for c in varying_all + params if c != y), x)
-    if y == "step_size" and y not in params:
-        y = next((c for c in varying_all + params if c != x), y)
+        x, y = config_params[0], None
+    elif x == "beta" and x not in config_params:  # the default x, a grid without β
+        x = next((c for c in varying_all + config_params if c != y), x)
+    if y == "step_size" and y not in config_params:
+        y = next((c for c in varying_all + config_params if c != x), y)
     for role, column in [("x", x), ("y", y), *(("facet", f) for f in facets_given)]:
-        if column not in params and not (role == "y" and one_parameter):
+        if column not in config_params and not (role == "y" and one_parameter):
             raise ValueError(
-                f"{role}={column!r} is not a parameter column of {results_csv}: {params}"
+                f"{role}={column!r} is not a parameter column of {results_csv}: {config_params}"
             )
     if x == y:
         raise ValueError(f"x and y must differ, got x=y={x!r}")
     out = Path(out_dir) if out_dir is not None else results_csv.parent / "report"
     out.mkdir(parents=True, exist_ok=True)
     rows = [r for r in all_rows if r.get("status") == "finished"]
-    varying = [c for c in params if len({r.get(c) for r in rows}) > 1]
+    _warn_missing(rows, metric, str(results_csv))
+    configs = aggregate(rows, config_params, results_csv)
+    varying = [c for c in config_params if len({r.get(c) for r in rows}) > 1]
     facets = facets_given if facet is not None else [c for c in varying if c not in (x, y)]
     facets = [c for c in facets if c not in (x, y)]
-    xs = sorted({r[x] for r in rows}, key=_order)
-    ys = sorted({r[y] for r in rows}, key=_order) if y is not None else []
+    xs = sorted({c.values[x] for c in configs}, key=_order)
+    ys = sorted({c.values[y] for c in configs}, key=_order) if y is not None else []
+    percent = _percent(metric)
+    scale = 100.0 if percent else 1.0
+    unit = "validation accuracy (%)" if percent else metric
     written: list[Path] = []
 
-    # the highest accuracy over (x, y), one panel per facet value, one colour scale
-    groups: dict[tuple, list[dict[str, str]]] = defaultdict(list)
-    for r in rows:
-        groups[tuple(r[c] for c in facets)].append(r)
-    if groups and y is not None:
-        panels = {key: _cells(members, x, y, metric) for key, members in groups.items()}
-        title = "highest test accuracy (%)" if metric == "best_test_accuracy" else f"{metric} (%)"
-        written.append(
-            _heatmap_figure(out / "heatmap.png", panels, facets, xs, ys, x=x, y=y, title=title)
+    # the mean validation metric over (x, y), one panel per facet value, one colour range
+    groups: dict[tuple, list[Configuration]] = defaultdict(list)
+    for c in configs:
+        groups[tuple(c.values[f] for f in facets)].append(c)
+    panels = {key: _cells(members, x, y, metric) for key, members in groups.items()} if y else {}
+    if any(panels.values()):
+        if percent:
+            bounds = (0.0 if vmin is None else vmin, 100.0 if vmax is None else vmax)
+        else:
+            auto = _auto_bounds((v for p in panels.values() for v in p.values()), scale)
+            bounds = (auto[0] if vmin is None else vmin, auto[1] if vmax is None else vmax)
+        name = metric.replace("_", " ").replace("val ", "validation ")
+        title = f"{name} (%), mean over seeds" if percent else f"{name}, mean over seeds"
+        written.append(_heatmap_figure(out / "heatmap.png", panels, facets, xs, ys, x=x, y=y,
+                                       title=title, bounds=bounds, scale=scale, unit=unit))  # fmt: skip
+    elif rows and y is not None:
+        warnings.warn(
+            f"no finished run in {results_csv} has {metric}: no heatmap drawn",
+            UserWarning,
+            stacklevel=2,
         )
 
     # with minus without server normalization
-    if _SERVER_NORM in varying and _SERVER_NORM not in (x, y):
+    if _SERVER_NORM in varying and _SERVER_NORM not in (x, y) and any(panels.values()):
         rest = [c for c in facets if c != _SERVER_NORM]
-        sides: dict[tuple, dict[str, list[dict[str, str]]]] = defaultdict(lambda: defaultdict(list))
-        for r in rows:
-            sides[tuple(r[c] for c in rest)][r[_SERVER_NORM]].append(r)
-        diffs: dict[tuple, dict[tuple, float]] = {}
+        sides: dict[tuple, dict[str, list[Configuration]]] = defaultdict(lambda: defaultdict(list))
+        for c in configs:
+            sides[tuple(c.values[f] for f in rest)][c.values[_SERVER_NORM]].append(c)
+        diffs: dict[tuple, dict[tuple, Interval]] = {}
         for key, side in sides.items():
             on, off = _cells(side["true"], x, y, metric), _cells(side["false"], x, y, metric)
-            diffs[key] = {c: on[c] - off[c] for c in on.keys() & off.keys()}
+            diffs[key] = {
+                c: Interval(1, on[c].mean - off[c].mean, math.nan, math.nan, math.nan)
+                for c in on.keys() & off.keys()
+            }
+        bound = _symmetric_bound((v for p in diffs.values() for v in p.values()), scale)
         written.append(
             _heatmap_figure(
                 out / "heatmap_server_normalization_difference.png",
@@ -312,77 +576,164 @@ def make_report(
                 x=x,
                 y=y,
                 title="with − without server norm. (points)",
+                bounds=bound,
+                scale=scale,
+                unit="points" if percent else metric,
                 diff=True,
             )
         )
 
-    # training loss and test accuracy of the best y for each x
     if rows:
-        fig = Figure(figsize=(11, 4), layout="constrained")
-        loss_ax, acc_ax = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
-        losses: list[float] = []
-        others = [c for c in varying if c not in (x, y)]
-        for xv in xs:
-            best = _best((r for r in rows if r[x] == xv), metric)
-            if best is None:
-                continue
-            curves = _read_curves(_run_dir(best, results_csv))
-            label = ", ".join(f"{_symbol(c)}={best[c]}" for c in (x, y, *others) if c)
-            for ax, key in ((loss_ax, "train/loss"), (acc_ax, "test/acc")):
-                if curves.get(key):
-                    steps, values = zip(*sorted(curves[key]), strict=True)
-                    ax.plot(steps, values, label=label, marker="." if len(steps) < 30 else None)
-                    if key == "train/loss":
-                        losses += values
-        for ax, name in ((loss_ax, "training loss"), (acc_ax, "test accuracy")):
-            tuned = f"best {_symbol(y)} per {_symbol(x)}" if y else f"per {_symbol(x)}"
-            ax.set_title(f"{name}, {tuned}", fontsize=9)
-            ax.set_xlabel("round")
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-            ax.grid(alpha=0.3)
-        if losses and min(losses) > 0 and max(losses) > 10 * min(losses):  # orders of magnitude
-            loss_ax.set_yscale("log")
-        for ax in (acc_ax, loss_ax):
-            if ax.lines:
-                ax.legend(fontsize=7)
-                break
-        written.append(out / "curves.png")
-        fig.savefig(written[-1], dpi=120)
-
-    # the paper-style table
-    swept = [c for c in (x, y) if c] + [c for c in varying if c not in (x, y, _SERVER_NORM)]
-    with_eps = any(finite_float(r.get("epsilon")) is not None for r in rows)
-    columns = ["method", *(_symbol(c) for c in swept), "final accuracy (%)", "best accuracy (%)"]
-    columns += ["ε"] if with_eps else []
-    table: list[tuple[tuple, list[str]]] = []
-    for r in rows:
-        method = _method(r, _run_dir(r, results_csv))
-        final, best = finite_float(r.get("final_test_accuracy")), finite_float(r.get(metric))
-        cells_ = [method, *(r.get(c) or "" for c in swept)]
-        cells_ += ["" if v is None else f"{100 * v:.2f}" for v in (final, best)]
-        if with_eps:
-            eps = finite_float(r.get("epsilon"))
-            cells_.append("" if eps is None else f"{eps:.3g}")
-        table.append(((method, best is None, -(best or 0.0)), cells_))
-    table.sort(key=lambda t: t[0])
-    with (out / "table.csv").open("w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(columns)
-        writer.writerows(cells_ for _, cells_ in table)
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(cells_) + " |" for _, cells_ in table]
-    (out / "table.md").write_text("\n".join(lines) + "\n")
-    written += [out / "table.md", out / "table.csv"]
+        written.append(_curves_figure(out / "curves.png", configs, x, y, varying, metric))
+    written += _write_tables(out, configs, x, y, varying, metric)
     if any(finite_float(r.get("final_full_grad_norm")) is not None for r in rows):
-        written.append(_rounds_to_target_figure(out / "rounds_to_target.png", rows, params))
+        written.append(
+            _rounds_to_target_figure(out / "rounds_to_target.png", configs, config_params)
+        )
     participation = next((c for c in _PARTICIPATION if c in varying), None)
     if participation is not None:
         path = _transmissions_figure(
-            out / "accuracy_vs_transmissions.png", rows, participation, results_csv
+            out / "accuracy_vs_transmissions.png", configs, participation, metric
         )
         if path is not None:
             written.append(path)
     return written
+
+
+def _curves_figure(
+    path: Path,
+    configs: Sequence[Configuration],
+    x: str,
+    y: str | None,
+    varying: Sequence[str],
+    metric: str,
+) -> Path:
+    """Training loss and validation accuracy (%) of the best y for each x and each method
+    (with and without server normalization), mean over seeds with a 95 % band."""
+    fig = Figure(figsize=(11, 4), layout="constrained")
+    loss_ax, acc_ax = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+    losses: list[float] = []
+    others = [c for c in varying if c not in (x, y, _SERVER_NORM)]
+    methods = sorted({c.method for c in configs})
+    styles = ["-", "--", ":", "-."]
+    colors: dict[str, object] = {}
+    for m_index, method in enumerate(methods):
+        for xv in sorted({c.values[x] for c in configs}, key=_order):
+            members = [c for c in configs if c.values[x] == xv and c.method == method]
+            best = _best(members, metric)
+            if best is None:
+                continue
+            dirs = [_run_dir(r) for r in best.rows]
+            label = ", ".join(f"{_symbol(c)}={best.values[c]}" for c in (x, y, *others) if c)
+            label = f"{method}: {label}" if len(methods) > 1 else label
+            if best.stat(metric).n > 1:
+                label += f" ({best.stat(metric).n} seeds)"
+            for ax, key, scale in ((loss_ax, "train/loss", 1.0), (acc_ax, "val/acc", 100.0)):
+                curve = _mean_curve(dirs, key)
+                if curve is None:
+                    continue
+                style = styles[m_index % len(styles)]
+                line = _plot_band(ax, curve[0], curve, scale, label, style, colors.get(xv))
+                colors.setdefault(xv, line.get_color())
+                if key == "train/loss":
+                    losses += list(curve[1])
+    for ax, name in ((loss_ax, "training loss"), (acc_ax, "validation accuracy (%)")):
+        tuned = f"best {_symbol(y)} per {_symbol(x)}" if y else f"per {_symbol(x)}"
+        ax.set_title(f"{name}, {tuned}; mean over seeds, 95 % band", fontsize=9)
+        ax.set_xlabel("round")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+    acc_ax.set_ylabel("%")
+    if losses and min(losses) > 0 and max(losses) > 10 * min(losses):  # orders of magnitude
+        loss_ax.set_yscale("log")
+    for ax in (acc_ax, loss_ax):
+        if ax.lines:
+            ax.legend(fontsize=7)
+            break
+    fig.savefig(path, dpi=120)
+    return path
+
+
+def _epsilon(config: Configuration) -> str:
+    eps = config.stat("epsilon")
+    return "" if eps.n == 0 else f"{eps.mean:.3g}"
+
+
+def _write_tables(
+    out: Path,
+    configs: Sequence[Configuration],
+    x: str,
+    y: str | None,
+    varying: Sequence[str],
+    metric: str,
+) -> list[Path]:
+    """``table.md`` (the configuration selected on validation per method with its test
+    accuracy, every configuration, notes on overlapping intervals) and ``table.csv``."""
+    swept = [c for c in (x, y) if c] + [c for c in varying if c not in (x, y, _SERVER_NORM)]
+    with_eps = any(c.stat("epsilon").n for c in configs)
+    selected: dict[str, Configuration] = {}
+    for method in sorted({c.method for c in configs}):
+        best = _best((c for c in configs if c.method == method), metric)
+        if best is not None:
+            selected[method] = best
+    val_name = "val" if metric == _DEFAULT_METRIC else metric
+    columns = ["method", *(_symbol(c) for c in swept), "seeds", f"{val_name} accuracy (%)",
+               f"{val_name} 95 % CI", "test accuracy (%)", "test 95 % CI",
+               "best val accuracy (%)"]  # fmt: skip
+    columns += ["ε"] if with_eps else []
+
+    def cells(c: Configuration) -> list[str]:
+        val, test = c.stat(metric), c.stat("final_test_accuracy")
+        row = [c.method, *(c.values.get(s, "") for s in swept), str(len(c.rows))]
+        row += [_fmt(val, 100), _fmt_ci(val, 100), _fmt(test, 100), _fmt_ci(test, 100)]
+        row += [_fmt(c.stat("best_val_accuracy"), 100)]
+        return row + ([_epsilon(c)] if with_eps else [])
+
+    def order(c: Configuration) -> tuple:
+        mean = c.stat(metric).mean
+        return (c.method, not math.isfinite(mean), -(mean if math.isfinite(mean) else 0.0))
+
+    ordered = sorted(configs, key=order)
+    chosen = {id(c) for c in selected.values()}
+    with (out / "table.csv").open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow([*columns, "selected"])
+        writer.writerows([*cells(c), "yes" if id(c) in chosen else ""] for c in ordered)
+
+    def md(rows_: list[list[str]]) -> list[str]:
+        lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+        return lines + ["| " + " | ".join(r) + " |" for r in rows_]
+
+    lines = [f"## Selected on validation ({metric}), with their test accuracy", ""]
+    lines += md([cells(c) for c in selected.values()])
+    lines += ["", "## Every configuration", "", *md([cells(c) for c in ordered])]
+    notes = overlap_notes({m: c.stat("final_test_accuracy") for m, c in selected.items()})
+    if notes:
+        lines += ["", "## Notes", "", *(f"- {n}" for n in notes)]
+    (out / "table.md").write_text("\n".join(lines) + "\n")
+    return [out / "table.md", out / "table.csv"]
+
+
+def overlap_notes(intervals: dict[str, Interval], what: str = "test accuracy") -> list[str]:
+    """One sentence per pair of labels whose 95 % intervals of ``what`` overlap (the data do
+    not separate them), or that cannot be compared (a single seed)."""
+    notes = []
+    labels = [k for k, v in intervals.items() if v.n]
+    for i, a in enumerate(labels):
+        for b in labels[i + 1 :]:
+            ia, ib = intervals[a], intervals[b]
+            if ia.n < 2 or ib.n < 2:
+                notes.append(
+                    f"{a} and {b}: {what} from {ia.n} and {ib.n} seed(s): no interval, the "
+                    "difference is not established"
+                )
+            elif ia.overlaps(ib):
+                notes.append(
+                    f"{a} and {b}: the 95 % intervals of {what} overlap "
+                    f"({_fmt_ci(ia, 100)} and {_fmt_ci(ib, 100)} %): the difference is not "
+                    f"established at {min(ia.n, ib.n)} seeds"
+                )
+    return notes
 
 
 _PARTICIPATION = ("participation_prob", "probability", "cohort_size")
@@ -395,26 +746,33 @@ def _none_last(text: str) -> tuple:
     return (1, 0.0, "") if text in ("null", "None", "") else (0, *_order(text)[1:])
 
 
-def _rounds_to_target_figure(path: Path, rows: list[dict[str, str]], params: list[str]) -> Path:
-    """Paper 003 Figs. 1-2: fewest rounds to the gradient-norm target against the clipping
-    threshold (``null`` = no clipping, drawn last as "none"), one line per local-step count, one
-    panel per heterogeneity level; runs that never reached it are drawn as × at the top."""
+def _rounds_to_target_figure(
+    path: Path, configs: Sequence[Configuration], params: list[str]
+) -> Path:
+    """Paper 003 Figs. 1-2: fewest mean rounds (over seeds) to the gradient-norm target against
+    the clipping threshold (``null`` = no clipping, drawn last as "none"), one line per
+    local-step count, one panel per heterogeneity level; a configuration counts only if every
+    seed reached the target; cells that never did are drawn as × at the top."""
     x = next((c for c in _CLIP if c in params), None) or params[0]
     series = next((c for c in _STEPS if c in params and c != x), None)
     facet = next((c for c in _FACETS if c in params and c not in (x, series)), None)
-    facets = sorted({r.get(facet, "") for r in rows}, key=_order) if facet else [""]
-    xs = sorted({r[x] for r in rows}, key=_none_last)
-    ceiling = max((finite_float(r.get("rounds")) or 0.0 for r in rows), default=1.0)
+    facets = sorted({c.values.get(facet, "") for c in configs}, key=_order) if facet else [""]
+    xs = sorted({c.values[x] for c in configs}, key=_none_last)
+    ceiling = max((finite_float(r.get("rounds")) or 0.0 for c in configs for r in c.rows),
+                  default=1.0)  # fmt: skip
     fig = Figure(figsize=(4.6 * len(facets), 3.6), layout="constrained")
     for k, fv in enumerate(facets):
         ax = fig.add_subplot(1, len(facets), k + 1)
-        members = [r for r in rows if not facet or r.get(facet) == fv]
-        for sv in sorted({r.get(series, "") for r in members} if series else {""}, key=_order):
+        members = [c for c in configs if not facet or c.values.get(facet) == fv]
+        for sv in sorted({c.values.get(series, "") for c in members} if series else {""},
+                         key=_order):  # fmt: skip
             best: list[float] = []
             for xv in xs:
-                cell = [r for r in members if r[x] == xv and (not series or r.get(series) == sv)]
-                reached = [finite_float(r.get("rounds_to_target")) for r in cell]
-                reached = [v for v in reached if v is not None]
+                cell = [c for c in members
+                        if c.values[x] == xv and (not series or c.values.get(series) == sv)]  # fmt: skip
+                reached = [c.stat("rounds_to_target") for c in cell]
+                reached = [s.mean for s, c in zip(reached, cell, strict=True)
+                           if s.n and s.n == len(c.rows)]  # fmt: skip
                 best.append(min(reached) if reached else math.nan)
             label = f"{_symbol(series)}={sv}" if series else None
             line = ax.plot(range(len(xs)), best, marker="o", label=label)[0]
@@ -422,7 +780,7 @@ def _rounds_to_target_figure(path: Path, rows: list[dict[str, str]], params: lis
             ax.plot(missing, [ceiling] * len(missing), "x", color=line.get_color())
         ax.set_xticks(range(len(xs)), [("none" if v in ("null", "None") else v) for v in xs])
         ax.set_xlabel(f"{_symbol(x)} (clipping threshold)" if x in _CLIP else _symbol(x))
-        ax.set_ylabel("rounds to target")
+        ax.set_ylabel("rounds to target (mean over seeds)")
         ax.set_title(f"{facet}={fv}" if facet else "rounds to ||∇f|| target", fontsize=9)
         ax.grid(alpha=0.3)
         if series:
@@ -432,27 +790,27 @@ def _rounds_to_target_figure(path: Path, rows: list[dict[str, str]], params: lis
 
 
 def _transmissions_figure(
-    path: Path, rows: list[dict[str, str]], column: str, results_csv: Path
+    path: Path, configs: Sequence[Configuration], column: str, metric: str
 ) -> Path | None:
-    """Paper 004 Fig. 2: test accuracy of the best run per participation value against the
-    cumulative client-to-server transmissions."""
+    """Paper 004 Fig. 2: validation accuracy (%) of the best configuration per participation
+    value against the cumulative client-to-server transmissions, mean over seeds with a band."""
     fig = Figure(figsize=(5.5, 4), layout="constrained")
     ax = fig.add_subplot(1, 1, 1)
-    for value in sorted({r[column] for r in rows}, key=_order):
-        best = _best((r for r in rows if r[column] == value), "best_test_accuracy")
+    for value in sorted({c.values[column] for c in configs}, key=_order):
+        best = _best((c for c in configs if c.values[column] == value), metric)
         if best is None:
             continue
-        sent, rounds = finite_float(best.get("client_transmissions")), finite_float(best["rounds"])
-        curve = sorted(_read_curves(_run_dir(best, results_csv)).get("test/acc", []))
-        if not curve or not sent or not rounds:
+        sent = best.stat("client_transmissions").mean
+        rounds = best.stat("rounds").mean
+        curve = _mean_curve([_run_dir(r) for r in best.rows], "val/acc")
+        if curve is None or not math.isfinite(sent) or not rounds:
             continue
         per_round = sent / rounds
-        ax.plot([k * per_round for k, _ in curve], [v for _, v in curve], marker=".",
-                label=f"{column}={value}")  # fmt: skip
+        _plot_band(ax, [k * per_round for k in curve[0]], curve, 100.0, f"{column}={value}")
     if not ax.lines:
         return None
     ax.set_xlabel("client-to-server transmissions (k · p · M)")
-    ax.set_ylabel("test accuracy")
+    ax.set_ylabel("validation accuracy (%)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.savefig(path, dpi=120)
@@ -471,87 +829,114 @@ def _sent_bits_per_round(summary: dict) -> float | None:
     return sum(sent) / rounds if sent else None
 
 
+def _utility_curve(run_dirs: Sequence[Path]):
+    """``||∇f(x̄)||²`` over rounds (the runs' GradientNorm histories), mean over seeds."""
+    histories = []
+    for d in run_dirs:
+        history = (_summary(d).get("full_grad_norm") or {}).get("history") or []
+        histories.append({int(r): float(v) ** 2 for r, v in history})
+    histories = [h for h in histories if h]
+    if not histories:
+        return None
+    rounds = sorted(set.intersection(*(set(h) for h in histories)))
+    stats = [mean_interval(h[r] for h in histories) for r in rounds]
+    mean = np.array([s.mean for s in stats])
+    low = np.array([s.low if math.isfinite(s.low) else s.mean for s in stats])
+    high = np.array([s.high if math.isfinite(s.high) else s.mean for s in stats])
+    return rounds, mean, low, high
+
+
 def compare_methods(
     results_csvs: Sequence[str | os.PathLike],
     out_dir: str | os.PathLike,
     *,
-    metric: str = "best_test_accuracy",
+    metric: str = _DEFAULT_METRIC,
 ) -> list[Path]:
-    """Side by side, the best run of each sweep against rounds and against bits (paper 001 §5).
+    """Side by side, the best configuration of each sweep against rounds and against bits
+    (paper 001 §5), aggregated over seeds.
 
     One sweep per method (e.g. ``paper001_a9a_porter_dp_eps0.01`` and
-    ``paper001_a9a_soteriafl_eps0.01``, each tuning its step sizes). From each ``results.csv`` the
-    finished run with the highest ``metric`` is drawn, as paper 001 Figs. 2–3 draw the best-tuned
-    runs: the train utility ``||∇f(x̄)||²`` (from the run's
-    :class:`~pl_privfed.callbacks.GradientNorm` history, at the agents' average for a
-    decentralized method) and the test accuracy (``curves.csv``), each against the round and
-    against the bits one agent sent. The bits axis is ``round ×`` the run's mean bits sent per
-    agent per round (the per-agent totals of ``summary.json`` over the rounds run: every channel
-    but the server's broadcast down), so curves of methods with different message sizes can be
-    compared. Writes ``comparison.png`` and ``comparison.csv`` (method, the best run's
-    parameters, final accuracy, final utility, bits sent per agent, ε).
+    ``paper001_a9a_soteriafl_eps0.01``, each tuning its step sizes over several seeds). From
+    each ``results.csv`` the configuration with the highest mean validation ``metric`` is drawn,
+    as paper 001 Figs. 2–3 draw the best-tuned runs: the train utility ``||∇f(x̄)||²`` (from the
+    runs' :class:`~pl_privfed.callbacks.GradientNorm` histories) and the validation accuracy
+    (%, ``curves.csv``), each the mean over seeds with a 95 % band, against the round and
+    against the bits one agent sent (``round ×`` the mean bits sent per agent per round: every
+    channel but the server's broadcast down). Writes ``comparison.png``, ``comparison.csv``
+    (method, the selected parameters, seeds, validation and test accuracy as mean ± std with
+    their 95 % intervals, final utility, bits sent per agent, ε) and ``comparison.md`` (the
+    table and a note for every pair of methods whose test intervals overlap).
 
     Raises:
-        ValueError: with fewer than one results file, or a file without a finished run.
+        ValueError: with no results file, a file without a finished run, or a test metric.
     """
+    _check_selection_metric(metric)
     if not results_csvs:
         raise ValueError("compare_methods needs at least one results.csv")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     fig = Figure(figsize=(10, 7), layout="constrained")
     axes = [fig.add_subplot(2, 2, k + 1) for k in range(4)]
+    header_row = ["method", "seeds", "val accuracy (%)", "val 95 % CI", "test accuracy (%)",
+                  "test 95 % CI", "final utility", "bits sent per agent", "ε"]  # fmt: skip
     table: list[list[str]] = []
+    tests: dict[str, Interval] = {}
     for path in map(Path, results_csvs):
-        header, rows = _read_csv(path)
-        best = _best((r for r in rows if r.get("status") == "finished"), metric)
+        header, rows = _read_many([path])
+        finished = [r for r in rows if r.get("status") == "finished"]
+        _warn_missing(finished, metric, str(path))
+        params = [c for c in header if c not in _NOT_PARAMETERS and c not in SEED_PARAMETERS]
+        best = _best(aggregate(finished, params, path), metric)
         if best is None:
             raise ValueError(f"{path} has no finished run with a {metric} value")
-        run_dir = _run_dir(best, path)
-        summary = _summary(run_dir)
-        params = [c for c in header if c not in _NOT_PARAMETERS and len({r[c] for r in rows}) > 1]
+        varying = [c for c in params if len({r.get(c) for r in rows}) > 1]
         # raw names: the Greek letters of the α-NormEC grids mean other things here (η, γ)
-        setting = ", ".join(f"{c}={best[c]}" for c in params)
-        label = f"{_method(best, run_dir)} ({setting})" if setting else _method(best, run_dir)
-        per_round = _sent_bits_per_round(summary)
-        history = (summary.get("full_grad_norm") or {}).get("history") or []
-        utility = [(int(r), float(v) ** 2) for r, v in history]
-        accuracy = sorted(_read_curves(run_dir).get("test/acc", []))
+        setting = ", ".join(f"{c}={best.values[c]}" for c in varying)
+        label = f"{best.method} ({setting})" if setting else best.method
+        if label in tests:  # the same method twice (e.g. two privacy levels): name the file
+            label += f" [{path.parent.name}]"
+        dirs = [_run_dir(r) for r in best.rows]
+        summaries = [_summary(d) for d in dirs]
+        per_round = mean_interval(_sent_bits_per_round(s) for s in summaries)
+        utility = _utility_curve(dirs)
+        accuracy = _mean_curve(dirs, "val/acc")
         color = None
-        for k, curve in enumerate((utility, utility, accuracy, accuracy)):
+        for k, (curve, scale) in enumerate(
+            ((utility, 1.0), (utility, 1.0), (accuracy, 100.0), (accuracy, 100.0))
+        ):
             against_bits = k % 2 == 1
-            if not curve or (against_bits and per_round is None):
+            if curve is None or (against_bits and per_round.n == 0):
                 continue
-            xs = [r * per_round if against_bits else r for r, _ in curve]
-            line = axes[k].plot(xs, [v for _, v in curve], label=label, color=color)[0]
+            xs = [r * per_round.mean if against_bits else r for r in curve[0]]
+            line = _plot_band(axes[k], xs, curve, scale, label, color=color)
             color = line.get_color()
-        utility_final = utility[-1][1] if utility else None
-        eps = finite_float(best.get("epsilon"))
-        final = finite_float(best.get("final_test_accuracy"))
-        total = None if per_round is None else per_round * finite_float(summary.get("rounds"))
-        table.append(
-            [
-                label,
-                "" if final is None else f"{100 * final:.2f}",
-                "" if utility_final is None else f"{utility_final:.4g}",
-                "" if total is None else f"{total:.4g}",
-                "" if eps is None else f"{eps:.3g}",
-            ]
-        )
-    titles = ("train utility ||∇f(x̄)||²", "test accuracy")
+        utility_final = "" if utility is None else f"{utility[1][-1]:.4g}"
+        total = per_round.mean * best.stat("rounds").mean if per_round.n else math.nan
+        val, test = best.stat(metric), best.stat("final_test_accuracy")
+        tests[label] = test
+        table.append([label, str(len(best.rows)), _fmt(val, 100), _fmt_ci(val, 100),
+                      _fmt(test, 100), _fmt_ci(test, 100), utility_final,
+                      "" if not math.isfinite(total) else f"{total:.4g}",
+                      _epsilon(best)])  # fmt: skip
+    titles = ("train utility ||∇f(x̄)||²", "validation accuracy (%)")
     for k, ax in enumerate(axes):
-        ax.set_title(titles[k // 2], fontsize=9)
+        ax.set_title(f"{titles[k // 2]}, mean over seeds", fontsize=9)
         ax.set_xlabel("bits sent per agent" if k % 2 else "round")
         ax.grid(alpha=0.3)
         if k < 2 and ax.lines:
             ax.set_yscale("log")
     if axes[0].lines or axes[2].lines:
         (axes[0] if axes[0].lines else axes[2]).legend(fontsize=7)
-    written = [out / "comparison.png", out / "comparison.csv"]
+    written = [out / "comparison.png", out / "comparison.csv", out / "comparison.md"]
     fig.savefig(written[0], dpi=120)
     with written[1].open("w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(
-            ["method", "final accuracy (%)", "final utility", "bits sent per agent", "ε"]
-        )
+        writer.writerow(header_row)
         writer.writerows(table)
+    lines = ["| " + " | ".join(header_row) + " |", "|" + "---|" * len(header_row)]
+    lines += ["| " + " | ".join(r) + " |" for r in table]
+    notes = overlap_notes(tests)
+    if notes:
+        lines += ["", "Notes:", "", *(f"- {n}" for n in notes)]
+    written[2].write_text("\n".join(lines) + "\n")
     return written

@@ -1,29 +1,41 @@
 """Run a W&B grid sweep file locally, without a W&B server: ``pl-privfed sweep <sweep.yaml>``.
 
 The sweep files in ``configs/sweeps/`` are ordinary W&B sweep configurations (``wandb sweep``
-accepts them). This runner expands their grid and runs every point sequentially as its own
-``pl-privfed fit`` process with ``--output_dir <out>/runs/<index>-<hash>``. A point whose
-``summary.json`` says ``finished`` is skipped, so running a half-finished grid again resumes it
-without redoing finished runs (failed runs are re-run). After each run ``<out>/results.csv`` is
-rewritten: one row per run, from each run's ``summary.json``; ``pl-privfed report`` draws it.
+accepts them, and ``wandb agent`` runs their command lines unchanged). This runner expands their
+grid and runs every point sequentially as its own ``pl-privfed fit`` process with
+``--output_dir <out>/runs/<index>-<hash>``, where the hash covers the point's parameters, the
+sweep's command and every extra argument (``overrides``): a shortened smoke run
+(``-- --trainer.max_steps=20``) gets its own directories and is never taken for a full run. A
+point whose ``summary.json`` says ``finished`` is skipped (unless ``rerun``), so running a
+half-finished grid again resumes it; failed runs are re-run. After each run
+``<out>/results.csv`` is rewritten: one row per run (one per configuration of a run that trains a
+grid, :mod:`pl_privfed.grid`), from each run's ``summary.json``; ``pl-privfed report`` draws it.
 
-A run directory is identified by the grid index and the parameters only: extra arguments
-(``overrides``, e.g. a shorter ``--trainer.max_steps`` for a smoke test) do not change it, so
-give such runs their own output directory.
+A sweep holds a lock on its output folder (``<out>/.sweep.lock``, holding the process id): a
+second sweep into the same folder is refused while the first runs; a lock left by a process that
+is no longer running is detected and taken over. Each run's CSV logs and offline W&B files live in
+its own directory, its W&B run is named after its parameters (``--run_name``) and grouped by the
+sweep's name (``WANDB_RUN_GROUP``).
+
+Seeds: a parameter ``seed`` (``seed: {values: [0, 1, 2]}``) is passed as ``--seed``, which sets
+every seed of a run (:class:`pl_privfed.cli.PrivFedCLI`); ``pl-privfed report`` and
+``pl-privfed compare`` aggregate the seeds of a configuration (mean ± std, 95 % interval).
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import hashlib
 import itertools
 import json
 import os
 import shlex
+import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,7 +44,9 @@ import yaml
 
 __all__ = [
     "RESULT_COLUMNS",
+    "SEED_PARAMETERS",
     "Sweep",
+    "SweepLockedError",
     "column_names",
     "failed_runs",
     "grid",
@@ -41,15 +55,20 @@ __all__ = [
     "result_row",
     "run_args",
     "run_id",
+    "run_name",
     "run_sweep",
     "save_results",
+    "sweep_lock",
     "write_results",
 ]
 
 #: Columns of ``results.csv`` taken from each run's ``summary.json``.
 RESULT_COLUMNS = (
+    "final_val_accuracy",
+    "best_val_accuracy",
+    "best_val_round",
     "final_test_accuracy",
-    "best_test_accuracy",
+    "final_val_loss",
     "final_train_loss",
     "epsilon",
     "rounds",
@@ -58,6 +77,8 @@ RESULT_COLUMNS = (
     "final_full_grad_norm",
     "client_transmissions",
 )
+#: Parameters that are seeds: ``report`` and ``compare`` aggregate over them.
+SEED_PARAMETERS = ("seed", "seed_everything")
 _RESERVED = {"run", "status", "run_dir", *RESULT_COLUMNS}
 _DROPPED = {"${env}", "${interpreter}", "${program}"}
 _ARGS = "${args}"
@@ -72,8 +93,9 @@ class Sweep:
         method: the search method (``grid``).
         parameters: every parameter's list of values, in file order (``value: v`` gives ``[v]``).
         command: the ``command`` list, macros (``${env}``, ``${args}``, ...) included.
-        metric: the ``metric`` mapping (``{name: test/acc, goal: maximize}``), possibly empty.
+        metric: the ``metric`` mapping (``{name: val/acc, goal: maximize}``), possibly empty.
         path: the file it was read from.
+        project: the W&B ``project`` (``None`` when the file sets none).
     """
 
     name: str
@@ -82,6 +104,7 @@ class Sweep:
     command: list[str]
     metric: dict[str, Any] = field(default_factory=dict)
     path: Path | None = None
+    project: str | None = None
 
     @property
     def swept(self) -> list[str]:
@@ -128,6 +151,15 @@ def load_sweep(path: str | os.PathLike) -> Sweep:
     metric = raw.get("metric") or {}
     if not isinstance(metric, dict):
         raise ValueError(f"{path}: metric must be a mapping, got {metric!r}")
+    name = str(metric.get("name", ""))
+    if name.startswith("test/"):
+        raise ValueError(
+            f"{path}: metric.name={name!r} selects on the test set: select on the validation "
+            "split (val/acc, val/loss) and read test/* for the selected configuration"
+        )
+    project = raw.get("project")
+    if project is not None and not isinstance(project, str):
+        raise ValueError(f"{path}: project must be a W&B project name, got {project!r}")
     return Sweep(
         name=str(raw.get("name") or path.stem),
         method=method,
@@ -135,6 +167,7 @@ def load_sweep(path: str | os.PathLike) -> Sweep:
         command=[str(c) for c in command],
         metric=dict(metric),
         path=path,
+        project=project,
     )
 
 
@@ -157,33 +190,68 @@ def render_value(value: Any) -> str:
     return str(value)
 
 
-def run_args(sweep: Sweep, params: dict[str, Any], output_dir: str | os.PathLike) -> list[str]:
-    """The arguments of :func:`pl_privfed.cli.main` for one grid point.
-
-    That is the sweep's ``command`` after ``pl-privfed`` (what ``wandb agent`` would run), with
-    ``${env}``, ``${interpreter}`` and ``${program}`` dropped and ``${args}`` replaced by
-    ``--key=value`` pairs (values as :func:`render_value` writes them), followed by
-    ``--output_dir=<output_dir>`` and ``--trainer.default_root_dir=<output_dir>`` (so that a run
-    without a logger keeps its ``config.yaml`` and checkpoints in its own directory).
-    """
+def _command(sweep: Sweep) -> list[str]:
+    """The sweep's ``command`` after ``pl-privfed`` (or ``-m pl_privfed.cli``), without the
+    ``${env}``, ``${interpreter}`` and ``${program}`` macros."""
     command = [c for c in sweep.command if c not in _DROPPED]
     if command[:1] == ["pl-privfed"]:
         command = command[1:]
     elif command[:2] == ["-m", "pl_privfed.cli"]:
         command = command[2:]
+    return command
+
+
+def run_name(params: dict[str, Any], keys: Sequence[str] | None = None) -> str:
+    """A run's name from its parameters: ``beta=0.1 step_size=0.01 seed=0`` (the ``keys``,
+    default all, by their ``results.csv`` column names); ``run`` without parameters."""
+    keys = list(params) if keys is None else list(keys)
+    names = column_names(list(params))
+    return " ".join(f"{names[k]}={render_value(params[k])}" for k in keys) or "run"
+
+
+def run_args(
+    sweep: Sweep,
+    params: dict[str, Any],
+    output_dir: str | os.PathLike,
+    name: str | None = None,
+    group: str | None = None,
+) -> list[str]:
+    """The arguments of :func:`pl_privfed.cli.main` for one grid point.
+
+    That is the sweep's ``command`` after ``pl-privfed`` (what ``wandb agent`` would run), with
+    ``${env}``, ``${interpreter}`` and ``${program}`` dropped and ``${args}`` replaced by
+    ``--key=value`` pairs (values as :func:`render_value` writes them), followed by
+    ``--output_dir=<output_dir>`` and ``--trainer.default_root_dir=<output_dir>`` (so that the
+    run keeps its ``config.yaml``, checkpoints and logs in its own directory) and, with
+    ``name`` and ``group``, ``--run_name=<name>`` and ``--run_group=<group>`` (its W&B run's
+    name and group).
+    """
     args: list[str] = []
-    for item in command:
+    for item in _command(sweep):
         if item == _ARGS:
             args += [f"--{k}={render_value(v)}" for k, v in params.items()]
         else:
             args.append(item)
-    return [*args, f"--output_dir={output_dir}", f"--trainer.default_root_dir={output_dir}"]
+    args += [f"--output_dir={output_dir}", f"--trainer.default_root_dir={output_dir}"]
+    args += [f"--run_name={name}"] if name is not None else []
+    return args + ([f"--run_group={group}"] if group is not None else [])
 
 
-def run_id(index: int, params: dict[str, Any]) -> str:
-    """``<index:04d>-<8 hex digits of a hash of the parameters>``, stable across invocations."""
-    text = json.dumps(params, sort_keys=True, default=str)
+def run_id(index: int, params: dict[str, Any], args: Sequence[str] = ()) -> str:
+    """``<index:04d>-<8 hex digits of a hash>``, stable across invocations.
+
+    The hash covers the parameters and ``args``: a sweep passes its command and every extra
+    argument, so that a run with other arguments (a smoke run's ``--trainer.max_steps=20``)
+    has another identity. Without ``args`` it is a hash of the parameters alone.
+    """
+    payload: Any = params if not args else {"params": params, "args": list(args)}
+    text = json.dumps(payload, sort_keys=True, default=str)
     return f"{index:04d}-{hashlib.sha1(text.encode()).hexdigest()[:8]}"
+
+
+def _identity(sweep: Sweep, overrides: Sequence[str]) -> list[str]:
+    """What, beside the parameters, makes a run of ``sweep``: its command and the overrides."""
+    return [c for c in _command(sweep) if c != _ARGS] + list(overrides)
 
 
 def column_names(keys: Sequence[str]) -> dict[str, str]:
@@ -207,28 +275,54 @@ def _read_summary(run_dir: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def _run_dir(out_dir: Path, index: int, params: dict[str, Any]) -> Path:
-    return out_dir / "runs" / run_id(index, params)
+def _run_dir(out_dir: Path, index: int, params: dict[str, Any], args: Sequence[str]) -> Path:
+    return out_dir / "runs" / run_id(index, params, args)
 
 
-def write_results(sweep: Sweep, out_dir: str | os.PathLike) -> Path:
+def _grid_rows(run_dir: Path, summary: dict[str, Any]) -> list[dict[str, str]] | None:
+    """The rows of the ``results.csv`` of a run that trained a grid of configurations."""
+    grid_info = summary.get("grid")
+    path = grid_info.get("results") if isinstance(grid_info, dict) else None
+    if not path:
+        return None
+    candidates = [Path(path), run_dir / "grid" / "results.csv"]
+    for candidate in candidates:
+        if candidate.is_file():
+            with candidate.open(newline="") as f:
+                return list(csv.DictReader(f))
+    return None
+
+
+def write_results(sweep: Sweep, out_dir: str | os.PathLike, overrides: Sequence[str] = ()) -> Path:
     """(Re)write ``<out_dir>/results.csv`` from the runs' ``summary.json`` files; return its path.
 
-    One row per grid point whose run directory holds a ``summary.json``, in grid order, with
-    the columns ``run, status, <parameters>, final_test_accuracy, best_test_accuracy,
-    final_train_loss, epsilon, rounds, wall_time_s, rounds_to_target, final_full_grad_norm,
-    client_transmissions, run_dir`` (missing values empty; the last three come from
-    :class:`~pl_privfed.callbacks.GradientNorm` and the module's transmission count).
+    One row per grid point whose run directory (for these ``overrides``) holds a
+    ``summary.json``, in grid order, with the columns ``run, status, <parameters>,``
+    :data:`RESULT_COLUMNS` ``, run_dir`` (missing values empty). A run that trained a grid of
+    configurations (``FederatedModule(grid=...)``) gives one row per configuration, with the
+    sweep's parameters (e.g. its seed) and the configuration's own.
     """
     out_dir = Path(out_dir)
     names = column_names(list(sweep.parameters))
-    rows = []
+    args = _identity(sweep, overrides)
+    rows: list[dict[str, Any]] = []
     for index, params in enumerate(grid(sweep)):
-        run_dir = _run_dir(out_dir, index, params)
+        run_dir = _run_dir(out_dir, index, params, args)
         summary = _read_summary(run_dir)
-        if summary is not None:
+        if summary is None:
+            continue
+        expanded = _grid_rows(run_dir, summary) if summary.get("status") == "finished" else None
+        if not expanded:
             rows.append(result_row(run_dir, summary, params, names))
-    return save_results(out_dir, names, rows)
+            continue
+        own = {names[k]: render_value(v) for k, v in params.items()}
+        for row in expanded:
+            rows.append({**row, **own, "run": f"{run_dir.name}/{row.get('run', '')}"})
+    extra = []
+    for row in rows:
+        extra += [c for c in row if c not in extra and c not in _RESERVED]
+    extra = [c for c in extra if c not in names.values()]
+    return save_results(out_dir, {**names, **{c: c for c in extra}}, rows)
 
 
 def result_row(
@@ -250,7 +344,7 @@ def save_results(out_dir: Path, names: dict[str, str], rows: list[dict[str, Any]
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".csv.tmp")
     with tmp.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=header)
+        writer = csv.DictWriter(f, fieldnames=header, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
     tmp.replace(path)
@@ -263,8 +357,70 @@ def failed_runs(results_csv: str | os.PathLike) -> list[str]:
         return [r["run"] for r in csv.DictReader(f) if r.get("status") != "finished"]
 
 
-def _describe(params: dict[str, Any], names: dict[str, str], keys: Sequence[str]) -> str:
-    return " ".join(f"{names[k]}={render_value(params[k])}" for k in keys)
+class SweepLockedError(RuntimeError):
+    """Another sweep holds the output folder's lock."""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, under another user
+        return True
+    except OSError:
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def sweep_lock(out_dir: str | os.PathLike) -> Iterator[Path]:
+    """Hold ``<out_dir>/.sweep.lock`` while a sweep runs in ``out_dir``.
+
+    The lock file is created exclusively and holds the process id, the host and the start time.
+    If it exists and names a running process (on this host; one on another host cannot be
+    checked), :class:`SweepLockedError` says which; if that process no longer runs, the lock is
+    stale (a sweep that was killed): it is taken over, with a note. Released (removed) on exit.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / ".sweep.lock"
+    info = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()}
+    for _ in range(3):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            try:
+                held = json.loads(path.read_text())
+                pid, host = int(held["pid"]), str(held.get("host"))
+            except (OSError, ValueError, KeyError, TypeError):
+                held, pid, host = {}, -1, ""  # unreadable: being written, or corrupt
+            if (host == info["host"] and not _alive(pid)) or (not held and _old(path)):
+                print(f"[pl-privfed sweep] stale lock {path} (pid {pid} is not running): "
+                      "taken over", flush=True)  # fmt: skip
+                path.unlink(missing_ok=True)
+                continue
+            raise SweepLockedError(
+                f"another sweep (pid {pid} on {host or 'an unknown host'}) is running in "
+                f"{out}: wait for it, or give this one another folder (--out); remove {path} "
+                "if that process is gone"
+            ) from None
+        with os.fdopen(fd, "w") as f:
+            json.dump(info, f)
+        break
+    else:
+        raise SweepLockedError(f"could not take the lock {path}")
+    try:
+        yield path
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def _old(path: Path, seconds: float = 60.0) -> bool:
+    try:
+        return time.time() - path.stat().st_mtime > seconds
+    except OSError:
+        return True
 
 
 def run_sweep(
@@ -273,40 +429,71 @@ def run_sweep(
     *,
     overrides: Sequence[str] = (),
     dry_run: bool = False,
+    rerun: bool = False,
     python: str = sys.executable,
 ) -> Path:
     """Run every point of a grid sweep file sequentially; return the path of ``results.csv``.
 
     Each point runs as ``[python, "-m", "pl_privfed.cli", *run_args(...), *overrides]`` in the
-    current directory, with ``WANDB_RUN_GROUP=<sweep name>`` (W&B groups the runs of a sweep)
-    and ``WANDB_MODE=offline`` unless ``WANDB_MODE`` is set; its output goes to
-    ``<run dir>/output.log``. Points whose ``summary.json`` says ``finished`` are skipped; failed
-    ones are run again. A failing run does not stop the grid: its ``summary.json`` records the
-    failure (see :func:`failed_runs`). One progress line is printed per point.
+    current directory, with ``WANDB_RUN_GROUP=<sweep name>`` (W&B groups the runs of a sweep),
+    ``WANDB_PROJECT=<project>`` when the sweep file names one, ``WANDB_MODE=offline`` unless
+    ``WANDB_MODE`` is set, ``--run_name`` made of the swept parameters and ``--run_group`` the
+    sweep's name; its output goes to
+    ``<run dir>/output.log``. Points whose ``summary.json`` says ``finished`` are skipped
+    (``rerun`` runs them again); failed ones are run again. A failing run does not stop the
+    grid: its ``summary.json`` records the failure (see :func:`failed_runs`). One progress line
+    is printed per point. The output folder is locked while the sweep runs
+    (:func:`sweep_lock`).
 
     Args:
         path: the sweep YAML.
         out_dir: output directory (default ``sweeps/<sweep name>``); runs go to ``runs/``.
-        overrides: extra arguments appended to every run (``--trainer.max_steps=4``).
+        overrides: extra arguments appended to every run (``--trainer.max_steps=4``); they are
+            part of each run's identity (its directory).
         dry_run: print the commands of the points that would run, run nothing, write nothing.
+        rerun: run the points that finished before as well.
         python: the interpreter that runs the points.
+
+    Raises:
+        SweepLockedError: when another sweep runs in ``out_dir``.
     """
     sweep = load_sweep(path)
     out = Path(out_dir) if out_dir is not None else Path("sweeps") / sweep.name
+    if dry_run:
+        _run_points(sweep, out, overrides, True, rerun, python)
+        return out / "results.csv"
+    with sweep_lock(out):
+        _run_points(sweep, out, overrides, False, rerun, python)
+        return write_results(sweep, out, overrides)
+
+
+def _run_points(
+    sweep: Sweep,
+    out: Path,
+    overrides: Sequence[str],
+    dry_run: bool,
+    rerun: bool,
+    python: str,
+) -> None:
     env = dict(os.environ)
     env["WANDB_RUN_GROUP"] = sweep.name
+    if sweep.project:
+        env.setdefault("WANDB_PROJECT", sweep.project)
     env.setdefault("WANDB_MODE", "offline")
     names = column_names(list(sweep.parameters))
     shown = sweep.swept or list(sweep.parameters)
     points = grid(sweep)
     width = len(str(len(points)))
+    identity = _identity(sweep, overrides)
     for index, params in enumerate(points):
-        run_dir = _run_dir(out, index, params)
-        cmd = [python, "-m", "pl_privfed.cli", *run_args(sweep, params, run_dir), *overrides]
+        run_dir = _run_dir(out, index, params, identity)
+        name = run_name(params, shown)
+        cmd = [python, "-m", "pl_privfed.cli", *run_args(sweep, params, run_dir, name, sweep.name)]
+        cmd += list(overrides)
         label = f"[{index + 1:>{width}}/{len(points)}] {run_dir.name}"
-        label += f" {_describe(params, names, shown)}"
+        label += f" {' '.join(f'{names[k]}={render_value(params[k])}' for k in shown)}"
         summary = _read_summary(run_dir)
-        if summary is not None and summary.get("status") == "finished":
+        if summary is not None and summary.get("status") == "finished" and not rerun:
             print(f"{label}: finished before, skipped", flush=True)
             continue
         if dry_run:
@@ -314,7 +501,7 @@ def run_sweep(
             continue
         print(f"{label}: ", end="", flush=True)
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "summary.json").unlink(missing_ok=True)  # a stale failure must not linger
+        (run_dir / "summary.json").unlink(missing_ok=True)  # a stale result must not linger
         (run_dir / "command.txt").write_text(shlex.join(cmd) + "\n")
         start = time.perf_counter()
         with (run_dir / "output.log").open("w") as log:
@@ -329,13 +516,10 @@ def run_sweep(
             summary["status"] = f"failed: exit code {code} after the fit finished"
             (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
         if summary.get("status") == "finished":
-            acc = summary.get("final_test_accuracy")
+            acc = summary.get("final_val_accuracy")
             acc_text = f"{acc:.4f}" if isinstance(acc, int | float) else "n/a"
-            print(f"finished in {seconds:.1f} s, final test accuracy {acc_text}", flush=True)
+            print(f"finished in {seconds:.1f} s, final val accuracy {acc_text}", flush=True)
         else:
             status = str(summary.get("status")).strip().splitlines() or ["failed"]
             print(f"{status[0]} (see {run_dir / 'output.log'})", flush=True)
-        write_results(sweep, out)
-    if dry_run:
-        return out / "results.csv"
-    return write_results(sweep, out)
+        write_results(sweep, out, overrides)

@@ -121,7 +121,9 @@ def test_output_dir_collects_summary_curves_and_config(tmp_path, monkeypatch):
     assert (out / "curves.png").is_file()
     rows = (out / "curves.csv").read_text().splitlines()
     assert rows[0] == "metric,round,value" and "train/loss,4," in "\n".join(rows)
-    assert sum(r.startswith("test/acc,") for r in rows) == 2  # rounds 2 and 4
+    assert sum(r.startswith("val/acc,") for r in rows) == 2  # rounds 2 and 4
+    assert not any(r.startswith("test/") for r in rows)  # the test set is not a curve
+    assert data["final_test_round"] == data["final_val_round"] == 4
 
 
 # what the cpu_smoke overlay cannot shorten on its own: paper 003's 1,024 images per worker (its MNIST subset has
@@ -194,3 +196,80 @@ def test_paper_reading_overlays(tmp_path, monkeypatch):
     assert cli.trainer.max_epochs == 300 and cli.trainer.max_steps == -1
     assert cli.model.algorithm.noise.rounds is None  # calibrated to the run's iteration count
     assert cli.datamodule.split == "paper" and cli.datamodule.num_clients == 10
+
+
+# --------------------------------------------------------------------------- seeds and sweeps
+
+
+def test_seed_sets_every_seed_of_a_run(tmp_path, monkeypatch):
+    import torch
+
+    monkeypatch.chdir(tmp_path)
+
+    def cli(*extra):
+        args = ["--config", str(REPO / "configs/quickstart.yaml"), "--trainer.logger=false"]
+        return PrivFedCLI(args=[*args, *extra], run=False)
+
+    seven = cli("--seed", "7")
+    assert seven.config["seed_everything"] == 7 and seven.datamodule.seed == 7
+    assert seven.datamodule.partitioner.seed == 7 and seven.model.algorithm.noise.seed == 7
+    again, other = cli("--seed=7"), cli("--seed=8")
+    weights = [next(c.model.model.parameters()) for c in (seven, again, other)]
+    assert torch.equal(weights[0], weights[1]) and not torch.equal(weights[0], weights[2])
+    plain = cli()  # without --seed the config's seeds stand
+    assert plain.datamodule.seed == 0 and plain.config["seed_everything"] == 0
+
+
+def test_set_seeds_keeps_the_test_split_fixed():
+    from jsonargparse import Namespace
+
+    from pl_privfed.cli import set_seeds
+
+    config = Namespace(
+        seed_everything=0,
+        model=Namespace(algorithm=Namespace(init_args=Namespace(sampling_seed=0, beta=0.1))),
+        data=Namespace(init_args=Namespace(seed=0, split_seed=42,
+                                           partitioner=Namespace(init_args=Namespace(seed=0)))),
+    )  # fmt: skip
+    done = set_seeds(config, 5)
+    assert config.data.init_args.split_seed == 42 and config.model.algorithm.init_args.beta == 0.1
+    assert done == ["seed_everything", "model.algorithm.init_args.sampling_seed",
+                    "data.init_args.seed", "data.init_args.partitioner.init_args.seed"]  # fmt: skip
+    assert config.data.init_args.partitioner.init_args.seed == 5
+
+
+def test_agent_arguments_read_nulls_and_find_configs_from_any_directory(tmp_path, monkeypatch):
+    from pl_privfed.cli import agent_arguments
+
+    monkeypatch.chdir(tmp_path)
+    args = agent_arguments(["fit", "--config", "configs/quickstart.yaml",
+                            "--config=configs/paper/cpu_smoke.yaml", "--a.b=None", "--c=True",
+                            "--d=Nonesuch"])  # fmt: skip
+    assert args == ["fit", "--config", str(REPO / "configs/quickstart.yaml"),
+                    f"--config={REPO / 'configs/paper/cpu_smoke.yaml'}", "--a.b=null", "--c=True",
+                    "--d=Nonesuch"]  # fmt: skip
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "quickstart.yaml").write_text("{}")  # a local file wins
+    assert agent_arguments(["--config", "configs/quickstart.yaml"])[1] == "configs/quickstart.yaml"
+
+
+def test_a_sweep_run_keeps_its_logs_and_names_its_wandb_run(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "runs" / "0003-abc"
+    args = ["--config", str(REPO / "configs/quickstart.yaml"), f"--output_dir={out}",
+            "--run_name=beta=0.1 seed=2", "--run_group=quickstart_grid"]  # fmt: skip
+    cli = PrivFedCLI(args=args, run=False)
+    csv_logger, wandb_logger = cli.trainer.loggers
+    assert Path(csv_logger.log_dir).is_relative_to(out) and wandb_logger.save_dir == str(out)
+    assert wandb_logger._wandb_init["name"] == "beta=0.1 seed=2"
+    assert wandb_logger._wandb_init["group"] == "quickstart_grid"
+    # under `wandb agent`: the name from the sweep parameters the agent wrote, with W&B's writer
+    from wandb.sdk.lib.config_util import save_config_file_from_dict
+
+    params = tmp_path / "wandb" / "config-abc.yaml"
+    save_config_file_from_dict(str(params), {"model.algorithm.init_args.beta": {"value": 0.1},
+                                             "seed": {"value": 2}})  # fmt: skip
+    assert "wandb_version" in params.read_text()
+    monkeypatch.setenv("WANDB_SWEEP_PARAM_PATH", str(params))
+    cli = PrivFedCLI(args=["--config", str(REPO / "configs/quickstart.yaml")], run=False)
+    assert cli.trainer.loggers[1]._wandb_init["name"] == "beta=0.1 seed=2"

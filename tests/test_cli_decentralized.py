@@ -60,7 +60,9 @@ def test_paper_001_config_runs_two_rounds(config, tmp_path, monkeypatch):
     alg = data["config"]["model"]["algorithm"]["init_args"]
     # Theorem 1 (eq. 5): σ_p = τ sqrt(T log(1/δ))/(m ε), reported beside the accountant's ε
     m = min(data["data"]["client_sizes"])  # local_dataset_size: null takes the smallest shard
-    assert alg["local_dataset_size"] is None and m == 64  # cpu_smoke: 640 examples, 10 agents
+    assert (
+        alg["local_dataset_size"] is None and m == 57
+    )  # cpu_smoke: 640 - 64 validation, 10 agents
     sigma = alg["clip_threshold"] * math.sqrt(1000 * math.log(1e3)) / (m * 0.01)
     assert privacy["noise_std"] == pytest.approx(sigma)
     assert privacy["target_epsilon"] == 0.01 and privacy["calibration_rounds"] == 1000
@@ -82,7 +84,7 @@ def test_paper_001_configs_match_their_data(dataset, tmp_path, monkeypatch):
     cli.datamodule.setup("fit")
     sizes = cli.datamodule.client_sizes
     assert sizes.max() - sizes.min() <= 1  # shuffled and split evenly
-    assert sizes.min() == {"a9a": 3256, "mnist": 6000}[dataset]  # the m of the comments
+    assert sizes.min() == {"a9a": 2930, "mnist": 5400}[dataset]  # the m of the comments
     for config in configs:
         spec = yaml.safe_load(config.read_text())
         alg, data = spec["model"]["algorithm"]["init_args"], spec["data"]["init_args"]

@@ -25,8 +25,53 @@ def test_digits_shapes_and_split():
     assert 0 <= x.min() and x.max() <= 1 and set(y.unique().tolist()) <= set(range(10))
     assert len(dm.train_dataset) == 1437 and len(dm.test_dataset) == 360
     assert dm.num_classes == 10 and dm.input_shape == (64,)
-    assert dm.rounds_per_epoch == 5  # ceil(1437 / 320)
-    assert next(iter(dm.val_dataloader()))[0].shape == (360, 64)
+    assert dm.rounds_per_epoch == 5  # ceil(1293 / 320): 144 of the 1437 are held out
+    assert next(iter(dm.val_dataloader()))[0].shape == (144, 64)
+    assert next(iter(dm.test_dataloader()))[0].shape == (360, 64)
+
+
+def test_validation_is_held_out_of_the_training_data_before_partitioning():
+    dm = digits(partitioner=DirichletPartitioner(0.5, seed=0))
+    val = set(dm.val_indices.tolist())
+    trained = np.concatenate(dm.shards)
+    assert len(val) == 144 and not val & set(trained.tolist())  # no client trains on it
+    assert sorted([*val, *trained.tolist()]) == list(range(1437))  # nothing else is lost
+    labels = dm.train_targets.numpy()
+    assert set(labels[dm.val_indices].tolist()) == set(range(10))  # stratified by label
+    x, y = next(iter(dm.val_dataloader()))
+    assert torch.equal(x, dm.train_inputs[dm.val_indices]) and len(y) == 144
+    # seeded: the same seed holds out the same examples, another seed others
+    assert np.array_equal(digits(seed=0).val_indices, digits(seed=0).val_indices)
+    assert not np.array_equal(digits(seed=0).val_indices, digits(seed=1).val_indices)
+    assert len(digits(val_fraction=0.25).val_indices) == 360  # ceil(0.25 · 1437)
+    assert dm.describe()["val_size"] == 144 and dm.describe()["val_fraction"] == 0.1
+
+
+def test_val_fraction_zero_validates_on_the_training_data():
+    dm = digits(val_fraction=0)
+    assert len(dm.val_indices) == 0 and sum(map(len, dm.shards)) == 1437
+    x, _ = next(iter(dm.val_dataloader()))
+    assert x.shape == (1024, 64)  # the training data, never the 360 test images
+    assert dm.describe()["validation"] == "the clients' training data"
+    quad = QuadraticDataModule(centers=[[3.0], [-3.0]])  # its default: f(x) is the objective
+    quad.setup("fit")
+    assert quad.val_fraction == 0 and next(iter(quad.val_dataloader()))[1].tolist() == [
+        [3.0], [-3.0]]  # fmt: skip
+
+
+def test_natural_clients_hold_out_a_share_of_every_shard():
+    dm = SyntheticLogisticDataModule(num_clients=4, samples_per_client=50, val_fraction=0.2)
+    dm.setup("fit")
+    assert [len(s) for s in dm.shards] == [32] * 4  # 40 training examples each, 8 held out
+    assert len(dm.val_indices) == 32 and not set(dm.val_indices) & set(np.concatenate(dm.shards))
+    with pytest.raises(ValueError, match=r"val_fraction=0\.9.*client 0"):
+        SyntheticLogisticDataModule(num_clients=2, samples_per_client=2, val_fraction=0.9).setup()
+
+
+@pytest.mark.parametrize("value", [1.0, -0.1, True, "0.1", None])
+def test_val_fraction_is_checked(value):
+    with pytest.raises(ValueError, match=f"val_fraction must be in \\[0, 1\\), got {value!r}"):
+        DigitsDataModule(val_fraction=value)
 
 
 def test_rounds_are_a_pure_function_of_seed_and_round():
@@ -112,7 +157,7 @@ def test_constructor_validation(kwargs, message):
 
 
 def test_more_clients_than_examples_fails_in_setup():
-    with pytest.raises(ValueError, match="more than the 1437"):
+    with pytest.raises(ValueError, match="more than the 1293"):
         DigitsDataModule(num_clients=2000).setup("fit")
 
 

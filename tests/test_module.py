@@ -1,5 +1,8 @@
 """The FederatedModule inside a real Trainer: iterates, resume exactness, failures."""
 
+import csv
+import json
+
 import pytest
 import pytorch_lightning as pl
 import torch
@@ -135,9 +138,97 @@ def test_summary_json_and_privacy_report(tmp_path):
 
     data = json.loads((tmp_path / "summary.json").read_text())
     assert data["status"] == "finished" and data["rounds"] == 10
-    assert 0 <= data["final_test_accuracy"] <= 1 and data["best_test_accuracy"] >= 0
-    assert data["final_test_accuracy_round"] == 10
+    assert 0 <= data["final_val_accuracy"] <= data["best_val_accuracy"] <= 1
+    assert data["final_val_round"] == 10 and data["best_val_round"] in (5, 10)
+    assert 0 <= data["final_test_accuracy"] <= 1 and data["final_test_round"] == 10
     assert data["private"] and data["delta"] == 1e-5
     assert data["epsilon"] == pytest.approx(module.accountant.get_epsilon(1e-5))
     assert data["privacy"]["calibration_rounds"] == 10
     assert data["final_train_loss"] > 0
+
+
+# --------------------------------------------------------------------------- honest evaluation
+
+
+class _Recorder(pl.Callback):
+    """The rounds at which Lightning's validation loop ran (sanity checks excluded)."""
+
+    def __init__(self):
+        self.rounds = []
+
+    def on_validation_epoch_end(self, trainer, pl_module):
+        if not trainer.sanity_checking:
+            self.rounds.append(trainer.global_step)
+
+
+def _accuracy(module, dataset):
+    x, y = dataset.tensors
+    with torch.no_grad():
+        return (module.model.eval()(x).argmax(-1) == y).float().mean().item()
+
+
+def _small_run(tmp_path, max_steps, val_every, ckpt_path=None, callbacks=(), **kwargs):
+    torch.manual_seed(0)
+    dm = DigitsDataModule(num_clients=4, batch_size=16)
+    module = FederatedModule(MLP(64, [8], 10), AlphaNormEC(0.1, 0.1, 0.01))
+    recorder = _Recorder()
+    summary = RunSummary(dirpath=str(tmp_path), verbose=False)
+    t = trainer(tmp_path, max_steps=max_steps, limit_val_batches=None,
+                val_check_interval=val_every, check_val_every_n_epoch=None,
+                callbacks=[summary, recorder, *callbacks], **kwargs)  # fmt: skip
+    t.fit(module, datamodule=dm, ckpt_path=ckpt_path)
+    return module, dm, recorder.rounds, json.loads((tmp_path / "summary.json").read_text())
+
+
+def test_the_last_round_is_evaluated_on_validation_data_and_test_once_at_the_end(tmp_path):
+    """max_steps 7 with an evaluation every 5 rounds: rounds 5 and 7 are validated (7 once),
+    the final metrics are round 7's, val/* is the held-out split and test/* the test set."""
+    module, dm, rounds, data = _small_run(tmp_path, 7, 5)
+    assert rounds == [5, 7]
+    assert data["final_val_round"] == 7 and data["final_test_round"] == 7
+    assert data["final_val_accuracy"] == pytest.approx(_accuracy(module, dm.val_dataset))
+    assert data["final_test_accuracy"] == pytest.approx(_accuracy(module, dm.test_dataset))
+    assert data["best_val_round"] in (5, 7) and data["best_val_accuracy"] >= data[
+        "final_val_accuracy"]  # fmt: skip
+    assert "best_test_accuracy" not in data  # a best-of over the test set is never reported
+
+
+def test_test_metrics_reach_the_loggers_at_the_last_round(tmp_path):
+    from pytorch_lightning.loggers import CSVLogger
+
+    logger = CSVLogger(tmp_path, name="csv")
+    _small_run(tmp_path, 4, 2, logger=logger)
+    with open(f"{logger.log_dir}/metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    # Lightning logs round k's metrics at step k - 1; the test point shares the last round's
+    val = [int(r["step"]) for r in rows if r.get("val/acc")]
+    test = [int(r["step"]) for r in rows if r.get("test/acc")]
+    assert val == [1, 3] and test == [3]
+
+
+def test_early_stopping_on_validation_loss(tmp_path):
+    from pytorch_lightning.callbacks import EarlyStopping
+
+    stop = EarlyStopping(monitor="val/loss", patience=0, min_delta=10.0)  # stops at once
+    module, _, rounds, data = _small_run(tmp_path, 40, 2, callbacks=[stop])
+    assert module.global_step == 4 and rounds == [2, 4] and stop.stopped_epoch is not None
+    assert data["final_val_round"] == 4 and data["final_test_round"] == 4
+
+
+def test_resume_evaluates_the_checkpoint_round_once(tmp_path):
+    """A checkpoint written between evaluations (round 4, evaluations every 3 rounds): the
+    resumed run evaluates round 4 first. A checkpoint written right after an evaluation (round
+    6): the resumed run does not evaluate round 6 again."""
+    ckpt = ModelCheckpoint(dirpath=tmp_path / "c4", every_n_train_steps=4, save_top_k=-1,
+                           save_on_train_epoch_end=False)  # fmt: skip
+    _small_run(tmp_path / "first", 9, 3, callbacks=[ckpt, StopAt(5)], enable_checkpointing=True)
+    path = next(p for p in (tmp_path / "c4").glob("*.ckpt") if "step=4" in p.name)
+    _, _, rounds, data = _small_run(tmp_path / "resumed", 9, 3, ckpt_path=str(path),
+                                    enable_checkpointing=True)  # fmt: skip
+    assert rounds == [4, 6, 9] and data["final_val_round"] == 9
+    after_eval = ModelCheckpoint(dirpath=tmp_path / "c6", save_top_k=-1)  # saved after validation
+    _small_run(tmp_path / "second", 6, 3, callbacks=[after_eval], enable_checkpointing=True)
+    path = next(p for p in (tmp_path / "c6").glob("*.ckpt") if "step=6" in p.name)
+    _, _, rounds, _ = _small_run(tmp_path / "again", 9, 3, ckpt_path=str(path),
+                                 enable_checkpointing=True)  # fmt: skip
+    assert rounds == [9]

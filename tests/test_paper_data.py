@@ -218,7 +218,8 @@ def test_svmlight_miniature(tmp_path):
 def test_paper_partitions_on_real_mnist():
     iid = MNISTDataModule(num_clients=10, split="paper", partitioner=IIDPartitioner(42))
     iid.setup("fit")
-    assert sorted(iid.client_sizes.tolist()) == [6300] * 10
+    # 63,000 training images, 6,300 of them held out for validation before partitioning
+    assert sorted(iid.client_sizes.tolist()) == [5670] * 10 and len(iid.val_indices) == 6300
     per = MNISTDataModule(num_clients=10, partitioner=ClassesPerClientPartitioner(
         1, seed=0, samples_per_client=1024))  # fmt: skip
     per.setup("fit")

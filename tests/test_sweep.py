@@ -9,12 +9,15 @@ import shutil
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
-from pl_privfed.cli import PrivFedCLI, main
-from pl_privfed.report import compare_methods, make_report
+from pl_privfed import report
+from pl_privfed.cli import PrivFedCLI, agent_arguments, main
+from pl_privfed.report import compare_methods, make_report, mean_interval
 from pl_privfed.sweep import (
+    SweepLockedError,
     column_names,
     failed_runs,
     grid,
@@ -23,6 +26,7 @@ from pl_privfed.sweep import (
     run_args,
     run_id,
     run_sweep,
+    sweep_lock,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -35,7 +39,7 @@ STEP = "model.algorithm.init_args.step_size"
 
 
 def write_sweep(directory, parameters, name="tiny", command=None):
-    spec = {"name": name, "method": "grid", "metric": {"name": "test/acc", "goal": "maximize"},
+    spec = {"name": name, "method": "grid", "metric": {"name": "val/acc", "goal": "maximize"},
             "parameters": parameters,
             "command": command or ["${env}", "pl-privfed", "fit", "--config", QUICKSTART,
                                    "${args}"]}  # fmt: skip
@@ -66,7 +70,7 @@ def test_grid_order_and_size(tmp_path):
         (1, True), (1, False), (2, True), (2, False), (3, True), (3, False)]  # fmt: skip
     assert all(list(p) == ["a.x", "b.flag", "c.fixed"] and p["c.fixed"] is None for p in points)
     assert sweep.swept == ["a.x", "b.flag"] and sweep.method == "grid" and sweep.name == "tiny"
-    assert sweep.metric == {"name": "test/acc", "goal": "maximize"}
+    assert sweep.metric == {"name": "val/acc", "goal": "maximize"}
     assert grid(sweep) == points  # deterministic
     ids = [run_id(i, p) for i, p in enumerate(points)]
     assert ids[0].startswith("0000-") and len(set(ids)) == 6
@@ -119,7 +123,9 @@ def test_rendered_values_parse_in_the_cli(tmp_path):
      ({"parameters": {"a": {"values": []}}}, r"parameters.a.values must be a non-empty list"),
      ({"parameters": {}}, "parameters must be a non-empty mapping"),
      ({"command": ["pl-privfed", "fit"]}, r"command must be a list containing '\$\{args\}'"),
-     ({"command": "pl-privfed fit ${args}"}, "command must be a list")],
+     ({"command": "pl-privfed fit ${args}"}, "command must be a list"),
+     ({"metric": {"name": "test/acc", "goal": "maximize"}}, "metric.name='test/acc' selects on"),
+     ({"project": 3}, "project must be a W&B project name, got 3")],
 )  # fmt: skip
 def test_validation(tmp_path, change, message):
     path = write_sweep(tmp_path, {"a": {"values": [1]}})
@@ -149,7 +155,8 @@ with open({log!r}, "a") as f:
 out.mkdir(parents=True, exist_ok=True)
 failed = any(a.endswith("beta=-1") for a in args)
 (out / "summary.json").write_text(json.dumps({{"status": "failed: ValueError" if failed
-    else "finished", "final_test_accuracy": 0.5, "best_test_accuracy": 0.6, "rounds": 4}}))
+    else "finished", "final_val_accuracy": 0.5, "best_val_accuracy": 0.6, "best_val_round": 2,
+    "final_test_accuracy": 0.55, "rounds": 4}}))
 sys.exit(1 if failed else 0)
 """
 
@@ -178,29 +185,32 @@ def test_runner_contract_with_a_stand_in_interpreter(tmp_path, monkeypatch, caps
     assert path == Path("out/results.csv")
     first = calls(log)
     assert [c["args"][:2] for c in first] == [["-m", "pl_privfed.cli"]] * 2
+    identity = ["fit", "--config", QUICKSTART, "--trainer.max_steps=4"]
+    run0 = Path("out/runs") / run_id(0, {"a.beta": 0.5, "b.c": True}, identity)
     assert first[0]["args"][2:] == ["fit", "--config", QUICKSTART, "--a.beta=0.5", "--b.c=true",
-        f"--output_dir={Path('out/runs') / run_id(0, {'a.beta': 0.5, 'b.c': True})}",
-        f"--trainer.default_root_dir={Path('out/runs') / run_id(0, {'a.beta': 0.5, 'b.c': True})}",
-        "--trainer.max_steps=4"]  # fmt: skip
+        f"--output_dir={run0}", f"--trainer.default_root_dir={run0}",
+        "--run_name=beta=0.5", "--run_group=contract", "--trainer.max_steps=4"]  # fmt: skip
     assert {(c["cwd"], c["group"], c["mode"]) for c in first} == {
         (str(tmp_path), "contract", "offline")}  # fmt: skip
     table = rows(path)
     assert [(r["run"][:4], r["status"], r["beta"], r["c"]) for r in table] == [
         ("0000", "finished", "0.5", "true"), ("0001", "failed: ValueError", "-1", "true")]  # fmt: skip
-    assert list(table[0]) == ["run", "status", "beta", "c", "final_test_accuracy",
-        "best_test_accuracy", "final_train_loss", "epsilon", "rounds", "wall_time_s",
-        "rounds_to_target", "final_full_grad_norm", "client_transmissions", "run_dir"]  # fmt: skip
+    assert list(table[0]) == ["run", "status", "beta", "c", "final_val_accuracy",
+        "best_val_accuracy", "best_val_round", "final_test_accuracy", "final_val_loss",
+        "final_train_loss", "epsilon", "rounds", "wall_time_s", "rounds_to_target",
+        "final_full_grad_norm", "client_transmissions", "run_dir"]  # fmt: skip
     assert table[0]["epsilon"] == "" and failed_runs(path) == [table[1]["run"]]
+    assert (table[0]["final_val_accuracy"], table[0]["final_test_accuracy"]) == ("0.5", "0.55")
     out = capsys.readouterr().out
     assert "[1/2]" in out and "[2/2]" in out and "finished" in out and "failed" in out
     # resume: the finished point is skipped, the failed one retried; WANDB_MODE is respected
     monkeypatch.setenv("WANDB_MODE", "online")
-    run_sweep(sweep, "out", python=python)
+    run_sweep(sweep, "out", overrides=["--trainer.max_steps=4"], python=python)
     again = calls(log)[2:]
     assert [c["args"][5:7] for c in again] == [["--a.beta=-1", "--b.c=true"]]
     assert again[0]["mode"] == "online"
     # dry run: prints the commands of the points that would run, runs nothing
-    run_sweep(sweep, "out", python=python, dry_run=True)
+    run_sweep(sweep, "out", overrides=["--trainer.max_steps=4"], python=python, dry_run=True)
     assert len(calls(log)) == 3
     printed = capsys.readouterr().out.splitlines()
     assert any("skipped" in line for line in printed)
@@ -216,6 +226,91 @@ def test_dry_run_writes_nothing(tmp_path, capsys):
     lines = [ln for ln in capsys.readouterr().out.splitlines() if "pl_privfed.cli" in ln]
     assert len(lines) == 2 and f"--{BETA}=0.2" in lines[1] and lines[1].endswith(FAST[-1])
     assert not (tmp_path / "out").exists()
+
+
+def test_a_shortened_run_is_never_taken_for_a_full_one(tmp_path, monkeypatch, capsys):
+    """The README's smoke run (`-- --trainer.max_steps=20`) and the full sweep afterwards use
+    different run directories; `--rerun` runs finished points again."""
+    monkeypatch.chdir(tmp_path)
+    python, log = fake_python(tmp_path)
+    sweep = write_sweep(tmp_path, {"a.beta": {"values": [0.5, 0.25]}}, name="ident")
+    smoke = run_sweep(sweep, "out", overrides=["--trainer.max_steps=20"], python=python)
+    smoke_runs = {r["run_dir"] for r in rows(smoke)}
+    full = run_sweep(sweep, "out", python=python)  # nothing skipped: the full runs are new
+    assert len(calls(log)) == 4 and "skipped" not in capsys.readouterr().out
+    assert not smoke_runs & {r["run_dir"] for r in rows(full)}
+    run_sweep(sweep, "out", python=python)  # now everything is skipped
+    assert len(calls(log)) == 4
+    run_sweep(sweep, "out", python=python, rerun=True)
+    assert len(calls(log)) == 6
+
+
+def test_concurrent_sweeps_on_one_folder_are_refused(tmp_path, monkeypatch, capsys):
+    import os
+    import subprocess
+
+    monkeypatch.chdir(tmp_path)
+    python, log = fake_python(tmp_path)
+    sweep = write_sweep(tmp_path, {"a.beta": {"value": 0.5}}, name="locked")
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (tmp_path / "out").mkdir()
+        (tmp_path / "out" / ".sweep.lock").write_text(json.dumps(
+            {"pid": holder.pid, "host": __import__("socket").gethostname(), "started": 0}))  # fmt: skip
+        with pytest.raises(SweepLockedError, match=f"another sweep \\(pid {holder.pid} on"):
+            run_sweep(sweep, "out", python=python)
+        with pytest.raises(SystemExit) as exit_:
+            main(["sweep", str(sweep), "--out", "out"])
+        assert exit_.value.code == 2 and calls(log) == []
+    finally:
+        holder.kill()
+        holder.wait()
+    # the holder is gone: its lock is stale, taken over, and removed when the sweep ends
+    run_sweep(sweep, "out", python=python)
+    assert len(calls(log)) == 1 and "stale lock" in capsys.readouterr().out
+    assert not (tmp_path / "out" / ".sweep.lock").exists()
+    with sweep_lock(tmp_path / "out") as path:  # held: a second holder is refused
+        assert json.loads(path.read_text())["pid"] == os.getpid()
+        with pytest.raises(SweepLockedError), sweep_lock(tmp_path / "out"):
+            pass
+    assert not path.exists()
+
+
+GRID_PYTHON = """#!{python}
+import json, sys
+from pathlib import Path
+args = sys.argv[1:]
+out = Path(next(a.split("=", 1)[1] for a in args if a.startswith("--output_dir=")))
+seed = int(next(a.split("=", 1)[1] for a in args if a.startswith("--seed=")))
+(out / "grid").mkdir(parents=True, exist_ok=True)
+lines = ["run,status,beta,final_val_accuracy,final_test_accuracy,rounds,run_dir"]
+for i, beta in enumerate((0.1, 1.0)):
+    lines.append(f"{{i:04d}}-g,finished,{{beta}},{{0.5 + 0.1 * i + 0.01 * seed}},0.4,4,x")
+(out / "grid" / "results.csv").write_text("\\n".join(lines) + "\\n")
+(out / "summary.json").write_text(json.dumps({{"status": "finished", "grid": {{
+    "configurations": 2, "results": str(out / "grid" / "results.csv")}}}}))
+"""
+
+
+def test_a_grid_takes_a_seed_axis_through_a_sweep(tmp_path, monkeypatch):
+    """A sweep over `seed` of a config that trains a grid: results.csv holds one row per seed
+    and grid configuration, which the report aggregates over the seeds."""
+    monkeypatch.chdir(tmp_path)
+    python = tmp_path / "grid_python"
+    python.write_text(GRID_PYTHON.format(python=sys.executable))
+    python.chmod(0o755)
+    sweep = write_sweep(tmp_path, {"seed": {"values": [0, 1, 2]}}, name="gridseeds")
+    path = run_sweep(sweep, "out", python=str(python))
+    table = rows(path)
+    assert [(r["seed"], r["beta"]) for r in table] == [
+        (s, b) for s in ("0", "1", "2") for b in ("0.1", "1.0")]  # fmt: skip
+    assert table[1]["final_val_accuracy"] == "0.6"
+    configs = report.aggregate([r for r in table], ["beta", "seed"])
+    assert [(c.values, len(c.rows)) for c in configs] == [
+        ({"beta": "0.1"}, 3),
+        ({"beta": "1.0"}, 3),
+    ]
+    assert configs[1].stat("final_val_accuracy").mean == pytest.approx(0.61)
 
 
 # --------------------------------------------------------------------------- real runs
@@ -239,7 +334,8 @@ def test_real_grid_results(finished_grid):
     assert [(r["status"], r["beta"], r["step_size"], r["rounds"]) for r in table] == [
         ("finished", "0.01", "0.2", "4"), ("finished", "0.1", "0.2", "4")]  # fmt: skip
     for r in table:
-        assert 0 <= float(r["final_test_accuracy"]) <= float(r["best_test_accuracy"]) <= 1
+        assert 0 <= float(r["final_val_accuracy"]) <= float(r["best_val_accuracy"]) <= 1
+        assert r["best_val_round"] in ("2", "4") and 0 <= float(r["final_test_accuracy"]) <= 1
         assert float(r["final_train_loss"]) > 0 and float(r["epsilon"]) > 0
         summary = summary_of(r)
         assert summary["config"]["model"]["algorithm"]["init_args"]["beta"] == float(r["beta"])
@@ -267,9 +363,10 @@ def test_real_grid_resume(finished_grid, tmp_path, monkeypatch, capsys):
     python, log = fake_python(tmp_path)
     run_sweep(sweep, path.parent, overrides=FAST, python=python)
     assert summaries[0].stat().st_mtime_ns == stamps[0]
-    assert [c["args"][-len(FAST) - 3 :] for c in calls(log)] == [
+    assert [c["args"][-len(FAST) - 5 :] for c in calls(log)] == [
         [f"--{BETA}=0.1", f"--output_dir={summaries[1].parent}",
-         f"--trainer.default_root_dir={summaries[1].parent}", *FAST]]  # fmt: skip
+         f"--trainer.default_root_dir={summaries[1].parent}", "--run_name=beta=0.1",
+         "--run_group=grid", *FAST]]  # fmt: skip
     out = capsys.readouterr().out.splitlines()
     assert len(out) == 2 and "skipped" in out[0] and "finished in" in out[1]
     assert [r["status"] for r in rows(path)] == ["finished", "finished"]
@@ -296,71 +393,85 @@ def test_report_on_the_real_grid(finished_grid, tmp_path):
     written = make_report(path, tmp_path / "report")
     assert [p.name for p in written] == ["heatmap.png", "curves.png", "table.md", "table.csv"]
     assert all(p.stat().st_size > 1000 or p.suffix != ".png" for p in written)
-    table = (tmp_path / "report" / "table.md").read_text().splitlines()
-    assert table[0] == "| method | β | γ | final accuracy (%) | best accuracy (%) | ε |"
-    assert len(table) == 4 and all(
-        line.startswith("| AlphaNormEC + server norm | 0.") for line in table[2:]
-    )
+    table = table_rows(tmp_path / "report" / "table.csv")
+    assert all(r["method"] == "DP-AlphaNormEC + server norm" for r in table)  # private: DP-
     results = {r["beta"]: r for r in rows(path)}
-    best = [float(line.split("|")[5]) for line in table[2:]]
-    assert best == sorted(best, reverse=True)
-    expected = max(results.values(), key=lambda r: float(r["best_test_accuracy"]))
-    assert table[2].split("|")[2].strip() == expected["beta"]
+    best = max(results.values(), key=lambda r: float(r["final_val_accuracy"]))
+    (selected,) = [r for r in table if r["selected"] == "yes"]
+    assert selected["β"] == best["beta"]  # chosen on validation ...
+    assert selected["test accuracy (%)"] == f"{100 * float(best['final_test_accuracy']):.2f}"
     with pytest.raises(ValueError, match="x='gamma'"):
         make_report(path, tmp_path / "r2", x="gamma")
 
 
 # --------------------------------------------------------------------------- report, synthetic
 
+HEADER = ["run", "status", "step_size", "beta", "server_normalization", "seed",
+          "final_val_accuracy", "best_val_accuracy", "final_test_accuracy", "final_train_loss",
+          "epsilon", "rounds", "wall_time_s", "run_dir"]  # fmt: skip
 
-def fake_results(tmp_path, with_nan=True):
-    """A 2 × 2 × 2 grid (β, γ, server normalization) with curves; one run without accuracy, one
-    failed."""
-    header = ["run", "status", "step_size", "beta", "server_normalization",
-              "final_test_accuracy", "best_test_accuracy", "final_train_loss", "epsilon",
-              "rounds", "wall_time_s", "run_dir"]  # fmt: skip
+
+def table_rows(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def fake_results(tmp_path, seeds=(0,), with_nan=True, private=False, val=None, test=None):
+    """A 2 × 2 × 2 grid (β, γ, server normalization) × seeds with curves; without seeds'
+    spread one run has no accuracy and one failed. ``val``/``test`` map the configuration index
+    and seed to accuracies."""
     lines = []
     index = 0
     for step in ("0.1", "1.0"):
         for beta in ("0.01", "0.1"):
             for norm in ("true", "false"):
-                run = f"{index:04d}-abc"
-                run_dir = tmp_path / "runs" / run
-                run_dir.mkdir(parents=True)
-                acc = 0.1 * index + 0.05
-                status = "failed: boom" if index == 7 else "finished"
-                best = "" if (with_nan and index == 5) else str(acc + 0.01)
-                algo = {"class_path": "pl_privfed.algorithms.AlphaNormEC",
-                        "init_args": {"server_normalization": norm == "true"}}  # fmt: skip
-                (run_dir / "summary.json").write_text(json.dumps(
-                    {"status": status, "config": {"model": {"algorithm": algo}}}))  # fmt: skip
-                (run_dir / "curves.csv").write_text("metric,round,value\n" + "".join(
-                    f"train/loss,{k},{2.0 / k}\ntest/acc,{k},{acc * k / 4}\n" for k in (1, 2, 3, 4)
-                ))  # fmt: skip
-                lines.append([run, status, step, beta, norm, str(acc), best,
-                              "nan" if index == 2 else "0.5", "", "4", "1.0", str(run_dir)])  # fmt: skip
+                for seed in seeds:
+                    run = f"{len(lines):04d}-abc"
+                    run_dir = tmp_path / "runs" / run
+                    run_dir.mkdir(parents=True)
+                    acc = val(index, seed) if val else 0.1 * index + 0.05
+                    status = "failed: boom" if index == 7 and with_nan else "finished"
+                    best = "" if (with_nan and index == 5) else str(acc + 0.01)
+                    final = "" if (with_nan and index == 5) else str(acc)
+                    algo = {"class_path": "pl_privfed.algorithms.AlphaNormEC",
+                            "init_args": {"server_normalization": norm == "true",
+                                          "noise": {"epsilon": 8.0} if private else None}}  # fmt: skip
+                    (run_dir / "summary.json").write_text(json.dumps(
+                        {"status": status, "private": private,
+                         "config": {"model": {"algorithm": algo}}}))  # fmt: skip
+                    (run_dir / "curves.csv").write_text("metric,round,value\n" + "".join(
+                        f"train/loss,{k},{2.0 / k + seed}\nval/acc,{k},{acc * k / 4}\n"
+                        for k in (1, 2, 3, 4)))  # fmt: skip
+                    t = test(index, seed) if test else acc - 0.02
+                    lines.append([run, status, step, beta, norm, str(seed), final, best, str(t),
+                                  "nan" if index == 2 else "0.5", "8.0" if private else "",
+                                  "4", "1.0", str(run_dir)])  # fmt: skip
                 index += 1
-    return write_rows(tmp_path / "results.csv", header, lines)
+    return write_rows(tmp_path / "results.csv", HEADER, lines)
 
 
 def test_report_facets_difference_and_table(tmp_path):
     path = fake_results(tmp_path)
-    written = make_report(path)
+    with pytest.warns(UserWarning, match=r"1 of 7 finished runs .* have no final_val_accuracy"):
+        written = make_report(path)
     assert [p.name for p in written] == ["heatmap.png", "heatmap_server_normalization_difference.png",
                                          "curves.png", "table.md", "table.csv"]  # fmt: skip
     assert all(p.parent == tmp_path / "report" and p.stat().st_size > 0 for p in written)
-    table = (tmp_path / "report" / "table.md").read_text().splitlines()
-    # no ε column (no run is private), server normalization goes into the method's name
-    assert table[0] == "| method | β | γ | final accuracy (%) | best accuracy (%) |"
-    body = [[c.strip() for c in line.strip("|").split("|")] for line in table[2:]]
-    assert len(body) == 7  # the failed run is left out
-    assert [b[0] for b in body] == ["AlphaNormEC"] * 3 + ["AlphaNormEC + server norm"] * 4
-    assert body[0] == ["AlphaNormEC", "0.1", "0.1", "35.00", "36.00"]
-    assert body[1] == ["AlphaNormEC", "0.01", "0.1", "15.00", "16.00"]
-    assert body[2] == ["AlphaNormEC", "0.01", "1.0", "55.00", ""]  # no best accuracy: blank
-    assert [b[4] for b in body[3:]] == ["66.00", "46.00", "26.00", "6.00"]
-    with (tmp_path / "report" / "table.csv").open(newline="") as f:
-        assert list(csv.reader(f))[1] == body[0]
+    table = table_rows(tmp_path / "report" / "table.csv")
+    assert list(table[0])[:9] == ["method", "β", "γ", "seeds", "val accuracy (%)", "val 95 % CI",
+                                  "test accuracy (%)", "test 95 % CI", "best val accuracy (%)"]  # fmt: skip
+    assert "ε" not in table[0]  # no run is private; server normalization is in the method's name
+    assert len(table) == 7  # the failed run is left out
+    assert [r["method"] for r in table] == ["AlphaNormEC"] * 3 + ["AlphaNormEC + server norm"] * 4
+    first = table[0]
+    assert (first["β"], first["γ"], first["val accuracy (%)"], first["test accuracy (%)"]) == (
+        "0.1", "0.1", "35.00", "33.00")  # fmt: skip
+    assert first["selected"] == "yes" and first["seeds"] == "1" and first["val 95 % CI"] == ""
+    assert table[2]["val accuracy (%)"] == ""  # no validation accuracy: blank, never selected
+    assert [r["val accuracy (%)"] for r in table[3:]] == ["65.00", "45.00", "25.00", "5.00"]
+    md = (tmp_path / "report" / "table.md").read_text()
+    assert md.startswith("## Selected on validation (final_val_accuracy)")
+    assert "from 1 and 1 seed(s): no interval" in md  # one seed: no claim of a difference
     # explicit facet and other axes
     written = make_report(
         path, tmp_path / "r2", x="step_size", y="beta", facet="server_normalization"
@@ -370,19 +481,95 @@ def test_report_facets_difference_and_table(tmp_path):
         make_report(path, tmp_path / "r3", facet="alpha")
 
 
+def test_report_selects_on_validation_and_reports_test_over_seeds(tmp_path, monkeypatch):
+    """Three seeds per configuration: mean ± std and scipy's t-interval; the configuration with
+    the best mean validation accuracy is selected, and its test accuracy is what is reported,
+    even where another configuration has a higher test accuracy."""
+    from scipy import stats
+
+    def val(index, seed):
+        return 0.5 + 0.01 * index + 0.02 * seed
+
+    def test(index, seed):
+        return 0.9 if index == 0 else 0.4 + 0.01 * seed  # the test set favours index 0
+
+    path = fake_results(tmp_path, seeds=(0, 1, 2), with_nan=False, private=True, val=val,
+                        test=test)  # fmt: skip
+    bounds, labels = [], []
+    original_heatmap = report._draw_heatmap
+
+    def spy_heatmap(*args, **kwargs):
+        bounds.append(kwargs["bounds"])
+        return original_heatmap(*args, **kwargs)
+
+    original_band = report._plot_band
+
+    def spy_band(ax, xs, curve, scale, label, *args, **kwargs):
+        labels.append((label, max(curve[3] - curve[2]) > 0))
+        return original_band(ax, xs, curve, scale, label, *args, **kwargs)
+
+    monkeypatch.setattr(report, "_draw_heatmap", spy_heatmap)
+    monkeypatch.setattr(report, "_plot_band", spy_band)
+    make_report(path, tmp_path / "report")
+    table = table_rows(tmp_path / "report" / "table.csv")
+    assert {r["seeds"] for r in table} == {"3"} and len(table) == 8
+    selected = {r["method"]: r for r in table if r["selected"] == "yes"}
+    assert set(selected) == {"DP-AlphaNormEC", "DP-AlphaNormEC + server norm"}
+    best = selected["DP-AlphaNormEC"]  # index 7 (γ = 1, β = 0.1, no server norm) on validation
+    assert (best["γ"], best["β"]) == ("1.0", "0.1")
+    values = [100 * (0.4 + 0.01 * s) for s in range(3)]
+    low, high = stats.t.interval(0.95, 2, loc=np.mean(values), scale=stats.sem(values))
+    assert best["test accuracy (%)"] == f"{np.mean(values):.2f} ± {np.std(values, ddof=1):.2f}"
+    assert best["test 95 % CI"] == f"[{low:.2f}, {high:.2f}]"
+    assert best["ε"] == "8"
+    # fixed colour range in percent; the curves of both server-normalization variants, with bands
+    assert bounds[0] == (0.0, 100.0)
+    methods = {label.split(":")[0] for label, _ in labels}
+    assert methods == {"DP-AlphaNormEC", "DP-AlphaNormEC + server norm"}
+    assert all(band for label, band in labels if "loss" not in label)
+    drawn = len(bounds)
+    make_report(path, tmp_path / "r2", vmin=40, vmax=60)
+    assert bounds[drawn] == (40, 60)  # the next is the difference map's symmetric range
+    with pytest.raises(ValueError, match="metric='final_test_accuracy' would select on the test"):
+        make_report(path, tmp_path / "r3", metric="final_test_accuracy")
+
+
+def test_report_without_accuracy_warns_and_draws_no_grey_heatmap(tmp_path):
+    path = fake_results(tmp_path, with_nan=False)
+    text = path.read_text().splitlines()
+    header = text[0].split(",")
+    blank = [",".join("" if header[i] in ("final_val_accuracy", "best_val_accuracy") else v
+                      for i, v in enumerate(line.split(","))) for line in text[1:]]  # fmt: skip
+    path.write_text("\n".join([text[0], *blank]) + "\n")
+    with pytest.warns(UserWarning) as record:
+        written = make_report(path, tmp_path / "report")
+    messages = [str(w.message) for w in record]
+    assert any("8 of 8 finished runs" in m for m in messages)
+    assert any("no heatmap drawn" in m for m in messages)
+    assert "heatmap.png" not in [p.name for p in written]
+
+
 def test_report_without_beta_and_without_finished_runs(tmp_path):
     path = tmp_path / "results.csv"
-    path.write_text("run,status,step_size,scale,final_test_accuracy,best_test_accuracy,"
+    path.write_text("run,status,step_size,scale,final_val_accuracy,best_val_accuracy,"
                     "final_train_loss,epsilon,rounds,wall_time_s,run_dir\n"
                     "0000-x,failed: boom,0.1,1.0,,,,,,,missing\n")  # fmt: skip
     written = make_report(path, tmp_path / "out")  # x falls back to `scale`
     assert [p.name for p in written] == ["table.md", "table.csv"]
-    assert (
-        (tmp_path / "out" / "table.md")
-        .read_text()
-        .splitlines()[0]
-        .startswith("| method | scale | γ |")
-    )
+    assert table_rows(tmp_path / "out" / "table.csv") == []
+    with open(tmp_path / "out" / "table.csv") as f:
+        assert f.readline().startswith("method,scale,γ,seeds,")
+
+
+def test_report_pools_several_results_files(tmp_path):
+    """A grid run once per seed writes one results.csv each: read together, they aggregate."""
+    a = fake_results(tmp_path / "a", seeds=(0,), with_nan=False)
+    b = fake_results(tmp_path / "b", seeds=(1,), with_nan=False)
+    with pytest.raises(SystemExit) as exit_:
+        main(["report", str(a), str(b), "--out", str(tmp_path / "report"), "--vmax", "90"])
+    assert exit_.value.code == 0
+    table = table_rows(tmp_path / "report" / "table.csv")
+    assert len(table) == 8 and {r["seeds"] for r in table} == {"2"}
 
 
 # --------------------------------------------------------------------------- shipped sweeps
@@ -397,18 +584,73 @@ def test_quickstart_grid_has_eight_points():
         "fit", "--config", "configs/quickstart.yaml"]  # fmt: skip
 
 
-@pytest.mark.parametrize("path", SWEEPS, ids=[p.stem for p in SWEEPS])
-def test_shipped_sweeps_are_accepted_by_the_cli(path, tmp_path, monkeypatch):
-    """Every value of every parameter, in at most max(len(values)) points, instantiates."""
-    monkeypatch.chdir(REPO)  # the sweep commands name configs relative to the repository
-    sweep = load_sweep(path)
+def test_paper_sweeps_have_three_seeds_and_every_sweep_a_project():
+    for path in SWEEPS:
+        sweep = load_sweep(path)
+        assert sweep.project == "pl-privfed", path.name
+        assert not sweep.metric.get("name", "").startswith("test/"), path.name
+        if path.stem.startswith("paper"):
+            assert len(sweep.parameters.get("seed", [])) >= 3, path.name
+
+
+def wandb_agent_command(sweep_file, params):
+    """The command line ``wandb agent`` runs for one point: W&B's own construction
+    (``create_sweep_command`` for the macros, ``create_sweep_command_args`` for ``${args}``),
+    substituted as ``wandb_agent.Agent._command_run`` does."""
+    from wandb.sdk.launch.sweeps import utils as sweep_utils
+
+    spec = yaml.safe_load(Path(sweep_file).read_text())
+    command = sweep_utils.create_sweep_command(list(spec["command"]))
+    sweep_vars = sweep_utils.create_sweep_command_args({"args": {k: {"value": v} for k, v in
+                                                                 params.items()}})  # fmt: skip
+    sweep_vars.update(interpreter=["python"], program=[spec.get("program", "")],
+                      env=["/usr/bin/env"])  # fmt: skip
+    out = []
+    for chunk in map(str, command):
+        if chunk.startswith("${") and chunk.endswith("}"):
+            out += sweep_vars.get(chunk[2:-1]) or []
+        else:
+            out.append(chunk)
+    return out
+
+
+def covering_points(sweep):
+    """Grid points that together use every value of every parameter (nulls and booleans
+    included)."""
     widest = max(len(v) for v in sweep.parameters.values())
-    for i in range(widest):
-        params = {k: v[i % len(v)] for k, v in sweep.parameters.items()}
-        args = run_args(sweep, params, tmp_path / "run")
-        assert args[0] == "fit"
-        cli = PrivFedCLI(args=[*args[1:], "--trainer.logger=false"], run=False)
+    return [{k: v[i % len(v)] for k, v in sweep.parameters.items()} for i in range(widest)]
+
+
+def test_wandb_agent_command_lines_of_every_point_are_built(tmp_path):
+    """Every point of every shipped sweep gets a command line from W&B's construction, whose
+    null and boolean values (`--…=None`, `--…=True`) the CLI's argument preparation turns into
+    what its parser reads."""
+    for path in SWEEPS:
+        sweep = load_sweep(path)
+        for params in grid(sweep):
+            cmd = wandb_agent_command(path, params)
+            assert cmd[:3] == ["/usr/bin/env", "pl-privfed", "fit"], cmd
+            args = agent_arguments(cmd[2:])
+            assert not any(a.endswith("=None") for a in args)
+            if None in params.values():
+                assert any(a.endswith("=null") for a in args)
+
+
+@pytest.mark.parametrize("path", SWEEPS, ids=[p.stem for p in SWEEPS])
+def test_shipped_sweeps_run_under_the_wandb_agent(path, tmp_path, monkeypatch):
+    """Every value of every parameter (in at most max(len(values)) points), in the command line
+    ``wandb agent`` builds, is parsed and instantiated by the CLI from a working directory outside
+    the repository (the sweep's config paths resolve)."""
+    monkeypatch.chdir(tmp_path)
+    sweep = load_sweep(path)
+    for params in covering_points(sweep):
+        cmd = wandb_agent_command(path, params)
+        cli = PrivFedCLI(args=[*agent_arguments(cmd[3:]), "--trainer.logger=false"], run=False)
         for key, value in params.items():
+            if key == "seed":
+                assert cli.config["seed_everything"] == value
+                assert cli.datamodule.seed == value
+                continue
             obj = {"model": cli.model, "trainer": cli.trainer, "data": cli.datamodule}[
                 key.split(".")[0]
             ]
@@ -436,6 +678,7 @@ def test_shipped_sweeps_are_accepted_by_the_cli(path, tmp_path, monkeypatch):
 
 
 def write_rows(path, header, rows_):
+    path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(header)
@@ -446,7 +689,7 @@ def write_rows(path, header, rows_):
 def test_report_rounds_to_target(tmp_path):
     """Paper 003 Figs. 1-2: rounds to the gradient-norm target against c, per τ and per classes."""
     header = ["run", "status", "classes_per_client", "clip_threshold", "steps", "step_size",
-              "final_test_accuracy", "best_test_accuracy", "final_train_loss", "epsilon",
+              "final_val_accuracy", "best_val_accuracy", "final_train_loss", "epsilon",
               "rounds", "wall_time_s", "rounds_to_target", "final_full_grad_norm",
               "client_transmissions", "run_dir"]  # fmt: skip
     body, i = [], 0
@@ -467,14 +710,14 @@ def test_report_rounds_to_target(tmp_path):
 def test_report_accuracy_vs_transmissions(tmp_path):
     """Paper 004 Fig. 2: accuracy of the best run per p against k · p · M transmissions."""
     header = ["run", "status", "step_size", "beta", "participation_prob",
-              "final_test_accuracy", "best_test_accuracy", "final_train_loss", "epsilon",
+              "final_val_accuracy", "best_val_accuracy", "final_train_loss", "epsilon",
               "rounds", "wall_time_s", "client_transmissions", "run_dir"]  # fmt: skip
     body = []
     for i, p in enumerate(("0.25", "0.5", "1.0")):
         run_dir = tmp_path / "runs" / f"{i:04d}-x"
         run_dir.mkdir(parents=True)
         (run_dir / "curves.csv").write_text(
-            "metric,round,value\n" + "".join(f"test/acc,{k},{0.1 * k}\n" for k in (1, 2, 3))
+            "metric,round,value\n" + "".join(f"val/acc,{k},{0.1 * k}\n" for k in (1, 2, 3))
         )
         body.append([run_dir.name, "finished", "0.01", "0.01", p, "0.3", "0.3", "1.0", "8.0",
                      "4", "1.0", str(int(4 * 20 * float(p))), str(run_dir)])  # fmt: skip
@@ -483,31 +726,35 @@ def test_report_accuracy_vs_transmissions(tmp_path):
     assert written[-1].name == "accuracy_vs_transmissions.png" and written[-1].stat().st_size > 1000
 
 
-def fake_method_sweep(root, name, algorithm, accuracies, bits_per_round, channel):
+def fake_method_sweep(root, name, algorithm, accuracies, bits_per_round, channel, seeds=(0,),
+                      spread=0.0):  # fmt: skip
     """A results.csv of runs whose summary.json holds a gradient-norm history and bit totals."""
-    header = ["run", "status", "step_size", "final_test_accuracy", "best_test_accuracy",
-              "final_train_loss", "epsilon", "rounds", "wall_time_s", "run_dir"]  # fmt: skip
+    header = ["run", "status", "step_size", "seed", "final_val_accuracy", "best_val_accuracy",
+              "final_test_accuracy", "final_train_loss", "epsilon", "rounds", "wall_time_s",
+              "run_dir"]  # fmt: skip
     body = []
     for i, acc in enumerate(accuracies):
-        run_dir = root / name / "runs" / f"{i:04d}"
-        run_dir.mkdir(parents=True)
-        summary = {
-            "config": {"model": {"algorithm": {"class_path": f"pl_privfed.algorithms.{algorithm}"}}},
-            "rounds": 100,
-            "communication_total_bits_per_agent": {channel: 100 * bits_per_round,
-                                                   "server_to_client": 1e9},
-            "full_grad_norm": {"history": [[0, 2.0], [50, 1.0], [100, 0.5 + i]]},
-        }  # fmt: skip
-        (run_dir / "summary.json").write_text(json.dumps(summary))
-        (run_dir / "curves.csv").write_text(
-            "metric,round,value\ntest/acc,50,0.4\ntest/acc,100,0.6\n"
-        )
-        body.append([f"{i:04d}", "finished", str(0.1 * (i + 1)), str(acc), str(acc), "0.3", "0.01",
-                     "100", "1.0", str(run_dir)])  # fmt: skip
+        for seed in seeds:
+            run_dir = root / name / "runs" / f"{i:04d}-{seed}"
+            run_dir.mkdir(parents=True)
+            summary = {
+                "config": {"model": {"algorithm": {"class_path": f"pl_privfed.algorithms.{algorithm}"}}},
+                "rounds": 100, "private": True,
+                "communication_total_bits_per_agent": {channel: 100 * bits_per_round,
+                                                       "server_to_client": 1e9},
+                "full_grad_norm": {"history": [[0, 2.0], [50, 1.0], [100, 0.5 + i]]},
+            }  # fmt: skip
+            (run_dir / "summary.json").write_text(json.dumps(summary))
+            (run_dir / "curves.csv").write_text(
+                f"metric,round,value\nval/acc,50,0.4\nval/acc,100,{0.6 + 0.01 * seed}\n"
+            )
+            test = acc - 0.05 + spread * seed
+            body.append([run_dir.name, "finished", str(0.1 * (i + 1)), str(seed), str(acc),
+                         str(acc), str(test), "0.3", "0.01", "100", "1.0", str(run_dir)])  # fmt: skip
     return write_rows(root / name / "results.csv", header, body)
 
 
-def test_compare_methods_draws_the_best_run_of_each_sweep(tmp_path):
+def test_compare_methods_draws_the_best_configuration_of_each_sweep(tmp_path, capsys):
     """Paper 001 Figs. 2-3: utility and accuracy of the best-tuned runs against rounds and bits."""
     porter = fake_method_sweep(tmp_path, "porter", "PORTER", [0.7, 0.8], 64.0, "agent_to_agent")
     soteria = fake_method_sweep(tmp_path, "soteria", "SoteriaFL", [0.6], 32.0, "client_to_server")
@@ -516,20 +763,52 @@ def test_compare_methods_draws_the_best_run_of_each_sweep(tmp_path):
         main(main_args)
     assert exit_.value.code == 0
     assert (tmp_path / "cmp" / "comparison.png").stat().st_size > 1000
-    with (tmp_path / "cmp" / "comparison.csv").open() as f:
-        rows = list(csv.DictReader(f))
-    assert [r["method"] for r in rows] == ["PORTER (step_size=0.2)", "SoteriaFL"]
+    table = table_rows(tmp_path / "cmp" / "comparison.csv")
+    assert [r["method"] for r in table] == ["DP-PORTER (step_size=0.2)", "DP-SoteriaFL"]
     # the best PORTER run (accuracy 0.8, the second) ends at ||∇f|| = 1.5: utility 2.25
-    assert [float(r["final utility"]) for r in rows] == [2.25, 0.25]
+    assert [float(r["final utility"]) for r in table] == [2.25, 0.25]
     # bits sent per agent: every channel but the server's broadcast
-    assert [float(r["bits sent per agent"]) for r in rows] == [6400.0, 3200.0]
-    assert [r["final accuracy (%)"] for r in rows] == ["80.00", "60.00"]
+    assert [float(r["bits sent per agent"]) for r in table] == [6400.0, 3200.0]
+    assert [r["val accuracy (%)"] for r in table] == ["80.00", "60.00"]
+    assert [r["test accuracy (%)"] for r in table] == ["75.00", "55.00"]
+    assert "1 and 1 seed(s): no interval" in capsys.readouterr().out
+
+
+def test_compare_methods_aggregates_seeds_and_notes_overlaps(tmp_path):
+    porter = fake_method_sweep(tmp_path, "porter", "PORTER", [0.7], 64.0, "agent_to_agent",
+                               seeds=(0, 1, 2), spread=0.05)  # fmt: skip
+    soteria = fake_method_sweep(tmp_path, "soteria", "SoteriaFL", [0.69], 32.0,
+                                "client_to_server", seeds=(0, 1, 2), spread=0.05)  # fmt: skip
+    far = fake_method_sweep(tmp_path, "far", "BEER", [0.2], 32.0, "agent_to_agent",
+                            seeds=(0, 1, 2), spread=0.001)  # fmt: skip
+    compare_methods([porter, soteria, far], tmp_path / "cmp")
+    table = table_rows(tmp_path / "cmp" / "comparison.csv")
+    assert [r["seeds"] for r in table] == ["3", "3", "3"]
+    assert table[0]["test accuracy (%)"] == "70.00 ± 5.00"
+    notes = (tmp_path / "cmp" / "comparison.md").read_text().split("Notes:")[1]
+    assert "DP-PORTER and DP-SoteriaFL: the 95 % intervals of test accuracy overlap" in notes
+    assert "DP-BEER" not in notes  # far apart: no note
+    with pytest.raises(ValueError, match="would select on the test set"):
+        compare_methods([porter], tmp_path / "x", metric="final_test_accuracy")
 
 
 def test_compare_methods_needs_a_finished_run(tmp_path):
-    header = ["run", "status", "step_size", "best_test_accuracy", "run_dir"]
+    header = ["run", "status", "step_size", "final_val_accuracy", "run_dir"]
     path = write_rows(tmp_path / "results.csv", header, [["0000", "failed", "0.1", "", ""]])
     with pytest.raises(ValueError, match="no finished run"):
         compare_methods([path], tmp_path / "out")
     with pytest.raises(ValueError, match="at least one"):
         compare_methods([], tmp_path / "out")
+
+
+def test_mean_interval_matches_scipy():
+    from scipy import stats
+
+    values = [0.61, 0.7, 0.64, 0.69]
+    r = mean_interval(values)
+    low, high = stats.t.interval(0.95, 3, loc=np.mean(values), scale=stats.sem(values))
+    assert (r.n, r.mean, r.std) == (4, pytest.approx(np.mean(values)),
+                                    pytest.approx(np.std(values, ddof=1)))  # fmt: skip
+    assert (r.low, r.high) == (pytest.approx(low), pytest.approx(high))
+    assert math.isnan(mean_interval([0.5]).low) and mean_interval([]).n == 0
+    assert mean_interval([0.5, 0.5]).low == 0.5

@@ -26,7 +26,7 @@ def curves_csv(history: dict[str, list[tuple[int, float]]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-DEFAULT_KEYS = ("train/loss", "test/loss", "test/acc", "privacy/epsilon")
+DEFAULT_KEYS = ("train/loss", "val/loss", "val/acc", "privacy/epsilon")
 
 
 class TrainingCurves(pl.Callback):

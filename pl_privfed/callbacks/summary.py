@@ -31,8 +31,20 @@ def finite_float(value: Any) -> float | None:
 class RunSummary(pl.Callback):
     """Records the run's outcome in ``<log_dir>/summary.json`` and prints a one-line result.
 
-    Works with any LightningModule. It reads ``test/acc`` (or ``accuracy_key``) and ``train/loss``
-    (``loss_key``) from the logged metrics, and, when the module has a ``privacy_report()`` method
+    Works with any LightningModule. After every validation it reads ``val/acc`` (or
+    ``accuracy_key``) and ``val/loss`` (``val_loss_key``) from the logged metrics, and
+    ``train/loss`` (``loss_key``) after every round. ``summary.json`` then holds
+
+    * ``final_val_accuracy``, ``final_val_loss`` and ``final_val_round``: the last validation,
+      which :class:`~pl_privfed.FederatedModule` runs after the last round (so they are the final
+      model's);
+    * ``best_val_accuracy`` and ``best_val_round``: the highest validation accuracy and its round
+      (a best-of value, named as such);
+    * ``final_test_accuracy``, ``final_test_loss`` and ``final_test_round``: the held-out test set,
+      evaluated once for the final model at the end of fit (from the module's
+      ``summary_entries()``; ``None`` for a module that does not evaluate it).
+
+    When the module has a ``privacy_report()`` method
     returning a dict (ε, δ, noise settings), includes it. If LightningCLI saved ``config.yaml``
     in the log directory, the resolved config is included too, and so are the
     ``summary_entries()`` of the module and of the other callbacks (client transmissions,
@@ -43,8 +55,9 @@ class RunSummary(pl.Callback):
     Args:
         dirpath: where to write; default ``trainer.log_dir``.
         filename: file name (default ``summary.json``).
-        accuracy_key: logged metric holding test accuracy.
+        accuracy_key: logged metric holding the validation accuracy.
         loss_key: logged metric holding the training loss.
+        val_loss_key: logged metric holding the validation loss.
         verbose: print the result line at the end of fit.
     """
 
@@ -52,18 +65,22 @@ class RunSummary(pl.Callback):
         self,
         dirpath: str | None = None,
         filename: str = "summary.json",
-        accuracy_key: str = "test/acc",
+        accuracy_key: str = "val/acc",
         loss_key: str = "train/loss",
         verbose: bool = True,
+        val_loss_key: str = "val/loss",
     ) -> None:
         self.dirpath = dirpath
         self.filename = filename
         self.accuracy_key = accuracy_key
         self.loss_key = loss_key
+        self.val_loss_key = val_loss_key
         self.verbose = verbose
         self._start: float | None = None
         self.final_accuracy: float | None = None
+        self.final_val_loss: float | None = None
         self.best_accuracy: float | None = None
+        self.best_round: int | None = None
         self.final_loss: float | None = None
         self.evaluated_round: int | None = None
         self.path: Path | None = None
@@ -82,10 +99,13 @@ class RunSummary(pl.Callback):
         if trainer.sanity_checking:
             return
         acc = finite_float(trainer.callback_metrics.get(self.accuracy_key))
-        if acc is not None:
-            self.final_accuracy = acc
-            self.evaluated_round = trainer.global_step
-            self.best_accuracy = acc if self.best_accuracy is None else max(self.best_accuracy, acc)
+        loss = finite_float(trainer.callback_metrics.get(self.val_loss_key))
+        if acc is None and loss is None:
+            return
+        self.final_accuracy, self.final_val_loss = acc, loss
+        self.evaluated_round = trainer.global_step
+        if acc is not None and (self.best_accuracy is None or acc > self.best_accuracy):
+            self.best_accuracy, self.best_round = acc, trainer.global_step
 
     @override
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -98,22 +118,31 @@ class RunSummary(pl.Callback):
     def state_dict(self) -> dict[str, Any]:
         return {
             "best_accuracy": self.best_accuracy,
+            "best_round": self.best_round,
             "final_accuracy": self.final_accuracy,
+            "final_val_loss": self.final_val_loss,
             "evaluated_round": self.evaluated_round,
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.best_accuracy = state_dict.get("best_accuracy")
+        self.best_round = state_dict.get("best_round")
         self.final_accuracy = state_dict.get("final_accuracy")
+        self.final_val_loss = state_dict.get("final_val_loss")
         self.evaluated_round = state_dict.get("evaluated_round")
 
     def summary(self, trainer: pl.Trainer, pl_module: pl.LightningModule, status: str) -> dict:
         """The dictionary written to ``summary.json``."""
         out: dict[str, Any] = {
             "status": status,
-            "final_test_accuracy": self.final_accuracy,
-            "final_test_accuracy_round": self.evaluated_round,
-            "best_test_accuracy": self.best_accuracy,
+            "final_val_accuracy": self.final_accuracy,
+            "final_val_loss": self.final_val_loss,
+            "final_val_round": self.evaluated_round,
+            "best_val_accuracy": self.best_accuracy,
+            "best_val_round": self.best_round,
+            "final_test_accuracy": None,  # the module's end-of-fit evaluation fills these
+            "final_test_loss": None,
+            "final_test_round": None,
             "final_train_loss": self.final_loss
             if self.final_loss is not None
             else finite_float(trainer.callback_metrics.get(self.loss_key)),
@@ -170,6 +199,11 @@ class RunSummary(pl.Callback):
         log_artifact(trainer, self.path, "run-summary")
         if self.verbose and status == "finished":
             parts = [f"rounds={data['rounds']}"]
+            if data["final_val_accuracy"] is not None:
+                parts.append(
+                    f"val accuracy={data['final_val_accuracy']:.4f} "
+                    f"(round {data['final_val_round']})"
+                )
             if data["final_test_accuracy"] is not None:
                 parts.append(f"test accuracy={data['final_test_accuracy']:.4f}")
             if data["final_train_loss"] is not None:

@@ -9,13 +9,33 @@ from typing import Any
 import numpy as np
 import pytorch_lightning as pl
 import torch
+from sklearn.model_selection import train_test_split
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 
 from pl_privfed.checks import check_positive_int
 from pl_privfed.datamodules.partition import IIDPartitioner, Partitioner
 
-__all__ = ["ClientStreams", "FederatedDataModule", "RoundBatch", "TensorRoundBatch"]
+__all__ = [
+    "ClientStreams",
+    "FederatedDataModule",
+    "RoundBatch",
+    "TensorRoundBatch",
+    "validation_split",
+]
+
+#: Stream tag of the validation split's generator (distinct from the subsample's and the shards').
+_VALIDATION_TAG = 0x7A11D
+
+
+def _take(dataset: Dataset, keep: np.ndarray) -> Dataset:
+    """The examples ``keep`` of ``dataset``: sliced tensors for a ``TensorDataset``, else a
+    ``Subset``."""
+    index = torch.as_tensor(np.asarray(keep, dtype=np.int64))
+    tensors = getattr(dataset, "tensors", None)
+    if tensors is not None:
+        return TensorDataset(*(t[index] for t in tensors))
+    return Subset(dataset, index.tolist())
 
 
 def _subset(dataset: Dataset, size: int | None, seed: int) -> Dataset:
@@ -23,11 +43,47 @@ def _subset(dataset: Dataset, size: int | None, seed: int) -> Dataset:
     if size is None or size >= len(dataset):
         return dataset
     rng = np.random.default_rng(np.random.SeedSequence([seed, 0x5B5E7]))
-    keep = torch.as_tensor(np.sort(rng.choice(len(dataset), size, replace=False)))
-    tensors = getattr(dataset, "tensors", None)
-    if tensors is not None:
-        return TensorDataset(*(t[keep] for t in tensors))
-    return Subset(dataset, keep.tolist())
+    return _take(dataset, np.sort(rng.choice(len(dataset), size, replace=False)))
+
+
+def _validation_seed(seed: int) -> int:
+    """A 32-bit ``random_state`` for scikit-learn, derived from ``seed`` and the split's tag."""
+    return int(np.random.SeedSequence([seed, _VALIDATION_TAG]).generate_state(1)[0])
+
+
+def validation_split(
+    labels: np.ndarray, fraction: float, seed: int, stratify: bool = True
+) -> tuple[np.ndarray, np.ndarray]:
+    """Seeded split of ``len(labels)`` examples into ``(train, validation)`` index arrays.
+
+    :func:`sklearn.model_selection.train_test_split` with ``test_size=fraction`` (so the
+    validation set has ``ceil(fraction · N)`` examples), stratified by ``labels`` when
+    ``stratify`` is true and every class has at least two examples and the validation and
+    training parts can each hold one of every class (else a plain seeded random split). Both
+    arrays are sorted; ``fraction = 0`` gives every index to training.
+
+    >>> train, val = validation_split(np.repeat([0, 1], 10), 0.1, seed=0)
+    >>> len(train), len(val), sorted(np.repeat([0, 1], 10)[val].tolist())
+    (18, 2, [0, 1])
+    """
+    n = len(labels)
+    if fraction == 0:
+        return np.arange(n, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    n_val = math.ceil(fraction * n)
+    if n_val >= n:
+        raise ValueError(f"val_fraction={fraction} leaves no training example out of {n}: lower it")
+    strata = None
+    if stratify:
+        _, counts = np.unique(labels, return_counts=True)
+        if counts.min() >= 2 and min(n_val, n - n_val) >= len(counts):
+            strata = labels
+    train, val = train_test_split(
+        np.arange(n, dtype=np.int64),
+        test_size=n_val,
+        random_state=_validation_seed(seed),
+        stratify=strata,
+    )
+    return np.sort(train), np.sort(val)
 
 
 class ClientStreams:
@@ -187,9 +243,21 @@ class FederatedDataModule(pl.LightningDataModule):
     A training batch is ``(inputs [n, B, *input_shape], targets [n, B, ...])``; with
     ``local_batches: T > 1`` it is ``(inputs [n, T, B, *input_shape], targets [n, T, B, ...])``:
     ``T`` consecutive minibatches of each client's stream, one per local step of an algorithm
-    with local minibatch SGD (:class:`~pl_privfed.algorithms.LocalSGD`). Validation and
-    test use the global held-out test set. One Lightning epoch is
-    ``ceil(N_train / (n · T · B))`` rounds: the federation sees the training set once on average.
+    with local minibatch SGD (:class:`~pl_privfed.algorithms.LocalSGD`). One Lightning epoch is
+    ``ceil(N_train / (n · T · B))`` rounds: the federation sees its training data once on average.
+
+    **Validation and test.** A seeded ``val_fraction`` of the training set is held out *before*
+    it is partitioned across clients (:func:`validation_split`, stratified by label): no client
+    trains on it, :meth:`val_dataloader` serves it (logged as ``val/loss``, ``val/acc``), and
+    every selection — sweeps' metric, ``pl-privfed report``'s best configuration, early
+    stopping — reads it. :meth:`test_dataloader` serves the held-out test set, which the module
+    evaluates once, for the final model, at the end of fit (``test/*``). Datamodules with natural
+    per-client data (those overriding :meth:`client_indices`) hold out the same fraction of every
+    client's shard instead. With ``val_fraction=0`` nothing is held out and the validation set is
+    the clients' training data (the union of the shards): ``val/loss`` is then the training
+    objective ``f(x)``, the right selection criterion for optimization problems such as
+    :class:`~pl_privfed.datamodules.QuadraticDataModule` (whose default it is) and never the
+    test set.
 
     Subclasses implement :meth:`load_datasets` and set ``num_classes`` (``None`` for regression);
     those with natural per-client data override :meth:`client_indices`.
@@ -208,6 +276,8 @@ class FederatedDataModule(pl.LightningDataModule):
             round, ``T = local_epochs · ceil(max_i N_i / B)`` (set when the data is loaded).
         shuffle: reshuffle each client's shard every local epoch (default); ``False`` walks it in
             its stored order every time (cyclic incremental gradient, paper 004 App. G).
+        val_fraction: share of the training set held out for validation, in ``[0, 1)``
+            (default 0.1; the split is seeded by ``seed``; see above for ``0``).
     """
 
     num_classes: int | None = None
@@ -224,8 +294,16 @@ class FederatedDataModule(pl.LightningDataModule):
         local_batches: int = 1,
         local_epochs: int | None = None,
         shuffle: bool = True,
+        val_fraction: float = 0.1,
     ) -> None:
         super().__init__()
+        if (
+            isinstance(val_fraction, bool)
+            or not isinstance(val_fraction, int | float)
+            or not 0 <= val_fraction < 1
+        ):
+            raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction!r}")
+        self.val_fraction = float(val_fraction)
         self.local_batches = check_positive_int("local_batches", local_batches)
         if local_epochs is not None:
             check_positive_int("local_epochs", local_epochs)
@@ -255,6 +333,9 @@ class FederatedDataModule(pl.LightningDataModule):
         self.seed = seed
         self.train_dataset: Dataset | None = None
         self.test_dataset: Dataset | None = None
+        self.val_dataset: Dataset | None = None
+        self.val_indices = np.zeros(0, dtype=np.int64)
+        self._partition_pool: np.ndarray | None = None
         self.train_inputs: Tensor | None = None
         self.train_targets: Tensor | None = None
         self.shards: list[np.ndarray] = []
@@ -277,8 +358,46 @@ class FederatedDataModule(pl.LightningDataModule):
         return np.asarray([int(ds[i][1]) for i in range(len(ds))])
 
     def client_indices(self) -> list[np.ndarray]:
-        """One index array per client into the training set (default: the partitioner's)."""
-        return self.partitioner(self.train_labels(), self.num_clients)
+        """One index array per client into the training set (default: the partitioner's split
+        of the training examples not held out for validation)."""
+        labels = self.train_labels()
+        pool = self._partition_pool
+        if pool is None:
+            return self.partitioner(labels, self.num_clients)
+        shards = self.partitioner(labels[pool], self.num_clients)
+        return [pool[np.asarray(s, dtype=np.int64)] for s in shards]
+
+    def _natural_clients(self) -> bool:
+        return type(self).client_indices is not FederatedDataModule.client_indices
+
+    def _split_clients(self) -> tuple[list[np.ndarray], np.ndarray]:
+        """``(shards, validation indices)``: the validation examples are held out of the
+        training set before it is partitioned, or, for natural per-client data, out of every
+        client's shard (the same seeded fraction of each)."""
+        if not self._natural_clients():
+            stratify = self.num_classes is not None
+            pool, val = validation_split(
+                self.train_labels(), self.val_fraction, self.seed, stratify
+            )
+            self._partition_pool = pool
+            return self.client_indices(), val
+        shards = [np.asarray(s, dtype=np.int64) for s in self.client_indices()]
+        if self.val_fraction == 0:
+            return shards, np.zeros(0, dtype=np.int64)
+        rng = np.random.default_rng(_validation_seed(self.seed))
+        kept, held = [], []
+        for i, shard in enumerate(shards):
+            take = round(self.val_fraction * len(shard))
+            if take >= len(shard):
+                raise ValueError(
+                    f"val_fraction={self.val_fraction} holds out all {len(shard)} examples of "
+                    f"client {i}: lower val_fraction (0 validates on the training data)"
+                )
+            chosen = np.zeros(len(shard), dtype=bool)
+            chosen[rng.choice(len(shard), take, replace=False)] = True
+            kept.append(shard[~chosen])
+            held.append(shard[chosen])
+        return kept, np.sort(np.concatenate(held))
 
     # ------------------------------------------------------------------ Lightning hooks
     def setup(self, stage: str | None = None) -> None:
@@ -291,7 +410,9 @@ class FederatedDataModule(pl.LightningDataModule):
         if tensors is not None:
             self.train_inputs, self.train_targets = tensors[0], tensors[1]
         self.input_shape = tuple(self.train_dataset[0][0].shape)
-        self.shards = self.client_indices()
+        self.shards, self.val_indices = self._split_clients()
+        held_out = len(self.val_indices) > 0
+        self.val_dataset = _take(self.train_dataset, self.val_indices) if held_out else None
         if len(self.shards) != self.num_clients:
             raise ValueError(
                 f"num_clients={self.num_clients} but the data has {len(self.shards)} clients"
@@ -376,16 +497,24 @@ class FederatedDataModule(pl.LightningDataModule):
     def train_dataloader(self) -> _RoundLoader:
         return _RoundLoader(self)
 
-    def _eval_loader(self) -> DataLoader:
-        if self.test_dataset is None:
-            self.setup("validate")
-        return DataLoader(self.test_dataset, batch_size=self.eval_batch_size, shuffle=False)
+    def _eval_loader(self, dataset: Dataset) -> DataLoader:
+        return DataLoader(dataset, batch_size=self.eval_batch_size, shuffle=False)
 
     def val_dataloader(self) -> DataLoader:
-        return self._eval_loader()
+        """The held-out validation examples (see the class docstring); with ``val_fraction=0``
+        the clients' training data."""
+        if self.streams is None:
+            self.setup("validate")
+        if self.val_dataset is not None:
+            return self._eval_loader(self.val_dataset)
+        union = np.sort(np.concatenate([np.asarray(s, dtype=np.int64) for s in self.shards]))
+        return self._eval_loader(_take(self.train_dataset, union))
 
     def test_dataloader(self) -> DataLoader:
-        return self._eval_loader()
+        """The held-out test set."""
+        if self.test_dataset is None:
+            self.setup("test")
+        return self._eval_loader(self.test_dataset)
 
     def describe(self) -> dict[str, Any]:
         """Sizes and settings of the federation, for logs and summaries."""
@@ -395,6 +524,11 @@ class FederatedDataModule(pl.LightningDataModule):
             "local_batches": self.local_batches,
             "shuffle": self.shuffle,
             "client_sizes": self.client_sizes.tolist(),
+            "val_fraction": self.val_fraction,
+            "val_size": len(self.val_indices),
+            "validation": "held-out training examples"
+            if len(self.val_indices)
+            else "the clients' training data",
             "rounds_per_epoch": self.rounds_per_epoch,
             "num_classes": self.num_classes,
             "partitioner": repr(self.partitioner),

@@ -17,7 +17,9 @@ class QuadraticDataModule(FederatedDataModule):
 
     Client ``i``'s only example has target ``b_i`` (its input is a dummy zero), so every round's
     gradient is exactly ``x − b_i``. The test set is all the centers, so the logged
-    ``test/loss`` is ``f(x) = (1/n) Σ_i f_i(x)``.
+    ``test/loss`` is ``f(x) = (1/n) Σ_i f_i(x)``. Nothing is held out for validation
+    (``val_fraction=0``: one example per client): ``val/loss`` is the same ``f(x)``, the
+    objective of this optimization problem.
 
     Args:
         centers: one row ``b_i`` per client (paper 002 Example 1: ``[[3.0], [-3.0]]``); if
@@ -44,7 +46,7 @@ class QuadraticDataModule(FederatedDataModule):
             num_clients = len(centers)
             if len({len(c) for c in centers}) != 1:
                 raise ValueError(f"centers must all have the same dimension, got {centers!r}")
-        super().__init__(num_clients or 10, batch_size=1, seed=seed)
+        super().__init__(num_clients or 10, batch_size=1, seed=seed, val_fraction=0.0)
         self.centers = centers
         self.dim = check_positive_int("dim", dim)
         self.scale = float(scale)
@@ -83,6 +85,8 @@ class SyntheticLogisticDataModule(FederatedDataModule):
         samples_per_client: examples generated per client (before the test split).
         test_fraction: share of each client's examples held out for the test set.
         seed: data and sampling seed.
+        val_fraction: share of every client's remaining examples held out for validation
+            (:class:`FederatedDataModule`).
     """
 
     def __init__(
@@ -96,8 +100,9 @@ class SyntheticLogisticDataModule(FederatedDataModule):
         samples_per_client: int = 100,
         test_fraction: float = 0.2,
         seed: int = 0,
+        val_fraction: float = 0.1,
     ) -> None:
-        super().__init__(num_clients, batch_size, seed=seed)
+        super().__init__(num_clients, batch_size, seed=seed, val_fraction=val_fraction)
         if alpha < 0 or beta < 0:
             raise ValueError(f"alpha and beta must be >= 0, got alpha={alpha}, beta={beta}")
         if not 0 < test_fraction < 1:
