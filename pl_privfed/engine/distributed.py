@@ -214,13 +214,10 @@ class ClientShard:
         return torch.cat(received)
 
 
-class _ClientSharding:
-    """Mixed into Lightning's DDP strategy by :func:`adopt_strategy`: no
-    ``DistributedDataParallel`` wrapper (there is no backward pass to synchronize; the module
-    sums what the algorithm needs over the processes itself)."""
-
-    def configure_ddp(self) -> None:
-        return None
+def _configure_ddp(self) -> None:
+    """No ``DistributedDataParallel`` wrapper: there is no backward pass to synchronize (the
+    module sums what the algorithm needs over the processes itself)."""
+    return None
 
 
 _ADOPTED: dict[type, type] = {}
@@ -237,12 +234,13 @@ def adopt_strategy(trainer: Any) -> None:
     from pytorch_lightning.strategies import DDPStrategy, SingleDeviceStrategy
 
     strategy = trainer.strategy
-    if isinstance(strategy, _ClientSharding) or isinstance(strategy, SingleDeviceStrategy):
+    if getattr(strategy, "shards_clients", False) or isinstance(strategy, SingleDeviceStrategy):
         return
     if isinstance(strategy, DDPStrategy):
         base = type(strategy)
-        if base not in _ADOPTED:
-            _ADOPTED[base] = type(f"ClientSharding{base.__name__}", (_ClientSharding, base), {})
+        if base not in _ADOPTED:  # a subclass adding only methods: the same instance layout
+            namespace = {"configure_ddp": _configure_ddp, "shards_clients": True}
+            _ADOPTED[base] = type(f"ClientSharding{base.__name__}", (base,), namespace)
         strategy.__class__ = _ADOPTED[base]
         return
     raise ValueError(
