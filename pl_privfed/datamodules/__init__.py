@@ -5,6 +5,7 @@ from pl_privfed.datamodules.digits import DigitsDataModule
 from pl_privfed.datamodules.partition import (
     ClassesPerClientPartitioner,
     DirichletPartitioner,
+    FixedSizePartitioner,
     IIDPartitioner,
     Partitioner,
     classes_per_client_partition,
@@ -28,6 +29,7 @@ __all__ = [
     "ClientStreams",
     "DigitsDataModule",
     "DirichletPartitioner",
+    "FixedSizePartitioner",
     "FashionMNISTDataModule",
     "FederatedDataModule",
     "IIDPartitioner",
