@@ -4,6 +4,7 @@ import pytest
 from pl_privfed.datamodules import (
     ClassesPerClientPartitioner,
     DirichletPartitioner,
+    FixedSizePartitioner,
     IIDPartitioner,
     classes_per_client_partition,
     dirichlet_partition,
@@ -99,3 +100,23 @@ def test_empty_client_is_reported():
     with pytest.raises(ValueError, match="client"):
         # 5 examples, 5 clients, extreme Dirichlet: some client gets nothing in every draw
         dirichlet_partition(labels, 5, 0.001, seed=0, max_attempts=5)
+
+
+@pytest.mark.parametrize("concentration", [None, 0.3])
+def test_fixed_size_partition_serves_populations_larger_than_the_data(concentration):
+    labels = np.arange(200) % 10
+    part = FixedSizePartitioner(8, concentration, seed=3)
+    shards = part(labels, 1_000)  # 8,000 client examples from 200: clients share examples
+    assert len(shards) == 1_000 and {len(s) for s in shards} == {8}
+    assert all(0 <= s.min() and s.max() < 200 for s in shards)
+    again = part(labels, 1_000)
+    assert all(np.array_equal(a, b) for a, b in zip(shards, again))  # seeded
+    if concentration is None:
+        assert all(len(np.unique(s)) == 8 for s in shards)  # distinct within a client
+    else:  # Dirichlet(0.3): most clients see few classes
+        classes = [len(np.unique(labels[s])) for s in shards]
+        assert np.mean(classes) < 5
+    with pytest.raises(ValueError, match="examples_per_client"):
+        FixedSizePartitioner(0)
+    with pytest.raises(ValueError, match="concentration"):
+        FixedSizePartitioner(4, concentration=-1.0)
