@@ -140,7 +140,10 @@ class FederatedModule(pl.LightningModule):
         self.epsilon_every = epsilon_every
         self.layout = ParameterLayout(model)
         self.oracle: GradientOracle | None = None
-        self.accountant: PrivacyAccountant | None = None
+        self.accountant: PrivacyAccountant | None = None  # the defensible ε
+        self.paper_accountant: PrivacyAccountant | None = None  # the papers' convention
+        self._calibration: dict[str, Any] | None = None  # what σ was calibrated for
+        self._epsilon_paper = 0.0
         self.test_accuracy: MulticlassAccuracy | None = None
         self._epsilon = 0.0
         self._last_round = None
@@ -233,6 +236,8 @@ class FederatedModule(pl.LightningModule):
         )
         if noise is not None:
             self.accountant = PrivacyAccountant(noise.accountant)
+            self.paper_accountant = PrivacyAccountant(noise.accountant)
+            self._calibration = self.calibration_record()
         num_classes = getattr(datamodule, "num_classes", None)
         if num_classes:
             self.test_accuracy = MulticlassAccuracy(num_classes=num_classes, average="micro")
@@ -241,15 +246,18 @@ class FederatedModule(pl.LightningModule):
         """One accountant serves the grid: every configuration must release the same
         mechanisms (noise multiplier and sampling rate) as ``algorithm``."""
 
-        def signature(alg: FederatedAlgorithm) -> list[tuple[float, float]]:
-            return [(m.noise_multiplier, m.sample_rate) for m in alg.mechanisms()]
+        def signature(alg: FederatedAlgorithm) -> list[tuple]:
+            mechs = [*alg.mechanisms(0), *alg.paper_mechanisms()]
+            return [(m.noise_multiplier, m.sample_rate, m.sampling, m.population) for m in mechs]
 
         reference = signature(self.algorithm)
         for point, alg in zip(self.grid_points, self.grid_algorithms):
             own = signature(alg)
             same = len(own) == len(reference) and all(
-                math.isclose(a, c, rel_tol=1e-9) and math.isclose(b, e, rel_tol=1e-9)
-                for (a, b), (c, e) in zip(own, reference)
+                math.isclose(a[0], c[0], rel_tol=1e-9)
+                and math.isclose(a[1], c[1], rel_tol=1e-9)
+                and a[2:] == c[2:]
+                for a, c in zip(own, reference)
             )
             if not same:
                 raise ValueError(
@@ -273,6 +281,7 @@ class FederatedModule(pl.LightningModule):
             local_batches=self.local_batches,
             shuffle=bool(getattr(datamodule, "shuffle", True)),
             client_sizes=[int(v) for v in sizes] if sizes is not None else [],
+            batch_sampling=getattr(datamodule, "batch_sampling", "epochs"),
         )
 
     @override
@@ -640,16 +649,21 @@ class FederatedModule(pl.LightningModule):
         return [] if self._last_round is None else self._last_round.messages
 
     def _account(self, round_index: int) -> None:
+        """Record round ``round_index``'s releases with both accountants (the defensible one and
+        the papers' convention) and log both ε every ``epsilon_every`` rounds."""
         if self.accountant is None:
             return
-        for mech in self.algorithm.mechanisms():
-            self.accountant.step(
-                noise_multiplier=mech.noise_multiplier, sample_rate=mech.sample_rate
-            )
+        for mech in self.algorithm.mechanisms(round_index):
+            self.accountant.step_mechanism(mech)
+        for mech in self.algorithm.paper_mechanisms():
+            self.paper_accountant.step_mechanism(mech)
         last = self._num_rounds() and round_index + 1 >= self._num_rounds()
         if (round_index + 1) % self.epsilon_every == 0 or last:
-            self._epsilon = self.accountant.get_epsilon(self.algorithm.noise.delta)
+            delta = self.algorithm.noise.delta
+            self._epsilon = self.accountant.get_epsilon(delta)
+            self._epsilon_paper = self.paper_accountant.get_epsilon(delta)
             self.log("privacy/epsilon", self._epsilon, prog_bar=True)
+            self.log("privacy/epsilon_paper_convention", self._epsilon_paper)
 
     # ------------------------------------------------------------------ evaluation
     def _model_loss(self, inputs: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
@@ -690,36 +704,91 @@ class FederatedModule(pl.LightningModule):
 
     # ------------------------------------------------------------------ privacy report & state
     def privacy_mechanisms(self) -> list:
-        """The Gaussian mechanisms one round applies (the protocol ``PrivacyBudget`` reads)."""
+        """The Gaussian mechanisms of the round last run under the defensible accounting (the
+        protocol ``PrivacyBudget`` reads)."""
         return self.algorithm.mechanisms()
 
+    def next_privacy_mechanisms(self) -> list:
+        """The Gaussian mechanisms the next round will apply (``PrivacyBudget`` stops before a
+        round that would exceed its budget; they differ from round to round when a record's
+        uses are counted)."""
+        return self.algorithm.mechanisms(int(self.algorithm.rounds_done))
+
+    def calibration_record(self) -> dict[str, Any]:
+        """What the noise std ``σ`` was set for, fixed when the run starts and kept in its
+        checkpoints (resuming compares against it; :meth:`on_load_checkpoint`)."""
+        alg, noise = self.algorithm, self.algorithm.noise
+        return {
+            "noise_std": alg.noise_std,
+            "grid_noise_std": [a.noise_std for a in (self.grid_algorithms or [])],
+            "calibration": noise.calibration if noise.epsilon is not None else "noise_multiplier",
+            "target_epsilon": noise.epsilon,
+            "noise_multiplier": noise.noise_multiplier,
+            "delta": noise.delta,
+            "constant": noise.constant,
+            "rounds": alg.calibration_rounds(),
+            "neighbouring_relation": alg.neighbouring(),
+            "sensitivity": alg.accounting_sensitivity(),
+            "message_bound": alg.message_bound(),
+            "sample_rate": alg.sample_rate,
+            "accountant": noise.accountant,
+        }
+
     def privacy_report(self) -> dict[str, Any] | None:
-        """What the run spent: ε from the accountant at the configured δ, and how noise was set."""
+        """What the run spent, under two accountings (docs/privacy.md).
+
+        ``epsilon`` is the defensible value: the algorithm's privacy unit, the neighbouring
+        relation of its privacy model (replace-one for local DP), amplification only by sampling
+        hidden from the adversary and only as what it is. ``epsilon_paper_convention`` is the
+        papers' (add/remove, Poisson amplification at the nominal rate). ``accounting`` and
+        ``paper_convention`` state what each assumes; ``calibration`` what σ was set for.
+        """
         noise = self.algorithm.noise
         if noise is None or self.accountant is None:
             return None
-        mechs = self.algorithm.mechanisms()
+        alg = self.algorithm
+        mechs, paper = alg.mechanisms(0), alg.paper_mechanisms()  # round 0 always releases
+        calibration = dict(self._calibration or self.calibration_record())
         return {
             "epsilon": self.accountant.get_epsilon(noise.delta),
+            "epsilon_paper_convention": self.paper_accountant.get_epsilon(noise.delta),
             "delta": noise.delta,
+            "privacy_unit": alg.privacy_unit,
+            "neighbouring_relation": alg.neighbouring(),
+            "sensitivity": alg.accounting_sensitivity(),
+            "message_bound": alg.message_bound(),
+            "accounting": {
+                **alg.accounting_basis().as_dict(),
+                "accountant": self.accountant.library,
+                "noise_multiplier": mechs[0].noise_multiplier if mechs else None,
+                "sample_rate": mechs[0].sample_rate if mechs else None,
+                "sampling": mechs[0].sampling if mechs else None,
+                "releases": self.accountant.steps,
+            },
+            "paper_convention": {
+                **alg.paper_accounting_basis().as_dict(),
+                "accountant": self.paper_accountant.library,
+                "noise_multiplier": paper[0].noise_multiplier if paper else None,
+                "sample_rate": paper[0].sample_rate if paper else None,
+                "releases": self.paper_accountant.steps,
+            },
             "accountant": noise.accountant,
             "target_epsilon": noise.epsilon,
-            "calibration": noise.calibration if noise.epsilon is not None else "noise_multiplier",
-            "calibration_rounds": noise.rounds or self.algorithm.num_rounds,
-            "noise_std": self.algorithm.noise_std,
+            "calibration": calibration.pop("calibration"),
+            "calibration_rounds": calibration["rounds"],
+            "calibrated_for": calibration,
+            "noise_std": alg.noise_std,
             "noise_multiplier": mechs[0].noise_multiplier if mechs else None,
             "sample_rate": mechs[0].sample_rate if mechs else None,
-            "message_bound": self.algorithm.message_bound(),
-            "sensitivity": self.algorithm.accounting_sensitivity(),
-            "neighbouring_relation": noise.neighbouring,
-            "privacy_unit": self.algorithm.privacy_unit,
-            "rounds_accounted": self.accountant.steps,
+            "rounds_accounted": int(alg.rounds_done),
         }
 
     @override
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         if self.accountant is not None:
             checkpoint["privacy_accountant"] = self.accountant.state_dict()
+            checkpoint["privacy_accountant_paper"] = self.paper_accountant.state_dict()
+            checkpoint["privacy_calibration"] = self._calibration
         checkpoint["client_transmissions"] = self.client_transmissions
         if self.grid_algorithms is not None:
             checkpoint["grid"] = {
@@ -732,6 +801,8 @@ class FederatedModule(pl.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         if self.accountant is not None and "privacy_accountant" in checkpoint:
             self.accountant.load_state_dict(checkpoint["privacy_accountant"])
+            if "privacy_accountant_paper" in checkpoint:
+                self.paper_accountant.load_state_dict(checkpoint["privacy_accountant_paper"])
         self.client_transmissions = int(checkpoint.get("client_transmissions", 0))
         if self.grid_algorithms is not None and "grid" in checkpoint:
             self._grid_status = list(checkpoint["grid"]["status"])
