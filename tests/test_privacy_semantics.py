@@ -392,3 +392,55 @@ def test_batch_sampling_validation():
                           batch_sampling="without_replacement")  # fmt: skip
     with pytest.raises(ValueError, match="smallest shard"):
         dm.setup("fit")
+
+
+# ---------------------------------------------------------------------------- the plain example
+def _example_step(module, batch, seed):
+    """One optimizer step of the example's module on ``batch`` with the DP noise drawn from
+    ``seed``; returns the update it applied divided by the learning rate (the released
+    quantity), and restores the parameters."""
+    import warnings
+
+    module.noise.manual_seed(seed)
+    optimizer = module.configure_optimizers()
+    before = [p.detach().clone() for p in module.parameters()]
+    optimizer.zero_grad()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # self.log outside a Trainer
+        loss = module.training_step(batch, 0)
+    loss.backward()
+    module.on_before_optimizer_step(optimizer)
+    optimizer.step()
+    lr = optimizer.param_groups[0]["lr"]
+    update = torch.cat(
+        [(b - p.detach()).flatten() / lr for b, p in zip(before, module.parameters())]
+    )
+    with torch.no_grad():
+        for b, p in zip(before, module.parameters()):
+            p.copy_(b)
+    return update
+
+
+def test_callbacks_example_does_not_understate_its_sensitivity(repo):
+    """examples/callbacks_in_plain_lightning.py tells PrivacyBudget a noise multiplier σ (and a
+    Poisson rate, add/remove). Whatever the step does, its noise std divided by σ is the
+    sensitivity it certifies: adding one example to a batch must not move the noiseless update by
+    more. (The example used to clip the averaged gradient to C and add noise σC/B: one example
+    then moves the update by up to 2C, 2B times what it certified.)"""
+    import runpy
+
+    example = runpy.run_path(str(repo / "examples" / "callbacks_in_plain_lightning.py"))
+    module = example["DigitsClassifier"]()
+    x, y = module.train_set.tensors
+    batch = (x[:64], y[:64])
+    # the noise the step adds, measured: two draws on the same batch
+    noise = _example_step(module, batch, 0) - _example_step(module, batch, 1)
+    noise_std = float(torch.linalg.vector_norm(noise) / math.sqrt(2 * noise.numel()))
+    certified = noise_std / example["NOISE_MULTIPLIER"]  # what PrivacyBudget is told
+    # the neighbour: the same batch plus one example whose gradient opposes the batch's
+    base = _example_step(module, batch, 7)
+    outlier = (-20 * x[:1], y[1:2])  # a large input with another label: a large gradient
+    neighbour = (torch.cat([batch[0], outlier[0]]), torch.cat([batch[1], outlier[1]]))
+    moved = float(torch.linalg.vector_norm(_example_step(module, neighbour, 7) - base))
+    assert moved <= certified * 1.05  # 5 %: the noise std is estimated from 2,410 draws
+    assert moved > 0.5 * certified  # the outlier's clipped gradient counts in full
