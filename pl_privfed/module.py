@@ -26,6 +26,7 @@ from typing import Any
 
 import pytorch_lightning as pl
 import torch
+from pytorch_lightning.utilities import rank_zero_warn
 from torch import Tensor, nn
 from torchmetrics.classification import MulticlassAccuracy
 from typing_extensions import override
@@ -800,6 +801,7 @@ class FederatedModule(pl.LightningModule):
     @override
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         if self.accountant is not None and "privacy_accountant" in checkpoint:
+            self._restore_calibration(checkpoint.get("privacy_calibration"))
             self.accountant.load_state_dict(checkpoint["privacy_accountant"])
             if "privacy_accountant_paper" in checkpoint:
                 self.paper_accountant.load_state_dict(checkpoint["privacy_accountant_paper"])
@@ -813,3 +815,50 @@ class FederatedModule(pl.LightningModule):
             self._grid_entries = [dict(e) for e in checkpoint["grid"].get("entries", [])] or [
                 {} for _ in self.grid_points
             ]
+
+    def _restore_calibration(self, saved: dict[str, Any] | None) -> None:
+        """Keep the noise the run started with (never recalibrate silently on resume).
+
+        ``setup`` has calibrated σ for *this* configuration; the checkpoint says what the run
+        used. If only the number of rounds differs (e.g. a larger ``trainer.max_steps``), the
+        saved σ is kept, the accountant goes on composing the rounds actually run, and a warning
+        says so (``privacy_report()["calibrated_for"]`` keeps the original K). Any other change
+        that would change σ (ε, δ, the calibration rule, the relation, ...) is refused before
+        training: one run cannot honestly report one noise level for two.
+        """
+        if saved is None:
+            rank_zero_warn(
+                "the checkpoint has no record of its noise calibration (saved by an older "
+                f"version); continuing with this configuration's noise std {self.algorithm.noise_std:.6g}"
+            )
+            return
+        current = self.calibration_record()
+        if math.isclose(saved["noise_std"], current["noise_std"], rel_tol=1e-9):
+            self._calibration = dict(saved)
+            return
+        differs = {
+            k: (saved.get(k), v)
+            for k, v in current.items()
+            if k not in ("noise_std", "grid_noise_std", "rounds", "resumed") and saved.get(k) != v
+        }
+        if differs:
+            changes = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in differs.items())
+            raise ValueError(
+                f"the checkpoint's noise std {saved['noise_std']:.6g} was calibrated for "
+                f"{saved['rounds']} rounds with other privacy settings than this run's "
+                f"({changes}), which give {current['noise_std']:.6g}: resume with the "
+                "checkpoint's noise settings, or start a new run for the new ones"
+            )
+        rank_zero_warn(
+            f"resuming a run whose noise was calibrated for {saved['rounds']} rounds "
+            f"(noise std {saved['noise_std']:.6g}) with {current['rounds']} rounds: keeping "
+            f"noise std {saved['noise_std']:.6g} (not {current['noise_std']:.6g}); epsilon "
+            f"accounts the rounds actually run and will exceed what the calibration targeted "
+            f"after round {saved['rounds']}. To calibrate for {current['rounds']} rounds, start a "
+            f"new run (or set noise.rounds: {current['rounds']} from the start)"
+        )
+        self.algorithm.noise_std = float(saved["noise_std"])
+        for alg, std in zip(self.grid_algorithms or [], saved.get("grid_noise_std", [])):
+            alg.noise_std = float(std)
+        resumed = {"rounds": current["rounds"], "noise_std_not_used": current["noise_std"]}
+        self._calibration = {**saved, "resumed": resumed}  # summary.json shows both

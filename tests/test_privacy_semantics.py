@@ -444,3 +444,55 @@ def test_callbacks_example_does_not_understate_its_sensitivity(repo):
     moved = float(torch.linalg.vector_norm(_example_step(module, neighbour, 7) - base))
     assert moved <= certified * 1.05  # 5 %: the noise std is estimated from 2,410 draws
     assert moved > 0.5 * certified  # the outlier's clipped gradient counts in full
+
+
+# ---------------------------------------------------------------------------- resume
+def _quadratic_run(tmp_path, max_steps, noise, ckpt_path=None, callbacks=()):
+    dm = QuadraticDataModule(centers=[[1.0, 0.0], [0.0, 1.0], [-1.0, 0.5]])
+    alg = AlphaNormEC(0.05, 0.1, 0.01, noise=noise)
+    module = FederatedModule(QuadraticModel(2, [0.5, -0.5]), alg, criterion=HalfSquaredError())
+    pl.Trainer(max_steps=max_steps, logger=False, enable_progress_bar=False,
+               enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
+               default_root_dir=tmp_path, callbacks=list(callbacks)).fit(
+        module, datamodule=dm, ckpt_path=ckpt_path
+    )  # fmt: skip
+    return module
+
+
+def _checkpoint_at_round_10(tmp_path, noise):
+    from pytorch_lightning.callbacks import ModelCheckpoint
+    from test_module import StopAt
+
+    ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=10, save_top_k=-1)
+    _quadratic_run(tmp_path / "first", 30, noise, callbacks=[ckpt, StopAt(10)])
+    (path,) = list((tmp_path / "ckpt").glob("*.ckpt"))
+    return str(path)
+
+
+def test_resuming_with_more_rounds_keeps_the_calibrated_noise(tmp_path):
+    """A run calibrated for 30 rounds, resumed at round 10 with max_steps 40, keeps σ(30) for
+    rounds 10–39 (exactly the iterates of an uninterrupted 40-round run with noise.rounds: 30),
+    says so, and accounts the 40 rounds it ran; it does not recalibrate to σ(40)."""
+    noise = DPNoise(epsilon=8.0, delta=1e-5, seed=3)
+    path = _checkpoint_at_round_10(tmp_path, noise)
+    with pytest.warns(UserWarning, match="calibrated for 30 rounds"):
+        resumed = _quadratic_run(tmp_path / "resumed", 40, noise, ckpt_path=path)
+    sigma_30 = math.sqrt(30 * math.log(1e5)) / 8
+    assert resumed.algorithm.noise_std == pytest.approx(sigma_30)
+    reference = _quadratic_run(tmp_path / "ref", 40, DPNoise(epsilon=8.0, rounds=30, seed=3))
+    assert torch.equal(resumed.model.x, reference.model.x)
+    report = resumed.privacy_report()
+    assert report["noise_std"] == pytest.approx(sigma_30) and report["calibration_rounds"] == 30
+    assert report["calibrated_for"]["resumed"]["rounds"] == 40
+    assert report["calibrated_for"]["resumed"]["noise_std_not_used"] == pytest.approx(
+        math.sqrt(40 * math.log(1e5)) / 8
+    )
+    assert report["rounds_accounted"] == 40
+    golden = dp_accounting_epsilon(REPLACE, dp_accounting.GaussianDpEvent(sigma_30 / 2), 40, 1e-5)
+    assert report["epsilon"] == pytest.approx(golden, rel=1e-6)
+
+
+def test_resuming_with_other_noise_settings_is_refused(tmp_path):
+    path = _checkpoint_at_round_10(tmp_path, DPNoise(epsilon=8.0, delta=1e-5, seed=3))
+    with pytest.raises(ValueError, match="resume with the checkpoint's noise settings"):
+        _quadratic_run(tmp_path / "resumed", 30, DPNoise(epsilon=4.0, seed=3), ckpt_path=path)
