@@ -216,6 +216,7 @@ class FederatedModule(pl.LightningModule):
                 "the paper noise calibration needs the number of rounds K: set trainer.max_steps, "
                 "trainer.max_epochs or algorithm noise.rounds"
             )
+        dtype = self._training_dtype()
         algorithms = [self.algorithm, *(self.grid_algorithms or [])]
         for algorithm in algorithms:
             # before setup: sampling rates enter the calibration
@@ -225,7 +226,7 @@ class FederatedModule(pl.LightningModule):
                 dim=self.layout.dim,
                 num_rounds=num_rounds,
                 device=device,
-                dtype=next(self.model.parameters()).dtype,
+                dtype=dtype,
             )
         if self.grid_algorithms is not None:
             self._check_grid_mechanisms()
@@ -242,6 +243,23 @@ class FederatedModule(pl.LightningModule):
         num_classes = getattr(datamodule, "num_classes", None)
         if num_classes:
             self.test_accuracy = MulticlassAccuracy(num_classes=num_classes, average="micro")
+
+    def _training_dtype(self) -> torch.dtype:
+        """The dtype training runs in: the trainer's true precision (``"64-true"`` → float64,
+        ``"16-true"`` / ``"bf16-true"`` → float16 / bfloat16), else the model's. The module is
+        converted to it here, before the algorithm allocates its state and noise in it (Lightning
+        would convert the module only after ``setup``, leaving the algorithm's dtype behind)."""
+        true_precision = {
+            "64-true": torch.float64,
+            "16-true": torch.float16,
+            "bf16-true": torch.bfloat16,
+        }
+        dtype = true_precision.get(str(self.trainer.precision))
+        if dtype is None:
+            return next(self.model.parameters()).dtype
+        if next(self.model.parameters()).dtype != dtype:
+            self.to(dtype=dtype)
+        return dtype
 
     def _check_grid_mechanisms(self) -> None:
         """One accountant serves the grid: every configuration must release the same

@@ -496,3 +496,50 @@ def test_resuming_with_other_noise_settings_is_refused(tmp_path):
     path = _checkpoint_at_round_10(tmp_path, DPNoise(epsilon=8.0, delta=1e-5, seed=3))
     with pytest.raises(ValueError, match="resume with the checkpoint's noise settings"):
         _quadratic_run(tmp_path / "resumed", 30, DPNoise(epsilon=4.0, seed=3), ckpt_path=path)
+
+
+# ---------------------------------------------------------------------------- precision
+@pytest.mark.parametrize("name", ["dp_alpha_normec", "dp_fed_alpha_normec"])
+def test_float64_end_to_end_under_true_double_precision(tmp_path, name):
+    """Trainer(precision="64-true") with a model built in float32: the algorithm's state, its
+    noise, the gradients it receives and the iterates are float64 (issue 13 point 8)."""
+    from pl_privfed.datamodules import DigitsDataModule
+    from pl_privfed.models import MLP
+
+    alg = CLIENT_LEVEL[name](DPNoise(noise_multiplier=1.0, seed=0))
+    model = MLP(64, [8], 10)
+    assert next(model.parameters()).dtype == torch.float32
+    module = FederatedModule(model, alg)
+    seen = {"noise": [], "grads": []}
+    gaussian = alg._gaussian
+
+    def spy(*shape):
+        z = gaussian(*shape)
+        seen["noise"].append(z.dtype)
+        return z
+
+    alg._gaussian = spy
+    step = alg.step
+
+    def watched(x, grad_fn):
+        def oracle(*args, **kwargs):
+            g = grad_fn(*args, **kwargs)
+            seen["grads"].append(g.dtype)
+            return g
+
+        seen.setdefault("x", []).append(x.dtype)
+        return step(x, oracle)
+
+    alg.step = watched
+    pl.Trainer(max_steps=3, precision="64-true", logger=False, enable_checkpointing=False,
+               enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+               limit_val_batches=0, default_root_dir=tmp_path).fit(
+        module, datamodule=DigitsDataModule(num_clients=3, batch_size=4)
+    )  # fmt: skip
+    assert alg.dtype == torch.float64
+    floats = [b for b in alg.buffers() if b.is_floating_point()]
+    assert floats and all(b.dtype == torch.float64 for b in floats)
+    assert seen["noise"] and set(seen["noise"]) == {torch.float64}
+    assert seen["grads"] and set(seen["grads"]) == {torch.float64}
+    assert set(seen["x"]) == {torch.float64}
+    assert all(p.dtype == torch.float64 for p in module.model.parameters())
