@@ -145,6 +145,7 @@ class FederatedModule(pl.LightningModule):
         self.paper_accountant: PrivacyAccountant | None = None  # the papers' convention
         self._calibration: dict[str, Any] | None = None  # what σ was calibrated for
         self._epsilon_paper = 0.0
+        self._rounds_accounted = 0
         self.test_accuracy: MulticlassAccuracy | None = None
         self._epsilon = 0.0
         self._last_round = None
@@ -574,7 +575,11 @@ class FederatedModule(pl.LightningModule):
         extra = {}
         report = self.privacy_report()
         if report is not None:
-            extra = {"epsilon": report["epsilon"], "delta": report["delta"]}
+            extra = {
+                "epsilon": report["epsilon"],
+                "epsilon_paper_convention": report["epsilon_paper_convention"],
+                "delta": report["delta"],
+            }
         return write_grid_results(
             self._grid_results_dir(),
             list(self.grid_algorithms),
@@ -672,10 +677,7 @@ class FederatedModule(pl.LightningModule):
         the papers' convention) and log both ε every ``epsilon_every`` rounds."""
         if self.accountant is None:
             return
-        for mech in self.algorithm.mechanisms(round_index):
-            self.accountant.step_mechanism(mech)
-        for mech in self.algorithm.paper_mechanisms():
-            self.paper_accountant.step_mechanism(mech)
+        self._account_releases(round_index)
         last = self._num_rounds() and round_index + 1 >= self._num_rounds()
         if (round_index + 1) % self.epsilon_every == 0 or last:
             delta = self.algorithm.noise.delta
@@ -683,6 +685,13 @@ class FederatedModule(pl.LightningModule):
             self._epsilon_paper = self.paper_accountant.get_epsilon(delta)
             self.log("privacy/epsilon", self._epsilon, prog_bar=True)
             self.log("privacy/epsilon_paper_convention", self._epsilon_paper)
+
+    def _account_releases(self, round_index: int) -> None:
+        for mech in self.algorithm.mechanisms(round_index):
+            self.accountant.step_mechanism(mech)
+        for mech in self.algorithm.paper_mechanisms():
+            self.paper_accountant.step_mechanism(mech)
+        self._rounds_accounted += 1
 
     # ------------------------------------------------------------------ evaluation
     def _model_loss(self, inputs: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
@@ -725,13 +734,13 @@ class FederatedModule(pl.LightningModule):
     def privacy_mechanisms(self) -> list:
         """The Gaussian mechanisms of the round last run under the defensible accounting (the
         protocol ``PrivacyBudget`` reads)."""
-        return self.algorithm.mechanisms()
+        return self.algorithm.mechanisms(max(0, self._rounds_accounted - 1))
 
     def next_privacy_mechanisms(self) -> list:
         """The Gaussian mechanisms the next round will apply (``PrivacyBudget`` stops before a
         round that would exceed its budget; they differ from round to round when a record's
         uses are counted)."""
-        return self.algorithm.mechanisms(int(self.algorithm.rounds_done))
+        return self.algorithm.mechanisms(self._rounds_accounted)
 
     def calibration_record(self) -> dict[str, Any]:
         """What the noise std ``σ`` was set for, fixed when the run starts and kept in its
@@ -799,7 +808,7 @@ class FederatedModule(pl.LightningModule):
             "noise_std": alg.noise_std,
             "noise_multiplier": mechs[0].noise_multiplier if mechs else None,
             "sample_rate": mechs[0].sample_rate if mechs else None,
-            "rounds_accounted": int(alg.rounds_done),
+            "rounds_accounted": self._rounds_accounted,
         }
 
     @override
@@ -808,6 +817,7 @@ class FederatedModule(pl.LightningModule):
             checkpoint["privacy_accountant"] = self.accountant.state_dict()
             checkpoint["privacy_accountant_paper"] = self.paper_accountant.state_dict()
             checkpoint["privacy_calibration"] = self._calibration
+            checkpoint["privacy_rounds_accounted"] = self._rounds_accounted
         checkpoint["client_transmissions"] = self.client_transmissions
         if self.grid_algorithms is not None:
             checkpoint["grid"] = {
@@ -820,9 +830,18 @@ class FederatedModule(pl.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         if self.accountant is not None and "privacy_accountant" in checkpoint:
             self._restore_calibration(checkpoint.get("privacy_calibration"))
-            self.accountant.load_state_dict(checkpoint["privacy_accountant"])
             if "privacy_accountant_paper" in checkpoint:
+                self.accountant.load_state_dict(checkpoint["privacy_accountant"])
                 self.paper_accountant.load_state_dict(checkpoint["privacy_accountant_paper"])
+                self._rounds_accounted = int(checkpoint["privacy_rounds_accounted"])
+            else:  # an older checkpoint: one accountant, under the papers' convention
+                rounds = int(checkpoint.get("global_step", 0))
+                rank_zero_warn(
+                    "the checkpoint predates the defensible accounting: replaying its "
+                    f"{rounds} rounds under both accountings"
+                )
+                for k in range(rounds):
+                    self._account_releases(k)
         self.client_transmissions = int(checkpoint.get("client_transmissions", 0))
         if self.grid_algorithms is not None and "grid" in checkpoint:
             self._grid_status = list(checkpoint["grid"]["status"])

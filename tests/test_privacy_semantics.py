@@ -543,3 +543,24 @@ def test_float64_end_to_end_under_true_double_precision(tmp_path, name):
     assert seen["grads"] and set(seen["grads"]) == {torch.float64}
     assert set(seen["x"]) == {torch.float64}
     assert all(p.dtype == torch.float64 for p in module.model.parameters())
+
+
+def test_resuming_a_checkpoint_from_before_the_defensible_accounting(tmp_path):
+    """A checkpoint with one (papers' convention) accountant and no calibration record: both
+    accountings are replayed from its rounds, with warnings, and end where an uninterrupted run
+    does."""
+    noise = DPNoise(epsilon=8.0, delta=1e-5, rounds=30, seed=3)
+    path = _checkpoint_at_round_10(tmp_path, noise)
+    old = torch.load(path, weights_only=False)
+    for key in ("privacy_accountant_paper", "privacy_calibration", "privacy_rounds_accounted"):
+        del old[key]
+    torch.save(old, path)
+    with pytest.warns(UserWarning, match="predates the defensible accounting"):
+        resumed = _quadratic_run(tmp_path / "resumed", 30, noise, ckpt_path=path)
+    full = _quadratic_run(tmp_path / "full", 30, noise)
+    got, want = resumed.privacy_report(), full.privacy_report()
+    assert got["rounds_accounted"] == want["rounds_accounted"] == 30
+    assert got["epsilon"] == pytest.approx(want["epsilon"], rel=1e-12)
+    assert got["epsilon_paper_convention"] == pytest.approx(
+        want["epsilon_paper_convention"], rel=1e-12
+    )
