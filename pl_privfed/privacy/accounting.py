@@ -191,7 +191,7 @@ class PrivacyAccountant:
         1/6000) needed 174 s and 7.8 GB at 400 steps and was killed for memory before its
         1,000th; 50,700 releases at noise multiplier 1 asked for a 30 GiB array. A first pass at
         ``eps_error = 1`` gives ε's scale cheaply (itself a valid upper bound). Below the
-        threshold every ε, and so the noise :func:`~pl_privfed.privacy.calibrate_noise_multiplier`
+        threshold every ε, and so the noise :func:`~pl_privfed.privacy.calibrate_noise_std`
         solves for, is Opacus's own.
         """
         coarse = float(self._accountant.get_epsilon(delta=delta, eps_error=1.0))
