@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import pytorch_lightning as pl
 import torch
+from pytorch_lightning.utilities import rank_zero_warn
 from torch import Tensor, nn
 from torchmetrics.classification import MulticlassAccuracy
 from typing_extensions import override
@@ -223,7 +224,11 @@ class FederatedModule(pl.LightningModule):
         self.state_dir = state_dir
         self.layout = ParameterLayout(model)
         self.oracle: GradientOracle | None = None
-        self.accountant: PrivacyAccountant | None = None
+        self.accountant: PrivacyAccountant | None = None  # the defensible ε
+        self.paper_accountant: PrivacyAccountant | None = None  # the papers' convention
+        self._calibration: dict[str, Any] | None = None  # what σ was calibrated for
+        self._epsilon_paper = 0.0
+        self._rounds_accounted = 0
         self.test_accuracy: MulticlassAccuracy | None = None
         self.val_accuracy: MulticlassAccuracy | None = None
         self._validated_round: int | None = None  # the round of the last validation
@@ -300,6 +305,7 @@ class FederatedModule(pl.LightningModule):
                 "trainer.max_epochs or algorithm noise.rounds"
             )
         adopt_strategy(self.trainer)
+        dtype = self._training_dtype()
         algorithms = [self.algorithm, *(self.grid_algorithms or [])]
         state_dir = self.state_dir or str(Path(self.trainer.default_root_dir) / "client_state")
         for algorithm in algorithms:
@@ -310,7 +316,7 @@ class FederatedModule(pl.LightningModule):
                 dim=self.layout.dim,
                 num_rounds=num_rounds,
                 device=device,
-                dtype=next(self.model.parameters()).dtype,
+                dtype=dtype,
                 shard=ClientShard.of_trainer(self.trainer, num_clients),
                 client_state=self.client_state,
                 state_dir=state_dir,
@@ -325,24 +331,46 @@ class FederatedModule(pl.LightningModule):
         )
         if noise is not None:
             self.accountant = PrivacyAccountant(noise.accountant)
+            self.paper_accountant = PrivacyAccountant(noise.accountant)
+            self._calibration = self.calibration_record()
         num_classes = getattr(datamodule, "num_classes", None)
         if num_classes:
             self.test_accuracy = MulticlassAccuracy(num_classes=num_classes, average="micro")
             self.val_accuracy = MulticlassAccuracy(num_classes=num_classes, average="micro")
 
+    def _training_dtype(self) -> torch.dtype:
+        """The dtype training runs in: the trainer's true precision (``"64-true"`` → float64,
+        ``"16-true"`` / ``"bf16-true"`` → float16 / bfloat16), else the model's. The module is
+        converted to it here, before the algorithm allocates its state and noise in it (Lightning
+        would convert the module only after ``setup``, leaving the algorithm's dtype behind)."""
+        true_precision = {
+            "64-true": torch.float64,
+            "16-true": torch.float16,
+            "bf16-true": torch.bfloat16,
+        }
+        dtype = true_precision.get(str(self.trainer.precision))
+        if dtype is None:
+            return next(self.model.parameters()).dtype
+        if next(self.model.parameters()).dtype != dtype:
+            self.to(dtype=dtype)
+        return dtype
+
     def _check_grid_mechanisms(self) -> None:
         """One accountant serves the grid: every configuration must release the same
         mechanisms (noise multiplier and sampling rate) as ``algorithm``."""
 
-        def signature(alg: FederatedAlgorithm) -> list[tuple[float, float]]:
-            return [(m.noise_multiplier, m.sample_rate) for m in alg.mechanisms()]
+        def signature(alg: FederatedAlgorithm) -> list[tuple]:
+            mechs = [*alg.mechanisms(0), *alg.paper_mechanisms()]
+            return [(m.noise_multiplier, m.sample_rate, m.sampling, m.population) for m in mechs]
 
         reference = signature(self.algorithm)
         for point, alg in zip(self.grid_points, self.grid_algorithms):
             own = signature(alg)
             same = len(own) == len(reference) and all(
-                math.isclose(a, c, rel_tol=1e-9) and math.isclose(b, e, rel_tol=1e-9)
-                for (a, b), (c, e) in zip(own, reference)
+                math.isclose(a[0], c[0], rel_tol=1e-9)
+                and math.isclose(a[1], c[1], rel_tol=1e-9)
+                and a[2:] == c[2:]
+                for a, c in zip(own, reference)
             )
             if not same:
                 raise ValueError(
@@ -366,6 +394,7 @@ class FederatedModule(pl.LightningModule):
             local_batches=self.local_batches,
             shuffle=bool(getattr(datamodule, "shuffle", True)),
             client_sizes=[int(v) for v in sizes] if sizes is not None else [],
+            batch_sampling=getattr(datamodule, "batch_sampling", "epochs"),
         )
 
     @override
@@ -629,7 +658,11 @@ class FederatedModule(pl.LightningModule):
         extra = {}
         report = self.privacy_report()
         if report is not None:
-            extra = {"epsilon": report["epsilon"], "delta": report["delta"]}
+            extra = {
+                "epsilon": report["epsilon"],
+                "epsilon_paper_convention": report["epsilon_paper_convention"],
+                "delta": report["delta"],
+            }
         return write_grid_results(
             self._grid_results_dir(),
             list(self.grid_algorithms),
@@ -713,12 +746,11 @@ class FederatedModule(pl.LightningModule):
         return [] if self._last_round is None else self._last_round.messages
 
     def _account(self, round_index: int) -> None:
+        """Record round ``round_index``'s releases with both accountants (the defensible one and
+        the papers' convention) and log both ε every ``epsilon_every`` rounds."""
         if self.accountant is None:
             return
-        for mech in self.algorithm.mechanisms():
-            self.accountant.step(
-                noise_multiplier=mech.noise_multiplier, sample_rate=mech.sample_rate
-            )
+        self._account_releases(round_index)
         last = self._num_rounds() and round_index + 1 >= self._num_rounds()
         due = (
             self._logging_round
@@ -726,8 +758,18 @@ class FederatedModule(pl.LightningModule):
             else (round_index + 1) % self.epsilon_every == 0
         )
         if due or last:
-            self._epsilon = self.accountant.get_epsilon(self.algorithm.noise.delta)
+            delta = self.algorithm.noise.delta
+            self._epsilon = self.accountant.get_epsilon(delta)
+            self._epsilon_paper = self.paper_accountant.get_epsilon(delta)
             self.log("privacy/epsilon", self._epsilon, prog_bar=True, batch_size=1)
+            self.log("privacy/epsilon_paper_convention", self._epsilon_paper, batch_size=1)
+
+    def _account_releases(self, round_index: int) -> None:
+        for mech in self.algorithm.mechanisms(round_index):
+            self.accountant.step_mechanism(mech)
+        for mech in self.algorithm.paper_mechanisms():
+            self.paper_accountant.step_mechanism(mech)
+        self._rounds_accounted += 1
 
     # ------------------------------------------------------------------ evaluation
     def _model_loss(self, inputs: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
@@ -759,10 +801,13 @@ class FederatedModule(pl.LightningModule):
         self.model.eval()
         total_loss, correct, count = 0.0, 0, 0
         try:
+            dtype = next(self.model.parameters()).dtype
             for inputs, targets in loader:
                 inputs, targets = inputs.to(self.device), targets.to(self.device)
                 if callable(preprocess):
                     inputs = preprocess(inputs, False, 0)
+                if inputs.is_floating_point():  # the model's precision (e.g. "64-true")
+                    inputs = inputs.to(dtype)
                 logits, loss = self._model_loss(inputs, targets)
                 total_loss += float(loss) * len(targets)
                 if self.test_accuracy is not None:
@@ -868,30 +913,83 @@ class FederatedModule(pl.LightningModule):
 
     # ------------------------------------------------------------------ privacy report & state
     def privacy_mechanisms(self) -> list:
-        """The Gaussian mechanisms one round applies (the protocol ``PrivacyBudget`` reads)."""
-        return self.algorithm.mechanisms()
+        """The Gaussian mechanisms of the round last run under the defensible accounting (the
+        protocol ``PrivacyBudget`` reads)."""
+        return self.algorithm.mechanisms(max(0, self._rounds_accounted - 1))
+
+    def next_privacy_mechanisms(self) -> list:
+        """The Gaussian mechanisms the next round will apply (``PrivacyBudget`` stops before a
+        round that would exceed its budget; they differ from round to round when a record's
+        uses are counted)."""
+        return self.algorithm.mechanisms(self._rounds_accounted)
+
+    def calibration_record(self) -> dict[str, Any]:
+        """What the noise std ``σ`` was set for, fixed when the run starts and kept in its
+        checkpoints (resuming compares against it; :meth:`on_load_checkpoint`)."""
+        alg, noise = self.algorithm, self.algorithm.noise
+        return {
+            "noise_std": alg.noise_std,
+            "grid_noise_std": [a.noise_std for a in (self.grid_algorithms or [])],
+            "calibration": noise.calibration if noise.epsilon is not None else "noise_multiplier",
+            "target_epsilon": noise.epsilon,
+            "noise_multiplier": noise.noise_multiplier,
+            "delta": noise.delta,
+            "constant": noise.constant,
+            "rounds": alg.calibration_rounds(),
+            "neighbouring_relation": alg.neighbouring(),
+            "sensitivity": alg.accounting_sensitivity(),
+            "message_bound": alg.message_bound(),
+            "sample_rate": alg.sample_rate,
+            "accountant": noise.accountant,
+        }
 
     def privacy_report(self) -> dict[str, Any] | None:
-        """What the run spent: ε from the accountant at the configured δ, and how noise was set."""
+        """What the run spent, under two accountings (docs/privacy.md).
+
+        ``epsilon`` is the defensible value: the algorithm's privacy unit, the neighbouring
+        relation of its privacy model (replace-one for local DP), amplification only by sampling
+        hidden from the adversary and only as what it is. ``epsilon_paper_convention`` is the
+        papers' (add/remove, Poisson amplification at the nominal rate). ``accounting`` and
+        ``paper_convention`` state what each assumes; ``calibration`` what σ was set for.
+        """
         noise = self.algorithm.noise
         if noise is None or self.accountant is None:
             return None
-        mechs = self.algorithm.mechanisms()
+        alg = self.algorithm
+        mechs, paper = alg.mechanisms(0), alg.paper_mechanisms()  # round 0 always releases
+        calibration = dict(self._calibration or self.calibration_record())
         return {
             "epsilon": self.accountant.get_epsilon(noise.delta),
+            "epsilon_paper_convention": self.paper_accountant.get_epsilon(noise.delta),
             "delta": noise.delta,
+            "privacy_unit": alg.privacy_unit,
+            "neighbouring_relation": alg.neighbouring(),
+            "sensitivity": alg.accounting_sensitivity(),
+            "message_bound": alg.message_bound(),
+            "accounting": {
+                **alg.accounting_basis().as_dict(),
+                "accountant": self.accountant.library,
+                "noise_multiplier": mechs[0].noise_multiplier if mechs else None,
+                "sample_rate": mechs[0].sample_rate if mechs else None,
+                "sampling": mechs[0].sampling if mechs else None,
+                "releases": self.accountant.steps,
+            },
+            "paper_convention": {
+                **alg.paper_accounting_basis().as_dict(),
+                "accountant": self.paper_accountant.library,
+                "noise_multiplier": paper[0].noise_multiplier if paper else None,
+                "sample_rate": paper[0].sample_rate if paper else None,
+                "releases": self.paper_accountant.steps,
+            },
             "accountant": noise.accountant,
             "target_epsilon": noise.epsilon,
-            "calibration": noise.calibration if noise.epsilon is not None else "noise_multiplier",
-            "calibration_rounds": noise.rounds or self.algorithm.num_rounds,
-            "noise_std": self.algorithm.noise_std,
+            "calibration": calibration.pop("calibration"),
+            "calibration_rounds": calibration["rounds"],
+            "calibrated_for": calibration,
+            "noise_std": alg.noise_std,
             "noise_multiplier": mechs[0].noise_multiplier if mechs else None,
             "sample_rate": mechs[0].sample_rate if mechs else None,
-            "message_bound": self.algorithm.message_bound(),
-            "sensitivity": self.algorithm.accounting_sensitivity(),
-            "neighbouring_relation": noise.neighbouring,
-            "privacy_unit": self.algorithm.privacy_unit,
-            "rounds_accounted": self.accountant.steps,
+            "rounds_accounted": self._rounds_accounted,
         }
 
     def _client_states(self) -> list[tuple[str, FederatedAlgorithm]]:
@@ -950,6 +1048,9 @@ class FederatedModule(pl.LightningModule):
         self._save_client_state(checkpoint)
         if self.accountant is not None:
             checkpoint["privacy_accountant"] = self.accountant.state_dict()
+            checkpoint["privacy_accountant_paper"] = self.paper_accountant.state_dict()
+            checkpoint["privacy_calibration"] = self._calibration
+            checkpoint["privacy_rounds_accounted"] = self._rounds_accounted
         checkpoint["client_transmissions"] = self.client_transmissions
         checkpoint["validated_round"] = self._validated_round
         if self.grid_algorithms is not None:
@@ -964,7 +1065,19 @@ class FederatedModule(pl.LightningModule):
         if self.oracle is not None:  # set up: the state tables exist
             self._load_client_state(checkpoint)
         if self.accountant is not None and "privacy_accountant" in checkpoint:
-            self.accountant.load_state_dict(checkpoint["privacy_accountant"])
+            self._restore_calibration(checkpoint.get("privacy_calibration"))
+            if "privacy_accountant_paper" in checkpoint:
+                self.accountant.load_state_dict(checkpoint["privacy_accountant"])
+                self.paper_accountant.load_state_dict(checkpoint["privacy_accountant_paper"])
+                self._rounds_accounted = int(checkpoint["privacy_rounds_accounted"])
+            else:  # an older checkpoint: one accountant, under the papers' convention
+                rounds = int(checkpoint.get("global_step", 0))
+                rank_zero_warn(
+                    "the checkpoint predates the defensible accounting: replaying its "
+                    f"{rounds} rounds under both accountings"
+                )
+                for k in range(rounds):
+                    self._account_releases(k)
         self.client_transmissions = int(checkpoint.get("client_transmissions", 0))
         self._validated_round = checkpoint.get("validated_round")
         if self.grid_algorithms is not None and "grid" in checkpoint:
@@ -976,6 +1089,53 @@ class FederatedModule(pl.LightningModule):
             self._grid_entries = [dict(e) for e in checkpoint["grid"].get("entries", [])] or [
                 {} for _ in self.grid_points
             ]
+
+    def _restore_calibration(self, saved: dict[str, Any] | None) -> None:
+        """Keep the noise the run started with (never recalibrate silently on resume).
+
+        ``setup`` has calibrated σ for *this* configuration; the checkpoint says what the run
+        used. If only the number of rounds differs (e.g. a larger ``trainer.max_steps``), the
+        saved σ is kept, the accountant goes on composing the rounds actually run, and a warning
+        says so (``privacy_report()["calibrated_for"]`` keeps the original K). Any other change
+        that would change σ (ε, δ, the calibration rule, the relation, ...) is refused before
+        training: one run cannot honestly report one noise level for two.
+        """
+        if saved is None:
+            rank_zero_warn(
+                "the checkpoint has no record of its noise calibration (saved by an older "
+                f"version); continuing with this configuration's noise std {self.algorithm.noise_std:.6g}"
+            )
+            return
+        current = self.calibration_record()
+        if math.isclose(saved["noise_std"], current["noise_std"], rel_tol=1e-9):
+            self._calibration = dict(saved)
+            return
+        differs = {
+            k: (saved.get(k), v)
+            for k, v in current.items()
+            if k not in ("noise_std", "grid_noise_std", "rounds", "resumed") and saved.get(k) != v
+        }
+        if differs:
+            changes = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in differs.items())
+            raise ValueError(
+                f"the checkpoint's noise std {saved['noise_std']:.6g} was calibrated for "
+                f"{saved['rounds']} rounds with other privacy settings than this run's "
+                f"({changes}), which give {current['noise_std']:.6g}: resume with the "
+                "checkpoint's noise settings, or start a new run for the new ones"
+            )
+        rank_zero_warn(
+            f"resuming a run whose noise was calibrated for {saved['rounds']} rounds "
+            f"(noise std {saved['noise_std']:.6g}) with {current['rounds']} rounds: keeping "
+            f"noise std {saved['noise_std']:.6g} (not {current['noise_std']:.6g}); epsilon "
+            f"accounts the rounds actually run and will exceed what the calibration targeted "
+            f"after round {saved['rounds']}. To calibrate for {current['rounds']} rounds, start a "
+            f"new run (or set noise.rounds: {current['rounds']} from the start)"
+        )
+        self.algorithm.noise_std = float(saved["noise_std"])
+        for alg, std in zip(self.grid_algorithms or [], saved.get("grid_noise_std", [])):
+            alg.noise_std = float(std)
+        resumed = {"rounds": current["rounds"], "noise_std_not_used": current["noise_std"]}
+        self._calibration = {**saved, "resumed": resumed}  # summary.json shows both
 
 
 def _rows_of(saved: dict[str, Any], start: int, stop: int) -> Tensor:

@@ -161,9 +161,19 @@ def test_alpha_normec_exact(server_normalization, init, private, draws, chunk):
     )
     xs = run(alg, b, x0, chunk=chunk)
     ref = ref_error_feedback(
-        b, x0, lambda v: smoothed(v, 0.5), 0.4, 0.05, server_normalization, ROUNDS,
-        init=init, std=0.3 if private else 0.0, seed=7, D=2.0, draws=draws,
-    )  # fmt: skip
+        b,
+        x0,
+        lambda v: smoothed(v, 0.5),
+        0.4,
+        0.05,
+        server_normalization,
+        ROUNDS,
+        init=init,
+        std=0.3 * 2 if private else 0.0,
+        seed=7,
+        D=2.0,
+        draws=draws,
+    )  # fmt: skip  (noise std = multiplier × the replace-one sensitivity 2 of Norm_α)
     assert_iterates(xs, ref)
 
 
@@ -177,8 +187,10 @@ def test_dp_alpha_normec_paper_noise_level():
     ref = ref_error_feedback(b, x0, lambda v: smoothed(v, 0.01), 0.1, 0.05, True, ROUNDS,
                              std=std, seed=1)  # fmt: skip
     assert_iterates(xs, ref)
-    (mech,) = alg.mechanisms()
-    assert mech.noise_multiplier == pytest.approx(std) and mech.sample_rate == 1.0
+    (mech,) = alg.mechanisms()  # replace-one (local DP): sensitivity 2
+    assert mech.noise_multiplier == pytest.approx(std / 2) and mech.sample_rate == 1.0
+    (paper,) = alg.paper_mechanisms()  # the papers' add/remove: sensitivity 1
+    assert paper.noise_multiplier == pytest.approx(std) and paper.sample_rate == 1.0
 
 
 @pytest.mark.parametrize("server_normalization", [False, True])
@@ -192,9 +204,9 @@ def test_clip21_exact(server_normalization, private, draws, chunk):
     alg = Clip21(0.1, clip_threshold=1.5, server_normalization=server_normalization, noise=noise)
     assert alg.beta == 1.0
     xs = run(alg, b, x0, chunk=chunk)
-    # DP-Clip21 noise is calibrated to the sensitivity τ: std = noise_multiplier · τ
+    # DP-Clip21 noise is calibrated to the replace-one sensitivity 2τ: std = multiplier · 2τ
     ref = ref_error_feedback(b, x0, lambda v: hard_clip(v, 1.5), 1.0, 0.1, server_normalization,
-                             ROUNDS, std=0.5 * 1.5 if private else 0.0, seed=2,
+                             ROUNDS, std=0.5 * 2 * 1.5 if private else 0.0, seed=2,
                              draws=draws)  # fmt: skip
     assert_iterates(xs, ref)
 
@@ -225,8 +237,9 @@ def test_distributed_dpsgd_exact(operator, psi, placement, private, draws, chunk
     noise = DPNoise(noise_multiplier=0.2, seed=3, draws=draws) if private else None
     alg = DistributedDPSGD(0.1, operator, scale=2.0, noise=noise, noise_placement=placement)
     xs = run(alg, b, x0, chunk=chunk)
-    # noise multiplier = std / sensitivity; sensitivity β·τ per client, β·τ/n for the average
-    std = 0.2 * 2.0 / (b.shape[0] if placement == "server" else 1) if private else 0.0
+    # noise multiplier = std / sensitivity: 2β·τ per client (local DP, replace-one), β·τ/n for
+    # the average (central DP, add/remove)
+    std = 0.2 * 2.0 * (1 / b.shape[0] if placement == "server" else 2) if private else 0.0
     ref = ref_dpsgd(b, x0, psi, 2.0, 0.1, ROUNDS, std=std, placement=placement, seed=3,
                     draws=draws)  # fmt: skip
     assert_iterates(xs, ref)

@@ -103,10 +103,12 @@ def test_privacy_budget_from_the_command_line_stops_the_quickstart(tmp_path, mon
           "--trainer.callbacks+=pl_privfed.callbacks.PrivacyBudget",
           "--trainer.callbacks.epsilon=4"])  # fmt: skip
     data = json.loads((tmp_path / "summary.json").read_text())
-    # the papers' calibration targets ε = 8 at 300 rounds; the accountant reaches 4 at round 40
-    assert data["rounds"] == 40 and data["privacy_budget"]["epsilon_spent"] <= 4.0
-    assert data["stopped_reason"].startswith("privacy budget: step 41 would spend")
+    # the papers' calibration targets ε = 8 at 300 rounds; the defensible accounting (replace-one)
+    # reaches 4 at round 10 (the papers' add/remove convention would at round 40)
+    assert data["rounds"] == 10 and data["privacy_budget"]["epsilon_spent"] <= 4.0
+    assert data["stopped_reason"].startswith("privacy budget: step 11 would spend")
     assert data["epsilon"] == pytest.approx(data["privacy_budget"]["epsilon_spent"])
+    assert data["epsilon_paper_convention"] < data["epsilon"]
 
 
 def test_output_dir_collects_summary_curves_and_config(tmp_path, monkeypatch):

@@ -209,7 +209,7 @@ def test_porter_dp_exact(clipping, chunk):
         batch_size=B, local_dataset_size=30, seed=11,
     )  # fmt: skip
     xs, agents = run(alg, b, x0, chunk=chunk)
-    std = 0.7 * 1.5 / B  # noise multiplier × sensitivity τ/b of the averaged clipped gradients
+    std = 0.7 * 2 * 1.5 / B  # multiplier × replace-one sensitivity 2τ/b of the clipped average
     assert alg.noise_std == pytest.approx(std)
     clip = smooth_clip if clipping == "smooth" else linear_clip
     xbars, Xs, (out_x, out_t, out_i) = ref_porter(
@@ -353,7 +353,8 @@ def test_checkpoint_state_resumes_exactly():
 
 # ---------------------------------------------------------------------------- privacy
 def test_porter_dp_theorem_1_noise_and_accountant_inputs():
-    """σ_p = τ sqrt(T log(1/δ))/(m ε) (eq. 5); accountant: multiplier σ_p b/τ at rate b/m."""
+    """σ_p = τ sqrt(T log(1/δ))/(m ε) (eq. 5); the papers' accountant: multiplier σ_p b/τ at
+    rate b/m; the defensible one (reshuffled epochs): multiplier σ_p b/(2τ) once per use."""
     m, T, tau = 3256, 1000, 1.0
     for batch in (1, 4):
         alg = PORTER(0.01, 0.5, option="dp", clip_threshold=tau, batch_size=batch,
@@ -361,10 +362,13 @@ def test_porter_dp_theorem_1_noise_and_accountant_inputs():
         alg.setup(num_clients=10, dim=5, num_rounds=T)
         sigma = tau * math.sqrt(T * math.log(1e3)) / (m * 0.1)
         assert alg.noise_std == pytest.approx(sigma)
-        (mech,) = alg.mechanisms()
+        (mech,) = alg.paper_mechanisms()
         assert mech.sample_rate == pytest.approx(batch / m)
         assert mech.noise_multiplier == pytest.approx(sigma * batch / tau)
         assert "record-level" in mech.privacy_unit
+        (mech,) = alg.mechanisms(0)
+        assert mech.sample_rate == 1.0 and alg.mechanisms(1) == []  # one use per m/b rounds
+        assert mech.noise_multiplier == pytest.approx(sigma * batch / (2 * tau))
 
 
 def test_soteria_paper_noise_matches_porter():
@@ -373,8 +377,9 @@ def test_soteria_paper_noise_matches_porter():
     alg.setup(num_clients=10, dim=5, num_rounds=500)
     sigma = math.sqrt(500 * math.log(1e3)) / (6000 * 0.01)
     assert alg.noise_std == pytest.approx(sigma)
-    (mech,) = alg.mechanisms()
+    (mech,) = alg.paper_mechanisms()
     assert mech.noise_multiplier == pytest.approx(sigma) and mech.sample_rate == 1 / 6000
+    assert alg.mechanisms(0)[0].noise_multiplier == pytest.approx(sigma / 2)  # replace-one: 2G
 
 
 # ---------------------------------------------------------------------------- SoteriaFL
@@ -420,22 +425,41 @@ def test_bad_arguments(factory, message):
 
 
 DP_FACTORIES = {
-    "porter_dp": lambda **kw: PORTER(0.1, 0.5, option="dp", noise=DPNoise(epsilon=1.0), **kw),
-    "soteriafl": lambda **kw: SoteriaFL(0.1, 0.5, noise=DPNoise(epsilon=1.0), **kw),
+    "porter_dp": lambda noise=None, **kw: PORTER(
+        0.1, 0.5, option="dp", noise=noise or DPNoise(epsilon=1.0), **kw
+    ),
+    "soteriafl": lambda noise=None, **kw: SoteriaFL(
+        0.1, 0.5, noise=noise or DPNoise(epsilon=1.0), **kw
+    ),
 }
 
 
 @pytest.mark.parametrize("name", list(DP_FACTORIES))
 def test_record_sampling_takes_m_from_the_data_and_checks_b(name):
     """m defaults to the smallest shard; a larger m or a b the data does not deliver is refused
-    before training; without data or m the noise cannot be calibrated."""
+    before training; without data or m the noise cannot be calibrated. Sampling without
+    replacement is accounted as such (replace-one only); reshuffled epochs by a record's uses."""
     make = DP_FACTORIES[name]
     data = dict(batch_size=2, local_batches=1, shuffle=True, client_sizes=[40, 37, 41])
     alg = make(batch_size=2)
     alg.configure_data(**data)
     alg.setup(num_clients=3, dim=D, num_rounds=10, dtype=DT)
     assert alg.local_dataset_size == 37 and alg.sample_rate == pytest.approx(2 / 37)
-    assert alg.mechanisms()[0].sample_rate == pytest.approx(2 / 37)
+    assert alg.paper_mechanisms()[0].sample_rate == pytest.approx(2 / 37)
+    # by round k an example has been used ⌈2(k+1)/37⌉ times: rounds 0 and 18 (positions 36, 37)
+    assert [len(alg.mechanisms(k)) for k in range(20)] == [1] + [0] * 17 + [1, 0]
+    assert alg.mechanisms(0)[0].sample_rate == 1.0
+    wor = make(batch_size=2)
+    wor.configure_data(**data, batch_sampling="without_replacement")
+    wor.setup(num_clients=3, dim=D, num_rounds=10, dtype=DT)
+    (mech,) = wor.mechanisms(7)
+    assert mech.sampling == "without_replacement" and mech.population == 37
+    assert mech.sample_rate == pytest.approx(2 / 37) and mech.sample_size == 2
+    with pytest.raises(ValueError, match="replace_one"):
+        make(noise=DPNoise(epsilon=1.0, neighbouring="add_remove"), batch_size=2).configure_data(
+            **data, batch_sampling="without_replacement"
+        )
+
     alg = make(batch_size=2, local_dataset_size=30)  # smaller: conservative, kept
     alg.configure_data(**data)
     assert alg.local_dataset_size == 30
@@ -443,8 +467,6 @@ def test_record_sampling_takes_m_from_the_data_and_checks_b(name):
         make(batch_size=2, local_dataset_size=38).configure_data(**data)
     with pytest.raises(ValueError, match="batch_size=1"):
         make(batch_size=1).configure_data(**data)
-    with pytest.raises(ValueError, match="shuffle"):
-        make(batch_size=2).configure_data(**{**data, "shuffle": False})
     with pytest.raises(ValueError, match="local_dataset_size"):
         make(batch_size=2).setup(num_clients=3, dim=D, num_rounds=10, dtype=DT)
 

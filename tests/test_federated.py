@@ -266,15 +266,30 @@ def test_fed_alpha_normec_exact(participation, p, solver, private, draws, chunk)
                          local_solver=local, participation_prob=p, participation=participation,
                          server_normalization=solver != "gd3", noise=noise, sampling_seed=9)  # fmt: skip
     xs = run(alg, centers, x0, chunk=chunk)
-    ref = ref_fed_normec(centers.tolist(), x0.tolist(), eta=0.05, gamma=0.3, beta=0.4, alpha=0.5,
-                         steps=steps, minibatches=solver == "sgd3", p=p,
-                         practical=participation == "practical", sn=solver != "gd3",
-                         rounds=ROUNDS, std=0.3 if private else 0.0, noise_seed=5,
-                         sampling_seed=9, draws=draws)  # fmt: skip
+    ref = ref_fed_normec(
+        centers.tolist(),
+        x0.tolist(),
+        eta=0.05,
+        gamma=0.3,
+        beta=0.4,
+        alpha=0.5,
+        steps=steps,
+        minibatches=solver == "sgd3",
+        p=p,
+        practical=participation == "practical",
+        sn=solver != "gd3",
+        rounds=ROUNDS,
+        std=0.3 * 2 if private else 0.0,
+        noise_seed=5,
+        sampling_seed=9,
+        draws=draws,
+    )  # fmt: skip  (replace-one sensitivity 2)
     assert_iterates(xs, ref)
-    if private:
+    if private:  # the server sees who transmits: no amplification by p against it
         (mech,) = alg.mechanisms()
-        assert mech.sample_rate == p and mech.noise_multiplier == pytest.approx(0.3)
+        assert mech.sample_rate == 1.0 and mech.noise_multiplier == pytest.approx(0.3)
+        (paper,) = alg.paper_mechanisms()  # the papers': add/remove, Poisson at p
+        assert paper.sample_rate == p and paper.noise_multiplier == pytest.approx(0.6)
 
 
 def test_fed_alpha_normec_incremental_gradient_and_local_update_init():
@@ -341,12 +356,14 @@ def test_dp_fedavg_exact(sampler, rate, op, private, draws, chunk):
     bound = 2.0 * (0.7 if op == "clip" else 1.0)
     ref = ref_dp_fedavg(centers.tolist(), x0.tolist(), eta=0.3, gamma=0.2, psi=psi, scale=2.0,
                         steps=2, minibatches=False, rounds=ROUNDS, sampler=sampler, rate=rate,
-                        std=0.2 * bound if private else 0.0, noise_seed=4, sampling_seed=6,
+                        std=0.2 * 2 * bound if private else 0.0, noise_seed=4, sampling_seed=6,
                         draws=draws)  # fmt: skip
     assert_iterates(xs, ref)
     if private:
         (mech,) = alg.mechanisms()
-        assert mech.sample_rate == {None: 1.0, "fixed": 0.6}.get(sampler, 0.5)
+        assert mech.sample_rate == 1.0  # the server sees the cohort
+        (paper,) = alg.paper_mechanisms()
+        assert paper.sample_rate == {None: 1.0, "fixed": 0.6}.get(sampler, 0.5)
 
 
 def test_dp_fedavg_without_clipping_one_step_is_distributed_gd():
@@ -383,8 +400,8 @@ def test_per_sample_clipping_exact(level, c, solver, private, chunk):
     xs = run(alg, centers, x0, chunk=chunk, batch_size=2, local_batches=3, shuffle=True,
              client_sizes=[6] * 5)  # fmt: skip
     batch = 2 if solver == "sgd" else 6  # examples per local step: a minibatch, or all of them
-    # c/B per example; the clipped minibatch mean can flip sign when B > 1: 2c
-    sens = (c or 0) / batch if level == "example" else (c or 0) * (2 if batch > 1 else 1)
+    # replace-one: 2c/B per example; the clipped minibatch mean can flip sign: 2c
+    sens = 2 * (c or 0) / batch if level == "example" else 2 * (c or 0)
     ref = ref_per_sample(centers.tolist(), x0.tolist(), eta=0.2, c=c, steps=3,
                          minibatches=solver == "sgd", level=level, rounds=ROUNDS,
                          std=0.1 * sens if noise else 0.0, noise_seed=8)  # fmt: skip
@@ -398,12 +415,15 @@ def test_per_sample_clipping_with_sampler_and_accounting():
                                   noise=DPNoise(noise_multiplier=1.0, seed=1), sampling_seed=2)  # fmt: skip
     xs = run(alg, centers, x0, batch_size=2, local_batches=3, shuffle=True, client_sizes=[6] * 5)
     ref = ref_per_sample(centers.tolist(), x0.tolist(), eta=0.2, c=0.5, steps=3, minibatches=True,
-                         level="example", rounds=ROUNDS, std=0.25, noise_seed=1,
+                         level="example", rounds=ROUNDS, std=0.5, noise_seed=1,
                          sampler="fixed", rate=2, sampling_seed=2)  # fmt: skip
-    assert_iterates(xs, ref)
-    mechs = alg.mechanisms()  # one release per local step, at rate (2/5)·(2/6)
-    assert len(mechs) == 3 and mechs[0].sample_rate == pytest.approx(0.4 * 2 / 6)
-    assert mechs[0].noise_multiplier == pytest.approx(1.0)
+    assert_iterates(xs, ref)  # std = 1 × 2c/B
+    # the 3 steps walk all 6 examples of a shard: every example used once a round, unamplified
+    (mech,) = alg.mechanisms()
+    assert mech.sample_rate == 1.0 and mech.noise_multiplier == pytest.approx(1.0)
+    paper = alg.paper_mechanisms()  # one release per local step, at rate (2/5)·(2/6)
+    assert len(paper) == 3 and paper[0].sample_rate == pytest.approx(0.4 * 2 / 6)
+    assert paper[0].noise_multiplier == pytest.approx(2.0)  # add/remove: c/B
 
 
 def test_per_sample_paper_calibration_counts_local_steps():
@@ -415,8 +435,10 @@ def test_per_sample_paper_calibration_counts_local_steps():
 
 
 def test_per_sample_accounting_follows_how_local_steps_use_the_data():
-    """Fresh minibatches: τ releases at rate B/N; a reused batch (local GD): one release of τ
-    Gaussians (multiplier/√τ); a fixed order (IG): one release at rate 1 (no sampling)."""
+    """The papers' convention: fresh minibatches, τ releases at rate B/N; a reused batch (local
+    GD), one release of τ Gaussians (multiplier/√τ); a fixed order (IG), one release at rate 1.
+    The defensible accounting counts an example's uses in the stream of per-epoch permutations
+    (one per 40 positions here), without amplification by the shuffling."""
     noise = DPNoise(noise_multiplier=2.0)
 
     def mechanisms(solver, level="example", **data_kwargs):
@@ -424,25 +446,32 @@ def test_per_sample_accounting_follows_how_local_steps_use_the_data():
                                       clip_level=level, noise=noise)  # fmt: skip
         alg.configure_data(**data_kwargs)
         alg.setup(num_clients=4, dim=2, num_rounds=10, dtype=DT)
-        return alg, alg.mechanisms()
+        return alg, alg.paper_mechanisms()
 
     alg, mechs = mechanisms(LocalSGD(5), batch_size=2, local_batches=5, shuffle=True,
                             client_sizes=[40] * 4)  # fmt: skip
     assert len(mechs) == 5 and mechs[0].sample_rate == pytest.approx(2 / 40)
-    assert mechs[0].noise_multiplier == pytest.approx(2.0)  # std = 2 · c/B, sensitivity c/B
-    assert alg.noise_std == pytest.approx(2.0 * 1.0 / 2)
+    assert alg.noise_std == pytest.approx(2.0 * 2 * 1.0 / 2)  # multiplier × 2c/B (replace-one)
+    assert mechs[0].noise_multiplier == pytest.approx(4.0)  # add/remove: c/B
+    # 10 positions a round of 40: an example is used in rounds 0, 4, 8, ... at most
+    uses = [len(alg.mechanisms(k)) for k in range(9)]
+    assert uses == [1, 0, 0, 0, 1, 0, 0, 0, 1]
+    assert alg.mechanisms(0)[0].noise_multiplier == pytest.approx(2.0)
     alg, mechs = mechanisms(LocalGD(4), batch_size=8, local_batches=1, shuffle=True,
                             client_sizes=[40] * 4)  # fmt: skip
     assert len(mechs) == 1 and mechs[0].sample_rate == pytest.approx(8 / 40)
-    assert mechs[0].noise_multiplier == pytest.approx(2.0 / 2)  # 2/√4
+    assert mechs[0].noise_multiplier == pytest.approx(4.0 / 2)  # 4/√4
+    assert alg.mechanisms(0)[0].noise_multiplier == pytest.approx(2.0 / 2)  # replace-one: 2/√4
     alg, mechs = mechanisms(IncrementalGradient(10), batch_size=1, local_batches=10,
                             shuffle=False, client_sizes=[10] * 4)  # fmt: skip
     assert len(mechs) == 1 and mechs[0].sample_rate == 1.0
-    assert mechs[0].noise_multiplier == pytest.approx(2.0)  # each example used once a round
+    assert mechs[0].noise_multiplier == pytest.approx(4.0)  # each example used once a round
+    assert [len(alg.mechanisms(k)) for k in range(3)] == [1, 1, 1]
     alg, mechs = mechanisms(LocalGD(3), level="minibatch", batch_size=8, local_batches=1,
                             shuffle=True, client_sizes=[40] * 4)  # fmt: skip
     assert alg.accounting_sensitivity() == 2.0  # the clipped mean flips: 2c
     assert mechs[0].noise_multiplier == pytest.approx(2.0 / math.sqrt(3))
+    assert alg.mechanisms(0)[0].noise_multiplier == pytest.approx(2.0 / math.sqrt(3))
 
 
 @pytest.mark.parametrize("solver", ["sgd", "gd", "ig"])
@@ -459,9 +488,9 @@ def test_per_sample_target_calibration_certifies_the_target(solver):
     alg.configure_data(client_sizes=[20] * 3, **data_kwargs)
     alg.setup(num_clients=3, dim=2, num_rounds=30, dtype=DT)
     accountant = PrivacyAccountant("rdp")
-    for _ in range(30):
-        for mech in alg.mechanisms():
-            accountant.step(noise_multiplier=mech.noise_multiplier, sample_rate=mech.sample_rate)
+    for k in range(30):
+        for mech in alg.mechanisms(k):
+            accountant.step_mechanism(mech)
     assert accountant.get_epsilon(1e-5) == pytest.approx(2.0, rel=0.02)
 
 
@@ -500,7 +529,7 @@ def test_per_update_clipping_exact(sampler, rate, c, private, chunk):
                                   noise=noise, sampling_seed=3)  # fmt: skip
     xs = run(alg, centers, x0, chunk=chunk)
     ref = ref_per_update(centers.tolist(), x0.tolist(), eta_l=0.1, eta_g=1.5, c=c, steps=3,
-                         minibatches=True, rounds=ROUNDS, std=0.5 * c if noise else 0.0,
+                         minibatches=True, rounds=ROUNDS, std=0.5 * 2 * c if noise else 0.0,
                          noise_seed=2, sampler=sampler, rate=rate, sampling_seed=3)  # fmt: skip
     assert_iterates(xs, ref)
 

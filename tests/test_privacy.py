@@ -108,13 +108,13 @@ def _noise_of_one_round(alg, monkeypatch, n=200, d=500):
 
 @pytest.mark.parametrize(
     "make, std",
-    [  # std = noise_multiplier × sensitivity (1 for Norm_α, τ = 2 for clipping)
+    [  # std = noise_multiplier × the replace-one sensitivity (2 for Norm_α, 2τ = 4 for Clip(2))
         (lambda s, draws: AlphaNormEC(0.1, 0.1, 0.01, noise=DPNoise(noise_multiplier=1.5, seed=s,
-                                                                     draws=draws)), 1.5),
+                                                                     draws=draws)), 3.0),
         (
             lambda s, draws: DistributedDPSGD(0.1, Clip(2.0), noise=DPNoise(noise_multiplier=1.5,
                                                                             seed=s, draws=draws)),
-            3.0,
+            6.0,
         ),
     ],
 )  # fmt: skip
@@ -161,17 +161,19 @@ def test_calibrate_noise_multiplier_with_subsampling(accountant):
 
 
 def test_replace_one_doubles_the_sensitivity():
-    add_remove = AlphaNormEC(0.1, 0.1, 0.01, noise=DPNoise(noise_multiplier=1.0))
-    replace = AlphaNormEC(
-        0.1, 0.1, 0.01, noise=DPNoise(noise_multiplier=1.0, neighbouring="replace_one")
+    add_remove = AlphaNormEC(
+        0.1, 0.1, 0.01, noise=DPNoise(noise_multiplier=1.0, neighbouring="add_remove")
     )
+    replace = AlphaNormEC(0.1, 0.1, 0.01, noise=DPNoise(noise_multiplier=1.0))  # local DP default
     for alg in (add_remove, replace):
         alg.setup(num_clients=4, dim=3, num_rounds=10)
+    assert replace.neighbouring() == "replace_one" and add_remove.neighbouring() == "add_remove"
     assert replace.noise_std == pytest.approx(2 * add_remove.noise_std)
-    paper = AlphaNormEC(0.1, 0.1, 0.01, noise=DPNoise(epsilon=8.0, neighbouring="replace_one"))
+    paper = AlphaNormEC(0.1, 0.1, 0.01, noise=DPNoise(epsilon=8.0))
     paper.setup(num_clients=4, dim=3, num_rounds=300)
     # same paper noise, but the accountant sees half the multiplier
     assert paper.mechanisms()[0].noise_multiplier == pytest.approx(paper.noise_std / 2)
+    assert paper.paper_mechanisms()[0].noise_multiplier == pytest.approx(paper.noise_std)
     with pytest.raises(ValueError, match="neighbouring"):
         DPNoise(epsilon=1.0, neighbouring="swap")
     with pytest.raises(ValueError, match="calibration"):

@@ -17,8 +17,10 @@ all of it.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 from torch import Tensor, nn
@@ -40,9 +42,19 @@ from pl_privfed.engine import (
     make_context,
 )
 from pl_privfed.operators import Operator
-from pl_privfed.privacy import DPNoise
+from pl_privfed.privacy import (
+    AccountingBasis,
+    DPNoise,
+    Mechanism,
+    Neighbouring,
+    PrivacyAccountant,
+    calibrate_noise_std,
+    paper_noise_std,
+    relation_factor,
+)
 
 __all__ = [
+    "BatchSampling",
     "FederatedAlgorithm",
     "GradFn",
     "Mechanism",
@@ -53,6 +65,7 @@ __all__ = [
     "check_positive_int",
     "noise_to_signal",
     "operator_metrics",
+    "record_round_mechanisms",
 ]
 
 GradFn = Callable[..., Tensor]
@@ -78,21 +91,6 @@ def noise_to_signal(noisy_sum: Tensor, clean_sum: Tensor) -> Tensor:
     """``||Σ_i z_i|| / ||Σ_i Δ_i||``: the noise-to-signal ratio of an aggregate."""
     signal = torch.linalg.vector_norm(clean_sum)
     return torch.linalg.vector_norm(noisy_sum - clean_sum) / signal.clamp(min=1e-30)
-
-
-@dataclass(frozen=True)
-class Mechanism:
-    """One Gaussian mechanism applied in a round, as the accountant sees it.
-
-    Attributes:
-        noise_multiplier: noise std divided by the sensitivity of the noised quantity.
-        sample_rate: probability that the privacy unit takes part in the release.
-        privacy_unit: what is protected (e.g. ``"client-level local DP"``).
-    """
-
-    noise_multiplier: float
-    sample_rate: float
-    privacy_unit: str
 
 
 @dataclass
@@ -180,12 +178,8 @@ class FederatedAlgorithm(nn.Module):
                 raise ValueError(
                     f"noise needs an operator with a bounded output, got {self.operators()!r}"
                 )
-            self.noise_std = self.noise.std(
-                bound=self.message_bound(),
-                sensitivity=self.accounting_sensitivity(),
-                rounds=self.num_rounds,
-                sample_rate=self.sample_rate,
-            )
+            self.noise_std = self.calibrate()
+            self.check_accounting()
         self.allocate()
         self.state.allocate(self.device, client_state, state_dir)
 
@@ -208,33 +202,171 @@ class FederatedAlgorithm(nn.Module):
         """``Φ``: bound on the norm of one client's noised message (override)."""
         return None
 
-    def accounting_sensitivity(self) -> float:
-        """How much one privacy unit can change the noised quantity, under the relation.
-
-        ``Φ`` under add/remove, ``2Φ`` under replace-one (override for central noise).
-        """
-        return self.message_bound() * self.noise.sensitivity_factor
-
     @property
     def sample_rate(self) -> float:
-        """Probability that a client takes part in a round (1: full participation)."""
+        """The nominal probability that a privacy unit takes part in a round: the client
+        participation rate (1: full participation), or for record-level DP the record rate. The
+        papers' convention amplifies by it as Poisson sampling; the defensible accounting only
+        where that holds (:meth:`mechanisms`)."""
         return 1.0
 
     def _zeros(self, *shape: int) -> Tensor:
         return torch.zeros(*shape, device=self.device, dtype=self.dtype)
 
     # ------------------------------------------------------------------ privacy
-    def mechanisms(self) -> list[Mechanism]:
-        """The Gaussian mechanisms one round applies (empty when non-private)."""
+    #: ``"local"``: each client (agent) noises what it sends and the server (the neighbours)
+    #: sees every message and who sent it; ``"central"``: a trusted server noises the aggregate.
+    privacy_model: Literal["local", "central"] = "local"
+    #: who sees the noised messages (the adversary of local DP)
+    observer: str = "the server"
+
+    def neighbouring(self) -> Neighbouring:
+        """The neighbouring relation of the reported (defensible) ε: ``noise.neighbouring`` if
+        given, else replace-one for local DP and add/remove for central DP (docs/privacy.md)."""
+        if self.noise is not None and self.noise.neighbouring is not None:
+            return self.noise.neighbouring
+        return "replace_one" if self.privacy_model == "local" else "add_remove"
+
+    def sensitivity(self, relation: Neighbouring) -> float:
+        """How far one privacy unit can move the noised quantity under ``relation``:
+        ``Φ`` under add/remove, ``2Φ`` under replace-one (override for central noise or
+        record-level clipping)."""
+        return self.message_bound() * relation_factor(relation)
+
+    def accounting_sensitivity(self) -> float:
+        """The sensitivity of the reported ε (under :meth:`neighbouring`)."""
+        return self.sensitivity(self.neighbouring())
+
+    def round_mechanisms(self, noise_std: float, round_index: int) -> list[Mechanism]:
+        """The Gaussian releases of round ``round_index`` at noise std ``noise_std``, as the
+        defensible accounting composes them (override).
+
+        Local DP (the default): one release per round at noise multiplier ``σ / sensitivity``
+        and **no amplification by client sampling**: the server sees who transmits, so a
+        client's privacy loss composes over every round it can take part in.
+        """
+        return [Mechanism(noise_std / self.accounting_sensitivity(), 1.0, self.privacy_unit,
+                          sampling="none")]  # fmt: skip
+
+    #: whether :meth:`round_mechanisms` depends on the round (record-level epochs)
+    round_dependent_mechanisms: bool = False
+
+    def mechanisms(self, round_index: int | None = None) -> list[Mechanism]:
+        """The Gaussian releases of one round under the defensible accounting (empty when
+        non-private); ``round_index`` defaults to the round last run."""
         if self.noise is None:
             return []
-        return [
-            Mechanism(
-                self.noise_std / self.accounting_sensitivity(),
-                self.sample_rate,
-                self.privacy_unit,
+        if round_index is None:
+            round_index = max(0, int(self.rounds_done) - 1)
+        return self.round_mechanisms(self.noise_std, round_index)
+
+    def release_plan(self, noise_std: float, rounds: int) -> list[tuple[Mechanism, int]]:
+        """Every release of ``rounds`` rounds at noise std ``noise_std`` (defensible), as
+        ``(mechanism, count)`` pairs: what ``calibration: target`` solves over."""
+        if not self.round_dependent_mechanisms:
+            return [(m, rounds) for m in self.round_mechanisms(noise_std, 0)]
+        counts: Counter = Counter()
+        kinds: dict[tuple, Mechanism] = {}
+        for k in range(rounds):
+            for m in self.round_mechanisms(noise_std, k):
+                counts[m.key()] += 1
+                kinds.setdefault(m.key(), m)
+        return [(kinds[key], count) for key, count in counts.items()]
+
+    def paper_mechanisms(self) -> list[Mechanism]:
+        """The releases of one round as the papers account them: add/remove, and Poisson
+        amplification at the nominal :attr:`sample_rate` (what this package reported before
+        the defensible accounting; reported beside it)."""
+        if self.noise is None:
+            return []
+        return [Mechanism(self.noise_std / self.sensitivity("add_remove"), self.sample_rate,
+                          self.privacy_unit)]  # fmt: skip
+
+    def accounting_basis(self) -> AccountingBasis:
+        """What the defensible ε assumes (override where the amplification differs)."""
+        if self.privacy_model == "central":
+            amplification = "none: every client takes part in every round"
+        elif self.sample_rate < 1:
+            amplification = (
+                f"none: {self.observer} sees which clients transmit, so client sampling (rate "
+                f"{self.sample_rate:g}) does not amplify against it"
             )
-        ]
+        else:
+            amplification = "none: every client sends every round"
+        return AccountingBasis(
+            self.neighbouring(),
+            self.accounting_sensitivity(),
+            amplification,
+            composition="every round of the run (a client may take part in any)",
+        )
+
+    def paper_accounting_basis(self) -> AccountingBasis:
+        """What the papers' ε assumes, and where that fails for this mechanism."""
+        problems = []
+        if self.privacy_model == "local" and self.sample_rate < 1:
+            problems.append(
+                "Poisson amplification at the client rate does not hold against the server, "
+                "which sees who transmits"
+            )
+        if self.privacy_model == "local":
+            problems.append(
+                "add/remove understates what one client can change in its own message "
+                "(replace-one: twice the bound)"
+            )
+        amplification = (
+            f"Poisson sampling at rate {self.sample_rate:g}" if self.sample_rate < 1 else "none"
+        )
+        return AccountingBasis(
+            "add_remove",
+            self.sensitivity("add_remove"),
+            amplification,
+            "; ".join(problems) or None,
+        )
+
+    def calibrate(self) -> float:
+        """The noise std ``σ``, fixed when the run starts (:class:`~pl_privfed.privacy.DPNoise`).
+
+        ``noise_multiplier``: ``σ = multiplier × sensitivity`` (of the reported ε);
+        ``calibration: paper``: the papers' formula (:meth:`paper_noise_std`);
+        ``calibration: target``: the ``σ`` at which the defensible accounting of the run's
+        ``K`` rounds certifies ``epsilon`` (:func:`~pl_privfed.privacy.calibrate_noise_std`).
+        """
+        noise = self.noise
+        if noise.noise_multiplier is not None:
+            return noise.noise_multiplier * self.accounting_sensitivity()
+        rounds = self.calibration_rounds()
+        if noise.calibration == "paper":
+            return self.paper_noise_std(rounds)
+        return calibrate_noise_std(
+            target_epsilon=noise.epsilon,
+            delta=noise.delta,
+            plan=lambda std: self.release_plan(std, rounds),
+            accountant=noise.accountant,
+        )
+
+    def calibration_rounds(self) -> int:
+        """``K`` of the calibration: ``noise.rounds``, else the run's number of rounds."""
+        return self.noise.rounds or self.num_rounds
+
+    def paper_noise_std(self, rounds: int) -> float:
+        """The papers' calibration ``σ = c · p · Φ · sqrt(K log(1/δ))/ε`` (override)."""
+        return paper_noise_std(
+            sensitivity=self.message_bound(),
+            epsilon=self.noise.epsilon,
+            delta=self.noise.delta,
+            rounds=rounds,
+            constant=self.noise.constant,
+            sample_rate=self.sample_rate,
+        )
+
+    def check_accounting(self) -> None:
+        """Raise ``ValueError`` before training if the accountant cannot compose this run's
+        releases (e.g. sampling without replacement with the PRV accountant)."""
+        for mechanisms in (self.round_mechanisms(self.noise_std, 0), self.paper_mechanisms()):
+            probe = PrivacyAccountant(self.noise.accountant)
+            for mechanism in mechanisms:
+                probe.check(mechanism)
+                probe.step_mechanism(mechanism)
 
     # ------------------------------------------------------------------ the round
     def begin_round(self, round_index: int) -> Tensor | None:
@@ -371,19 +503,108 @@ class FederatedAlgorithm(nn.Module):
         return self._keyed(seed, *keys)
 
 
+#: how the datamodule draws a client's examples of a round (``FederatedDataModule.batch_sampling``)
+BatchSampling = Literal["epochs", "without_replacement"]
+
+
+def record_round_mechanisms(
+    noise_multiplier: float,
+    *,
+    positions: int,
+    population: int,
+    batch_sampling: BatchSampling,
+    round_index: int,
+    privacy_unit: str,
+) -> list[Mechanism]:
+    """A record's releases in round ``round_index`` of a client drawing ``positions`` of its
+    ``population`` records per round (record-level local DP).
+
+    * ``"without_replacement"``: each round an independent uniform sample without replacement;
+      a record is in it with probability ``positions / population`` and then in one release
+      (whose noise multiplier is ``noise_multiplier``): one release sampled without replacement
+      (dp-accounting), unamplified when the sample is the whole shard.
+    * ``"epochs"``: the client walks per-epoch permutations of its shard (or its stored order),
+      ``positions`` stream positions per round, every record once per ``population`` positions;
+      by the end of round ``k`` a record has been used at most ``⌈(k+1)·positions/population⌉``
+      times, so the round adds that count's increment of unamplified releases (a certificate
+      for every record, no amplification by shuffling claimed).
+    """
+    if batch_sampling == "without_replacement":
+        if positions >= population:
+            return [Mechanism(noise_multiplier, 1.0, privacy_unit, sampling="none")]
+        return [
+            Mechanism(
+                noise_multiplier,
+                positions / population,
+                privacy_unit,
+                sampling="without_replacement",
+                population=int(population),
+            )
+        ]
+    uses = math.ceil((round_index + 1) * positions / population) - math.ceil(
+        round_index * positions / population
+    )
+    return [Mechanism(noise_multiplier, 1.0, privacy_unit, sampling="none")] * uses
+
+
+def record_sampling_basis(
+    batch_sampling: BatchSampling, positions: int, population: int, relation: str, observer: str
+) -> tuple[str, str]:
+    """``(amplification, composition)`` texts of a record-level accounting."""
+    if batch_sampling == "without_replacement":
+        if positions >= population:
+            return "none: every round uses the whole shard", "every round of the run"
+        return (
+            f"sampling without replacement of {positions} of the {population} records of the "
+            f"smallest shard each round, hidden from {observer} (dp-accounting RDP, "
+            f"{relation})",
+            "every round of the run",
+        )
+    return (
+        "none: the minibatches walk per-epoch permutations of the shard (or its stored order); "
+        "no amplification by shuffling is claimed",
+        f"a record's uses: at most ⌈k·{positions}/{population}⌉ by round k",
+    )
+
+
+def check_record_sampling(
+    batch_sampling: str, relation: str, per_release: int, population: int
+) -> None:
+    """``ValueError`` unless the record-level accounting holds for this data."""
+    if batch_sampling not in ("epochs", "without_replacement"):
+        raise ValueError(
+            f"batch_sampling must be 'epochs' or 'without_replacement', got {batch_sampling!r}"
+        )
+    if per_release > population:
+        raise ValueError(
+            f"a release uses {per_release} examples but the smallest shard has {population}: a "
+            "record would enter one release more than once (its sensitivity would grow); lower "
+            "the batch size or give every client more data"
+        )
+    if batch_sampling == "without_replacement" and relation != "replace_one":
+        raise ValueError(
+            "sampling without replacement is analysed under the replace-one relation "
+            f"(dp-accounting), got noise.neighbouring={relation!r}: set it to replace_one or null"
+        )
+
+
 class RecordSampling:
     """Mixin for record-level local DP: each agent noises the average of ``b`` of its ``m`` records.
 
-    The accountant sees one release per round at the sampling rate ``q = b/m`` (shuffled
-    minibatches analysed as Poisson sampling). ``m`` (``local_dataset_size``) defaults to the
-    smallest shard of the datamodule (the conservative rate); given explicitly it may not exceed
-    that shard, and ``b`` must be the examples per agent and round the datamodule delivers — both
-    checked before training (:meth:`configure_data`), so a run's ε cannot silently assume the
-    wrong rate.
+    The defensible accounting (:meth:`round_mechanisms`) follows the data: with the datamodule's
+    ``batch_sampling: without_replacement`` every round is one release on a sample of ``b`` of
+    ``m`` drawn without replacement (dp-accounting, replace-one); with ``epochs`` (per-epoch
+    reshuffling) a record's uses are counted without amplification
+    (:func:`record_round_mechanisms`). The papers' convention accounts one release per round at
+    Poisson rate ``q = b/m``. ``m`` (``local_dataset_size``) defaults to the smallest shard of the
+    datamodule (the conservative rate); given explicitly it may not exceed that shard, and ``b``
+    must be the examples per agent and round the datamodule delivers — both checked before
+    training (:meth:`configure_data`), so a run's ε cannot silently assume the wrong rate.
     """
 
     batch_size: int
     local_dataset_size: int | None
+    batch_sampling: BatchSampling = "epochs"
 
     def _init_record_sampling(self, batch_size: int, local_dataset_size: int | None) -> None:
         self.batch_size = check_positive_int("batch_size", batch_size)
@@ -397,9 +618,16 @@ class RecordSampling:
         self.local_dataset_size = local_dataset_size
 
     def configure_data(
-        self, *, batch_size: int, local_batches: int, shuffle: bool, client_sizes: list[int]
+        self,
+        *,
+        batch_size: int,
+        local_batches: int,
+        shuffle: bool,
+        client_sizes: list[int],
+        batch_sampling: BatchSampling = "epochs",
     ) -> None:
-        """Check ``b`` against the data and take ``m`` from it (called before training)."""
+        """Check ``b`` against the data and take ``m`` and the sampling from it (called before
+        training)."""
         if self.noise is None:
             return
         delivered = int(batch_size) * int(local_batches)
@@ -409,8 +637,6 @@ class RecordSampling:
                 f"the datamodule delivers {delivered} examples per agent and round: set the "
                 f"algorithm's batch_size: {delivered} or the data's batch_size: {self.batch_size}"
             )
-        if not shuffle:
-            raise ValueError("record-level sampling needs shuffled data, got shuffle=False")
         smallest = min(int(v) for v in client_sizes)
         if self.local_dataset_size is None:
             self.local_dataset_size = smallest
@@ -420,6 +646,10 @@ class RecordSampling:
                 f"shard ({smallest} records): the rate b/m would understate that agent's "
                 "privacy loss; leave it null to take the smallest shard"
             )
+        check_record_sampling(
+            batch_sampling, self.neighbouring(), self.batch_size, self.local_dataset_size
+        )
+        self.batch_sampling = batch_sampling
 
     @property
     def record_rate(self) -> float:
@@ -430,3 +660,51 @@ class RecordSampling:
                 "or train through FederatedModule, which takes the smallest shard of the data"
             )
         return self.batch_size / self.local_dataset_size
+
+    @property
+    def round_dependent_mechanisms(self) -> bool:
+        return self.batch_sampling == "epochs"
+
+    def round_mechanisms(self, noise_std: float, round_index: int) -> list[Mechanism]:
+        """A record's releases in round ``round_index`` (:func:`record_round_mechanisms`)."""
+        self.record_rate  # noqa: B018 (raises without m)
+        return record_round_mechanisms(
+            noise_std / self.accounting_sensitivity(),
+            positions=self.batch_size,
+            population=self.local_dataset_size,
+            batch_sampling=self.batch_sampling,
+            round_index=round_index,
+            privacy_unit=self.privacy_unit,
+        )
+
+    def check_accounting(self) -> None:
+        self.record_rate  # noqa: B018 (raises without m)
+        check_record_sampling(
+            self.batch_sampling, self.neighbouring(), self.batch_size, self.local_dataset_size
+        )
+        super().check_accounting()
+
+    def accounting_basis(self) -> AccountingBasis:
+        amplification, composition = record_sampling_basis(
+            self.batch_sampling,
+            self.batch_size,
+            self.local_dataset_size,
+            self.neighbouring(),
+            self.observer,
+        )
+        return AccountingBasis(
+            self.neighbouring(), self.accounting_sensitivity(), amplification,
+            composition=composition,
+        )  # fmt: skip
+
+    def paper_accounting_basis(self) -> AccountingBasis:
+        what = {
+            "epochs": "reshuffled each local epoch (every record once per epoch)",
+            "without_replacement": "fixed-size samples drawn without replacement",
+        }[self.batch_sampling]
+        return AccountingBasis(
+            "add_remove",
+            self.sensitivity("add_remove"),
+            f"Poisson sampling at rate b/m = {self.record_rate:.6g}",
+            f"the minibatches are not Poisson samples but {what}",
+        )

@@ -76,6 +76,7 @@ class DecentralizedAlgorithm(FederatedAlgorithm):
     """
 
     privacy_unit = "record-level local DP per agent (each agent noises its own gradient)"
+    observer = "the agent's neighbours"
 
     def __init__(
         self,
@@ -240,15 +241,19 @@ class PORTER(RecordSampling, DecentralizedAlgorithm):
     compressor (paper §5 uses biased random sparsification, Example 1 line 137:
     :class:`~pl_privfed.operators.RandKBiased`).
 
-    Privacy (PORTER-DP; Theorem 1, line 245): each agent's released messages are
-    post-processing of its noisy gradients ``G_p``. One record of agent ``i`` changes the sum of
-    its ``b`` clipped per-example gradients by at most ``τ`` (add/remove; ``2τ`` under
-    replace-one), so the noised average ``G_τ`` has sensitivity ``τ/b``; each round samples a
-    minibatch of ``b`` of its ``m`` records, which the accountant treats as Poisson sampling with
-    rate ``q = b/m``. With ``DPNoise(epsilon=…, calibration="paper")`` the noise is Theorem 1's
+    Privacy (PORTER-DP; Theorem 1, line 245; record-level local DP against the agent's
+    neighbours): each agent's released messages are post-processing of its noisy gradients
+    ``G_p``. Replacing one record of agent ``i`` changes the sum of its ``b`` clipped
+    per-example gradients by at most ``2τ`` (``τ`` under add/remove), so the noised average
+    ``G_τ`` has sensitivity ``2τ/b`` under the default replace-one relation (paper 001 Def. 4:
+    datasets "different by one data point"). Each round uses ``b`` of the agent's ``m``
+    records; the defensible ε amplifies by that sampling as what it is
+    (:class:`~pl_privfed.algorithms.base.RecordSampling`: sampling without replacement with the
+    datamodule's ``batch_sampling: without_replacement``, none for reshuffled epochs); the
+    papers' convention (add/remove, Poisson at ``q = b/m``) is reported beside it. With
+    ``DPNoise(epsilon=…, calibration="paper")`` the noise is Theorem 1's
     ``σ_p = τ sqrt(T log(1/δ))/(m ε)`` (eq. 5, line 250; paper §5 line 295) — the package formula
-    ``q · (τ/b) · sqrt(T log(1/δ))/ε`` equals it for every ``b``; the accountant reports its own ε
-    for noise multiplier ``σ_p b/τ`` at rate ``q`` beside the target.
+    ``q · (τ/b) · sqrt(T log(1/δ))/ε`` equals it for every ``b``.
 
     Args:
         step_size: the gradient step size ``η > 0``.

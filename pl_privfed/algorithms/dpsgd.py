@@ -16,7 +16,7 @@ from pl_privfed.algorithms.base import (
 from pl_privfed.communication import Messages
 from pl_privfed.engine import ClientChunk, Reduction
 from pl_privfed.operators import Identity, Operator
-from pl_privfed.privacy import DPNoise
+from pl_privfed.privacy import DPNoise, Neighbouring
 
 __all__ = ["DistributedDPSGD"]
 
@@ -32,12 +32,14 @@ class DistributedDPSGD(FederatedAlgorithm):
 
     Noise (when ``noise`` is set), with ``Φ = β · bound(Ψ)``:
 
-    * ``noise_placement="client"`` (local DP): each client adds ``z_i ~ N(0, σ² I)`` to its
-      message ``β Ψ(∇f_i)`` before sending; the server averages the noisy messages. Accountant:
-      noise multiplier ``σ/Φ`` per round (``σ/2Φ`` under replace-one).
-    * ``noise_placement="server"`` (central DP): the server adds one ``z ~ N(0, σ² I)`` to the
-      average; one client moves the average by at most ``Φ/n``, so the noise multiplier is
-      ``σ n/Φ`` (``σ n/2Φ`` under replace-one).
+    * ``noise_placement="client"`` (local DP, the server sees every message): each client adds
+      ``z_i ~ N(0, σ² I)`` to its message ``β Ψ(∇f_i)`` before sending; the server averages
+      the noisy messages. Accountant: noise multiplier ``σ/2Φ`` per round under the default
+      replace-one relation (``σ/Φ`` under add/remove, the papers' convention).
+    * ``noise_placement="server"`` (central DP, trusted server): the server adds one
+      ``z ~ N(0, σ² I)`` to the average; one client moves the average by at most ``Φ/n``, so
+      the noise multiplier is ``σ n/Φ`` under the default add/remove relation (``σ n/2Φ``
+      under replace-one). Every client takes part every round: nothing is amplified.
 
     ``σ`` follows eq. (3) with ``B = n`` (see :func:`~pl_privfed.privacy.paper_noise_std`) or
     the noise multiplier given directly.
@@ -70,6 +72,7 @@ class DistributedDPSGD(FederatedAlgorithm):
         self.noise_placement = noise_placement
         if noise_placement == "server":
             self.privacy_unit = "client-level central DP (the server noises the aggregate)"
+            self.privacy_model = "central"
 
     def operators(self) -> list[Operator]:
         return [self.operator]
@@ -78,8 +81,8 @@ class DistributedDPSGD(FederatedAlgorithm):
         bound = self.operator.bound
         return None if bound is None else self.scale * bound
 
-    def accounting_sensitivity(self) -> float:
-        sensitivity = super().accounting_sensitivity()
+    def sensitivity(self, relation: Neighbouring) -> float:
+        sensitivity = super().sensitivity(relation)
         if self.noise_placement == "server":  # one client moves the average by Φ/n
             sensitivity /= self.num_clients
         return sensitivity

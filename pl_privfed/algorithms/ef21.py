@@ -48,6 +48,9 @@ class ErrorFeedback(FederatedAlgorithm):
     DP noise: each client adds ``z_i ~ N(0, σ² I)`` to ``Δ_i``; with the paper calibration
     ``σ = c · bound(Ψ) · sqrt(K log(1/δ))/ε`` (1 for smoothed normalization, τ for clipping), which
     the server's factor β turns into the papers' noise ``β sqrt(K log(1/δ))/ε`` (§5.2).
+    Accounting (client-level local DP against the server): noise multiplier ``σ / (2 bound(Ψ))``
+    per round under the default replace-one relation, beside the papers' add/remove
+    ``σ / bound(Ψ)`` (docs/privacy.md).
 
     Args:
         step_size: ``γ > 0``.

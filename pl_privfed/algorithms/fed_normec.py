@@ -64,9 +64,13 @@ class FedAlphaNormEC(LocalUpdateAlgorithm):
 
     DP noise: ``σ`` from :class:`~pl_privfed.privacy.DPNoise`; the paper calibration gives
     ``σ = c · p · sqrt(K log(1/δ))/ε`` (Corollary 2, line 159), which the server's factor β turns
-    into the paper's experimental noise ``p β sqrt(K log(1/δ))/ε`` (§5, line 175). Accountant:
-    noise multiplier ``σ/1`` (``Norm_α`` is bounded by 1; ``σ/2`` under replace-one) per round at
-    sampling rate ``p`` (amplification by the Bernoulli participation).
+    into the paper's experimental noise ``p β sqrt(K log(1/δ))/ε`` (§5, line 175). Accountant
+    (client-level local DP against the server, which receives each transmitted ``Δ̂_i`` and
+    knows its sender): noise multiplier ``σ/2`` per round under the default replace-one
+    relation (``Norm_α`` is bounded by 1, so a client can move its message by 2), composed over
+    all ``K`` rounds — the Bernoulli participation is observed by the server and amplifies
+    nothing against it. The papers' convention, ``σ/1`` at Poisson rate ``p`` (add/remove,
+    amplification by the participation, paper 004 Cor. 2), is reported beside it.
 
     Args:
         step_size: the server step size ``η > 0``.

@@ -15,7 +15,6 @@ LocalSolver` (per-client parameters ``[c, d]`` for a chunk of clients) and draws
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Any, Literal
 
@@ -23,18 +22,28 @@ import torch
 from torch import Tensor
 
 from pl_privfed.algorithms.base import (
+    BatchSampling,
     FederatedAlgorithm,
     Mechanism,
     RoundResult,
     check_int,
     check_positive,
+    check_record_sampling,
     noise_to_signal,
+    record_round_mechanisms,
+    record_sampling_basis,
 )
 from pl_privfed.algorithms.local import LocalGD, LocalSolver
 from pl_privfed.communication import Messages
 from pl_privfed.engine import STREAM_SAMPLING, ClientChunk, Reduction
 from pl_privfed.operators import Clip, Identity, Operator
-from pl_privfed.privacy import DPNoise
+from pl_privfed.privacy import (
+    AccountingBasis,
+    DPNoise,
+    Neighbouring,
+    paper_noise_std,
+    relation_factor,
+)
 from pl_privfed.sampling import ClientSampler
 
 __all__ = ["DPFedAvg", "FedAvgPerSampleClipping", "FedAvgPerUpdateClipping", "LocalUpdateAlgorithm"]
@@ -80,7 +89,13 @@ class LocalUpdateAlgorithm(FederatedAlgorithm):
         return 1.0 if self.sampler is None else self.sampler.sample_rate
 
     def configure_data(
-        self, *, batch_size: int, local_batches: int, shuffle: bool, client_sizes: list[int]
+        self,
+        *,
+        batch_size: int,
+        local_batches: int,
+        shuffle: bool,
+        client_sizes: list[int],
+        batch_sampling: BatchSampling = "epochs",
     ) -> None:
         """Check the datamodule's rounds against the local solver (called before training)."""
         self.local_solver.check_data(
@@ -241,26 +256,39 @@ class FedAvgPerSampleClipping(LocalUpdateAlgorithm):
     then the server ``x ← x + (1/|S|) Σ_{i∈S} (y_i − x)`` (line 13; ``S`` all clients in the paper,
     a sampler's cohort here, normalized by the sampler's denominator).
 
-    Privacy (example-level local DP). Sensitivity of one noised local step: ``c/B``
-    (``"example"``: one example moves the average of ``B`` clipped gradients by at most ``c/B``;
-    ``2c/B`` under replace-one); ``"minibatch"`` with ``B = 1``: ``c`` (``2c`` replace-one); with
-    ``B > 1``: ``2c`` under either relation (one example can turn the clipped mean ``c·u`` into
-    ``−c·u``). How the local steps compose depends on the data they use:
+    Privacy (example-level local DP against the server, which sees every participant's
+    message and who sent it). Sensitivity of one noised local step under the default
+    replace-one relation: ``2c/B`` (``"example"``: replacing one example moves the average of
+    ``B`` clipped gradients by at most ``2c/B``; ``c/B`` under add/remove); ``"minibatch"``:
+    ``2c`` (``c`` under add/remove with ``B = 1``; with ``B > 1`` ``2c`` under either relation,
+    one example can turn the clipped mean ``c·u`` into ``−c·u``). A record is *used* when it is
+    in a step's minibatch (:class:`~pl_privfed.algorithms.LocalSGD`, ``B`` examples per step) or
+    in the round's batch that all ``τ`` steps of :class:`~pl_privfed.algorithms.LocalGD` reuse
+    (one use is then ``τ`` Gaussians on the same sample: multiplier ``σ/(sens·√τ)``). The
+    defensible ε composes a record's uses as the data draws them
+    (:func:`~pl_privfed.algorithms.base.record_round_mechanisms`): with the datamodule's
+    ``batch_sampling: without_replacement`` one release per round on a sample of the round's
+    ``L = B·T`` positions of the ``N`` records of the smallest shard (a record is in at most one
+    step of a round), amplified as sampling without replacement (dp-accounting); with
+    ``epochs`` (reshuffled, or a fixed order with ``shuffle: false``) the record's uses
+    ``⌈k·L/N⌉`` by round ``k``, unamplified. Client sampling amplifies nothing against the
+    server.
 
-    * :class:`~pl_privfed.algorithms.LocalSGD` on shuffled data: every step a fresh minibatch,
-      ``τ`` releases per round, each at rate ``q_client · B/N`` (``N`` the smallest shard;
-      shuffling without replacement analysed as Poisson sampling, as Opacus does);
-    * :class:`~pl_privfed.algorithms.LocalGD`: the round's batch (``b`` examples) is reused by all
-      ``τ`` steps — one release per round of ``τ`` Gaussians on the same sample, i.e. noise
-      multiplier ``σ/(sens·√τ)``, at rate ``q_client · min(1, b/N)`` (``q_client`` alone when
-      the data is not shuffled);
+    The papers' convention (reported beside it): add/remove, and
+
+    * :class:`~pl_privfed.algorithms.LocalSGD` on shuffled data: ``τ`` releases per round, each
+      at Poisson rate ``q_client · B/N``;
+    * :class:`~pl_privfed.algorithms.LocalGD`: one release per round at multiplier
+      ``σ/(sens·√τ)`` and rate ``q_client · min(1, b/N)`` (``q_client`` alone when the data is
+      not shuffled);
     * a fixed order (``shuffle: false``, e.g. :class:`~pl_privfed.algorithms.IncrementalGradient`):
-      no record sampling; an example is used by at most ``u = ⌈τB/N⌉`` steps of a round, so one
-      release per round with multiplier ``σ/(sens·√u)`` at rate ``q_client``.
+      one release per round with multiplier ``σ/(sens·√u)``, ``u = ⌈τB/N⌉``, at rate
+      ``q_client``.
 
-    ``calibration: "target"`` solves for that accounting; ``calibration: "paper"`` is paper
-    003's formula, whose ``K`` counts local steps (``R τ``) at bound ``c/B`` (``"example"``) or
-    ``c``: with batch size 1 it is ``σ_DP² = c² d log(1/δ) T / (N² ε²)`` (line 172).
+    ``calibration: "target"`` solves for the defensible accounting; ``calibration: "paper"`` is
+    paper 003's formula, whose ``K`` counts local steps (``R τ``) at bound ``c/B``
+    (``"example"``) or ``c`` and the papers' rate: with batch size 1 it is
+    ``σ_DP² = c² d log(1/δ) T / (N² ε²)`` (line 172).
 
     Args:
         step_size: ``η > 0``, the local step size (and, through line 13, the server's).
@@ -290,12 +318,16 @@ class FedAvgPerSampleClipping(LocalUpdateAlgorithm):
         self.clip_level = clip_level
         self.operator: Operator = Clip(clip_threshold) if clip_threshold is not None else Identity()
         self.clip_threshold = None if clip_threshold is None else float(clip_threshold)
-        self.batch_size = 1  # B, examples per local step (set by configure_data)
-        self.record_rate = 1.0  # probability that an example is in a release
-        # releases per round, and local steps a release's example is used by (see docstring)
+        self.batch_size = 1  # B, examples per noised local step (set by configure_data)
+        self.record_rate = 1.0  # the papers' probability that an example is in a release
+        # the papers' releases per round, and local steps a release's example is used by
         steps = self.local_solver.steps
         per_step = self.local_solver.per_step_batches
         self.releases_per_round, self.uses_per_release = (steps, 1) if per_step else (1, steps)
+        # the defensible accounting: stream positions per round, records of the smallest shard
+        # (until configure_data: each round uses the whole shard, nothing is amplified)
+        self.round_positions, self.shard_size = 1, 1
+        self.batch_sampling: BatchSampling = "epochs"
 
     def operators(self) -> list[Operator]:
         return [self.operator]
@@ -308,12 +340,20 @@ class FedAvgPerSampleClipping(LocalUpdateAlgorithm):
         per_example = self.clip_level == "example"
         return self.message_bound() / (self.batch_size if per_example else 1)
 
-    def accounting_sensitivity(self) -> float:
+    def sensitivity(self, relation: Neighbouring) -> float:
         if self.clip_level == "minibatch" and self.batch_size > 1:
             return 2.0 * self.message_bound()  # the clipped mean can flip: c·u → −c·u
-        return self.record_bound() * self.noise.sensitivity_factor
+        return self.record_bound() * relation_factor(relation)
 
-    def configure_data(self, *, batch_size, local_batches, shuffle, client_sizes) -> None:
+    def configure_data(
+        self,
+        *,
+        batch_size,
+        local_batches,
+        shuffle,
+        client_sizes,
+        batch_sampling: BatchSampling = "epochs",
+    ) -> None:
         super().configure_data(
             batch_size=batch_size,
             local_batches=local_batches,
@@ -324,6 +364,11 @@ class FedAvgPerSampleClipping(LocalUpdateAlgorithm):
         steps, per_step = self.local_solver.steps, self.local_solver.per_step_batches
         self.batch_size = int(batch_size) * (1 if per_step else local_batches)
         smallest = max(1, min(client_sizes) if client_sizes else self.batch_size)
+        self.round_positions = int(batch_size) * int(local_batches)
+        self.shard_size = smallest
+        self.batch_sampling = batch_sampling
+        if self.noise is not None:
+            check_record_sampling(batch_sampling, self.neighbouring(), self.batch_size, smallest)
         if not shuffle:  # a fixed order: no record sampling
             self.record_rate = 1.0
             self.releases_per_round = 1
@@ -338,35 +383,70 @@ class FedAvgPerSampleClipping(LocalUpdateAlgorithm):
     def sample_rate(self) -> float:
         return super().sample_rate * self.record_rate
 
-    def setup(self, **kwargs: Any) -> None:
-        super().setup(**kwargs)
-        if self.noise is None or self.noise.noise_multiplier is not None:
-            return
-        rounds = self.noise.rounds or self.num_rounds
-        noise = dataclasses.replace(self.noise, rounds=None)
-        if self.noise.calibration == "paper":  # paper 003: K counts the R·τ local steps
-            self.noise_std = noise.std(
-                bound=self.record_bound(),
-                sensitivity=self.accounting_sensitivity(),
-                rounds=rounds * self.local_solver.steps,
-                sample_rate=self.sample_rate,
-            )
-        else:  # the accountant's releases: multiplier/√uses each, releases_per_round per round
-            self.noise_std = math.sqrt(self.uses_per_release) * noise.std(
-                bound=self.record_bound(),
-                sensitivity=self.accounting_sensitivity(),
-                rounds=rounds * self.releases_per_round,
-                sample_rate=self.sample_rate,
-            )
+    def paper_noise_std(self, rounds: int) -> float:
+        """Paper 003's formula: ``K`` counts the ``R·τ`` local steps, bound ``c/B`` or ``c``."""
+        return paper_noise_std(
+            sensitivity=self.record_bound(),
+            epsilon=self.noise.epsilon,
+            delta=self.noise.delta,
+            rounds=rounds * self.local_solver.steps,
+            constant=self.noise.constant,
+            sample_rate=self.sample_rate,
+        )
 
-    def mechanisms(self) -> list[Mechanism]:
+    @property
+    def round_dependent_mechanisms(self) -> bool:
+        return self.batch_sampling == "epochs"
+
+    def round_mechanisms(self, noise_std: float, round_index: int) -> list[Mechanism]:
+        """A record's releases in round ``round_index`` (see the class docstring)."""
+        reuse = 1 if self.local_solver.per_step_batches else self.local_solver.steps
+        return record_round_mechanisms(
+            noise_std / (self.accounting_sensitivity() * math.sqrt(reuse)),
+            positions=self.round_positions,
+            population=self.shard_size,
+            batch_sampling=self.batch_sampling,
+            round_index=round_index,
+            privacy_unit=self.privacy_unit,
+        )
+
+    def paper_mechanisms(self) -> list[Mechanism]:
         if self.noise is None:
             return []
         multiplier = self.noise_std / (
-            self.accounting_sensitivity() * math.sqrt(self.uses_per_release)
+            self.sensitivity("add_remove") * math.sqrt(self.uses_per_release)
         )
         mechanism = Mechanism(multiplier, self.sample_rate, self.privacy_unit)
         return [mechanism] * self.releases_per_round
+
+    def accounting_basis(self) -> AccountingBasis:
+        amplification, composition = record_sampling_basis(
+            self.batch_sampling,
+            self.round_positions,
+            self.shard_size,
+            self.neighbouring(),
+            self.observer,
+        )
+        if self.sampler is not None:
+            amplification += "; none from client sampling (the server sees who takes part)"
+        return AccountingBasis(
+            self.neighbouring(), self.accounting_sensitivity(), amplification,
+            composition=composition,
+        )  # fmt: skip
+
+    def paper_accounting_basis(self) -> AccountingBasis:
+        problems = ["add/remove, although the minibatches have a fixed size"]
+        if self.sample_rate < 1:
+            problems.append(
+                "the minibatches are not Poisson samples"
+                + (" and the server sees which clients take part" if self.sampler else "")
+            )
+        return AccountingBasis(
+            "add_remove",
+            self.sensitivity("add_remove"),
+            f"Poisson sampling at rate {self.sample_rate:.6g}" if self.sample_rate < 1 else "none",
+            "; ".join(problems),
+        )
 
     def client_update(self, chunk: ClientChunk) -> None:
         example = self.clip_level == "example"
@@ -406,9 +486,11 @@ class FedAvgPerUpdateClipping(LocalUpdateAlgorithm):
       ``N(0, σ_DP²/d · I)``, so ``σ_DP = σ √d``);
     * server ``x ← x + η_g (1/|S|) Σ_{i∈S} Δ_i`` (line 14).
 
-    Privacy (user-level local DP): one Gaussian mechanism per round with sensitivity ``c``
-    (``2c`` under replace-one) at the sampler's rate; the paper calibration is paper 003's
-    ``σ_DP² = c² d log(1/δ) R / ε²`` (line 196).
+    Privacy (user-level local DP against the server): one Gaussian mechanism per round with
+    sensitivity ``2c`` under the default replace-one relation, composed over every round and
+    not amplified by the client sampling, which the server observes; the papers' convention
+    (sensitivity ``c``, add/remove, Poisson at the sampler's rate) is reported beside it. The
+    paper calibration is paper 003's ``σ_DP² = c² d log(1/δ) R / ε²`` (line 196).
 
     Args:
         step_size: ``η_g > 0``, the global step size.

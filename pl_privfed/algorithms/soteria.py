@@ -16,7 +16,7 @@ from pl_privfed.algorithms.base import (
 from pl_privfed.communication import Messages
 from pl_privfed.engine import ClientChunk, Reduction
 from pl_privfed.operators import Clip, Identity, Operator
-from pl_privfed.privacy import DPNoise
+from pl_privfed.privacy import DPNoise, Neighbouring, relation_factor
 
 __all__ = ["SoteriaFL"]
 
@@ -40,14 +40,17 @@ class SoteriaFL(RecordSampling, FederatedAlgorithm):
     ``s ← s + γ v`` (all start from the same ``x⁰`` and ``s = 0``), so the model itself never
     has to be sent.
 
-    Privacy: each client's messages are post-processing of its noisy gradients. Paper 001 §5
-    (line 295) uses the noise ``σ_p = τ sqrt(T log(1/δ))/(m ε)`` for every algorithm
-    (``τ = G``); with ``DPNoise(epsilon=…, calibration="paper")`` the package formula
-    ``q · (G/b) · sqrt(T log(1/δ))/ε`` with ``q = b/m`` gives exactly that. For the accountant
-    the clipped minibatch gradient is noised with sensitivity ``G`` for ``b = 1`` (``2G`` under
-    replace-one) — and ``2G`` for ``b > 1``, because clipping the minibatch *mean* (not each
-    example) lets one record move the clipped vector anywhere in the ``G``-ball — with Poisson
-    sampling at rate ``q = b/m`` assumed.
+    Privacy (record-level local DP against the server): each client's messages are
+    post-processing of its noisy gradients. Paper 001 §5 (line 295) uses the noise
+    ``σ_p = τ sqrt(T log(1/δ))/(m ε)`` for every algorithm (``τ = G``); with
+    ``DPNoise(epsilon=…, calibration="paper")`` the package formula
+    ``q · (G/b) · sqrt(T log(1/δ))/ε`` with ``q = b/m`` gives exactly that. The clipped
+    minibatch gradient has sensitivity ``2G`` under the default replace-one relation (``G``
+    under add/remove for ``b = 1``; ``2G`` under either for ``b > 1``, because clipping the
+    minibatch *mean* lets one record move the clipped vector anywhere in the ``G``-ball). The
+    record sampling inside a client is hidden from the server, so the defensible ε amplifies
+    by it as what it is (:class:`~pl_privfed.algorithms.base.RecordSampling`); the papers'
+    convention (add/remove, Poisson at ``b/m``) is reported beside it.
 
     Args:
         step_size: ``η > 0``, the model step size.
@@ -105,10 +108,10 @@ class SoteriaFL(RecordSampling, FederatedAlgorithm):
         """``G/b``: what the paper's formula scales with (``σ_p = G sqrt(T log(1/δ))/(mε)``)."""
         return self.clip_threshold / self.batch_size
 
-    def accounting_sensitivity(self) -> float:
+    def sensitivity(self, relation: Neighbouring) -> float:
         """``G`` (``2G`` replace-one) for ``b = 1``; ``2G`` for ``b > 1`` (minibatch clipping)."""
         if self.batch_size == 1:
-            return self.clip_threshold * self.noise.sensitivity_factor
+            return self.clip_threshold * relation_factor(relation)
         return 2.0 * self.clip_threshold
 
     def allocate(self) -> None:

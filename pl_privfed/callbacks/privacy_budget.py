@@ -10,18 +10,23 @@ import pytorch_lightning as pl
 from pytorch_lightning.utilities import rank_zero_info
 from typing_extensions import override
 
-from pl_privfed.privacy import AccountantName, PrivacyAccountant
+from pl_privfed.privacy import AccountantName, Mechanism, PrivacyAccountant
 
 __all__ = ["PrivacyBudget"]
 
 
-def _pairs(mechanisms: Iterable[Any]) -> list[tuple[float, float]]:
+def _mechanisms(mechanisms: Iterable[Any]) -> list[Mechanism]:
+    """``Mechanism`` objects (kept as they are: with their sampling), objects with
+    ``noise_multiplier`` and ``sample_rate`` attributes, or ``(noise_multiplier, sample_rate)``
+    pairs (Poisson sampling)."""
     out = []
     for m in mechanisms:
-        if isinstance(m, tuple | list):
-            out.append((float(m[0]), float(m[1])))
+        if isinstance(m, Mechanism):
+            out.append(m)
+        elif isinstance(m, tuple | list):
+            out.append(Mechanism(float(m[0]), float(m[1])))
         else:
-            out.append((float(m.noise_multiplier), float(m.sample_rate)))
+            out.append(Mechanism(float(m.noise_multiplier), float(m.sample_rate)))
     return out
 
 
@@ -30,18 +35,33 @@ class PrivacyBudget(pl.Callback):
 
     In the spirit of Lightning's ``EarlyStopping``: after every training step it records the
     Gaussian mechanisms the step applied, logs ``privacy_budget/epsilon`` (and ``…/remaining``),
-    and if one more identical step would take ε above the budget it sets
-    ``trainer.should_stop``, so no step ever exceeds the budget; the reason is kept in
-    :attr:`stop_reason` (``RunSummary`` writes it to ``summary.json``). Its accountant is saved
-    in checkpoints, so a resumed run continues the same accounting.
+    and if the next step would take ε above the budget it sets ``trainer.should_stop``, so no
+    step ever exceeds the budget; the reason is kept in :attr:`stop_reason` (``RunSummary``
+    writes it to ``summary.json``). Its accountant is saved in checkpoints, so a resumed run
+    continues the same accounting.
+
+    **What it assumes.** The callback certifies only what it is told: ε is the accountant's
+    bound for Gaussian releases with the given noise multiplier (noise std divided by the
+    *sensitivity* of the noised quantity: how far one protected unit can move it) and the given
+    sampling. It cannot see the training step. With ``noise_multiplier`` and ``sample_rate``
+    given here, each step must be a release whose noise std is ``noise_multiplier`` times its
+    sensitivity, on a batch in which every unit took part independently with probability
+    ``sample_rate`` (Poisson sampling, add/remove relation): e.g. Opacus's ``PrivacyEngine``
+    with its ``DPDataLoader`` and per-example clipping, whose sensitivity is the clipping norm.
+    Clipping an averaged minibatch gradient to ``C`` gives sensitivity ``C`` for the mean, not
+    ``C/B``; a shuffling ``DataLoader`` is not Poisson sampling. Declaring either anyway makes
+    the reported ε a number for another mechanism.
 
     Where the mechanisms come from, per step:
 
     * a module with a ``privacy_mechanisms()`` method (e.g. :class:`~pl_privfed.FederatedModule`)
-      returning objects with ``noise_multiplier`` and ``sample_rate`` attributes, or
-      ``(noise_multiplier, sample_rate)`` pairs, one per Gaussian mechanism of the step;
-    * otherwise the ``noise_multiplier`` and ``sample_rate`` given here (e.g. those of an Opacus
-      ``PrivacyEngine``: one mechanism per optimizer step).
+      returning :class:`~pl_privfed.privacy.Mechanism` objects (with their sampling: none,
+      Poisson or without replacement), objects with ``noise_multiplier`` and ``sample_rate``
+      attributes, or ``(noise_multiplier, sample_rate)`` pairs, one per Gaussian mechanism of the
+      step; a ``next_privacy_mechanisms()`` method, if present, gives the next step's (they may
+      differ from step to step) for the stopping decision;
+    * otherwise the ``noise_multiplier`` and ``sample_rate`` given here (one Poisson-subsampled
+      Gaussian mechanism per optimizer step, as Opacus's ``PrivacyEngine`` applies).
 
     Args:
         epsilon: the budget ε > 0.
@@ -93,28 +113,32 @@ class PrivacyBudget(pl.Callback):
     def state_key(self) -> str:
         return self._generate_state_key(epsilon=self.epsilon, delta=self.delta)
 
-    def step_mechanisms(self, pl_module: pl.LightningModule) -> list[tuple[float, float]]:
-        """The ``(noise_multiplier, sample_rate)`` pairs of one training step."""
+    def step_mechanisms(self, pl_module: pl.LightningModule, upcoming: bool = False) -> list:
+        """The Gaussian mechanisms (:class:`~pl_privfed.privacy.Mechanism`) of the step just
+        taken, or with ``upcoming`` of the next one."""
         protocol = getattr(pl_module, "privacy_mechanisms", None)
         if callable(protocol):
-            return _pairs(protocol())
+            upcoming_protocol = getattr(pl_module, "next_privacy_mechanisms", None)
+            if upcoming and callable(upcoming_protocol):
+                return _mechanisms(upcoming_protocol())
+            return _mechanisms(protocol())
         if self.noise_multiplier is None:
             raise ValueError(
                 f"PrivacyBudget: {type(pl_module).__name__} has no privacy_mechanisms() method; "
                 "pass noise_multiplier and sample_rate to PrivacyBudget"
             )
-        return [(self.noise_multiplier, self.sample_rate)]
+        return [Mechanism(self.noise_multiplier, self.sample_rate)]
 
-    def _epsilon_after(self, mechanisms: list[tuple[float, float]], steps: int = 1) -> float:
+    def _epsilon_after(self, mechanisms: list, steps: int = 1) -> float:
         probe = PrivacyAccountant(self.accountant.mechanism)
         probe.load_state_dict(self.accountant.state_dict())
         for _ in range(steps):
-            for nm, q in mechanisms:
-                probe.step(noise_multiplier=nm, sample_rate=q)
+            for mechanism in _mechanisms(mechanisms):
+                probe.step_mechanism(mechanism)
         return probe.get_epsilon(self.delta)
 
     def _check_next(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        mechanisms = self.step_mechanisms(pl_module)
+        mechanisms = self.step_mechanisms(pl_module, upcoming=True)
         if not mechanisms:
             return
         upcoming = self._epsilon_after(mechanisms)
@@ -136,8 +160,8 @@ class PrivacyBudget(pl.Callback):
 
     @override
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        for nm, q in self.step_mechanisms(pl_module):
-            self.accountant.step(noise_multiplier=nm, sample_rate=q)
+        for mechanism in self.step_mechanisms(pl_module):
+            self.accountant.step_mechanism(mechanism)
         self.spent = self.accountant.get_epsilon(self.delta)
         pl_module.log("privacy_budget/epsilon", self.spent)
         pl_module.log("privacy_budget/remaining", self.epsilon - self.spent)

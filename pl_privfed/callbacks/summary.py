@@ -166,6 +166,8 @@ class RunSummary(pl.Callback):
             out["delta"] = out["privacy_budget"]["delta"]
         if privacy is not None:
             out["epsilon"] = privacy.get("epsilon")
+            if "epsilon_paper_convention" in privacy:
+                out["epsilon_paper_convention"] = privacy["epsilon_paper_convention"]
             out["delta"] = privacy.get("delta")
             out["privacy"] = privacy
         describe = getattr(trainer.datamodule, "describe", None)
@@ -209,5 +211,8 @@ class RunSummary(pl.Callback):
             if data["final_train_loss"] is not None:
                 parts.append(f"train loss={data['final_train_loss']:.4f}")
             if data["private"]:
-                parts.append(f"epsilon={data['epsilon']:.3f} at delta={data['delta']:g}")
+                eps = f"epsilon={data['epsilon']:.3f}"
+                if data.get("epsilon_paper_convention") is not None:
+                    eps += f" (papers' convention {data['epsilon_paper_convention']:.3f})"
+                parts.append(f"{eps} at delta={data['delta']:g}")
             print(f"[pl-privfed] {', '.join(parts)}  (summary: {self.path})")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pytorch_lightning as pl
@@ -89,21 +89,33 @@ def validation_split(
 class ClientStreams:
     """Per-client sampling without replacement, as a pure function of the round number.
 
-    Client ``i``'s examples form an infinite stream: the concatenation of per-local-epoch
-    permutations of its shard (or, with ``shuffle=False``, of the shard in its stored order), where the permutation of local epoch ``e`` is drawn by a
+    ``sampling="epochs"`` (default): client ``i``'s examples form an infinite stream, the
+    concatenation of per-local-epoch permutations of its shard (or, with ``shuffle=False``, of the
+    shard in its stored order), where the permutation of local epoch ``e`` is drawn by a
     ``torch.Generator`` seeded from ``(seed, i, e)`` (through NumPy's ``SeedSequence``). Round
-    ``k`` takes stream positions ``[k·B, (k+1)·B)``. A batch may straddle two local epochs; a
-    shard smaller than ``B`` yields batches with repeats.
+    ``k`` takes stream positions ``[k·B, (k+1)·B)``: every example once per local epoch. A batch
+    may straddle two local epochs; a shard smaller than ``B`` yields batches with repeats.
+
+    ``sampling="without_replacement"``: round ``k`` draws each client's ``B`` examples uniformly
+    at random without replacement from its shard, independently of every other round (a
+    generator seeded from ``(seed, i, k)``): the fixed-size sampling that record-level privacy
+    accounting amplifies by (``SampledWithoutReplacementDpEvent``). Needs ``B`` <= every shard.
     """
 
     def __init__(
-        self, shards: list[np.ndarray], batch_size: int, seed: int, shuffle: bool = True
+        self,
+        shards: list[np.ndarray],
+        batch_size: int,
+        seed: int,
+        shuffle: bool = True,
+        sampling: str = "epochs",
     ) -> None:
         self.shards = [torch.as_tensor(np.asarray(s, dtype=np.int64)) for s in shards]
         self.sizes = [len(s) for s in shards]
         self.batch_size = batch_size
         self.seed = seed
         self.shuffle = shuffle
+        self.sampling = sampling
         self._cache: list[dict[int, Tensor]] = [{} for _ in shards]
 
     def permutation(self, client: int, epoch: int) -> Tensor:
@@ -132,6 +144,12 @@ class ClientStreams:
         batch = self.batch_size
         ids = range(len(self.shards)) if clients is None else clients.tolist()
         out = torch.empty(len(ids), batch, dtype=torch.int64)
+        if self.sampling == "without_replacement":
+            for row, i in enumerate(ids):
+                state = np.random.SeedSequence([self.seed, i, round_index, 0x57]).generate_state(2)
+                gen = torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
+                out[row] = self.shards[i][torch.randperm(self.sizes[i], generator=gen)[:batch]]
+            return out
         for row, i in enumerate(ids):
             size = self.sizes[i]
             pos, filled = round_index * batch, 0
@@ -278,6 +296,13 @@ class FederatedDataModule(pl.LightningDataModule):
             its stored order every time (cyclic incremental gradient, paper 004 App. G).
         val_fraction: share of the training set held out for validation, in ``[0, 1)``
             (default 0.1; the split is seeded by ``seed``; see above for ``0``).
+        batch_sampling: ``"epochs"`` (default): a client's ``T·B`` examples of a round are the
+            next positions of its stream of per-epoch permutations (every example once per local
+            epoch); ``"without_replacement"``: every round draws them uniformly without
+            replacement from the client's shard, independently of the other rounds — what
+            PORTER-DP's "sample a minibatch" does (paper 001 Algorithm 1) and what record-level
+            privacy amplification by sampling assumes (docs/privacy.md). Needs ``shuffle`` and
+            ``T·B`` no more than the smallest shard.
     """
 
     num_classes: int | None = None
@@ -295,6 +320,7 @@ class FederatedDataModule(pl.LightningDataModule):
         local_epochs: int | None = None,
         shuffle: bool = True,
         val_fraction: float = 0.1,
+        batch_sampling: Literal["epochs", "without_replacement"] = "epochs",
     ) -> None:
         super().__init__()
         if (
@@ -316,6 +342,16 @@ class FederatedDataModule(pl.LightningDataModule):
         if not isinstance(shuffle, bool):
             raise ValueError(f"shuffle must be true or false, got {shuffle!r}")
         self.shuffle = shuffle
+        if batch_sampling not in ("epochs", "without_replacement"):
+            raise ValueError(
+                f"batch_sampling must be 'epochs' or 'without_replacement', got {batch_sampling!r}"
+            )
+        if batch_sampling == "without_replacement" and not shuffle:
+            raise ValueError(
+                "batch_sampling='without_replacement' draws random examples every round; it "
+                "needs shuffle: true, got shuffle=False"
+            )
+        self.batch_sampling = batch_sampling
         for name, value in [
             ("max_train_examples", max_train_examples),
             ("max_test_examples", max_test_examples),
@@ -421,8 +457,15 @@ class FederatedDataModule(pl.LightningDataModule):
         if self.local_epochs is not None:
             largest = int(self.client_sizes.max())
             self.local_batches = self.local_epochs * math.ceil(largest / self.batch_size)
+        per_round = self.batch_size * self.local_batches
+        if self.batch_sampling == "without_replacement" and per_round > self.client_sizes.min():
+            raise ValueError(
+                f"batch_sampling='without_replacement' draws {per_round} examples per client and "
+                f"round (batch_size × local_batches) but the smallest shard has "
+                f"{int(self.client_sizes.min())}: lower batch_size or local_batches"
+            )
         self.streams = ClientStreams(
-            self.shards, self.batch_size * self.local_batches, self.seed, self.shuffle
+            self.shards, per_round, self.seed, self.shuffle, self.batch_sampling
         )
 
     @property
@@ -523,6 +566,7 @@ class FederatedDataModule(pl.LightningDataModule):
             "batch_size": self.batch_size,
             "local_batches": self.local_batches,
             "shuffle": self.shuffle,
+            "batch_sampling": self.batch_sampling,
             "client_sizes": self.client_sizes.tolist(),
             "val_fraction": self.val_fraction,
             "val_size": len(self.val_indices),

@@ -1,23 +1,31 @@
-"""Privacy accounting: a thin layer over Opacus's maintained accountants.
+"""Privacy accounting: a thin layer over maintained accountants (Opacus and dp-accounting).
 
 No privacy mathematics lives here: every ε comes from :mod:`opacus.accountants` (RDP by default,
-PRV as an option). Opacus was chosen over dp-accounting because it is PyTorch-native (the same
-library users reach for to privatize a plain Lightning module with per-example clipping), its
-accountants expose the small ``step(noise_multiplier=, sample_rate=)`` / ``get_epsilon(delta)``
-interface this package needs, and their state is a plain history list that checkpoints cleanly.
+PRV as an option) for Gaussian releases without subsampling or with Poisson subsampling, and from
+Google's ``dp_accounting`` (its RDP accountant, ``SampledWithoutReplacementDpEvent``, Wang,
+Balle & Kasiviswanathan 2019, Thm. 27) for releases on a fixed-size sample drawn without
+replacement, which Opacus does not analyse. Opacus stays the default because it is
+PyTorch-native (the same library users reach for to privatize a plain Lightning module with
+per-example clipping), its accountants expose the small ``step(noise_multiplier=, sample_rate=)``
+/ ``get_epsilon(delta)`` interface this package needs, and their state is a plain history list
+that checkpoints cleanly.
 
-Each call to :meth:`PrivacyAccountant.step` records one adaptive composition of a subsampled
-Gaussian mechanism with the given noise multiplier (noise std / sensitivity) and sampling rate.
+Each call to :meth:`PrivacyAccountant.step` records one adaptive composition of a Gaussian
+mechanism with the given noise multiplier (noise std / sensitivity), sampled as stated.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Literal
 
+import dp_accounting
 import numpy as np
+from dp_accounting.rdp import RdpAccountant
+from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon
 from opacus.accountants import create_accountant
 from opacus.accountants.analysis import rdp as rdp_analysis
+
+from pl_privfed.privacy.mechanism import Mechanism, Sampling
 
 __all__ = ["AccountantName", "PrivacyAccountant"]
 
@@ -36,7 +44,13 @@ class PrivacyAccountant:
 
     Args:
         mechanism: ``"rdp"`` (Rényi DP, Mironov 2017; Opacus ``RDPAccountant``) or ``"prv"``
-            (privacy random variables, Gopi et al. 2021; Opacus ``PRVAccountant``).
+            (privacy random variables, Gopi et al. 2021; Opacus ``PRVAccountant``) for releases
+            without subsampling or with Poisson subsampling. A history with releases on a sample
+            drawn without replacement is composed by dp-accounting's RDP accountant under the
+            replace-one relation whichever is chosen (neither Opacus accountant, nor
+            dp-accounting's PLD accountant, analyses them; :attr:`library` names the one used);
+            it cannot be mixed with Poisson-subsampled releases (no library composes the two
+            under one neighbouring relation).
 
     >>> acc = PrivacyAccountant()
     >>> acc.step(noise_multiplier=1.0, sample_rate=1.0, num_steps=10)
@@ -49,31 +63,122 @@ class PrivacyAccountant:
             raise ValueError(f"accountant must be 'rdp' or 'prv', got {mechanism!r}")
         self.mechanism = mechanism
         self._accountant = create_accountant(mechanism)
-        self._rdp_curves: dict[tuple[float, float], np.ndarray] = {}
+        # releases on samples drawn without replacement: [noise_multiplier, b, m, steps]
+        self._without_replacement: list[list] = []
+        self._rdp_curves: dict[tuple, np.ndarray] = {}
 
-    def step(self, *, noise_multiplier: float, sample_rate: float, num_steps: int = 1) -> None:
-        """Record ``num_steps`` applications of a Gaussian mechanism."""
-        if not (noise_multiplier > 0 and math.isfinite(noise_multiplier)):
-            raise ValueError(f"noise_multiplier must be positive, got {noise_multiplier!r}")
-        if not 0 < sample_rate <= 1:
-            raise ValueError(f"sample_rate must be in (0, 1], got {sample_rate!r}")
-        for _ in range(num_steps):
-            self._accountant.step(noise_multiplier=noise_multiplier, sample_rate=sample_rate)
+    def step(
+        self,
+        *,
+        noise_multiplier: float,
+        sample_rate: float,
+        num_steps: int = 1,
+        sampling: Sampling = "poisson",
+        population: int | None = None,
+    ) -> None:
+        """Record ``num_steps`` applications of a Gaussian mechanism.
+
+        Args:
+            noise_multiplier: noise std / sensitivity.
+            sample_rate: probability that the unit is in the release (1: no sampling).
+            num_steps: how many such releases.
+            sampling: ``"poisson"`` (or ``"none"`` at rate 1) or ``"without_replacement"``.
+            population: ``m`` for sampling without replacement (sample size ``rate · m``).
+        """
+        mech = Mechanism(
+            float(noise_multiplier), float(sample_rate), sampling=sampling, population=population
+        )
+        self.check(mech)
+        if not mech.amplified or mech.sampling == "poisson":
+            for _ in range(num_steps):
+                self._accountant.step(
+                    noise_multiplier=mech.noise_multiplier, sample_rate=mech.sample_rate
+                )
+            return
+        entry = [mech.noise_multiplier, mech.sample_size, mech.population]
+        history = self._without_replacement
+        if history and history[-1][:3] == entry:
+            history[-1][3] += num_steps
+        else:
+            history.append([*entry, num_steps])
+
+    def step_mechanism(self, mechanism: Mechanism, num_steps: int = 1) -> None:
+        """Record ``num_steps`` applications of ``mechanism``."""
+        self.step(
+            noise_multiplier=mechanism.noise_multiplier,
+            sample_rate=mechanism.sample_rate,
+            num_steps=num_steps,
+            sampling=mechanism.sampling,
+            population=mechanism.population,
+        )
+
+    def check(self, mechanism: Mechanism) -> None:
+        """Raise ``ValueError`` if this accountant cannot compose ``mechanism`` with its history."""
+        if not mechanism.amplified:
+            return
+        if mechanism.sampling == "without_replacement":
+            if any(q < 1 for _, q, _ in self._accountant.history):
+                raise ValueError(
+                    "cannot compose a release sampled without replacement (replace-one) with "
+                    "the Poisson-subsampled releases already recorded (add/remove)"
+                )
+        elif self._without_replacement:
+            raise ValueError(
+                "cannot compose a Poisson-subsampled release (add/remove) with the releases "
+                "sampled without replacement already recorded (replace-one)"
+            )
 
     @property
     def steps(self) -> int:
         """Number of mechanism applications recorded so far."""
-        return sum(int(s) for _, _, s in self._accountant.history)
+        opacus = sum(int(s) for _, _, s in self._accountant.history)
+        return opacus + sum(int(e[3]) for e in self._without_replacement)
+
+    @property
+    def library(self) -> str:
+        """The library and accountant that computes ε for the recorded history."""
+        if self._without_replacement:
+            return "dp-accounting RDP (sampling without replacement, replace-one)"
+        return f"Opacus {self.mechanism.upper()}"
 
     def get_epsilon(self, delta: float) -> float:
         """ε certified by the accountant for the recorded history at this δ (0 if empty)."""
         if not 0 < delta < 1:
             raise ValueError(f"delta must be in (0, 1), got {delta!r}")
+        if self._without_replacement:
+            return self._dp_accounting_epsilon(delta)
         if not self._accountant.history:
             return 0.0
         if self.mechanism == "rdp":
             return self._rdp_epsilon(delta)
         return self._prv_epsilon(delta)
+
+    def _dp_accounting_epsilon(self, delta: float) -> float:
+        """dp-accounting's RDP ε (replace-one) for a history with releases sampled without
+        replacement (and, possibly, releases without sampling). Each distinct release's RDP
+        curve is computed once (by composing that one event into a fresh
+        ``dp_accounting.rdp.RdpAccountant``) and the curves are summed, as RDP composes."""
+        total = None
+        events: list[tuple[tuple, object, int]] = [
+            ((sigma, 1.0), dp_accounting.GaussianDpEvent(sigma), int(steps))
+            for sigma, _, steps in self._accountant.history
+        ]
+        for sigma, size, population, steps in self._without_replacement:
+            event = dp_accounting.SampledWithoutReplacementDpEvent(
+                int(population), int(size), dp_accounting.GaussianDpEvent(sigma)
+            )
+            events.append(((sigma, size, population), event, int(steps)))
+        for key, event, steps in events:
+            if key not in self._rdp_curves:
+                one = RdpAccountant(
+                    neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE
+                )
+                one.compose(event)
+                self._rdp_curves[key] = one.rdp
+            curve = self._rdp_curves[key]
+            total = steps * curve if total is None else total + steps * curve
+        orders = RdpAccountant().orders  # the orders every curve above was computed at
+        return float(compute_epsilon(orders, total, delta)[0])
 
     def _prv_epsilon(self, delta: float) -> float:
         """Opacus's PRV upper bound on ε: with Opacus's default absolute error (0.01) up to
@@ -86,7 +191,7 @@ class PrivacyAccountant:
         1/6000) needed 174 s and 7.8 GB at 400 steps and was killed for memory before its
         1,000th; 50,700 releases at noise multiplier 1 asked for a 30 GiB array. A first pass at
         ``eps_error = 1`` gives ε's scale cheaply (itself a valid upper bound). Below the
-        threshold every ε, and so the noise :func:`~pl_privfed.privacy.calibrate_noise_multiplier`
+        threshold every ε, and so the noise :func:`~pl_privfed.privacy.calibrate_noise_std`
         solves for, is Opacus's own.
         """
         coarse = float(self._accountant.get_epsilon(delta=delta, eps_error=1.0))
@@ -121,7 +226,11 @@ class PrivacyAccountant:
         return float(eps)
 
     def state_dict(self) -> dict:
-        return dict(self._accountant.state_dict())
+        state = dict(self._accountant.state_dict())
+        state["without_replacement"] = [list(e) for e in self._without_replacement]
+        return state
 
     def load_state_dict(self, state: dict) -> None:
-        self._accountant.load_state_dict(dict(state))
+        state = dict(state)
+        self._without_replacement = [list(e) for e in state.pop("without_replacement", [])]
+        self._accountant.load_state_dict(state)

@@ -3,12 +3,22 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from opacus.accountants.utils import get_noise_multiplier
 
-from pl_privfed.privacy.accounting import AccountantName
+from pl_privfed.privacy.accounting import AccountantName, PrivacyAccountant
+from pl_privfed.privacy.mechanism import Mechanism
 
-__all__ = ["calibrate_noise_multiplier", "paper_noise_std"]
+__all__ = [
+    "calibrate_noise_multiplier",
+    "calibrate_noise_std",
+    "epsilon_of_plan",
+    "paper_noise_std",
+]
+
+#: a run's releases for a given noise std: ``[(mechanism, how many times), ...]``
+ReleasePlan = Callable[[float], list[tuple[Mechanism, int]]]
 
 
 def paper_noise_std(
@@ -64,3 +74,68 @@ def calibrate_noise_multiplier(
             epsilon_tolerance=epsilon_tolerance,
         )
     )
+
+
+def epsilon_of_plan(
+    plan: list[tuple[Mechanism, int]], delta: float, accountant: AccountantName = "rdp"
+) -> float:
+    """ε that ``accountant`` certifies at ``delta`` for the releases of ``plan``."""
+    acc = PrivacyAccountant(accountant)
+    for mechanism, count in plan:
+        if count > 0:
+            acc.step_mechanism(mechanism, num_steps=count)
+    return acc.get_epsilon(delta)
+
+
+def calibrate_noise_std(
+    *,
+    target_epsilon: float,
+    delta: float,
+    plan: ReleasePlan,
+    accountant: AccountantName = "rdp",
+    epsilon_tolerance: float = 0.01,
+) -> float:
+    """The noise std at which the releases ``plan(std)`` spend ``target_epsilon`` at ``delta``.
+
+    The same bisection as Opacus's ``get_noise_multiplier``, over any release plan the
+    accountant composes (including releases sampled without replacement, which dp-accounting
+    analyses): the certified ε is within ``epsilon_tolerance`` below the target.
+
+    Args:
+        target_epsilon: ε to spend.
+        delta: δ.
+        plan: ``std -> [(mechanism, count), ...]``, every release of the run at noise std ``std``.
+        accountant: ``"rdp"`` or ``"prv"``.
+        epsilon_tolerance: how far below the target the certified ε may be.
+
+    >>> from pl_privfed.privacy import Mechanism
+    >>> std = calibrate_noise_std(target_epsilon=8.0, delta=1e-5,
+    ...                           plan=lambda s: [(Mechanism(s / 2.0), 300)])
+    >>> 21 < std < 23  # sensitivity 2 (replace-one), 300 rounds
+    True
+    """
+    if not target_epsilon > 0:
+        raise ValueError(f"target_epsilon must be positive, got {target_epsilon!r}")
+
+    def eps(std: float) -> float:
+        return epsilon_of_plan(plan(std), delta, accountant)
+
+    hi = 1.0
+    while eps(hi) > target_epsilon:
+        hi *= 2.0
+        if hi > 1e12:
+            raise ValueError(f"no noise std reaches epsilon={target_epsilon!r} at delta={delta!r}")
+    lo = hi / 2.0
+    while lo > 1e-12 and eps(lo) <= target_epsilon:
+        hi, lo = lo, lo / 2.0
+    eps_hi = eps(hi)
+    while target_epsilon - eps_hi > epsilon_tolerance:
+        mid = (lo + hi) / 2.0
+        eps_mid = eps(mid)
+        if eps_mid > target_epsilon:
+            lo = mid
+        else:
+            hi, eps_hi = mid, eps_mid
+        if hi - lo < 1e-12 * hi:
+            break
+    return hi

@@ -7,13 +7,29 @@ from dataclasses import dataclass
 from typing import Literal
 
 from pl_privfed.privacy.accounting import AccountantName
-from pl_privfed.privacy.calibration import calibrate_noise_multiplier, paper_noise_std
+from pl_privfed.privacy.calibration import paper_noise_std
 
-__all__ = ["Calibration", "DPNoise", "Draws", "Neighbouring", "paper_noise_std"]
+__all__ = [
+    "Calibration",
+    "DPNoise",
+    "Draws",
+    "Neighbouring",
+    "paper_noise_std",
+    "relation_factor",
+]
 
 Calibration = Literal["paper", "target"]
 Neighbouring = Literal["add_remove", "replace_one"]
 Draws = Literal["aggregate", "per_client"]
+
+
+def relation_factor(relation: Neighbouring) -> float:
+    """Sensitivity / bound of a noised vector of norm at most the bound, under ``relation``:
+    1 under add/remove (the vector is present or absent), 2 under replace-one (a clipped or
+    normalized vector can be replaced by its opposite)."""
+    if relation not in ("add_remove", "replace_one"):
+        raise ValueError(f"neighbouring must be 'add_remove' or 'replace_one', got {relation!r}")
+    return 2.0 if relation == "replace_one" else 1.0
 
 
 @dataclass
@@ -21,7 +37,7 @@ class DPNoise:
     """Gaussian DP noise settings.
 
     Give either ``epsilon`` (calibrated) or ``noise_multiplier`` (noise std = noise_multiplier ×
-    sensitivity).
+    sensitivity, the sensitivity under the relation of the reported ε).
 
     Attributes:
         epsilon: target ε.
@@ -29,13 +45,17 @@ class DPNoise:
         noise_multiplier: direct mode: noise std divided by the sensitivity.
         calibration: with ``epsilon``: ``"paper"`` — the papers' formula
             ``σ = c · p · Φ · sqrt(K log(1/δ))/ε`` (:func:`paper_noise_std`; the accountant's ε is
-            reported beside the target and may differ); ``"target"`` — the noise multiplier that
-            makes the accountant certify ``epsilon`` after the run's K rounds at its sampling rate.
+            reported beside the target and may differ); ``"target"`` — the noise that makes the
+            accountant certify ``epsilon`` for the run's K rounds under the defensible accounting
+            (the relation below, amplification only where it holds; docs/privacy.md).
         constant: the constant ``c`` of the paper calibration (default 1).
-        rounds: ``K`` of the calibration; ``None`` → the run's number of rounds.
-        neighbouring: ``"add_remove"`` (sensitivity = the bound Φ of the noised message) or
-            ``"replace_one"`` (sensitivity 2Φ: a clipped or normalized vector can be replaced by
-            its opposite).
+        rounds: ``K`` of the calibration; ``None`` → the run's number of rounds. Fixed when a
+            run starts and kept in its checkpoints.
+        neighbouring: the relation of the reported ε. ``None`` (default): the privacy model's —
+            ``"replace_one"`` for local DP (a client or agent noises what it sends: changing its
+            data can move the message anywhere in the ball, sensitivity 2Φ) and
+            ``"add_remove"`` for central DP with a trusted server (sensitivity Φ). Give
+            ``"add_remove"`` or ``"replace_one"`` to override.
         seed: seed of the noise streams: client ``i``'s noise in round ``k`` is drawn from the
             stream keyed by ``(seed, k, i)`` (:mod:`pl_privfed.engine.rng`).
         accountant: ``"rdp"`` or ``"prv"`` (Opacus) for calibration and the reported ε.
@@ -56,7 +76,7 @@ class DPNoise:
     calibration: Calibration = "paper"
     constant: float = 1.0
     rounds: int | None = None
-    neighbouring: Neighbouring = "add_remove"
+    neighbouring: Neighbouring | None = None
     seed: int = 0
     accountant: AccountantName = "rdp"
     draws: Draws = "aggregate"
@@ -79,49 +99,9 @@ class DPNoise:
             raise ValueError(f"constant must be positive, got {self.constant!r}")
         if self.rounds is not None and self.rounds < 1:
             raise ValueError(f"rounds must be a positive integer, got {self.rounds!r}")
-        if self.neighbouring not in ("add_remove", "replace_one"):
-            raise ValueError(
-                f"neighbouring must be 'add_remove' or 'replace_one', got {self.neighbouring!r}"
-            )
+        if self.neighbouring is not None:
+            relation_factor(self.neighbouring)  # raises on an unknown relation
         if self.accountant not in ("rdp", "prv"):
             raise ValueError(f"accountant must be 'rdp' or 'prv', got {self.accountant!r}")
         if self.draws not in ("aggregate", "per_client"):
             raise ValueError(f"draws must be 'aggregate' or 'per_client', got {self.draws!r}")
-
-    @property
-    def sensitivity_factor(self) -> float:
-        """Sensitivity / bound of the noised message under the neighbouring relation."""
-        return 2.0 if self.neighbouring == "replace_one" else 1.0
-
-    def std(
-        self, *, bound: float, sensitivity: float, rounds: int, sample_rate: float = 1.0
-    ) -> float:
-        """Noise std for a message of norm at most ``bound`` whose sensitivity is ``sensitivity``.
-
-        Args:
-            bound: ``Φ``, the bound on the noised message (what the paper formula scales with).
-            sensitivity: what one privacy unit can change, under the neighbouring relation
-                (the accountant's noise multiplier is ``std / sensitivity``).
-            rounds: the run's number of rounds (used when ``self.rounds`` is None).
-            sample_rate: probability that a privacy unit takes part in a round.
-        """
-        if self.noise_multiplier is not None:
-            return self.noise_multiplier * sensitivity
-        rounds = self.rounds or rounds
-        if self.calibration == "paper":
-            return paper_noise_std(
-                sensitivity=bound,
-                epsilon=self.epsilon,
-                delta=self.delta,
-                rounds=rounds,
-                constant=self.constant,
-                sample_rate=sample_rate,
-            )
-        multiplier = calibrate_noise_multiplier(
-            target_epsilon=self.epsilon,
-            delta=self.delta,
-            sample_rate=sample_rate,
-            steps=rounds,
-            accountant=self.accountant,
-        )
-        return multiplier * sensitivity
