@@ -79,7 +79,7 @@ def main(output_dir: str = "logs/plain_callbacks") -> pl.Trainer:
         CommunicationCost(workers=1),
         # raw gradient norm and how often clipping at C shortened it
         OperatorStatistics(clip_threshold=CLIP),
-        TrainingCurves(keys=["train_loss", "val_acc", "privacy_budget/epsilon"],
+        TrainingCurves(keys=["train_loss", "val_acc", "privacy/epsilon"],
                        dirpath=output_dir, filename="curves.png"),
         RunSummary(dirpath=output_dir, accuracy_key="val_acc", loss_key="train_loss"),
     ]  # fmt: skip

@@ -64,7 +64,7 @@ def test_stops_before_the_step_that_exceeds_the_budget(tmp_path):
     assert trainer.global_step == over - 1
     assert budget.spent <= 1.0 < budget._epsilon_after([(3.0, 0.125)])
     assert budget.stopped_step == over - 1
-    assert trainer.callback_metrics["privacy_budget/epsilon"] == pytest.approx(budget.spent)
+    assert trainer.callback_metrics["privacy/epsilon"] == pytest.approx(budget.spent)
     data = json.loads((tmp_path / "summary.json").read_text())
     assert "privacy budget" in data["stopped_reason"]
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytorch_lightning as pl
 import yaml
-from pytorch_lightning.utilities import rank_zero_only
+from pytorch_lightning.utilities import rank_zero_only, rank_zero_warn
 from typing_extensions import override
 
 from pl_privfed.callbacks._wandb import log_artifact, wandb_loggers
@@ -31,8 +31,12 @@ def finite_float(value: Any) -> float | None:
 class RunSummary(pl.Callback):
     """Records the run's outcome in ``<log_dir>/summary.json`` and prints a one-line result.
 
-    Works with any LightningModule. It reads ``test/acc`` (or ``accuracy_key``) and ``train/loss``
-    (``loss_key``) from the logged metrics, and, when the module has a ``privacy_report()`` method
+    Works with any LightningModule. It reports the logged metrics named by ``accuracy_key``
+    (default ``test/acc``) and ``loss_key`` (default ``train/loss``): a module that logs others
+    (e.g. ``val/acc``) names them here. When an evaluation ends without ``accuracy_key`` among the
+    logged metrics, or a fit ends without ``loss_key`` ever logged, it warns once, naming the
+    metrics that were logged, instead of writing ``null`` silently. When the module has a
+    ``privacy_report()`` method
     returning a dict (ε, δ, noise settings), includes it. If LightningCLI saved ``config.yaml``
     in the log directory, the resolved config is included too, and so are the
     ``summary_entries()`` of the module and of the other callbacks (client transmissions,
@@ -43,8 +47,9 @@ class RunSummary(pl.Callback):
     Args:
         dirpath: where to write; default ``trainer.log_dir``.
         filename: file name (default ``summary.json``).
-        accuracy_key: logged metric holding test accuracy.
-        loss_key: logged metric holding the training loss.
+        accuracy_key: logged metric reported as the test accuracy (``final_test_accuracy``,
+            ``best_test_accuracy``).
+        loss_key: logged metric reported as the training loss (``final_train_loss``).
         verbose: print the result line at the end of fit.
     """
 
@@ -67,6 +72,18 @@ class RunSummary(pl.Callback):
         self.final_loss: float | None = None
         self.evaluated_round: int | None = None
         self.path: Path | None = None
+        self._warned: set[str] = set()
+
+    def _warn_missing(self, trainer: pl.Trainer, key: str, role: str, argument: str) -> None:
+        if key in self._warned:
+            return
+        self._warned.add(key)
+        logged = sorted(trainer.callback_metrics) or ["none"]
+        rank_zero_warn(
+            f"RunSummary: no metric {key!r} was logged, so summary.json has no {role} "
+            f"(logged: {', '.join(logged)}); name the right one with RunSummary({argument}=...)",
+            category=UserWarning,
+        )
 
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -81,6 +98,8 @@ class RunSummary(pl.Callback):
     def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.sanity_checking:
             return
+        if self.accuracy_key not in trainer.callback_metrics:
+            self._warn_missing(trainer, self.accuracy_key, "test accuracy", "accuracy_key")
         acc = finite_float(trainer.callback_metrics.get(self.accuracy_key))
         if acc is not None:
             self.final_accuracy = acc
@@ -89,6 +108,12 @@ class RunSummary(pl.Callback):
 
     @override
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if (
+            self.final_loss is None
+            and trainer.global_step > 0
+            and self.loss_key not in trainer.callback_metrics
+        ):
+            self._warn_missing(trainer, self.loss_key, "training loss", "loss_key")
         self._write(trainer, pl_module, status="finished")
 
     @override
