@@ -4,8 +4,16 @@ names the argument and the value (the project's rule for bad configuration)."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
-__all__ = ["check_int", "check_positive", "check_positive_int"]
+__all__ = [
+    "check_evaluation_interval",
+    "check_int",
+    "check_positive",
+    "check_positive_int",
+    "check_single_process",
+    "check_trainer",
+]
 
 
 def check_positive(name: str, value: float) -> float:
@@ -30,3 +38,46 @@ def check_positive_int(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
     return value
+
+
+def check_single_process(trainer: Any) -> None:
+    """Refuse a ``Trainer`` that would run in more than one process (``devices > 1``,
+    ``num_nodes > 1``, or a multi-process strategy): ``ValueError`` naming the setting.
+
+    The whole federation (every client) runs inside one process; Lightning's data-parallel
+    strategies would start it once per process, each run training every client again, and end
+    with a failed collective. Until the client axis is sharded across processes, one device it
+    is (one GPU holds every client of the papers' settings). This check is one function so that
+    it can be removed when sharding lands.
+    """
+    devices = getattr(trainer, "num_devices", 1)
+    nodes = getattr(trainer, "num_nodes", 1)
+    world = getattr(trainer, "world_size", devices * nodes)
+    if world > 1 or devices > 1 or nodes > 1:
+        strategy = type(getattr(trainer, "strategy", None)).__name__
+        raise ValueError(
+            f"trainer.devices={devices}, trainer.num_nodes={nodes} (strategy {strategy}): "
+            "pl-privfed runs the whole federation in one process, so it needs devices: 1 and "
+            "num_nodes: 1 (several processes would each train every client again)"
+        )
+
+
+def check_evaluation_interval(trainer: Any) -> None:
+    """Refuse ``trainer.val_check_interval`` ≤ 0 (Lightning accepts it and divides by it after
+    the first round): ``ValueError`` naming the value and what is allowed."""
+    interval = getattr(trainer, "val_check_interval", None)
+    if isinstance(interval, bool) or not isinstance(interval, int | float):
+        return  # a time-based interval or None: Lightning's own checks apply
+    if not interval > 0:
+        raise ValueError(
+            f"trainer.val_check_interval must be a positive integer k (evaluate every k rounds) "
+            f"or a fraction in (0, 1] of an epoch, got {interval!r}"
+        )
+
+
+def check_trainer(trainer: Any) -> None:
+    """The checks a ``Trainer`` must pass before a federation trains: one process
+    (:func:`check_single_process`) and a positive evaluation interval
+    (:func:`check_evaluation_interval`)."""
+    check_single_process(trainer)
+    check_evaluation_interval(trainer)
