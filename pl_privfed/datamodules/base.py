@@ -98,6 +98,16 @@ class _RoundLoader:
     def __len__(self) -> int:
         return self.datamodule.rounds_per_epoch
 
+    def state_dict(self) -> dict[str, int]:
+        """Makes the loader resumable for Lightning (which otherwise warns when a run resumes
+        mid-epoch): nothing needs saving, since iteration starts at ``trainer.global_step``;
+        the round is recorded for reference."""
+        trainer = self.datamodule.trainer
+        return {"round": int(trainer.global_step) if trainer is not None else 0}
+
+    def load_state_dict(self, state_dict: dict[str, int]) -> None:
+        """Nothing to restore: the restored ``trainer.global_step`` decides the next round."""
+
     def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
         trainer = self.datamodule.trainer
         start = int(trainer.global_step) if trainer is not None else 0
