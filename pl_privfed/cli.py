@@ -6,7 +6,11 @@ config; ``validate`` and ``test`` evaluate a checkpoint (``--ckpt_path``). ``pl-
 <sweep.yaml>`` runs a grid sweep file locally (:mod:`pl_privfed.sweep`) and ``pl-privfed report
 <results.csv>`` draws its figures and table (:mod:`pl_privfed.report`); ``pl-privfed compare
 <a/results.csv> <b/results.csv> --out DIR`` draws the best run of each sweep against rounds and
-bits.
+bits; ``pl-privfed demo`` runs the demo (:mod:`pl_privfed.demo`). ``pl-privfed --help`` lists
+them all.
+
+An error the user can fix ends the command with one line, ``pl-privfed: error: <what>``, and exit
+status 2 (:func:`error_line`); ``--debug`` or ``PL_PRIVFED_DEBUG=1`` shows the traceback.
 """
 
 from __future__ import annotations
@@ -23,11 +27,17 @@ from typing import Any
 import yaml
 from jsonargparse import ArgumentError, ArgumentParser
 from lightning_fabric.utilities.exceptions import MisconfigurationException
-from pytorch_lightning.callbacks import ProgressBar
+from pytorch_lightning.callbacks import ModelCheckpoint, ProgressBar
 from pytorch_lightning.cli import LightningCLI, SaveConfigCallback
 from pytorch_lightning.loggers import CSVLogger, TensorBoardLogger, WandbLogger
 
-from pl_privfed.callbacks import RunSummary, TrainingCurves, default_callbacks
+from pl_privfed.callbacks import (
+    RoundCheckpoint,
+    RoundProgressBar,
+    RunSummary,
+    TrainingCurves,
+    default_callbacks,
+)
 from pl_privfed.callbacks.checkpoint import check_checkpoint_file
 from pl_privfed.checks import check_single_process
 from pl_privfed.datamodules import FederatedDataModule
@@ -37,6 +47,8 @@ from pl_privfed.module import FederatedModule, NonFiniteLossError
 __all__ = [
     "LoggedConfig",
     "PrivFedCLI",
+    "check_config_files",
+    "condense_parser_error",
     "error_line",
     "main",
     "reserve_log_dir",
@@ -195,17 +207,26 @@ class PrivFedCLI(LightningCLI):
         )
 
     def instantiate_trainer(self, **kwargs: Any):
-        """The trainer, with :func:`pl_privfed.default_callbacks` fitted to its settings."""
+        """The trainer, with :func:`pl_privfed.default_callbacks` fitted to its settings: the
+        bar and the checkpoints left out when the trainer turns them off, and each default
+        replaced by a callback of its kind that the config lists (a ``RunSummary`` with its own
+        ``accuracy_key``, a ``RoundCheckpoint`` every 50 rounds, any progress bar or
+        ``ModelCheckpoint``)."""
         if self._own_callbacks:
             init = self.config_init[self.subcommand] if self.subcommand else self.config_init
             config = {**(init.get("trainer") or {}), **kwargs}
             given = config.get("callbacks") or []
             given = given if isinstance(given, list) else [given]
-            self.trainer_defaults["callbacks"] = default_callbacks(
-                progress_bar=config.get("enable_progress_bar") is not False
-                and not any(isinstance(c, ProgressBar) for c in given),
+            defaults = default_callbacks(
+                progress_bar=config.get("enable_progress_bar") is not False,
                 checkpoint=config.get("enable_checkpointing") is not False,
             )
+            kinds = {RoundProgressBar: ProgressBar, RoundCheckpoint: ModelCheckpoint}
+            self.trainer_defaults["callbacks"] = [
+                d
+                for d in defaults
+                if not any(isinstance(c, kinds.get(type(d), type(d))) for c in given)
+            ]
         return super().instantiate_trainer(**kwargs)
 
     def _apply_output_dir(self) -> None:
@@ -331,10 +352,13 @@ def _demo_main(args: list[str]) -> int:
 
 #: third-party warnings a run cannot act on (filtered by the command only, not the library):
 #: Lightning's pytree helper calls a torch API deprecated in torch 2.10; Lightning compares
-#: ``log_every_n_steps`` with an epoch's batches, but a federation logs by rounds across epochs
+#: ``log_every_n_steps`` with an epoch's batches, but a federation logs by rounds across epochs;
+#: on machines with more than two cores Lightning asks the evaluation DataLoader for workers,
+#: which over the package's in-memory tensors would only add process start-up
 _NOISE_WARNINGS = (
     r".*isinstance\(treespec, LeafSpec\)` is deprecated.*",
     r"The number of training batches \(\d+\) is smaller than the logging interval.*",
+    r"The '(val|test)_dataloader' does not have many workers.*",
     r"LightningCLI's args parameter is intended to run from within Python.*",  # main(args)
 )
 #: Lightning info lines that are advertisements or restate the config

@@ -148,3 +148,35 @@ def test_two_runs_started_together_get_their_own_directories(tmp_path):
         rows = (folder / "metrics.csv").read_text().splitlines()
         assert len([r for r in rows if r.split(",")[0] != "epoch"]) >= 1
         assert (folder / "config.yaml").is_file() and (folder / "checkpoints").is_dir()
+
+
+def test_a_config_replaces_a_default_callback_of_its_kind(tmp_path, monkeypatch):
+    """The CLI's defaults are not configurable from YAML; a callback of the same kind listed in
+    the config takes the default's place (one RunSummary, one checkpoint callback)."""
+    from pl_privfed.callbacks import RunSummary
+    from pl_privfed.cli import PrivFedCLI
+
+    monkeypatch.chdir(tmp_path)
+    config = tmp_path / "callbacks.yaml"
+    config.write_text(
+        "trainer:\n  callbacks:\n"
+        "    - class_path: pl_privfed.callbacks.RoundCheckpoint\n"
+        "      init_args: {every_n_train_steps: 2, save_top_k: -1}\n"
+        "    - class_path: pl_privfed.callbacks.RunSummary\n"
+        "      init_args: {accuracy_key: test/acc, verbose: false}\n"
+    )
+    args = ["--config", QUICKSTART, "--config", str(config), "--trainer.logger", "false"]
+    cli = PrivFedCLI(args=args, run=False)
+    kinds = [type(c) for c in cli.trainer.callbacks]
+    assert kinds.count(RunSummary) == 1 and kinds.count(RoundCheckpoint) == 1
+    assert kinds.count(RoundProgressBar) == 1
+    assert not next(c for c in cli.trainer.callbacks if isinstance(c, RunSummary)).verbose
+    main(["fit", *args, "--trainer.max_steps", "5", "--trainer.val_check_interval", "50",
+          "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", "r"])  # fmt: skip
+    names = sorted(p.name for p in (tmp_path / "r/checkpoints").iterdir())
+    assert names == ["round=000002.ckpt", "round=000004.ckpt", "round=000005.ckpt"]
+    quiet = PrivFedCLI(args=[*args[:2], "--trainer.logger", "false",
+                             "--trainer.enable_progress_bar", "false",
+                             "--trainer.enable_checkpointing", "false"], run=False)  # fmt: skip
+    kinds = [type(c) for c in quiet.trainer.callbacks]
+    assert RoundProgressBar not in kinds and RoundCheckpoint not in kinds

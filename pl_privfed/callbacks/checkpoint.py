@@ -74,15 +74,24 @@ class RoundCheckpoint(ModelCheckpoint):
     Args:
         dirpath: directory (default ``<log dir>/checkpoints``).
         filename: name template (default ``round={step:06d}``).
+        auto_insert_metric_name: Lightning's option, off so that ``{step}`` reads as the round.
         **kwargs: further ``ModelCheckpoint`` arguments (``monitor``, ``save_top_k``,
             ``every_n_train_steps``, ``save_last``, ...).
     """
 
     def __init__(
-        self, dirpath: str | None = None, filename: str = "round={step:06d}", **kwargs: Any
+        self,
+        dirpath: str | None = None,
+        filename: str = "round={step:06d}",
+        auto_insert_metric_name: bool = False,
+        **kwargs: Any,
     ) -> None:
-        kwargs.setdefault("auto_insert_metric_name", False)
-        super().__init__(dirpath=dirpath, filename=filename, **kwargs)
+        super().__init__(
+            dirpath=dirpath,
+            filename=filename,
+            auto_insert_metric_name=auto_insert_metric_name,
+            **kwargs,
+        )
 
     @override
     def _save_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
