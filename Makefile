@@ -1,5 +1,6 @@
 # Two entry points, each self-sufficient on a fresh machine with only Python:
-#   make demo   creates .venv, installs pl-privfed, runs the quickstart (DP-α-NormEC on digits)
+#   make demo   creates .venv, installs pl-privfed, runs `pl-privfed demo` (a useful private run on
+#               the embedded digits, its non-private twin and a second algorithm at the same ε)
 #   make test   creates .venv, installs pl-privfed[dev], runs ruff (lint + format) and pytest
 PYTHON ?= python3
 VENV ?= .venv
@@ -18,7 +19,7 @@ $(BIN)/.installed: pyproject.toml
 install: $(BIN)/.installed
 
 demo: $(BIN)/.installed
-	$(BIN)/pl-privfed fit --config configs/quickstart.yaml
+	$(BIN)/pl-privfed demo
 
 lint: $(BIN)/.installed
 	$(BIN)/ruff check pl_privfed tests benchmarks examples

@@ -108,7 +108,7 @@ def main(output_dir: str = "logs/plain_callbacks") -> pl.Trainer:
         CommunicationCost(workers=1),
         # per-example gradient norms and how often clipping at C shortened them
         OperatorStatistics(),
-        TrainingCurves(keys=["train_loss", "val_acc", "privacy_budget/epsilon"],
+        TrainingCurves(keys=["train_loss", "val_acc", "privacy/epsilon"],
                        dirpath=output_dir, filename="curves.png"),
         RunSummary(dirpath=output_dir, accuracy_key="val_acc", loss_key="train_loss"),
     ]  # fmt: skip

@@ -6,42 +6,82 @@ config; ``validate`` and ``test`` evaluate a checkpoint (``--ckpt_path``). ``pl-
 <sweep.yaml>`` runs a grid sweep file locally (:mod:`pl_privfed.sweep`) and ``pl-privfed report
 <results.csv>`` draws its figures and table (:mod:`pl_privfed.report`); ``pl-privfed compare
 <a/results.csv> <b/results.csv> --out DIR`` draws the best configuration of each sweep against
-rounds and bits.
+rounds and bits; ``pl-privfed demo`` runs the demo (:mod:`pl_privfed.demo`). ``pl-privfed
+--help`` lists them all.
 
 Beside the LightningCLI arguments, ``fit`` takes ``--seed N`` (every seed of the run, see
 :func:`set_seeds`), ``--output_dir`` (the run's summary, curves and the loggers' files),
 ``--run_name`` and ``--run_group`` (its W&B run's name and group). Arguments as ``wandb agent``
 writes them are accepted (:func:`agent_arguments`): every file in ``configs/sweeps`` runs
 unchanged under ``wandb sweep`` + ``wandb agent``, from any working directory of a checkout.
+
+An error the user can fix ends the command with one line, ``pl-privfed: error: <what>``, and exit
+status 2 (:func:`error_line`); ``--debug`` or ``PL_PRIVFED_DEBUG=1`` shows the traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
+import re
 import sys
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import yaml
-from jsonargparse import Namespace
+from jsonargparse import ArgumentError, ArgumentParser, Namespace
+from lightning_fabric.utilities.exceptions import MisconfigurationException
 from pytorch_lightning import seed_everything
+from pytorch_lightning.callbacks import ModelCheckpoint, ProgressBar
 from pytorch_lightning.cli import LightningCLI, SaveConfigCallback
-from pytorch_lightning.loggers import WandbLogger
+from pytorch_lightning.loggers import CSVLogger, TensorBoardLogger, WandbLogger
 
-from pl_privfed.callbacks import CommunicationCost, OperatorStatistics, RunSummary, TrainingCurves
+from pl_privfed.callbacks import (
+    RoundCheckpoint,
+    RoundProgressBar,
+    RunSummary,
+    TrainingCurves,
+    default_callbacks,
+)
+from pl_privfed.callbacks.checkpoint import check_checkpoint_file
+from pl_privfed.checks import check_strategy
 from pl_privfed.datamodules import FederatedDataModule
-from pl_privfed.module import FederatedModule
+from pl_privfed.datamodules.files import DataFileError
+from pl_privfed.module import FederatedModule, NonFiniteLossError
 
 __all__ = [
     "LoggedConfig",
     "PrivFedCLI",
     "agent_arguments",
+    "check_config_files",
+    "condense_parser_error",
+    "error_line",
     "main",
+    "reserve_log_dir",
     "set_seeds",
     "wandb_offline_unless_logged_in",
 ]
+
+#: one-line help of the Trainer subcommands, in the package's terms
+TRAINER_COMMANDS = {
+    "fit": "Train a federation: one training step is one communication round (--config <yaml>).",
+    "validate": "Evaluate a model on the held-out set (--ckpt_path <checkpoint> to load one).",
+    "test": "Test a model on the held-out set (--ckpt_path <checkpoint> to load one).",
+}
+#: the subcommands that are not Trainer methods, with their one-line help
+EXTRA_COMMANDS = {
+    "sweep": "Run a W&B grid sweep file locally (sequentially, resumable).",
+    "report": "Heatmaps, curves and a paper-style table from a sweep's results.csv.",
+    "compare": "The best run of each sweep side by side, against rounds and bits.",
+    "demo": "Train on the embedded digits: a useful private run beside its non-private "
+    "twin and a second algorithm at the same ε; prints a table, saves a figure.",
+}
+DEBUG_ENV = "PL_PRIVFED_DEBUG"
+ERROR_PREFIX = "pl-privfed: error: "
+PACKAGE_DIR = Path(__file__).resolve().parent
 
 #: The repository root of the installed package: sweep commands name configs relative to it.
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -134,7 +174,7 @@ def wandb_offline_unless_logged_in() -> None:
     """Run W&B offline (``WANDB_MODE=offline``) unless an API key or a login is available.
 
     Offline runs are written under the logger's ``save_dir`` and can be uploaded later with
-    ``wandb sync <dir>``.
+    ``wandb sync <dir>``; :class:`PrivFedCLI` prints that command after each run.
     """
     if "WANDB_MODE" in os.environ or os.environ.get("WANDB_API_KEY"):
         return
@@ -142,6 +182,31 @@ def wandb_offline_unless_logged_in() -> None:
     if netrc.is_file() and "api.wandb.ai" in netrc.read_text(errors="ignore"):
         return
     os.environ["WANDB_MODE"] = "offline"
+
+
+def reserve_log_dir(logger: Any) -> None:
+    """Give a ``CSVLogger`` or ``TensorBoardLogger`` without an explicit version the next free
+    ``version_<k>`` directory, created here with ``os.mkdir`` (atomic: of two runs started at
+    once in the same directory, each gets its own; Lightning's own choice only lists the
+    directories, so both picked ``version_0`` and wrote into it)."""
+    if not isinstance(logger, CSVLogger | TensorBoardLogger) or logger._version is not None:
+        return
+    root = Path(logger.root_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    taken = [
+        int(p.name.split("_", 1)[1])
+        for p in root.iterdir()
+        if p.is_dir() and re.fullmatch(r"version_\d+", p.name)
+    ]
+    version = max(taken, default=-1) + 1
+    while True:
+        try:
+            (root / f"version_{version}").mkdir()
+        except FileExistsError:
+            version += 1
+            continue
+        logger._version = version
+        return
 
 
 class LoggedConfig(SaveConfigCallback):
@@ -161,34 +226,78 @@ class LoggedConfig(SaveConfigCallback):
 
 
 class PrivFedCLI(LightningCLI):
-    """LightningCLI with W&B offline without credentials, the resolved config logged to W&B, and
-    these callbacks always on: :class:`RunSummary`, :class:`OperatorStatistics`,
-    :class:`CommunicationCost`, :class:`TrainingCurves`.
+    """LightningCLI over :class:`FederatedModule` and the datamodules.
 
-    Before the classes are instantiated, ``--seed`` sets every seed of the config
-    (:func:`set_seeds`); with ``--output_dir`` every logger's ``save_dir`` becomes that directory
-    (the run's CSV logs and offline W&B files live with its summary); a ``WandbLogger`` is named
-    ``--run_name`` (under ``wandb agent``: after the sweep parameters the agent wrote) and
-    grouped by ``--run_group``."""
+    * the callbacks of :func:`pl_privfed.default_callbacks` on every run (summary, operator
+      statistics, communication, curves, a progress bar of rounds, checkpoints named in rounds
+      and written atomically, one at the end of every fit), leaving out the bar and the
+      checkpoints when the trainer turns them off or brings its own bar;
+    * each run's ``version_<k>`` log directory reserved atomically (:func:`reserve_log_dir`);
+    * a model-sharding strategy (FSDP, DeepSpeed) and an unreadable ``ckpt_path`` refused
+      before anything starts (DDP shards the clients over processes);
+    * W&B offline without credentials, the resolved config logged to W&B runs;
+    * ``fit``, ``validate`` and ``test`` (no ``predict``: a federation has no prediction set),
+      with ``sweep``, ``report``, ``compare`` and ``demo`` listed in ``--help`` (:func:`main`
+      runs them);
+    * before the classes are instantiated, ``--seed`` sets every seed of the config
+      (:func:`set_seeds`); with ``--output_dir`` every logger's ``save_dir`` becomes that
+      directory (the run's CSV logs and offline W&B files live with its summary); a
+      ``WandbLogger`` is named ``--run_name`` (under ``wandb agent``: after the sweep
+      parameters the agent wrote) and grouped by ``--run_group``.
+    """
 
     def __init__(self, *args, **kwargs) -> None:
         wandb_offline_unless_logged_in()
         kwargs.setdefault("subclass_mode_data", True)
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
-        kwargs.setdefault(
-            "trainer_defaults",
-            {
-                "callbacks": [
-                    RunSummary(),
-                    OperatorStatistics(),
-                    CommunicationCost(),
-                    TrainingCurves(),
-                ]
-            },
-        )
+        self._own_callbacks = "trainer_defaults" not in kwargs
+        kwargs.setdefault("trainer_defaults", {"callbacks": default_callbacks()})
         kwargs.setdefault("save_config_callback", LoggedConfig)
         kwargs.setdefault("auto_configure_optimizers", False)
+        parser_kwargs = dict(kwargs.pop("parser_kwargs", None) or {})
+        parser_kwargs.setdefault("exit_on_error", False)  # main() prints errors on one line
+        parser_kwargs.setdefault(
+            "description",
+            "Simulate private, communication-efficient federated learning: one training step "
+            "is one communication round.",
+        )
+        parser_kwargs.setdefault(
+            "epilog",
+            "Errors print on one line; --debug (or PL_PRIVFED_DEBUG=1) shows the traceback.",
+        )
+        for name in self.subcommands():
+            parser_kwargs.setdefault(name, {}).setdefault("exit_on_error", False)
+        kwargs["parser_kwargs"] = parser_kwargs
         super().__init__(FederatedModule, FederatedDataModule, *args, **kwargs)
+
+    @staticmethod
+    def subcommands() -> dict[str, set[str]]:
+        """``fit``, ``validate`` and ``test``; Lightning's ``predict`` is not offered."""
+        return {
+            name: skip
+            for name, skip in LightningCLI.subcommands().items()
+            if name in ("fit", "validate", "test")
+        }
+
+    def _add_subcommands(self, parser, **kwargs) -> None:
+        super()._add_subcommands(parser, **kwargs)
+        action = getattr(parser, "_subcommands_action", None)
+        if action is None:
+            return
+        for name, description in EXTRA_COMMANDS.items():  # for --help; main() runs them
+            sub = ArgumentParser(prog=f"pl-privfed {name}", description=description)
+            action.add_subcommand(name, sub, help=description)
+        for choice in getattr(action, "_choices_actions", []):  # argparse's help entries
+            choice.help = TRAINER_COMMANDS.get(choice.dest, choice.help)
+
+    def _parse_ckpt_path(self) -> None:
+        """Check ``ckpt_path`` before Lightning reads the checkpoint's hyperparameters from it
+        (:func:`~pl_privfed.callbacks.checkpoint.check_checkpoint_file`)."""
+        subcommand = self.config.get("subcommand")
+        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if ckpt_path is not None and ckpt_path not in ("last", "best", "hpc", "registry"):
+            check_checkpoint_file(ckpt_path)
+        super()._parse_ckpt_path()
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_argument(
@@ -241,6 +350,29 @@ class PrivFedCLI(LightningCLI):
                 if config.get("run_group"):
                     init_args["group"] = config["run_group"]
 
+    def instantiate_trainer(self, **kwargs: Any):
+        """The trainer, with :func:`pl_privfed.default_callbacks` fitted to its settings: the
+        bar and the checkpoints left out when the trainer turns them off, and each default
+        replaced by a callback of its kind that the config lists (a ``RunSummary`` with its own
+        ``accuracy_key``, a ``RoundCheckpoint`` every 50 rounds, any progress bar or
+        ``ModelCheckpoint``)."""
+        if self._own_callbacks:
+            init = self.config_init[self.subcommand] if self.subcommand else self.config_init
+            config = {**(init.get("trainer") or {}), **kwargs}
+            given = config.get("callbacks") or []
+            given = given if isinstance(given, list) else [given]
+            defaults = default_callbacks(
+                progress_bar=config.get("enable_progress_bar") is not False,
+                checkpoint=config.get("enable_checkpointing") is not False,
+            )
+            kinds = {RoundProgressBar: ProgressBar, RoundCheckpoint: ModelCheckpoint}
+            self.trainer_defaults["callbacks"] = [
+                d
+                for d in defaults
+                if not any(isinstance(c, kinds.get(type(d), type(d))) for c in given)
+            ]
+        return super().instantiate_trainer(**kwargs)
+
     def _apply_output_dir(self) -> None:
         output_dir = self.config[self.subcommand].get("output_dir")
         if output_dir is None:
@@ -249,20 +381,45 @@ class PrivFedCLI(LightningCLI):
             if isinstance(callback, RunSummary | TrainingCurves):
                 callback.dirpath = output_dir
 
-    def before_fit(self) -> None:
+    def _before_run(self) -> None:
+        """Checks and set-up before a subcommand runs: a strategy that shards clients, the
+        run's own log directory (reserved by the first process only: under DDP the others
+        are launched with ``LOCAL_RANK``/``RANK`` set and write no logs), ``--output_dir``."""
+        check_strategy(self.trainer)
+        first = all(
+            int(os.environ.get(k, "0") or 0) == 0 for k in ("RANK", "LOCAL_RANK", "NODE_RANK")
+        )
+        for logger in self.trainer.loggers:
+            if first:
+                reserve_log_dir(logger)
+            init = getattr(logger, "_wandb_init", None)
+            if isinstance(logger, WandbLogger) and isinstance(init, dict):
+                if init.get("anonymous", False) is None:  # W&B warns about any value passed
+                    del init["anonymous"]
         self._apply_output_dir()
+
+    def before_fit(self) -> None:
+        self._before_run()
 
     def before_validate(self) -> None:
-        self._apply_output_dir()
+        self._before_run()
 
     def before_test(self) -> None:
-        self._apply_output_dir()
+        self._before_run()
 
     def _finish_wandb(self) -> None:
-        """Close the W&B runs so that one process can run several fits (e.g. a local sweep)."""
+        """Close the W&B runs so that one process can run several fits (e.g. a local sweep);
+        say where an offline run was saved and how to upload it."""
         for logger in self.trainer.loggers:
             if isinstance(logger, WandbLogger) and logger._experiment is not None:
-                logger.experiment.finish()
+                run = logger.experiment
+                offline = bool(getattr(run, "offline", False))
+                folder = Path(run.dir).parent if offline and getattr(run, "dir", None) else None
+                run.finish()
+                if folder is not None and self.trainer.is_global_zero:
+                    print(
+                        f"[pl-privfed] W&B run saved offline in {folder} (upload: wandb sync {folder})"
+                    )
 
     def after_fit(self) -> None:
         self._finish_wandb()
@@ -368,19 +525,240 @@ def _compare_main(args: list[str]) -> int:
     return 0
 
 
+def _demo_main(args: list[str]) -> int:
+    from pl_privfed.demo import main as demo_main
+
+    return demo_main(args)
+
+
+#: third-party warnings a run cannot act on (filtered by the command only, not the library):
+#: Lightning's pytree helper calls a torch API deprecated in torch 2.10; Lightning compares
+#: ``log_every_n_steps`` with an epoch's batches, but a federation logs by rounds across epochs;
+#: on machines with more than two cores Lightning asks the evaluation DataLoader for workers,
+#: which over the package's in-memory tensors would only add process start-up
+_NOISE_WARNINGS = (
+    r".*isinstance\(treespec, LeafSpec\)` is deprecated.*",
+    r"The number of training batches \(\d+\) is smaller than the logging interval.*",
+    r"The '(val|test)_dataloader' does not have many workers.*",
+    r"LightningCLI's args parameter is intended to run from within Python.*",  # main(args)
+)
+#: Lightning info lines that are advertisements or restate the config
+_NOISE_INFO = (
+    "💡 Tip:",
+    "GPU available:",
+    "TPU available:",
+    "HPU available:",
+    "Seed set to",
+    "`Trainer.fit` stopped:",
+)
+
+
+class _DropNoise(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.getMessage()).startswith(_NOISE_INFO)
+
+
+def _quiet_third_party() -> None:
+    """Filter the noise of third-party libraries that a normal run prints and cannot prevent
+    (Lightning tips, a pytree deprecation, W&B's offline chatter); the command only."""
+    for pattern in _NOISE_WARNINGS:
+        warnings.filterwarnings("ignore", message=pattern)
+    for name in ("pytorch_lightning", "lightning.pytorch", "lightning_fabric", "lightning.fabric"):
+        target = logging.getLogger(name)
+        if not any(isinstance(f, _DropNoise) for f in target.filters):
+            target.addFilter(_DropNoise())
+        for child in list(logging.root.manager.loggerDict):
+            if child.startswith(name + "."):
+                child_logger = logging.getLogger(child)
+                if not any(isinstance(f, _DropNoise) for f in child_logger.filters):
+                    child_logger.addFilter(_DropNoise())
+    if os.environ.get("WANDB_MODE") == "offline":
+        os.environ.setdefault("WANDB_SILENT", "true")  # the sync hint is printed after the run
+
+
+def _config_files(argv: list[str]) -> list[str]:
+    """The ``--config``/``-c`` files named on the command line."""
+    files = []
+    for i, arg in enumerate(argv):
+        if arg in ("--config", "-c") and i + 1 < len(argv):
+            files.append(argv[i + 1])
+        elif arg.startswith("--config="):
+            files.append(arg.split("=", 1)[1])
+    return files
+
+
+def check_config_files(argv: list[str]) -> None:
+    """Refuse a ``--config`` file that is missing, empty or not a YAML mapping, naming it
+    (jsonargparse reports an empty file as "Unexpected config: ")."""
+    for name in _config_files(argv):
+        if name.lstrip().startswith("{"):
+            continue  # an inline YAML/JSON mapping
+        path = Path(name)
+        if not path.is_file():
+            raise ValueError(f"--config {name}: no such file")
+        try:
+            content = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as exc:
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise ValueError(f"--config {name} is not valid YAML: {first}") from exc
+        if content is None:
+            raise ValueError(
+                f"--config {name} is empty: a config is a YAML mapping with trainer, model "
+                "and data sections (see configs/quickstart.yaml)"
+            )
+        if not isinstance(content, dict):
+            raise ValueError(
+                f"--config {name} holds a {type(content).__name__}, not a YAML mapping with "
+                "trainer, model and data sections"
+            )
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and the exceptions it was raised from, outermost first."""
+    out: list[BaseException] = []
+    while exc is not None and all(exc is not e for e in out):
+        out.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    return out
+
+
+def _raised_here(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised by this package's code (its innermost frame is ours)."""
+    tb = exc.__traceback__
+    last = None
+    while tb is not None:
+        last, tb = tb, tb.tb_next
+    return last is not None and Path(last.tb_frame.f_code.co_filename).resolve().is_relative_to(
+        PACKAGE_DIR
+    )
+
+
+def _raising_class(exc: BaseException) -> str | None:
+    """The package class whose code raised ``exc`` (the outermost of our frames with a
+    ``self``), e.g. ``DigitsDataModule`` for a bad ``data.init_args.batch_size``."""
+    tb = exc.__traceback__
+    while tb is not None:
+        frame = tb.tb_frame
+        if Path(frame.f_code.co_filename).resolve().is_relative_to(PACKAGE_DIR):
+            owner = frame.f_locals.get("self")
+            if owner is not None and not isinstance(owner, LightningCLI):
+                return type(owner).__name__
+        tb = tb.tb_next
+    return None
+
+
+def _one_line(text: str) -> str:
+    return " ".join(part.strip() for part in str(text).splitlines() if part.strip())
+
+
+_PARSER_SCAFFOLDING = (
+    "Parser key",
+    "Problem with given class_path",
+    "Does not validate against any of the Union subtypes",
+    "Subtypes:",
+    "Errors:",
+    "Given value",
+)
+
+
+def condense_parser_error(text: str) -> str:
+    """jsonargparse's nested error report (one ``Parser key`` per level, the subtypes of each
+    union tried, the value given at each level) as one line: the full key, the innermost class,
+    what was expected or refused, and the value given.
+
+    >>> condense_parser_error('Parser key "trainer.max_steps":\\n  Expected a <class \\'int\\'>. '
+    ...                       'Got value: abc')
+    "trainer.max_steps: Expected a <class 'int'>. Got value: abc"
+    """
+    keys = re.findall(r'Parser key "([^"]+)"', text)
+    classes = re.findall(r"class_path '([^']+)'", text)
+    given = re.findall(r"Given value: (.*)", text)
+    problems: list[str] = []
+    for raw in str(text).splitlines():
+        line = raw.strip().removeprefix("- ").strip()
+        if line and not line.startswith(_PARSER_SCAFFOLDING) and line not in problems:
+            problems.append(line)
+    if not keys or not problems:
+        return _one_line(text)
+    where = ".".join(keys) + (f" ({classes[-1]})" if classes else "")
+    what = "; ".join(problems) + (f" (given: {given[0].strip()})" if given else "")
+    return f"{where}: {what}"
+
+
+def error_line(exc: BaseException) -> tuple[str, int] | None:
+    """The one line and exit status :func:`main` reports for an error the user can fix (a
+    configuration, a data file, a checkpoint, a diverged run), or ``None`` for anything else
+    (a bug: the traceback is shown).
+
+    A ``ValueError`` (or ``FileNotFoundError``) raised by this package's checks is reported
+    with its message, prefixed by the class that refused the value, wherever it surfaced
+    (jsonargparse wraps errors raised while it instantiates classes in a "Does not validate
+    against any of the Union subtypes" error with the whole namespace); jsonargparse's own
+    parse errors and Lightning's configuration errors with theirs. Exit status 2 for
+    configuration errors, 1 for a run that stopped on a non-finite loss.
+    """
+    chain = _chain(exc)
+    for e in reversed(chain):  # innermost first: the package's own check
+        if isinstance(e, NonFiniteLossError):
+            return _one_line(str(e)), 1
+        if isinstance(e, ValueError | FileNotFoundError | DataFileError) and _raised_here(e):
+            owner = _raising_class(e)
+            message = _one_line(str(e))
+            return (f"{owner}: {message}" if owner else message), 2
+    for e in chain:  # outermost first: the parser's or Lightning's own words
+        if isinstance(e, ArgumentError):
+            return condense_parser_error(str(e)), 2
+        if isinstance(e, MisconfigurationException):
+            return _one_line(str(e)), 2
+    return None
+
+
 def main(args: list[str] | None = None) -> None:
-    """Console entry point: LightningCLI subcommands (fit, validate, test, ...), plus ``sweep``,
-    ``report`` and ``compare``."""
+    """Console entry point: LightningCLI subcommands ``fit``, ``validate`` and ``test``, plus
+    ``sweep``, ``report``, ``compare`` and ``demo``.
+
+    Every error the user can fix (a bad value, a missing data file, a damaged checkpoint, an
+    empty config) ends the command with one line on stderr, ``pl-privfed: error: <what>``, and
+    exit status 2 (1 for a run stopped by a non-finite loss); ``--debug`` (anywhere before a
+    sweep's ``--``) or ``PL_PRIVFED_DEBUG=1`` shows the traceback instead.
+    """
     argv = list(sys.argv[1:] if args is None else args)
-    if argv and argv[0] not in ("sweep", "report", "compare"):
-        argv = agent_arguments(argv)
-    if argv and argv[0] == "sweep":
-        raise SystemExit(_sweep_main(argv[1:]))
-    if argv and argv[0] == "report":
-        raise SystemExit(_report_main(argv[1:]))
-    if argv and argv[0] == "compare":
-        raise SystemExit(_compare_main(argv[1:]))
-    PrivFedCLI(args=argv)
+    cut = argv.index("--") if "--" in argv else len(argv)
+    debug = "--debug" in argv[:cut] or os.environ.get(DEBUG_ENV, "") not in ("", "0")
+    argv = [a for a in argv[:cut] if a != "--debug"] + argv[cut:]
+    if argv and argv[0] not in ("sweep", "report", "compare", "demo"):
+        argv = agent_arguments(argv)  # as `wandb agent` writes them (None, relative configs)
+    wandb_offline_unless_logged_in()
+    if not debug:
+        _quiet_third_party()
+    try:
+        if argv and argv[0] in ("sweep", "report", "compare", "demo"):
+            command = {
+                "sweep": _sweep_main,
+                "report": _report_main,
+                "compare": _compare_main,
+                "demo": _demo_main,
+            }[argv[0]]
+            raise SystemExit(command(argv[1:]))
+        if not argv:
+            names = ", ".join(["fit", "validate", "test", *EXTRA_COMMANDS])
+            raise ValueError(f"choose a subcommand: {names} (pl-privfed --help describes them)")
+        check_config_files(argv)
+        if args is None:  # LightningCLI reads sys.argv (given args beside it draw a warning)
+            sys.argv[1:] = argv
+            PrivFedCLI()
+        else:
+            PrivFedCLI(args=argv)
+    except (SystemExit, KeyboardInterrupt):
+        raise
+    except Exception as exc:
+        reported = None if debug else error_line(exc)
+        if reported is None:
+            raise
+        line, code = reported
+        sys.stdout.flush()
+        print(ERROR_PREFIX + line, file=sys.stderr, flush=True)
+        raise SystemExit(code) from None
 
 
 if __name__ == "__main__":

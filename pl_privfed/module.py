@@ -26,7 +26,7 @@ from typing_extensions import override
 
 from pl_privfed.algorithms import FederatedAlgorithm
 from pl_privfed.callbacks._wandb import log_artifact
-from pl_privfed.checks import check_positive_int
+from pl_privfed.checks import check_positive_int, check_trainer
 from pl_privfed.datamodules.base import TensorRoundBatch
 from pl_privfed.engine import ChunkOracle, ClientShard, OracleOutput, Placement, choose_chunk_size
 from pl_privfed.engine.distributed import adopt_strategy
@@ -285,6 +285,7 @@ class FederatedModule(pl.LightningModule):
 
     @override
     def setup(self, stage: str) -> None:
+        check_trainer(self.trainer)  # a supported strategy, a positive evaluation interval
         if self.oracle is not None:
             return
         datamodule = self.trainer.datamodule
@@ -565,6 +566,7 @@ class FederatedModule(pl.LightningModule):
                 self.grid_record(k, "train/loss", round_index + 1, loss)
         running = self.grid_running()
         if not running and not any(s.startswith("finished") for s in self._grid_status):
+            self.write_grid_results()  # every configuration failed: the table still says how
             raise NonFiniteLossError(
                 f"every configuration of the grid has a non-finite training loss by round "
                 f"{round_index}; stopping (lower the step sizes, or check the data and model)"

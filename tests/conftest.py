@@ -19,7 +19,8 @@ def repo() -> Path:
     return REPO
 
 
-SHARED_DATA = REPO.parent / "shared" / "data"
+# ../shared/data beside the checkout; a worktree elsewhere names it in PL_PRIVFED_SHARED_DATA
+SHARED_DATA = Path(os.environ.get("PL_PRIVFED_SHARED_DATA", REPO.parent / "shared" / "data"))
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,7 @@ from torch import nn
 
 from pl_privfed import FederatedModule
 from pl_privfed.algorithms import EF21, AlphaNormEC
-from pl_privfed.callbacks import CommunicationCost, OperatorStatistics, TrainingCurves
+from pl_privfed.callbacks import CommunicationCost, OperatorStatistics, RunSummary, TrainingCurves
 from pl_privfed.communication import count_nonzeros, message_bits
 from pl_privfed.datamodules import QuadraticDataModule
 from pl_privfed.models import HalfSquaredError, QuadraticModel
@@ -179,3 +179,85 @@ def test_log_artifact_without_wandb_logger_needs_no_wandb(tmp_path, monkeypatch)
     monkeypatch.setitem(sys.modules, "wandb", None)  # ``import wandb`` now raises ImportError
     trainer = pl.Trainer(logger=False, default_root_dir=tmp_path)
     log_artifact(trainer, tmp_path / "summary.json", "run-summary")
+
+
+class PlainEveryThird(PlainRegression):
+    """Logs ``every3`` at steps 0, 3, 6, ... only (like ε with ``epsilon_every: 3``)."""
+
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        self.log("train_loss", loss)
+        if self.global_step % 3 == 0:
+            self.log("every3", float(self.global_step))
+        return loss
+
+
+def test_training_curves_record_a_metric_only_where_it_was_logged(tmp_path):
+    """Today a metric logged every N steps was re-recorded at every step: a staircase."""
+    curves = TrainingCurves(keys=["train_loss", "every3"], dirpath=str(tmp_path))
+    fit(PlainEveryThird(), [curves], max_steps=10)
+    # logged at global steps 0, 3, 6, 9; recorded after the step, at rounds done 1, 4, 7, 10
+    assert curves.history["every3"] == [(1, 0.0), (4, 3.0), (7, 6.0), (10, 9.0)]
+    assert [s for s, _ in curves.history["train_loss"]] == list(range(1, 11))
+    rows = (tmp_path / "curves.csv").read_text().splitlines()
+    assert sum(r.startswith("every3,") for r in rows) == 4
+
+
+def test_training_curves_of_epsilon_logged_every_few_rounds(tmp_path):
+    module, dm = quadratic_module(
+        AlphaNormEC(0.1, 0.1, 0.01, noise=DPNoise(noise_multiplier=1.0)), 4, 16
+    )
+    module.epsilon_every = 4
+    curves = TrainingCurves(dirpath=str(tmp_path))
+    fit(module, [curves], dm, max_steps=10)
+    assert [r for r, _ in curves.history["privacy/epsilon"]] == [4, 8, 10]  # and the last round
+
+
+class PlainValAcc(PlainWithValidation):
+    def validation_step(self, batch, batch_idx):
+        super().validation_step(batch, batch_idx)
+        self.log("val/acc", 0.5)
+
+
+def test_run_summary_reports_the_metrics_it_is_given_and_warns_about_missing_ones(tmp_path):
+    """Today a module logging ``val/acc`` got ``final_test_accuracy: null`` silently."""
+    import json
+
+    def fit_with_validation(callback):
+        pl.Trainer(max_steps=4, val_check_interval=2, check_val_every_n_epoch=None, logger=False,
+                   enable_checkpointing=False, enable_progress_bar=False,
+                   enable_model_summary=False, num_sanity_val_steps=0,
+                   callbacks=[callback]).fit(PlainValAcc())  # fmt: skip
+
+    summary = RunSummary(dirpath=str(tmp_path))
+    with pytest.warns(UserWarning, match=r"no metric 'test/acc' was logged.*val/acc.*accuracy_key"):
+        fit_with_validation(summary)
+    assert json.loads((tmp_path / "summary.json").read_text())["final_test_accuracy"] is None
+    named = RunSummary(dirpath=str(tmp_path / "named"), accuracy_key="val/acc",
+                       loss_key="train_loss")  # fmt: skip
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="RunSummary")
+        fit_with_validation(named)
+    data = json.loads((tmp_path / "named" / "summary.json").read_text())
+    assert data["final_test_accuracy"] == 0.5 and data["final_test_accuracy_round"] == 4
+    assert data["final_train_loss"] > 0
+
+
+def test_default_callbacks_follow_the_trainer_settings():
+    from pl_privfed import default_callbacks
+    from pl_privfed.callbacks import (
+        CommunicationCost,
+        OperatorStatistics,
+        RoundCheckpoint,
+        RoundProgressBar,
+        RunSummary,
+    )
+
+    kinds = [type(c) for c in default_callbacks()]
+    assert kinds == [RunSummary, OperatorStatistics, CommunicationCost, TrainingCurves,
+                     RoundProgressBar, RoundCheckpoint]  # fmt: skip
+    kinds = [type(c) for c in default_callbacks(progress_bar=False, checkpoint=False)]
+    assert RoundProgressBar not in kinds and RoundCheckpoint not in kinds
+    assert default_callbacks(accuracy_key="val/acc")[0].accuracy_key == "val/acc"

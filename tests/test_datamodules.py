@@ -4,8 +4,10 @@ import pytorch_lightning as pl
 import torch
 
 from pl_privfed.datamodules import (
+    ClientStreams,
     DigitsDataModule,
     DirichletPartitioner,
+    IIDPartitioner,
     QuadraticDataModule,
     SyntheticLogisticDataModule,
 )
@@ -97,10 +99,21 @@ def test_without_replacement_within_a_local_epoch():
 
 
 def test_small_shard_batches_repeat_examples():
-    dm = QuadraticDataModule(centers=[[1.0], [2.0]])
-    dm.batch_size = 3  # one example per client, three draws per round
-    dm.setup("fit")
-    assert dm.round_indices(0).tolist() == [[0, 0, 0], [1, 1, 1]]
+    # a client whose shard is smaller than the batch cycles through it (one example, 3 draws)
+    streams = ClientStreams([np.array([0]), np.array([1, 2, 3])], batch_size=3, seed=0)
+    assert streams.indices(0)[0].tolist() == [0, 0, 0]
+    assert sorted(streams.indices(0)[1].tolist()) == [1, 2, 3]
+
+
+def test_batch_larger_than_every_shard_is_refused():
+    """Today's behaviour was to repeat every shard ~B/N times per batch, silently."""
+    dm = QuadraticDataModule(centers=[[1.0], [2.0]])  # one example per client
+    dm.batch_size = 3
+    with pytest.raises(ValueError, match=r"batch_size=3 is larger than every client's shard"):
+        dm.setup("fit")
+    full = digits(num_clients=3, batch_size=479, partitioner=IIDPartitioner(0))
+    # 1,437 = 3 × 479: batch = shard, full-batch rounds
+    assert sorted(full.round_indices(0)[0].tolist()) == sorted(full.shards[0].tolist())
 
 
 class _FakeTrainer:

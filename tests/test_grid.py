@@ -20,7 +20,7 @@ from pl_privfed.algorithms import (
     FedAvgPerUpdateClipping,
     LocalSGD,
 )
-from pl_privfed.callbacks import GradientNorm
+from pl_privfed.callbacks import GradientNorm, RunSummary
 from pl_privfed.cli import PrivFedCLI, main
 from pl_privfed.datamodules import DigitsDataModule, DirichletPartitioner
 from pl_privfed.grads import GradientOracle
@@ -157,6 +157,25 @@ def test_diverging_configuration_is_frozen_and_the_others_go_on(tmp_path):
                              grid={"step_size": [3e38]})  # fmt: skip
     with pytest.raises(NonFiniteLossError, match="round"):
         _fit(module, tmp_path / "all", 6)
+
+
+def test_a_grid_in_which_every_configuration_diverges_still_writes_its_results(tmp_path):
+    """Today the run stopped with summary.json pointing to a results.csv never written."""
+    out = tmp_path / "out"
+    module = FederatedModule(_model(batch_norm=False, dtype=torch.float32),
+                             Clip21(0.1, clip_threshold=1.0),
+                             grid={"step_size": [3e38, 1e38]}, grid_dir=str(out))  # fmt: skip
+    summary = RunSummary(dirpath=str(tmp_path))
+    with pytest.raises(NonFiniteLossError, match="every configuration"):
+        _fit(module, tmp_path / "all", 6, callbacks=[summary])
+    data = json.loads((tmp_path / "summary.json").read_text())
+    assert data["status"].startswith("failed: NonFiniteLossError")
+    assert data["grid"] == {"configurations": 2, "finished": 0, "failed": 2,
+                            "results": str(out / "results.csv")}  # fmt: skip
+    with open(data["grid"]["results"]) as f:
+        rows = list(csv.DictReader(f))
+    assert [r["step_size"] for r in rows] == ["3e+38", "1e+38"]
+    assert all(r["status"].startswith("failed: non-finite training loss at round") for r in rows)
 
 
 def test_grid_results_are_a_sweep_that_report_draws(tmp_path):

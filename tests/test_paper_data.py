@@ -115,7 +115,7 @@ def test_generated_canonical_cifar10(tmp_path):
     for name, batch in batches.items():
         (folder / name).write_bytes(pickle.dumps(batch))
     (folder / "batches.meta").write_bytes(pickle.dumps({"label_names": list(CIFAR10_CLASSES)}))
-    dm = CIFAR10DataModule(data_dir=str(tmp_path), verify_md5=False, num_clients=2)
+    dm = CIFAR10DataModule(data_dir=str(tmp_path), verify_md5=False, num_clients=2, batch_size=8)
     dm.setup("fit")
     assert dm.source == "canonical"
     x, y = dm.train_dataset.tensors
@@ -124,7 +124,7 @@ def test_generated_canonical_cifar10(tmp_path):
     expected = batches["data_batch_1"]["data"][0].reshape(3, 32, 32)
     assert torch.equal(x[0], torch.from_numpy(expected))
     with pytest.raises(RuntimeError, match="corrupted"):  # md5 checked by default
-        CIFAR10DataModule(data_dir=str(tmp_path), num_clients=2).setup("fit")
+        CIFAR10DataModule(data_dir=str(tmp_path), num_clients=2, batch_size=8).setup("fit")
 
 
 def test_generated_jpeg_archive_is_decoded_once(tmp_path):
@@ -151,7 +151,7 @@ def test_generated_jpeg_archive_is_decoded_once(tmp_path):
     assert dm.train_dataset.tensors[1].tolist() == [c for c in range(10) for _ in range(2)]
     cached = cache / "cifar10-jpeg" / "train_x.npy"
     stamp = cached.stat().st_mtime_ns
-    again = CIFAR10DataModule(data_dir=str(data), cache=str(cache), num_clients=2)
+    again = CIFAR10DataModule(data_dir=str(data), cache=str(cache), num_clients=2, batch_size=2)
     again.setup("fit")
     assert cached.stat().st_mtime_ns == stamp  # decoded once
     assert torch.equal(again.train_dataset.tensors[0], dm.train_dataset.tensors[0])
@@ -159,7 +159,7 @@ def test_generated_jpeg_archive_is_decoded_once(tmp_path):
     folder = tmp_path / "folder"
     with tarfile.open(data / "cifar10-jpeg.tar.gz") as tar:
         tar.extractall(folder, filter="data")
-    from_folder = CIFAR10DataModule(data_dir=str(folder), num_clients=2)
+    from_folder = CIFAR10DataModule(data_dir=str(folder), num_clients=2, batch_size=2)
     from_folder.setup("fit")
     assert (folder / "train_x.npy").is_file()  # cached beside a writable folder
     for a, b in zip(from_folder.train_dataset.tensors, dm.train_dataset.tensors, strict=True):

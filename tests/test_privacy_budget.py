@@ -64,7 +64,7 @@ def test_stops_before_the_step_that_exceeds_the_budget(tmp_path):
     assert trainer.global_step == over - 1
     assert budget.spent <= 1.0 < budget._epsilon_after([(3.0, 0.125)])
     assert budget.stopped_step == over - 1
-    assert trainer.callback_metrics["privacy_budget/epsilon"] == pytest.approx(budget.spent)
+    assert trainer.callback_metrics["privacy/epsilon"] == pytest.approx(budget.spent)
     data = json.loads((tmp_path / "summary.json").read_text())
     assert "privacy budget" in data["stopped_reason"]
 
@@ -117,6 +117,11 @@ def test_federated_module_protocol_and_resume(tmp_path):
     trainer, module = _federated(tmp_path / "a", [budget])
     assert trainer.global_step == over - 1 < 40
     assert budget.spent == pytest.approx(module.accountant.get_epsilon(1e-5))
+    # one ε key: the module's privacy/epsilon (today the callback added privacy_budget/epsilon)
+    assert trainer.callback_metrics["privacy/epsilon"] == pytest.approx(budget.spent)
+    assert not [k for k in trainer.callback_metrics if k.startswith("privacy_budget/")]
+    remaining = trainer.callback_metrics["privacy/budget_remaining"]
+    assert remaining == pytest.approx(2.0 - budget.spent)
     # interrupted at round 5, resumed: the accounting continues and stops at the same round
     ckpt = ModelCheckpoint(dirpath=tmp_path / "ck", every_n_train_steps=5, save_top_k=-1)
     _federated(tmp_path / "b", [PrivacyBudget(epsilon=2.0), ckpt, StopAt(5)])

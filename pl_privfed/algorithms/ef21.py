@@ -286,7 +286,7 @@ class Clip21(ErrorFeedback):
         super().__init__(
             step_size,
             1.0,
-            Clip(clip_threshold),
+            Clip(check_positive("clip_threshold", clip_threshold)),
             server_normalization,
             memory_init,
             memory_init_offset,

@@ -316,6 +316,8 @@ class FedAvgPerSampleClipping(LocalUpdateAlgorithm):
         if clip_level not in ("minibatch", "example"):
             raise ValueError(f"clip_level must be 'minibatch' or 'example', got {clip_level!r}")
         self.clip_level = clip_level
+        if clip_threshold is not None:
+            check_positive("clip_threshold", clip_threshold)
         self.operator: Operator = Clip(clip_threshold) if clip_threshold is not None else Identity()
         self.clip_threshold = None if clip_threshold is None else float(clip_threshold)
         self.batch_size = 1  # B, examples per noised local step (set by configure_data)
@@ -516,6 +518,8 @@ class FedAvgPerUpdateClipping(LocalUpdateAlgorithm):
     ) -> None:
         super().__init__(step_size, local_solver, sampler, noise, sampling_seed)
         self.local_step_size = check_positive("local_step_size", local_step_size)
+        if clip_threshold is not None:
+            check_positive("clip_threshold", clip_threshold)
         self.operator: Operator = Clip(clip_threshold) if clip_threshold is not None else Identity()
         self.clip_threshold = None if clip_threshold is None else float(clip_threshold)
 

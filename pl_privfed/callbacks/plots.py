@@ -10,6 +10,7 @@ from typing import Any
 import pytorch_lightning as pl
 from matplotlib.figure import Figure
 from pytorch_lightning.utilities import rank_zero_only
+from torch import Tensor
 from typing_extensions import override
 
 from pl_privfed.callbacks._wandb import log_artifact, wandb_loggers
@@ -33,7 +34,10 @@ class TrainingCurves(pl.Callback):
     """Records logged metrics against the step (round) and plots them when fit ends.
 
     Works with any LightningModule: it reads ``trainer.callback_metrics`` after every training
-    step (training metrics) and after every validation (evaluation metrics). At the end of fit it
+    step (training metrics) and after every validation (evaluation metrics), and records a metric
+    only at the rounds where it was logged: one logged every ``N`` rounds (e.g. ``privacy/epsilon``
+    with ``epsilon_every: N``) gets a point every ``N`` rounds, not a staircase repeating its last
+    value in between. At the end of fit it
     saves one panel per metric to ``<log_dir>/<filename>``, the numbers beside it as
     ``<stem>.csv`` (``metric,round,value`` rows), and, when a ``WandbLogger`` is
     attached, logs the figure as a W&B image and as an artifact. The history is kept in
@@ -63,11 +67,25 @@ class TrainingCurves(pl.Callback):
         self.csv_path: Path | None = None
         self._eval_keys: set[str] = set()
         self._before_eval: dict[str, Any] = {}
+        self._seen: dict[str, Any] = {}
 
-    def _capture(self, trainer: pl.Trainer, keys: list[str]) -> None:
+    def _logged_since_seen(self, key: str, value: Any) -> bool:
+        """Whether ``value`` (``trainer.callback_metrics[key]``) was logged since the last
+        training step: Lightning stores a new tensor each time a metric is logged, and hands out
+        views of the stored one until then; the previous one is kept here, so its memory cannot
+        be reused by the next."""
+        if not isinstance(value, Tensor):
+            return True
+        seen = self._seen.get(key)
+        if seen is not None and seen.data_ptr() == value.data_ptr():
+            return False
+        self._seen[key] = value
+        return True
+
+    def _capture(self, trainer: pl.Trainer, keys: list[str], training: bool = False) -> None:
         for key in keys:
             value = trainer.callback_metrics.get(key)
-            if value is None:
+            if value is None or (training and not self._logged_since_seen(key, value)):
                 continue
             value = float(value)
             points = self.history.setdefault(key, [])
@@ -77,7 +95,7 @@ class TrainingCurves(pl.Callback):
     @override
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         # evaluation metrics stay in callback_metrics between validations: not re-recorded here
-        self._capture(trainer, [k for k in self.keys if k not in self._eval_keys])
+        self._capture(trainer, [k for k in self.keys if k not in self._eval_keys], training=True)
 
     @override
     def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

@@ -34,11 +34,13 @@ class PrivacyBudget(pl.Callback):
     """Tracks ε with an Opacus accountant and stops before the step that would exceed ``epsilon``.
 
     In the spirit of Lightning's ``EarlyStopping``: after every training step it records the
-    Gaussian mechanisms the step applied, logs ``privacy_budget/epsilon`` (and ``…/remaining``),
-    and if the next step would take ε above the budget it sets ``trainer.should_stop``, so no
-    step ever exceeds the budget; the reason is kept in :attr:`stop_reason` (``RunSummary``
-    writes it to ``summary.json``). Its accountant is saved in checkpoints, so a resumed run
-    continues the same accounting.
+    Gaussian mechanisms the step applied, logs ``privacy/epsilon`` (the package's one ε key; a
+    module with its own ``privacy_report()``, such as :class:`~pl_privfed.FederatedModule`,
+    logs it already) and ``privacy/budget_remaining``, and if one more identical step would
+    take ε above the budget it sets
+    ``trainer.should_stop``, so no step ever exceeds the budget; the reason is kept in
+    :attr:`stop_reason` (``RunSummary`` writes it to ``summary.json``). Its accountant is saved
+    in checkpoints, so a resumed run continues the same accounting.
 
     **What it assumes.** The callback certifies only what it is told: ε is the accountant's
     bound for Gaussian releases with the given noise multiplier (noise std divided by the
@@ -163,8 +165,9 @@ class PrivacyBudget(pl.Callback):
         for mechanism in self.step_mechanisms(pl_module):
             self.accountant.step_mechanism(mechanism)
         self.spent = self.accountant.get_epsilon(self.delta)
-        pl_module.log("privacy_budget/epsilon", self.spent)
-        pl_module.log("privacy_budget/remaining", self.epsilon - self.spent)
+        if not callable(getattr(pl_module, "privacy_report", None)):
+            pl_module.log("privacy/epsilon", self.spent)  # else the module logs its own ε
+        pl_module.log("privacy/budget_remaining", self.epsilon - self.spent)
         self._check_next(trainer, pl_module)
 
     def summary_entries(self) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytorch_lightning as pl
 import yaml
-from pytorch_lightning.utilities import rank_zero_only
+from pytorch_lightning.utilities import rank_zero_only, rank_zero_warn
 from typing_extensions import override
 
 from pl_privfed.callbacks._wandb import log_artifact, wandb_loggers
@@ -43,6 +43,10 @@ class RunSummary(pl.Callback):
     * ``final_test_accuracy``, ``final_test_loss`` and ``final_test_round``: the held-out test set,
       evaluated once for the final model at the end of fit (from the module's
       ``summary_entries()``; ``None`` for a module that does not evaluate it).
+
+    When an evaluation ends without ``accuracy_key`` among the logged metrics, or a fit ends
+    without ``loss_key`` ever logged, it warns once, naming the metrics that were logged, instead
+    of writing ``null`` silently (a module that logs other names gives them here).
 
     When the module has a ``privacy_report()`` method
     returning a dict (ε, δ, noise settings), includes it. If LightningCLI saved ``config.yaml``
@@ -84,6 +88,18 @@ class RunSummary(pl.Callback):
         self.final_loss: float | None = None
         self.evaluated_round: int | None = None
         self.path: Path | None = None
+        self._warned: set[str] = set()
+
+    def _warn_missing(self, trainer: pl.Trainer, key: str, role: str, argument: str) -> None:
+        if key in self._warned:
+            return
+        self._warned.add(key)
+        logged = sorted(trainer.callback_metrics) or ["none"]
+        rank_zero_warn(
+            f"RunSummary: no metric {key!r} was logged, so summary.json has no {role} "
+            f"(logged: {', '.join(logged)}); name the right one with RunSummary({argument}=...)",
+            category=UserWarning,
+        )
 
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -98,6 +114,8 @@ class RunSummary(pl.Callback):
     def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.sanity_checking:
             return
+        if self.accuracy_key not in trainer.callback_metrics:
+            self._warn_missing(trainer, self.accuracy_key, "validation accuracy", "accuracy_key")
         acc = finite_float(trainer.callback_metrics.get(self.accuracy_key))
         loss = finite_float(trainer.callback_metrics.get(self.val_loss_key))
         if acc is None and loss is None:
@@ -109,6 +127,12 @@ class RunSummary(pl.Callback):
 
     @override
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if (
+            self.final_loss is None
+            and trainer.global_step > 0
+            and self.loss_key not in trainer.callback_metrics
+        ):
+            self._warn_missing(trainer, self.loss_key, "training loss", "loss_key")
         self._write(trainer, pl_module, status="finished")
 
     @override

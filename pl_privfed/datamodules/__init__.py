@@ -1,6 +1,6 @@
 """Federated datamodules and partitioners."""
 
-from pl_privfed.datamodules.base import ClientStreams, FederatedDataModule
+from pl_privfed.datamodules.base import ClientStreams, DatasetDataModule, FederatedDataModule
 from pl_privfed.datamodules.digits import DigitsDataModule
 from pl_privfed.datamodules.partition import (
     ClassesPerClientPartitioner,
@@ -27,6 +27,7 @@ __all__ = [
     "CIFAR10DataModule",
     "ClassesPerClientPartitioner",
     "ClientStreams",
+    "DatasetDataModule",
     "DigitsDataModule",
     "DirichletPartitioner",
     "FashionMNISTDataModule",

@@ -18,6 +18,7 @@ from pl_privfed.datamodules.partition import IIDPartitioner, Partitioner
 
 __all__ = [
     "ClientStreams",
+    "DatasetDataModule",
     "FederatedDataModule",
     "RoundBatch",
     "TensorRoundBatch",
@@ -247,6 +248,16 @@ class _RoundLoader:
     def __len__(self) -> int:
         return self.datamodule.rounds_per_epoch
 
+    def state_dict(self) -> dict[str, int]:
+        """Makes the loader resumable for Lightning (which otherwise warns when a run resumes
+        mid-epoch): nothing needs saving, since iteration starts at ``trainer.global_step``;
+        the round is recorded for reference."""
+        trainer = self.datamodule.trainer
+        return {"round": int(trainer.global_step) if trainer is not None else 0}
+
+    def load_state_dict(self, state_dict: dict[str, int]) -> None:
+        """Nothing to restore: the restored ``trainer.global_step`` decides the next round."""
+
     def __iter__(self) -> Iterator[RoundBatch]:
         trainer = self.datamodule.trainer
         start = int(trainer.global_step) if trainer is not None else 0
@@ -379,6 +390,83 @@ class FederatedDataModule(pl.LightningDataModule):
         self.input_shape: tuple[int, ...] = ()
         self.streams: ClientStreams | None = None
 
+    # ------------------------------------------------------------------ from your own data
+    @classmethod
+    def from_datasets(
+        cls,
+        train: Dataset,
+        test: Dataset,
+        *,
+        num_classes: int | None = None,
+        **kwargs: Any,
+    ) -> DatasetDataModule:
+        """A federation over your own map-style datasets of ``(input, target)`` pairs.
+
+        The training set is split across clients by the partitioner (labels from a
+        ``TensorDataset``'s second tensor, a ``targets`` attribute, or each item); the test set
+        evaluates the global model. Inputs of one dataset must share a shape.
+
+        Args:
+            train: training examples, ``train[i] = (input, target)``.
+            test: held-out examples for validation and test.
+            num_classes: number of classes, for accuracy; ``None`` infers it from integer
+                labels (``max + 1``) and means regression (no accuracy) for float targets.
+            **kwargs: :class:`FederatedDataModule` arguments (``num_clients``, ``batch_size``,
+                ``partitioner``, ``seed``, ...).
+
+        Example::
+
+            dm = FederatedDataModule.from_datasets(torchvision_train, torchvision_test,
+                                                   num_clients=20, batch_size=32)
+        """
+        return DatasetDataModule(train, test, num_classes=num_classes, **kwargs)
+
+    @classmethod
+    def from_tensors(
+        cls,
+        x_train: Tensor,
+        y_train: Tensor,
+        x_test: Tensor,
+        y_test: Tensor,
+        *,
+        num_classes: int | None = None,
+        **kwargs: Any,
+    ) -> DatasetDataModule:
+        """A federation over tensors (or NumPy arrays): ``x_*`` inputs ``[N, ...]``, ``y_*``
+        targets ``[N]`` (integer class indices) or real-valued (regression); see
+        :meth:`from_datasets`. Inputs and real-valued targets are converted to the default
+        dtype (``float32``), class indices to ``int64``.
+
+        Example::
+
+            dm = FederatedDataModule.from_tensors(x_train, y_train, x_test, y_test,
+                                                  num_clients=10, batch_size=32,
+                                                  partitioner=DirichletPartitioner(0.5))
+        """
+        dtype = torch.get_default_dtype()
+        tensors: dict[str, Tensor] = {}
+        for name, value in (("x_train", x_train), ("y_train", y_train),
+                            ("x_test", x_test), ("y_test", y_test)):  # fmt: skip
+            t = torch.as_tensor(value)
+            if name.startswith("x") or t.is_floating_point():
+                t = t.to(dtype)  # inputs (and real-valued targets) in the default dtype
+            else:
+                t = t.long()  # class indices
+            tensors[name] = t
+        for split in ("train", "test"):
+            x, y = tensors[f"x_{split}"], tensors[f"y_{split}"]
+            if x.dim() == 0 or y.dim() == 0 or len(x) != len(y) or len(x) == 0:
+                raise ValueError(
+                    f"x_{split} and y_{split} must hold the same positive number of examples "
+                    f"along dimension 0, got shapes {tuple(x.shape)} and {tuple(y.shape)}"
+                )
+        return cls.from_datasets(
+            TensorDataset(tensors["x_train"], tensors["y_train"]),
+            TensorDataset(tensors["x_test"], tensors["y_test"]),
+            num_classes=num_classes,
+            **kwargs,
+        )
+
     # ------------------------------------------------------------------ subclass API
     def load_datasets(self) -> tuple[Dataset, Dataset]:
         """Return ``(train, test)`` map-style datasets of ``(input, target)`` pairs."""
@@ -454,6 +542,14 @@ class FederatedDataModule(pl.LightningDataModule):
                 f"num_clients={self.num_clients} but the data has {len(self.shards)} clients"
             )
         self.client_sizes = np.array([len(s) for s in self.shards], dtype=np.int64)
+        largest = int(self.client_sizes.max()) if len(self.client_sizes) else 0
+        if self.batch_size > largest:
+            raise ValueError(
+                f"batch_size={self.batch_size} is larger than every client's shard (the largest "
+                f"of the {self.num_clients} holds {largest} examples), so every minibatch would "
+                f"repeat examples; set batch_size <= {largest} (the shard size gives full-batch "
+                "rounds when the shards are equal)"
+            )
         if self.local_epochs is not None:
             largest = int(self.client_sizes.max())
             self.local_batches = self.local_epochs * math.ceil(largest / self.batch_size)
@@ -577,3 +673,47 @@ class FederatedDataModule(pl.LightningDataModule):
             "num_classes": self.num_classes,
             "partitioner": repr(self.partitioner),
         }
+
+
+def _labels(dataset: Dataset) -> Tensor:
+    tensors = getattr(dataset, "tensors", None)
+    if tensors is not None:
+        return tensors[1]
+    if hasattr(dataset, "targets"):
+        return torch.as_tensor(np.asarray(dataset.targets))
+    return torch.as_tensor(np.asarray([np.asarray(dataset[i][1]) for i in range(len(dataset))]))
+
+
+class DatasetDataModule(FederatedDataModule):
+    """A :class:`FederatedDataModule` over given map-style datasets: what
+    :meth:`FederatedDataModule.from_datasets` and :meth:`~FederatedDataModule.from_tensors`
+    return.
+
+    Args:
+        train: training examples ``(input, target)``, split across the clients.
+        test: held-out examples ``(input, target)`` for validation and test.
+        num_classes: number of classes (accuracy is logged); ``None`` infers it from integer
+            labels and means regression for float targets.
+        **kwargs: :class:`FederatedDataModule` arguments.
+    """
+
+    def __init__(
+        self, train: Dataset, test: Dataset, num_classes: int | None = None, **kwargs: Any
+    ) -> None:
+        super().__init__(**kwargs)
+        for name, dataset in (("train", train), ("test", test)):
+            if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
+                raise ValueError(f"{name} must be a map-style dataset, got {dataset!r}")
+            if len(dataset) == 0:
+                raise ValueError(f"{name} must hold at least one example, got an empty dataset")
+        if num_classes is not None:
+            check_positive_int("num_classes", num_classes)
+        else:
+            labels = _labels(train)
+            if not labels.is_floating_point() and labels.dim() == 1:
+                num_classes = int(max(labels.max(), _labels(test).max())) + 1
+        self.num_classes = num_classes
+        self._datasets = (train, test)
+
+    def load_datasets(self) -> tuple[Dataset, Dataset]:
+        return self._datasets

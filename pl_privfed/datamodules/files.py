@@ -10,7 +10,15 @@ from typing import Literal
 import numpy as np
 from sklearn.model_selection import train_test_split
 
-__all__ = ["Split", "cache_dir", "check_split", "data_root", "resplit"]
+__all__ = [
+    "DataFileError",
+    "Split",
+    "cache_dir",
+    "check_split",
+    "data_root",
+    "resplit",
+    "where_searched",
+]
 
 Split = Literal["standard", "paper"]
 
@@ -22,11 +30,30 @@ def check_split(split: str) -> Split:
     return split
 
 
+class DataFileError(RuntimeError):
+    """A dataset file that is present but cannot be read (truncated, corrupted, the wrong
+    format); the message names the file, the directory searched and ``PL_PRIVFED_DATA``. A
+    missing file is a ``FileNotFoundError`` with the same details."""
+
+
 def data_root(data_dir: str | os.PathLike | None) -> Path:
     """``data_dir``, or ``$PL_PRIVFED_DATA``, or ``./data``."""
     if data_dir is not None:
         return Path(data_dir).expanduser()
     return Path(os.environ.get("PL_PRIVFED_DATA", "data")).expanduser()
+
+
+def where_searched(data_dir: str | os.PathLike | None) -> str:
+    """Which directory :func:`data_root` chose and why, for error messages: the ``data_dir``
+    argument, else ``$PL_PRIVFED_DATA``, else ``./data``."""
+    root = data_root(data_dir)
+    if data_dir is not None:
+        why = "data_dir"
+    elif "PL_PRIVFED_DATA" in os.environ:
+        why = "from PL_PRIVFED_DATA"
+    else:
+        why = "the default ./data: set data_dir or PL_PRIVFED_DATA to where the datasets are"
+    return f"searched {str(root.resolve())!r} ({why})"
 
 
 def cache_dir(cache: str | os.PathLike | None, name: str) -> Path:

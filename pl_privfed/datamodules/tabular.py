@@ -8,7 +8,14 @@ from sklearn.datasets import load_svmlight_file
 from torch.utils.data import TensorDataset
 
 from pl_privfed.datamodules.base import FederatedDataModule
-from pl_privfed.datamodules.files import Split, check_split, data_root, resplit
+from pl_privfed.datamodules.files import (
+    DataFileError,
+    Split,
+    check_split,
+    data_root,
+    resplit,
+    where_searched,
+)
 
 __all__ = ["A9ADataModule"]
 
@@ -50,15 +57,28 @@ class A9ADataModule(FederatedDataModule):
         for path in (root / name, root / "a9a" / name):
             if path.is_file():
                 return path
-        raise FileNotFoundError(f"a9a file {name!r} not found under data_dir={str(root)!r}")
+        raise FileNotFoundError(
+            f"a9a file {name!r} not found: looked for {str(root / name)!r} and "
+            f"{str(root / 'a9a' / name)!r}; {where_searched(self.data_dir)}"
+        )
 
     def load_datasets(self) -> tuple[TensorDataset, TensorDataset]:
         parts = []
         for name in ("a9a", "a9a.t"):
-            x, y = load_svmlight_file(str(self._file(name)), n_features=A9A_FEATURES)
+            path = self._file(name)
+            try:
+                x, y = load_svmlight_file(str(path), n_features=A9A_FEATURES)
+            except (ValueError, OSError, EOFError) as exc:
+                raise DataFileError(
+                    f"a9a file {str(path)!r} cannot be read as svmlight text ({exc}): truncated "
+                    f"or corrupted; {where_searched(self.data_dir)}. Replace it with the "
+                    "original LIBSVM file"
+                ) from exc
             labels = np.asarray(y)
             if not np.isin(labels, (-1, 1)).all():
-                raise ValueError(f"a9a labels must be ±1, found {np.unique(labels)!r} in {name}")
+                raise DataFileError(
+                    f"a9a labels must be ±1, found {np.unique(labels)!r} in {str(path)!r}"
+                )
             parts += [x.toarray().astype(np.float32), (labels > 0).astype(np.int64)]
         x_tr, y_tr, x_te, y_te = resplit(self.split, self.split_seed, *parts)
         return (

@@ -14,14 +14,17 @@ from PIL import Image
 from torch import Tensor
 from torch.utils.data import TensorDataset
 from torchvision import datasets
+from torchvision.datasets.utils import check_integrity
 
 from pl_privfed.datamodules.base import FederatedDataModule
 from pl_privfed.datamodules.files import (
+    DataFileError,
     Split,
     cache_dir,
     check_split,
     data_root,
     resplit,
+    where_searched,
     writable_copy,
 )
 from pl_privfed.engine.rng import STREAM_AUGMENTATION, keyed_generator
@@ -71,7 +74,35 @@ class _MNISTLike(FederatedDataModule):
         self.standardize = standardize
         self.cache = cache
 
+    def _check_files(self) -> None:
+        """Before torchvision reads anything (without ``download``): each of the four files is
+        there, as its ``.gz`` archive or extracted, and every archive matches its published
+        md5 — otherwise torchvision would silently try to download a replacement — with a
+        message naming the file, the directory searched and ``PL_PRIVFED_DATA``."""
+        if self.download:
+            return
+        name = self._dataset.__name__
+        raw = data_root(self.data_dir) / name / "raw"
+        where = where_searched(self.data_dir)
+        for filename, md5 in self._dataset.resources:
+            archive = raw / filename
+            extracted = raw / filename.removesuffix(".gz")
+            if archive.is_file():
+                if not check_integrity(str(archive), md5):
+                    raise DataFileError(
+                        f"{name} file {str(archive)!r} is truncated or corrupted (its md5 is not "
+                        f"the published {md5}; {archive.stat().st_size} bytes); {where}. "
+                        "Replace it with the original file."
+                    )
+            elif not extracted.is_file():
+                raise FileNotFoundError(
+                    f"{name} not found: no {filename} (or {extracted.name}) in {str(raw)!r}; "
+                    f"{where}. Put the four {name} .gz files in <data>/{name}/raw/, or set "
+                    "download: true"
+                )
+
     def _root(self) -> Path:
+        self._check_files()
         root = data_root(self.data_dir)
         name = self._dataset.__name__
         raw = root / name / "raw"
@@ -85,7 +116,16 @@ class _MNISTLike(FederatedDataModule):
         raw = root / self._dataset.__name__ / "raw"
         has_archives = raw.is_dir() and any(raw.glob("*.gz"))
         # download=True with the archives present only verifies their md5 and extracts them
-        ds = self._dataset(str(root), train=train, download=self.download or has_archives)
+        try:
+            ds = self._dataset(str(root), train=train, download=self.download or has_archives)
+        except (RuntimeError, OSError, EOFError, ValueError) as exc:
+            where = where_searched(self.data_dir)
+            raise DataFileError(
+                f"{self._dataset.__name__} files in {str(raw)!r} cannot be read "
+                f"({type(exc).__name__}: {' '.join(str(exc).split())}); {where}. An extracted "
+                "file cut short by an interrupted extraction: delete the extracted files "
+                "(without .gz) to extract them again"
+            ) from exc
         return ds.data.numpy(), ds.targets.numpy()
 
     def load_datasets(self) -> tuple[TensorDataset, TensorDataset]:
@@ -193,8 +233,15 @@ def load_cifar10_arrays(
     root = data_root(data_dir)
     if (root / "cifar-10-batches-py").is_dir() or download:
         cls = datasets.CIFAR10 if verify_md5 else _UncheckedCIFAR10
-        train = cls(str(root), train=True, download=download)
-        test = cls(str(root), train=False, download=download)
+        try:
+            train = cls(str(root), train=True, download=download)
+            test = cls(str(root), train=False, download=download)
+        except (RuntimeError, OSError, EOFError, ValueError) as exc:
+            raise DataFileError(
+                f"CIFAR-10 batches in {str(root / 'cifar-10-batches-py')!r} cannot be read "
+                f"({type(exc).__name__}: {exc}; a file not found or corrupted fails torchvision's "
+                f"md5 check); {where_searched(data_dir)}"
+            ) from exc
         return (
             train.data,
             np.asarray(train.targets, dtype=np.int64),
@@ -209,8 +256,8 @@ def load_cifar10_arrays(
                         if p.is_file()), None)  # fmt: skip
         if archive is None:
             raise FileNotFoundError(
-                f"CIFAR-10 not found under data_dir={str(root)!r}: expected cifar-10-batches-py/, "
-                f"train/ and test/ image folders, or {JPEG_ARCHIVE} (or set download: true)"
+                f"CIFAR-10 not found: expected cifar-10-batches-py/, train/ and test/ image "
+                f"folders, or {JPEG_ARCHIVE} (or set download: true); {where_searched(data_dir)}"
             )
     writable = folder is not None and os.access(folder, os.W_OK)
     npy = folder if writable else cache_dir(cache, "cifar10-jpeg")
@@ -219,7 +266,13 @@ def load_cifar10_arrays(
         if folder is not None:
             parts = [_image_folder_arrays(folder / part) for part in ("train", "test")]
         else:
-            parts = _archive_arrays(archive)
+            try:
+                parts = _archive_arrays(archive)
+            except (tarfile.TarError, OSError, EOFError) as exc:
+                raise DataFileError(
+                    f"CIFAR-10 archive {str(archive)!r} cannot be read ({type(exc).__name__}: "
+                    f"{exc}): truncated or corrupted; {where_searched(data_dir)}"
+                ) from exc
         for f, array in zip(files, [a for pair in parts for a in pair], strict=True):
             np.save(f, array)
     arrays = [np.load(f) for f in files]

@@ -26,7 +26,7 @@ from torch import Tensor
 
 from pl_privfed.engine.reduce import Reduction
 
-__all__ = ["ClientShard", "adopt_strategy"]
+__all__ = ["ClientShard", "adopt_strategy", "check_strategy"]
 
 
 class ClientShard:
@@ -231,17 +231,23 @@ def adopt_strategy(trainer: Any) -> None:
     without wrapping the module in ``DistributedDataParallel``. Anything else (FSDP, DeepSpeed,
     model parallelism, XLA): a ``ValueError`` naming it, before training.
     """
-    from pytorch_lightning.strategies import DDPStrategy, SingleDeviceStrategy
+    from pytorch_lightning.strategies import DDPStrategy
 
     strategy = trainer.strategy
-    if getattr(strategy, "shards_clients", False) or isinstance(strategy, SingleDeviceStrategy):
-        return
-    if isinstance(strategy, DDPStrategy):
+    check_strategy(strategy)
+    if isinstance(strategy, DDPStrategy) and not getattr(strategy, "shards_clients", False):
         base = type(strategy)
         if base not in _ADOPTED:  # a subclass adding only methods: the same instance layout
             namespace = {"configure_ddp": _configure_ddp, "shards_clients": True}
             _ADOPTED[base] = type(f"ClientSharding{base.__name__}", (base,), namespace)
         strategy.__class__ = _ADOPTED[base]
+
+
+def check_strategy(strategy: Any) -> None:
+    """``ValueError`` unless ``strategy`` is a single device or Lightning's DDP (any variant)."""
+    from pytorch_lightning.strategies import DDPStrategy, SingleDeviceStrategy
+
+    if strategy is None or isinstance(strategy, SingleDeviceStrategy | DDPStrategy):
         return
     raise ValueError(
         f"trainer.strategy={type(strategy).__name__} is not supported: pl-privfed shards the "

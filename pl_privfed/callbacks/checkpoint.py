@@ -1,0 +1,126 @@
+"""``RoundCheckpoint``: checkpoints named in rounds, written atomically, one at the end of every
+fit; :func:`check_checkpoint_file`: a readable message for a checkpoint that cannot be loaded."""
+
+from __future__ import annotations
+
+import os
+import zipfile
+from pathlib import Path
+from typing import Any
+from weakref import proxy
+
+import pytorch_lightning as pl
+from lightning_fabric.utilities.cloud_io import _is_local_file_protocol
+from pytorch_lightning.callbacks import ModelCheckpoint
+from typing_extensions import override
+
+__all__ = ["CheckpointError", "RoundCheckpoint", "check_checkpoint_file"]
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file that is missing, truncated or not a PyTorch checkpoint; the message
+    names the path."""
+
+
+def check_checkpoint_file(path: str | os.PathLike) -> Path:
+    """Return ``path`` if it is a complete PyTorch checkpoint archive, else raise
+    :class:`CheckpointError` naming it and what is wrong.
+
+    ``torch.save`` writes a zip archive (PyTorch ≥ 1.6); a file cut short (an interrupted copy,
+    a full disk) has no central directory, and a damaged one fails the members' CRC-32 check,
+    both of which :mod:`zipfile` tests without unpickling anything. Without this check the
+    same files fail deep inside ``torch.load`` with ``OSError: [Errno 22]``, ``EOFError`` or
+    "failed finding central directory", none of which names the file.
+    """
+    file = Path(path)
+    if not file.exists():
+        raise CheckpointError(f"ckpt_path {str(file)!r}: no such file")
+    if not file.is_file():
+        raise CheckpointError(f"ckpt_path {str(file)!r} is not a file")
+    if not zipfile.is_zipfile(file):
+        raise CheckpointError(
+            f"ckpt_path {str(file)!r} ({file.stat().st_size} bytes) is not a complete PyTorch "
+            "checkpoint (no zip central directory: truncated, or not written by torch.save)"
+        )
+    try:
+        with zipfile.ZipFile(file) as archive:
+            damaged = archive.testzip()
+            names = archive.namelist()
+    except (zipfile.BadZipFile, OSError, EOFError) as exc:
+        raise CheckpointError(f"ckpt_path {str(file)!r} cannot be read: {exc}") from exc
+    if damaged is not None:
+        raise CheckpointError(
+            f"ckpt_path {str(file)!r} is damaged: member {damaged!r} fails its CRC"
+        )
+    if not any(name.endswith("/data.pkl") or name == "data.pkl" for name in names):
+        raise CheckpointError(f"ckpt_path {str(file)!r} is a zip archive but not a checkpoint")
+    return file
+
+
+class RoundCheckpoint(ModelCheckpoint):
+    """Lightning's ``ModelCheckpoint`` for round-based training.
+
+    * File names count rounds (``trainer.global_step``): ``round=000300.ckpt`` instead of
+      ``epoch=59-step=300.ckpt``.
+    * Every checkpoint is written to a hidden temporary file in the same directory and renamed
+      into place (``os.replace``, atomic on POSIX and Windows), so a run killed while saving
+      never leaves a truncated checkpoint under a checkpoint's name.
+    * A checkpoint is also saved when fit ends, whenever the last round has not been saved yet
+      (e.g. ``max_steps: 20`` with evaluation every 50 rounds, which otherwise writes none).
+
+    Every other argument is ``ModelCheckpoint``'s (by default the newest checkpoint is kept);
+    ``pl-privfed`` attaches one by default (:func:`pl_privfed.default_callbacks`).
+
+    Args:
+        dirpath: directory (default ``<log dir>/checkpoints``).
+        filename: name template (default ``round={step:06d}``).
+        auto_insert_metric_name: Lightning's option, off so that ``{step}`` reads as the round.
+        **kwargs: further ``ModelCheckpoint`` arguments (``monitor``, ``save_top_k``,
+            ``every_n_train_steps``, ``save_last``, ...).
+    """
+
+    def __init__(
+        self,
+        dirpath: str | None = None,
+        filename: str = "round={step:06d}",
+        auto_insert_metric_name: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(
+            dirpath=dirpath,
+            filename=filename,
+            auto_insert_metric_name=auto_insert_metric_name,
+            **kwargs,
+        )
+
+    @override
+    def _save_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
+        if not _is_local_file_protocol(filepath):
+            super()._save_checkpoint(trainer, filepath)
+            return
+        folder, name = os.path.split(filepath)
+        partial = os.path.join(folder, f".{name}.partial")
+        try:
+            trainer.save_checkpoint(partial, self.save_weights_only)
+            if trainer.is_global_zero:
+                os.replace(partial, filepath)
+        finally:
+            if trainer.is_global_zero and os.path.exists(partial):
+                os.remove(partial)
+        trainer.strategy.barrier("RoundCheckpoint._save_checkpoint")
+        self._last_global_step_saved = trainer.global_step
+        self._last_checkpoint_saved = filepath
+        if trainer.is_global_zero:
+            for logger in trainer.loggers:
+                logger.after_save_checkpoint(proxy(self))
+
+    @override
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        super().on_train_end(trainer, pl_module)
+        if self._should_skip_saving_checkpoint(trainer) or self.save_top_k == 0:
+            return
+        candidates = self._monitor_candidates(trainer)
+        if self.monitor is not None and self.monitor not in candidates:
+            return  # a monitored metric that was never logged: nothing to rank the file by
+        self._save_topk_checkpoint(trainer, candidates)
+        self._save_last_checkpoint(trainer, candidates)

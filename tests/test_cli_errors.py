@@ -1,0 +1,241 @@
+"""Errors a user meets on the command line end with one line, ``pl-privfed: error: <what>``,
+exit status 2 and no traceback (``--debug`` shows it); missing or damaged data and checkpoints
+are named; refused settings are refused before training."""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from pl_privfed.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+QUICKSTART = str(REPO / "configs/quickstart.yaml")
+ALGORITHMS = REPO / "configs/algorithms"
+QUIET = ["--trainer.logger", "false", "--trainer.enable_progress_bar", "false"]
+
+
+def fails(args, capsys, code=2):
+    """Run ``pl-privfed <args>`` in-process: its exit status and its one stderr line."""
+    with pytest.raises(SystemExit) as info:
+        main(args)
+    err = capsys.readouterr().err.splitlines()
+    assert info.value.code == code, err
+    assert len(err) == 1, err
+    assert err[0].startswith("pl-privfed: error: ")
+    return err[0].removeprefix("pl-privfed: error: ")
+
+
+# today each of these ended in 58-110 lines of chained jsonargparse tracebacks
+CONFIG_ERRORS = [
+    ([ALGORITHMS / "clip21.yaml", "--model.algorithm.init_args.clip_threshold", "0"],
+     ["Clip21", "clip_threshold", "0.0", "positive"]),
+    ([ALGORITHMS / "dp_fedavg_per_sample_clipping.yaml",
+      "--model.algorithm.init_args.clip_threshold", "-1"],
+     ["FedAvgPerSampleClipping", "clip_threshold", "-1.0", "positive"]),
+    ([ALGORITHMS / "ef21.yaml", "--model.algorithm.init_args.compressor",
+      '{"class_path": "pl_privfed.operators.TopK", "init_args": {"k": 0, "ratio": null}}'],
+     ["TopK", "k must be an integer >= 1, got 0"]),
+    ([ALGORITHMS / "ef21.yaml", "--model.algorithm.init_args.compressor.init_args.ratio", "x"],
+     ["model.algorithm.compressor.ratio (pl_privfed.operators.TopK)", "float", "(given: x)"]),
+    ([QUICKSTART, "--model.algorithm.init_args.noise.epsilon", "-2"],
+     ["DPNoise", "epsilon must be positive, got -2.0"]),
+    ([QUICKSTART, "--model.algorithm.init_args.noise.delta", "1.0"],
+     ["DPNoise", "delta must be in (0, 1), got 1.0"]),
+    ([QUICKSTART, "--data.init_args.partitioner.init_args.concentration", "0"],
+     ["DirichletPartitioner", "concentration must be positive, got 0.0"]),
+    ([QUICKSTART, "--data.init_args.batch_size", "0"],
+     ["DigitsDataModule", "batch_size must be a positive integer, got 0"]),
+    ([QUICKSTART, "--data.init_args.num_clients", "0"],
+     ["DigitsDataModule", "num_clients must be a positive integer, got 0"]),
+    ([QUICKSTART, "--model.model.init_args.hidden_sizes", "[0]"],
+     ["MLP", "hidden_sizes", "[0]"]),
+    ([QUICKSTART, "--model.grad_backend", "fast"],
+     ["model.grad_backend", "fast"]),
+    ([QUICKSTART, "--trainer.max_steps", "abc"],
+     ["trainer.max_steps", "abc", "int"]),
+    ([QUICKSTART, "--model.algorithm.init_args.bogus", "1"],
+     ["model.algorithm", "AlphaNormEC", "bogus", "not accepted"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "args, words", CONFIG_ERRORS, ids=[" ".join(map(str, a[1:]))[-60:] for a, _ in CONFIG_ERRORS]
+)
+def test_configuration_errors_are_one_line(args, words, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    line = fails(["fit", "--config", *map(str, args), *QUIET], capsys)
+    for word in words:
+        assert word in line
+    assert not list(tmp_path.glob("**/*.ckpt"))
+
+
+def test_config_file_empty_missing_or_not_a_mapping(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "empty.yaml").write_text("")  # today: "Unexpected config: " under the usage
+    line = fails(["fit", "--config", "empty.yaml"], capsys)
+    assert "--config empty.yaml is empty" in line and "trainer, model and data" in line
+    line = fails(["fit", "--config", "missing.yaml"], capsys)
+    assert line == "--config missing.yaml: no such file"
+    (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
+    assert "holds a list, not a YAML mapping" in fails(["fit", "--config", "list.yaml"], capsys)
+
+
+def test_debug_shows_the_traceback(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    args = ["fit", "--config", QUICKSTART, *QUIET, "--data.init_args.batch_size", "0"]
+    with pytest.raises(ValueError, match="batch_size must be a positive integer"):
+        main([*args, "--debug"])
+    monkeypatch.setenv("PL_PRIVFED_DEBUG", "1")
+    with pytest.raises(ValueError, match="batch_size must be a positive integer"):
+        main(args)
+
+
+def test_evaluation_interval_zero_is_refused_before_training(tmp_path, monkeypatch, capsys):
+    """Today: ZeroDivisionError after the first round."""
+    monkeypatch.chdir(tmp_path)
+    line = fails(["fit", "--config", QUICKSTART, *QUIET, "--trainer.max_steps", "3",
+                  "--trainer.val_check_interval", "0"], capsys)  # fmt: skip
+    assert "trainer.val_check_interval must be a positive integer" in line and "got 0" in line
+    assert not list(tmp_path.glob("**/*.ckpt"))
+
+
+def test_batch_larger_than_every_shard_is_refused(tmp_path, monkeypatch, capsys):
+    """Today: every client's minibatch silently repeated its shard."""
+    monkeypatch.chdir(tmp_path)
+    line = fails(["fit", "--config", QUICKSTART, *QUIET, "--data.init_args.batch_size", "400"],
+                 capsys)  # fmt: skip
+    assert "batch_size=400 is larger than every client's shard" in line
+    assert "holds 244 examples" in line  # the quickstart's largest Dirichlet(0.5) shard
+
+
+@pytest.mark.parametrize("devices", [["--trainer.devices", "2"], ["--trainer.num_nodes", "2"]])
+def test_multiple_processes_are_refused(devices, tmp_path, monkeypatch, capsys):
+    """Today ``devices 2`` ran the whole federation twice and crashed in gloo at the end."""
+    monkeypatch.chdir(tmp_path)
+    line = fails(["fit", "--config", QUICKSTART, *QUIET, "--trainer.accelerator", "cpu",
+                  *devices], capsys)  # fmt: skip
+    assert "devices: 1 and num_nodes: 1" in line and devices[0].removeprefix("--") in line
+    assert not list(tmp_path.glob("**/*.ckpt")) and not list(tmp_path.glob("**/summary.json"))
+
+
+def test_a_damaged_checkpoint_is_named(tmp_path, monkeypatch, capsys):
+    """Today: ``OSError: [Errno 22]`` or ``EOFError`` from inside torch.load."""
+    monkeypatch.chdir(tmp_path)
+    good = tmp_path / "good.ckpt"
+    torch.save({"state_dict": {"w": torch.ones(1000)}, "global_step": 3}, good)
+    data = good.read_bytes()
+    cut = tmp_path / "cut.ckpt"
+    cut.write_bytes(data[: len(data) // 2])
+    for command in ("fit", "validate", "test"):
+        line = fails([command, "--config", QUICKSTART, *QUIET, "--ckpt_path", str(cut)], capsys)
+        assert f"ckpt_path {str(cut)!r}" in line and "not a complete PyTorch checkpoint" in line
+    flipped = bytearray(data)
+    start = data.index(b"\x00\x00\x80\x3f" * 4)  # inside the stored float32 ones
+    flipped[start : start + 4] = b"\x00\x00\x00\x40"
+    bad = tmp_path / "bad.ckpt"
+    bad.write_bytes(bytes(flipped))
+    line = fails(["validate", "--config", QUICKSTART, *QUIET, "--ckpt_path", str(bad)], capsys)
+    assert f"ckpt_path {str(bad)!r} is damaged" in line and "CRC" in line
+    line = fails(["fit", "--config", QUICKSTART, *QUIET, "--ckpt_path", "nowhere.ckpt"], capsys)
+    assert line == "ckpt_path 'nowhere.ckpt': no such file"
+
+
+MNIST_FILES = ["train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
+               "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"]  # fmt: skip
+
+
+def mnist_args(data_dir):
+    return ["fit", "--config", QUICKSTART, *QUIET, "--data", "pl_privfed.datamodules.MNISTDataModule",
+            "--data.init_args.data_dir", str(data_dir)]  # fmt: skip
+
+
+def test_missing_mnist_names_the_file_the_directory_and_the_variable(tmp_path, monkeypatch, capsys):
+    """Today: torchvision's "Dataset not found. You can use download=True to download it"."""
+    monkeypatch.chdir(tmp_path)
+    line = fails(mnist_args(tmp_path / "nowhere"), capsys)
+    assert "MNIST not found" in line and "train-images-idx3-ubyte.gz" in line
+    assert str(tmp_path / "nowhere" / "MNIST" / "raw") in line and "(data_dir)" in line
+    monkeypatch.setenv("PL_PRIVFED_DATA", str(tmp_path / "elsewhere"))
+    args = mnist_args(tmp_path)[:-2]  # no data_dir: $PL_PRIVFED_DATA
+    line = fails(args, capsys)
+    assert "from PL_PRIVFED_DATA" in line and str(tmp_path / "elsewhere") in line
+    monkeypatch.delenv("PL_PRIVFED_DATA")
+    line = fails(args, capsys)
+    assert "the default ./data: set data_dir or PL_PRIVFED_DATA" in line
+
+
+def test_truncated_mnist_is_named_and_nothing_is_downloaded(
+    shared_data, tmp_path, monkeypatch, capsys
+):
+    """Today a truncated archive failed torchvision's md5 check, which then tried to download a
+    replacement from the internet (and failed offline without naming the file)."""
+    monkeypatch.chdir(tmp_path)
+    raw = tmp_path / "data" / "MNIST" / "raw"
+    raw.mkdir(parents=True)
+    for name in MNIST_FILES:
+        shutil.copyfile(shared_data / "MNIST" / "raw" / name, raw / name)
+    archive = raw / "train-images-idx3-ubyte.gz"
+    archive.write_bytes(archive.read_bytes()[:100_000])
+
+    def no_network(*args, **kwargs):
+        raise AssertionError("the data module tried to download")
+
+    monkeypatch.setattr("urllib.request.urlopen", no_network)
+    line = fails(mnist_args(tmp_path / "data"), capsys)
+    assert f"MNIST file {str(archive)!r} is truncated or corrupted" in line
+    assert "100000 bytes" in line and "(data_dir)" in line
+    # an extracted file cut short (an interrupted extraction) is named too
+    shutil.copyfile(shared_data / "MNIST" / "raw" / MNIST_FILES[0], archive)
+    (raw / "train-images-idx3-ubyte").write_bytes(b"\x00\x00\x08\x03" + b"\x00" * 100)
+    for name in MNIST_FILES[1:]:
+        (raw / name.removesuffix(".gz")).write_bytes(b"")
+    line = fails(mnist_args(tmp_path / "data"), capsys)
+    assert f"MNIST files in {str(raw)!r} cannot be read" in line and "delete the extracted" in line
+
+
+def test_truncated_a9a_is_named(shared_data, tmp_path, monkeypatch, capsys):
+    """Today: ``ValueError: need more than 1 value to unpack`` from scikit-learn."""
+    monkeypatch.chdir(tmp_path)
+    folder = tmp_path / "data" / "a9a"
+    folder.mkdir(parents=True)
+    (folder / "a9a").write_bytes((shared_data / "a9a" / "a9a").read_bytes()[:100_000])
+    shutil.copyfile(shared_data / "a9a" / "a9a.t", folder / "a9a.t")
+    args = ["fit", "--config", QUICKSTART, *QUIET, "--data", "pl_privfed.datamodules.A9ADataModule",
+            "--data.init_args.data_dir", str(tmp_path / "data")]  # fmt: skip
+    line = fails(args, capsys)
+    assert f"a9a file {str(folder / 'a9a')!r} cannot be read as svmlight text" in line
+    assert "truncated or corrupted" in line
+    shutil.copyfile(shared_data / "a9a" / "a9a", folder / "a9a")
+    (folder / "a9a.t").unlink()
+    line = fails(args, capsys)
+    assert "a9a file 'a9a.t' not found" in line and str(tmp_path / "data") in line
+
+
+def test_a_diverged_run_is_one_line_with_status_1(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    line = fails(["fit", "--config", str(ALGORITHMS / "ef21.yaml"), *QUIET,
+                  "--trainer.max_steps", "50", "--model.algorithm.init_args.step_size", "1e30"],
+                 capsys, code=1)  # fmt: skip
+    assert line.startswith("non-finite training loss") and "at round" in line
+
+
+def test_stderr_is_one_line_in_a_real_process(tmp_path):
+    """The console script as a user runs it: nothing else on stderr (no Lightning or W&B lines
+    before the error, no traceback), with the quickstart's CSV and W&B loggers on."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    for override, expected in [
+        (["--data.init_args.batch_size", "0"], "DigitsDataModule: batch_size must be"),
+        (["--data.init_args.batch_size", "300"], "DigitsDataModule: batch_size=300 is larger"),
+    ]:
+        proc = subprocess.run(
+            [sys.executable, "-m", "pl_privfed.cli", "fit", "--config", QUICKSTART, *override],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert proc.returncode == 2, proc.stderr
+        (line,) = proc.stderr.splitlines()
+        assert line.startswith(f"pl-privfed: error: {expected}")
