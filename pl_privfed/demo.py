@@ -123,8 +123,8 @@ def run_demo(out: str | Path = "logs/demo", configs: str | Path | None = None) -
                 "noise_multiplier": privacy.get("noise_multiplier"),
                 "sample_rate": privacy.get("sample_rate"),
                 "final_test_accuracy": summary.get("final_test_accuracy"),
-                "best_test_accuracy": summary.get("best_test_accuracy"),
-                "final_test_loss": _last(curves, "test/loss"),
+                "best_val_accuracy": summary.get("best_val_accuracy"),
+                "final_test_loss": summary.get("final_test_loss"),
                 "rounds": summary.get("rounds"),
                 "bits_per_client": _bits_per_client(summary),
                 "seconds": time.perf_counter() - start,
@@ -136,10 +136,11 @@ def run_demo(out: str | Path = "logs/demo", configs: str | Path | None = None) -
 
 
 def figure(rows: list[dict]) -> Figure:
-    """Test accuracy and test loss against rounds, one line per run (the held-out loss of the
-    global model, or of the agents' average for PORTER-DP: the same quantity for every run)."""
+    """Validation accuracy and loss against rounds, one line per run (the held-out loss of the
+    global model, or of the agents' average for PORTER-DP: the same quantity for every run); the
+    table gives the test set's, measured once for the final model."""
     fig = Figure(figsize=(10, 3.8), layout="constrained")
-    panels = [("test/acc", "test accuracy"), ("test/loss", "test loss")]
+    panels = [("val/acc", "validation accuracy"), ("val/loss", "validation loss")]
     for i, (key, title) in enumerate(panels):
         ax = fig.add_subplot(1, 2, i + 1)
         for row in rows:
@@ -153,7 +154,7 @@ def figure(rows: list[dict]) -> Figure:
         ax.set_title(title)
         ax.set_xlabel("communication round")
         ax.grid(alpha=0.3)
-        if key == "test/acc":
+        if key == "val/acc":
             ax.set_ylim(0, 1)
             ax.legend(fontsize=7, loc="lower right")
     fig.suptitle("Digits, 5 clients × 2 classes; record-level local DP, δ = 1e-5", fontsize=10)

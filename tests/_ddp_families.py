@@ -9,6 +9,7 @@ round 3, resumes it from its checkpoint on the same two processes, and saves the
 checkpoint path, for the test to continue on one process.
 """
 
+import os
 import sys
 from pathlib import Path
 
@@ -32,7 +33,9 @@ def fit(name, root, rounds=ROUNDS, callbacks=(), ckpt_path=None, devices=2):
     dm = Digits64(num_clients=7, batch_size=8, seed=3, val_fraction=0.0,
                   partitioner=DirichletPartitioner(concentration=0.5, seed=1), **data_kwargs)  # fmt: skip
     module = FederatedModule(MLP(64, [16], 10).double(), make(), client_chunk=2)
-    trainer = pl.Trainer(accelerator="cpu", devices=devices, strategy="ddp" if devices > 1 else "auto",
+    accelerator = os.environ.get("PL_PRIVFED_TEST_ACCELERATOR", "cpu")  # "gpu": NCCL
+    trainer = pl.Trainer(accelerator=accelerator, devices=devices,
+                         strategy="ddp" if devices > 1 else "auto",
                          max_steps=rounds, logger=False, enable_progress_bar=False,
                          enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
                          enable_checkpointing=bool(callbacks), callbacks=list(callbacks),

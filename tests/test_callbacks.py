@@ -216,11 +216,13 @@ def test_training_curves_of_epsilon_logged_every_few_rounds(tmp_path):
 class PlainValAcc(PlainWithValidation):
     def validation_step(self, batch, batch_idx):
         super().validation_step(batch, batch_idx)
-        self.log("val/acc", 0.5)
+        self.log("accuracy", 0.5)
 
 
 def test_run_summary_reports_the_metrics_it_is_given_and_warns_about_missing_ones(tmp_path):
-    """Today a module logging ``val/acc`` got ``final_test_accuracy: null`` silently."""
+    """A module logging its accuracy under another name than ``accuracy_key`` got a null
+    accuracy silently; now RunSummary warns naming what was logged, and reads the name it is
+    given."""
     import json
 
     def fit_with_validation(callback):
@@ -230,10 +232,10 @@ def test_run_summary_reports_the_metrics_it_is_given_and_warns_about_missing_one
                    callbacks=[callback]).fit(PlainValAcc())  # fmt: skip
 
     summary = RunSummary(dirpath=str(tmp_path))
-    with pytest.warns(UserWarning, match=r"no metric 'test/acc' was logged.*val/acc.*accuracy_key"):
+    with pytest.warns(UserWarning, match=r"no metric 'val/acc' was logged.*accuracy.*accuracy_key"):
         fit_with_validation(summary)
-    assert json.loads((tmp_path / "summary.json").read_text())["final_test_accuracy"] is None
-    named = RunSummary(dirpath=str(tmp_path / "named"), accuracy_key="val/acc",
+    assert json.loads((tmp_path / "summary.json").read_text())["final_val_accuracy"] is None
+    named = RunSummary(dirpath=str(tmp_path / "named"), accuracy_key="accuracy",
                        loss_key="train_loss")  # fmt: skip
     import warnings
 
@@ -241,7 +243,7 @@ def test_run_summary_reports_the_metrics_it_is_given_and_warns_about_missing_one
         warnings.filterwarnings("error", message="RunSummary")
         fit_with_validation(named)
     data = json.loads((tmp_path / "named" / "summary.json").read_text())
-    assert data["final_test_accuracy"] == 0.5 and data["final_test_accuracy_round"] == 4
+    assert data["final_val_accuracy"] == 0.5 and data["final_val_round"] == 4
     assert data["final_train_loss"] > 0
 
 

@@ -108,3 +108,30 @@ def test_grid_with_cuda_graphs_follows_eager_grid(tmp_path):
     graphed = fit_resnet(tmp_path, alg, grid, accelerator="gpu", cuda_graphs=True)
     assert graphed.oracle.cuda_graph
     torch.testing.assert_close(graphed.grid_params, eager.grid_params, atol=1e-9, rtol=1e-9)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL sharding needs two GPUs")
+def test_clients_sharded_over_two_gpus_with_nccl(tmp_path):
+    """The two-process families of tests/test_distributed.py on two GPUs (NCCL) equal one
+    process on the CPU (float64)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from _ddp_families import fit, state
+
+    root = Path(__file__).resolve().parents[1]
+    names = ["dp_alpha_normec", "porter_dp"]
+    env = {**os.environ, "PL_PRIVFED_TEST_ACCELERATOR": "gpu",
+           "PYTHONPATH": os.pathsep.join([str(root / "tests"), str(root)])}  # fmt: skip
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc_per_node=2", str(root / "tests/_ddp_families.py"),
+                           str(tmp_path), *names], env=env, capture_output=True, text=True,
+                          timeout=900)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    for name in names:
+        saved = torch.load(tmp_path / f"{name}.pt", weights_only=False)["state"]
+        single = state(fit(name, tmp_path / f"cpu-{name}", devices=1))
+        for key, value in single.items():
+            torch.testing.assert_close(saved[key].cpu(), value, rtol=1e-10, atol=1e-10, msg=key)

@@ -33,7 +33,7 @@ def default_callbacks(
     *,
     progress_bar: bool = True,
     checkpoint: bool = True,
-    accuracy_key: str = "test/acc",
+    accuracy_key: str = "val/acc",
     loss_key: str = "train/loss",
 ) -> list[Callback]:
     """The callbacks ``pl-privfed fit`` attaches to every run, for a ``pl.Trainer`` of your own.
@@ -48,7 +48,7 @@ def default_callbacks(
     Args:
         progress_bar: include :class:`RoundProgressBar`.
         checkpoint: include :class:`RoundCheckpoint`.
-        accuracy_key: the metric :class:`RunSummary` reports as test accuracy.
+        accuracy_key: the metric :class:`RunSummary` reports as validation accuracy.
         loss_key: the metric :class:`RunSummary` reports as training loss.
 
     Example::

@@ -17,16 +17,16 @@ __all__ = ["DEFAULT_BAR_METRICS", "RoundProgressBar"]
 DEFAULT_BAR_METRICS: dict[str, str] = {
     "train/loss": "loss",
     "privacy/epsilon": "ε",
-    "test/acc": "acc",
+    "val/acc": "acc",
     "grid/min_train_loss": "min loss",
-    "grid/best_test_acc": "best acc",
+    "grid/best_val_acc": "best acc",
     "grid/live_configurations": "live",
 }
 
 
 class RoundProgressBar(TQDMProgressBar):
     """One bar for the whole run in communication rounds: ``round k/K``, rounds per second and
-    the latest loss, ε and test accuracy.
+    the latest loss, ε and validation accuracy.
 
     In :class:`~pl_privfed.FederatedModule` one training step is one round, and a Lightning
     "epoch" is only ``ceil(N / (n·B))`` rounds (the federation sees the training set once), so
