@@ -200,7 +200,13 @@ class AnalyticMLPGradients:
         numel, shape, has_bias = self.spec[k]
         start = self.offsets[k]
         weight = out[:, start : start + numel].view(out.shape[0], *shape)
-        torch.bmm(delta.transpose(1, 2), acts, out=weight)  # [n, out, in]
+        if weight.is_contiguous() or weight.is_cuda:
+            torch.bmm(delta.transpose(1, 2), acts, out=weight)  # [n, out, in]
+        else:
+            # CPU bmm into a strided view of ``out`` (row stride d, not out·in) takes a slow
+            # unblocked path: 824 ms against 3.9 ms for n=100, B=32, 10×784 in float32 on this
+            # project's CPU (torch 2.14). Compute contiguously, then copy the columns in.
+            weight.copy_(torch.bmm(delta.transpose(1, 2), acts))
         if has_bias:
             torch.sum(delta, 1, out=out[:, start + numel : start + numel + shape[0]])
 
