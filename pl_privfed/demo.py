@@ -13,8 +13,9 @@ split over 5 clients with 2 digit classes each:
 
 Every run goes through the ``pl-privfed fit`` command in this process; the certified ε is the
 one the package's accountant (:class:`~pl_privfed.privacy.PrivacyAccountant`, Opacus RDP) reports
-in each run's ``summary.json``. The demo prints a table and saves ``demo.png`` (test accuracy and
-test loss against rounds) and ``demo.csv``.
+in each run's ``summary.json``. The demo prints a table and saves ``demo.png`` (validation accuracy
+and validation loss against rounds; the table's test numbers are measured once, for the final
+model) and ``demo.csv``.
 """
 
 from __future__ import annotations

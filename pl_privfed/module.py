@@ -760,11 +760,14 @@ class FederatedModule(pl.LightningModule):
             else (round_index + 1) % self.epsilon_every == 0
         )
         if due or last:
-            delta = self.algorithm.noise.delta
-            self._epsilon = self.accountant.get_epsilon(delta)
-            self._epsilon_paper = self.paper_accountant.get_epsilon(delta)
-            self.log("privacy/epsilon", self._epsilon, prog_bar=True, batch_size=1)
-            self.log("privacy/epsilon_paper_convention", self._epsilon_paper, batch_size=1)
+            self._log_epsilon()
+
+    def _log_epsilon(self) -> None:
+        delta = self.algorithm.noise.delta
+        self._epsilon = self.accountant.get_epsilon(delta)
+        self._epsilon_paper = self.paper_accountant.get_epsilon(delta)
+        self.log("privacy/epsilon", self._epsilon, prog_bar=True, batch_size=1)
+        self.log("privacy/epsilon_paper_convention", self._epsilon_paper, batch_size=1)
 
     def _account_releases(self, round_index: int) -> None:
         for mech in self.algorithm.mechanisms(round_index):
@@ -886,6 +889,20 @@ class FederatedModule(pl.LightningModule):
         rounds = self._num_rounds()
         if rounds and self.global_step >= rounds:
             self.trainer.should_stop = True
+        if self.trainer.should_stop and not self._logging_round:
+            self._log_stopping_round()
+
+    def _log_stopping_round(self) -> None:
+        """A run stopped by a callback (a privacy budget, early stopping) on a round that logs
+        nothing still ends with its last round's training loss and ε logged: the summary, the
+        curves and the progress bar show where it stopped."""
+        self._logging_round = True
+        result = self._last_round
+        loss = getattr(result, "loss", None)
+        if loss is not None and self.grid_algorithms is None:
+            self.log("train/loss", loss, prog_bar=True, batch_size=1)
+        if self.accountant is not None and self._rounds_accounted:
+            self._log_epsilon()
 
     @override
     def validation_step(self, batch: Any, batch_idx: int) -> None:

@@ -111,8 +111,8 @@ def test_batch_larger_than_every_shard_is_refused():
     dm.batch_size = 3
     with pytest.raises(ValueError, match=r"batch_size=3 is larger than every client's shard"):
         dm.setup("fit")
-    full = digits(num_clients=3, batch_size=479, partitioner=IIDPartitioner(0))
-    # 1,437 = 3 × 479: batch = shard, full-batch rounds
+    full = digits(num_clients=3, batch_size=479, partitioner=IIDPartitioner(0), val_fraction=0.0)
+    # 1,437 = 3 × 479 (nothing held out for validation): batch = shard, full-batch rounds
     assert sorted(full.round_indices(0)[0].tolist()) == sorted(full.shards[0].tolist())
 
 

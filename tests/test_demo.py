@@ -50,7 +50,7 @@ def test_the_demo_shows_a_useful_private_run(tmp_path, monkeypatch, capsys):
     assert private["privacy"]["privacy_unit"].startswith("example-level local DP")
     # the accuracy curve converges: its last evaluations sit within a few points of each other
     with (tmp_path / "out" / "private" / "curves.csv").open() as f:
-        acc = [float(r["value"]) for r in csv.DictReader(f) if r["metric"] == "test/acc"]
+        acc = [float(r["value"]) for r in csv.DictReader(f) if r["metric"] == "val/acc"]
     assert len(acc) == 10 and acc[-1] > acc[0] + 0.1 and max(acc[-3:]) - min(acc[-3:]) < 0.05
     assert not summaries["no_noise"]["private"]
     assert summaries["no_noise"]["final_test_accuracy"] >= private["final_test_accuracy"] - 0.02
