@@ -86,6 +86,7 @@ def ddp_worker(spec: dict) -> None:
     from pl_privfed import FederatedModule
     from pl_privfed.algorithms import AlphaNormEC
     from pl_privfed.datamodules import IIDPartitioner
+    from pl_privfed.engine.distributed import close_process_group
     from pl_privfed.models import MLP
 
     torch.set_num_threads(1)
@@ -102,6 +103,7 @@ def ddp_worker(spec: dict) -> None:
         out = {"round_s": _median_round(timer.ends, spec["warmup"]), "state_bytes": state,
                "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}  # fmt: skip
         Path(spec["out"]).write_text(json.dumps(out))
+    close_process_group()
 
 
 def population_worker(spec: dict) -> None:

@@ -50,6 +50,7 @@ from pl_privfed.callbacks.checkpoint import check_checkpoint_file
 from pl_privfed.checks import check_strategy
 from pl_privfed.datamodules import FederatedDataModule
 from pl_privfed.datamodules.files import DataFileError
+from pl_privfed.engine.distributed import close_process_group
 from pl_privfed.module import FederatedModule, NonFiniteLossError
 
 __all__ = [
@@ -749,6 +750,7 @@ def main(args: list[str] | None = None) -> None:
             PrivFedCLI()
         else:
             PrivFedCLI(args=argv)
+        close_process_group()  # several processes (--trainer.strategy ddp): exit cleanly
     except (SystemExit, KeyboardInterrupt):
         raise
     except Exception as exc:

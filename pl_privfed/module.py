@@ -25,6 +25,7 @@ from torchmetrics.classification import MulticlassAccuracy
 from typing_extensions import override
 
 from pl_privfed.algorithms import FederatedAlgorithm
+from pl_privfed.callbacks._logging import local_log_dir
 from pl_privfed.callbacks._wandb import log_artifact
 from pl_privfed.checks import check_positive_int, check_trainer
 from pl_privfed.datamodules.base import TensorRoundBatch
@@ -651,7 +652,7 @@ class FederatedModule(pl.LightningModule):
         """``grid_dir``, by default ``<log dir>/grid``."""
         if self.grid_dir is not None:
             return Path(self.grid_dir)
-        return Path(self.trainer.log_dir or self.trainer.default_root_dir) / "grid"
+        return Path(local_log_dir(self.trainer) or self.trainer.default_root_dir) / "grid"
 
     def write_grid_results(self) -> Any:
         """Write the grid's ``results.csv`` and ``runs/<id>/`` (:func:`write_grid_results`)."""

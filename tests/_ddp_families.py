@@ -22,6 +22,7 @@ from test_module import StopAt
 
 from pl_privfed import FederatedModule
 from pl_privfed.datamodules import DirichletPartitioner
+from pl_privfed.engine.distributed import close_process_group
 from pl_privfed.models import MLP
 
 ROUNDS = 6
@@ -68,6 +69,7 @@ def main(out: Path, names: list[str]) -> None:
         result = state(resumed)
         if dist.get_rank() == 0:
             torch.save({"state": result, "checkpoint": str(paths[0])}, out / "resumed.pt")
+    close_process_group()  # an open gloo group can abort the process at exit
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from pytorch_lightning.utilities import rank_zero_only
 from torch import Tensor
 from typing_extensions import override
 
+from pl_privfed.callbacks._logging import local_log_dir
 from pl_privfed.callbacks._wandb import log_artifact, wandb_loggers
 
 __all__ = ["TrainingCurves", "curves_csv"]
@@ -134,7 +135,7 @@ class TrainingCurves(pl.Callback):
     @override
     @rank_zero_only
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        directory = self.dirpath or trainer.log_dir
+        directory = self.dirpath or local_log_dir(trainer)
         if directory is None or not any(self.history.values()):
             return
         os.makedirs(directory, exist_ok=True)

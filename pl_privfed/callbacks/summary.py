@@ -14,6 +14,7 @@ import yaml
 from pytorch_lightning.utilities import rank_zero_only, rank_zero_warn
 from typing_extensions import override
 
+from pl_privfed.callbacks._logging import local_log_dir
 from pl_privfed.callbacks._wandb import log_artifact, wandb_loggers
 
 __all__ = ["RunSummary", "finite_float"]
@@ -200,7 +201,7 @@ class RunSummary(pl.Callback):
         algorithm = getattr(pl_module, "algorithm", None)
         if algorithm is not None:
             out["algorithm"] = repr(algorithm)
-        for directory in (self._dir(trainer), trainer.log_dir):
+        for directory in (self._dir(trainer), local_log_dir(trainer)):
             config_path = Path(directory or ".") / "config.yaml"
             if config_path.is_file():
                 out["config"] = yaml.safe_load(config_path.read_text())
@@ -208,7 +209,7 @@ class RunSummary(pl.Callback):
         return out
 
     def _dir(self, trainer: pl.Trainer) -> str | None:
-        return self.dirpath or trainer.log_dir
+        return self.dirpath or local_log_dir(trainer)
 
     @rank_zero_only
     def _write(self, trainer: pl.Trainer, pl_module: pl.LightningModule, status: str) -> None:

@@ -26,7 +26,7 @@ from torch import Tensor
 
 from pl_privfed.engine.reduce import Reduction
 
-__all__ = ["ClientShard", "adopt_strategy", "check_strategy"]
+__all__ = ["ClientShard", "adopt_strategy", "check_strategy", "close_process_group"]
 
 
 class ClientShard:
@@ -255,3 +255,16 @@ def check_strategy(strategy: Any) -> None:
         "--trainer.devices N and --trainer.num_nodes M); sharding the model (FSDP, DeepSpeed, "
         "model parallelism) does not apply to a simulated federation"
     )
+
+
+def close_process_group() -> None:
+    """Destroy the default process group, if one was started, before the process exits.
+
+    Lightning's DDP strategy starts a process group and leaves it open. A gloo group that is
+    still open when the interpreter shuts down can abort the process (``terminate called
+    without an active exception``, SIGABRT, seen here in about half of the two-process runs):
+    its worker threads outlive the interpreter. Call this once at the end of a script that ran
+    ``Trainer(strategy="ddp")``; ``pl-privfed`` does after every command.
+    """
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
