@@ -8,6 +8,7 @@ reference comparison runs with chunks of one client, two clients and all of them
 """
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -263,16 +264,41 @@ def test_dpsgd_central_noise_multiplier_accounts_for_averaging():
 
 
 def test_example_1_dpsgd_stalls_alpha_normec_converges():
-    """Paper 002 Example 1: n = 2, d = 1, b = ±3, x⁰ = 2."""
+    """Paper 002 Example 1: n = 2, d = 1, b = ±3, x⁰ = 2, the same γ and α for both methods."""
     b = torch.tensor([[3.0], [-3.0]], dtype=DT)
     x0 = torch.tensor([2.0], dtype=DT)
-    dpsgd = DistributedDPSGD(0.1, SmoothedNormalization(0.0))
+    dpsgd = DistributedDPSGD(0.01, SmoothedNormalization(0.0))
     xs = run(dpsgd, b, x0, rounds=200)
     assert all(float(x) == 2.0 for x in xs)  # Norm(−1) + Norm(5) = −1 + 1 = 0: no progress
-    normec = AlphaNormEC(0.01, beta=0.1, alpha=1.0, server_normalization=False)
-    xs = run(normec, b, x0, rounds=2000)
-    assert abs(float(xs[-1])) < 0.05  # converges to x* = 0
-    assert abs(float(xs[-1])) < abs(float(xs[len(xs) // 2])) < 2.0
+    for alpha in (0.0, 1.0):  # α = 0 is the example as written
+        normec = AlphaNormEC(0.01, beta=0.1, alpha=alpha, server_normalization=False)
+        xs = run(normec, b, x0, rounds=2000)
+        assert abs(float(xs[-1])) < 0.05, alpha  # converges to x* = 0
+        assert abs(float(xs[-1])) < abs(float(xs[len(xs) // 2])) < 2.0, alpha
+    # the stall needs α = 0: with α = 1 the estimator at x⁰ is −1/2 + 5/6 ≠ 0 and DP-SGD moves
+    xs = run(DistributedDPSGD(0.01, SmoothedNormalization(1.0)), b, x0, rounds=2000)
+    assert 0.0 < float(xs[-1]) < float(xs[len(xs) // 2]) < 2.0
+
+
+def test_example_1_configs_differ_only_in_the_algorithm():
+    """configs/algorithms/example1_{dpsgd,alpha_normec}.yaml: the same problem, trainer and data
+    (the loggers' names aside), and algorithms that share γ and α = 0 (Example 1 as written)."""
+    import yaml
+
+    folder = Path(__file__).resolve().parents[1] / "configs" / "algorithms"
+    dpsgd, normec = (yaml.safe_load((folder / f"example1_{name}.yaml").read_text())
+                     for name in ("dpsgd", "alpha_normec"))  # fmt: skip
+    a, b = dpsgd["model"].pop("algorithm"), normec["model"].pop("algorithm")
+    for config in (dpsgd, normec):
+        for logger in config["trainer"]["logger"]:
+            logger["init_args"].pop("name")  # each run's own log directory
+    assert dpsgd == normec
+    assert a["class_path"] == "pl_privfed.algorithms.DistributedDPSGD"
+    assert b["class_path"] == "pl_privfed.algorithms.AlphaNormEC"
+    assert a["init_args"]["operator"]["class_path"] == "pl_privfed.operators.SmoothedNormalization"
+    assert a["init_args"]["step_size"] == b["init_args"]["step_size"]
+    assert a["init_args"]["operator"]["init_args"]["alpha"] == b["init_args"]["alpha"] == 0.0
+    assert b["init_args"]["server_normalization"] is False
 
 
 def test_accountant_matches_opacus():
