@@ -280,6 +280,23 @@ def test_example_1_dpsgd_stalls_alpha_normec_converges():
     assert 0.0 < float(xs[-1]) < float(xs[len(xs) // 2]) < 2.0
 
 
+@pytest.mark.parametrize("private", [False, True])
+def test_dpsgd_with_scaled_normalization_depends_on_the_product_of_step_and_scale(private):
+    """DP-SGD with Ψ = β·Norm_α (paper 002 eq. 2): x ← x − γ(β mean_i Norm_α(∇f_i) + noise), and the
+    noise calibrated to ε has std ∝ Φ = β: (γ, β) and (γ/10, 10β) give the same iterates. Paper
+    002's grid caps γ at 1, so it caps γβ at β (the claims table in docs/paper_experiments.md)."""
+    b, x0 = problem(seed=8)
+    runs = []
+    for gamma, beta in ((0.1, 0.1), (0.01, 1.0), (1.0, 0.01)):
+        noise = DPNoise(epsilon=8.0, delta=1e-5, seed=4) if private else None
+        alg = DistributedDPSGD(gamma, SmoothedNormalization(0.01), scale=beta, noise=noise)
+        runs.append(run(alg, b, x0))
+    for other in runs[1:]:
+        for x, y in zip(runs[0], other, strict=True):
+            torch.testing.assert_close(x, y, rtol=1e-12, atol=1e-12)
+    assert not torch.allclose(runs[0][-1], x0)  # the runs moved
+
+
 def test_example_1_configs_differ_only_in_the_algorithm():
     """configs/algorithms/example1_{dpsgd,alpha_normec}.yaml: the same problem, trainer and data
     (the loggers' names aside), and algorithms that share γ and α = 0 (Example 1 as written)."""
