@@ -341,7 +341,7 @@ def run_pfl(spec: dict) -> dict:
     import torch
     from pfl.aggregate.simulate import SimulatedBackend
     from pfl.algorithm import FederatedAveraging, NNAlgorithmParams
-    from pfl.callback import TrainingProcessCallback
+    from pfl.callback.base import TrainingProcessCallback
     from pfl.data.dataset import Dataset
     from pfl.data.federated_dataset import FederatedDataset
     from pfl.data.sampling import get_user_sampler
