@@ -94,7 +94,10 @@ def _fit(name, chunk, backend="auto", rounds=6, clients=7):
 
 
 @pytest.mark.parametrize("name", list(FAMILIES))
-def test_every_family_gives_the_same_iterates_with_any_chunk_size(name):
+def test_every_family_gives_the_same_iterates_with_any_chunk_size(name, monkeypatch):
+    monkeypatch.delenv(
+        CHUNK_ENV, raising=False
+    )  # the chunks are this test's (the suite may set it)
     runs = [_fit(name, chunk) for chunk in (1, 3, "all")]
     whole = runs[-1]
     assert whole.chunk_size() == 7 and runs[0].chunk_size() == 1
@@ -118,6 +121,7 @@ def test_chunks_with_the_other_backends(backend):
 
 
 def test_chunk_size_choice_and_override(monkeypatch):
+    monkeypatch.delenv(CHUNK_ENV, raising=False)  # the engine's own choice (the suite may set it)
     cpu = torch.device("cpu")
     assert choose_chunk_size(100, 199_210, cpu) == 3  # three [c, d] float32 tensors in 8 MiB
     assert choose_chunk_size(100, 2_410, cpu) == 100
