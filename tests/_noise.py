@@ -1,12 +1,12 @@
 """The noise the references draw: the same keyed streams as the package's
-(:mod:`pl_privfed.engine.rng`), so that a reference and a run share the noise definition (the
+(:mod:`pl_privfed.rng`), so that a reference and a run share the noise definition (the
 seed and the key) and nothing else."""
 
 import math
 
 import torch
 
-from pl_privfed.engine import STREAM_NOISE, STREAM_SERVER_NOISE, stream_key
+from pl_privfed.rng import STREAM_NOISE, STREAM_SERVER_NOISE, stream_key
 
 
 def client_noise(seed, round_index, client, dim, std, extra=0, dtype=torch.float64):

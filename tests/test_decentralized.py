@@ -18,10 +18,10 @@ from _noise import client_noise
 
 from pl_privfed.algorithms.decentralized import BEER, PORTER
 from pl_privfed.algorithms.soteria import SoteriaFL
-from pl_privfed.engine import STREAM_COMPRESSION, STREAM_OUTPUT, keyed_generator
 from pl_privfed.graphs import Topology
 from pl_privfed.operators import Identity, RandKBiased, TopK
 from pl_privfed.privacy import DPNoise
+from pl_privfed.rng import STREAM_COMPRESSION, STREAM_OUTPUT, keyed_generator
 
 DT = torch.float64
 ROUNDS = 12

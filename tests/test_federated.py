@@ -26,9 +26,9 @@ from pl_privfed.algorithms import (
     LocalGD,
     LocalSGD,
 )
-from pl_privfed.engine import STREAM_SAMPLING, keyed_generator
 from pl_privfed.operators import Clip, SmoothedNormalization
 from pl_privfed.privacy import DPNoise, PrivacyAccountant
+from pl_privfed.rng import STREAM_SAMPLING, keyed_generator
 from pl_privfed.sampling import BernoulliSampler, FixedSizeSampler, PoissonSampler
 
 DT = torch.float64

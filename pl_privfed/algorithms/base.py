@@ -10,7 +10,7 @@ server part; the algorithm never sees the model or the chunk size, only a
 gradients (``[c, d]``, at shared ``[d]`` or per-client ``[c, d]`` parameters) and whose
 ``rows(name)`` are their rows of the algorithm's per-client state. Its state tensors (client
 memories ``[n, d]``, server memory ``[d]``) are registered buffers, and its randomness is keyed
-by ``(seed, round, client)`` (:mod:`pl_privfed.engine.rng`), so a Lightning checkpoint carries
+by ``(seed, round, client)`` (:mod:`pl_privfed.rng`), so a Lightning checkpoint carries
 all of it.
 """
 
@@ -28,14 +28,11 @@ from torch import Tensor, nn
 from pl_privfed.checks import check_int, check_positive, check_positive_int
 from pl_privfed.communication import Messages
 from pl_privfed.engine import (
-    STREAM_INIT,
-    STREAM_SERVER_NOISE,
     ChunkOracle,
     ClientChunk,
     ClientShard,
     ClientStates,
     FunctionOracle,
-    KeyedGenerator,
     Reduction,
     choose_chunk_size,
     iter_phases,
@@ -52,6 +49,7 @@ from pl_privfed.privacy import (
     paper_noise_std,
     relation_factor,
 )
+from pl_privfed.rng import STREAM_INIT, STREAM_SERVER_NOISE, KeyedGenerator
 
 __all__ = [
     "BatchSampling",

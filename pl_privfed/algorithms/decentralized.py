@@ -33,10 +33,11 @@ from pl_privfed.algorithms.base import (
     check_positive,
     noise_to_signal,
 )
-from pl_privfed.engine import STREAM_OUTPUT, ClientChunk, Reduction
+from pl_privfed.engine import ClientChunk, Reduction
 from pl_privfed.graphs import Topology, mixing_rate
 from pl_privfed.operators import Clip, Identity, Operator, SmoothClip
 from pl_privfed.privacy import DPNoise
+from pl_privfed.rng import STREAM_OUTPUT
 
 __all__ = ["BEER", "PORTER", "ClippingName", "DecentralizedAlgorithm", "PorterOption"]
 

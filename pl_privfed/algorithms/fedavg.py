@@ -10,7 +10,7 @@
 Every algorithm here runs its clients' local steps through a :class:`~pl_privfed.algorithms.local.
 LocalSolver` (per-client parameters ``[c, d]`` for a chunk of clients) and draws the cohort with a
 :class:`~pl_privfed.sampling.ClientSampler` from the round's sampling stream
-``(sampling_seed, round)`` (:mod:`pl_privfed.engine.rng`).
+``(sampling_seed, round)`` (:mod:`pl_privfed.rng`).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from pl_privfed.algorithms.base import (
 )
 from pl_privfed.algorithms.local import LocalGD, LocalSolver
 from pl_privfed.communication import Messages
-from pl_privfed.engine import STREAM_SAMPLING, ClientChunk, Reduction
+from pl_privfed.engine import ClientChunk, Reduction
 from pl_privfed.operators import Clip, Identity, Operator
 from pl_privfed.privacy import (
     AccountingBasis,
@@ -44,6 +44,7 @@ from pl_privfed.privacy import (
     paper_noise_std,
     relation_factor,
 )
+from pl_privfed.rng import STREAM_SAMPLING
 from pl_privfed.sampling import ClientSampler
 
 __all__ = ["DPFedAvg", "FedAvgPerSampleClipping", "FedAvgPerUpdateClipping", "LocalUpdateAlgorithm"]

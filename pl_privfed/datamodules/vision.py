@@ -27,7 +27,7 @@ from pl_privfed.datamodules.files import (
     where_searched,
     writable_copy,
 )
-from pl_privfed.engine.rng import STREAM_AUGMENTATION, keyed_generator
+from pl_privfed.rng import STREAM_AUGMENTATION, keyed_generator
 
 __all__ = [
     "CIFAR10_CLASSES",

@@ -3,7 +3,6 @@
 * :mod:`~pl_privfed.engine.round` — the loop over chunks and the choice of the chunk size;
 * :mod:`~pl_privfed.engine.chunk` — :class:`ClientChunk`, what an algorithm's client part sees;
 * :mod:`~pl_privfed.engine.reduce` — :class:`Reduction`, the sums the server needs;
-* :mod:`~pl_privfed.engine.rng` — random streams keyed by ``(seed, stream, round, client)``;
 * :mod:`~pl_privfed.engine.state` — where the per-client state rows live.
 
 See docs/engine.md.
@@ -12,19 +11,6 @@ See docs/engine.md.
 from pl_privfed.engine.chunk import ChunkOracle, ClientChunk, OracleOutput, RoundContext
 from pl_privfed.engine.distributed import ClientShard
 from pl_privfed.engine.reduce import Reduction
-from pl_privfed.engine.rng import (
-    STREAM_AUGMENTATION,
-    STREAM_COMPRESSION,
-    STREAM_INIT,
-    STREAM_NOISE,
-    STREAM_OUTPUT,
-    STREAM_SAMPLING,
-    STREAM_SERVER_NOISE,
-    KeyedGenerator,
-    client_normal,
-    keyed_generator,
-    stream_key,
-)
 from pl_privfed.engine.round import (
     CHUNK_ENV,
     FunctionOracle,
@@ -38,19 +24,11 @@ from pl_privfed.engine.state import ClientStates, Placement, choose_placement
 
 __all__ = [
     "CHUNK_ENV",
-    "STREAM_AUGMENTATION",
-    "STREAM_COMPRESSION",
-    "STREAM_INIT",
-    "STREAM_NOISE",
-    "STREAM_OUTPUT",
-    "STREAM_SAMPLING",
-    "STREAM_SERVER_NOISE",
     "ChunkOracle",
     "ClientChunk",
     "ClientShard",
     "ClientStates",
     "FunctionOracle",
-    "KeyedGenerator",
     "OracleOutput",
     "Placement",
     "Reduction",
@@ -58,10 +36,7 @@ __all__ = [
     "choose_chunk_size",
     "choose_placement",
     "chunk_ids",
-    "client_normal",
     "iter_phases",
-    "keyed_generator",
     "make_context",
     "run_phases",
-    "stream_key",
 ]

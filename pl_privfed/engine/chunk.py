@@ -19,7 +19,7 @@ from torch import Tensor
 
 from pl_privfed.communication import count_nonzeros
 from pl_privfed.engine.reduce import Reduction
-from pl_privfed.engine.rng import STREAM_COMPRESSION, STREAM_NOISE, KeyedGenerator
+from pl_privfed.rng import STREAM_COMPRESSION, STREAM_NOISE, KeyedGenerator
 
 if TYPE_CHECKING:
     from pl_privfed.operators import Operator

@@ -7,7 +7,7 @@ each round's map. The reduce is completed by summing every process's partial sum
 (:meth:`ClientShard.all_reduce_reduction`, one ``all_reduce`` per dtype), so every process
 runs the same server step on the same sums and holds the same server state and model.
 
-Each client's randomness is keyed by ``(seed, round, client)`` (:mod:`pl_privfed.engine.rng`)
+Each client's randomness is keyed by ``(seed, round, client)`` (:mod:`pl_privfed.rng`)
 and the cohort by ``(seed, round)``, so the iterates do not depend on the number of processes,
 up to the order of floating-point sums.
 

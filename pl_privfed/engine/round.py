@@ -9,7 +9,7 @@
     result = algorithm.server_update(x, reduction)     # server lines, on the reduced sums
 
 Each chunk's work depends only on its clients' own state, data and randomness (keyed by
-``(seed, round, client)``, :mod:`pl_privfed.engine.rng`) and on the broadcast, so the iterates
+``(seed, round, client)``, :mod:`pl_privfed.rng`) and on the broadcast, so the iterates
 do not depend on the chunk size (up to the order of floating-point sums) and memory holds one
 chunk's ``[c, d]`` tensors, never ``[n, d]`` ones beyond the state the algorithm really keeps.
 Decentralized methods have two phases: the local one, then the gossip, which reads the
@@ -31,7 +31,7 @@ from torch import Tensor
 
 from pl_privfed.engine.chunk import ChunkOracle, ClientChunk, OracleOutput, RoundContext
 from pl_privfed.engine.reduce import Reduction
-from pl_privfed.engine.rng import KeyedGenerator
+from pl_privfed.rng import KeyedGenerator
 
 __all__ = [
     "CHUNK_ENV",

@@ -57,7 +57,7 @@ class DPNoise:
             ``"add_remove"`` for central DP with a trusted server (sensitivity Φ). Give
             ``"add_remove"`` or ``"replace_one"`` to override.
         seed: seed of the noise streams: client ``i``'s noise in round ``k`` is drawn from the
-            stream keyed by ``(seed, k, i)`` (:mod:`pl_privfed.engine.rng`).
+            stream keyed by ``(seed, k, i)`` (:mod:`pl_privfed.rng`).
         accountant: ``"rdp"`` or ``"prv"`` (Opacus) for calibration and the reported ε.
         draws: how the simulation draws the clients' noise when an algorithm uses it only
             through the sum the server receives (the error-feedback family, DP-SGD, DP-FedAvg,
