@@ -3,7 +3,7 @@ by one: time per round, measured in the same process.
 
 For ``K`` α-NormEC configurations (a γ × β grid) over ``n`` clients it times the median round
 of one single-configuration run (the baseline: what each of ``K`` separate runs pays per round)
-and of the grid run (``FederatedModule(grid=...)``: one oracle call for all ``K·n`` client
+and of the grid run (``GridModule(grid=...)``: one oracle call for all ``K·n`` client
 gradients, then each configuration's algorithm), inside a real Trainer with evaluation off,
 and prints ``grid / (K × single)``: the fraction of the separate runs' time that the grid
 takes (the median over ``--trials`` back-to-back pairs, since a shared machine's speed drifts
@@ -27,9 +27,9 @@ import pytorch_lightning as pl
 import torch
 from engine_rounds import RoundTimer
 
-from pl_privfed import FederatedModule
 from pl_privfed.algorithms import AlphaNormEC
 from pl_privfed.datamodules import CIFAR10DataModule, DigitsDataModule, IIDPartitioner
+from pl_privfed.grid import GridModule
 from pl_privfed.models import MLP, resnet20
 
 STEP_SIZES = [0.001, 0.01, 0.1, 1.0]
@@ -65,7 +65,7 @@ def run(args, clients: int, size: int) -> float:
         dm = DigitsDataModule(num_clients=clients, batch_size=32,
                               partitioner=IIDPartitioner(seed=0))  # fmt: skip
         model = MLP(64, [32], 10)
-    module = FederatedModule(model, AlphaNormEC(0.1, beta=0.1, alpha=0.01),
+    module = GridModule(model, AlphaNormEC(0.1, beta=0.1, alpha=0.01),
                              grad_backend=args.backend, cuda_graphs=args.cuda_graphs,
                              grid=grid_of(size))  # fmt: skip
     timer = RoundTimer()

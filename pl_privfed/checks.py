@@ -12,7 +12,6 @@ __all__ = [
     "check_positive",
     "check_positive_int",
     "check_strategy",
-    "check_trainer",
 ]
 
 
@@ -60,11 +59,3 @@ def check_evaluation_interval(trainer: Any) -> None:
             f"trainer.val_check_interval must be a positive integer k (evaluate every k rounds) "
             f"or a fraction in (0, 1] of an epoch, got {interval!r}"
         )
-
-
-def check_trainer(trainer: Any) -> None:
-    """The checks a ``Trainer`` must pass before a federation trains: a strategy that shards
-    clients (:func:`check_strategy`) and a positive evaluation interval
-    (:func:`check_evaluation_interval`)."""
-    check_strategy(trainer)
-    check_evaluation_interval(trainer)

@@ -51,7 +51,8 @@ from pl_privfed.checks import check_strategy
 from pl_privfed.datamodules import FederatedDataModule
 from pl_privfed.datamodules.files import DataFileError
 from pl_privfed.engine.distributed import close_process_group
-from pl_privfed.module import FederatedModule, NonFiniteLossError
+from pl_privfed.grid import federation
+from pl_privfed.module import NonFiniteLossError
 
 __all__ = [
     "LoggedConfig",
@@ -269,7 +270,7 @@ class PrivFedCLI(LightningCLI):
         for name in self.subcommands():
             parser_kwargs.setdefault(name, {}).setdefault("exit_on_error", False)
         kwargs["parser_kwargs"] = parser_kwargs
-        super().__init__(FederatedModule, FederatedDataModule, *args, **kwargs)
+        super().__init__(federation, FederatedDataModule, *args, **kwargs)
 
     @staticmethod
     def subcommands() -> dict[str, set[str]]:

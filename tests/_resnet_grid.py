@@ -6,7 +6,7 @@ import torch
 
 from pl_privfed import FederatedModule
 from pl_privfed.datamodules import DigitsDataModule
-from pl_privfed.grid import rebuild_algorithm
+from pl_privfed.grid import GridModule, rebuild_algorithm
 from pl_privfed.models import resnet20
 
 
@@ -25,7 +25,10 @@ def fit_resnet(root, algorithm, grid, accelerator="cpu", steps=6, **module_kwarg
     Float64, because in float32 a grid's per-client convolutions and a single run's shared ones
     round differently, and a few normalized rounds amplify that past 1e-5 (seen on the CPU)."""
     torch.manual_seed(0)
-    module = FederatedModule(resnet20().double(), algorithm, grid=grid, **module_kwargs)
+    if grid is None:
+        module = FederatedModule(resnet20().double(), algorithm, **module_kwargs)
+    else:
+        module = GridModule(resnet20().double(), algorithm, grid=grid, **module_kwargs)
     pl.Trainer(accelerator=accelerator, devices=1, max_steps=steps, logger=False,
                default_root_dir=root, enable_checkpointing=False, enable_progress_bar=False,
                enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,

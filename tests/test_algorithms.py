@@ -13,8 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 from _noise import client_noise, noise_sum, server_noise
+from _privacy import mechanisms, paper_mechanisms
 
 from pl_privfed.algorithms import EF21, AlphaNormEC, Clip21, DistributedDPSGD
+from pl_privfed.engine import run_round
 from pl_privfed.operators import Clip, SmoothedNormalization, TopK
 from pl_privfed.privacy import DPNoise, PrivacyAccountant
 
@@ -41,7 +43,7 @@ def run(alg, b, x0, rounds=ROUNDS, chunk=None):
     alg.setup(num_clients=b.shape[0], dim=b.shape[1], num_rounds=rounds, dtype=DT)
     x, xs = x0.clone(), []
     for _ in range(rounds):
-        x = alg.step(x, grad_fn_for(b), client_chunk=chunk).params
+        x = run_round(alg, x, grad_fn_for(b), chunk_size=chunk).params
         xs.append(x.clone())
     return xs
 
@@ -188,9 +190,9 @@ def test_dp_alpha_normec_paper_noise_level():
     ref = ref_error_feedback(b, x0, lambda v: smoothed(v, 0.01), 0.1, 0.05, True, ROUNDS,
                              std=std, seed=1)  # fmt: skip
     assert_iterates(xs, ref)
-    (mech,) = alg.mechanisms()  # replace-one (local DP): sensitivity 2
+    (mech,) = mechanisms(alg)  # replace-one (local DP): sensitivity 2
     assert mech.noise_multiplier == pytest.approx(std / 2) and mech.sample_rate == 1.0
-    (paper,) = alg.paper_mechanisms()  # the papers' add/remove: sensitivity 1
+    (paper,) = paper_mechanisms(alg)  # the papers' add/remove: sensitivity 1
     assert paper.noise_multiplier == pytest.approx(std) and paper.sample_rate == 1.0
 
 
@@ -251,7 +253,7 @@ def test_dpsgd_central_noise_multiplier_accounts_for_averaging():
         0.1, Clip(1.0), noise=DPNoise(noise_multiplier=0.2), noise_placement="server"
     )
     alg.setup(num_clients=10, dim=3, num_rounds=5)
-    (mech,) = alg.mechanisms()
+    (mech,) = mechanisms(alg)
     # one client moves the mean by at most τ/n = 1/10: std = 0.2 × 0.1 on the mean
     assert alg.noise_std == pytest.approx(0.02)
     assert mech.noise_multiplier == pytest.approx(0.2)
@@ -260,7 +262,7 @@ def test_dpsgd_central_noise_multiplier_accounts_for_averaging():
     paper.setup(num_clients=10, dim=3, num_rounds=300)
     # eq. (3) with B = n puts σ = Φ sqrt(K log(1/δ))/ε on the average: multiplier n times that
     assert paper.noise_std == pytest.approx(math.sqrt(300 * math.log(1e5)) / 8)
-    assert paper.mechanisms()[0].noise_multiplier == pytest.approx(10 * paper.noise_std)
+    assert mechanisms(paper)[0].noise_multiplier == pytest.approx(10 * paper.noise_std)
 
 
 def test_example_1_dpsgd_stalls_alpha_normec_converges():

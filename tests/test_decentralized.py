@@ -15,9 +15,11 @@ import math
 import pytest
 import torch
 from _noise import client_noise
+from _privacy import mechanisms, paper_mechanisms
 
 from pl_privfed.algorithms.decentralized import BEER, PORTER
 from pl_privfed.algorithms.soteria import SoteriaFL
+from pl_privfed.engine import run_round
 from pl_privfed.graphs import Topology
 from pl_privfed.operators import Identity, RandKBiased, TopK
 from pl_privfed.privacy import DPNoise
@@ -59,7 +61,7 @@ def run(alg, b, x0, n=N, chunk=None):
     alg.setup(num_clients=n, dim=x0.shape[0], num_rounds=b.shape[0], dtype=DT)
     x, xs, agents = x0.clone(), [], []
     for t in range(b.shape[0]):
-        x = alg.step(x, grad_fn_for(b[t]), client_chunk=chunk).params
+        x = run_round(alg, x, grad_fn_for(b[t]), chunk_size=chunk).params
         xs.append(x.clone())
         agents.append(alg.agent_params.clone() if hasattr(alg, "agent_params") else None)
     return xs, agents
@@ -282,7 +284,7 @@ def test_consensus_and_gradient_tracking_with_exact_averaging():
     alg.setup(num_clients=n, dim=d, num_rounds=ROUNDS, dtype=DT)
     xbar, deviations = x0.clone(), [torch.zeros(n, d, dtype=DT)]
     for t in range(ROUNDS):
-        result = alg.step(xbar, grad_fn_for(b[t]))
+        result = run_round(alg, xbar, grad_fn_for(b[t]))
         expected = xbar - eta * (xbar - centers.mean(0))  # gradient descent on f
         torch.testing.assert_close(result.params, expected, rtol=1e-12, atol=1e-12)
         assert float(result.metrics["tracking_gap"]) < 1e-12  # v̄ = ḡ
@@ -300,7 +302,7 @@ def test_consensus_and_gradient_tracking_with_exact_averaging():
     alg.setup(num_clients=n, dim=d, num_rounds=ROUNDS, dtype=DT)
     x = x0.clone()
     for t in range(ROUNDS):
-        result = alg.step(x, grad_fn_for(same[t]))
+        result = run_round(alg, x, grad_fn_for(same[t]))
         x = result.params
         assert float(result.metrics["consensus_error"]) < 1e-14
 
@@ -315,7 +317,7 @@ def test_output_iterate_is_uniform_over_agents_and_rounds():
         alg.setup(num_clients=n, dim=2, num_rounds=rounds, dtype=DT)
         x = torch.zeros(2, dtype=DT)
         for t in range(rounds):
-            x = alg.step(x, grad_fn_for(b[t])).params
+            x = run_round(alg, x, grad_fn_for(b[t])).params
         out = alg.output()
         counts[out["round"] - 1, out["agent"]] += 1
     expected = runs / (n * rounds)
@@ -341,13 +343,13 @@ def test_checkpoint_state_resumes_exactly():
                 k: v.clone() if torch.is_tensor(v) else v for k, v in full.state_dict().items()
             }
             x_mid = x.clone()
-        x = full.step(x, grad_fn_for(b[t])).params
+        x = run_round(full, x, grad_fn_for(b[t])).params
     resumed = make()
     resumed.setup(num_clients=N, dim=D, num_rounds=ROUNDS, dtype=DT)
     resumed.load_state_dict(state)
     y = x_mid
     for t in range(5, ROUNDS):
-        y = resumed.step(y, grad_fn_for(b[t])).params
+        y = run_round(resumed, y, grad_fn_for(b[t])).params
     torch.testing.assert_close(y, x, rtol=0, atol=0)
 
 
@@ -362,12 +364,12 @@ def test_porter_dp_theorem_1_noise_and_accountant_inputs():
         alg.setup(num_clients=10, dim=5, num_rounds=T)
         sigma = tau * math.sqrt(T * math.log(1e3)) / (m * 0.1)
         assert alg.noise_std == pytest.approx(sigma)
-        (mech,) = alg.paper_mechanisms()
+        (mech,) = paper_mechanisms(alg)
         assert mech.sample_rate == pytest.approx(batch / m)
         assert mech.noise_multiplier == pytest.approx(sigma * batch / tau)
         assert "record-level" in mech.privacy_unit
-        (mech,) = alg.mechanisms(0)
-        assert mech.sample_rate == 1.0 and alg.mechanisms(1) == []  # one use per m/b rounds
+        (mech,) = mechanisms(alg, 0)
+        assert mech.sample_rate == 1.0 and mechanisms(alg, 1) == []  # one use per m/b rounds
         assert mech.noise_multiplier == pytest.approx(sigma * batch / (2 * tau))
 
 
@@ -377,9 +379,9 @@ def test_soteria_paper_noise_matches_porter():
     alg.setup(num_clients=10, dim=5, num_rounds=500)
     sigma = math.sqrt(500 * math.log(1e3)) / (6000 * 0.01)
     assert alg.noise_std == pytest.approx(sigma)
-    (mech,) = alg.paper_mechanisms()
+    (mech,) = paper_mechanisms(alg)
     assert mech.noise_multiplier == pytest.approx(sigma) and mech.sample_rate == 1 / 6000
-    assert alg.mechanisms(0)[0].noise_multiplier == pytest.approx(sigma / 2)  # replace-one: 2G
+    assert mechanisms(alg, 0)[0].noise_multiplier == pytest.approx(sigma / 2)  # replace-one: 2G
 
 
 # ---------------------------------------------------------------------------- SoteriaFL
@@ -444,21 +446,21 @@ def test_record_sampling_takes_m_from_the_data_and_checks_b(name):
     alg = make(batch_size=2)
     alg.configure_data(**data)
     alg.setup(num_clients=3, dim=D, num_rounds=10, dtype=DT)
-    assert alg.local_dataset_size == 37 and alg.sample_rate == pytest.approx(2 / 37)
-    assert alg.paper_mechanisms()[0].sample_rate == pytest.approx(2 / 37)
+    assert alg.local_dataset_size == 37 and alg.release().paper_rate == pytest.approx(2 / 37)
+    assert paper_mechanisms(alg)[0].sample_rate == pytest.approx(2 / 37)
     # by round k an example has been used ⌈2(k+1)/37⌉ times: rounds 0 and 18 (positions 36, 37)
-    assert [len(alg.mechanisms(k)) for k in range(20)] == [1] + [0] * 17 + [1, 0]
-    assert alg.mechanisms(0)[0].sample_rate == 1.0
+    assert [len(mechanisms(alg, k)) for k in range(20)] == [1] + [0] * 17 + [1, 0]
+    assert mechanisms(alg, 0)[0].sample_rate == 1.0
     wor = make(batch_size=2)
     wor.configure_data(**data, batch_sampling="without_replacement")
     wor.setup(num_clients=3, dim=D, num_rounds=10, dtype=DT)
-    (mech,) = wor.mechanisms(7)
+    (mech,) = mechanisms(wor, 7)
     assert mech.sampling == "without_replacement" and mech.population == 37
     assert mech.sample_rate == pytest.approx(2 / 37) and mech.sample_size == 2
-    with pytest.raises(ValueError, match="replace_one"):
-        make(noise=DPNoise(epsilon=1.0, neighbouring="add_remove"), batch_size=2).configure_data(
-            **data, batch_sampling="without_replacement"
-        )
+    with pytest.raises(ValueError, match="replace_one"):  # checked with the accounting, at setup
+        add_remove = make(noise=DPNoise(epsilon=1.0, neighbouring="add_remove"), batch_size=2)
+        add_remove.configure_data(**data, batch_sampling="without_replacement")
+        add_remove.setup(num_clients=3, dim=D, num_rounds=10, dtype=DT)
 
     alg = make(batch_size=2, local_dataset_size=30)  # smaller: conservative, kept
     alg.configure_data(**data)
@@ -476,4 +478,4 @@ def test_porter_dp_checks_the_batch_size_every_round():
                  local_dataset_size=10, topology=Topology(graph="ring"))  # fmt: skip
     alg.setup(num_clients=N, dim=D, num_rounds=3, dtype=DT)
     with pytest.raises(ValueError, match="batch_size=2"):
-        alg.step(torch.zeros(D, dtype=DT), grad_fn_for(targets(rounds=1)[0]))  # B = 3
+        run_round(alg, torch.zeros(D, dtype=DT), grad_fn_for(targets(rounds=1)[0]))  # B = 3

@@ -14,6 +14,7 @@ import math
 import pytest
 import torch
 from _noise import client_noise, noise_sum
+from _privacy import mechanisms, paper_mechanisms, sensitivity
 
 from pl_privfed.algorithms import (
     AlphaNormEC,
@@ -26,6 +27,7 @@ from pl_privfed.algorithms import (
     LocalGD,
     LocalSGD,
 )
+from pl_privfed.engine import run_round
 from pl_privfed.operators import Clip, SmoothedNormalization
 from pl_privfed.privacy import DPNoise, PrivacyAccountant
 from pl_privfed.rng import STREAM_SAMPLING, keyed_generator
@@ -71,7 +73,7 @@ def run(alg, centers, x0, rounds=ROUNDS, chunk=None, **data_kwargs):
     alg.setup(num_clients=n, dim=centers.shape[-1], num_rounds=rounds, dtype=DT)
     x, xs = x0.clone(), []
     for _ in range(rounds):
-        x = alg.step(x, oracle(centers), client_chunk=chunk).params
+        x = run_round(alg, x, oracle(centers), chunk_size=chunk).params
         xs.append(x.clone())
     return xs
 
@@ -286,9 +288,9 @@ def test_fed_alpha_normec_exact(participation, p, solver, private, draws, chunk)
     )  # fmt: skip  (replace-one sensitivity 2)
     assert_iterates(xs, ref)
     if private:  # the server sees who transmits: no amplification by p against it
-        (mech,) = alg.mechanisms()
+        (mech,) = mechanisms(alg)
         assert mech.sample_rate == 1.0 and mech.noise_multiplier == pytest.approx(0.3)
-        (paper,) = alg.paper_mechanisms()  # the papers': add/remove, Poisson at p
+        (paper,) = paper_mechanisms(alg)  # the papers': add/remove, Poisson at p
         assert paper.sample_rate == p and paper.noise_multiplier == pytest.approx(0.6)
 
 
@@ -325,7 +327,7 @@ def test_fed_alpha_normec_paper_noise_and_messages():
     alg.setup(num_clients=5, dim=3, num_rounds=300, dtype=DT)
     # σ = p sqrt(K log(1/δ))/ε; the server's β makes it the paper's p β sqrt(K log(1/δ))/ε
     assert alg.noise_std == pytest.approx(0.25 * math.sqrt(300 * math.log(1e5)) / 8.0)
-    sent = [alg.step(x0, oracle(centers)).messages[0].rows for _ in range(200)]
+    sent = [run_round(alg, x0, oracle(centers)).messages[0].rows for _ in range(200)]
     assert min(sent) == 0 and max(sent) >= 3  # Bernoulli(p) senders: 0 to 5 per round
     assert sum(sent) / 200 == pytest.approx(0.25 * 5, abs=0.25)
 
@@ -360,9 +362,9 @@ def test_dp_fedavg_exact(sampler, rate, op, private, draws, chunk):
                         draws=draws)  # fmt: skip
     assert_iterates(xs, ref)
     if private:
-        (mech,) = alg.mechanisms()
+        (mech,) = mechanisms(alg)
         assert mech.sample_rate == 1.0  # the server sees the cohort
-        (paper,) = alg.paper_mechanisms()
+        (paper,) = paper_mechanisms(alg)
         assert paper.sample_rate == {None: 1.0, "fixed": 0.6}.get(sampler, 0.5)
 
 
@@ -419,9 +421,9 @@ def test_per_sample_clipping_with_sampler_and_accounting():
                          sampler="fixed", rate=2, sampling_seed=2)  # fmt: skip
     assert_iterates(xs, ref)  # std = 1 × 2c/B
     # the 3 steps walk all 6 examples of a shard: every example used once a round, unamplified
-    (mech,) = alg.mechanisms()
+    (mech,) = mechanisms(alg)
     assert mech.sample_rate == 1.0 and mech.noise_multiplier == pytest.approx(1.0)
-    paper = alg.paper_mechanisms()  # one release per local step, at rate (2/5)·(2/6)
+    paper = paper_mechanisms(alg)  # one release per local step, at rate (2/5)·(2/6)
     assert len(paper) == 3 and paper[0].sample_rate == pytest.approx(0.4 * 2 / 6)
     assert paper[0].noise_multiplier == pytest.approx(2.0)  # add/remove: c/B
 
@@ -441,37 +443,37 @@ def test_per_sample_accounting_follows_how_local_steps_use_the_data():
     (one per 40 positions here), without amplification by the shuffling."""
     noise = DPNoise(noise_multiplier=2.0)
 
-    def mechanisms(solver, level="example", **data_kwargs):
+    def configured(solver, level="example", **data_kwargs):
         alg = FedAvgPerSampleClipping(0.1, clip_threshold=1.0, local_solver=solver,
                                       clip_level=level, noise=noise)  # fmt: skip
         alg.configure_data(**data_kwargs)
         alg.setup(num_clients=4, dim=2, num_rounds=10, dtype=DT)
-        return alg, alg.paper_mechanisms()
+        return alg, paper_mechanisms(alg)
 
-    alg, mechs = mechanisms(LocalSGD(5), batch_size=2, local_batches=5, shuffle=True,
+    alg, mechs = configured(LocalSGD(5), batch_size=2, local_batches=5, shuffle=True,
                             client_sizes=[40] * 4)  # fmt: skip
     assert len(mechs) == 5 and mechs[0].sample_rate == pytest.approx(2 / 40)
     assert alg.noise_std == pytest.approx(2.0 * 2 * 1.0 / 2)  # multiplier × 2c/B (replace-one)
     assert mechs[0].noise_multiplier == pytest.approx(4.0)  # add/remove: c/B
     # 10 positions a round of 40: an example is used in rounds 0, 4, 8, ... at most
-    uses = [len(alg.mechanisms(k)) for k in range(9)]
+    uses = [len(mechanisms(alg, k)) for k in range(9)]
     assert uses == [1, 0, 0, 0, 1, 0, 0, 0, 1]
-    assert alg.mechanisms(0)[0].noise_multiplier == pytest.approx(2.0)
-    alg, mechs = mechanisms(LocalGD(4), batch_size=8, local_batches=1, shuffle=True,
+    assert mechanisms(alg, 0)[0].noise_multiplier == pytest.approx(2.0)
+    alg, mechs = configured(LocalGD(4), batch_size=8, local_batches=1, shuffle=True,
                             client_sizes=[40] * 4)  # fmt: skip
     assert len(mechs) == 1 and mechs[0].sample_rate == pytest.approx(8 / 40)
     assert mechs[0].noise_multiplier == pytest.approx(4.0 / 2)  # 4/√4
-    assert alg.mechanisms(0)[0].noise_multiplier == pytest.approx(2.0 / 2)  # replace-one: 2/√4
-    alg, mechs = mechanisms(IncrementalGradient(10), batch_size=1, local_batches=10,
+    assert mechanisms(alg, 0)[0].noise_multiplier == pytest.approx(2.0 / 2)  # replace-one: 2/√4
+    alg, mechs = configured(IncrementalGradient(10), batch_size=1, local_batches=10,
                             shuffle=False, client_sizes=[10] * 4)  # fmt: skip
     assert len(mechs) == 1 and mechs[0].sample_rate == 1.0
     assert mechs[0].noise_multiplier == pytest.approx(4.0)  # each example used once a round
-    assert [len(alg.mechanisms(k)) for k in range(3)] == [1, 1, 1]
-    alg, mechs = mechanisms(LocalGD(3), level="minibatch", batch_size=8, local_batches=1,
+    assert [len(mechanisms(alg, k)) for k in range(3)] == [1, 1, 1]
+    alg, mechs = configured(LocalGD(3), level="minibatch", batch_size=8, local_batches=1,
                             shuffle=True, client_sizes=[40] * 4)  # fmt: skip
-    assert alg.accounting_sensitivity() == 2.0  # the clipped mean flips: 2c
+    assert sensitivity(alg) == 2.0  # the clipped mean flips: 2c
     assert mechs[0].noise_multiplier == pytest.approx(2.0 / math.sqrt(3))
-    assert alg.mechanisms(0)[0].noise_multiplier == pytest.approx(2.0 / math.sqrt(3))
+    assert mechanisms(alg, 0)[0].noise_multiplier == pytest.approx(2.0 / math.sqrt(3))
 
 
 @pytest.mark.parametrize("solver", ["sgd", "gd", "ig"])
@@ -489,7 +491,7 @@ def test_per_sample_target_calibration_certifies_the_target(solver):
     alg.setup(num_clients=3, dim=2, num_rounds=30, dtype=DT)
     accountant = PrivacyAccountant("rdp")
     for k in range(30):
-        for mech in alg.mechanisms(k):
+        for mech in mechanisms(alg, k):
             accountant.step_mechanism(mech)
     assert accountant.get_epsilon(1e-5) == pytest.approx(2.0, rel=0.02)
 
@@ -509,7 +511,7 @@ def test_per_example_clipping_bounds_each_example():
         per_example = grad_fn(x0, per_example=True)
         clipped = Clip(c)(per_example)
         assert (torch.linalg.vector_norm(clipped, dim=-1) <= c * (1 + 1e-12)).all()
-        out.append(alg.step(x0, grad_fn, client_chunk=1).params)
+        out.append(run_round(alg, x0, grad_fn, chunk_size=1).params)
     change = torch.linalg.vector_norm(out[0] - out[1])
     assert 0 < change <= eta * 2 * c / 4 / 3 * (1 + 1e-12)
 
@@ -540,7 +542,7 @@ def test_only_participants_compute():
                                   sampler=FixedSizeSampler(2))  # fmt: skip
     alg.setup(num_clients=5, dim=3, num_rounds=1, dtype=DT)
     grad_fn = oracle(centers)
-    result = alg.step(x0, grad_fn)
+    result = run_round(alg, x0, grad_fn)
     # 2 local steps × the 2 sampled clients (in chunks of any size), never the other 3
     assert sum(len(c) for _, _, c in grad_fn.calls) == 4
     assert len({int(i) for _, _, c in grad_fn.calls for i in c}) == 2
@@ -614,12 +616,12 @@ def test_memories_are_checkpointed_and_streams_need_no_state():
     a = make()
     x = x0
     for _ in range(3):
-        x = a.step(x, oracle(centers)).params
+        x = run_round(a, x, oracle(centers)).params
     state = a.state_dict()
     b = make()
     b.load_state_dict(state)
     xa, xb = x, x
     for _ in range(3):
-        xa = a.step(xa, oracle(centers)).params
-        xb = b.step(xb, oracle(centers)).params
+        xa = run_round(a, xa, oracle(centers)).params
+        xb = run_round(b, xb, oracle(centers)).params
     assert torch.equal(xa, xb)

@@ -1,4 +1,4 @@
-"""A grid of configurations as one batched federation (``FederatedModule(grid=...)``): every
+"""A grid of configurations as one batched federation (``GridModule(grid=...)``): every
 configuration's iterates equal its separate run; divergence, results, report, resume, errors."""
 
 import csv
@@ -24,7 +24,7 @@ from pl_privfed.callbacks import GradientNorm, RunSummary
 from pl_privfed.cli import PrivFedCLI, main
 from pl_privfed.datamodules import DigitsDataModule, DirichletPartitioner
 from pl_privfed.grads import GradientOracle
-from pl_privfed.grid import grid_points, rebuild_algorithm
+from pl_privfed.grid import GridModule, grid_points, rebuild_algorithm
 from pl_privfed.models import MLP
 from pl_privfed.privacy import DPNoise
 from pl_privfed.report import make_report
@@ -73,9 +73,9 @@ def _assert_equals_separate_runs(grid_module, algorithm, backend, rounds, tmp_pa
         for name, buf in single.algorithm.named_buffers():
             other = dict(grid_module.grid_algorithms[k].named_buffers())[name]
             torch.testing.assert_close(other, buf, rtol=1e-12, atol=1e-12)
-        if single.accountant is not None:
-            eps = grid_module.accountant.get_epsilon(1e-5)
-            assert single.accountant.get_epsilon(1e-5) == pytest.approx(eps, rel=1e-12)
+        if single.privacy_ledger is not None:
+            eps = grid_module.privacy_ledger.accountant.get_epsilon(1e-5)
+            assert single.privacy_ledger.accountant.get_epsilon(1e-5) == pytest.approx(eps, rel=1e-12)
 
 
 @pytest.mark.parametrize("backend", ["vmap", "loop"])
@@ -96,13 +96,11 @@ def test_alpha_normec_grid_equals_separate_runs(backend, batch_norm, tmp_path):
     BatchNorm running statistics and memories equal its own run's, in float64."""
     alg = AlphaNormEC(0.05, beta=0.1, alpha=0.01, memory_init="gradient")
     grid = {"step_size": [0.05, 0.5], "beta": [0.1, 1.0], "server_normalization": [True, False]}
-    module = FederatedModule(_model(batch_norm), alg, grad_backend=backend, grid=grid)
+    module = GridModule(_model(batch_norm), alg, grad_backend=backend, grid=grid)
     _fit(module, tmp_path / "grid", 5)
     assert len(module.grid_points) == 8
     # gradients for 3 configurations per oracle call: the same iterates
-    chunked = FederatedModule(
-        _model(batch_norm), alg, grad_backend=backend, grid=grid, grid_chunk=3
-    )
+    chunked = GridModule(_model(batch_norm), alg, grad_backend=backend, grid=grid, grid_chunk=3)
     _fit(chunked, tmp_path / "chunked", 5)
     for a, b in zip(module.state_dict().values(), chunked.state_dict().values()):
         if isinstance(a, torch.Tensor):
@@ -119,9 +117,9 @@ def test_private_clip21_grid_equals_separate_runs(tmp_path):
     accountant serves every configuration, and each draws its noise as its own run does."""
     alg = Clip21(0.1, clip_threshold=1.0, noise=DPNoise(epsilon=8.0, seed=5))
     grid = {"clip_threshold": [0.1, 1.0], "step_size": [0.01, 0.1]}
-    module = FederatedModule(_model(), alg, grad_backend="vmap", grid=grid)
+    module = GridModule(_model(), alg, grad_backend="vmap", grid=grid)
     _fit(module, tmp_path / "grid", 4)
-    assert module.accountant.steps == 4
+    assert module.privacy_ledger.accountant.steps == 4
     _assert_equals_separate_runs(module, alg, "vmap", 4, tmp_path, True)
 
 
@@ -132,7 +130,7 @@ def test_grid_with_local_steps_serves_other_requests_from_the_oracle(tmp_path):
                                   local_solver=LocalSGD(steps=2))  # fmt: skip
     grid = {"clip_threshold": [0.1, 10.0]}
     data = dict(local_batches=2)
-    module = FederatedModule(_model(batch_norm=False), alg, grad_backend="vmap", grid=grid)
+    module = GridModule(_model(batch_norm=False), alg, grad_backend="vmap", grid=grid)
     _fit(module, tmp_path / "grid", 3, data=_data(**data))
     for k, point in enumerate(module.grid_points):
         single = FederatedModule(_model(batch_norm=False), rebuild_algorithm(alg, point),
@@ -143,7 +141,7 @@ def test_grid_with_local_steps_serves_other_requests_from_the_oracle(tmp_path):
 
 def test_diverging_configuration_is_frozen_and_the_others_go_on(tmp_path):
     alg = Clip21(0.1, clip_threshold=1.0)
-    module = FederatedModule(_model(batch_norm=False, dtype=torch.float32), alg,
+    module = GridModule(_model(batch_norm=False, dtype=torch.float32), alg,
                              grid={"step_size": [0.1, 3e38]})  # fmt: skip
     _fit(module, tmp_path / "grid", 6)
     ok, failed = module._grid_status
@@ -153,7 +151,7 @@ def test_diverging_configuration_is_frozen_and_the_others_go_on(tmp_path):
     _fit(single, tmp_path / "single", 6)
     torch.testing.assert_close(module.grid_params[0], single.layout.flatten(single.model))
     # when every configuration diverges the run stops, naming the round
-    module = FederatedModule(_model(batch_norm=False, dtype=torch.float32), alg,
+    module = GridModule(_model(batch_norm=False, dtype=torch.float32), alg,
                              grid={"step_size": [3e38]})  # fmt: skip
     with pytest.raises(NonFiniteLossError, match="round"):
         _fit(module, tmp_path / "all", 6)
@@ -162,7 +160,7 @@ def test_diverging_configuration_is_frozen_and_the_others_go_on(tmp_path):
 def test_a_grid_in_which_every_configuration_diverges_still_writes_its_results(tmp_path):
     """Today the run stopped with summary.json pointing to a results.csv never written."""
     out = tmp_path / "out"
-    module = FederatedModule(_model(batch_norm=False, dtype=torch.float32),
+    module = GridModule(_model(batch_norm=False, dtype=torch.float32),
                              Clip21(0.1, clip_threshold=1.0),
                              grid={"step_size": [3e38, 1e38]}, grid_dir=str(out))  # fmt: skip
     summary = RunSummary(dirpath=str(tmp_path))
@@ -181,7 +179,7 @@ def test_a_grid_in_which_every_configuration_diverges_still_writes_its_results(t
 def test_grid_results_are_a_sweep_that_report_draws(tmp_path):
     alg = AlphaNormEC(0.05, beta=0.1, alpha=0.01)
     grid = {"beta": [0.1, 1.0], "step_size": [0.01, 0.1, 0.5]}
-    module = FederatedModule(_model(dtype=torch.float32), alg, grid=grid,
+    module = GridModule(_model(dtype=torch.float32), alg, grid=grid,
                              grid_dir=str(tmp_path / "out"))  # fmt: skip
     _fit(module, tmp_path / "grid", 6, limit_val_batches=None, val_check_interval=3,
          log_every_n_steps=2)  # fmt: skip
@@ -223,7 +221,7 @@ def test_grid_results_are_a_sweep_that_report_draws(tmp_path):
 def test_grid_resume_is_bit_identical(tmp_path):
     def run(name, ckpt_path=None, callbacks=()):
         alg = AlphaNormEC(0.05, beta=0.1, alpha=0.01, noise=DPNoise(epsilon=8.0, seed=3))
-        module = FederatedModule(_model(dtype=torch.float32), alg,
+        module = GridModule(_model(dtype=torch.float32), alg,
                                  grid={"beta": [0.1, 1.0], "alpha": [0.01, 1.0]})  # fmt: skip
         _fit(module, tmp_path / name, 8, callbacks=list(callbacks), enable_checkpointing=True,
              ckpt_path=ckpt_path)  # fmt: skip
@@ -240,7 +238,7 @@ def test_grid_resume_is_bit_identical(tmp_path):
     for a, b in zip(full.grid_algorithms, resumed.grid_algorithms):  # the streams' key
         assert int(a.rounds_done) == int(b.rounds_done) == 8
     assert full._grid_history == resumed._grid_history
-    assert full.accountant.steps == resumed.accountant.steps == 8
+    assert full.privacy_ledger.accountant.steps == resumed.privacy_ledger.accountant.steps == 8
 
 
 @pytest.mark.parametrize(
@@ -255,20 +253,20 @@ def test_grid_resume_is_bit_identical(tmp_path):
 )
 def test_bad_grid_fails_at_construction(grid, message):
     with pytest.raises(ValueError, match=message):
-        FederatedModule(_model(), AlphaNormEC(0.1, beta=0.1, alpha=0.01), grid=grid)
+        GridModule(_model(), AlphaNormEC(0.1, beta=0.1, alpha=0.01), grid=grid)
 
 
 @pytest.mark.parametrize("chunk", [0, 2.5, True])
 def test_bad_grid_chunk(chunk):
     with pytest.raises(ValueError, match="grid_chunk"):
-        FederatedModule(_model(), AlphaNormEC(0.1, beta=0.1, alpha=0.01), grid={"beta": [1.0]},
+        GridModule(_model(), AlphaNormEC(0.1, beta=0.1, alpha=0.01), grid={"beta": [1.0]},
                         grid_chunk=chunk)  # fmt: skip
 
 
 def test_private_grid_with_different_mechanisms_fails_before_training(tmp_path):
     alg = AlphaNormEC(0.1, beta=0.1, alpha=0.01, noise=DPNoise(noise_multiplier=1.0))
     grid = {"noise": [DPNoise(noise_multiplier=1.0), DPNoise(noise_multiplier=2.0)]}
-    module = FederatedModule(_model(), alg, grid=grid)
+    module = GridModule(_model(), alg, grid=grid)
     with pytest.raises(ValueError, match="mechanisms"):
         _fit(module, tmp_path, 2)
     assert module.global_step == 0
@@ -363,7 +361,7 @@ def test_gradient_norm_measures_and_stops_each_configuration(tmp_path):
         return GradientNorm(every_n_rounds=1, target=0.3, stop_at_target=True)
 
     alg = DistributedDPSGD(0.5)
-    module = FederatedModule(logistic(), alg, grid={"step_size": [0.01, 0.5, 1.0]})
+    module = GridModule(logistic(), alg, grid={"step_size": [0.01, 0.5, 1.0]})
     _fit(module, tmp_path / "grid", 30, data=_data(**data), callbacks=[norm_callback()])
     assert module.global_step == 30  # γ = 0.01 never gets there
     for k, point in enumerate(module.grid_points):
@@ -397,7 +395,7 @@ def test_gradient_norm_measures_and_stops_each_configuration(tmp_path):
     table = (tmp_path / "grid" / "grid" / "report" / "table.csv").read_text().splitlines()
     assert len(table) == 1 + 3
     # when every configuration reaches the target the run stops there
-    module = FederatedModule(logistic(), alg, grid={"step_size": [0.5, 1.0]})
+    module = GridModule(logistic(), alg, grid={"step_size": [0.5, 1.0]})
     _fit(module, tmp_path / "both", 30, data=_data(**data), callbacks=[norm_callback()])
     assert module.global_step == max(reached[1:])
 
@@ -431,5 +429,5 @@ def test_every_algorithm_family_in_a_grid_equals_its_separate_runs(name, tmp_pat
         single = fit("--model.algorithm.init_args.step_size", str(value))
         x = single.layout.flatten(single.model)
         torch.testing.assert_close(grid.grid_params[k], x, rtol=1e-6, atol=1e-7)
-        if single.accountant is not None:
-            assert grid.accountant.steps == single.accountant.steps
+        if single.privacy_ledger is not None:
+            assert grid.privacy_ledger.accountant.steps == single.privacy_ledger.accountant.steps

@@ -57,7 +57,7 @@ def test_module_iterates_match_reference():
     )  # fmt: skip  (std = multiplier × the replace-one sensitivity 2 of Norm_α)
     # float32 model vs float64 reference; the noise stream is drawn in float32 by the module
     torch.testing.assert_close(module.model.x.detach().double(), ref[-1], atol=1e-4, rtol=1e-4)
-    assert module.accountant.steps == 20
+    assert module.privacy_ledger.accountant.steps == 20
 
 
 def _digits_run(tmp_path, max_steps, ckpt_path=None, callbacks=()):
@@ -95,8 +95,8 @@ def test_resume_is_bit_identical(tmp_path):
             assert torch.equal(a, b), k
     # the noise streams are keyed by the round: rounds_done (a buffer) is their whole state
     assert int(full.algorithm.rounds_done) == int(resumed.algorithm.rounds_done) == 14
-    assert full.accountant.steps == resumed.accountant.steps == 14
-    assert full.accountant.get_epsilon(1e-5) == resumed.accountant.get_epsilon(1e-5)
+    assert full.privacy_ledger.accountant.steps == resumed.privacy_ledger.accountant.steps == 14
+    assert full.privacy_ledger.accountant.get_epsilon(1e-5) == resumed.privacy_ledger.accountant.get_epsilon(1e-5)
 
 
 def test_resume_restores_operator_generator(tmp_path):
@@ -149,7 +149,7 @@ def test_summary_json_and_privacy_report(tmp_path):
     assert data["final_val_round"] == 10 and data["best_val_round"] in (5, 10)
     assert 0 <= data["final_test_accuracy"] <= 1 and data["final_test_round"] == 10
     assert data["private"] and data["delta"] == 1e-5
-    assert data["epsilon"] == pytest.approx(module.accountant.get_epsilon(1e-5))
+    assert data["epsilon"] == pytest.approx(module.privacy_ledger.accountant.get_epsilon(1e-5))
     assert data["privacy"]["calibration_rounds"] == 10
     assert data["final_train_loss"] > 0
 

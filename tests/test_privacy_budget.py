@@ -116,7 +116,7 @@ def test_federated_module_protocol_and_resume(tmp_path):
     budget = PrivacyBudget(epsilon=2.0)
     trainer, module = _federated(tmp_path / "a", [budget])
     assert trainer.global_step == over - 1 < 40
-    assert budget.spent == pytest.approx(module.accountant.get_epsilon(1e-5))
+    assert budget.spent == pytest.approx(module.privacy_ledger.accountant.get_epsilon(1e-5))
     # one ε key: the module's privacy/epsilon (today the callback added privacy_budget/epsilon)
     assert trainer.callback_metrics["privacy/epsilon"] == pytest.approx(budget.spent)
     assert not [k for k in trainer.callback_metrics if k.startswith("privacy_budget/")]
@@ -126,8 +126,10 @@ def test_federated_module_protocol_and_resume(tmp_path):
     ckpt = ModelCheckpoint(dirpath=tmp_path / "ck", every_n_train_steps=5, save_top_k=-1)
     _federated(tmp_path / "b", [PrivacyBudget(epsilon=2.0), ckpt, StopAt(5)])
     resumed_budget = PrivacyBudget(epsilon=2.0)
-    trainer, _ = _federated(tmp_path / "c", [resumed_budget],
-                            ckpt_path=str(next((tmp_path / "ck").glob("*.ckpt"))))  # fmt: skip
+    trainer, resumed = _federated(tmp_path / "c", [resumed_budget],
+                                  ckpt_path=str(next((tmp_path / "ck").glob("*.ckpt"))))  # fmt: skip
     assert trainer.global_step == over - 1
-    assert resumed_budget.accountant.steps == over - 1
+    # the budget reads the run's ledger (one history, carried by the module's checkpoint)
+    assert resumed.privacy_ledger.accountant.steps == over - 1
+    assert resumed_budget.accountant.steps == 0
     assert resumed_budget.spent == pytest.approx(budget.spent)

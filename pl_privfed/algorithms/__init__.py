@@ -1,12 +1,8 @@
-"""Federated optimization algorithms: server-based (α-NormEC family, DP-SGD, FedAvg variants) and decentralized (PORTER, BEER)."""
+"""Federated optimization algorithms: server-based (α-NormEC family, DP-SGD, FedAvg variants) and
+decentralized (PORTER, BEER). Each is its paper's client and server lines plus one declaration of
+what it releases (:class:`~pl_privfed.privacy.Release`)."""
 
-from pl_privfed.algorithms.base import (
-    FederatedAlgorithm,
-    GradFn,
-    Mechanism,
-    RecordSampling,
-    RoundResult,
-)
+from pl_privfed.algorithms.base import FederatedAlgorithm
 from pl_privfed.algorithms.decentralized import BEER, PORTER, DecentralizedAlgorithm
 from pl_privfed.algorithms.dpsgd import DistributedDPSGD
 from pl_privfed.algorithms.ef21 import EF21, AlphaNormEC, Clip21, ErrorFeedback, MemoryInit
@@ -40,16 +36,12 @@ __all__ = [
     "FedAvgPerSampleClipping",
     "FedAvgPerUpdateClipping",
     "FederatedAlgorithm",
-    "GradFn",
     "IncrementalGradient",
     "LocalGD",
     "LocalRun",
     "LocalSGD",
     "LocalSolver",
     "LocalUpdateAlgorithm",
-    "Mechanism",
     "MemoryInit",
-    "RecordSampling",
-    "RoundResult",
     "SoteriaFL",
 ]

@@ -25,18 +25,17 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from pl_privfed.algorithms.base import (
-    FederatedAlgorithm,
-    RecordSampling,
-    RoundResult,
-    check_int,
-    check_positive,
-    noise_to_signal,
-)
-from pl_privfed.engine import ClientChunk, Reduction
+from pl_privfed.algorithms.base import FederatedAlgorithm, RoundResult
+from pl_privfed.checks import check_int, check_positive
+from pl_privfed.engine import ClientChunk, Reduction, noise_to_signal
 from pl_privfed.graphs import Topology, mixing_rate
 from pl_privfed.operators import Clip, Identity, Operator, SmoothClip
-from pl_privfed.privacy import DPNoise
+from pl_privfed.privacy import BatchSampling, DPNoise, Release
+from pl_privfed.privacy.release import (
+    check_record_arguments,
+    minibatch_population,
+    minibatch_records,
+)
 from pl_privfed.rng import STREAM_OUTPUT
 
 __all__ = ["BEER", "PORTER", "ClippingName", "DecentralizedAlgorithm", "PorterOption"]
@@ -75,9 +74,6 @@ class DecentralizedAlgorithm(FederatedAlgorithm):
         noise: DP noise settings or ``None``.
         seed: seed of the compression and output-sampling generators.
     """
-
-    privacy_unit = "record-level local DP per agent (each agent noises its own gradient)"
-    observer = "the agent's neighbours"
 
     def __init__(
         self,
@@ -199,7 +195,7 @@ class DecentralizedAlgorithm(FederatedAlgorithm):
         """Reservoir step of the uniformly sampled output iterate (Algorithm 1 line 16), from
         the round's stream ``(seed, output, round)``."""
         t = int(self.rounds_done) + 1
-        gen = self._keyed(self.seed, STREAM_OUTPUT, round_index)
+        gen = self.keyed(self.seed, STREAM_OUTPUT, round_index)
         keep_new = int(torch.randint(t, (), generator=gen, device=self.device)) == 0
         agent = int(torch.randint(self.num_clients, (), generator=gen, device=self.device))
         if keep_new:  # the agent's holder broadcasts its row
@@ -221,7 +217,7 @@ class DecentralizedAlgorithm(FederatedAlgorithm):
         chunk.add(name + "_spread", torch.linalg.vector_norm(rows - mean, dim=1).square())
 
 
-class PORTER(RecordSampling, DecentralizedAlgorithm):
+class PORTER(DecentralizedAlgorithm):
     r"""PORTER (paper 001, ``001-porter.txt`` Algorithm 1, lines 167–183).
 
     Initialization (line 169): ``V = Q_v = G_p = 0``, ``Q_x = X = x̄⁰ 1ᵀ``. Round ``t``:
@@ -249,8 +245,8 @@ class PORTER(RecordSampling, DecentralizedAlgorithm):
     ``G_τ`` has sensitivity ``2τ/b`` under the default replace-one relation (paper 001 Def. 4:
     datasets "different by one data point"). Each round uses ``b`` of the agent's ``m``
     records; the defensible ε amplifies by that sampling as what it is
-    (:class:`~pl_privfed.algorithms.base.RecordSampling`: sampling without replacement with the
-    datamodule's ``batch_sampling: without_replacement``, none for reshuffled epochs); the
+    (sampling without replacement with the datamodule's ``batch_sampling:
+    without_replacement``, none for reshuffled epochs); the
     papers' convention (add/remove, Poisson at ``q = b/m``) is reported beside it. With
     ``DPNoise(epsilon=…, calibration="paper")`` the noise is Theorem 1's
     ``σ_p = τ sqrt(T log(1/δ))/(m ε)`` (eq. 5, line 250; paper §5 line 295) — the package formula
@@ -268,8 +264,7 @@ class PORTER(RecordSampling, DecentralizedAlgorithm):
         batch_size: ``b``, each agent's minibatch size (PORTER-DP: it sets the sensitivity
             ``τ/b``; checked against the data before training and every round).
         local_dataset_size: ``m``, records per agent (PORTER-DP: sampling rate ``b/m``);
-            ``None`` takes the smallest shard of the data (:class:`~pl_privfed.algorithms.base.
-            RecordSampling`).
+            ``None`` takes the smallest shard of the data (checked before training).
         seed: seed of the compression and output generators.
     """
 
@@ -294,7 +289,9 @@ class PORTER(RecordSampling, DecentralizedAlgorithm):
         self.clip_threshold = check_positive("clip_threshold", clip_threshold)
         self.clipping = clipping
         self.clip = clipping_operator(clipping, self.clip_threshold)
-        self._init_record_sampling(batch_size, local_dataset_size)
+        check_record_arguments(batch_size, local_dataset_size)
+        self.batch_size, self.local_dataset_size = batch_size, local_dataset_size
+        self.batch_sampling: BatchSampling = "epochs"
         if option == "dp":
             if noise is None:
                 raise ValueError("option='dp' (PORTER-DP) needs noise (paper 001 line 174)")
@@ -310,16 +307,27 @@ class PORTER(RecordSampling, DecentralizedAlgorithm):
             f"local_dataset_size={self.local_dataset_size}, " + super().extra_repr()
         )
 
-    @property
-    def sample_rate(self) -> float:
-        """``q = b/m`` for PORTER-DP (record-level sampling), 1 otherwise."""
-        return self.record_rate if self.option == "dp" else 1.0
+    def configure_data(
+        self, *, batch_size, local_batches, client_sizes, batch_sampling="epochs", **_
+    ) -> None:
+        if self.noise is not None:  # m and the record sampling from the data, b checked
+            delivered = int(batch_size) * int(local_batches)
+            self.local_dataset_size = minibatch_population(
+                self.batch_size, self.local_dataset_size, delivered, client_sizes
+            )
+            self.batch_sampling = batch_sampling
 
-    def message_bound(self) -> float | None:
-        """PORTER-DP: ``τ/b``, one record's largest contribution to the noised average ``G_τ``."""
-        if self.option == "dp":
-            return self.clip_threshold / self.batch_size
-        return None
+    def release(self) -> Release:
+        """PORTER-DP (Theorem 1): each agent's ``G_p = G_τ + E``, the average of ``b`` of its
+        ``m`` records' clipped gradients; one record moves ``G_τ`` by at most ``τ/b``."""
+        return Release(
+            "record-level local DP per agent (each agent noises its own gradient)",
+            self.clip_threshold / self.batch_size,
+            observer="the agent's neighbours",
+            records=minibatch_records(
+                self.batch_size, self.local_dataset_size, self.batch_sampling
+            ),
+        )
 
     GOSSIPED = ("tracking_surrogate", "agent_params_surrogate")  # Q_v, Q_x
 

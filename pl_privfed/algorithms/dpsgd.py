@@ -7,16 +7,12 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from pl_privfed.algorithms.base import (
-    FederatedAlgorithm,
-    RoundResult,
-    check_positive,
-    noise_to_signal,
-)
+from pl_privfed.algorithms.base import CLIENT_LOCAL_DP, FederatedAlgorithm, RoundResult
+from pl_privfed.checks import check_positive
 from pl_privfed.communication import Messages
 from pl_privfed.engine import ClientChunk, Reduction
 from pl_privfed.operators import Identity, Operator
-from pl_privfed.privacy import DPNoise, Neighbouring
+from pl_privfed.privacy import DPNoise, Release
 
 __all__ = ["DistributedDPSGD"]
 
@@ -70,53 +66,29 @@ class DistributedDPSGD(FederatedAlgorithm):
                 f"noise_placement must be 'client' or 'server', got {noise_placement!r}"
             )
         self.noise_placement = noise_placement
-        if noise_placement == "server":
-            self.privacy_unit = "client-level central DP (the server noises the aggregate)"
-            self.privacy_model = "central"
 
     def operators(self) -> list[Operator]:
         return [self.operator]
 
-    def message_bound(self) -> float | None:
+    def release(self) -> Release:
+        """Each client's message ``β Ψ(∇f_i)`` has norm at most ``Φ = β · bound(Ψ)``: noised by
+        the client (local DP), or, with ``noise_placement="server"``, the average noised by
+        the server (central DP, one client moves it by at most ``Φ/n``)."""
         bound = self.operator.bound
-        return None if bound is None else self.scale * bound
-
-    def sensitivity(self, relation: Neighbouring) -> float:
-        sensitivity = super().sensitivity(relation)
-        if self.noise_placement == "server":  # one client moves the average by Φ/n
-            sensitivity /= self.num_clients
-        return sensitivity
+        bound = None if bound is None else self.scale * bound
+        if self.noise_placement == "server":
+            unit = "client-level central DP (the server noises the aggregate)"
+            return Release(unit, bound, placement="central", aggregated_over=self.num_clients)
+        return Release(CLIENT_LOCAL_DP, bound)
 
     def client_update(self, chunk: ClientChunk) -> None:
         grads = chunk.grad(chunk.x)  # line 73: ∇f_i(x^k)
-        local = self.noise is not None and self.noise_placement == "client"
-        own_noise = local and self.per_client_noise()
-        scale = None if own_noise else chunk.scales(self.operator, grads, factor=self.scale)
-        if scale is not None:  # β Ψ(∇f_i) = β s(||∇f_i||) ∇f_i, summed without being formed
-            chunk.add("sent", grads, weights=scale)
-            chunk.send("client_to_server", grads)
-            return
-        message = chunk.apply(self.operator, grads, factor=self.scale, inplace=True)  # β Ψ(∇f_i)
-        if own_noise:
-            chunk.add("clean", message)
-            message = message + chunk.normal(self.noise.seed, self.noise_std)  # z_i
-        chunk.add("sent", message)
-        chunk.send("client_to_server", message, compressed=self.operator.sparsifying and not local)
+        chunk.transmit(grads, self.operator, factor=self.scale)  # β Ψ(∇f_i) (+ z_i, local DP)
 
     def server_update(self, x: Tensor, reduced: Reduction) -> RoundResult:
-        n, k = self.num_clients, reduced.round_index
-        metrics = reduced.operator_metrics()
-        total = reduced.get("sent", like=x)
-        clean = None
-        if self.noise is not None:
-            clean = reduced.get("clean", like=x) / n if self.per_client_noise() else total / n
-            if self.noise_placement == "client" and not self.per_client_noise():
-                total = total + self.noise_sum(n, k)  # Σ_i z_i, added by the clients
+        n = self.num_clients
+        total, metrics = reduced.received()  # Σ_i β Ψ(∇f_i) + the noise (clients' or server's)
         aggregate = total / n
-        if self.noise is not None and self.noise_placement == "server":
-            aggregate.add_(self.server_gaussian(k))  # z^k added once by the server
-        if clean is not None:
-            metrics["noise_to_signal"] = noise_to_signal(aggregate, clean)
         metrics["aggregate_norm"] = torch.linalg.vector_norm(aggregate)
         new_x = x - self.step_size * aggregate
         messages_sent = [

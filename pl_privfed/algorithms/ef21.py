@@ -7,16 +7,12 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from pl_privfed.algorithms.base import (
-    FederatedAlgorithm,
-    RoundResult,
-    check_positive,
-    noise_to_signal,
-)
+from pl_privfed.algorithms.base import CLIENT_LOCAL_DP, FederatedAlgorithm, RoundResult
+from pl_privfed.checks import check_positive
 from pl_privfed.communication import Messages
 from pl_privfed.engine import ClientChunk, Reduction
 from pl_privfed.operators import Clip, Operator, SmoothedNormalization, TopK
-from pl_privfed.privacy import DPNoise, SecureAggregation
+from pl_privfed.privacy import DPNoise, Release, SecureAggregation
 
 __all__ = ["EF21", "AlphaNormEC", "Clip21", "ErrorFeedback", "MemoryInit"]
 
@@ -100,8 +96,10 @@ class ErrorFeedback(FederatedAlgorithm):
     def operators(self) -> list[Operator]:
         return [self.operator]
 
-    def message_bound(self) -> float | None:
-        return self.operator.bound
+    def release(self) -> Release:
+        """Line 8: every client sends ``Δ̂_i = Δ_i + z_i`` with ``||Δ_i|| <= bound(Ψ)``
+        (client-level local DP against the server)."""
+        return Release(CLIENT_LOCAL_DP, bound=self.operator.bound)
 
     def allocate(self) -> None:
         self.register_client_state("client_memory", self.dim)  # g_i
@@ -112,25 +110,6 @@ class ErrorFeedback(FederatedAlgorithm):
         """Seed of a random operator's per-client streams (rand-k)."""
         return 0 if self.noise is None else self.noise.seed + 1
 
-    def _secure(self) -> bool:
-        return self.secure_aggregation is not None and self.secure_aggregation.every_round
-
-    def _secure_share(self, chunk: ClientChunk, name: str, rows: Tensor, round_index: int) -> None:
-        """The chunk's share of a secure sum of ``rows`` over all clients (:meth:`_secure_sum`)."""
-        masked, absolute = self.secure_aggregation.partial_sum(
-            rows, round_index, torch.arange(self.num_clients), chunk.ids
-        )
-        reduction = chunk.reduction
-        reduction.add(name + "_abs", absolute)
-        reduction.add(name, masked)
-        reduction.sums[name].remainder_(self.secure_aggregation.modulus)
-
-    def _secure_sum(self, reduced: Reduction, name: str) -> Tensor:
-        total = self.secure_aggregation.finish(
-            reduced.get(name), reduced.get(name + "_abs"), self.num_clients
-        )
-        return total.to(self.device, self.dtype)
-
     # ------------------------------------------------------------------ initialization
     def initializes_clients(self) -> bool:
         return self.memory_init != "zeros"
@@ -140,66 +119,27 @@ class ErrorFeedback(FederatedAlgorithm):
         g.copy_(chunk.grad(chunk.x))  # g_i⁰ = ∇f_i(x⁰)
         if self.memory_init == "gradient_offset":
             g[:, 0] += self.memory_init_offset / (self.num_rounds + 1) ** 0.5
-        if self.secure_aggregation is None:
-            chunk.add("memory", g)
-        else:
-            self._secure_share(chunk, "memory", g, 0)
+        chunk.transmit(g, key="memory")  # (securely aggregated when configured)
 
     def server_init(self, x: Tensor, reduced: Reduction) -> None:
         if not self.initializes_clients():
             self.server_memory.zero_()
             return
-        if self.secure_aggregation is None:
-            total = reduced.get("memory")
-        else:
-            total = self._secure_sum(reduced, "memory")
+        total, _ = reduced.received("memory")
         self.server_memory.copy_(total / self.num_clients)  # line 1: ĝ⁰ = (1/n) Σ_i g_i⁰
 
     # ------------------------------------------------------------------ one round
     def client_update(self, chunk: ClientChunk) -> None:
         grads = chunk.grad(chunk.x)  # line 4: ∇f_i(x^k)
         g = chunk.rows("client_memory")
-        diff = grads.sub_(g)  # ∇f_i(x^k) − g_i^k (in place: the gradients are not reused)
-        noised = self.noise is not None
-        own_noise = noised and (self.per_client_noise() or self._secure())
-        rows_needed = own_noise or self._secure()  # each message formed (noised, or encoded)
-        scale = None if rows_needed else chunk.scales(self.operator, diff)
-        if scale is not None:  # Ψ(g) = s(||g||) g: Δ_i = s_i diff_i, never formed
-            g.addcmul_(diff, scale.unsqueeze(1), value=self.beta)  # lines 5-6: g_i += β Δ_i
-            chunk.add("sent", diff, weights=scale)  # line 7 (line 8's noise: the server's sum)
-            chunk.send("client_to_server", diff)
-            if chunk.statistics:
-                chunk.add("memory", g)  # for ef_gap = ||ĝ − (1/n) Σ_i g_i||
-            return
-        delta = chunk.apply(self.operator, diff, seed=self.operator_seed, inplace=True)  # l. 5
-        g.add_(delta, alpha=self.beta)  # line 6: g_i^{k+1} = g_i^k + β Δ_i
-        if own_noise:  # line 8: Δ̂_i = Δ_i + z_i
-            chunk.add("clean", delta)
-            sent = delta + chunk.normal(self.noise.seed, self.noise_std)
-        else:  # line 7 (noise, if any, enters the aggregate: its sum is drawn by the server)
-            sent = delta
-        if self._secure():
-            self._secure_share(chunk, "sent", sent, chunk.round_index + 1)
-        else:
-            chunk.add("sent", sent)
-        chunk.send("client_to_server", sent, compressed=self.operator.sparsifying and not noised)
+        delta = chunk.transmit(grads.sub_(g), self.operator, seed=self.operator_seed)  # l. 5, 7-8
+        delta.add_to(g, alpha=self.beta)  # line 6: g_i^{k+1} = g_i^k + β Δ_i
         if chunk.statistics:
             chunk.add("memory", g)  # for ef_gap = ||ĝ − (1/n) Σ_i g_i||
 
     def server_update(self, x: Tensor, reduced: Reduction) -> RoundResult:
-        n, k = self.num_clients, reduced.round_index
-        metrics = reduced.operator_metrics()
-        if self._secure():
-            total = self._secure_sum(reduced, "sent")
-        else:
-            total = reduced.get("sent", like=x)
-        if self.noise is not None:
-            if self.per_client_noise() or self._secure():
-                clean = reduced.get("clean", like=x)
-            else:
-                clean = total.clone()
-                total = total + self.noise_sum(n, k)  # Σ_i z_i
-            metrics["noise_to_signal"] = noise_to_signal(total, clean)
+        n = self.num_clients
+        total, metrics = reduced.received()  # Σ_i Δ̂_i
         self.server_memory.add_(total, alpha=self.beta / n)  # line 10
         ghat = self.server_memory
         if "memory" in reduced.sums:

@@ -7,17 +7,14 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from pl_privfed.algorithms.base import (
-    RoundResult,
-    check_positive,
-    noise_to_signal,
-)
+from pl_privfed.algorithms.base import RoundResult
 from pl_privfed.algorithms.fedavg import LocalUpdateAlgorithm
 from pl_privfed.algorithms.local import LocalSolver
+from pl_privfed.checks import check_positive
 from pl_privfed.communication import Messages
 from pl_privfed.engine import ClientChunk, Reduction
 from pl_privfed.operators import SmoothedNormalization
-from pl_privfed.privacy import DPNoise
+from pl_privfed.privacy import DPNoise, Release
 from pl_privfed.sampling import BernoulliSampler, check_probability
 
 __all__ = ["FedAlphaNormEC", "Participation"]
@@ -119,15 +116,14 @@ class FedAlphaNormEC(LocalUpdateAlgorithm):
             raise ValueError(f"memory_init must be 'zeros' or 'local_update', got {memory_init!r}")
         self.memory_init = memory_init
 
-    @property
-    def sample_rate(self) -> float:
-        return self.participation_prob
-
     def operators(self):
         return [self.operator]
 
-    def message_bound(self) -> float | None:
-        return self.operator.bound
+    def release(self) -> Release:
+        """Line 9: a transmitting client sends ``q_i (Δ_i + z_i)`` with ``||Δ_i|| <= 1``
+        (``Norm_α``), taking part with probability ``p`` (client-level local DP against the
+        server, which sees who transmits)."""
+        return self.client_release(self.operator.bound)
 
     def allocate(self) -> None:
         super().allocate()
@@ -146,10 +142,10 @@ class FedAlphaNormEC(LocalUpdateAlgorithm):
     def client_init(self, chunk: ClientChunk) -> None:
         v = chunk.rows("client_memory")
         v.copy_(self._pseudo_gradient(chunk))  # v_i⁰ = (x⁰ − T_i(x⁰))/γ
-        chunk.add("memory", v)
+        chunk.transmit(v, key="memory")
 
     def server_init(self, x: Tensor, reduced: Reduction) -> None:
-        total = reduced.get("memory", like=self.server_memory)
+        total, _ = reduced.received("memory")
         self.server_memory.copy_(total / self.num_clients)  # line 1
 
     def begin_round(self, round_index: int) -> Tensor | None:
@@ -168,43 +164,18 @@ class FedAlphaNormEC(LocalUpdateAlgorithm):
     def client_update(self, chunk: ClientChunk) -> None:
         pseudo = self._pseudo_gradient(chunk)  # line 4: (x^k − T_i(x^k))/γ
         v = chunk.rows("client_memory")
-        diff = pseudo.sub_(v)
         transmits = self._transmits[chunk.ids]  # line 7: q_i ≠ 0
-        if self.noise is None or not self.per_client_noise():  # Δ_i = s_i diff_i, not formed
-            scale = chunk.scales(self.operator, diff)  # line 5: Norm_α = 1/(α + ||·||)
-            v.addcmul_(diff, scale.unsqueeze(1), value=self.beta)  # line 6
-            if chunk.statistics:
-                chunk.add("memory", v)
-            sending = transmits.to(scale.device)
-            if bool(sending.any()):  # lines 8-9: Σ over q_i ≠ 0 (the noise sum: the server's)
-                chunk.add("sent", diff, weights=scale * sending.to(scale.dtype))
-                chunk.send("client_to_server", diff[sending])
-            return
-        delta = chunk.apply(self.operator, diff, inplace=True)  # line 5: Δ_i
-        v.add_(delta, alpha=self.beta)  # line 6 (every client; practical: the sampled ones)
+        # line 5: Δ_i = Norm_α(pseudo − v_i); lines 8-9: the transmitting clients send Δ_i (+ z_i)
+        # (the factor q_i = 1/p is the server's)
+        delta = chunk.transmit(pseudo.sub_(v), self.operator, select=transmits)
+        delta.add_to(v, alpha=self.beta)  # line 6 (every client; practical: the sampled ones)
         if chunk.statistics:
             chunk.add("memory", v)
-        sent = delta if bool(transmits.all()) else delta[transmits.to(delta.device)]
-        if sent.shape[0] == 0:
-            return
-        if self.noise is not None and self.per_client_noise():  # line 9: Δ_i + z_i
-            chunk.add("clean", sent)
-            sent = sent + chunk.normal(self.noise.seed, self.noise_std, select=transmits)
-        chunk.add("sent", sent)  # (line 8 or 9: the factor q_i = 1/p is the server's)
-        chunk.send("client_to_server", sent)
 
     def server_update(self, x: Tensor, reduced: Reduction) -> RoundResult:
         practical = self.participation == "practical"
         weight = 1.0 if practical else 1.0 / self.participation_prob  # q_i
-        metrics = reduced.operator_metrics()
-        total = reduced.get("sent", like=x)
-        if self.noise is not None and self._cohort_size > 0:
-            if self.per_client_noise():
-                clean = reduced.get("clean", like=x)
-            else:
-                clean = total.clone()
-                total = total + self.noise_sum(self._cohort_size, reduced.round_index)
-            metrics["noise_to_signal"] = noise_to_signal(total, clean)
+        total, metrics = reduced.received()  # Σ_{q_i ≠ 0} (Δ_i + z_i)
         if weight != 1.0:
             total = total * weight
         self.server_memory.add_(total, alpha=self.beta / self.num_clients)  # line 11

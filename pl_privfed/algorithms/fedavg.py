@@ -21,29 +21,13 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from pl_privfed.algorithms.base import (
-    BatchSampling,
-    FederatedAlgorithm,
-    Mechanism,
-    RoundResult,
-    check_int,
-    check_positive,
-    check_record_sampling,
-    noise_to_signal,
-    record_round_mechanisms,
-    record_sampling_basis,
-)
+from pl_privfed.algorithms.base import CLIENT_LOCAL_DP, FederatedAlgorithm, RoundResult
 from pl_privfed.algorithms.local import LocalGD, LocalSolver
+from pl_privfed.checks import check_int, check_positive
 from pl_privfed.communication import Messages
 from pl_privfed.engine import ClientChunk, Reduction
 from pl_privfed.operators import Clip, Identity, Operator
-from pl_privfed.privacy import (
-    AccountingBasis,
-    DPNoise,
-    Neighbouring,
-    paper_noise_std,
-    relation_factor,
-)
+from pl_privfed.privacy import BatchSampling, DPNoise, RecordUse, Release
 from pl_privfed.rng import STREAM_SAMPLING
 from pl_privfed.sampling import ClientSampler
 
@@ -86,8 +70,15 @@ class LocalUpdateAlgorithm(FederatedAlgorithm):
         super().setup(num_clients=num_clients, **kwargs)
 
     @property
-    def sample_rate(self) -> float:
+    def participation_rate(self) -> float:
+        """The probability that a client takes part in a round (1 without a sampler)."""
         return 1.0 if self.sampler is None else self.sampler.sample_rate
+
+    def client_release(self, bound: float | None, unit: str = CLIENT_LOCAL_DP) -> Release:
+        """Client-level local DP of a message bounded by ``bound``, sent by the cohort."""
+        return Release(
+            unit, bound, participation=self.participation_rate, cohorts=self.sampler is not None
+        )
 
     def configure_data(
         self,
@@ -108,7 +99,7 @@ class LocalUpdateAlgorithm(FederatedAlgorithm):
 
     def sampling_generator(self, round_index: int) -> torch.Generator:
         """The round's cohort stream ``(sampling_seed, round)``."""
-        return self._keyed(self.sampling_seed, STREAM_SAMPLING, round_index)
+        return self.keyed(self.sampling_seed, STREAM_SAMPLING, round_index)
 
     def begin_round(self, round_index: int) -> Tensor | None:
         """Draw the cohort ``S^k`` (all clients without a sampler) and the server's
@@ -123,14 +114,11 @@ class LocalUpdateAlgorithm(FederatedAlgorithm):
         return cohort
 
     def _server_step(
-        self, x: Tensor, reduced: Reduction, total: Tensor, clean: Tensor | None, step: float
+        self, x: Tensor, reduced: Reduction, total: Tensor, metrics: dict, step: float
     ) -> RoundResult:
         """``x + step · total / B`` with the round's metrics and messages (``total`` the
-        participants' summed messages, noise included; ``clean`` without noise)."""
-        metrics = reduced.operator_metrics()
+        participants' summed messages as received, noise included)."""
         participants = self._cohort_size
-        if clean is not None and participants:
-            metrics["noise_to_signal"] = noise_to_signal(total, clean)
         aggregate = total / self._denominator
         metrics["aggregate_norm"] = torch.linalg.vector_norm(aggregate)
         metrics["participants"] = torch.tensor(float(participants))
@@ -139,34 +127,6 @@ class LocalUpdateAlgorithm(FederatedAlgorithm):
         if participants:
             messages.append(Messages.dense("server_to_client", self.dim, copies=participants))
         return RoundResult(params=new_x, metrics=metrics, messages=messages)
-
-    def _noised_total(self, reduced: Reduction, x: Tensor) -> tuple[Tensor, Tensor | None]:
-        """``Σ_i (Δ_i + z_i)`` over the participants, and ``Σ_i Δ_i`` when noised: the clients'
-        noise added per client (``draws: per_client``) or drawn as its sum."""
-        total = reduced.get("sent", like=x)
-        if self.noise is None:
-            return total, None
-        if self.per_client_noise():
-            return total, reduced.get("clean", like=x)
-        clean = total.clone()
-        return total + self.noise_sum(self._cohort_size, reduced.round_index), clean
-
-    def _send(self, chunk: ClientChunk, update: Tensor, operator: Operator, factor: float) -> None:
-        """The chunk's messages ``factor · Ψ(update_i)`` (``+ z_i`` each with per-client
-        draws; otherwise the server draws the noises' sum): for a norm-based ``Ψ`` summed as
-        ``Σ_i factor · s_i update_i`` without being formed."""
-        own_noise = self.noise is not None and self.per_client_noise()
-        scale = None if own_noise else chunk.scales(operator, update, factor=factor)
-        if scale is not None:
-            chunk.add("sent", update, weights=scale)
-            chunk.send("client_to_server", update)
-            return
-        message = chunk.apply(operator, update, factor=factor, inplace=True)
-        if own_noise:
-            chunk.add("clean", message)
-            message = message + chunk.normal(self.noise.seed, self.noise_std)
-        chunk.add("sent", message)
-        chunk.send("client_to_server", message)
 
 
 class DPFedAvg(LocalUpdateAlgorithm):
@@ -222,19 +182,21 @@ class DPFedAvg(LocalUpdateAlgorithm):
     def operators(self) -> list[Operator]:
         return [self.operator]
 
-    def message_bound(self) -> float | None:
+    def release(self) -> Release:
+        """Every participant sends ``β Ψ(x − T_i(x)) + z_i``, of norm at most
+        ``β · bound(Ψ)`` before the noise (client-level local DP against the server)."""
         bound = self.operator.bound
-        return None if bound is None else self.scale * bound
+        return self.client_release(None if bound is None else self.scale * bound)
 
     def client_update(self, chunk: ClientChunk) -> None:
         steps = self.local_solver.steps
         local = self.local_solver.run(chunk.x, chunk.grad, self.local_step_size / steps, keep="sum")
         update = local.grad_sum.mul_(self.local_step_size / steps)  # x − T_i(x) = (γ/T) Σ_j ∇f_i
-        self._send(chunk, update, self.operator, self.scale)  # β Ψ(x − T_i(x)) (+ z_i)
+        chunk.transmit(update, self.operator, factor=self.scale)  # β Ψ(x − T_i(x)) (+ z_i)
 
     def server_update(self, x: Tensor, reduced: Reduction) -> RoundResult:
-        total, clean = self._noised_total(reduced, x)
-        return self._server_step(x, reduced, total, clean, -self.step_size)  # x − (η/B) Σ(·)
+        total, metrics = reduced.received()  # Σ_{i∈S} (β Ψ(x − T_i(x)) + z_i)
+        return self._server_step(x, reduced, total, metrics, -self.step_size)  # x − (η/B) Σ(·)
 
 
 PerSampleLevel = Literal["minibatch", "example"]
@@ -301,8 +263,6 @@ class FedAvgPerSampleClipping(LocalUpdateAlgorithm):
         sampling_seed: seed of the sampling generator.
     """
 
-    privacy_unit = "example-level local DP (each client noises every local step)"
-
     def __init__(
         self,
         step_size: float,
@@ -321,32 +281,14 @@ class FedAvgPerSampleClipping(LocalUpdateAlgorithm):
             check_positive("clip_threshold", clip_threshold)
         self.operator: Operator = Clip(clip_threshold) if clip_threshold is not None else Identity()
         self.clip_threshold = None if clip_threshold is None else float(clip_threshold)
-        self.batch_size = 1  # B, examples per noised local step (set by configure_data)
-        self.record_rate = 1.0  # the papers' probability that an example is in a release
-        # the papers' releases per round, and local steps a release's example is used by
-        steps = self.local_solver.steps
-        per_step = self.local_solver.per_step_batches
-        self.releases_per_round, self.uses_per_release = (steps, 1) if per_step else (1, steps)
-        # the defensible accounting: stream positions per round, records of the smallest shard
-        # (until configure_data: each round uses the whole shard, nothing is amplified)
-        self.round_positions, self.shard_size = 1, 1
+        # what the data delivers (configure_data; until then each round uses a one-record shard)
+        self.batch_size = 1  # B, examples per noised local step
+        self.round_positions, self.shard_size = 1, 1  # records read per round, smallest shard
         self.batch_sampling: BatchSampling = "epochs"
+        self.shuffle = True
 
     def operators(self) -> list[Operator]:
         return [self.operator]
-
-    def message_bound(self) -> float | None:
-        return self.operator.bound
-
-    def record_bound(self) -> float:
-        """What one example adds to a noised step before the relation: ``c/B`` or ``c``."""
-        per_example = self.clip_level == "example"
-        return self.message_bound() / (self.batch_size if per_example else 1)
-
-    def sensitivity(self, relation: Neighbouring) -> float:
-        if self.clip_level == "minibatch" and self.batch_size > 1:
-            return 2.0 * self.message_bound()  # the clipped mean can flip: c·u → −c·u
-        return self.record_bound() * relation_factor(relation)
 
     def configure_data(
         self,
@@ -364,91 +306,52 @@ class FedAvgPerSampleClipping(LocalUpdateAlgorithm):
             client_sizes=client_sizes,
         )
         # examples per local step: one minibatch each (LocalSGD), or all the round's data
-        steps, per_step = self.local_solver.steps, self.local_solver.per_step_batches
+        per_step = self.local_solver.per_step_batches
         self.batch_size = int(batch_size) * (1 if per_step else local_batches)
-        smallest = max(1, min(client_sizes) if client_sizes else self.batch_size)
+        self.shard_size = max(1, min(client_sizes) if client_sizes else self.batch_size)
         self.round_positions = int(batch_size) * int(local_batches)
-        self.shard_size = smallest
         self.batch_sampling = batch_sampling
-        if self.noise is not None:
-            check_record_sampling(batch_sampling, self.neighbouring(), self.batch_size, smallest)
-        if not shuffle:  # a fixed order: no record sampling
-            self.record_rate = 1.0
-            self.releases_per_round = 1
-            self.uses_per_release = (
-                math.ceil(steps * self.batch_size / smallest) if per_step else steps
-            )
+        self.shuffle = bool(shuffle)
+
+    def release(self) -> Release:
+        """Corollary I: every local step is noised; one record moves a step's clipped average
+        by at most ``c/B`` (``"example"``) or the clipped minibatch gradient by up to ``c``
+        (``2c`` under either relation with ``B > 1``: the clipped mean can flip). A record is
+        used when it is in a step's minibatch (``LocalSGD``) or in the batch that all ``τ``
+        steps of ``LocalGD`` reuse (class docstring)."""
+        unit = "example-level local DP (each client noises every local step)"
+        clip, batch = self.operator.bound, self.batch_size
+        if clip is None:
+            return Release(unit, None)
+        steps, per_step = self.local_solver.steps, self.local_solver.per_step_batches
+        record = clip / batch if self.clip_level == "example" else clip
+        flips = self.clip_level == "minibatch" and batch > 1
+        if not self.shuffle:  # a fixed order: no record sampling
+            rate, releases = 1.0, 1
+            uses = math.ceil(steps * batch / self.shard_size) if per_step else steps
         else:
-            self.record_rate = min(1.0, self.batch_size / smallest)
-            self.releases_per_round, self.uses_per_release = (steps, 1) if per_step else (1, steps)
-
-    @property
-    def sample_rate(self) -> float:
-        return super().sample_rate * self.record_rate
-
-    def paper_noise_std(self, rounds: int) -> float:
-        """Paper 003's formula: ``K`` counts the ``R·τ`` local steps, bound ``c/B`` or ``c``."""
-        return paper_noise_std(
-            sensitivity=self.record_bound(),
-            epsilon=self.noise.epsilon,
-            delta=self.noise.delta,
-            rounds=rounds * self.local_solver.steps,
-            constant=self.noise.constant,
-            sample_rate=self.sample_rate,
-        )
-
-    @property
-    def round_dependent_mechanisms(self) -> bool:
-        return self.batch_sampling == "epochs"
-
-    def round_mechanisms(self, noise_std: float, round_index: int) -> list[Mechanism]:
-        """A record's releases in round ``round_index`` (see the class docstring)."""
-        reuse = 1 if self.local_solver.per_step_batches else self.local_solver.steps
-        return record_round_mechanisms(
-            noise_std / (self.accounting_sensitivity() * math.sqrt(reuse)),
+            rate = min(1.0, batch / self.shard_size)
+            releases, uses = (steps, 1) if per_step else (1, steps)
+        records = RecordUse(
             positions=self.round_positions,
             population=self.shard_size,
             batch_sampling=self.batch_sampling,
-            round_index=round_index,
-            privacy_unit=self.privacy_unit,
+            release_size=batch,
+            gaussians_per_use=1 if per_step else steps,
+            paper_rate=rate,
+            paper_releases_per_round=releases,
+            paper_gaussians_per_release=uses,
         )
-
-    def paper_mechanisms(self) -> list[Mechanism]:
-        if self.noise is None:
-            return []
-        multiplier = self.noise_std / (
-            self.sensitivity("add_remove") * math.sqrt(self.uses_per_release)
-        )
-        mechanism = Mechanism(multiplier, self.sample_rate, self.privacy_unit)
-        return [mechanism] * self.releases_per_round
-
-    def accounting_basis(self) -> AccountingBasis:
-        amplification, composition = record_sampling_basis(
-            self.batch_sampling,
-            self.round_positions,
-            self.shard_size,
-            self.neighbouring(),
-            self.observer,
-        )
-        if self.sampler is not None:
-            amplification += "; none from client sampling (the server sees who takes part)"
-        return AccountingBasis(
-            self.neighbouring(), self.accounting_sensitivity(), amplification,
-            composition=composition,
-        )  # fmt: skip
-
-    def paper_accounting_basis(self) -> AccountingBasis:
-        problems = ["add/remove, although the minibatches have a fixed size"]
-        if self.sample_rate < 1:
-            problems.append(
-                "the minibatches are not Poisson samples"
-                + (" and the server sees which clients take part" if self.sampler else "")
-            )
-        return AccountingBasis(
-            "add_remove",
-            self.sensitivity("add_remove"),
-            f"Poisson sampling at rate {self.sample_rate:.6g}" if self.sample_rate < 1 else "none",
-            "; ".join(problems),
+        return Release(
+            unit,
+            clip,
+            sensitivity=2.0 * clip if flips else record,
+            replace_one_sensitivity=2.0 * clip if flips else None,
+            participation=self.participation_rate,
+            cohorts=self.sampler is not None,
+            records=records,
+            paper_bound=record,
+            paper_steps_per_round=steps,
         )
 
     def client_update(self, chunk: ClientChunk) -> None:
@@ -474,7 +377,8 @@ class FedAvgPerSampleClipping(LocalUpdateAlgorithm):
         chunk.send("client_to_server", sent)
 
     def server_update(self, x: Tensor, reduced: Reduction) -> RoundResult:
-        return self._server_step(x, reduced, reduced.get("moved", like=x), None, 1.0)  # line 13
+        moved = reduced.get("moved", like=x)
+        return self._server_step(x, reduced, moved, reduced.operator_metrics(), 1.0)  # line 13
 
 
 class FedAvgPerUpdateClipping(LocalUpdateAlgorithm):
@@ -505,8 +409,6 @@ class FedAvgPerUpdateClipping(LocalUpdateAlgorithm):
         sampling_seed: seed of the sampling generator.
     """
 
-    privacy_unit = "user-level (client-level) local DP (each client noises its clipped update)"
-
     def __init__(
         self,
         step_size: float,
@@ -527,16 +429,18 @@ class FedAvgPerUpdateClipping(LocalUpdateAlgorithm):
     def operators(self) -> list[Operator]:
         return [self.operator]
 
-    def message_bound(self) -> float | None:
-        return self.operator.bound
+    def release(self) -> Release:
+        """§3.2: every participant sends ``clip_c(Δ_i) + z_i`` (user-level local DP)."""
+        unit = "user-level (client-level) local DP (each client noises its clipped update)"
+        return self.client_release(self.operator.bound, unit)
 
     def client_update(self, chunk: ClientChunk) -> None:
         local = self.local_solver.run(chunk.x, chunk.grad, self.local_step_size, keep="sum")
         # lines 6-10: Δ_i = y_i − x = −η_l Σ_j ∇F_i(y_i^j), formed from the gradients' sum (the
         # last local model is never needed, so neither is the subtraction of x)
         update = local.grad_sum.mul_(-self.local_step_size)
-        self._send(chunk, update, self.operator, 1.0)  # line 11, §3.2: clip_c(Δ_i) (+ z_i)
+        chunk.transmit(update, self.operator)  # line 11, §3.2: clip_c(Δ_i) (+ z_i)
 
     def server_update(self, x: Tensor, reduced: Reduction) -> RoundResult:
-        total, clean = self._noised_total(reduced, x)
-        return self._server_step(x, reduced, total, clean, self.step_size)  # line 14
+        total, metrics = reduced.received()  # Σ_{i∈S} (clip_c(Δ_i) + z_i)
+        return self._server_step(x, reduced, total, metrics, self.step_size)  # line 14

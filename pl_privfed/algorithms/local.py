@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from pl_privfed.algorithms.base import check_positive_int
+from pl_privfed.checks import check_positive_int
 
 __all__ = ["IncrementalGradient", "LocalGD", "LocalRun", "LocalSGD", "LocalSolver"]
 

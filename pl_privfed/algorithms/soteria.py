@@ -5,23 +5,22 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from pl_privfed.algorithms.base import (
-    FederatedAlgorithm,
-    RecordSampling,
-    RoundResult,
-    check_int,
-    check_positive,
-    noise_to_signal,
-)
+from pl_privfed.algorithms.base import FederatedAlgorithm, RoundResult
+from pl_privfed.checks import check_int, check_positive
 from pl_privfed.communication import Messages
-from pl_privfed.engine import ClientChunk, Reduction
+from pl_privfed.engine import ClientChunk, Reduction, noise_to_signal
 from pl_privfed.operators import Clip, Identity, Operator
-from pl_privfed.privacy import DPNoise, Neighbouring, relation_factor
+from pl_privfed.privacy import BatchSampling, DPNoise, Release
+from pl_privfed.privacy.release import (
+    check_record_arguments,
+    minibatch_population,
+    minibatch_records,
+)
 
 __all__ = ["SoteriaFL"]
 
 
-class SoteriaFL(RecordSampling, FederatedAlgorithm):
+class SoteriaFL(FederatedAlgorithm):
     r"""SoteriaFL-SGD with shifted compression, as in its public reference implementation.
 
     The baseline of paper 001 §5 (``001-porter.txt`` line 293: "the state-of-the-art
@@ -50,7 +49,9 @@ class SoteriaFL(RecordSampling, FederatedAlgorithm):
     minibatch *mean* lets one record move the clipped vector anywhere in the ``G``-ball). The
     record sampling inside a client is hidden from the server, so the defensible ε amplifies
     by it as what it is (:class:`~pl_privfed.algorithms.base.RecordSampling`); the papers'
-    convention (add/remove, Poisson at ``b/m``) is reported beside it.
+    convention (add/remove, Poisson at ``b/m``) is reported beside it. ``m`` defaults to the
+    smallest shard of the data and ``b`` must be what the datamodule delivers, both checked
+    before training (:func:`~pl_privfed.privacy.release.minibatch_population`).
 
     Args:
         step_size: ``η > 0``, the model step size.
@@ -61,11 +62,9 @@ class SoteriaFL(RecordSampling, FederatedAlgorithm):
         batch_size: ``b``, each client's minibatch size (sets ``q = b/m``; checked against the
             data before training).
         local_dataset_size: ``m``, records per client; ``None`` takes the smallest shard of the
-            data (:class:`~pl_privfed.algorithms.base.RecordSampling`).
+            data.
         seed: seed of the compression generator.
     """
-
-    privacy_unit = "record-level local DP per client (each client noises its own gradient)"
 
     def __init__(
         self,
@@ -85,7 +84,9 @@ class SoteriaFL(RecordSampling, FederatedAlgorithm):
         self.compressor = compressor if compressor is not None else Identity()
         if not isinstance(self.compressor, Operator):
             raise ValueError(f"compressor must be an Operator, got {compressor!r}")
-        self._init_record_sampling(batch_size, local_dataset_size)
+        check_record_arguments(batch_size, local_dataset_size)
+        self.batch_size, self.local_dataset_size = batch_size, local_dataset_size
+        self.batch_sampling: BatchSampling = "epochs"
         self.seed = check_int("seed", seed)
 
     def operators(self) -> list[Operator]:
@@ -99,20 +100,28 @@ class SoteriaFL(RecordSampling, FederatedAlgorithm):
             f"local_dataset_size={self.local_dataset_size}"
         )
 
-    @property
-    def sample_rate(self) -> float:
-        """``q = b/m`` with noise (record-level sampling), 1 otherwise."""
-        return self.record_rate if self.noise is not None else 1.0
+    def configure_data(
+        self, *, batch_size, local_batches, client_sizes, batch_sampling="epochs", **_
+    ) -> None:
+        if self.noise is not None:  # m and the record sampling from the data, b checked
+            delivered = int(batch_size) * int(local_batches)
+            self.local_dataset_size = minibatch_population(
+                self.batch_size, self.local_dataset_size, delivered, client_sizes
+            )
+            self.batch_sampling = batch_sampling
 
-    def message_bound(self) -> float | None:
-        """``G/b``: what the paper's formula scales with (``σ_p = G sqrt(T log(1/δ))/(mε)``)."""
-        return self.clip_threshold / self.batch_size
-
-    def sensitivity(self, relation: Neighbouring) -> float:
-        """``G`` (``2G`` replace-one) for ``b = 1``; ``2G`` for ``b > 1`` (minibatch clipping)."""
-        if self.batch_size == 1:
-            return self.clip_threshold * relation_factor(relation)
-        return 2.0 * self.clip_threshold
+    def release(self) -> Release:
+        """Every client's noisy gradient ``clip_G(∇f_i(x; 𝒵_i)) + e_i`` on ``b`` of its ``m``
+        records: sensitivity ``G`` (``2G`` replace-one) for ``b = 1``, ``2G`` for ``b > 1``
+        (minibatch clipping); the papers' formula scales with ``G/b``."""
+        b, clip = self.batch_size, self.clip_threshold
+        return Release(
+            "record-level local DP per client (each client noises its own gradient)",
+            clip / b,
+            sensitivity=clip if b == 1 else 2.0 * clip,
+            replace_one_sensitivity=2.0 * clip,
+            records=minibatch_records(b, self.local_dataset_size, self.batch_sampling),
+        )
 
     def allocate(self) -> None:
         self.register_client_state("client_shift", self.dim)  # s_i
@@ -140,7 +149,7 @@ class SoteriaFL(RecordSampling, FederatedAlgorithm):
     def server_update(self, x: Tensor, reduced: Reduction) -> RoundResult:
         n = self.num_clients
         metrics = reduced.operator_metrics()
-        if self.noise is not None:
+        if self.noise is not None:  # the clients' own noise on their gradients
             metrics["noise_to_signal"] = noise_to_signal(reduced.get("noisy"), reduced.get("clean"))
         v = reduced.get("sent", like=x) / n  # server: v = mean_i v_i
         new_x = x - self.step_size * (self.server_shift + v)  # x ← x − η (s + v)

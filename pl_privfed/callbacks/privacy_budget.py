@@ -54,8 +54,11 @@ class PrivacyBudget(pl.Callback):
     ``C/B``; a shuffling ``DataLoader`` is not Poisson sampling. Declaring either anyway makes
     the reported ε a number for another mechanism.
 
-    Where the mechanisms come from, per step:
+    Where ε comes from, per step:
 
+    * a module with a ``privacy_ledger`` (:class:`~pl_privfed.FederatedModule` of a private
+      run): the ledger's ε, the run's one accounting, at this callback's δ (nothing is composed
+      twice; the module's checkpoints carry the ledger);
     * a module with a ``privacy_mechanisms()`` method (e.g. :class:`~pl_privfed.FederatedModule`)
       returning :class:`~pl_privfed.privacy.Mechanism` objects (with their sampling: none,
       Poisson or without replacement), objects with ``noise_multiplier`` and ``sample_rate``
@@ -107,6 +110,7 @@ class PrivacyBudget(pl.Callback):
         self.sample_rate = sample_rate
         self.verbose = verbose
         self.accountant = PrivacyAccountant(accountant)
+        self.accountant_used = accountant  # the run's ledger's, when it has one
         self.spent = 0.0
         self.stop_reason: str | None = None
         self.stopped_step: int | None = None
@@ -131,6 +135,11 @@ class PrivacyBudget(pl.Callback):
             )
         return [Mechanism(self.noise_multiplier, self.sample_rate)]
 
+    @staticmethod
+    def _ledger(pl_module: pl.LightningModule) -> Any:
+        """The module's privacy ledger, if it keeps one (then it is the accounting read)."""
+        return getattr(pl_module, "privacy_ledger", None)
+
     def _epsilon_after(self, mechanisms: list, steps: int = 1) -> float:
         probe = PrivacyAccountant(self.accountant.mechanism)
         probe.load_state_dict(self.accountant.state_dict())
@@ -143,7 +152,11 @@ class PrivacyBudget(pl.Callback):
         mechanisms = self.step_mechanisms(pl_module, upcoming=True)
         if not mechanisms:
             return
-        upcoming = self._epsilon_after(mechanisms)
+        ledger = self._ledger(pl_module)
+        if ledger is not None:
+            upcoming = ledger.epsilon_after(_mechanisms(mechanisms), self.delta)
+        else:
+            upcoming = self._epsilon_after(mechanisms)
         if upcoming > self.epsilon:
             step = trainer.global_step
             self.stopped_step = step
@@ -162,9 +175,14 @@ class PrivacyBudget(pl.Callback):
 
     @override
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        for mechanism in self.step_mechanisms(pl_module):
-            self.accountant.step_mechanism(mechanism)
-        self.spent = self.accountant.get_epsilon(self.delta)
+        ledger = self._ledger(pl_module)
+        if ledger is not None:  # the module has accounted the round already
+            self.spent = ledger.epsilon(self.delta)
+            self.accountant_used = ledger.noise.accountant
+        else:
+            for mechanism in self.step_mechanisms(pl_module):
+                self.accountant.step_mechanism(mechanism)
+            self.spent = self.accountant.get_epsilon(self.delta)
         if not callable(getattr(pl_module, "privacy_report", None)):
             pl_module.log("privacy/epsilon", self.spent)  # else the module logs its own ε
         pl_module.log("privacy/budget_remaining", self.epsilon - self.spent)
@@ -177,7 +195,7 @@ class PrivacyBudget(pl.Callback):
                 "epsilon_spent": self.spent,
                 "epsilon_budget": self.epsilon,
                 "delta": self.delta,
-                "accountant": self.accountant.mechanism,
+                "accountant": self.accountant_used,
                 "stopped_step": self.stopped_step,
             }
         }

@@ -1,24 +1,29 @@
 """The round engine: a round is a map over chunks of clients, a reduce, and a server step.
 
-* :mod:`~pl_privfed.engine.round` — the loop over chunks and the choice of the chunk size;
+* :mod:`~pl_privfed.engine.round` — :func:`run_round`, the round's pipeline, the protocol it
+  sees algorithms through (:class:`RoundAlgorithm`) and the choice of the chunk size;
 * :mod:`~pl_privfed.engine.chunk` — :class:`ClientChunk`, what an algorithm's client part sees;
+* :mod:`~pl_privfed.engine.message` — the message stage: operator, noise, secure aggregation;
 * :mod:`~pl_privfed.engine.reduce` — :class:`Reduction`, the sums the server needs;
-* :mod:`~pl_privfed.engine.state` — where the per-client state rows live.
+* :mod:`~pl_privfed.engine.state` — where the per-client state rows live, and their checkpoints;
+* :mod:`~pl_privfed.engine.distributed` — clients sharded over processes.
 
 See docs/engine.md.
 """
 
 from pl_privfed.engine.chunk import ChunkOracle, ClientChunk, OracleOutput, RoundContext
 from pl_privfed.engine.distributed import ClientShard
+from pl_privfed.engine.message import Message, MessageStage, NoisePlacement, noise_to_signal
 from pl_privfed.engine.reduce import Reduction
 from pl_privfed.engine.round import (
     CHUNK_ENV,
     FunctionOracle,
+    RoundAlgorithm,
+    RoundResult,
     choose_chunk_size,
     chunk_ids,
-    iter_phases,
-    make_context,
-    run_phases,
+    iter_round,
+    run_round,
 )
 from pl_privfed.engine.state import ClientStates, Placement, choose_placement
 
@@ -29,14 +34,19 @@ __all__ = [
     "ClientShard",
     "ClientStates",
     "FunctionOracle",
+    "Message",
+    "MessageStage",
+    "NoisePlacement",
     "OracleOutput",
     "Placement",
     "Reduction",
+    "RoundAlgorithm",
     "RoundContext",
+    "RoundResult",
     "choose_chunk_size",
     "choose_placement",
     "chunk_ids",
-    "iter_phases",
-    "make_context",
-    "run_phases",
+    "iter_round",
+    "noise_to_signal",
+    "run_round",
 ]

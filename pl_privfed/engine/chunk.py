@@ -6,7 +6,9 @@ gradients, reads and updates their rows of its per-client state, draws their noi
 the server needs to the round's :class:`~pl_privfed.engine.reduce.Reduction`. The engine
 (:func:`~pl_privfed.engine.round.run_round`) calls it for every chunk of the round's clients,
 so the algorithm's code does not know the chunk size; nothing it does may depend on another
-client of the round (a map).
+client of the round (a map). What a client sends the server goes through
+:meth:`ClientChunk.transmit`, the client side of the message stage
+(:mod:`pl_privfed.engine.message`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import torch
 from torch import Tensor
 
 from pl_privfed.communication import count_nonzeros
+from pl_privfed.engine.message import Message, MessageStage
 from pl_privfed.engine.reduce import Reduction
 from pl_privfed.rng import STREAM_COMPRESSION, STREAM_NOISE, KeyedGenerator
 
@@ -76,6 +79,8 @@ class RoundContext:
     dtype: torch.dtype
     keyed: KeyedGenerator
     statistics: bool = True
+    stage: MessageStage = field(default_factory=MessageStage)
+    participants: Tensor | None = None
     state: dict[str, Any] = field(default_factory=dict)
 
 
@@ -255,6 +260,85 @@ class ClientChunk:
                 torch.linalg.vector_norm(v, dim=-1), torch.linalg.vector_norm(out, dim=-1)
             )
         return out
+
+    # ------------------------------------------------------------------ the message stage
+    def transmit(
+        self,
+        v: Tensor,
+        operator: Operator | None = None,
+        *,
+        factor: float = 1.0,
+        seed: int = 0,
+        select: Tensor | None = None,
+        key: str = "sent",
+        channel: str = "client_to_server",
+    ) -> Message:
+        """Every (selected) client of the chunk sends ``Δ̂_i = factor · Ψ(v_i)`` (+ its DP noise)
+        to the server, which receives their sum (:meth:`Reduction.received`).
+
+        The message stage of the round (:mod:`pl_privfed.engine.message`) decides the rest:
+        whether the messages are formed (per-client noise, secure aggregation) or, for a
+        norm-based ``Ψ``, kept as ``v`` and scales; the noise; the masks; the message counts on
+        ``channel``; the operator's statistics (the metrics the server reads back).
+
+        Args:
+            v: ``[c, d]`` the operator's input (overwritten with the message where it is
+                formed).
+            operator: ``Ψ`` (``None``: the rows are the messages, e.g. initial memories).
+            factor: ``β`` multiplying ``Ψ``'s output.
+            seed: seed of a random operator's per-client streams (rand-k).
+            select: a boolean mask over the chunk's clients: only these send (the others'
+                ``Δ_i`` are still returned, e.g. for their memories).
+            key: the name of the server's sum.
+            channel: the message channel counted for communication.
+
+        Returns:
+            the clean ``Δ_i`` of every client of the chunk (noise excluded), for the clients'
+            own memory updates.
+        """
+        stage, k = self.ctx.stage, self.round_index
+        if select is not None and bool(select.all()):
+            select = None
+        mask = None if select is None else select.to(v.device)
+        scale = None
+        if operator is not None and not stage.forms_rows(k):
+            scale = self.scales(operator, v, factor=factor)
+        if scale is not None:  # Ψ(v_i) = s_i v_i: the sum Σ_i s_i v_i, nothing formed
+            senders = v if mask is None else v[mask]
+            if senders.shape[0]:
+                weights = scale if mask is None else scale * mask.to(scale.dtype)
+                self.add(key, v, weights=weights)
+                self._sent(key, channel, senders, compressed=False)
+            return Message(v, scale)
+        if operator is not None:
+            v = self.apply(operator, v, seed=seed, factor=factor, inplace=True)
+        sent = v if mask is None else v[mask]
+        if sent.shape[0] == 0:
+            return Message(v)
+        if stage.draws_per_client(k):  # Δ̂_i = Δ_i + z_i, each client's own draw
+            self.add(key + ":clean", sent)
+            sent = sent + self.normal(stage.noise_seed, stage.noise_std, select=select)
+        if stage.secure(k):
+            self._secure_share(key, sent, self.ids if select is None else self.ids[select.cpu()])
+        else:
+            self.add(key, sent)
+        sparse = operator is not None and operator.sparsifying and not stage.clients_noise(k)
+        self._sent(key, channel, sent, compressed=sparse)
+        return Message(v)
+
+    def _sent(self, key: str, channel: str, rows: Tensor, compressed: bool) -> None:
+        """Count the messages ``rows`` on ``channel`` and their senders for the sum ``key``."""
+        self.send(channel, rows, compressed=compressed)
+        self.reduction.stat(key + ":senders", torch.ones(rows.shape[0]))
+
+    def _secure_share(self, key: str, rows: Tensor, ids: Tensor) -> None:
+        """The share of the clients ``ids`` (rows ``rows``) of a secure sum over the round's
+        participants (masks of round ``k + 1``: the initialization's are round 0)."""
+        agg = self.ctx.stage.secure_aggregation
+        masked, absolute = agg.partial_sum(rows, self.round_index + 1, self.ctx.participants, ids)
+        self.reduction.add(key + ":abs", absolute)
+        self.reduction.add(key, masked)
+        self.reduction.sums[key].remainder_(agg.modulus)
 
     # ------------------------------------------------------------------ the reduce
     def add(self, name: str, rows: Tensor, weights: Tensor | None = None) -> None:

@@ -12,6 +12,10 @@ Three kinds of entries:
   every client's norm before the operator (the run's ``norm_before`` is their mean);
 * messages (:meth:`Reduction.send`): the number of non-zero values of every message of a
   channel, from which :mod:`pl_privfed.communication` counts bits.
+
+The server reads the clients' messages back through :meth:`Reduction.received`, the server side
+of the message stage (:mod:`pl_privfed.engine.message`): the sum as the server receives it
+(noise added, masks removed) and the round's message statistics.
 """
 
 from __future__ import annotations
@@ -20,15 +24,39 @@ import torch
 from torch import Tensor
 
 from pl_privfed.communication import Messages
+from pl_privfed.engine.message import MessageStage, noise_to_signal
+from pl_privfed.rng import KeyedGenerator
 
 __all__ = ["Reduction"]
 
 
 class Reduction:
-    """Running sums of a round's client map (see the module docstring)."""
+    """Running sums of a round's client map (see the module docstring).
 
-    def __init__(self, dim: int = 0) -> None:
+    Args:
+        dim: ``d``.
+        round_index: the round (``-1``: the memory initialization).
+        stage: the round's message stage.
+        keyed: the round's keyed generator (the server's draws).
+        device: where the server's vectors live.
+        dtype: their dtype.
+    """
+
+    def __init__(
+        self,
+        dim: int = 0,
+        *,
+        round_index: int = -1,
+        stage: MessageStage | None = None,
+        keyed: KeyedGenerator | None = None,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
         self.dim = dim
+        self.round_index = round_index
+        self.stage = stage if stage is not None else MessageStage()
+        self.keyed = keyed if keyed is not None else KeyedGenerator(device)
+        self.device, self.dtype = torch.device(device), dtype
         self.sums: dict[str, Tensor] = {}
         self.stat_sums: dict[str, Tensor] = {}
         self.stat_counts: dict[str, int] = {}
@@ -104,6 +132,36 @@ class Reduction:
         if like is None:
             raise KeyError(f"no client contributed to {name!r}")
         return torch.zeros_like(like)
+
+    def received(self, key: str = "sent") -> tuple[Tensor, dict[str, Tensor]]:
+        """What the server receives of the messages the clients sent with
+        :meth:`~pl_privfed.engine.ClientChunk.transmit` under ``key``, and the round's message
+        statistics: ``(Σ_i Δ̂_i, metrics)``.
+
+        The sum is unmasked when securely aggregated and carries the round's DP noise (every
+        client's own, or drawn here as the sum of the senders' noises, or the server's central
+        draw); ``metrics`` holds the operator's statistics (``clip_fraction``, ``norm_before``,
+        ``update_norm``) and, when noised and someone sent, ``noise_to_signal``.
+        """
+        stage, k = self.stage, self.round_index
+        metrics = self.operator_metrics()
+        senders = self.count(key + ":senders")
+        if stage.secure(k) and key in self.sums:
+            agg = stage.secure_aggregation
+            total = agg.finish(self.sums[key], self.get(key + ":abs"), senders)
+            total = total.to(self.device, self.dtype)
+        else:
+            total = self.get(key, like=torch.zeros(self.dim, device=self.device, dtype=self.dtype))
+        if not stage.noised or k < 0:
+            return total, metrics
+        if stage.draws_per_client(k):
+            clean = self.get(key + ":clean", like=total)
+        else:
+            clean = total.clone()
+            total = total + stage.noise_of_sum(senders, k, self.keyed, total)
+        if senders:
+            metrics["noise_to_signal"] = noise_to_signal(total, clean)
+        return total, metrics
 
     def mean(self, name: str) -> Tensor:
         """The mean of statistic ``name`` over the clients that reported it (NaN if none)."""

@@ -1,46 +1,56 @@
-"""One round as a map over chunks of clients, a reduce, and a server step.
+"""One round: ``begin_round`` → a map over chunks of clients → a reduce → ``server_update``.
 
-::
+:func:`run_round` is the whole pipeline, and the only place it is written::
 
-    participants = algorithm.begin_round(k)           # the round's clients (a cohort, or all)
-    for phase in algorithm.client_phases():            # usually one phase
+    participants = algorithm.begin_round(k)           # server decisions: the cohort, or everyone
+    for phase in algorithm.client_phases():            # usually one phase; gossip adds more
         for ids in chunks(participants, chunk_size):   # the map, chunk by chunk
-            phase(ClientChunk(ids))                    #   client lines, for these clients only
-    result = algorithm.server_update(x, reduction)     # server lines, on the reduced sums
+            phase(ClientChunk(ids))                    #   the paper's client lines, for these clients
+        algorithm.between_phases(p, ctx)               #   (e.g. neighbours' rows across processes)
+    reduction.all_reduce()                             # the reduce, across processes too
+    result = algorithm.server_update(x, reduction)     # the paper's server lines, on the sums
 
 Each chunk's work depends only on its clients' own state, data and randomness (keyed by
-``(seed, round, client)``, :mod:`pl_privfed.rng`) and on the broadcast, so the iterates
-do not depend on the chunk size (up to the order of floating-point sums) and memory holds one
-chunk's ``[c, d]`` tensors, never ``[n, d]`` ones beyond the state the algorithm really keeps.
-Decentralized methods have two phases: the local one, then the gossip, which reads the
-neighbours' rows of the state the first phase wrote.
+``(seed, round, client)``, :mod:`pl_privfed.rng`) and on the broadcast, so the iterates do not
+depend on the chunk size (up to the order of floating-point sums) and memory holds one chunk's
+``[c, d]`` tensors, never ``[n, d]`` ones beyond the state the algorithm really keeps. The first
+round of an algorithm whose memories start from the clients' data is preceded by the same
+pipeline over ``client_init`` / ``server_init`` (round ``-1``).
 
-How many clients a chunk holds (:func:`choose_chunk_size`): on a GPU all of them (the vmap
-backend's batched client axis is where a GPU wins); on a CPU as many as keep a chunk's
-``[c, d]`` working set in cache (about 8 MiB), between 1 and 256 clients.
+The engine sees an algorithm only through :class:`RoundAlgorithm`, the protocol declared here,
+so it imports no algorithm. How many clients a chunk holds is chosen once per run
+(:func:`choose_chunk_size`): on a GPU all of them (the vmap backend's batched client axis is
+where a GPU wins); on a CPU as many as keep a chunk's ``[c, d]`` working set in cache (about
+8 MiB), between 1 and 256 clients.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Generator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
 
+from pl_privfed.communication import Messages
 from pl_privfed.engine.chunk import ChunkOracle, ClientChunk, OracleOutput, RoundContext
+from pl_privfed.engine.distributed import ClientShard
+from pl_privfed.engine.message import MessageStage
 from pl_privfed.engine.reduce import Reduction
+from pl_privfed.engine.state import ClientStates
 from pl_privfed.rng import KeyedGenerator
 
 __all__ = [
     "CHUNK_ENV",
     "FunctionOracle",
+    "RoundAlgorithm",
+    "RoundResult",
     "choose_chunk_size",
     "chunk_ids",
-    "iter_phases",
-    "make_context",
-    "run_phases",
+    "iter_round",
+    "run_round",
 ]
 
 #: Environment variable that overrides every run's chunk size (``1``, ``all`` or a number):
@@ -49,6 +59,56 @@ CHUNK_ENV = "PL_PRIVFED_CLIENT_CHUNK"
 
 #: Bytes of a chunk's working set on a CPU (a few ``[c, d]`` tensors): about an L3 slice.
 CPU_CHUNK_BYTES = 8 * 2**20
+
+
+@dataclass
+class RoundResult:
+    """A round's outcome.
+
+    Attributes:
+        params: the new parameters ``[d]``.
+        metrics: the round's statistics (scalar tensors, not synced).
+        messages: what was sent, for communication accounting.
+        loss: the mean training loss of the round's computing clients (set by the engine;
+            ``None`` when nobody computed or the oracle reports no losses).
+        buffers: the model's buffers after the round (BatchNorm running statistics, the
+            engine's rule), or ``None``.
+    """
+
+    params: Tensor
+    metrics: dict[str, Tensor] = field(default_factory=dict)
+    messages: list[Messages] = field(default_factory=list)
+    loss: Tensor | None = None
+    buffers: dict[str, Tensor] | None = None
+
+
+class RoundAlgorithm(Protocol):
+    """What the engine needs of an algorithm (:class:`~pl_privfed.algorithms.FederatedAlgorithm`
+    implements it): its clients and state, its message stage, and the paper's two halves."""
+
+    num_clients: int
+    dim: int
+    shard: ClientShard
+    state: ClientStates
+    keyed: KeyedGenerator
+    initialized: Tensor
+    rounds_done: Tensor
+
+    def message_stage(self) -> MessageStage: ...
+
+    def begin_round(self, round_index: int) -> Tensor | None: ...
+
+    def client_phases(self) -> list[Callable[[ClientChunk], None]]: ...
+
+    def between_phases(self, phase: int, ctx: RoundContext) -> None: ...
+
+    def server_update(self, x: Tensor, reduced: Reduction) -> RoundResult: ...
+
+    def initializes_clients(self) -> bool: ...
+
+    def client_init(self, chunk: ClientChunk) -> None: ...
+
+    def server_init(self, x: Tensor, reduced: Reduction) -> None: ...
 
 
 def choose_chunk_size(
@@ -98,54 +158,94 @@ class FunctionOracle(ChunkOracle):
         return OracleOutput(grads=self.grad_fn(params, **kwargs))
 
 
-def iter_phases(
+def run_round(
+    algorithm: RoundAlgorithm,
+    x: Tensor,
+    oracle: ChunkOracle | Callable[..., Tensor],
+    *,
+    chunk_size: int | str | None = None,
+    statistics: bool = True,
+) -> RoundResult:
+    """Run the algorithm's next round from the global parameters ``x`` ``[d]``.
+
+    Args:
+        algorithm: a set-up algorithm (:class:`RoundAlgorithm`); its round counter
+            ``rounds_done`` is the round's index and advances by one.
+        x: the broadcast parameters.
+        oracle: the round's gradients for chunks of clients (:class:`ChunkOracle`), or a plain
+            function ``grad_fn(params, per_example=False, step=None, clients=None)``.
+        chunk_size: clients per chunk (an int, or ``"all"``; a run chooses it once, with
+            :func:`choose_chunk_size`); default: the engine's choice. :data:`CHUNK_ENV`
+            overrides it. The iterates do not depend on it.
+        statistics: compute the statistics that cost a pass over client rows.
+    """
+    rounds = iter_round(algorithm, x, oracle, chunk_size=chunk_size, statistics=statistics)
+    while True:
+        try:
+            next(rounds)
+        except StopIteration as done:
+            return done.value
+
+
+def iter_round(
+    algorithm: RoundAlgorithm,
+    x: Tensor,
+    oracle: ChunkOracle | Callable[..., Tensor],
+    *,
+    chunk_size: int | str | None = None,
+    statistics: bool = True,
+) -> Generator[None, None, RoundResult]:
+    """:func:`run_round` as a generator that yields after every chunk and returns the round's
+    :class:`RoundResult` (a grid advances its configurations' rounds chunk by chunk)."""
+    if not isinstance(oracle, ChunkOracle):
+        oracle = FunctionOracle(oracle)
+    chunk_size = choose_chunk_size(algorithm.num_clients, algorithm.dim, x.device, chunk_size,
+                                   x.element_size())  # fmt: skip
+    if not bool(algorithm.initialized):
+        reduced = Reduction(algorithm.dim, device=x.device, dtype=x.dtype)
+        if algorithm.initializes_clients():
+            init = [algorithm.client_init]
+            reduced = yield from _map(algorithm, x, oracle, -1, None, init, chunk_size, statistics)
+        algorithm.server_init(x, reduced)
+        algorithm.initialized.fill_(True)
+    k = int(algorithm.rounds_done)
+    participants = algorithm.begin_round(k)
+    phases = algorithm.client_phases()
+    reduced = yield from _map(algorithm, x, oracle, k, participants, phases, chunk_size, statistics)
+    result = algorithm.server_update(x, reduced)
+    result.loss = reduced.loss()
+    result.buffers = reduced.buffers()
+    algorithm.rounds_done += 1
+    return result
+
+
+def _map(
+    algorithm: RoundAlgorithm,
+    x: Tensor,
+    oracle: ChunkOracle,
+    round_index: int,
+    participants: Tensor | None,
     phases: list[Callable[[ClientChunk], None]],
-    ctx: RoundContext,
-    participants: Tensor,
     chunk_size: int,
-    store: Any,
-    between: Callable[[int, RoundContext], None] | None = None,
-) -> Iterator[None]:
-    """Run every phase of the client map over ``participants`` in chunks of ``chunk_size``,
-    yielding after each chunk (so that a grid can run several configurations' rounds in
-    lockstep, chunk by chunk); ``between(p, ctx)`` runs after phase ``p``, e.g. the exchange of
-    gossiped rows between processes."""
-    pieces = chunk_ids(participants, chunk_size)
+    statistics: bool,
+) -> Generator[None, None, Reduction]:
+    """The map over this process's participating clients, phase by phase and chunk by chunk,
+    then the reduce across processes."""
+    if participants is None:
+        participants = torch.arange(algorithm.num_clients)
+    stage = algorithm.message_stage()
+    reduction = Reduction(algorithm.dim, round_index=round_index, stage=stage,
+                          keyed=algorithm.keyed, device=x.device, dtype=x.dtype)  # fmt: skip
+    ctx = RoundContext(x=x, oracle=oracle, reduction=reduction, round_index=round_index,
+                       dim=algorithm.dim, device=x.device, dtype=x.dtype, keyed=algorithm.keyed,
+                       statistics=statistics, stage=stage, participants=participants)  # fmt: skip
+    pieces = chunk_ids(algorithm.shard.owned(participants), chunk_size)
     for p, phase in enumerate(phases):
         for ids in pieces:
-            chunk = ClientChunk(ctx, ids, store)
+            chunk = ClientChunk(ctx, ids, algorithm.state)
             phase(chunk)
             chunk.close()
             yield
-        if between is not None:
-            between(p, ctx)
-
-
-def run_phases(*args: Any, **kwargs: Any) -> None:
-    """:func:`iter_phases` run to the end."""
-    for _ in iter_phases(*args, **kwargs):
-        pass
-
-
-def make_context(
-    x: Tensor,
-    oracle: Any,
-    round_index: int,
-    dim: int,
-    keyed: KeyedGenerator | None = None,
-    statistics: bool = True,
-) -> RoundContext:
-    """The context of one round (or of the memory initialization, ``round_index = -1``)."""
-    reduction = Reduction(dim)
-    reduction.round_index = round_index
-    return RoundContext(
-        x=x,
-        oracle=oracle,
-        reduction=reduction,
-        round_index=round_index,
-        dim=dim,
-        device=x.device,
-        dtype=x.dtype,
-        keyed=keyed if keyed is not None else KeyedGenerator(x.device),
-        statistics=statistics,
-    )
+        algorithm.between_phases(p, ctx)
+    algorithm.shard.all_reduce_reduction(reduction)
+    return reduction

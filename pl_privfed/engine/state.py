@@ -29,7 +29,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -154,6 +154,49 @@ class ClientStates:
         table.index_copy_(0, local.to(table.device), rows.to(table.device, table.dtype))
 
     # ------------------------------------------------------------------ checkpoints
+    def save(self, checkpoint: dict[str, Any], prefix: str, round_index: int) -> None:
+        """Put the whole federation's tables into a Lightning checkpoint, whichever process
+        holds which clients: device and host tables as full ``[n, ...]`` tensors (gathered over
+        the processes; device ones under ``state_dict[prefix + name]``, host ones under
+        ``checkpoint["client_state"]``), memory-mapped tables as a snapshot file of each
+        process, named in the checkpoint (the tables can be larger than memory)."""
+        extra = checkpoint.setdefault("client_state", {})
+        device = getattr(self.module, "device", torch.device("cpu"))
+        for name in self.names:
+            key = prefix + name
+            if self.placement == "disk":
+                snapshot = self.snapshot(name, round_index)
+                extra[key] = {"files": self.shard.all_gather_object(str(snapshot)),
+                              "block": self.shard.block}  # fmt: skip
+                continue
+            full = self.shard.gather_rows(self.table(name).to(device))
+            if self.placement == "device":
+                checkpoint["state_dict"][key] = full
+            else:
+                extra[key] = {"rows": full.cpu()}
+        if not extra:
+            del checkpoint["client_state"]
+
+    def load(self, checkpoint: dict[str, Any], prefix: str) -> None:
+        """This process's rows of every table from a checkpoint written with any number of
+        processes (:meth:`save`); device tables go back into ``state_dict`` for Lightning."""
+        extra = checkpoint.get("client_state", {})
+        start, stop = self.shard.start, self.shard.stop
+        for name in self.names:
+            key = prefix + name
+            if key in extra:
+                rows = _rows_of(extra[key], start, stop)
+            else:
+                full = checkpoint["state_dict"].get(key)
+                if full is None:
+                    continue
+                rows = full[start:stop]
+            if self.placement == "device":
+                checkpoint["state_dict"][key] = rows
+            else:
+                self.table(name).copy_(rows)
+                checkpoint["state_dict"].pop(key, None)
+
     def off_device(self) -> dict[str, Tensor]:
         """The host and disk tables (the device ones are the module's buffers)."""
         return dict(self._tables)
@@ -170,6 +213,22 @@ class ClientStates:
     def nbytes(self) -> int:
         """Bytes of this process's per-client state."""
         return sum(self.table(n).numel() * self.table(n).element_size() for n in self.names)
+
+
+def _rows_of(saved: dict[str, Any], start: int, stop: int) -> Tensor:
+    """Rows ``[start, stop)`` of a saved table: gathered ``rows``, or memory-mapped ``files``
+    written by processes holding blocks of ``block`` clients each."""
+    if "rows" in saved:
+        return saved["rows"][start:stop]
+    parts, block = [], int(saved["block"])
+    for rank, path in enumerate(saved["files"]):
+        lo = rank * block
+        table = np.load(path, mmap_mode="r")
+        hi = lo + table.shape[0]
+        a, b = max(start, lo), min(stop, hi)
+        if a < b:
+            parts.append(torch.from_numpy(np.array(table[a - lo : b - lo])))
+    return torch.cat(parts)
 
 
 def _numpy(dtype: torch.dtype):

@@ -1,5 +1,16 @@
-"""Differential privacy: accounting over Opacus and dp-accounting, noise settings, calibration."""
+"""Differential privacy: declarations, accounting over Opacus and dp-accounting, noise settings,
+calibration, a run's ledger and secure aggregation.
 
+* :mod:`~pl_privfed.privacy.release` — :class:`Release`, what an algorithm declares it releases;
+* :mod:`~pl_privfed.privacy.plan` — pure functions from a declaration to mechanisms, the bases of
+  each ε and the calibration;
+* :mod:`~pl_privfed.privacy.ledger` — :class:`PrivacyLedger`, one run's accountants and reports;
+* :mod:`~pl_privfed.privacy.accounting`, :mod:`~pl_privfed.privacy.calibration`,
+  :mod:`~pl_privfed.privacy.mechanism`, :mod:`~pl_privfed.privacy.noise`,
+  :mod:`~pl_privfed.privacy.secagg`.
+"""
+
+from pl_privfed.privacy import plan
 from pl_privfed.privacy.accounting import AccountantName, PrivacyAccountant
 from pl_privfed.privacy.calibration import (
     calibrate_noise_multiplier,
@@ -7,23 +18,30 @@ from pl_privfed.privacy.calibration import (
     epsilon_of_plan,
     paper_noise_std,
 )
+from pl_privfed.privacy.ledger import PrivacyLedger
 from pl_privfed.privacy.mechanism import AccountingBasis, Mechanism, Sampling
 from pl_privfed.privacy.noise import Calibration, DPNoise, Neighbouring, relation_factor
+from pl_privfed.privacy.release import BatchSampling, RecordUse, Release
 from pl_privfed.privacy.secagg import SecureAggregation
 
 __all__ = [
     "AccountantName",
     "AccountingBasis",
+    "BatchSampling",
     "Calibration",
     "DPNoise",
     "Mechanism",
     "Neighbouring",
     "PrivacyAccountant",
+    "PrivacyLedger",
+    "RecordUse",
+    "Release",
     "Sampling",
     "SecureAggregation",
     "calibrate_noise_multiplier",
     "calibrate_noise_std",
     "epsilon_of_plan",
     "paper_noise_std",
+    "plan",
     "relation_factor",
 ]

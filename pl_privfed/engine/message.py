@@ -1,0 +1,135 @@
+"""The message stage: how a client's message reaches the server, written once for every algorithm.
+
+A server-based algorithm's client lines end with "client ``i`` sends ``Δ̂_i``" and its server
+lines start with "the server receives ``Σ_i Δ̂_i``". Everything between those two lines is the
+same for every algorithm and is this module's job, not the algorithm's:
+
+* the operator ``Ψ`` applied to the client's vector (clipping, smoothed normalization, a
+  compressor), times a factor ``β`` where the algorithm scales it; for a norm-based ``Ψ``
+  (``Ψ(v) = s(||v||)·v``) the message is never formed unless something needs its rows: the
+  engine keeps ``v`` and the per-client scales ``s_i`` (:class:`Message`), sums ``Σ_i s_i v_i`` in
+  one product and updates memories with one ``addcmul_``;
+* the DP noise (:class:`MessageStage`): with ``placement="local"`` every client adds its own
+  ``z_i ~ N(0, σ² I)``; the simulation draws each ``z_i`` from the client's keyed stream
+  (``draws: per_client``, or whenever the rows are formed for secure aggregation), or, where the
+  clients' noise reaches the iterates only through the sum the server receives, draws that sum
+  ``N(0, m σ² I)`` once for the ``m`` senders (``draws: aggregate``: ``d`` normals instead of
+  ``m·d``, the same distribution of every iterate); with ``placement="central"`` the clients send
+  clean messages and the server adds one Gaussian;
+* secure aggregation (simulated pairwise masks, :class:`~pl_privfed.privacy.SecureAggregation`):
+  every round when configured ``every_round``, and always for the initialization's sums;
+* the bookkeeping: the message counts the communication callbacks read, and the statistics the
+  server returns as metrics (the operator's clip fraction and norms, the noise-to-signal ratio of
+  the received sum), pfl-style ``(value, metrics)``.
+
+Client side: :meth:`pl_privfed.engine.ClientChunk.transmit`; server side:
+:meth:`pl_privfed.engine.Reduction.received`. A new noise placement (central noise on a sum,
+distributed noise under secure aggregation) is a change to this module and to the accounting
+(:mod:`pl_privfed.privacy.plan`), never to an algorithm.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from pl_privfed.privacy.secagg import SecureAggregation
+from pl_privfed.rng import STREAM_SERVER_NOISE, KeyedGenerator
+
+__all__ = ["Message", "MessageStage", "NoisePlacement", "noise_to_signal"]
+
+#: Who adds the DP noise to the messages: every client its own (``local``), or the server once
+#: to the sum it receives (``central``, a trusted aggregator).
+NoisePlacement = Literal["local", "central"]
+
+
+def noise_to_signal(noisy_sum: Tensor, clean_sum: Tensor) -> Tensor:
+    """``||Σ_i z_i|| / ||Σ_i Δ_i||``: the noise-to-signal ratio of an aggregate."""
+    signal = torch.linalg.vector_norm(clean_sum)
+    return torch.linalg.vector_norm(noisy_sum - clean_sum) / signal.clamp(min=1e-30)
+
+
+class Message:
+    """The clean messages ``Δ_i`` of a chunk's clients: formed rows ``[c, d]``, or the rows
+    ``v_i`` with per-client scales ``s_i`` (``Δ_i = s_i v_i``, never formed).
+
+    Attributes:
+        rows: ``Δ`` itself, or ``v`` when :attr:`scales` is set.
+        scales: ``[c]`` or ``None``.
+    """
+
+    def __init__(self, rows: Tensor, scales: Tensor | None = None) -> None:
+        self.rows = rows
+        self.scales = scales
+
+    def add_to(self, target: Tensor, alpha: float = 1.0) -> None:
+        """``target += alpha · Δ`` (a memory update, e.g. ``g_i ← g_i + β Δ_i``)."""
+        if self.scales is None:
+            target.add_(self.rows, alpha=alpha)
+        else:
+            target.addcmul_(self.rows, self.scales.unsqueeze(1), value=alpha)
+
+
+@dataclass(frozen=True)
+class MessageStage:
+    """How the messages of one round reach the server (module docstring).
+
+    Attributes:
+        noise_std: ``σ`` of the DP noise (0 when not private).
+        noise_seed: seed of the noise streams.
+        noised: whether the round's messages carry DP noise.
+        per_client: draw every client's ``z_i`` from its own stream (``DPNoise`` ``draws:
+            per_client``) rather than their sum once (``aggregate``).
+        placement: ``"local"`` (each client noises its message) or ``"central"``.
+        central_scale: central noise: the server adds ``central_scale · z``, ``z ~ N(0, σ² I)``,
+            to the sum, i.e. ``z`` to the average over ``central_scale`` clients (distributed
+            DP-SGD's trusted server noising the average).
+        secure_aggregation: pairwise-masked sums, or ``None``.
+    """
+
+    noise_std: float = 0.0
+    noise_seed: int = 0
+    noised: bool = False
+    per_client: bool = False
+    placement: NoisePlacement = "local"
+    central_scale: float = 1.0
+    secure_aggregation: SecureAggregation | None = None
+
+    def secure(self, round_index: int) -> bool:
+        """Whether the round's sums are securely aggregated: every round with
+        ``every_round``, and always the initialization's (round ``-1``)."""
+        agg = self.secure_aggregation
+        return agg is not None and (agg.every_round or round_index < 0)
+
+    def clients_noise(self, round_index: int) -> bool:
+        """Whether each client's message carries its own noise this round (local DP; the
+        initialization is never noised)."""
+        return self.noised and self.placement == "local" and round_index >= 0
+
+    def draws_per_client(self, round_index: int) -> bool:
+        """Whether the simulation draws every client's ``z_i`` (rather than their sum)."""
+        return self.clients_noise(round_index) and (self.per_client or self.secure(round_index))
+
+    def forms_rows(self, round_index: int) -> bool:
+        """Whether every message must be formed (noised per client, or masked)."""
+        return self.draws_per_client(round_index) or self.secure(round_index)
+
+    def noise_of_sum(
+        self, count: int, round_index: int, keyed: KeyedGenerator, like: Tensor
+    ) -> Tensor:
+        """The noise the server's sum carries that no client drew: ``Σ_{i ≤ count} z_i ~ N(0,
+        count·σ² I)`` for local noise drawn as a sum, ``central_scale · N(0, σ² I)`` for central
+        noise; one draw from the round's server stream ``(noise seed, round)``."""
+        out = torch.zeros_like(like)
+        if self.placement == "central":
+            gen = keyed(self.noise_seed, STREAM_SERVER_NOISE, round_index)
+            out.normal_(0.0, self.noise_std, generator=gen)
+            return out.mul_(self.central_scale) if self.central_scale != 1.0 else out
+        if count > 0:
+            gen = keyed(self.noise_seed, STREAM_SERVER_NOISE, round_index)
+            out.normal_(0.0, self.noise_std * math.sqrt(count), generator=gen)
+        return out

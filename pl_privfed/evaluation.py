@@ -1,0 +1,93 @@
+"""Evaluation as plain functions over a model and a loader.
+
+A federation is evaluated like any model: its global parameters on a held-out loader. The loss
+is the training objective (the criterion plus the model's ``regularizer()``, if it has one),
+accuracy the share of correct arg-max predictions (classification only). Lightning's
+validation and test loops use :func:`model_loss` with torchmetrics' accuracy;
+:func:`loader_metrics` runs a whole loader outside those loops (the test set at the end of fit,
+a decentralized method's sampled output iterate, a grid's configurations).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["evaluated_at", "loader_metrics", "model_loss"]
+
+
+def model_loss(
+    model: nn.Module, criterion: nn.Module, inputs: Tensor, targets: Tensor
+) -> tuple[Tensor, Tensor]:
+    """The model's outputs on a batch and its loss: the criterion plus the model's
+    ``regularizer()`` if it has one (the objective every client's loss also carries)."""
+    out = model(inputs)
+    loss = criterion(out, targets)
+    regularizer = getattr(model, "regularizer", None)
+    if callable(regularizer):
+        loss = loss + regularizer(dict(model.named_parameters()))
+    return out, loss
+
+
+@torch.no_grad()
+def loader_metrics(
+    model: nn.Module,
+    criterion: nn.Module,
+    loader: Iterable[Any],
+    *,
+    device: torch.device,
+    preprocess: Callable[[Tensor, bool, int], Tensor] | None = None,
+    classification: bool = True,
+    batch_metrics: Callable[[Tensor, Tensor], None] | None = None,
+) -> tuple[float, float | None]:
+    """Mean loss and accuracy (``None`` without ``classification``) of ``model`` over
+    ``loader``, in eval mode (restored afterwards).
+
+    Args:
+        model: the model, evaluated as it is.
+        criterion: the loss, a mean over its batch.
+        loader: ``(inputs, targets)`` batches.
+        device: where the batches go.
+        preprocess: the datamodule's ``preprocess(inputs, training, round)``, if any.
+        classification: whether accuracy is defined.
+        batch_metrics: called with every preprocessed batch instead of evaluating ``model`` on
+            it (the grid evaluates its configurations); the return values are then zeros.
+    """
+    was_training = model.training
+    model.eval()
+    total_loss, correct, count = 0.0, 0, 0
+    try:
+        dtype = next(model.parameters()).dtype
+        for inputs, targets in loader:
+            inputs, targets = inputs.to(device), targets.to(device)
+            if callable(preprocess):
+                inputs = preprocess(inputs, False, 0)
+            if inputs.is_floating_point():  # the model's precision (e.g. "64-true")
+                inputs = inputs.to(dtype)
+            if batch_metrics is not None:
+                batch_metrics(inputs, targets)
+                continue
+            logits, loss = model_loss(model, criterion, inputs, targets)
+            total_loss += float(loss) * len(targets)
+            if classification:
+                correct += int((logits.argmax(-1) == targets).sum())
+            count += len(targets)
+    finally:
+        model.train(was_training)
+    accuracy = correct / max(count, 1) if classification else None
+    return total_loss / max(count, 1), accuracy
+
+
+@torch.no_grad()
+def evaluated_at(model: nn.Module, layout: Any, params: Tensor, evaluate: Callable[[], Any]) -> Any:
+    """``evaluate()`` with the model's parameters swapped for ``params`` (flat, ``[d]``, in
+    ``layout``), restored afterwards; buffers (BatchNorm statistics) stay the model's."""
+    x = layout.flatten(model)
+    layout.assign(model, params.to(x))
+    try:
+        return evaluate()
+    finally:
+        layout.assign(model, x)

@@ -1,0 +1,459 @@
+"""``GridModule``: a grid of configurations of one algorithm trained as one federation.
+
+The configurations of a grid share the data, the architecture and the initial model, and differ
+only in the algorithm's hyperparameters (paper 002's grid over γ, β, α and server
+normalization). They train side by side: a *configuration axis* beside the client axis. Every
+round, the gradients of all ``K`` configurations' clients at their current parameters on the
+round's minibatches (the same minibatches a separate run with the same seed would draw) come
+from **one** call of the gradient oracle with per-client parameters ``[K·c, d]`` (and per-client
+BatchNorm buffers), which is where a GPU spends its time; each configuration's algorithm then
+runs its own round through the engine, the configurations in lockstep chunk by chunk.
+
+Each configuration's iterates are those of a separate run of the same configuration (tested:
+equal to the last bit in float64). A configuration whose training loss becomes non-finite is
+marked failed at that round and frozen, as a separate run would stop; the others go on.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from typing_extensions import override
+
+from pl_privfed.callbacks._logging import local_log_dir  # MERGE: pl_privfed.logdir
+from pl_privfed.callbacks._wandb import log_artifact  # MERGE: pl_privfed.logdir
+from pl_privfed.checks import check_positive_int
+from pl_privfed.engine import ChunkOracle, OracleOutput, RoundResult, iter_round
+from pl_privfed.evaluation import model_loss
+from pl_privfed.grads import RoundOracle, sum_client_buffers
+from pl_privfed.grid.points import grid_points, rebuild_algorithm
+from pl_privfed.grid.results import write_grid_results
+from pl_privfed.module import FederatedModule, NonFiniteLossError
+from pl_privfed.privacy import PrivacyLedger, plan
+
+__all__ = ["GridModule"]
+
+
+class GridModule(FederatedModule):
+    """``K`` configurations of ``algorithm`` trained as one batched federation.
+
+    Takes :class:`~pl_privfed.FederatedModule`'s arguments and:
+
+    Args:
+        grid: ``{argument: [values]}``, e.g. ``{"step_size": [0.01, 0.1], "beta": [0.1, 1]}``
+            gives 4 configurations, each with the other arguments of ``algorithm``. Each
+            configuration's iterates equal those of its separate run; the results are written
+            like a ``pl-privfed sweep`` into ``grid_dir``. Private configurations must share
+            their privacy mechanisms (the run reports one ε).
+        grid_dir: where the grid's ``results.csv`` and ``runs/<id>/`` go (default
+            ``<log dir>/grid``).
+        grid_chunk: compute the grid's gradients for at most this many configurations per
+            oracle call (default: all in one), to bound the memory of a large grid; the results
+            do not depend on it.
+
+    Evaluation measures every configuration that has not failed (``val/*`` every
+    ``val_check_interval`` rounds, ``test/*`` at the end), into each configuration's history
+    and ``results.csv``; the run logs ``grid/min_train_loss``, ``grid/best_val_acc`` and
+    ``grid/live_configurations``; its operator statistics and communication are the first live
+    configuration's. Callbacks may measure configurations one by one
+    (:meth:`load_grid_configuration`, :meth:`grid_running`, :meth:`grid_record`,
+    :meth:`grid_finish`), as :class:`~pl_privfed.callbacks.GradientNorm` does.
+    """
+
+    logs_train_loss = False
+
+    def __init__(
+        self,
+        model: nn.Module,
+        algorithm: Any,
+        *,
+        grid: dict[str, list[Any]],
+        grid_dir: str | None = None,
+        grid_chunk: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(model, algorithm, **kwargs)
+        self.grid = grid
+        self.grid_dir = grid_dir
+        self.grid_chunk = grid_chunk
+        if grid_chunk is not None:
+            check_positive_int("grid_chunk", grid_chunk)
+        self.grid_points = grid_points(self.algorithm, grid)
+        self.grid_algorithms = nn.ModuleList(
+            rebuild_algorithm(self.algorithm, point) for point in self.grid_points
+        )
+        k = len(self.grid_points)
+        self.register_buffer("grid_params", self.layout.flatten(self.model).repeat(k, 1))
+        self._grid_buffer_names = {}
+        for name, buf in self.model.named_buffers():
+            if buf is None:
+                continue
+            key = "grid_buffer__" + name.replace(".", "__")
+            self._grid_buffer_names[name] = key
+            self.register_buffer(key, buf.detach().unsqueeze(0).repeat(k, *([1] * buf.dim())))
+        self._grid_status = ["running"] * k
+        self._grid_history: list[dict[str, list[tuple[int, float]]]] = [{} for _ in range(k)]
+        self._grid_entries: list[dict[str, Any]] = [{} for _ in range(k)]
+        self._grid_eval: Tensor | None = None  # per configuration: loss sum, correct, count
+
+    @override
+    def algorithms(self) -> list[tuple[str, Any]]:
+        return [*super().algorithms(),
+                *((f"grid_algorithms.{k}.", a) for k, a in enumerate(self.grid_algorithms))]  # fmt: skip
+
+    @override
+    def _privacy_ledger(self, num_rounds: int) -> PrivacyLedger:
+        """One ledger serves the grid: every configuration must release the same mechanisms
+        (noise multiplier and sampling rate) as ``algorithm``."""
+        ledger = super()._privacy_ledger(num_rounds)
+        reference = _signature(ledger.release, ledger.noise, ledger.noise_std)
+        for point, alg in zip(self.grid_points, self.grid_algorithms):
+            own = _signature(alg.release(), alg.noise, alg.noise_std)
+            same = len(own) == len(reference) and all(
+                math.isclose(a[0], c[0], rel_tol=1e-9)
+                and math.isclose(a[1], c[1], rel_tol=1e-9)
+                and a[2:] == c[2:]
+                for a, c in zip(own, reference)
+            )
+            if not same:
+                raise ValueError(
+                    f"grid point {point} releases the mechanisms (noise multiplier, rate) {own}, "
+                    f"the algorithm {reference}: one run reports one ε, so a grid's private "
+                    "configurations must share them (run such a grid with `pl-privfed sweep`)"
+                )
+        return ledger
+
+    # ------------------------------------------------------------------ what callbacks use
+    def _grid_buffers(self) -> dict[str, Tensor]:
+        """The configurations' buffers ``{model buffer name: [K, ...]}``."""
+        return {name: getattr(self, key) for name, key in self._grid_buffer_names.items()}
+
+    @torch.no_grad()
+    def load_grid_configuration(self, k: int, params: bool = True) -> None:
+        """Put configuration ``k``'s buffers (and parameters) into the model."""
+        if params:
+            self.layout.assign(self.model, self.grid_params[k])
+        bufs = dict(self.model.named_buffers())
+        for name, value in self._grid_buffers().items():
+            bufs[name].copy_(value[k])
+
+    def grid_running(self) -> list[int]:
+        """Indices of the grid's configurations still training (not failed, not done)."""
+        return [k for k, status in enumerate(self._grid_status) if status == "running"]
+
+    def grid_record(self, k: int, metric: str, round_index: int, value: float) -> None:
+        """Add a point to configuration ``k``'s curve ``metric`` (its ``curves.csv``)."""
+        self._grid_history[k].setdefault(metric, []).append((int(round_index), float(value)))
+
+    def grid_entries(self, k: int) -> dict[str, Any]:
+        """Configuration ``k``'s extra ``summary.json`` entries (e.g. ``rounds_to_target``),
+        which callbacks may fill; kept in checkpoints."""
+        return self._grid_entries[k]
+
+    def grid_finish(self, k: int, reason: str) -> None:
+        """Stop training configuration ``k``: its status is ``finished`` and its
+        ``summary.json`` says why in ``stopped_reason``, as a single run's does; the run stops
+        when no configuration is left training."""
+        self._grid_status[k] = "finished"
+        self._grid_entries[k]["stopped_reason"] = reason
+        if not self.grid_running():
+            self.trainer.should_stop = True
+
+    # ------------------------------------------------------------------ a grid's round
+    @override
+    def run_round(self, batch: Any, round_index: int) -> None:
+        """One round of every live configuration, in lockstep chunk by chunk: the first
+        request of each configuration for a chunk's gradients at its current parameters (what
+        every server algorithm asks first) is served from one oracle call for every live
+        configuration (``[K·c, d]``, per-configuration BatchNorm buffers); any other request
+        (local steps, per-example gradients) goes to the oracle as in a single run."""
+        live = self.grid_running()
+        if not live:  # every configuration is done (e.g. reached its target)
+            self.trainer.should_stop = True
+            return None
+        outcomes = self._lockstep(batch, live)
+        computed = [k for k in live if outcomes[k].loss is not None]
+        values = torch.stack([outcomes[k].loss for k in computed]).tolist() if computed else []
+        loss_of = dict(zip(computed, values))
+        record = round_index % self.trainer.log_every_n_steps == 0 or (
+            self._num_rounds() and round_index + 1 >= self._num_rounds()
+        )
+        for k in live:
+            result, loss = outcomes[k], loss_of.get(k)
+            if loss is not None and not math.isfinite(loss):
+                self._grid_status[k] = f"failed: non-finite training loss at round {round_index}"
+                continue
+            self.grid_params[k] = result.params  # every round has run: x^k is no longer read
+            for name, value in (result.buffers or {}).items():
+                getattr(self, self._grid_buffer_names[name])[k].copy_(value)
+            if loss is not None and record:
+                self.grid_record(k, "train/loss", round_index + 1, loss)
+        running = self.grid_running()
+        if not running and not any(s.startswith("finished") for s in self._grid_status):
+            self.write_grid_results()  # every configuration failed: the table still says how
+            raise NonFiniteLossError(
+                f"every configuration of the grid has a non-finite training loss by round "
+                f"{round_index}; stopping (lower the step sizes, or check the data and model)"
+            )
+        if not running:
+            self.trainer.should_stop = True
+            return None
+        finite = [loss_of[k] for k in running if k in loss_of]
+        if finite and self._logging_round:
+            self.log("grid/min_train_loss", min(finite), prog_bar=True, batch_size=1)
+        if self._logging_round:
+            self.log("grid/live_configurations", float(len(running)), batch_size=1)
+        self._end_round(outcomes[running[0]], round_index)  # the first live configuration's
+        return None
+
+    def _lockstep(self, batch: Any, live: list[int]) -> dict[int, RoundResult]:
+        """Every live configuration's round through the engine, one chunk of each per pass."""
+        shared = _GridBatch(self, batch, live)
+        rounds = {}
+        for k in live:
+            buffers = {name: v[k] for name, v in self._grid_buffers().items()} or None
+            own = RoundOracle(self.oracle, batch, self.local_batches, buffers)
+            x = self.grid_params[k]
+            rounds[k] = iter_round(self.grid_algorithms[k], x, _GridConfigOracle(shared, k, x, own),
+                                   chunk_size=self._chunk_size, statistics=self._logging_round)  # fmt: skip
+        outcomes: dict[int, RoundResult] = {}
+        pending = list(live)
+        while pending:  # one chunk of every configuration per pass
+            for k in list(pending):
+                try:
+                    next(rounds[k])
+                except StopIteration as done:
+                    outcomes[k] = done.value
+                    pending.remove(k)
+            shared.clear()
+        return outcomes
+
+    def _grid_gradients(
+        self, configs: list[int], ids: Tensor, batch: Any
+    ) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+        """One oracle call for the clients ``ids`` of the configurations ``configs`` at their
+        parameters: gradients ``[k, c, d]``, losses ``[k, c]`` and each configuration's sums
+        over those clients of their updated buffers."""
+        oracle = RoundOracle(self.oracle, batch, self.local_batches)
+        inputs, targets = oracle.data(ids)
+        c, k = inputs.shape[0], len(configs)
+        rows = torch.tensor(configs, device=self.grid_params.device)
+
+        def per_row(t: Tensor) -> Tensor:
+            return t[rows].repeat_interleave(c, 0)
+
+        buffers = {name: per_row(v) for name, v in self._grid_buffers().items()}
+        out = self.oracle(
+            per_row(self.grid_params),
+            inputs.repeat(k, *([1] * (inputs.dim() - 1))),
+            targets.repeat(k, *([1] * (targets.dim() - 1))),
+            buffers=buffers or None,
+        )
+        per_config = {
+            name: v.view(k, c, *v.shape[1:])
+            for name, v in (self.oracle.client_buffers or {}).items()
+        }
+        summed = sum_client_buffers(per_config, dim=1)
+        return out.grads.view(k, c, -1), out.losses.view(k, c), summed
+
+    # ------------------------------------------------------------------ evaluation
+    @override
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        self._grid_evaluate(*batch)
+
+    @override
+    def test_step(self, batch: Any, batch_idx: int) -> None:
+        self._grid_evaluate(*batch)
+
+    @override
+    def on_validation_epoch_end(self) -> None:
+        self._grid_record_evaluation("val")
+        super().on_validation_epoch_end()
+
+    @override
+    def on_test_epoch_end(self) -> None:
+        self._grid_record_evaluation("test")
+
+    def _grid_evaluate(self, inputs: Tensor, targets: Tensor) -> None:
+        """Loss and accuracy sums of every configuration that has not failed, on this batch."""
+        if self._grid_eval is None:
+            self._grid_eval = torch.zeros(len(self.grid_points), 3, device=inputs.device)
+        for k, status in enumerate(self._grid_status):
+            if status.startswith("failed"):
+                continue
+            self.load_grid_configuration(k)
+            out, loss = model_loss(self.model, self.criterion, inputs, targets)
+            stats = self._grid_eval[k]
+            stats[0] += loss.detach() * len(targets)
+            stats[1] += (out.argmax(-1) == targets).sum()
+            stats[2] += len(targets)
+
+    def _grid_record_evaluation(self, stage: str, log: bool = True) -> None:
+        """Append the evaluation's per-configuration results (``<stage>/loss``,
+        ``<stage>/acc``, ``stage`` = ``val`` or ``test``) to the history and write them; with
+        ``log`` (inside Lightning's evaluation loops) also log the best accuracy."""
+        if self._grid_eval is None:
+            return
+        stats, self._grid_eval = self._grid_eval.tolist(), None
+        accuracies = []
+        for k, (loss_sum, correct, count) in enumerate(stats):
+            if count == 0:
+                continue
+            self.grid_record(k, f"{stage}/loss", self.global_step, loss_sum / count)
+            if self.test_accuracy is not None:
+                accuracies.append(correct / count)
+                self.grid_record(k, f"{stage}/acc", self.global_step, correct / count)
+        if accuracies and log:
+            self.log(f"grid/best_{stage}_acc", max(accuracies), prog_bar=True)
+        self.write_grid_results()
+
+    @override
+    @torch.no_grad()
+    def evaluate_test_set(self) -> dict[str, Any] | None:
+        """The test set for every configuration that has not failed (its ``test/*`` point and
+        ``final_test_accuracy``), once, at the end of fit."""
+        if self.oracle is None:
+            return None
+        self._grid_eval = None
+        if self._test_metrics(batch_metrics=self._grid_evaluate) is None:
+            return None
+        self._grid_record_evaluation("test", log=False)
+        return {"round": int(self.global_step)}
+
+    @override
+    def on_train_end(self) -> None:
+        self._final_test = self.evaluate_test_set()  # before the results are written
+        self._grid_status = ["finished" if s == "running" else s for s in self._grid_status]
+        results = self.write_grid_results()
+        if results is not None:  # on a W&B logger, the table as an artifact
+            log_artifact(self.trainer, results, "grid-results")
+
+    # ------------------------------------------------------------------ results
+    def _grid_results_dir(self) -> Path:
+        """``grid_dir``, by default ``<log dir>/grid``."""
+        if self.grid_dir is not None:
+            return Path(self.grid_dir)
+        return Path(local_log_dir(self.trainer) or self.trainer.default_root_dir) / "grid"
+
+    def write_grid_results(self) -> Any:
+        """Write the grid's ``results.csv`` and ``runs/<id>/`` (:func:`write_grid_results`)."""
+        if not self.trainer.is_global_zero:
+            return None
+        extra = {}
+        report = self.privacy_report()
+        if report is not None:
+            extra = {
+                "epsilon": report["epsilon"],
+                "epsilon_paper_convention": report["epsilon_paper_convention"],
+                "delta": report["delta"],
+            }
+        return write_grid_results(
+            self._grid_results_dir(),
+            list(self.grid_algorithms),
+            self.grid_points,
+            self._grid_history,
+            self._grid_status,
+            int(self.global_step),
+            [{**extra, **entries} for entries in self._grid_entries],
+        )
+
+    @override
+    def summary_entries(self) -> dict[str, Any]:
+        entries = super().summary_entries()
+        entries["grid"] = {
+            "configurations": len(self.grid_points),
+            "finished": sum(s.startswith("finished") for s in self._grid_status),
+            "failed": sum(s.startswith("failed") for s in self._grid_status),
+            "results": str(self._grid_results_dir() / "results.csv"),  # written by the module
+        }
+        return entries
+
+    # ------------------------------------------------------------------ checkpoints
+    @override
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_save_checkpoint(checkpoint)
+        checkpoint["grid"] = {
+            "status": self._grid_status,
+            "history": self._grid_history,
+            "entries": self._grid_entries,
+        }
+
+    @override
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_load_checkpoint(checkpoint)
+        if "grid" not in checkpoint:
+            return
+        self._grid_status = list(checkpoint["grid"]["status"])
+        self._grid_history = [
+            {m: [tuple(p) for p in pts] for m, pts in h.items()}
+            for h in checkpoint["grid"]["history"]
+        ]
+        self._grid_entries = [dict(e) for e in checkpoint["grid"].get("entries", [])] or [
+            {} for _ in self.grid_points
+        ]
+
+
+def _signature(release, noise, noise_std) -> list[tuple]:
+    """What one configuration releases per round, under both accountings."""
+    mechs = [*plan.round_mechanisms(release, noise, noise_std, 0),
+             *plan.paper_mechanisms(release, noise_std)]  # fmt: skip
+    return [(m.noise_multiplier, m.sample_rate, m.sampling, m.population) for m in mechs]
+
+
+class _GridBatch:
+    """A grid round's shared gradient computations: for a chunk of clients, the gradients of
+    every live configuration at its current parameters, from one oracle call (in pieces of
+    ``grid_chunk`` configurations), each configuration's served once; :meth:`clear` after every
+    lockstep pass over the configurations bounds the memory to one chunk."""
+
+    def __init__(self, module: GridModule, batch: Any, live: list[int]) -> None:
+        self.module, self.batch, self.live = module, batch, live
+        self.served: dict[tuple[int, int, int], dict[int, OracleOutput]] = {}
+
+    def get(self, k: int, ids: Tensor) -> OracleOutput | None:
+        if not ids.numel():
+            return None
+        key = (int(ids[0]), int(ids[-1]), int(ids.numel()))
+        entry = self.served.get(key)
+        if entry is None:
+            entry = self.served[key] = self._compute(ids)
+        return entry.pop(k, None)
+
+    def _compute(self, ids: Tensor) -> dict[int, OracleOutput]:
+        size = self.module.grid_chunk or len(self.live)
+        out: dict[int, OracleOutput] = {}
+        for lo in range(0, len(self.live), size):
+            configs = self.live[lo : lo + size]
+            grads, losses, buffers = self.module._grid_gradients(configs, ids, self.batch)
+            for pos, k in enumerate(configs):
+                sums = {name: v[pos] for name, v in buffers.items()} or None
+                out[k] = OracleOutput(grads=grads[pos], losses=losses[pos], buffer_sums=sums)
+        return out
+
+    def clear(self) -> None:
+        self.served = {}
+
+
+class _GridConfigOracle(ChunkOracle):
+    """Configuration ``k``'s oracle in a grid round: its first request for a chunk's gradients
+    at its current parameters ``x`` comes from the shared batch, anything else from its own
+    :class:`~pl_privfed.grads.RoundOracle` (with its own BatchNorm buffers)."""
+
+    def __init__(self, shared: _GridBatch, k: int, x: Tensor, own: RoundOracle) -> None:
+        self.shared, self.k, self.x, self.own = shared, k, x, own
+
+    def __call__(
+        self, params: Tensor, clients: Tensor, *, per_example: bool = False, step: int | None = None
+    ) -> OracleOutput:
+        if params is self.x and not per_example and step is None:
+            out = self.shared.get(self.k, clients)
+            if out is not None:
+                return out
+        return self.own(params, clients, per_example=per_example, step=step)
+
+    def clipped_mean(self, params, clients, scale, *, step=None) -> OracleOutput:
+        return self.own.clipped_mean(params, clients, scale, step=step)

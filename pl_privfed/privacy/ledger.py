@@ -1,0 +1,266 @@
+"""``PrivacyLedger``: one run's privacy accounting, in one object.
+
+The ledger holds what a private run needs beside its training: the algorithm's declaration
+(:class:`~pl_privfed.privacy.Release`), the noise settings and the calibrated noise std, the
+accountants of the defensible ε and of the papers' convention, the record of what the noise was
+calibrated for (kept in checkpoints and compared on resume), and the report that goes into
+``summary.json``. :class:`~pl_privfed.FederatedModule` owns one per private run and calls
+:meth:`PrivacyLedger.account` after every round; callbacks read it
+(:class:`~pl_privfed.callbacks.PrivacyBudget` reads its ε instead of composing a history of its
+own).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from pl_privfed.privacy import plan
+from pl_privfed.privacy.accounting import PrivacyAccountant
+from pl_privfed.privacy.mechanism import Mechanism
+from pl_privfed.privacy.noise import DPNoise
+from pl_privfed.privacy.release import Release
+
+__all__ = ["PrivacyLedger"]
+
+#: checkpoint keys (kept from the versions before the ledger, so older checkpoints resume)
+_KEYS = {
+    "accountant": "privacy_accountant",
+    "paper": "privacy_accountant_paper",
+    "calibration": "privacy_calibration",
+    "rounds": "privacy_rounds_accounted",
+}
+
+
+class PrivacyLedger:
+    """The accounting of one private run (module docstring).
+
+    Args:
+        release: what the algorithm releases each round.
+        noise: the run's noise settings.
+        noise_stds: the calibrated noise std of every configuration the run trains (one for a
+            single run; a grid's configurations share their mechanisms, not always their σ).
+        rounds: ``K`` the noise was calibrated for.
+        warn: how a warning reaches the user (default :func:`warnings.warn`; Lightning's
+            ``rank_zero_warn`` under several processes).
+    """
+
+    def __init__(
+        self,
+        release: Release,
+        noise: DPNoise,
+        noise_stds: Sequence[float],
+        rounds: int,
+        warn: Callable[[str], None] | None = None,
+    ) -> None:
+        self.warn = warn if warn is not None else _warn
+        self.release = release
+        self.noise = noise
+        self.noise_stds = [float(s) for s in noise_stds]
+        self.rounds = int(rounds)
+        self.accountant = PrivacyAccountant(noise.accountant)
+        self.paper_accountant = PrivacyAccountant(noise.accountant)
+        self.rounds_accounted = 0
+        self.calibration = self.calibration_record()
+
+    @property
+    def noise_std(self) -> float:
+        return self.noise_stds[0]
+
+    # ------------------------------------------------------------------ releases
+    def mechanisms(self, round_index: int) -> list[Mechanism]:
+        """The Gaussian releases of round ``round_index`` (defensible accounting)."""
+        return plan.round_mechanisms(self.release, self.noise, self.noise_std, round_index)
+
+    def paper_mechanisms(self) -> list[Mechanism]:
+        """The releases of one round under the papers' convention."""
+        return plan.paper_mechanisms(self.release, self.noise_std)
+
+    def last_mechanisms(self) -> list[Mechanism]:
+        """The releases of the round last accounted."""
+        return self.mechanisms(max(0, self.rounds_accounted - 1))
+
+    def next_mechanisms(self) -> list[Mechanism]:
+        """The releases the next round will make (they differ from round to round when a
+        record's uses are counted)."""
+        return self.mechanisms(self.rounds_accounted)
+
+    def account(self, round_index: int) -> None:
+        """Record round ``round_index``'s releases with both accountants."""
+        for mech in self.mechanisms(round_index):
+            self.accountant.step_mechanism(mech)
+        for mech in self.paper_mechanisms():
+            self.paper_accountant.step_mechanism(mech)
+        self.rounds_accounted += 1
+
+    # ------------------------------------------------------------------ ε
+    def epsilon(self, delta: float | None = None) -> float:
+        """The defensible ε spent so far, at ``delta`` (default the run's δ)."""
+        return self.accountant.get_epsilon(self.noise.delta if delta is None else delta)
+
+    def epsilon_paper(self, delta: float | None = None) -> float:
+        """ε under the papers' convention, at ``delta`` (default the run's δ)."""
+        return self.paper_accountant.get_epsilon(self.noise.delta if delta is None else delta)
+
+    def epsilon_after(self, mechanisms: list[Mechanism], delta: float | None = None) -> float:
+        """The defensible ε if ``mechanisms`` were released next (the history is unchanged)."""
+        probe = PrivacyAccountant(self.accountant.mechanism)
+        probe.load_state_dict(self.accountant.state_dict())
+        for mechanism in mechanisms:
+            probe.step_mechanism(mechanism)
+        return probe.get_epsilon(self.noise.delta if delta is None else delta)
+
+    # ------------------------------------------------------------------ reports
+    def calibration_record(self) -> dict[str, Any]:
+        """What the noise std ``σ`` was set for (kept in checkpoints; :meth:`restore`)."""
+        noise, release = self.noise, self.release
+        rel = plan.relation(release, noise)
+        return {
+            "noise_std": self.noise_std,
+            "grid_noise_std": self.noise_stds[1:],
+            "calibration": noise.calibration if noise.epsilon is not None else "noise_multiplier",
+            "target_epsilon": noise.epsilon,
+            "noise_multiplier": noise.noise_multiplier,
+            "delta": noise.delta,
+            "constant": noise.constant,
+            "rounds": self.rounds,
+            "neighbouring_relation": rel,
+            "sensitivity": plan.sensitivity(release, rel),
+            "message_bound": release.bound,
+            "sample_rate": release.paper_rate,
+            "accountant": noise.accountant,
+        }
+
+    def report(self) -> dict[str, Any]:
+        """What the run spent, under two accountings (docs/privacy.md).
+
+        ``epsilon`` is the defensible value: the algorithm's privacy unit, the neighbouring
+        relation of its privacy model (replace-one for local DP), amplification only by
+        sampling hidden from the adversary and only as what it is.
+        ``epsilon_paper_convention`` is the papers' (add/remove, Poisson amplification at the
+        nominal rate). ``accounting`` and ``paper_convention`` state what each assumes;
+        ``calibration`` what σ was set for.
+        """
+        noise, release = self.noise, self.release
+        rel = plan.relation(release, noise)
+        mechs, paper = self.mechanisms(0), self.paper_mechanisms()  # round 0 always releases
+        calibration = dict(self.calibration)
+        return {
+            "epsilon": self.epsilon(),
+            "epsilon_paper_convention": self.epsilon_paper(),
+            "delta": noise.delta,
+            "privacy_unit": release.unit,
+            "neighbouring_relation": rel,
+            "sensitivity": plan.sensitivity(release, rel),
+            "message_bound": release.bound,
+            "accounting": {
+                **plan.accounting_basis(release, noise).as_dict(),
+                "accountant": self.accountant.library,
+                "noise_multiplier": mechs[0].noise_multiplier if mechs else None,
+                "sample_rate": mechs[0].sample_rate if mechs else None,
+                "sampling": mechs[0].sampling if mechs else None,
+                "releases": self.accountant.steps,
+            },
+            "paper_convention": {
+                **plan.paper_accounting_basis(release).as_dict(),
+                "accountant": self.paper_accountant.library,
+                "noise_multiplier": paper[0].noise_multiplier if paper else None,
+                "sample_rate": paper[0].sample_rate if paper else None,
+                "releases": self.paper_accountant.steps,
+            },
+            "accountant": noise.accountant,
+            "target_epsilon": noise.epsilon,
+            "calibration": calibration.pop("calibration"),
+            "calibration_rounds": calibration["rounds"],
+            "calibrated_for": calibration,
+            "noise_std": self.noise_std,
+            "noise_multiplier": mechs[0].noise_multiplier if mechs else None,
+            "sample_rate": mechs[0].sample_rate if mechs else None,
+            "rounds_accounted": self.rounds_accounted,
+        }
+
+    # ------------------------------------------------------------------ checkpoints
+    def save(self, checkpoint: dict[str, Any]) -> None:
+        """Put the ledger into a Lightning checkpoint."""
+        checkpoint[_KEYS["accountant"]] = self.accountant.state_dict()
+        checkpoint[_KEYS["paper"]] = self.paper_accountant.state_dict()
+        checkpoint[_KEYS["calibration"]] = self.calibration
+        checkpoint[_KEYS["rounds"]] = self.rounds_accounted
+
+    def load(self, checkpoint: dict[str, Any]) -> list[float] | None:
+        """Restore the ledger from a checkpoint (a no-op for a checkpoint without one).
+
+        Returns the noise stds the run must continue with (:meth:`restore`), or ``None`` when
+        they are this configuration's.
+        """
+        if _KEYS["accountant"] not in checkpoint:
+            return None
+        stds = self.restore(checkpoint.get(_KEYS["calibration"]))
+        if _KEYS["paper"] in checkpoint:
+            self.accountant.load_state_dict(checkpoint[_KEYS["accountant"]])
+            self.paper_accountant.load_state_dict(checkpoint[_KEYS["paper"]])
+            self.rounds_accounted = int(checkpoint[_KEYS["rounds"]])
+        else:  # an older checkpoint: one accountant, under the papers' convention
+            rounds = int(checkpoint.get("global_step", 0))
+            self.warn(
+                "the checkpoint predates the defensible accounting: replaying its "
+                f"{rounds} rounds under both accountings"
+            )
+            for k in range(rounds):
+                self.account(k)
+        return stds
+
+    def restore(self, saved: dict[str, Any] | None) -> list[float] | None:
+        """Keep the noise the run started with (never recalibrate silently on resume).
+
+        The ledger was calibrated for *this* configuration; ``saved`` says what the run used.
+        If only the number of rounds differs (e.g. a larger ``trainer.max_steps``), the saved σ
+        is kept (returned, to be set on the algorithms), the accountant goes on composing the
+        rounds actually run, and a warning says so (the report's ``calibrated_for`` keeps the
+        original K). Any other change that would change σ (ε, δ, the calibration rule, the
+        relation, ...) is refused before training: one run cannot honestly report one noise
+        level for two.
+        """
+        if saved is None:
+            self.warn(
+                "the checkpoint has no record of its noise calibration (saved by an older "
+                f"version); continuing with this configuration's noise std {self.noise_std:.6g}"
+            )
+            return None
+        current = self.calibration_record()
+        if math.isclose(saved["noise_std"], current["noise_std"], rel_tol=1e-9):
+            self.calibration = dict(saved)
+            return None
+        differs = {
+            k: (saved.get(k), v)
+            for k, v in current.items()
+            if k not in ("noise_std", "grid_noise_std", "rounds", "resumed") and saved.get(k) != v
+        }
+        if differs:
+            changes = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in differs.items())
+            raise ValueError(
+                f"the checkpoint's noise std {saved['noise_std']:.6g} was calibrated for "
+                f"{saved['rounds']} rounds with other privacy settings than this run's "
+                f"({changes}), which give {current['noise_std']:.6g}: resume with the "
+                "checkpoint's noise settings, or start a new run for the new ones"
+            )
+        self.warn(
+            f"resuming a run whose noise was calibrated for {saved['rounds']} rounds "
+            f"(noise std {saved['noise_std']:.6g}) with {current['rounds']} rounds: keeping "
+            f"noise std {saved['noise_std']:.6g} (not {current['noise_std']:.6g}); epsilon "
+            f"accounts the rounds actually run and will exceed what the calibration targeted "
+            f"after round {saved['rounds']}. To calibrate for {current['rounds']} rounds, start a "
+            f"new run (or set noise.rounds: {current['rounds']} from the start)"
+        )
+        stds = [float(saved["noise_std"]), *(float(s) for s in saved.get("grid_noise_std", []))]
+        stds += self.noise_stds[len(stds) :]
+        self.noise_stds = stds
+        resumed = {"rounds": current["rounds"], "noise_std_not_used": current["noise_std"]}
+        self.calibration = {**saved, "resumed": resumed}  # summary.json shows both
+        return stds
+
+
+def _warn(message: str) -> None:
+    warnings.warn(message, stacklevel=3)

@@ -1,0 +1,173 @@
+"""What an algorithm releases: the one privacy declaration each algorithm makes.
+
+An algorithm states, as one frozen :class:`Release`, what leaves a client in a round and how a
+privacy unit (a client, or one of its records) enters it: the bound on one unit's contribution
+to a noised vector, who noises it (every client, or a trusted server), how clients take part and,
+for record-level DP, how a client's records are drawn into its noised releases
+(:class:`RecordUse`). Everything else — the sensitivity under each neighbouring relation, the
+Gaussian mechanisms of every round under the defensible accounting and under the papers'
+convention, what each ε assumes, the noise calibration — is derived from it by the pure
+functions of :mod:`pl_privfed.privacy.plan`, and a run's accountants are kept by
+:class:`~pl_privfed.privacy.PrivacyLedger`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from pl_privfed.checks import check_positive_int
+
+__all__ = [
+    "BatchSampling",
+    "RecordUse",
+    "Release",
+    "check_record_arguments",
+    "minibatch_population",
+    "minibatch_records",
+]
+
+#: How the datamodule draws a client's examples of a round (``FederatedDataModule.batch_sampling``)
+BatchSampling = Literal["epochs", "without_replacement"]
+
+#: Who noises the released vectors: each client its own (``local``), or a trusted server
+#: the aggregate (``central``).
+Placement = Literal["local", "central"]
+
+
+@dataclass(frozen=True)
+class RecordUse:
+    """How a client's records enter its noised releases (record-level DP).
+
+    Attributes:
+        positions: stream positions (records) a client reads per round.
+        population: records of the smallest shard (``m``).
+        batch_sampling: ``"epochs"`` (per-epoch permutations, or the stored order) or
+            ``"without_replacement"`` (an independent sample every round).
+        release_size: records one noised release averages over (``b``; its sensitivity).
+        gaussians_per_use: Gaussian draws a record's use meets (local GD's ``τ`` steps on the
+            same sample: the release's noise multiplier is divided by its square root).
+        paper_rate: the papers' Poisson rate of a record.
+        paper_releases_per_round: the papers' releases per round.
+        paper_gaussians_per_release: Gaussian draws the papers count in one release.
+    """
+
+    positions: int
+    population: int
+    batch_sampling: BatchSampling
+    release_size: int
+    gaussians_per_use: int = 1
+    paper_rate: float = 1.0
+    paper_releases_per_round: int = 1
+    paper_gaussians_per_release: int = 1
+
+
+@dataclass(frozen=True)
+class Release:
+    """What one round releases about one privacy unit (module docstring).
+
+    Attributes:
+        unit: what is protected and by whom, in words (e.g. ``"client-level local DP (each
+            client noises its own message)"``).
+        bound: ``Φ``, the norm bound of one client's message (the operator's bound times its
+            factor); ``None`` when the operator bounds nothing (then no noise can be
+            calibrated).
+        placement: ``"local"`` (each client noises what it sends; the default relation is
+            replace-one) or ``"central"`` (a trusted server noises the aggregate; add/remove).
+        observer: who sees the noised releases (the adversary of local DP).
+        sensitivity: how far one unit moves the noised quantity under add/remove (default
+            ``Φ / aggregated_over``).
+        replace_one_sensitivity: the same under replace-one (default twice the add/remove
+            sensitivity).
+        aggregated_over: central noise on an average over this many clients (sensitivity
+            ``Φ/n``).
+        participation: the nominal probability that a client takes part in a round.
+        cohorts: a sampler draws each round's cohort (the server sees who takes part).
+        records: how records enter the releases (record-level DP), else ``None``.
+        paper_bound: ``Φ`` of the papers' calibration formula (default :attr:`bound`).
+        paper_steps_per_round: the papers' ``K`` counts this many steps per round.
+    """
+
+    unit: str
+    bound: float | None
+    placement: Placement = "local"
+    observer: str = "the server"
+    sensitivity: float | None = None
+    replace_one_sensitivity: float | None = None
+    aggregated_over: int = 1
+    participation: float = 1.0
+    cohorts: bool = False
+    records: RecordUse | None = None
+    paper_bound: float | None = None
+    paper_steps_per_round: int = 1
+
+    @property
+    def paper_rate(self) -> float:
+        """The rate the papers amplify by: client participation times a record's rate."""
+        if self.records is None:
+            return self.participation
+        return self.participation * self.records.paper_rate
+
+    @property
+    def round_dependent(self) -> bool:
+        """Whether the releases differ from round to round (a record's counted uses)."""
+        return self.records is not None and self.records.batch_sampling == "epochs"
+
+
+def check_record_arguments(batch_size: int, local_dataset_size: int | None) -> None:
+    """``ValueError`` unless ``b`` is a positive integer and ``m`` (if given) one ``>= b``."""
+    check_positive_int("batch_size", batch_size)
+    if local_dataset_size is not None:
+        check_positive_int("local_dataset_size", local_dataset_size)
+        if local_dataset_size < batch_size:
+            raise ValueError(
+                f"local_dataset_size must be >= batch_size={batch_size}, got {local_dataset_size!r}"
+            )
+
+
+def minibatch_population(
+    batch_size: int, local_dataset_size: int | None, delivered: int, client_sizes: list[int]
+) -> int:
+    """``m`` for an algorithm that noises the average of ``b`` of a client's ``m`` records per
+    round (PORTER-DP, SoteriaFL), checked against the data before training.
+
+    ``b`` must be the examples per client and round the datamodule delivers; ``m`` defaults to
+    the smallest shard (the conservative rate) and may not exceed it, so a run's ε cannot
+    silently assume the wrong rate.
+    """
+    if delivered != batch_size:
+        raise ValueError(
+            f"batch_size={batch_size} (b: the sensitivity and the sampling rate b/m) but "
+            f"the datamodule delivers {delivered} examples per agent and round: set the "
+            f"algorithm's batch_size: {delivered} or the data's batch_size: {batch_size}"
+        )
+    smallest = min(int(v) for v in client_sizes)
+    if local_dataset_size is None:
+        return smallest
+    if local_dataset_size > smallest:
+        raise ValueError(
+            f"local_dataset_size={local_dataset_size} (m) is more than the smallest "
+            f"shard ({smallest} records): the rate b/m would understate that agent's "
+            "privacy loss; leave it null to take the smallest shard"
+        )
+    return local_dataset_size
+
+
+def minibatch_records(
+    batch_size: int, local_dataset_size: int | None, batch_sampling: BatchSampling
+) -> RecordUse:
+    """How records enter the releases of a client that noises the average of ``b`` of its
+    ``m`` records each round (PORTER-DP, SoteriaFL): one release per round, the papers'
+    Poisson rate ``b/m``."""
+    if local_dataset_size is None:
+        raise ValueError(
+            "record-level noise needs local_dataset_size (m, records per agent): give it, "
+            "or train through FederatedModule, which takes the smallest shard of the data"
+        )
+    return RecordUse(
+        batch_size,
+        local_dataset_size,
+        batch_sampling,
+        release_size=batch_size,
+        paper_rate=batch_size / local_dataset_size,
+    )
