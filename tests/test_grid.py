@@ -74,8 +74,8 @@ def _assert_equals_separate_runs(grid_module, algorithm, backend, rounds, tmp_pa
             other = dict(grid_module.grid_algorithms[k].named_buffers())[name]
             torch.testing.assert_close(other, buf, rtol=1e-12, atol=1e-12)
         if single.privacy_ledger is not None:
-            eps = grid_module.privacy_ledger.accountant.get_epsilon(1e-5)
-            assert single.privacy_ledger.accountant.get_epsilon(1e-5) == pytest.approx(eps, rel=1e-12)
+            eps = grid_module.privacy_ledger.epsilon(1e-5)
+            assert single.privacy_ledger.epsilon(1e-5) == pytest.approx(eps, rel=1e-12)
 
 
 @pytest.mark.parametrize("backend", ["vmap", "loop"])

@@ -96,7 +96,7 @@ def test_resume_is_bit_identical(tmp_path):
     # the noise streams are keyed by the round: rounds_done (a buffer) is their whole state
     assert int(full.algorithm.rounds_done) == int(resumed.algorithm.rounds_done) == 14
     assert full.privacy_ledger.accountant.steps == resumed.privacy_ledger.accountant.steps == 14
-    assert full.privacy_ledger.accountant.get_epsilon(1e-5) == resumed.privacy_ledger.accountant.get_epsilon(1e-5)
+    assert full.privacy_ledger.epsilon(1e-5) == resumed.privacy_ledger.epsilon(1e-5)
 
 
 def test_resume_restores_operator_generator(tmp_path):

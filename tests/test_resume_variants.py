@@ -91,7 +91,7 @@ def test_resumed_run_is_bit_identical(name, tmp_path):
             assert torch.equal(a, b), k
     assert int(full.algorithm.rounds_done) == int(resumed.algorithm.rounds_done) == ROUNDS
     assert full.privacy_ledger.accountant.steps == resumed.privacy_ledger.accountant.steps
-    assert full.privacy_ledger.accountant.get_epsilon(1e-5) == resumed.privacy_ledger.accountant.get_epsilon(1e-5)
+    assert full.privacy_ledger.epsilon(1e-5) == resumed.privacy_ledger.epsilon(1e-5)
     assert full.client_transmissions == resumed.client_transmissions
     assert full_norm.history == resumed_norm.history  # rounds 0, 3, …, 12 in both
     torch.manual_seed(0)
