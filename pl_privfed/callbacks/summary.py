@@ -13,8 +13,7 @@ import yaml
 from pytorch_lightning.utilities import rank_zero_only, rank_zero_warn
 from typing_extensions import override
 
-from pl_privfed.callbacks._logging import local_log_dir
-from pl_privfed.callbacks._wandb import log_artifact, wandb_loggers
+from pl_privfed.logdir import local_log_dir, log_artifact, wandb_loggers
 from pl_privfed.results import finite_float
 
 __all__ = ["RunSummary"]
