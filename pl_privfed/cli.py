@@ -505,7 +505,7 @@ def _compare_main(args: list[str]) -> int:
 def _demo_main(args: list[str]) -> int:
     from pl_privfed.demo import main as demo_main
 
-    return demo_main(args)
+    return demo_main(args, runner=main)  # the demo's runs go through this command
 
 
 #: third-party warnings a run cannot act on (filtered by the command only, not the library):
