@@ -7,11 +7,11 @@ import math
 from typing import Any
 
 __all__ = [
+    "check_choice",
     "check_evaluation_interval",
     "check_int",
     "check_positive",
     "check_positive_int",
-    "check_strategy",
 ]
 
 
@@ -39,15 +39,6 @@ def check_positive_int(name: str, value: object) -> int:
     return value
 
 
-def check_strategy(trainer: Any) -> None:
-    """Refuse a ``Trainer`` strategy that does not shard clients over processes (FSDP,
-    DeepSpeed, model parallelism): ``ValueError`` naming it (one device, and Lightning's DDP
-    over CPUs or GPUs and nodes, are supported: :mod:`pl_privfed.engine.distributed`)."""
-    from pl_privfed.engine.distributed import check_strategy as check
-
-    check(getattr(trainer, "strategy", None))
-
-
 def check_evaluation_interval(trainer: Any) -> None:
     """Refuse ``trainer.val_check_interval`` ≤ 0 (Lightning accepts it and divides by it after
     the first round): ``ValueError`` naming the value and what is allowed."""
@@ -59,3 +50,15 @@ def check_evaluation_interval(trainer: Any) -> None:
             f"trainer.val_check_interval must be a positive integer k (evaluate every k rounds) "
             f"or a fraction in (0, 1] of an epoch, got {interval!r}"
         )
+
+
+def check_choice(name: str, value: object, choices: tuple) -> object:
+    """Return ``value``, or raise ``ValueError`` naming ``name`` and the allowed ``choices``.
+
+    >>> check_choice("mode", "b", ("a", "b"))
+    'b'
+    """
+    if isinstance(value, bool) or value not in choices:
+        allowed = ", ".join(repr(c) for c in choices[:-1]) + f" or {choices[-1]!r}"
+        raise ValueError(f"{name} must be {allowed}, got {value!r}")
+    return value

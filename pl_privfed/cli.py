@@ -37,7 +37,7 @@ from lightning_fabric.utilities.exceptions import MisconfigurationException
 from pytorch_lightning import seed_everything
 from pytorch_lightning.callbacks import ModelCheckpoint, ProgressBar
 from pytorch_lightning.cli import LightningCLI, SaveConfigCallback
-from pytorch_lightning.loggers import CSVLogger, TensorBoardLogger, WandbLogger
+from pytorch_lightning.loggers import WandbLogger
 
 from pl_privfed.callbacks import (
     RoundCheckpoint,
@@ -47,11 +47,11 @@ from pl_privfed.callbacks import (
     default_callbacks,
 )
 from pl_privfed.callbacks.checkpoint import check_checkpoint_file
-from pl_privfed.checks import check_strategy
 from pl_privfed.datamodules import FederatedDataModule
 from pl_privfed.datamodules.files import DataFileError
-from pl_privfed.engine.distributed import close_process_group
+from pl_privfed.engine.distributed import check_strategy, close_process_group
 from pl_privfed.grid import federation
+from pl_privfed.logdir import reserve_log_dir
 from pl_privfed.module import NonFiniteLossError
 
 __all__ = [
@@ -62,7 +62,6 @@ __all__ = [
     "condense_parser_error",
     "error_line",
     "main",
-    "reserve_log_dir",
     "set_seeds",
     "wandb_offline_unless_logged_in",
 ]
@@ -186,31 +185,6 @@ def wandb_offline_unless_logged_in() -> None:
     os.environ["WANDB_MODE"] = "offline"
 
 
-def reserve_log_dir(logger: Any) -> None:
-    """Give a ``CSVLogger`` or ``TensorBoardLogger`` without an explicit version the next free
-    ``version_<k>`` directory, created here with ``os.mkdir`` (atomic: of two runs started at
-    once in the same directory, each gets its own; Lightning's own choice only lists the
-    directories, so both picked ``version_0`` and wrote into it)."""
-    if not isinstance(logger, CSVLogger | TensorBoardLogger) or logger._version is not None:
-        return
-    root = Path(logger.root_dir)
-    root.mkdir(parents=True, exist_ok=True)
-    taken = [
-        int(p.name.split("_", 1)[1])
-        for p in root.iterdir()
-        if p.is_dir() and re.fullmatch(r"version_\d+", p.name)
-    ]
-    version = max(taken, default=-1) + 1
-    while True:
-        try:
-            (root / f"version_{version}").mkdir()
-        except FileExistsError:
-            version += 1
-            continue
-        logger._version = version
-        return
-
-
 class LoggedConfig(SaveConfigCallback):
     """Saves ``config.yaml`` in the log dir (and in ``--output_dir``) and logs the full resolved
     config to W&B runs."""
@@ -234,7 +208,8 @@ class PrivFedCLI(LightningCLI):
       statistics, communication, curves, a progress bar of rounds, checkpoints named in rounds
       and written atomically, one at the end of every fit), leaving out the bar and the
       checkpoints when the trainer turns them off or brings its own bar;
-    * each run's ``version_<k>`` log directory reserved atomically (:func:`reserve_log_dir`);
+    * each run's ``version_<k>`` log directory reserved atomically
+      (:func:`~pl_privfed.logdir.reserve_log_dir`);
     * a model-sharding strategy (FSDP, DeepSpeed) and an unreadable ``ckpt_path`` refused
       before anything starts (DDP shards the clients over processes);
     * W&B offline without credentials, the resolved config logged to W&B runs;
@@ -387,7 +362,7 @@ class PrivFedCLI(LightningCLI):
         """Checks and set-up before a subcommand runs: a strategy that shards clients, the
         run's own log directory (reserved by the first process only: under DDP the others
         are launched with ``LOCAL_RANK``/``RANK`` set and write no logs), ``--output_dir``."""
-        check_strategy(self.trainer)
+        check_strategy(self.trainer.strategy)
         first = all(
             int(os.environ.get(k, "0") or 0) == 0 for k in ("RANK", "LOCAL_RANK", "NODE_RANK")
         )
@@ -530,7 +505,7 @@ def _compare_main(args: list[str]) -> int:
 def _demo_main(args: list[str]) -> int:
     from pl_privfed.demo import main as demo_main
 
-    return demo_main(args)
+    return demo_main(args, runner=main)  # the demo's runs go through this command
 
 
 #: third-party warnings a run cannot act on (filtered by the command only, not the library):

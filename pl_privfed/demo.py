@@ -11,9 +11,11 @@ split over 5 clients with 2 digit classes each:
 3. **second algorithm**: PORTER-DP (paper 001), decentralized with compressed gossip, at the same
    privacy unit, neighbouring relation and certified ε (``configs/demo/porter_private.yaml``).
 
-Every run goes through the ``pl-privfed fit`` command in this process; the certified ε is the
-one the package's accountant (:class:`~pl_privfed.privacy.PrivacyAccountant`, Opacus RDP) reports
-in each run's ``summary.json``. The demo prints a table and saves ``demo.png`` (validation accuracy
+Every run goes through the ``pl-privfed fit`` command in this process: the command passes itself
+in as the ``runner`` (:func:`pl_privfed.cli.main`; this module does not import the command, which
+imports it). The certified ε is the one the package's accountant
+(:class:`~pl_privfed.privacy.PrivacyAccountant`, Opacus RDP) reports in each run's
+``summary.json``. The demo prints a table and saves ``demo.png`` (validation accuracy
 and validation loss against rounds; the table's test numbers are measured once, for the final
 model) and ``demo.csv``.
 """
@@ -24,13 +26,18 @@ import argparse
 import csv
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from matplotlib.figure import Figure
 
-__all__ = ["DEMO_RUNS", "DemoRun", "find_configs", "main", "run_demo"]
+__all__ = ["DEMO_RUNS", "DemoRun", "Runner", "find_configs", "main", "run_demo"]
+
+#: What runs one fit: the ``pl-privfed`` command's arguments in (``["fit", "--config", ...]``),
+#: the fit done when it returns (:func:`pl_privfed.cli.main`).
+Runner = Callable[[list[str]], object]
 
 
 @dataclass(frozen=True)
@@ -96,10 +103,11 @@ def _bits_per_client(summary: dict[str, Any]) -> float | None:
     return sent / clients if clients else None
 
 
-def run_demo(out: str | Path = "logs/demo", configs: str | Path | None = None) -> list[dict]:
-    """Run the demo's three fits into ``out/<name>/`` and return one result row per run."""
-    from pl_privfed.cli import main
-
+def run_demo(
+    out: str | Path = "logs/demo", configs: str | Path | None = None, *, runner: Runner
+) -> list[dict]:
+    """Run the demo's three fits into ``out/<name>/`` with ``runner`` (the ``pl-privfed``
+    command's :func:`~pl_privfed.cli.main`) and return one result row per run."""
     folder = find_configs(configs)
     out = Path(out)
     rows = []
@@ -107,9 +115,9 @@ def run_demo(out: str | Path = "logs/demo", configs: str | Path | None = None) -
         run_dir = out / run.name
         print(f"[demo {index}/{len(DEMO_RUNS)}] {run.label} ...", flush=True)
         start = time.perf_counter()
-        main(["fit", "--config", str(folder / run.config), *run.overrides,
-              "--output_dir", str(run_dir), "--trainer.default_root_dir", str(run_dir),
-              "--trainer.logger.init_args.save_dir", str(run_dir / "logs")])  # fmt: skip
+        runner(["fit", "--config", str(folder / run.config), *run.overrides,
+                "--output_dir", str(run_dir), "--trainer.default_root_dir", str(run_dir),
+                "--trainer.logger.init_args.save_dir", str(run_dir / "logs")])  # fmt: skip
         summary = json.loads((run_dir / "summary.json").read_text())
         privacy = summary.get("privacy") or {}
         curves = _curves(run_dir)
@@ -180,8 +188,9 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main(args: list[str] | None = None) -> int:
-    """``pl-privfed demo [--out DIR] [--configs DIR]``."""
+def main(args: list[str] | None, runner: Runner) -> int:
+    """``pl-privfed demo [--out DIR] [--configs DIR]``: ``args`` after ``demo`` (``None``: the
+    command line's), every fit run by ``runner`` (the command's :func:`~pl_privfed.cli.main`)."""
     parser = argparse.ArgumentParser(
         prog="pl-privfed demo",
         description="A useful private run on the embedded digits, beside its non-private twin "
@@ -191,7 +200,7 @@ def main(args: list[str] | None = None) -> int:
     parser.add_argument("--configs", default=None, help="directory of the demo configs")
     ns = parser.parse_args(args)
     start = time.perf_counter()
-    rows = run_demo(ns.out, ns.configs)
+    rows = run_demo(ns.out, ns.configs, runner=runner)
     out = Path(ns.out)
     png = out / "demo.png"
     figure(rows).savefig(png, dpi=120)

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-__all__ = ["evaluated_at", "loader_metrics", "model_loss"]
+__all__ = ["evaluated_at", "loader_metrics", "log_at_last_round", "model_loss", "test_set_metrics"]
 
 
 def model_loss(
@@ -91,3 +91,26 @@ def evaluated_at(model: nn.Module, layout: Any, params: Tensor, evaluate: Callab
         return evaluate()
     finally:
         layout.assign(model, x)
+
+
+def test_set_metrics(
+    trainer: Any, model: nn.Module, criterion: nn.Module, *, classification: bool, **kwargs: Any
+) -> tuple[float, float | None] | None:
+    """:func:`loader_metrics` of ``model`` on the trainer's datamodule's test set (through its
+    ``preprocess``), or ``None`` when the datamodule has no test set."""
+    datamodule = trainer.datamodule
+    loader = getattr(datamodule, "test_dataloader", None)
+    if not callable(loader):
+        return None
+    device = next(model.parameters()).device
+    preprocess = getattr(datamodule, "preprocess", None)
+    return loader_metrics(model, criterion, loader(), device=device, preprocess=preprocess,
+                          classification=classification, **kwargs)  # fmt: skip
+
+
+def log_at_last_round(trainer: Any, metrics: dict[str, float], round_index: int) -> None:
+    """Log ``metrics`` on rank 0 at the step Lightning gave the last round's metrics (rounds
+    ``1..k`` are logged at steps ``0..k-1``)."""
+    if trainer.is_global_zero:
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=max(round_index - 1, 0))

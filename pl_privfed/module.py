@@ -1,18 +1,15 @@
 """``FederatedModule``: the whole federation in one LightningModule; one training step = one round.
 
-Each ``training_step`` receives the round's data (a :class:`~pl_privfed.datamodules.RoundBatch`,
-which serves each client's minibatches on demand, or stacked tensors ``(inputs [n, B, ...],
-targets [n, B, ...])``; with the datamodule's ``local_batches: T > 1``, ``[n, T, B, ...]``) and
-runs the algorithm's round through the engine (:func:`~pl_privfed.engine.run_round`): the
-clients' part chunk by chunk over a :class:`~pl_privfed.grads.RoundOracle`, then the server's
-part. It writes the new parameters (and BatchNorm statistics) into the global model.
-Optimization is manual; a no-op optimizer is stepped once per round so that
-``trainer.global_step`` counts rounds (and ``max_steps`` is a number of communication rounds).
+Each ``training_step`` runs the algorithm's round through the engine
+(:func:`~pl_privfed.engine.run_round`) on the round's data (a
+:class:`~pl_privfed.datamodules.RoundBatch`, which serves each client's minibatches on demand,
+or stacked tensors ``[n, B, ...]`` / ``[n, T, B, ...]``) and writes the new parameters (and
+BatchNorm statistics) into the global model. Optimization is manual; a no-op optimizer is stepped
+once per round, so ``trainer.global_step`` and ``max_steps`` count communication rounds.
 
-The module holds a round; everything else is delegated: evaluation to
-:mod:`pl_privfed.evaluation`, the privacy accounting to a
-:class:`~pl_privfed.privacy.PrivacyLedger`, the per-client state's checkpoints to
-:class:`~pl_privfed.engine.ClientStates`, and a grid of configurations to
+The module holds a round and delegates the rest: evaluation to :mod:`pl_privfed.evaluation`,
+the privacy accounting to a :class:`~pl_privfed.privacy.PrivacyLedger`, the per-client state's
+checkpoints to :class:`~pl_privfed.engine.ClientStates`, a grid to
 :class:`~pl_privfed.grid.GridModule`.
 """
 
@@ -30,11 +27,11 @@ from torchmetrics.classification import MulticlassAccuracy
 from typing_extensions import override
 
 from pl_privfed.algorithms import FederatedAlgorithm
-from pl_privfed.checks import check_evaluation_interval
-from pl_privfed.datamodules.base import TensorRoundBatch
+from pl_privfed.checks import check_choice, check_evaluation_interval
+from pl_privfed.datamodules.base import TensorRoundBatch, round_description
 from pl_privfed.engine import ClientShard, Placement, RoundResult, choose_chunk_size, run_round
 from pl_privfed.engine.distributed import adopt_strategy, check_strategy
-from pl_privfed.evaluation import evaluated_at, loader_metrics, model_loss
+from pl_privfed.evaluation import evaluated_at, log_at_last_round, model_loss, test_set_metrics
 from pl_privfed.grads import Backend, GradientOracle, ParameterLayout, RoundOracle, resolve_backend
 from pl_privfed.privacy import Mechanism, PrivacyLedger, plan
 
@@ -130,7 +127,6 @@ class FederatedModule(pl.LightningModule):
         self._chunk_size = 1
         self._validated_round: int | None = None  # the round of the last validation
         self._final_test: dict[str, Any] | None = None  # the end-of-fit test evaluation
-        self._epsilon = 0.0
         self._last_round: RoundResult | None = None
         self.local_batches = 1
         self._logging_round = True
@@ -174,8 +170,10 @@ class FederatedModule(pl.LightningModule):
         adopt_strategy(self.trainer)
         dtype = self._training_dtype()
         state_dir = self.state_dir or str(Path(self.trainer.default_root_dir) / "client_state")
+        rounds = round_description(datamodule)
+        self.local_batches = rounds["local_batches"]
         for _, algorithm in self.algorithms():
-            self._configure_data(datamodule, algorithm)  # before setup: rates enter the noise
+            algorithm.configure_data(**rounds)  # before setup: the rates enter the noise
             algorithm.setup(
                 num_clients=num_clients,
                 dim=self.layout.dim,
@@ -228,21 +226,6 @@ class FederatedModule(pl.LightningModule):
         if next(self.model.parameters()).dtype != dtype:
             self.to(dtype=dtype)
         return dtype
-
-    def _configure_data(self, datamodule: Any, algorithm: FederatedAlgorithm) -> None:
-        """Read the local minibatches per round (``local_epochs`` sets them when the data is
-        loaded) and let the algorithm check the rounds the datamodule delivers."""
-        if hasattr(datamodule, "streams") and datamodule.streams is None:
-            datamodule.setup("fit")  # idempotent; shard sizes are needed for the checks
-        self.local_batches = int(getattr(datamodule, "local_batches", 1) or 1)
-        sizes = getattr(datamodule, "client_sizes", None)
-        algorithm.configure_data(
-            batch_size=int(getattr(datamodule, "batch_size", 1)),
-            local_batches=self.local_batches,
-            shuffle=bool(getattr(datamodule, "shuffle", True)),
-            client_sizes=[int(v) for v in sizes] if sizes is not None else [],
-            batch_sampling=getattr(datamodule, "batch_sampling", "epochs"),
-        )
 
     @override
     def configure_optimizers(self):
@@ -329,8 +312,7 @@ class FederatedModule(pl.LightningModule):
             bufs[name].copy_(value)
 
     def _log_epsilon(self) -> None:
-        self._epsilon = self.privacy_ledger.epsilon()
-        self.log("privacy/epsilon", self._epsilon, prog_bar=True, batch_size=1)
+        self.log("privacy/epsilon", self.privacy_ledger.epsilon(), prog_bar=True, batch_size=1)
         self.log("privacy/epsilon_paper_convention", self.privacy_ledger.epsilon_paper(),
                  batch_size=1)  # fmt: skip
 
@@ -421,35 +403,28 @@ class FederatedModule(pl.LightningModule):
 
     def _test_metrics(self, **kwargs: Any) -> tuple[float, float | None] | None:
         """The test set's loss and accuracy for the model as it is (``None`` without one)."""
-        loader = getattr(self.trainer.datamodule, "test_dataloader", None)
-        if not callable(loader):
-            return None
-        preprocess = getattr(self.trainer.datamodule, "preprocess", None)
-        return loader_metrics(self.model, self.criterion, loader(), device=self.device,
-                              preprocess=preprocess,
-                              classification=self.test_accuracy is not None, **kwargs)  # fmt: skip
+        return test_set_metrics(self.trainer, self.model, self.criterion,
+                                classification=self.test_accuracy is not None, **kwargs)  # fmt: skip
 
     @torch.no_grad()
     def evaluate_test_set(self) -> dict[str, Any] | None:
         """The held-out test set, once, for the final model: called at the end of fit.
 
         Selection (sweeps, reports, early stopping) reads the validation split; the test set is
-        measured here, after the last round, for the model that training produced. The values
-        go to the loggers as ``test/loss`` and ``test/acc`` at the last round and into
-        ``summary.json`` (``final_test_accuracy``, ``final_test_loss``, ``final_test_round``).
-        Returns ``None`` when the datamodule has no test set.
+        measured here, after the last round, for the model that training produced: logged as
+        ``test/loss`` and ``test/acc`` at the last round and written to ``summary.json``
+        (``final_test_accuracy``, ``final_test_loss``, ``final_test_round``). ``None`` when the
+        datamodule has no test set.
         """
         metrics = self._test_metrics() if self.oracle is not None else None
         if metrics is None:
             return None
-        round_index = int(self.global_step)
         loss, accuracy = metrics
+        round_index = int(self.global_step)
         logged = (
             {"test/loss": loss} if accuracy is None else {"test/loss": loss, "test/acc": accuracy}
         )
-        if self.trainer.is_global_zero:  # at the step Lightning gave the last round's metrics
-            for logger in self.trainer.loggers:
-                logger.log_metrics(logged, step=max(round_index - 1, 0))
+        log_at_last_round(self.trainer, logged, round_index)
         return {"round": round_index, "loss": loss, "accuracy": accuracy}
 
     @torch.no_grad()
@@ -517,10 +492,7 @@ def _check_arguments(
         raise ValueError(f"model must be an nn.Module, got {model!r}")
     if not isinstance(algorithm, FederatedAlgorithm):
         raise ValueError(f"algorithm must be a FederatedAlgorithm, got {algorithm!r}")
-    if grad_backend not in ("auto", "vmap", "loop", "analytic"):
-        raise ValueError(
-            f"grad_backend must be 'auto', 'vmap', 'loop' or 'analytic', got {grad_backend!r}"
-        )
+    check_choice("grad_backend", grad_backend, ("auto", "vmap", "loop", "analytic"))
     positive = lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0  # noqa: E731
     if epsilon_every is not None and not positive(epsilon_every):
         raise ValueError(f"epsilon_every must be a positive integer or null, got {epsilon_every!r}")
@@ -530,7 +502,4 @@ def _check_arguments(
         raise ValueError(
             f"client_chunk must be 'auto', 'all' or a positive integer, got {client_chunk!r}"
         )
-    if client_state not in ("auto", "device", "host", "disk"):
-        raise ValueError(
-            f"client_state must be 'auto', 'device', 'host' or 'disk', got {client_state!r}"
-        )
+    check_choice("client_state", client_state, ("auto", "device", "host", "disk"))

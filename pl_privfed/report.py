@@ -1,7 +1,7 @@
 """Paper-style figures and tables from a sweep's ``results.csv``: ``pl-privfed report``.
 
 Only finished runs are drawn. Runs that differ only in their seed (a parameter in
-:data:`~pl_privfed.sweep.SEED_PARAMETERS`, e.g. ``seed: {values: [0, 1, 2]}``) are one
+:data:`~pl_privfed.results.SEED_PARAMETERS`, e.g. ``seed: {values: [0, 1, 2]}``) are one
 *configuration*: every number below is aggregated over its seeds as the mean, the sample standard
 deviation and a 95 % Student-t interval (:func:`scipy.stats.t.interval`; none with one seed).
 Every choice of a configuration — the best γ per β, the best cell of a heatmap, the run a curve
@@ -52,8 +52,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 from scipy import stats as scipy_stats
 
-from pl_privfed.callbacks.summary import finite_float
-from pl_privfed.sweep import RESULT_COLUMNS, SEED_PARAMETERS
+from pl_privfed.results import NON_PARAMETER_COLUMNS, SEED_PARAMETERS, finite_float
 
 __all__ = [
     "Configuration",
@@ -66,7 +65,6 @@ __all__ = [
     "overlap_notes",
 ]
 
-_NOT_PARAMETERS = {"run", "status", "run_dir", *RESULT_COLUMNS}
 _SYMBOLS = {"beta": "β", "step_size": "γ", "alpha": "α", "epsilon": "ε", "delta": "δ"}
 _SERVER_NORM = "server_normalization"
 _DEFAULT_METRIC = "final_val_accuracy"
@@ -497,7 +495,7 @@ def make_report(
         raise ValueError("make_report needs at least one results.csv")
     results_csv = paths[0]
     header, all_rows = _read_many(paths)
-    params = [c for c in header if c not in _NOT_PARAMETERS]
+    params = [c for c in header if c not in NON_PARAMETER_COLUMNS]
     config_params = [c for c in params if c not in SEED_PARAMETERS]
     facets_given = [facet] if isinstance(facet, str) else list(facet or [])
     varying_all = [c for c in config_params if len({r.get(c) for r in all_rows}) > 1]
@@ -885,7 +883,7 @@ def compare_methods(
         header, rows = _read_many([path])
         finished = [r for r in rows if r.get("status") == "finished"]
         _warn_missing(finished, metric, str(path))
-        params = [c for c in header if c not in _NOT_PARAMETERS and c not in SEED_PARAMETERS]
+        params = [c for c in header if c not in NON_PARAMETER_COLUMNS and c not in SEED_PARAMETERS]
         best = _best(aggregate(finished, params, path), metric)
         if best is None:
             raise ValueError(f"{path} has no finished run with a {metric} value")

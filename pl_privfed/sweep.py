@@ -9,7 +9,8 @@ sweep's command and every extra argument (``overrides``): a shortened smoke run
 point whose ``summary.json`` says ``finished`` is skipped (unless ``rerun``), so running a
 half-finished grid again resumes it; failed runs are re-run. After each run
 ``<out>/results.csv`` is rewritten: one row per run (one per configuration of a run that trains a
-grid, :mod:`pl_privfed.grid`), from each run's ``summary.json``; ``pl-privfed report`` draws it.
+grid, :mod:`pl_privfed.grid`), from each run's ``summary.json`` (the columns and the writer are
+:mod:`pl_privfed.results`'s); ``pl-privfed report`` draws it.
 
 A sweep holds a lock on its output folder (``<out>/.sweep.lock``, holding the process id): a
 second sweep into the same folder is refused while the first runs; a lock left by a process that
@@ -26,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import csv
-import hashlib
 import itertools
 import json
 import os
@@ -42,44 +42,28 @@ from typing import Any
 
 import yaml
 
+from pl_privfed.results import (
+    NON_PARAMETER_COLUMNS,
+    column_names,
+    render_value,
+    result_row,
+    run_id,
+    save_results,
+)
+
 __all__ = [
-    "RESULT_COLUMNS",
-    "SEED_PARAMETERS",
     "Sweep",
     "SweepLockedError",
-    "column_names",
     "failed_runs",
     "grid",
     "load_sweep",
-    "render_value",
-    "result_row",
     "run_args",
-    "run_id",
     "run_name",
     "run_sweep",
-    "save_results",
     "sweep_lock",
     "write_results",
 ]
 
-#: Columns of ``results.csv`` taken from each run's ``summary.json``.
-RESULT_COLUMNS = (
-    "final_val_accuracy",
-    "best_val_accuracy",
-    "best_val_round",
-    "final_test_accuracy",
-    "final_val_loss",
-    "final_train_loss",
-    "epsilon",
-    "rounds",
-    "wall_time_s",
-    "rounds_to_target",
-    "final_full_grad_norm",
-    "client_transmissions",
-)
-#: Parameters that are seeds: ``report`` and ``compare`` aggregate over them.
-SEED_PARAMETERS = ("seed", "seed_everything")
-_RESERVED = {"run", "status", "run_dir", *RESULT_COLUMNS}
 _DROPPED = {"${env}", "${interpreter}", "${program}"}
 _ARGS = "${args}"
 
@@ -178,18 +162,6 @@ def grid(sweep: Sweep) -> list[dict[str, Any]]:
     return [dict(zip(keys, combo, strict=True)) for combo in combos]
 
 
-def render_value(value: Any) -> str:
-    """A parameter value as LightningCLI (jsonargparse) parses it: ``true``/``false``, ``null``,
-    numbers and strings as written, lists and mappings as JSON."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, list | tuple | dict):
-        return json.dumps(value)
-    return str(value)
-
-
 def _command(sweep: Sweep) -> list[str]:
     """The sweep's ``command`` after ``pl-privfed`` (or ``-m pl_privfed.cli``), without the
     ``${env}``, ``${interpreter}`` and ``${program}`` macros."""
@@ -220,9 +192,9 @@ def run_args(
 
     That is the sweep's ``command`` after ``pl-privfed`` (what ``wandb agent`` would run), with
     ``${env}``, ``${interpreter}`` and ``${program}`` dropped and ``${args}`` replaced by
-    ``--key=value`` pairs (values as :func:`render_value` writes them), followed by
-    ``--output_dir=<output_dir>`` and ``--trainer.default_root_dir=<output_dir>`` (so that the
-    run keeps its ``config.yaml``, checkpoints and logs in its own directory) and, with
+    ``--key=value`` pairs (values as :func:`~pl_privfed.results.render_value` writes them),
+    followed by ``--output_dir=<output_dir>`` and ``--trainer.default_root_dir=<output_dir>`` (so
+    that the run keeps its ``config.yaml``, checkpoints and logs in its own directory) and, with
     ``name`` and ``group``, ``--run_name=<name>`` and ``--run_group=<group>`` (its W&B run's
     name and group).
     """
@@ -237,31 +209,9 @@ def run_args(
     return args + ([f"--run_group={group}"] if group is not None else [])
 
 
-def run_id(index: int, params: dict[str, Any], args: Sequence[str] = ()) -> str:
-    """``<index:04d>-<8 hex digits of a hash>``, stable across invocations.
-
-    The hash covers the parameters and ``args``: a sweep passes its command and every extra
-    argument, so that a run with other arguments (a smoke run's ``--trainer.max_steps=20``)
-    has another identity. Without ``args`` it is a hash of the parameters alone.
-    """
-    payload: Any = params if not args else {"params": params, "args": list(args)}
-    text = json.dumps(payload, sort_keys=True, default=str)
-    return f"{index:04d}-{hashlib.sha1(text.encode()).hexdigest()[:8]}"
-
-
 def _identity(sweep: Sweep, overrides: Sequence[str]) -> list[str]:
     """What, beside the parameters, makes a run of ``sweep``: its command and the overrides."""
     return [c for c in _command(sweep) if c != _ARGS] + list(overrides)
-
-
-def column_names(keys: Sequence[str]) -> dict[str, str]:
-    """The ``results.csv`` column of each parameter: the last dotted component (``step_size``),
-    or the full key where two parameters share it or it collides with a result column."""
-    short = {k: k.rsplit(".", 1)[-1] for k in keys}
-    counts: dict[str, int] = {}
-    for name in short.values():
-        counts[name] = counts.get(name, 0) + 1
-    return {k: s if counts[s] == 1 and s not in _RESERVED else k for k, s in short.items()}
 
 
 def _read_summary(run_dir: Path) -> dict[str, Any] | None:
@@ -298,9 +248,10 @@ def write_results(sweep: Sweep, out_dir: str | os.PathLike, overrides: Sequence[
 
     One row per grid point whose run directory (for these ``overrides``) holds a
     ``summary.json``, in grid order, with the columns ``run, status, <parameters>,``
-    :data:`RESULT_COLUMNS` ``, run_dir`` (missing values empty). A run that trained a grid of
-    configurations (``FederatedModule(grid=...)``) gives one row per configuration, with the
-    sweep's parameters (e.g. its seed) and the configuration's own.
+    :data:`~pl_privfed.results.RESULT_COLUMNS` ``, run_dir`` (missing values empty), written by
+    :func:`~pl_privfed.results.save_results`. A run that trained a grid of configurations
+    (``FederatedModule(grid=...)``) gives one row per configuration, with the sweep's parameters
+    (e.g. its seed) and the configuration's own.
     """
     out_dir = Path(out_dir)
     names = column_names(list(sweep.parameters))
@@ -320,35 +271,9 @@ def write_results(sweep: Sweep, out_dir: str | os.PathLike, overrides: Sequence[
             rows.append({**row, **own, "run": f"{run_dir.name}/{row.get('run', '')}"})
     extra = []
     for row in rows:
-        extra += [c for c in row if c not in extra and c not in _RESERVED]
+        extra += [c for c in row if c not in extra and c not in NON_PARAMETER_COLUMNS]
     extra = [c for c in extra if c not in names.values()]
     return save_results(out_dir, {**names, **{c: c for c in extra}}, rows)
-
-
-def result_row(
-    run_dir: Path, summary: dict[str, Any], params: dict[str, Any], names: dict[str, str]
-) -> dict[str, Any]:
-    """One ``results.csv`` row: the run, its status, its parameters (columns ``names``), the
-    :data:`RESULT_COLUMNS` of its ``summary`` and its directory."""
-    row: dict[str, Any] = {"run": run_dir.name, "status": summary.get("status")}
-    row.update({names[k]: render_value(v) for k, v in params.items()})
-    row.update({c: summary.get(c) for c in RESULT_COLUMNS})
-    row["run_dir"] = str(run_dir)
-    return row
-
-
-def save_results(out_dir: Path, names: dict[str, str], rows: list[dict[str, Any]]) -> Path:
-    """Write ``<out_dir>/results.csv`` atomically (through a temporary file); return its path."""
-    header = ["run", "status", *names.values(), *RESULT_COLUMNS, "run_dir"]
-    path = out_dir / "results.csv"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".csv.tmp")
-    with tmp.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=header, extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(rows)
-    tmp.replace(path)
-    return path
 
 
 def failed_runs(results_csv: str | os.PathLike) -> list[str]:

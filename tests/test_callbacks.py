@@ -174,7 +174,7 @@ def test_log_artifact_without_wandb_logger_needs_no_wandb(tmp_path, monkeypatch)
 
     import pytorch_lightning as pl
 
-    from pl_privfed.callbacks._wandb import log_artifact
+    from pl_privfed.logdir import log_artifact
 
     monkeypatch.setitem(sys.modules, "wandb", None)  # ``import wandb`` now raises ImportError
     trainer = pl.Trainer(logger=False, default_root_dir=tmp_path)

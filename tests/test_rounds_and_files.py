@@ -19,7 +19,8 @@ from pytorch_lightning.utilities.warnings import PossibleUserWarning
 from test_privacy_budget import PlainRegression
 
 from pl_privfed.callbacks import RoundCheckpoint, RoundProgressBar, check_checkpoint_file
-from pl_privfed.cli import main, reserve_log_dir
+from pl_privfed.cli import main
+from pl_privfed.logdir import reserve_log_dir
 
 REPO = Path(__file__).resolve().parents[1]
 QUICKSTART = str(REPO / "configs/quickstart.yaml")

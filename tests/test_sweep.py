@@ -16,15 +16,13 @@ import yaml
 from pl_privfed import report
 from pl_privfed.cli import PrivFedCLI, agent_arguments, main
 from pl_privfed.report import compare_methods, make_report, mean_interval
+from pl_privfed.results import column_names, render_value, run_id
 from pl_privfed.sweep import (
     SweepLockedError,
-    column_names,
     failed_runs,
     grid,
     load_sweep,
-    render_value,
     run_args,
-    run_id,
     run_sweep,
     sweep_lock,
 )

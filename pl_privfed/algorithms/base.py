@@ -18,7 +18,7 @@ their messages through the engine's message stage. Its state tensors (client mem
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -126,17 +126,14 @@ class FederatedAlgorithm(nn.Module):
         """Operators whose ``setup(dim)`` must run (override)."""
         return []
 
-    def configure_data(
-        self,
-        *,
-        batch_size: int,
-        local_batches: int,
-        shuffle: bool,
-        client_sizes: list[int],
-        batch_sampling: Literal["epochs", "without_replacement"] = "epochs",
-    ) -> None:
-        """Check the rounds the datamodule delivers against the algorithm (called before
-        training, before :meth:`setup`; override)."""
+    def configure_data(self, **data: Any) -> None:
+        """Check the rounds the datamodule delivers against the algorithm, and take what the
+        accounting needs from them (called before training, before :meth:`setup`; override).
+
+        ``data``: ``batch_size`` (examples per client and minibatch), ``local_batches``
+        (minibatches per round), ``shuffle`` (reshuffled epochs, or a fixed order),
+        ``client_sizes`` (each shard's size) and ``batch_sampling`` (``"epochs"`` or
+        ``"without_replacement"``)."""
 
     def _zeros(self, *shape: int) -> Tensor:
         return torch.zeros(*shape, device=self.device, dtype=self.dtype)

@@ -307,15 +307,11 @@ class PORTER(DecentralizedAlgorithm):
             f"local_dataset_size={self.local_dataset_size}, " + super().extra_repr()
         )
 
-    def configure_data(
-        self, *, batch_size, local_batches, client_sizes, batch_sampling="epochs", **_
-    ) -> None:
+    def configure_data(self, **data) -> None:
         if self.noise is not None:  # m and the record sampling from the data, b checked
-            delivered = int(batch_size) * int(local_batches)
-            self.local_dataset_size = minibatch_population(
-                self.batch_size, self.local_dataset_size, delivered, client_sizes
+            self.local_dataset_size, self.batch_sampling = minibatch_population(
+                self.batch_size, self.local_dataset_size, **data
             )
-            self.batch_sampling = batch_sampling
 
     def release(self) -> Release:
         """PORTER-DP (Theorem 1): each agent's ``G_p = G_τ + E``, the average of ``b`` of its

@@ -80,22 +80,10 @@ class LocalUpdateAlgorithm(FederatedAlgorithm):
             unit, bound, participation=self.participation_rate, cohorts=self.sampler is not None
         )
 
-    def configure_data(
-        self,
-        *,
-        batch_size: int,
-        local_batches: int,
-        shuffle: bool,
-        client_sizes: list[int],
-        batch_sampling: BatchSampling = "epochs",
-    ) -> None:
+    def configure_data(self, *, batch_size, local_batches, shuffle, client_sizes, **_) -> None:
         """Check the datamodule's rounds against the local solver (called before training)."""
-        self.local_solver.check_data(
-            batch_size=batch_size,
-            local_batches=local_batches,
-            shuffle=shuffle,
-            client_sizes=client_sizes,
-        )
+        self.local_solver.check_data(batch_size=batch_size, local_batches=local_batches,
+                                     shuffle=shuffle, client_sizes=client_sizes)  # fmt: skip
 
     def sampling_generator(self, round_index: int) -> torch.Generator:
         """The round's cohort stream ``(sampling_seed, round)``."""
@@ -291,20 +279,10 @@ class FedAvgPerSampleClipping(LocalUpdateAlgorithm):
         return [self.operator]
 
     def configure_data(
-        self,
-        *,
-        batch_size,
-        local_batches,
-        shuffle,
-        client_sizes,
-        batch_sampling: BatchSampling = "epochs",
+        self, *, batch_size, local_batches, shuffle, client_sizes, batch_sampling="epochs"
     ) -> None:
-        super().configure_data(
-            batch_size=batch_size,
-            local_batches=local_batches,
-            shuffle=shuffle,
-            client_sizes=client_sizes,
-        )
+        super().configure_data(batch_size=batch_size, local_batches=local_batches,
+                               shuffle=shuffle, client_sizes=client_sizes)  # fmt: skip
         # examples per local step: one minibatch each (LocalSGD), or all the round's data
         per_step = self.local_solver.per_step_batches
         self.batch_size = int(batch_size) * (1 if per_step else local_batches)

@@ -100,15 +100,11 @@ class SoteriaFL(FederatedAlgorithm):
             f"local_dataset_size={self.local_dataset_size}"
         )
 
-    def configure_data(
-        self, *, batch_size, local_batches, client_sizes, batch_sampling="epochs", **_
-    ) -> None:
+    def configure_data(self, **data) -> None:
         if self.noise is not None:  # m and the record sampling from the data, b checked
-            delivered = int(batch_size) * int(local_batches)
-            self.local_dataset_size = minibatch_population(
-                self.batch_size, self.local_dataset_size, delivered, client_sizes
+            self.local_dataset_size, self.batch_sampling = minibatch_population(
+                self.batch_size, self.local_dataset_size, **data
             )
-            self.batch_sampling = batch_sampling
 
     def release(self) -> Release:
         """Every client's noisy gradient ``clip_G(∇f_i(x; 𝒵_i)) + e_i`` on ``b`` of its ``m``

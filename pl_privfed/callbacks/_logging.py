@@ -3,26 +3,8 @@
 from __future__ import annotations
 
 import pytorch_lightning as pl
-from pytorch_lightning.loggers import CSVLogger, TensorBoardLogger
 
-__all__ = ["local_log_dir", "logs_this_round"]
-
-
-def local_log_dir(trainer: pl.Trainer) -> str | None:
-    """``trainer.log_dir`` without its broadcast.
-
-    Lightning's ``trainer.log_dir`` broadcasts rank 0's directory, a collective call: reached
-    from code that runs on rank 0 only (``@rank_zero_only`` writers, ``on_fit_end`` files) it
-    waits for ranks that never join, and under DDP the run fails at its end. This is the same
-    directory, read locally (the loggers' directories are the same on every rank once the CLI
-    has reserved them on rank 0).
-    """
-    if trainer.loggers:
-        logger = trainer.loggers[0]
-        return (
-            logger.log_dir if isinstance(logger, TensorBoardLogger | CSVLogger) else logger.save_dir
-        )
-    return trainer.default_root_dir
+__all__ = ["logs_this_round"]
 
 
 def logs_this_round(pl_module: pl.LightningModule) -> bool:

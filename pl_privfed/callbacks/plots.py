@@ -13,19 +13,10 @@ from pytorch_lightning.utilities import rank_zero_only
 from torch import Tensor
 from typing_extensions import override
 
-from pl_privfed.callbacks._logging import local_log_dir
-from pl_privfed.callbacks._wandb import log_artifact, wandb_loggers
+from pl_privfed.logdir import local_log_dir, log_artifact, wandb_loggers
+from pl_privfed.results import curves_csv
 
-__all__ = ["TrainingCurves", "curves_csv"]
-
-
-def curves_csv(history: dict[str, list[tuple[int, float]]]) -> str:
-    """Curves ``{metric: [(round, value), ...]}`` as the CSV text of a run's ``curves.csv``
-    (``metric,round,value`` rows), which ``pl-privfed report`` reads."""
-    lines = ["metric,round,value"]
-    for key, points in history.items():
-        lines.extend(f"{key},{step},{value!r}" for step, value in points)
-    return "\n".join(lines) + "\n"
+__all__ = ["TrainingCurves"]
 
 
 DEFAULT_KEYS = ("train/loss", "val/loss", "val/acc", "privacy/epsilon")
@@ -116,7 +107,8 @@ class TrainingCurves(pl.Callback):
         self._capture(trainer, updated)
 
     def history_csv(self) -> str:
-        """The recorded history as CSV text: ``metric,round,value`` rows (:func:`curves_csv`)."""
+        """The recorded history as CSV text: ``metric,round,value`` rows
+        (:func:`~pl_privfed.results.curves_csv`)."""
         return curves_csv(self.history)
 
     def figure(self) -> Figure:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 from pathlib import Path
@@ -14,19 +13,10 @@ import yaml
 from pytorch_lightning.utilities import rank_zero_only, rank_zero_warn
 from typing_extensions import override
 
-from pl_privfed.callbacks._logging import local_log_dir
-from pl_privfed.callbacks._wandb import log_artifact, wandb_loggers
+from pl_privfed.logdir import local_log_dir, log_artifact, wandb_loggers
+from pl_privfed.results import finite_float
 
-__all__ = ["RunSummary", "finite_float"]
-
-
-def finite_float(value: Any) -> float | None:
-    """``float(value)`` if that works and is finite, else ``None`` (tensors, strings, numbers)."""
-    try:
-        value = float(value)
-    except (TypeError, ValueError):
-        return None
-    return value if math.isfinite(value) else None
+__all__ = ["RunSummary"]
 
 
 class RunSummary(pl.Callback):

@@ -22,6 +22,7 @@ __all__ = [
     "FederatedDataModule",
     "RoundBatch",
     "TensorRoundBatch",
+    "round_description",
     "validation_split",
 ]
 
@@ -673,6 +674,24 @@ class FederatedDataModule(pl.LightningDataModule):
             "num_classes": self.num_classes,
             "partitioner": repr(self.partitioner),
         }
+
+
+def round_description(datamodule: Any) -> dict[str, Any]:
+    """What a datamodule's rounds are, for an algorithm's ``configure_data`` (which checks them
+    against its local solver or record sampling): ``batch_size``, ``local_batches`` (the
+    minibatches per client and round; ``local_epochs`` sets them when the data is loaded, so a
+    :class:`FederatedDataModule` not yet set up is set up here), ``shuffle``, ``client_sizes``
+    and ``batch_sampling``; defaults for a datamodule that does not say."""
+    if hasattr(datamodule, "streams") and datamodule.streams is None:
+        datamodule.setup("fit")  # idempotent
+    sizes = getattr(datamodule, "client_sizes", None)
+    return {
+        "batch_size": int(getattr(datamodule, "batch_size", 1)),
+        "local_batches": int(getattr(datamodule, "local_batches", 1) or 1),
+        "shuffle": bool(getattr(datamodule, "shuffle", True)),
+        "client_sizes": [int(v) for v in sizes] if sizes is not None else [],
+        "batch_sampling": getattr(datamodule, "batch_sampling", "epochs"),
+    }
 
 
 def _labels(dataset: Dataset) -> Tensor:

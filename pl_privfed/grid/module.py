@@ -24,14 +24,13 @@ import torch
 from torch import Tensor, nn
 from typing_extensions import override
 
-from pl_privfed.callbacks._logging import local_log_dir  # MERGE: pl_privfed.logdir
-from pl_privfed.callbacks._wandb import log_artifact  # MERGE: pl_privfed.logdir
 from pl_privfed.checks import check_positive_int
 from pl_privfed.engine import ChunkOracle, OracleOutput, RoundResult, iter_round
 from pl_privfed.evaluation import model_loss
 from pl_privfed.grads import RoundOracle, sum_client_buffers
 from pl_privfed.grid.points import grid_points, rebuild_algorithm
 from pl_privfed.grid.results import write_grid_results
+from pl_privfed.logdir import local_log_dir, log_artifact
 from pl_privfed.module import FederatedModule, NonFiniteLossError
 from pl_privfed.privacy import PrivacyLedger, plan
 

@@ -11,9 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from pl_privfed.algorithms import FederatedAlgorithm
-from pl_privfed.callbacks.plots import curves_csv  # MERGE: pl_privfed.results
 from pl_privfed.grid.points import GRID_PREFIX, init_parameters
-from pl_privfed.sweep import column_names, result_row, run_id, save_results  # MERGE
+from pl_privfed.results import column_names, curves_csv, result_row, run_id, save_results
 
 __all__ = ["write_grid_results"]
 

@@ -126,31 +126,39 @@ def check_record_arguments(batch_size: int, local_dataset_size: int | None) -> N
 
 
 def minibatch_population(
-    batch_size: int, local_dataset_size: int | None, delivered: int, client_sizes: list[int]
-) -> int:
-    """``m`` for an algorithm that noises the average of ``b`` of a client's ``m`` records per
-    round (PORTER-DP, SoteriaFL), checked against the data before training.
+    b: int,
+    m: int | None,
+    /,
+    *,
+    batch_size: int,
+    local_batches: int,
+    client_sizes: list[int],
+    batch_sampling: BatchSampling = "epochs",
+    **_: object,
+) -> tuple[int, BatchSampling]:
+    """``(m, batch sampling)`` for an algorithm that noises the average of ``b`` of a client's
+    ``m`` records per round (PORTER-DP, SoteriaFL), checked against the data before training
+    (the keywords: what ``configure_data`` receives from the datamodule).
 
     ``b`` must be the examples per client and round the datamodule delivers; ``m`` defaults to
     the smallest shard (the conservative rate) and may not exceed it, so a run's ε cannot
     silently assume the wrong rate.
     """
-    if delivered != batch_size:
+    delivered = int(batch_size) * int(local_batches)
+    if delivered != b:
         raise ValueError(
-            f"batch_size={batch_size} (b: the sensitivity and the sampling rate b/m) but "
+            f"batch_size={b} (b: the sensitivity and the sampling rate b/m) but "
             f"the datamodule delivers {delivered} examples per agent and round: set the "
-            f"algorithm's batch_size: {delivered} or the data's batch_size: {batch_size}"
+            f"algorithm's batch_size: {delivered} or the data's batch_size: {b}"
         )
     smallest = min(int(v) for v in client_sizes)
-    if local_dataset_size is None:
-        return smallest
-    if local_dataset_size > smallest:
+    if m is not None and m > smallest:
         raise ValueError(
-            f"local_dataset_size={local_dataset_size} (m) is more than the smallest "
+            f"local_dataset_size={m} (m) is more than the smallest "
             f"shard ({smallest} records): the rate b/m would understate that agent's "
             "privacy loss; leave it null to take the smallest shard"
         )
-    return local_dataset_size
+    return m or smallest, batch_sampling
 
 
 def minibatch_records(

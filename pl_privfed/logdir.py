@@ -1,0 +1,81 @@
+"""Where a run writes: its log directory, read without a collective call, reserved atomically,
+and the W&B loggers that receive its files.
+
+This module is on the ground floor: it imports nothing of ``pl_privfed`` (``wandb`` itself only
+when a W&B logger is attached).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytorch_lightning as pl
+from pytorch_lightning.loggers import CSVLogger, TensorBoardLogger, WandbLogger
+
+__all__ = ["local_log_dir", "log_artifact", "reserve_log_dir", "wandb_loggers"]
+
+
+def local_log_dir(trainer: pl.Trainer) -> str | None:
+    """``trainer.log_dir`` without its broadcast.
+
+    Lightning's ``trainer.log_dir`` broadcasts rank 0's directory, a collective call: reached
+    from code that runs on rank 0 only (``@rank_zero_only`` writers, ``on_fit_end`` files) it
+    waits for ranks that never join, and under DDP the run fails at its end. This is the same
+    directory, read locally (the loggers' directories are the same on every rank once the CLI
+    has reserved them on rank 0, :func:`reserve_log_dir`).
+    """
+    if trainer.loggers:
+        logger = trainer.loggers[0]
+        return (
+            logger.log_dir if isinstance(logger, TensorBoardLogger | CSVLogger) else logger.save_dir
+        )
+    return trainer.default_root_dir
+
+
+def reserve_log_dir(logger: Any) -> None:
+    """Give a ``CSVLogger`` or ``TensorBoardLogger`` without an explicit version the next free
+    ``version_<k>`` directory, created here with ``os.mkdir`` (atomic: of two runs started at
+    once in the same directory, each gets its own; Lightning's own choice only lists the
+    directories, so both picked ``version_0`` and wrote into it)."""
+    if not isinstance(logger, CSVLogger | TensorBoardLogger) or logger._version is not None:
+        return
+    root = Path(logger.root_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    taken = [
+        int(p.name.split("_", 1)[1])
+        for p in root.iterdir()
+        if p.is_dir() and re.fullmatch(r"version_\d+", p.name)
+    ]
+    version = max(taken, default=-1) + 1
+    while True:
+        try:
+            (root / f"version_{version}").mkdir()
+        except FileExistsError:
+            version += 1
+            continue
+        logger._version = version
+        return
+
+
+def wandb_loggers(trainer: pl.Trainer) -> list[WandbLogger]:
+    """The trainer's W&B loggers (an empty list when it has none)."""
+    return [lg for lg in trainer.loggers if isinstance(lg, WandbLogger)]
+
+
+def log_artifact(trainer: pl.Trainer, path: Path, kind: str) -> None:
+    """Log ``path`` as a W&B artifact of type ``kind`` on every W&B logger of the trainer.
+
+    Without a W&B logger nothing happens and ``wandb`` is not imported (it need not be installed).
+    """
+    loggers = wandb_loggers(trainer)
+    if not loggers:
+        return
+    import wandb
+
+    for logger in loggers:
+        run = logger.experiment
+        artifact = wandb.Artifact(name=f"{kind}-{run.id}", type=kind)
+        artifact.add_file(str(path))
+        run.log_artifact(artifact)
