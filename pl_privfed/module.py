@@ -26,6 +26,7 @@ from torch import Tensor, nn
 from torchmetrics.classification import MulticlassAccuracy
 from typing_extensions import override
 
+from pl_privfed import trainer_rounds
 from pl_privfed.algorithms import FederatedAlgorithm
 from pl_privfed.checks import check_choice, check_evaluation_interval
 from pl_privfed.datamodules.base import TensorRoundBatch, round_description
@@ -139,15 +140,6 @@ class FederatedModule(pl.LightningModule):
         return [("algorithm.", self.algorithm)]
 
     # ------------------------------------------------------------------ setup
-    def _num_rounds(self) -> int:
-        trainer = self.trainer
-        if trainer.max_steps is not None and trainer.max_steps > 0:
-            return int(trainer.max_steps)
-        rounds_per_epoch = getattr(trainer.datamodule, "rounds_per_epoch", None)
-        if trainer.max_epochs is not None and trainer.max_epochs > 0 and rounds_per_epoch:
-            return int(trainer.max_epochs * rounds_per_epoch)
-        return 0
-
     @override
     def setup(self, stage: str) -> None:
         check_strategy(self.trainer.strategy)  # one that shards clients, not the model
@@ -159,7 +151,7 @@ class FederatedModule(pl.LightningModule):
         if num_clients is None:
             raise ValueError("FederatedModule needs a datamodule with a num_clients attribute")
         device = self.trainer.strategy.root_device
-        num_rounds = self._num_rounds()
+        num_rounds = trainer_rounds.num_rounds(self.trainer)
         noise = self.algorithm.noise
         if noise is not None and noise.epsilon is not None and noise.rounds is None:
             if not num_rounds:
@@ -168,7 +160,7 @@ class FederatedModule(pl.LightningModule):
                     "trainer.max_steps, trainer.max_epochs or algorithm noise.rounds"
                 )
         adopt_strategy(self.trainer)
-        dtype = self._training_dtype()
+        dtype = trainer_rounds.training_dtype(self.trainer, self, self.model)
         state_dir = self.state_dir or str(Path(self.trainer.default_root_dir) / "client_state")
         rounds = round_description(datamodule)
         self.local_batches = rounds["local_batches"]
@@ -210,23 +202,6 @@ class FederatedModule(pl.LightningModule):
             warn=rank_zero_warn,
         )
 
-    def _training_dtype(self) -> torch.dtype:
-        """The dtype training runs in: the trainer's true precision (``"64-true"`` → float64,
-        ``"16-true"`` / ``"bf16-true"`` → float16 / bfloat16), else the model's. The module is
-        converted to it here, before the algorithm allocates its state and noise in it (Lightning
-        would convert the module only after ``setup``, leaving the algorithm's dtype behind)."""
-        true_precision = {
-            "64-true": torch.float64,
-            "16-true": torch.float16,
-            "bf16-true": torch.bfloat16,
-        }
-        dtype = true_precision.get(str(self.trainer.precision))
-        if dtype is None:
-            return next(self.model.parameters()).dtype
-        if next(self.model.parameters()).dtype != dtype:
-            self.to(dtype=dtype)
-        return dtype
-
     @override
     def configure_optimizers(self):
         return _RoundOptimizer(self.parameters())
@@ -241,16 +216,6 @@ class FederatedModule(pl.LightningModule):
         (:func:`~pl_privfed.engine.choose_chunk_size`)."""
         return self._chunk_size
 
-    def _statistics_round(self, round_index: int) -> bool:
-        """Whether round ``round_index``'s metrics reach the loggers: Lightning writes a training
-        step's metrics every ``log_every_n_steps`` steps (step ``k`` when ``(k + 1)`` is a
-        multiple), and the last round's. Only then are the round's statistics that cost a pass
-        over client rows computed, and only then does anything call ``self.log`` (each call
-        costs about a millisecond on a CPU: at a 10-client round, more than the round)."""
-        every = max(1, int(self.trainer.log_every_n_steps or 1))
-        last = self._num_rounds() and round_index + 1 >= self._num_rounds()
-        return (round_index + 1) % every == 0 or bool(last)
-
     def logging_round(self) -> bool:
         """Whether the current round's metrics are logged (for callbacks: the protocol
         :func:`pl_privfed.callbacks.logs_this_round` reads)."""
@@ -261,7 +226,7 @@ class FederatedModule(pl.LightningModule):
         if isinstance(batch, tuple | list):  # stacked tensors: served by client
             batch = TensorRoundBatch(*batch)
         round_index = self.global_step
-        self._logging_round = self._statistics_round(round_index)
+        self._logging_round = trainer_rounds.logs_round(self.trainer, round_index)
         return self.run_round(batch, round_index)
 
     def run_round(self, batch: Any, round_index: int) -> Tensor | None:
@@ -299,7 +264,7 @@ class FederatedModule(pl.LightningModule):
                      batch_size=1)  # fmt: skip
         if self.privacy_ledger is not None:
             self.privacy_ledger.account(round_index)
-            last = self._num_rounds() and round_index + 1 >= self._num_rounds()
+            last = trainer_rounds.is_last_round(self.trainer, round_index)
             every = self.epsilon_every
             due = self._logging_round if every is None else (round_index + 1) % every == 0
             if due or last:
@@ -321,12 +286,12 @@ class FederatedModule(pl.LightningModule):
         # a run resumed at round k evaluates round k, unless the checkpoint was written after
         # that evaluation (then its point is in the restored curves already)
         if self.global_step > 0 and self._validated_round != self.global_step:
-            self._validate_now()
+            trainer_rounds.validate_now(self.trainer)
 
     @override
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         # the last round is always evaluated: Lightning validates when a run is told to stop
-        rounds = self._num_rounds()
+        rounds = trainer_rounds.num_rounds(self.trainer)
         if rounds and self.global_step >= rounds:
             self.trainer.should_stop = True
         if self.trainer.should_stop and not self._logging_round:
@@ -443,19 +408,6 @@ class FederatedModule(pl.LightningModule):
         self._final_test = self.evaluate_test_set()
         if callable(getattr(self.algorithm, "output", None)) and self.algorithm.rounds_done > 0:
             self._output_report = self.evaluate_output_iterate()
-
-    def _validate_now(self) -> None:
-        """Run Lightning's validation loop of the fit now (callbacks and loggers see it as the
-        evaluation of the current round), as the training loop itself runs it."""
-        trainer = self.trainer
-        if not trainer.enable_validation:
-            return
-        connector = trainer._logger_connector
-        first_loop_iter = connector._first_loop_iter
-        trainer.validating = True
-        trainer.fit_loop.epoch_loop.val_loop.run()
-        trainer.training = True
-        connector._first_loop_iter = first_loop_iter
 
     # ------------------------------------------------------------------ checkpoints
     def _save_client_state(self, checkpoint: dict[str, Any]) -> None:

@@ -24,6 +24,7 @@ import torch
 from torch import Tensor, nn
 from typing_extensions import override
 
+from pl_privfed import trainer_rounds
 from pl_privfed.checks import check_positive_int
 from pl_privfed.engine import ChunkOracle, OracleOutput, RoundResult, iter_round
 from pl_privfed.evaluation import model_loss
@@ -179,7 +180,7 @@ class GridModule(FederatedModule):
         values = torch.stack([outcomes[k].loss for k in computed]).tolist() if computed else []
         loss_of = dict(zip(computed, values))
         record = round_index % self.trainer.log_every_n_steps == 0 or (
-            self._num_rounds() and round_index + 1 >= self._num_rounds()
+            trainer_rounds.is_last_round(self.trainer, round_index)
         )
         for k in live:
             result, loss = outcomes[k], loss_of.get(k)
