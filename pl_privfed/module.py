@@ -263,7 +263,8 @@ class FederatedModule(pl.LightningModule):
             self.log("comm/client_transmissions_total", float(self.client_transmissions),
                      batch_size=1)  # fmt: skip
         if self.privacy_ledger is not None:
-            self.privacy_ledger.account(round_index)
+            aborted = result.metrics.get("aborted")  # distributed noise, too few senders
+            self.privacy_ledger.account(round_index, released=aborted is None)
             last = trainer_rounds.is_last_round(self.trainer, round_index)
             every = self.epsilon_every
             due = self._logging_round if every is None else (round_index + 1) % every == 0
@@ -277,9 +278,14 @@ class FederatedModule(pl.LightningModule):
             bufs[name].copy_(value)
 
     def _log_epsilon(self) -> None:
-        self.log("privacy/epsilon", self.privacy_ledger.epsilon(), prog_bar=True, batch_size=1)
-        self.log("privacy/epsilon_paper_convention", self.privacy_ledger.epsilon_paper(),
-                 batch_size=1)  # fmt: skip
+        """ε against the headline adversary (the progress bar names it), every adversary's
+        (``privacy/epsilon_<adversary>``) and the papers' convention."""
+        ledger = self.privacy_ledger
+        self.log("privacy/epsilon", ledger.epsilon(), prog_bar=True, batch_size=1)
+        for adversary in ledger.adversaries:
+            self.log(f"privacy/epsilon_{adversary}", ledger.epsilon(adversary=adversary),
+                     batch_size=1)  # fmt: skip
+        self.log("privacy/epsilon_paper_convention", ledger.epsilon_paper(), batch_size=1)
 
     @override
     def on_train_start(self) -> None:

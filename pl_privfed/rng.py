@@ -27,6 +27,7 @@ from torch import Tensor
 
 __all__ = [
     "STREAM_AUGMENTATION",
+    "STREAM_CENTRAL_NOISE",
     "STREAM_COMPRESSION",
     "STREAM_INIT",
     "STREAM_NOISE",
@@ -44,9 +45,10 @@ STREAM_NOISE = 1  # a client's Gaussian DP noise (per client, per round, per loc
 STREAM_COMPRESSION = 2  # a client's random compressor (rand-k)
 STREAM_SAMPLING = 3  # the round's cohort
 STREAM_OUTPUT = 4  # a decentralized method's sampled output iterate
-STREAM_SERVER_NOISE = 5  # noise drawn once per round by the server (central DP, or a noise sum)
+STREAM_SERVER_NOISE = 5  # the clients' noise drawn once per round as their sum (draws: aggregate)
 STREAM_AUGMENTATION = 6  # a client's data augmentation
 STREAM_INIT = 7  # randomness of the memory initialization
+STREAM_CENTRAL_NOISE = 8  # the trusted aggregator's own Gaussian on the sum (central DP)
 
 _MASK64 = (1 << 64) - 1
 

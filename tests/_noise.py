@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from pl_privfed.rng import STREAM_NOISE, STREAM_SERVER_NOISE, stream_key
+from pl_privfed.rng import STREAM_CENTRAL_NOISE, STREAM_NOISE, STREAM_SERVER_NOISE, stream_key
 
 
 def client_noise(seed, round_index, client, dim, std, extra=0, dtype=torch.float64):
@@ -25,6 +25,7 @@ def noise_sum(seed, round_index, count, dim, std, dtype=torch.float64):
 
 
 def server_noise(seed, round_index, dim, std, dtype=torch.float64):
-    """The server's own ``N(0, std² I)`` draw in round ``round_index`` (central noise)."""
-    gen = torch.Generator().manual_seed(stream_key(seed, STREAM_SERVER_NOISE, round_index))
+    """The trusted aggregator's own ``N(0, std² I)`` draw on the sum in round ``round_index``
+    (central noise: its own stream, never the clients' noise sum's)."""
+    gen = torch.Generator().manual_seed(stream_key(seed, STREAM_CENTRAL_NOISE, round_index))
     return torch.empty(dim, dtype=dtype).normal_(0.0, std, generator=gen).tolist()

@@ -124,10 +124,10 @@ def ref_dpsgd(b, x0, psi, scale, gamma, rounds, std=0.0, placement="client", see
         if std > 0 and placement == "client" and draws == "aggregate":
             z = noise_sum(seed, k, n, d, std)
             total = [total[j] + z[j] for j in range(d)]
-        agg = [total[j] / n for j in range(d)]
-        if std > 0 and placement == "server":
+        if std > 0 and placement == "server":  # the trusted aggregator's noise on the sum
             z = server_noise(seed, k, d, std)
-            agg = [agg[j] + z[j] for j in range(d)]
+            total = [total[j] + z[j] for j in range(d)]
+        agg = [total[j] / n for j in range(d)]
         x = [x[j] - gamma * agg[j] for j in range(d)]
         out.append(torch.tensor(x, dtype=DT))
     return out
@@ -240,9 +240,9 @@ def test_distributed_dpsgd_exact(operator, psi, placement, private, draws, chunk
     noise = DPNoise(noise_multiplier=0.2, seed=3, draws=draws) if private else None
     alg = DistributedDPSGD(0.1, operator, scale=2.0, noise=noise, noise_placement=placement)
     xs = run(alg, b, x0, chunk=chunk)
-    # noise multiplier = std / sensitivity: 2β·τ per client (local DP, replace-one), β·τ/n for
-    # the average (central DP, add/remove)
-    std = 0.2 * 2.0 * (1 / b.shape[0] if placement == "server" else 2) if private else 0.0
+    # noise multiplier = std / sensitivity: 2β·τ per client (local DP, replace-one), β·τ for
+    # the sum (central DP, add/remove)
+    std = 0.2 * 2.0 * (1 if placement == "server" else 2) if private else 0.0
     ref = ref_dpsgd(b, x0, psi, 2.0, 0.1, ROUNDS, std=std, placement=placement, seed=3,
                     draws=draws)  # fmt: skip
     assert_iterates(xs, ref)
@@ -254,15 +254,17 @@ def test_dpsgd_central_noise_multiplier_accounts_for_averaging():
     )
     alg.setup(num_clients=10, dim=3, num_rounds=5)
     (mech,) = mechanisms(alg)
-    # one client moves the mean by at most τ/n = 1/10: std = 0.2 × 0.1 on the mean
-    assert alg.noise_std == pytest.approx(0.02)
+    # one client moves the sum by at most τ = 1: std = 0.2 × 1 on the sum (0.02 on the mean)
+    assert alg.noise_std == pytest.approx(0.2)
     assert mech.noise_multiplier == pytest.approx(0.2)
     assert "central" in mech.privacy_unit
+    assert alg.noise.placement == "central"  # noise_placement: server is its older spelling
     paper = DistributedDPSGD(0.1, Clip(1.0), noise=DPNoise(epsilon=8.0), noise_placement="server")
     paper.setup(num_clients=10, dim=3, num_rounds=300)
-    # eq. (3) with B = n puts σ = Φ sqrt(K log(1/δ))/ε on the average: multiplier n times that
+    # eq. (3) sizes σ = Φ sqrt(K log(1/δ))/ε for what is noised, the sum (sensitivity Φ): the
+    # average carries σ/n, not σ (the papers' σ on the average would be n times too large)
     assert paper.noise_std == pytest.approx(math.sqrt(300 * math.log(1e5)) / 8)
-    assert mechanisms(paper)[0].noise_multiplier == pytest.approx(10 * paper.noise_std)
+    assert mechanisms(paper)[0].noise_multiplier == pytest.approx(paper.noise_std)
 
 
 def test_example_1_dpsgd_stalls_alpha_normec_converges():

@@ -119,12 +119,13 @@ def test_central_dp_with_poisson_sampling_is_dp_accountings():
         orders=list(range(2, 257)),
     )
     assert golden * 0.97 < ours.get_epsilon(1e-5) <= golden * (1 + 1e-9)
-    # DP-SGD with server noise: add/remove by default, sensitivity Φ/n, every client every round
+    # DP-SGD with central noise: add/remove by default, sensitivity Φ on the sum, every client
+    # every round
     alg = DistributedDPSGD(0.1, Clip(1.0), noise=DPNoise(noise_multiplier=0.8),
                            noise_placement="server")  # fmt: skip
     alg.setup(num_clients=10, dim=3, num_rounds=50)
-    assert relation(alg) == "add_remove" and sensitivity(alg) == 0.1
-    assert alg.noise_std == pytest.approx(0.08)
+    assert relation(alg) == "add_remove" and sensitivity(alg) == 1.0
+    assert alg.noise_std == pytest.approx(0.8)
     golden = dp_accounting_epsilon(ADD_REMOVE, dp_accounting.GaussianDpEvent(0.8), 50, 1e-5)
     assert compose(alg, 50).get_epsilon(1e-5) == pytest.approx(golden, rel=1e-6)
 
@@ -219,11 +220,11 @@ def _released(alg, grads, per_example=None):
     ):  # fmt: skip
         if not isinstance(alg, PORTER):
             alg.initialized.fill_(True)
-        result = run_round(alg, x, grad_fn, chunk_size=1)
+        run_round(alg, x, grad_fn, chunk_size=1)
     if isinstance(alg, PORTER):
         return torch.cat(released["noisy"])  # G_p, what each agent's messages are built from
-    if isinstance(alg, DistributedDPSGD) and alg.noise_placement == "server":
-        return ((x - result.params) / alg.step_size).unsqueeze(0)  # the noised average
+    if alg.noise is not None and alg.noise.placement != "local":  # the noised sum
+        return torch.cat(released["sent"]).sum(0, keepdim=True)
     if isinstance(alg, FedAvgPerSampleClipping):  # one local step: y − x = −η g
         return -torch.cat(released["moved"]) / alg.step_size
     return torch.cat(released["sent"])
@@ -271,7 +272,8 @@ def test_client_level_local_dp_sensitivity_holds_on_neighbouring_datasets(name):
 
 
 def test_central_dp_sensitivity_holds_on_neighbouring_datasets():
-    """DP-SGD with server noise: removing one client moves the noised average by ≤ Φ/n."""
+    """DP-SGD with central noise: removing one client moves the noised sum by ≤ Φ (the average,
+    which divides by n either way, by Φ/n)."""
     n, d = 5, 3
     g = torch.full((n, 1, d), 100.0, dtype=DT)
     removed = g.clone()
@@ -282,7 +284,7 @@ def test_central_dp_sensitivity_holds_on_neighbouring_datasets():
         alg.setup(num_clients=n, dim=d, num_rounds=5, dtype=DT)
     a, b = (_released(alg, grads) for alg, grads in zip(algs, (g, removed)))
     moved = torch.linalg.vector_norm(a - b)
-    assert moved == pytest.approx(sensitivity(algs[0]))  # 0.7/5
+    assert moved == pytest.approx(sensitivity(algs[0]))  # 0.7
 
 
 RECORD_LEVEL = {
@@ -360,8 +362,16 @@ def test_report_gives_both_epsilons_with_their_assumptions(tmp_path):
     assert paper["sample_rate"] == 0.5 and "Poisson" in paper["amplification"]
     assert "does not hold against the server" in paper["approximation"]
     assert report["calibrated_for"]["rounds"] == 300 and report["rounds_accounted"] == 300
+    # whoever sees only the models: add/remove, Poisson amplification at p (the server divides
+    # by a fixed number), only the client's own noise counted
+    assert report["adversary"] == "server" and list(report["adversaries"]) == ["server", "models"]
+    models = report["adversaries"]["models"]
+    assert models["neighbouring_relation"] == "add_remove" and models["sample_rate"] == 0.5
+    assert models["sampling"] == "poisson" and models["epsilon"] < report["epsilon"]
+    assert report["adversaries"]["server"]["epsilon"] == report["epsilon"]
     logged = module.trainer.callback_metrics
     assert float(logged["privacy/epsilon"]) == pytest.approx(report["epsilon"], rel=1e-6)
+    assert float(logged["privacy/epsilon_models"]) == pytest.approx(models["epsilon"], rel=1e-6)
     assert float(logged["privacy/epsilon_paper_convention"]) == pytest.approx(
         report["epsilon_paper_convention"], rel=1e-6
     )

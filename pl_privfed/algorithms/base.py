@@ -37,10 +37,11 @@ from pl_privfed.operators import Operator
 from pl_privfed.privacy import DPNoise, Release, plan
 from pl_privfed.rng import KeyedGenerator
 
-__all__ = ["CLIENT_LOCAL_DP", "FederatedAlgorithm", "RoundResult"]
+__all__ = ["CLIENT_LEVEL_DP", "FederatedAlgorithm", "RoundResult"]
 
-#: the privacy unit of the client-level local algorithms (the default of a declaration)
-CLIENT_LOCAL_DP = "client-level local DP (each client noises its own message)"
+#: the privacy unit of the client-level algorithms; where the noise goes (``DPNoise.placement``)
+#: is added by the accounting (:func:`pl_privfed.privacy.plan.unit`)
+CLIENT_LEVEL_DP = "client-level DP"
 
 
 class FederatedAlgorithm(nn.Module):
@@ -146,19 +147,18 @@ class FederatedAlgorithm(nn.Module):
 
     def message_stage(self) -> MessageStage:
         """How this round's messages reach the server (:mod:`pl_privfed.engine.message`): the
-        noise of the declaration's placement at the calibrated std, and secure aggregation
+        noise where ``noise.placement`` puts it, at the calibrated std, and secure aggregation
         where configured."""
         noise = self.noise
         if noise is None:
             return MessageStage(secure_aggregation=self.secure_aggregation)
-        release = self.release()
         return MessageStage(
             noise_std=self.noise_std,
             noise_seed=noise.seed,
             noised=True,
             per_client=noise.draws == "per_client",
-            placement=release.placement,
-            central_scale=float(release.aggregated_over),
+            placement=noise.placement,
+            min_contributors=noise.min_contributors or 1,
             secure_aggregation=self.secure_aggregation,
         )
 

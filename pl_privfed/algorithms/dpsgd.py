@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Literal
 
 import torch
 from torch import Tensor
 
-from pl_privfed.algorithms.base import CLIENT_LOCAL_DP, FederatedAlgorithm, RoundResult
+from pl_privfed.algorithms.base import CLIENT_LEVEL_DP, FederatedAlgorithm, RoundResult
 from pl_privfed.checks import check_positive
 from pl_privfed.communication import Messages
 from pl_privfed.engine import ClientChunk, Reduction
@@ -26,26 +27,29 @@ class DistributedDPSGD(FederatedAlgorithm):
     papers' experiments sweep a sensitivity "β" for DP-SGD with smoothed normalization
     (Appendix D.1: "Sensitivity/clip threshold β"); ``β = 1`` is eq. (2) as written.
 
-    Noise (when ``noise`` is set), with ``Φ = β · bound(Ψ)``:
+    Noise (when ``noise`` is set), with ``Φ = β · bound(Ψ)``, where ``noise.placement`` puts it
+    (the message stage's, :mod:`pl_privfed.engine.message`; line 73's ``z`` moves, nothing else):
 
-    * ``noise_placement="client"`` (local DP, the server sees every message): each client adds
-      ``z_i ~ N(0, σ² I)`` to its message ``β Ψ(∇f_i)`` before sending; the server averages
-      the noisy messages. Accountant: noise multiplier ``σ/2Φ`` per round under the default
-      replace-one relation (``σ/Φ`` under add/remove, the papers' convention).
-    * ``noise_placement="server"`` (central DP, trusted server): the server adds one
-      ``z ~ N(0, σ² I)`` to the average; one client moves the average by at most ``Φ/n``, so
-      the noise multiplier is ``σ n/Φ`` under the default add/remove relation (``σ n/2Φ``
-      under replace-one). Every client takes part every round: nothing is amplified.
+    * ``local`` (eq. 2 as written: each client adds ``z_i ~ N(0, σ² I)`` to ``β Ψ(∇f_i)``; the
+      server, which sees every message, is the adversary: noise multiplier ``σ/2Φ`` per round
+      under replace-one, ``σ/Φ`` under add/remove, the papers' convention);
+    * ``central`` (a trusted aggregator adds one ``z ~ N(0, σ² I)`` to ``Σ_i β Ψ(∇f_i)``, i.e.
+      ``z/n`` to the average: one client moves the sum by at most ``Φ``, multiplier ``σ/Φ``
+      against whoever sees the models);
+    * ``distributed`` (every client adds ``N(0, σ²/t)`` under secure aggregation; the sum holds
+      ``σ²`` with ``t`` or more senders).
 
-    ``σ`` follows eq. (3) with ``B = n`` (see :func:`~pl_privfed.privacy.paper_noise_std`) or
-    the noise multiplier given directly.
+    ``σ`` follows eq. (3) with ``B = n`` (see :func:`~pl_privfed.privacy.paper_noise_std`; for
+    central and distributed noise it sizes the noise of the sum, whose sensitivity is ``Φ``),
+    the target ε, or the noise multiplier given directly.
 
     Args:
         step_size: ``γ > 0``.
         operator: ``Ψ``; identity (plain distributed gradient descent) by default.
         scale: ``β > 0`` multiplying ``Ψ``'s output.
         noise: DP noise settings or ``None``.
-        noise_placement: ``"client"`` or ``"server"``.
+        noise_placement: the older spelling of ``noise.placement``: ``"client"`` (local) or
+            ``"server"`` (central); ``None`` (default) keeps ``noise.placement``.
     """
 
     def __init__(
@@ -54,40 +58,45 @@ class DistributedDPSGD(FederatedAlgorithm):
         operator: Operator | None = None,
         scale: float = 1.0,
         noise: DPNoise | None = None,
-        noise_placement: Literal["client", "server"] = "client",
+        noise_placement: Literal["client", "server"] | None = None,
     ) -> None:
+        if noise_placement is not None and noise_placement not in ("client", "server"):
+            raise ValueError(
+                f"noise_placement must be 'client' or 'server', got {noise_placement!r} "
+                "(or set noise.placement: local, central or distributed)"
+            )
+        if noise_placement is not None and isinstance(noise, DPNoise):
+            placed = "central" if noise_placement == "server" else "local"
+            if noise.placement not in ("local", placed):
+                raise ValueError(
+                    f"noise_placement={noise_placement!r} contradicts "
+                    f"noise.placement={noise.placement!r}: give only noise.placement"
+                )
+            noise = dataclasses.replace(noise, placement=placed)
         super().__init__(step_size, noise)
         self.operator = operator if operator is not None else Identity()
         if not isinstance(self.operator, Operator):
             raise ValueError(f"operator must be an Operator, got {operator!r}")
         self.scale = check_positive("scale", scale)
-        if noise_placement not in ("client", "server"):
-            raise ValueError(
-                f"noise_placement must be 'client' or 'server', got {noise_placement!r}"
-            )
         self.noise_placement = noise_placement
 
     def operators(self) -> list[Operator]:
         return [self.operator]
 
     def release(self) -> Release:
-        """Each client's message ``β Ψ(∇f_i)`` has norm at most ``Φ = β · bound(Ψ)``: noised by
-        the client (local DP), or, with ``noise_placement="server"``, the average noised by
-        the server (central DP, one client moves it by at most ``Φ/n``)."""
+        """Each client's message ``β Ψ(∇f_i)`` has norm at most ``Φ = β · bound(Ψ)``; every
+        client takes part in every round."""
         bound = self.operator.bound
         bound = None if bound is None else self.scale * bound
-        if self.noise_placement == "server":
-            unit = "client-level central DP (the server noises the aggregate)"
-            return Release(unit, bound, placement="central", aggregated_over=self.num_clients)
-        return Release(CLIENT_LOCAL_DP, bound)
+        return Release(CLIENT_LEVEL_DP, bound, clients=self.num_clients)
 
     def client_update(self, chunk: ClientChunk) -> None:
         grads = chunk.grad(chunk.x)  # line 73: ∇f_i(x^k)
-        chunk.transmit(grads, self.operator, factor=self.scale)  # β Ψ(∇f_i) (+ z_i, local DP)
+        chunk.transmit(grads, self.operator, factor=self.scale)  # β Ψ(∇f_i) (+ z_i or a share)
 
     def server_update(self, x: Tensor, reduced: Reduction) -> RoundResult:
         n = self.num_clients
-        total, metrics = reduced.received()  # Σ_i β Ψ(∇f_i) + the noise (clients' or server's)
+        total, metrics = reduced.received()  # Σ_i β Ψ(∇f_i) + z (clients', shares or central)
         aggregate = total / n
         metrics["aggregate_norm"] = torch.linalg.vector_norm(aggregate)
         new_x = x - self.step_size * aggregate

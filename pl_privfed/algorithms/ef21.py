@@ -7,7 +7,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from pl_privfed.algorithms.base import CLIENT_LOCAL_DP, FederatedAlgorithm, RoundResult
+from pl_privfed.algorithms.base import CLIENT_LEVEL_DP, FederatedAlgorithm, RoundResult
 from pl_privfed.checks import check_positive
 from pl_privfed.communication import Messages
 from pl_privfed.engine import ClientChunk, Reduction
@@ -97,9 +97,10 @@ class ErrorFeedback(FederatedAlgorithm):
         return [self.operator]
 
     def release(self) -> Release:
-        """Line 8: every client sends ``Δ̂_i = Δ_i + z_i`` with ``||Δ_i|| <= bound(Ψ)``
-        (client-level local DP against the server)."""
-        return Release(CLIENT_LOCAL_DP, bound=self.operator.bound)
+        """Line 8: every client sends ``Δ_i`` with ``||Δ_i|| <= bound(Ψ)``, every round; its
+        noise ``z_i`` is its own (local), a share of the sum's (distributed) or the trusted
+        aggregator's on the sum (central)."""
+        return Release(CLIENT_LEVEL_DP, bound=self.operator.bound, clients=self.num_clients)
 
     def allocate(self) -> None:
         self.register_client_state("client_memory", self.dim)  # g_i

@@ -14,7 +14,7 @@ from pl_privfed.checks import check_positive
 from pl_privfed.communication import Messages
 from pl_privfed.engine import ClientChunk, Reduction
 from pl_privfed.operators import SmoothedNormalization
-from pl_privfed.privacy import DPNoise, Release
+from pl_privfed.privacy import Cohort, DPNoise, Release
 from pl_privfed.sampling import BernoulliSampler, check_probability
 
 __all__ = ["FedAlphaNormEC", "Participation"]
@@ -59,7 +59,11 @@ class FedAlphaNormEC(LocalUpdateAlgorithm):
     (``v_i⁰ = (x⁰ − T_i(x⁰))/γ``, i.e. ``R = 0`` in Theorem 1); always ``v̂⁰ = (1/M) Σ_i v_i⁰``
     (line 1).
 
-    DP noise: ``σ`` from :class:`~pl_privfed.privacy.DPNoise`; the paper calibration gives
+    DP noise: ``σ`` from :class:`~pl_privfed.privacy.DPNoise`, where ``noise.placement`` puts it:
+    line 9's ``z_i`` as written (``local``), one ``N(0, σ²)`` on the transmitted sum from a
+    trusted aggregator (``central``) or shares ``N(0, σ²/t)`` under secure aggregation
+    (``distributed``); line 6's memory ``v_i`` always takes the clean ``Δ_i`` and line 11's
+    ``v̂`` the received sum. The paper calibration gives
     ``σ = c · p · sqrt(K log(1/δ))/ε`` (Corollary 2, line 159), which the server's factor β turns
     into the paper's experimental noise ``p β sqrt(K log(1/δ))/ε`` (§5, line 175). Accountant
     (client-level local DP against the server, which receives each transmitted ``Δ̂_i`` and
@@ -121,9 +125,14 @@ class FedAlphaNormEC(LocalUpdateAlgorithm):
 
     def release(self) -> Release:
         """Line 9: a transmitting client sends ``q_i (Δ_i + z_i)`` with ``||Δ_i|| <= 1``
-        (``Norm_α``), taking part with probability ``p`` (client-level local DP against the
-        server, which sees who transmits)."""
+        (``Norm_α``), taking part independently with probability ``p``; the server divides the
+        sum by a fixed number (``pM`` as written, ``M`` in ``"practical"``), so with ``p < 1``
+        the cohort is a Poisson cohort with a fixed denominator (central and distributed
+        noise on the sum keep sensitivity 1)."""
         return self.client_release(self.operator.bound)
+
+    def cohort(self) -> Cohort:
+        return "all" if self.participation_prob >= 1.0 else "poisson"
 
     def allocate(self) -> None:
         super().allocate()

@@ -21,15 +21,15 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from pl_privfed.algorithms.base import CLIENT_LOCAL_DP, FederatedAlgorithm, RoundResult
+from pl_privfed.algorithms.base import CLIENT_LEVEL_DP, FederatedAlgorithm, RoundResult
 from pl_privfed.algorithms.local import LocalGD, LocalSolver
 from pl_privfed.checks import check_int, check_positive
 from pl_privfed.communication import Messages
 from pl_privfed.engine import ClientChunk, Reduction
 from pl_privfed.operators import Clip, Identity, Operator
-from pl_privfed.privacy import BatchSampling, DPNoise, RecordUse, Release
+from pl_privfed.privacy import BatchSampling, Cohort, DPNoise, RecordUse, Release
 from pl_privfed.rng import STREAM_SAMPLING
-from pl_privfed.sampling import ClientSampler
+from pl_privfed.sampling import ClientSampler, FixedSizeSampler, PoissonSampler
 
 __all__ = ["DPFedAvg", "FedAvgPerSampleClipping", "FedAvgPerUpdateClipping", "LocalUpdateAlgorithm"]
 
@@ -74,11 +74,29 @@ class LocalUpdateAlgorithm(FederatedAlgorithm):
         """The probability that a client takes part in a round (1 without a sampler)."""
         return 1.0 if self.sampler is None else self.sampler.sample_rate
 
-    def client_release(self, bound: float | None, unit: str = CLIENT_LOCAL_DP) -> Release:
-        """Client-level local DP of a message bounded by ``bound``, sent by the cohort."""
-        return Release(
-            unit, bound, participation=self.participation_rate, cohorts=self.sampler is not None
-        )
+    def cohort(self) -> Cohort:
+        """How the sampler draws the cohort and the server normalizes (:data:`Cohort`)."""
+        if self.sampler is None:
+            return "all"
+        if isinstance(self.sampler, PoissonSampler):
+            return "poisson"
+        if isinstance(self.sampler, FixedSizeSampler):
+            return "fixed"
+        return "realized"  # Bernoulli: the average over the clients that took part
+
+    def client_release(self, bound: float | None, unit: str = CLIENT_LEVEL_DP) -> Release:
+        """Client-level DP of a message bounded by ``bound``, sent by the cohort."""
+        return Release(unit, bound, **self.cohort_fields())
+
+    def cohort_fields(self) -> dict[str, Any]:
+        """The declaration's cohort: participation rate, kind, ``N`` and cohort size."""
+        rate = self.participation_rate
+        return {
+            "participation": rate,
+            "cohort": self.cohort(),
+            "clients": self.num_clients,
+            "cohort_size": rate * self.num_clients,
+        }
 
     def configure_data(self, *, batch_size, local_batches, shuffle, client_sizes, **_) -> None:
         """Check the datamodule's rounds against the local solver (called before training)."""
@@ -171,8 +189,8 @@ class DPFedAvg(LocalUpdateAlgorithm):
         return [self.operator]
 
     def release(self) -> Release:
-        """Every participant sends ``β Ψ(x − T_i(x)) + z_i``, of norm at most
-        ``β · bound(Ψ)`` before the noise (client-level local DP against the server)."""
+        """Every participant sends ``β Ψ(x − T_i(x))`` (+ its noise or share), of norm at most
+        ``β · bound(Ψ)`` before the noise."""
         bound = self.operator.bound
         return self.client_release(None if bound is None else self.scale * bound)
 
@@ -325,8 +343,7 @@ class FedAvgPerSampleClipping(LocalUpdateAlgorithm):
             clip,
             sensitivity=2.0 * clip if flips else record,
             replace_one_sensitivity=2.0 * clip if flips else None,
-            participation=self.participation_rate,
-            cohorts=self.sampler is not None,
+            **self.cohort_fields(),
             records=records,
             paper_bound=record,
             paper_steps_per_round=steps,
@@ -408,9 +425,8 @@ class FedAvgPerUpdateClipping(LocalUpdateAlgorithm):
         return [self.operator]
 
     def release(self) -> Release:
-        """§3.2: every participant sends ``clip_c(Δ_i) + z_i`` (user-level local DP)."""
-        unit = "user-level (client-level) local DP (each client noises its clipped update)"
-        return self.client_release(self.operator.bound, unit)
+        """§3.2: every participant sends ``clip_c(Δ_i)`` (+ its noise or share: user-level DP)."""
+        return self.client_release(self.operator.bound, "user-level (client-level) DP")
 
     def client_update(self, chunk: ClientChunk) -> None:
         local = self.local_solver.run(chunk.x, chunk.grad, self.local_step_size, keep="sum")

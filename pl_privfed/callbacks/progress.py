@@ -26,7 +26,8 @@ DEFAULT_BAR_METRICS: dict[str, str] = {
 
 class RoundProgressBar(TQDMProgressBar):
     """One bar for the whole run in communication rounds: ``round k/K``, rounds per second and
-    the latest loss, ε and validation accuracy.
+    the latest loss, ε (named by its adversary: ``ε(server)``, ``ε(models)``) and validation
+    accuracy.
 
     In :class:`~pl_privfed.FederatedModule` one training step is one round, and a Lightning
     "epoch" is only ``ceil(N / (n·B))`` rounds (the federation sees the training set once), so
@@ -125,9 +126,13 @@ class RoundProgressBar(TQDMProgressBar):
     def get_metrics(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, Any]:
         """The chosen metrics under their short names (Lightning's ``v_num`` is left out)."""
         logged = trainer.callback_metrics
+        ledger = getattr(pl_module, "privacy_ledger", None)
+        against = getattr(ledger, "headline", None)  # the ε shown names its adversary
         shown: dict[str, Any] = {}
         for key, name in self.metrics.items():
             value = logged.get(key)
             if value is not None:
+                if key == "privacy/epsilon" and against:
+                    name = f"{name}({against})"
                 shown[name] = float(value)
         return shown

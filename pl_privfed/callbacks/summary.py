@@ -226,8 +226,29 @@ class RunSummary(pl.Callback):
             if data["final_train_loss"] is not None:
                 parts.append(f"train loss={data['final_train_loss']:.4f}")
             if data["private"]:
-                eps = f"epsilon={data['epsilon']:.3f}"
-                if data.get("epsilon_paper_convention") is not None:
-                    eps += f" (papers' convention {data['epsilon_paper_convention']:.3f})"
-                parts.append(f"{eps} at delta={data['delta']:g}")
+                parts.append(epsilon_line(data))
             print(f"[pl-privfed] {', '.join(parts)}  (summary: {self.path})")
+
+
+#: how the result line names an adversary (:data:`pl_privfed.privacy.plan.ADVERSARIES`)
+ADVERSARY_NAMES = {"server": "the server", "models": "whoever sees the models"}
+
+
+def epsilon_line(data: dict[str, Any]) -> str:
+    """``epsilon=… against <adversary> (…) at delta=…``: the headline ε named by its adversary,
+    the other adversaries' and the papers' convention beside it."""
+    privacy = data.get("privacy") or {}
+    eps = f"epsilon={data['epsilon']:.3f}"
+    adversary = privacy.get("adversary")
+    if adversary:
+        eps += f" against {ADVERSARY_NAMES.get(adversary, adversary)}"
+        others = [
+            f"{ADVERSARY_NAMES.get(name, name)}: {entry['epsilon']:.3f}"
+            for name, entry in (privacy.get("adversaries") or {}).items()
+            if name != adversary
+        ]
+        if others:
+            eps += f" ({', '.join(others)})"
+    if data.get("epsilon_paper_convention") is not None:
+        eps += f", papers' convention {data['epsilon_paper_convention']:.3f}"
+    return f"{eps} at delta={data['delta']:g}"

@@ -317,7 +317,7 @@ class ClientChunk:
             return Message(v)
         if stage.draws_per_client(k):  # Δ̂_i = Δ_i + z_i, each client's own draw
             self.add(key + ":clean", sent)
-            sent = sent + self.normal(stage.noise_seed, stage.noise_std, select=select)
+            sent = sent + self.normal(stage.noise_seed, stage.client_noise_std, select=select)
         if stage.secure(k):
             self._secure_share(key, sent, self.ids if select is None else self.ids[select.cpu()])
         else:

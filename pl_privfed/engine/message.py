@@ -15,7 +15,11 @@ same for every algorithm and is this module's job, not the algorithm's:
   clients' noise reaches the iterates only through the sum the server receives, draws that sum
   ``N(0, m σ² I)`` once for the ``m`` senders (``draws: aggregate``: ``d`` normals instead of
   ``m·d``, the same distribution of every iterate); with ``placement="central"`` the clients send
-  clean messages and the server adds one Gaussian;
+  clean messages and a trusted aggregator adds one ``N(0, σ² I)`` to their sum (its own stream);
+  with ``placement="distributed"`` every sender adds its share ``N(0, σ²/t · I)`` (``t`` the
+  guaranteed number of contributors) and the server learns only the sum, which a round with
+  fewer than ``t`` senders never releases (:meth:`MessageStage.aborts`: the sum received is zero
+  and ``metrics["aborted"]`` is 1);
 * secure aggregation (simulated pairwise masks, :class:`~pl_privfed.privacy.SecureAggregation`):
   every round when configured ``every_round``, and always for the initialization's sums;
 * the bookkeeping: the message counts the communication callbacks read, and the statistics the
@@ -23,9 +27,10 @@ same for every algorithm and is this module's job, not the algorithm's:
   the received sum), pfl-style ``(value, metrics)``.
 
 Client side: :meth:`pl_privfed.engine.ClientChunk.transmit`; server side:
-:meth:`pl_privfed.engine.Reduction.received`. A new noise placement (central noise on a sum,
-distributed noise under secure aggregation) is a change to this module and to the accounting
-(:mod:`pl_privfed.privacy.plan`), never to an algorithm.
+:meth:`pl_privfed.engine.Reduction.received`. The noise placements are this module's and the
+accounting's (:mod:`pl_privfed.privacy.plan`), never an algorithm's: an algorithm's client
+memories always see the clean message (it never leaves the client) and its server lines the
+received, noised sum.
 """
 
 from __future__ import annotations
@@ -38,13 +43,14 @@ import torch
 from torch import Tensor
 
 from pl_privfed.privacy.secagg import SecureAggregation
-from pl_privfed.rng import STREAM_SERVER_NOISE, KeyedGenerator
+from pl_privfed.rng import STREAM_CENTRAL_NOISE, STREAM_SERVER_NOISE, KeyedGenerator
 
 __all__ = ["Message", "MessageStage", "NoisePlacement", "noise_to_signal"]
 
-#: Who adds the DP noise to the messages: every client its own (``local``), or the server once
-#: to the sum it receives (``central``, a trusted aggregator).
-NoisePlacement = Literal["local", "central"]
+#: Who adds the DP noise to the messages: every client its own (``local``), a trusted aggregator
+#: once to the sum (``central``), or every sender a share of the sum's noise under secure
+#: aggregation (``distributed``).
+NoisePlacement = Literal["local", "central", "distributed"]
 
 
 def noise_to_signal(noisy_sum: Tensor, clean_sum: Tensor) -> Tensor:
@@ -84,10 +90,10 @@ class MessageStage:
         noised: whether the round's messages carry DP noise.
         per_client: draw every client's ``z_i`` from its own stream (``DPNoise`` ``draws:
             per_client``) rather than their sum once (``aggregate``).
-        placement: ``"local"`` (each client noises its message) or ``"central"``.
-        central_scale: central noise: the server adds ``central_scale · z``, ``z ~ N(0, σ² I)``,
-            to the sum, i.e. ``z`` to the average over ``central_scale`` clients (distributed
-            DP-SGD's trusted server noising the average).
+        placement: ``"local"``, ``"central"`` or ``"distributed"`` (module docstring);
+            ``noise_std`` is a client's noise (local) or the sum's (central, distributed).
+        min_contributors: ``t`` of distributed noise: each sender adds ``N(0, σ²/t)``; a round
+            with fewer senders is aborted.
         secure_aggregation: pairwise-masked sums, or ``None``.
     """
 
@@ -96,8 +102,27 @@ class MessageStage:
     noised: bool = False
     per_client: bool = False
     placement: NoisePlacement = "local"
-    central_scale: float = 1.0
+    min_contributors: int = 1
     secure_aggregation: SecureAggregation | None = None
+
+    @property
+    def client_noise_std(self) -> float:
+        """The std of one sender's own noise: ``σ`` (local), ``σ/√t`` (distributed), 0 (central)."""
+        if self.placement == "central":
+            return 0.0
+        if self.placement == "distributed":
+            return self.noise_std / math.sqrt(self.min_contributors)
+        return self.noise_std
+
+    def aborts(self, senders: int, round_index: int) -> bool:
+        """Whether a round with ``senders`` senders releases nothing: distributed noise with
+        fewer than ``t`` contributors would carry less noise than the accounting assumes."""
+        return (
+            self.noised
+            and self.placement == "distributed"
+            and round_index >= 0
+            and senders < self.min_contributors
+        )
 
     def secure(self, round_index: int) -> bool:
         """Whether the round's sums are securely aggregated: every round with
@@ -106,9 +131,9 @@ class MessageStage:
         return agg is not None and (agg.every_round or round_index < 0)
 
     def clients_noise(self, round_index: int) -> bool:
-        """Whether each client's message carries its own noise this round (local DP; the
-        initialization is never noised)."""
-        return self.noised and self.placement == "local" and round_index >= 0
+        """Whether each client's message carries its own noise (or share of it) this round
+        (local and distributed noise; the initialization is never noised)."""
+        return self.noised and self.placement != "central" and round_index >= 0
 
     def draws_per_client(self, round_index: int) -> bool:
         """Whether the simulation draws every client's ``z_i`` (rather than their sum)."""
@@ -121,15 +146,16 @@ class MessageStage:
     def noise_of_sum(
         self, count: int, round_index: int, keyed: KeyedGenerator, like: Tensor
     ) -> Tensor:
-        """The noise the server's sum carries that no client drew: ``Σ_{i ≤ count} z_i ~ N(0,
-        count·σ² I)`` for local noise drawn as a sum, ``central_scale · N(0, σ² I)`` for central
-        noise; one draw from the round's server stream ``(noise seed, round)``."""
+        """The noise the server's sum carries that no client drew: the senders' noises drawn as
+        their sum, ``N(0, count·s² I)`` with ``s`` a sender's std (:attr:`client_noise_std`),
+        from the round's stream ``(noise seed, STREAM_SERVER_NOISE, round)``; or the trusted
+        aggregator's ``N(0, σ² I)`` (central) from its own stream ``(noise seed,
+        STREAM_CENTRAL_NOISE, round)``: two purposes, two keys, never the same draw twice."""
         out = torch.zeros_like(like)
         if self.placement == "central":
-            gen = keyed(self.noise_seed, STREAM_SERVER_NOISE, round_index)
-            out.normal_(0.0, self.noise_std, generator=gen)
-            return out.mul_(self.central_scale) if self.central_scale != 1.0 else out
+            gen = keyed(self.noise_seed, STREAM_CENTRAL_NOISE, round_index)
+            return out.normal_(0.0, self.noise_std, generator=gen)
         if count > 0:
             gen = keyed(self.noise_seed, STREAM_SERVER_NOISE, round_index)
-            out.normal_(0.0, self.noise_std * math.sqrt(count), generator=gen)
+            out.normal_(0.0, self.client_noise_std * math.sqrt(count), generator=gen)
         return out

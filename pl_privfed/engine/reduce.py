@@ -141,11 +141,16 @@ class Reduction:
         The sum is unmasked when securely aggregated and carries the round's DP noise (every
         client's own, or drawn here as the sum of the senders' noises, or the server's central
         draw); ``metrics`` holds the operator's statistics (``clip_fraction``, ``norm_before``,
-        ``update_norm``) and, when noised and someone sent, ``noise_to_signal``.
+        ``update_norm``) and, when noised and someone sent, ``noise_to_signal``. A round the
+        stage aborts (distributed noise with fewer than ``t`` senders) receives zeros and
+        reports ``metrics["aborted"] = 1``: nothing was released.
         """
         stage, k = self.stage, self.round_index
         metrics = self.operator_metrics()
         senders = self.count(key + ":senders")
+        if stage.aborts(senders, k):
+            metrics["aborted"] = torch.tensor(1.0)
+            return torch.zeros(self.dim, device=self.device, dtype=self.dtype), metrics
         if stage.secure(k) and key in self.sums:
             agg = stage.secure_aggregation
             total = agg.finish(self.sums[key], self.get(key + ":abs"), senders)

@@ -20,8 +20,8 @@ from pl_privfed.privacy.calibration import (
 )
 from pl_privfed.privacy.ledger import PrivacyLedger
 from pl_privfed.privacy.mechanism import AccountingBasis, Mechanism, Sampling
-from pl_privfed.privacy.noise import Calibration, DPNoise, Neighbouring, relation_factor
-from pl_privfed.privacy.release import BatchSampling, RecordUse, Release
+from pl_privfed.privacy.noise import Calibration, DPNoise, Neighbouring, Placement, relation_factor
+from pl_privfed.privacy.release import BatchSampling, Cohort, RecordUse, Release
 from pl_privfed.privacy.secagg import SecureAggregation
 
 __all__ = [
@@ -29,9 +29,11 @@ __all__ = [
     "AccountingBasis",
     "BatchSampling",
     "Calibration",
+    "Cohort",
     "DPNoise",
     "Mechanism",
     "Neighbouring",
+    "Placement",
     "PrivacyAccountant",
     "PrivacyLedger",
     "RecordUse",

@@ -25,9 +25,12 @@ from pl_privfed.privacy.release import Release
 
 __all__ = ["PrivacyLedger"]
 
-#: checkpoint keys (kept from the versions before the ledger, so older checkpoints resume)
+#: checkpoint keys (kept from the versions before the ledger, so older checkpoints resume);
+#: ``accountant`` is the headline adversary's, ``adversaries`` every adversary's
 _KEYS = {
     "accountant": "privacy_accountant",
+    "adversaries": "privacy_accountants",
+    "aborted": "privacy_rounds_aborted",
     "paper": "privacy_accountant_paper",
     "calibration": "privacy_calibration",
     "rounds": "privacy_rounds_accounted",
@@ -60,19 +63,34 @@ class PrivacyLedger:
         self.noise = noise
         self.noise_stds = [float(s) for s in noise_stds]
         self.rounds = int(rounds)
-        self.accountant = PrivacyAccountant(noise.accountant)
+        self.adversaries = plan.adversaries(release, noise)
+        self.accountants = {a: PrivacyAccountant(noise.accountant) for a in self.adversaries}
         self.paper_accountant = PrivacyAccountant(noise.accountant)
         self.rounds_accounted = 0
+        self.rounds_aborted = 0
         self.calibration = self.calibration_record()
+
+    @property
+    def headline(self) -> str:
+        """The adversary of the reported ε (:func:`~pl_privfed.privacy.plan.adversaries`)."""
+        return self.adversaries[0]
+
+    @property
+    def accountant(self) -> PrivacyAccountant:
+        """The headline adversary's accountant."""
+        return self.accountants[self.headline]
 
     @property
     def noise_std(self) -> float:
         return self.noise_stds[0]
 
     # ------------------------------------------------------------------ releases
-    def mechanisms(self, round_index: int) -> list[Mechanism]:
-        """The Gaussian releases of round ``round_index`` (defensible accounting)."""
-        return plan.round_mechanisms(self.release, self.noise, self.noise_std, round_index)
+    def mechanisms(self, round_index: int, adversary: str | None = None) -> list[Mechanism]:
+        """The Gaussian releases of round ``round_index`` against ``adversary`` (default the
+        headline; defensible accounting)."""
+        return plan.round_mechanisms(
+            self.release, self.noise, self.noise_std, round_index, adversary or self.headline
+        )
 
     def paper_mechanisms(self) -> list[Mechanism]:
         """The releases of one round under the papers' convention."""
@@ -87,18 +105,26 @@ class PrivacyLedger:
         record's uses are counted)."""
         return self.mechanisms(self.rounds_accounted)
 
-    def account(self, round_index: int) -> None:
-        """Record round ``round_index``'s releases with both accountants."""
-        for mech in self.mechanisms(round_index):
-            self.accountant.step_mechanism(mech)
-        for mech in self.paper_mechanisms():
-            self.paper_accountant.step_mechanism(mech)
+    def account(self, round_index: int, released: bool = True) -> None:
+        """Record round ``round_index``'s releases with every accountant; a round that
+        released nothing (distributed noise with too few senders: aborted) is counted but
+        composes nothing."""
+        if released:
+            for adversary, accountant in self.accountants.items():
+                for mech in self.mechanisms(round_index, adversary):
+                    accountant.step_mechanism(mech)
+            for mech in self.paper_mechanisms():
+                self.paper_accountant.step_mechanism(mech)
+        else:
+            self.rounds_aborted += 1
         self.rounds_accounted += 1
 
     # ------------------------------------------------------------------ ε
-    def epsilon(self, delta: float | None = None) -> float:
-        """The defensible ε spent so far, at ``delta`` (default the run's δ)."""
-        return self.accountant.get_epsilon(self.noise.delta if delta is None else delta)
+    def epsilon(self, delta: float | None = None, adversary: str | None = None) -> float:
+        """The defensible ε spent so far against ``adversary`` (default the headline), at
+        ``delta`` (default the run's δ)."""
+        accountant = self.accountants[adversary or self.headline]
+        return accountant.get_epsilon(self.noise.delta if delta is None else delta)
 
     def epsilon_paper(self, delta: float | None = None) -> float:
         """ε under the papers' convention, at ``delta`` (default the run's δ)."""
@@ -131,40 +157,59 @@ class PrivacyLedger:
             "message_bound": release.bound,
             "sample_rate": release.paper_rate,
             "accountant": noise.accountant,
+            "placement": noise.placement,
+            "min_contributors": noise.min_contributors,
         }
 
     def report(self) -> dict[str, Any]:
-        """What the run spent, under two accountings (docs/privacy.md).
+        """What the run spent, per adversary and under the papers' convention (docs/privacy.md).
 
-        ``epsilon`` is the defensible value: the algorithm's privacy unit, the neighbouring
-        relation of its privacy model (replace-one for local DP), amplification only by
-        sampling hidden from the adversary and only as what it is.
-        ``epsilon_paper_convention`` is the papers' (add/remove, Poisson amplification at the
-        nominal rate). ``accounting`` and ``paper_convention`` state what each assumes;
-        ``calibration`` what σ was set for.
+        ``epsilon`` is the defensible value against the headline adversary (``adversary``):
+        the algorithm's privacy unit, the neighbouring relation of that adversary,
+        amplification only by sampling hidden from it and only as what it is.
+        ``adversaries`` holds one entry per party that could see something (its ε, what it
+        sees, relation, sensitivity, amplification, accountant, noise multiplier, sample rate
+        and releases); ``trusted`` what the run trusts. ``epsilon_paper_convention`` is the
+        papers' (add/remove, Poisson amplification at the nominal rate). ``accounting`` and
+        ``paper_convention`` state what each assumes; ``calibration`` what σ was set for.
         """
         noise, release = self.noise, self.release
         rel = plan.relation(release, noise)
-        mechs, paper = self.mechanisms(0), self.paper_mechanisms()  # round 0 always releases
+        paper = self.paper_mechanisms()
+        entries = {a: self.adversary_report(a) for a in self.adversaries}
+        head = entries[self.headline]
         calibration = dict(self.calibration)
         return {
-            "epsilon": self.epsilon(),
+            "epsilon": head["epsilon"],
+            "adversary": self.headline,
+            "adversary_sees": head["sees"],
             "epsilon_paper_convention": self.epsilon_paper(),
             "delta": noise.delta,
-            "privacy_unit": release.unit,
+            "privacy_unit": plan.unit(release, noise),
+            "placement": noise.placement if release.records is None else "local",
+            "min_contributors": noise.min_contributors,
+            "trusted": plan.trusted(release, noise),
             "neighbouring_relation": rel,
             "sensitivity": plan.sensitivity(release, rel),
             "message_bound": release.bound,
+            "adversaries": entries,
             "accounting": {
-                **plan.accounting_basis(release, noise).as_dict(),
-                "accountant": self.accountant.library,
-                "noise_multiplier": mechs[0].noise_multiplier if mechs else None,
-                "sample_rate": mechs[0].sample_rate if mechs else None,
-                "sampling": mechs[0].sampling if mechs else None,
-                "releases": self.accountant.steps,
+                key: head[key]
+                for key in (
+                    "neighbouring_relation",
+                    "sensitivity",
+                    "amplification",
+                    "approximation",
+                    "composition",
+                    "accountant",
+                    "noise_multiplier",
+                    "sample_rate",
+                    "sampling",
+                    "releases",
+                )
             },
             "paper_convention": {
-                **plan.paper_accounting_basis(release).as_dict(),
+                **plan.paper_accounting_basis(release, noise).as_dict(),
                 "accountant": self.paper_accountant.library,
                 "noise_multiplier": paper[0].noise_multiplier if paper else None,
                 "sample_rate": paper[0].sample_rate if paper else None,
@@ -176,15 +221,36 @@ class PrivacyLedger:
             "calibration_rounds": calibration["rounds"],
             "calibrated_for": calibration,
             "noise_std": self.noise_std,
+            "noise_multiplier": head["noise_multiplier"],
+            "sample_rate": head["sample_rate"],
+            "rounds_accounted": self.rounds_accounted,
+            "rounds_aborted": self.rounds_aborted,
+        }
+
+    def adversary_report(self, adversary: str) -> dict[str, Any]:
+        """The guarantee against one adversary (an entry of :meth:`report`)."""
+        noise, release = self.noise, self.release
+        mechs = self.mechanisms(0, adversary)  # round 0 always releases
+        accountant = self.accountants[adversary]
+        return {
+            "epsilon": self.epsilon(adversary=adversary),
+            "sees": plan.describe(release, noise, adversary),
+            **plan.accounting_basis(release, noise, adversary).as_dict(),
+            "accountant": accountant.library,
             "noise_multiplier": mechs[0].noise_multiplier if mechs else None,
             "sample_rate": mechs[0].sample_rate if mechs else None,
-            "rounds_accounted": self.rounds_accounted,
+            "sampling": mechs[0].sampling if mechs else None,
+            "releases": accountant.steps,
         }
 
     # ------------------------------------------------------------------ checkpoints
     def save(self, checkpoint: dict[str, Any]) -> None:
         """Put the ledger into a Lightning checkpoint."""
         checkpoint[_KEYS["accountant"]] = self.accountant.state_dict()
+        checkpoint[_KEYS["adversaries"]] = {
+            a: acc.state_dict() for a, acc in self.accountants.items()
+        }
+        checkpoint[_KEYS["aborted"]] = self.rounds_aborted
         checkpoint[_KEYS["paper"]] = self.paper_accountant.state_dict()
         checkpoint[_KEYS["calibration"]] = self.calibration
         checkpoint[_KEYS["rounds"]] = self.rounds_accounted
@@ -199,9 +265,19 @@ class PrivacyLedger:
             return None
         stds = self.restore(checkpoint.get(_KEYS["calibration"]))
         if _KEYS["paper"] in checkpoint:
-            self.accountant.load_state_dict(checkpoint[_KEYS["accountant"]])
             self.paper_accountant.load_state_dict(checkpoint[_KEYS["paper"]])
             self.rounds_accounted = int(checkpoint[_KEYS["rounds"]])
+            self.rounds_aborted = int(checkpoint.get(_KEYS["aborted"], 0))
+            saved = checkpoint.get(_KEYS["adversaries"])
+            if saved is None:  # before the adversaries: the headline's history only
+                saved = {self.headline: checkpoint[_KEYS["accountant"]]}
+            for adversary, accountant in self.accountants.items():
+                if adversary in saved:
+                    accountant.load_state_dict(saved[adversary])
+                else:  # replay this adversary's releases (no round was aborted then)
+                    for k in range(self.rounds_accounted):
+                        for mech in self.mechanisms(k, adversary):
+                            accountant.step_mechanism(mech)
         else:  # an older checkpoint: one accountant, under the papers' convention
             rounds = int(checkpoint.get("global_step", 0))
             self.warn(

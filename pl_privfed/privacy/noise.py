@@ -14,6 +14,7 @@ __all__ = [
     "DPNoise",
     "Draws",
     "Neighbouring",
+    "Placement",
     "paper_noise_std",
     "relation_factor",
 ]
@@ -21,6 +22,10 @@ __all__ = [
 Calibration = Literal["paper", "target"]
 Neighbouring = Literal["add_remove", "replace_one"]
 Draws = Literal["aggregate", "per_client"]
+#: Who adds the Gaussian noise (docs/privacy.md, "Where the noise goes"): every client to its
+#: own message (``local``), a trusted aggregator once to the sum (``central``), or every
+#: participant a share of it under secure aggregation (``distributed``).
+Placement = Literal["local", "central", "distributed"]
 
 
 def relation_factor(relation: Neighbouring) -> float:
@@ -68,6 +73,21 @@ class DPNoise:
             own noise (per-sample clipping's local steps, PORTER-DP, SoteriaFL) always draw
             per client. The privacy guarantee is the same either way: it is a property of the
             mechanism, not of how the simulation samples it.
+        placement: where the noise is added (server-based client-level algorithms; the
+            record-level ones are always ``local``):
+
+            * ``"local"``: each client adds ``z_i ~ N(0, σ² I)`` to its message before sending;
+              the server, which sees every message and its sender, is the adversary.
+            * ``"central"``: clients send clean messages and a trusted aggregator adds one
+              ``z ~ N(0, σ² I)`` to their *sum* (σ is the noise of the sum, sensitivity Φ); the
+              adversary is whoever sees the released models. With a Poisson cohort the server
+              divides by the expected cohort size (fixed denominator).
+            * ``"distributed"``: every participant adds ``N(0, σ²/t)`` (``t =
+              min_contributors``) and the server learns only the sum (secure aggregation), which
+              holds at least ``σ²`` of noise whenever at least ``t`` clients take part; a round
+              with fewer senders is aborted (nothing is released, the model does not move).
+        min_contributors: ``t`` of distributed noise: the fewest participants a round may have
+            (the noise the accounting relies on; never the noise that was hoped for).
     """
 
     epsilon: float | None = None
@@ -80,6 +100,8 @@ class DPNoise:
     seed: int = 0
     accountant: AccountantName = "rdp"
     draws: Draws = "aggregate"
+    placement: Placement = "local"
+    min_contributors: int | None = None
 
     def __post_init__(self) -> None:
         if (self.epsilon is None) == (self.noise_multiplier is None):
@@ -105,3 +127,20 @@ class DPNoise:
             raise ValueError(f"accountant must be 'rdp' or 'prv', got {self.accountant!r}")
         if self.draws not in ("aggregate", "per_client"):
             raise ValueError(f"draws must be 'aggregate' or 'per_client', got {self.draws!r}")
+        if self.placement not in ("local", "central", "distributed"):
+            raise ValueError(
+                f"placement must be 'local', 'central' or 'distributed', got {self.placement!r}"
+            )
+        t = self.min_contributors
+        if t is not None and (isinstance(t, bool) or not isinstance(t, int) or t < 1):
+            raise ValueError(f"min_contributors must be a positive integer, got {t!r}")
+        if self.placement == "distributed" and t is None:
+            raise ValueError(
+                "placement='distributed' needs min_contributors (t, the fewest clients whose "
+                "noise shares the sum is guaranteed to hold): each adds N(0, σ²/t)"
+            )
+        if self.placement != "distributed" and t is not None:
+            raise ValueError(
+                f"min_contributors={t!r} is for placement='distributed', got "
+                f"placement={self.placement!r}"
+            )

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from typing import Literal
 
 from pl_privfed.privacy.accounting import PrivacyAccountant
 from pl_privfed.privacy.calibration import calibrate_noise_std, paper_noise_std
@@ -31,11 +32,16 @@ from pl_privfed.privacy.noise import DPNoise, Neighbouring, relation_factor
 from pl_privfed.privacy.release import BatchSampling, Release
 
 __all__ = [
+    "ADVERSARIES",
+    "Adversary",
     "accounting_basis",
+    "adversaries",
     "calibrate",
     "calibration_rounds",
     "check",
+    "check_placement",
     "check_record_sampling",
+    "describe",
     "paper_accounting_basis",
     "paper_mechanisms",
     "record_round_mechanisms",
@@ -43,21 +49,95 @@ __all__ = [
     "release_plan",
     "round_mechanisms",
     "sensitivity",
+    "trusted",
+    "unit",
 ]
 
+#: Who could learn something from a run: ``"server"`` — whoever sees what the clients send
+#: (local noise: every noised message and its sender; distributed noise: the noised sum and who
+#: took part; for decentralized methods the agent's neighbours); ``"models"`` — whoever sees
+#: only the released models (not who took part), against whom a secret cohort amplifies.
+Adversary = Literal["server", "models"]
+ADVERSARIES: tuple[Adversary, ...] = ("server", "models")
 
-def relation(release: Release, noise: DPNoise) -> Neighbouring:
-    """The relation of the reported (defensible) ε: ``noise.neighbouring`` if given, else
-    replace-one for local DP and add/remove for central DP (docs/privacy.md)."""
-    if noise.neighbouring is not None:
+
+def adversaries(release: Release, noise: DPNoise) -> list[Adversary]:
+    """The adversaries a run reports an ε against, the headline first: the server for local
+    and distributed noise (it sees the most), whoever sees the models for central noise (the
+    aggregator is trusted: no guarantee against it, :func:`trusted`)."""
+    if release.records is None and noise.placement == "central":
+        return ["models"]
+    return ["server", "models"]
+
+
+def trusted(release: Release, noise: DPNoise) -> str | None:
+    """What the run assumes it can trust, or ``None``."""
+    if release.records is None and noise.placement == "central":
+        return (
+            "the aggregator: it sees every clean message and adds the noise; no ε is claimed "
+            "against it"
+        )
+    if release.records is None and noise.placement == "distributed":
+        return (
+            f"secure aggregation reveals only the sum, and at least t={noise.min_contributors} "
+            "senders add their noise share honestly in every released round"
+        )
+    return None
+
+
+def describe(release: Release, noise: DPNoise, adversary: Adversary) -> str:
+    """Who the adversary is and what it sees, in words."""
+    if adversary == "models":
+        if release.records is not None:
+            return (
+                "whoever sees the released models (a post-processing of what "
+                f"{release.observer} sees: no smaller ε is claimed)"
+            )
+        return "whoever sees the released models, but not who took part in a round"
+    if release.records is None and noise.placement == "distributed":
+        return "the server: the noised sum (secure aggregation) and who took part"
+    return f"{release.observer}: every noised message and its sender"
+
+
+def unit(release: Release, noise: DPNoise) -> str:
+    """The privacy unit with where the noise goes, e.g. ``"client-level DP, central noise (a
+    trusted aggregator noises the sum)"``."""
+    if release.records is not None:
+        return release.unit
+    where = {
+        "local": "local noise (each client noises its own message)",
+        "central": "central noise (a trusted aggregator noises the sum)",
+        "distributed": (
+            f"distributed noise (each sender adds a 1/{noise.min_contributors} share of the "
+            "sum's noise under secure aggregation)"
+        ),
+    }[noise.placement]
+    return f"{release.unit}, {where}"
+
+
+def relation(release: Release, noise: DPNoise, adversary: Adversary | None = None) -> Neighbouring:
+    """The relation of the ε against ``adversary`` (default the headline).
+
+    ``noise.neighbouring`` sets the headline's relation; otherwise the server's is replace-one
+    (it knows who takes part: one client's data swapped for any other, which can move a
+    bounded message anywhere in the ball) and the models' add/remove (a client present in the
+    population or not), or replace-one where the cohort is a fixed-size sample (sampling
+    without replacement is analysed under replace-one). Record-level: the server's relation
+    for both (the models are post-processing of its view).
+    """
+    headline = adversaries(release, noise)[0]
+    adversary = headline if adversary is None else adversary
+    if noise.neighbouring is not None and (adversary == headline or release.records is not None):
         return noise.neighbouring
-    return "replace_one" if release.placement == "local" else "add_remove"
+    if adversary == "server" or release.records is not None:
+        return "replace_one"
+    return "replace_one" if release.cohort == "fixed" else "add_remove"
 
 
 def sensitivity(release: Release, relation: Neighbouring) -> float:
     """How far one privacy unit can move the noised quantity under ``relation``: ``Φ`` under
-    add/remove and ``2Φ`` under replace-one by default (``Φ/n`` and ``2Φ/n`` for central noise
-    on an average over ``n`` clients), or the declaration's own values."""
+    add/remove and ``2Φ`` under replace-one by default (a message, or the sum central and
+    distributed noise is added to), or the declaration's own values."""
     factor = relation_factor(relation)
     if relation == "replace_one" and release.replace_one_sensitivity is not None:
         return release.replace_one_sensitivity
@@ -65,33 +145,50 @@ def sensitivity(release: Release, relation: Neighbouring) -> float:
         return release.sensitivity * factor
     if release.bound is None:
         raise ValueError(f"noise needs an operator with a bounded output ({release.unit})")
-    value = release.bound * factor
-    return value / release.aggregated_over if release.aggregated_over != 1 else value
+    return release.bound * factor
 
 
 def round_mechanisms(
-    release: Release, noise: DPNoise, noise_std: float, round_index: int
+    release: Release,
+    noise: DPNoise,
+    noise_std: float,
+    round_index: int,
+    adversary: Adversary | None = None,
 ) -> list[Mechanism]:
-    """The Gaussian releases of round ``round_index`` at noise std ``noise_std``, as the
-    defensible accounting composes them.
+    """The Gaussian releases of round ``round_index`` at noise std ``noise_std`` against
+    ``adversary`` (default the headline), as the defensible accounting composes them.
 
-    Client-level: one release per round at noise multiplier ``σ / sensitivity`` and **no
-    amplification by client sampling**: the server sees who transmits, so a client's privacy
-    loss composes over every round it can take part in. Record-level: a record's releases as
-    the data draws it (:func:`record_round_mechanisms`).
+    Client-level, against the server: one release per round at noise multiplier ``σ /
+    sensitivity`` and **no amplification by client sampling** (the server sees who takes
+    part), for a client's own noise (local) or the noise the sum is guaranteed to hold
+    (distributed). Against whoever sees only the models: the sum's noise ``σ`` (central,
+    distributed; local: only the client's own ``σ`` is counted), amplified by a secret Poisson
+    cohort at its rate, or by a fixed-size cohort as sampling without replacement of ``B`` of
+    the ``N`` clients; no amplification when every client takes part or the server averages
+    over the realized cohort. Record-level: a record's releases as the data draws it
+    (:func:`record_round_mechanisms`), for both adversaries.
     """
-    sens = sensitivity(release, relation(release, noise))
+    adversary = adversaries(release, noise)[0] if adversary is None else adversary
+    sens = sensitivity(release, relation(release, noise, adversary))
     records = release.records
-    if records is None:
-        return [Mechanism(noise_std / sens, 1.0, release.unit, sampling="none")]
-    return record_round_mechanisms(
-        noise_std / (sens * math.sqrt(records.gaussians_per_use)),
-        positions=records.positions,
-        population=records.population,
-        batch_sampling=records.batch_sampling,
-        round_index=round_index,
-        privacy_unit=release.unit,
-    )
+    label = unit(release, noise)
+    if records is not None:
+        return record_round_mechanisms(
+            noise_std / (sens * math.sqrt(records.gaussians_per_use)),
+            positions=records.positions,
+            population=records.population,
+            batch_sampling=records.batch_sampling,
+            round_index=round_index,
+            privacy_unit=label,
+        )
+    multiplier = noise_std / sens
+    if adversary == "models" and release.participation < 1:
+        if release.cohort == "poisson":
+            return [Mechanism(multiplier, release.participation, label, sampling="poisson")]
+        if release.cohort == "fixed":
+            n, b = int(release.clients), int(release.cohort_size)
+            return [Mechanism(multiplier, b / n, label, "without_replacement", population=n)]
+    return [Mechanism(multiplier, 1.0, label, sampling="none")]
 
 
 def paper_mechanisms(release: Release, noise_std: float) -> list[Mechanism]:
@@ -105,16 +202,22 @@ def paper_mechanisms(release: Release, noise_std: float) -> list[Mechanism]:
 
 
 def release_plan(
-    release: Release, noise: DPNoise, noise_std: float, rounds: int
+    release: Release,
+    noise: DPNoise,
+    noise_std: float,
+    rounds: int,
+    adversary: Adversary | None = None,
 ) -> list[tuple[Mechanism, int]]:
-    """Every release of ``rounds`` rounds at noise std ``noise_std`` (defensible), as
-    ``(mechanism, count)`` pairs: what ``calibration: target`` solves over."""
+    """Every release of ``rounds`` rounds at noise std ``noise_std`` against ``adversary``
+    (default the headline), as ``(mechanism, count)`` pairs: what ``calibration: target``
+    solves over."""
     if not release.round_dependent:
-        return [(m, rounds) for m in round_mechanisms(release, noise, noise_std, 0)]
+        mechs = round_mechanisms(release, noise, noise_std, 0, adversary)
+        return [(m, rounds) for m in mechs]
     counts: Counter = Counter()
     kinds: dict[tuple, Mechanism] = {}
     for k in range(rounds):
-        for m in round_mechanisms(release, noise, noise_std, k):
+        for m in round_mechanisms(release, noise, noise_std, k, adversary):
             counts[m.key()] += 1
             kinds.setdefault(m.key(), m)
     return [(kinds[key], count) for key, count in counts.items()]
@@ -126,14 +229,18 @@ def calibration_rounds(noise: DPNoise, num_rounds: int) -> int:
 
 
 def calibrate(release: Release, noise: DPNoise, rounds: int) -> float:
-    """The noise std ``σ`` of a run of ``rounds`` rounds, fixed when the run starts.
+    """The noise std ``σ`` of a run of ``rounds`` rounds, fixed when the run starts: a client's
+    noise (local), or the noise of the sum (central, distributed).
 
-    ``noise_multiplier``: ``σ = multiplier × sensitivity`` (of the reported ε);
+    ``noise_multiplier``: ``σ = multiplier × sensitivity`` (the headline's);
     ``calibration: paper``: the papers' ``σ = c · q · Φ · sqrt(K log(1/δ))/ε``
     (:func:`~pl_privfed.privacy.paper_noise_std`, at the papers' rate ``q`` and ``K`` counting
-    their steps); ``calibration: target``: the ``σ`` at which the defensible accounting of the
-    run certifies ``epsilon`` (:func:`~pl_privfed.privacy.calibrate_noise_std`).
+    their steps; for central and distributed noise ``Φ`` is the sensitivity of the sum that is
+    noised, so the average carries ``σ/n`` — not the ``σ`` the papers size for one message);
+    ``calibration: target``: the ``σ`` at which the accounting against the headline adversary
+    certifies ``epsilon`` (:func:`~pl_privfed.privacy.calibrate_noise_std`).
     """
+    check_placement(release, noise)
     rel = relation(release, noise)
     if noise.noise_multiplier is not None:
         return noise.noise_multiplier * sensitivity(release, rel)
@@ -157,17 +264,65 @@ def calibrate(release: Release, noise: DPNoise, rounds: int) -> float:
     )
 
 
+def check_placement(release: Release, noise: DPNoise) -> None:
+    """``ValueError`` before training where the noise placement's accounting does not hold."""
+    placement = noise.placement
+    if placement == "local":
+        return
+    if release.records is not None:
+        raise ValueError(
+            f"noise.placement={placement!r}: {release.unit} is noised inside each client "
+            "(record-level DP), where only placement: local applies"
+        )
+    if release.cohort == "realized":
+        raise ValueError(
+            f"noise.placement={placement!r} needs a fixed denominator, but the sampler "
+            "averages over the clients that took part (BernoulliSampler): one client would "
+            "change every other's weight, so the sensitivity of the noised average is not "
+            "bounded; use PoissonSampler (divides by the expected cohort) or FixedSizeSampler"
+        )
+    models = relation(release, noise, "models")
+    if release.cohort == "poisson" and release.participation < 1 and models != "add_remove":
+        raise ValueError(
+            f"noise.neighbouring={noise.neighbouring!r}: amplification by a Poisson cohort is "
+            "analysed under add/remove (Opacus); set neighbouring: add_remove or null"
+        )
+    if release.cohort == "fixed" and release.participation < 1 and models != "replace_one":
+        raise ValueError(
+            f"noise.neighbouring={noise.neighbouring!r}: a fixed-size cohort is sampled "
+            "without replacement, analysed under replace-one (dp-accounting); set "
+            "neighbouring: replace_one or null"
+        )
+    if placement == "distributed":
+        t, floor = noise.min_contributors, release.guaranteed_participants
+        if release.clients and t > release.clients:
+            raise ValueError(
+                f"min_contributors={t} is more than the {release.clients} clients: every "
+                "round would be aborted"
+            )
+        if floor is not None and t > floor:
+            raise ValueError(
+                f"min_contributors={t} is more than the {floor} clients of every round's "
+                "cohort: every round would be aborted"
+            )
+
+
 def check(release: Release, noise: DPNoise, noise_std: float) -> None:
     """Raise ``ValueError`` before training if the run's releases are not accountable: a
-    record-level accounting that does not hold for the data, or releases the accountant cannot
-    compose (e.g. sampling without replacement with Poisson-subsampled releases)."""
+    placement whose accounting does not hold (:func:`check_placement`), a record-level
+    accounting that does not hold for the data, or releases the accountant cannot compose
+    (e.g. sampling without replacement with Poisson-subsampled releases)."""
+    check_placement(release, noise)
     records = release.records
     if records is not None:
         check_record_sampling(
             records.batch_sampling, relation(release, noise), records.release_size,
             records.population,
         )  # fmt: skip
-    plans = (round_mechanisms(release, noise, noise_std, 0), paper_mechanisms(release, noise_std))
+    plans = [
+        *(round_mechanisms(release, noise, noise_std, 0, a) for a in adversaries(release, noise)),
+        paper_mechanisms(release, noise_std),
+    ]
     for mechanisms in plans:
         probe = PrivacyAccountant(noise.accountant)
         for mechanism in mechanisms:
@@ -176,9 +331,12 @@ def check(release: Release, noise: DPNoise, noise_std: float) -> None:
 
 
 # ---------------------------------------------------------------------------- what ε assumes
-def accounting_basis(release: Release, noise: DPNoise) -> AccountingBasis:
-    """What the defensible ε assumes."""
-    rel = relation(release, noise)
+def accounting_basis(
+    release: Release, noise: DPNoise, adversary: Adversary | None = None
+) -> AccountingBasis:
+    """What the defensible ε against ``adversary`` (default the headline) assumes."""
+    adversary = adversaries(release, noise)[0] if adversary is None else adversary
+    rel = relation(release, noise, adversary)
     sens = sensitivity(release, rel)
     records = release.records
     if records is not None:
@@ -188,24 +346,51 @@ def accounting_basis(release: Release, noise: DPNoise) -> AccountingBasis:
         if release.cohorts:
             amplification += "; none from client sampling (the server sees who takes part)"
         return AccountingBasis(rel, sens, amplification, composition=composition)
-    if release.placement == "central":
-        amplification = "none: every client takes part in every round"
-    elif release.participation < 1:
+    rate, placement = release.participation, noise.placement
+    if adversary == "server":
+        seen = "the noised sum" if placement == "distributed" else "every message"
+        if rate < 1:
+            amplification = (
+                f"none: {release.observer} sees which clients transmit (and {seen}), so "
+                f"client sampling (rate {rate:g}) does not amplify against it"
+            )
+        else:
+            amplification = f"none: every client sends every round ({release.observer} sees {seen})"
+        if placement == "distributed":
+            amplification += (
+                f"; the sum's noise counted is σ, which the t={noise.min_contributors} "
+                "guaranteed senders' shares hold (rounds with fewer senders are aborted)"
+            )
+    elif release.cohort == "poisson" and rate < 1:
         amplification = (
-            f"none: {release.observer} sees which clients transmit, so client sampling (rate "
-            f"{release.participation:g}) does not amplify against it"
+            f"Poisson sampling of clients at rate {rate:g}, secret from whoever sees only the "
+            "models; the server divides by a fixed number"
+        )
+    elif release.cohort == "fixed" and rate < 1:
+        amplification = (
+            f"sampling without replacement of {int(release.cohort_size)} of the "
+            f"{release.clients} clients each round, secret from whoever sees only the models "
+            "(dp-accounting RDP, replace-one)"
+        )
+    elif release.cohort == "realized" and rate < 1:
+        amplification = (
+            "none: the server averages over the clients that took part, so the model depends "
+            "on how many did"
         )
     else:
-        amplification = "none: every client sends every round"
+        amplification = "none: every client takes part in every round"
+    if adversary == "models" and placement == "local":
+        amplification += "; only the client's own noise is counted, not the other clients'"
     return AccountingBasis(
         rel, sens, amplification,
         composition="every round of the run (a client may take part in any)",
     )  # fmt: skip
 
 
-def paper_accounting_basis(release: Release) -> AccountingBasis:
+def paper_accounting_basis(release: Release, noise: DPNoise | None = None) -> AccountingBasis:
     """What the papers' ε assumes, and where that fails for this mechanism."""
     rate = release.paper_rate
+    placement = "local" if noise is None else noise.placement
     problems = []
     if release.records is not None:
         problems.append("add/remove, although the minibatches have a fixed size")
@@ -218,7 +403,7 @@ def paper_accounting_basis(release: Release) -> AccountingBasis:
                 f"the minibatches are not Poisson samples but {what}"
                 + (" and the server sees which clients take part" if release.cohorts else "")
             )
-    elif release.placement == "local":
+    elif placement != "central":
         if release.participation < 1:
             problems.append(
                 "Poisson amplification at the client rate does not hold against the server, "
@@ -228,6 +413,8 @@ def paper_accounting_basis(release: Release) -> AccountingBasis:
             "add/remove understates what one client can change in its own message "
             "(replace-one: twice the bound)"
         )
+    elif release.participation < 1 and release.cohort != "poisson":
+        problems.append(f"the cohort is not a Poisson sample ({release.cohort})")
     return AccountingBasis(
         "add_remove",
         sensitivity(release, "add_remove"),

@@ -20,6 +20,7 @@ from pl_privfed.checks import check_positive_int
 
 __all__ = [
     "BatchSampling",
+    "Cohort",
     "RecordUse",
     "Release",
     "check_record_arguments",
@@ -30,9 +31,12 @@ __all__ = [
 #: How the datamodule draws a client's examples of a round (``FederatedDataModule.batch_sampling``)
 BatchSampling = Literal["epochs", "without_replacement"]
 
-#: Who noises the released vectors: each client its own (``local``), or a trusted server
-#: the aggregate (``central``).
-Placement = Literal["local", "central"]
+#: How a round's participants are drawn and how the server normalizes their sum:
+#: ``"all"`` (every client, every round), ``"poisson"`` (each client independently, the sum
+#: divided by a fixed number: the expected cohort), ``"fixed"`` (a uniformly random cohort of
+#: exactly ``cohort_size``), ``"realized"`` (independently, averaged over the clients that took
+#: part: the denominator depends on who did).
+Cohort = Literal["all", "poisson", "fixed", "realized"]
 
 
 @dataclass(frozen=True)
@@ -71,18 +75,20 @@ class Release:
             client noises its own message)"``).
         bound: ``Φ``, the norm bound of one client's message (the operator's bound times its
             factor); ``None`` when the operator bounds nothing (then no noise can be
-            calibrated).
-        placement: ``"local"`` (each client noises what it sends; the default relation is
-            replace-one) or ``"central"`` (a trusted server noises the aggregate; add/remove).
-        observer: who sees the noised releases (the adversary of local DP).
+            calibrated). Where the noise goes (``DPNoise.placement``) is the run's choice, not
+            the declaration's: central and distributed noise are on the *sum* of the messages,
+            whose sensitivity is ``Φ`` (add/remove) or ``2Φ`` (replace-one), whatever the
+            server then divides it by.
+        observer: who sees the noised messages (the adversary of local DP).
         sensitivity: how far one unit moves the noised quantity under add/remove (default
-            ``Φ / aggregated_over``).
+            ``Φ``).
         replace_one_sensitivity: the same under replace-one (default twice the add/remove
             sensitivity).
-        aggregated_over: central noise on an average over this many clients (sensitivity
-            ``Φ/n``).
-        participation: the nominal probability that a client takes part in a round.
-        cohorts: a sampler draws each round's cohort (the server sees who takes part).
+        participation: the probability that a client takes part in a round.
+        cohort: how the participants are drawn and the sum normalized (:data:`Cohort`).
+        clients: ``N``, the clients of the population (0: not stated).
+        cohort_size: the clients of a ``"fixed"`` cohort (``B``); for the other cohorts the
+            expected number of participants.
         records: how records enter the releases (record-level DP), else ``None``.
         paper_bound: ``Φ`` of the papers' calibration formula (default :attr:`bound`).
         paper_steps_per_round: the papers' ``K`` counts this many steps per round.
@@ -90,16 +96,30 @@ class Release:
 
     unit: str
     bound: float | None
-    placement: Placement = "local"
     observer: str = "the server"
     sensitivity: float | None = None
     replace_one_sensitivity: float | None = None
-    aggregated_over: int = 1
     participation: float = 1.0
-    cohorts: bool = False
+    cohort: Cohort = "all"
+    clients: int = 0
+    cohort_size: float = 0.0
     records: RecordUse | None = None
     paper_bound: float | None = None
     paper_steps_per_round: int = 1
+
+    @property
+    def cohorts(self) -> bool:
+        """Whether a sampler draws each round's cohort (the server sees who takes part)."""
+        return self.cohort != "all"
+
+    @property
+    def guaranteed_participants(self) -> int | None:
+        """The fewest clients that take part in any round (``None``: no guarantee)."""
+        if self.cohort == "all":
+            return self.clients or None
+        if self.cohort == "fixed":
+            return int(self.cohort_size)
+        return None
 
     @property
     def paper_rate(self) -> float:
