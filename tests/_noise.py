@@ -29,3 +29,15 @@ def server_noise(seed, round_index, dim, std, dtype=torch.float64):
     (central noise: its own stream, never the clients' noise sum's)."""
     gen = torch.Generator().manual_seed(stream_key(seed, STREAM_CENTRAL_NOISE, round_index))
     return torch.empty(dim, dtype=dtype).normal_(0.0, std, generator=gen).tolist()
+
+
+def share_noise(seed, round_index, client, dim, std, t, dtype=torch.float64):
+    """Client ``client``'s share ``N(0, std²/t · I)`` of distributed noise in round
+    ``round_index`` (its own stream, as :func:`client_noise`)."""
+    return client_noise(seed, round_index, client, dim, std / math.sqrt(t), dtype=dtype)
+
+
+def share_noise_sum(seed, round_index, count, dim, std, t, dtype=torch.float64):
+    """The server's draw of the sum of ``count`` senders' shares, ``N(0, count·std²/t · I)``
+    (``draws: aggregate``; the clients' noise-sum stream, as :func:`noise_sum`)."""
+    return noise_sum(seed, round_index, count, dim, std / math.sqrt(t), dtype=dtype)
