@@ -6,7 +6,8 @@ config; ``validate`` and ``test`` evaluate a checkpoint (``--ckpt_path``). ``pl-
 <sweep.yaml>`` runs a grid sweep file locally (:mod:`pl_privfed.sweep`) and ``pl-privfed report
 <results.csv>`` draws its figures and table (:mod:`pl_privfed.report`); ``pl-privfed compare
 <a/results.csv> <b/results.csv> --out DIR`` draws the best configuration of each sweep against
-rounds and bits; ``pl-privfed demo`` runs the demo (:mod:`pl_privfed.demo`). ``pl-privfed
+rounds and bits (with ``--frontier``, the privacy–utility frontier: test accuracy against
+certified ε); ``pl-privfed demo`` runs the demo (:mod:`pl_privfed.demo`). ``pl-privfed
 --help`` lists them all.
 
 Beside the LightningCLI arguments, ``fit`` takes ``--seed N`` (every seed of the run, see
@@ -76,7 +77,8 @@ TRAINER_COMMANDS = {
 EXTRA_COMMANDS = {
     "sweep": "Run a W&B grid sweep file locally (sequentially, resumable).",
     "report": "Heatmaps, curves and a paper-style table from a sweep's results.csv.",
-    "compare": "The best run of each sweep side by side, against rounds and bits.",
+    "compare": "The best run of each sweep side by side, against rounds and bits; with "
+    "--frontier, test accuracy against certified ε per method.",
     "demo": "Train on the embedded digits: a useful private run beside its non-private "
     "twin and a second algorithm at the same ε; prints a table, saves a figure.",
 }
@@ -479,20 +481,44 @@ def _report_main(args: list[str]) -> int:
 
 
 def _compare_main(args: list[str]) -> int:
-    from pl_privfed.report import compare_methods
+    from pl_privfed.report import FRONTIER_SELECTION, compare_methods, frontier
 
     parser = argparse.ArgumentParser(
         prog="pl-privfed compare",
         description="The best configuration (on validation) of each sweep side by side, against "
         "rounds and against bits (train utility ||∇f(x̄)||² and validation accuracy, paper 001 "
-        "Figs. 2-3), mean over seeds with 95 % bands; test accuracy with intervals in the table.",
+        "Figs. 2-3), mean over seeds with 95 % bands; test accuracy with intervals in the table. "
+        "With --frontier: the privacy-utility frontier, test accuracy against certified ε, one "
+        "curve per method with 95 % bands over seeds, the non-private accuracy beside it; "
+        f"{FRONTIER_SELECTION}.",
+        epilog="Frontier: pl-privfed compare --frontier sweeps/frontier/frontier_<config>/"
+        "results.csv sweeps/frontier/frontier_<config>_nonprivate/results.csv ... --out DIR "
+        "[--labels A A ...]; files with the same label (by default the sweep folder's name "
+        "without frontier_ and _nonprivate) are one method.",
     )
     parser.add_argument("results", nargs="+", help="results.csv files, one sweep per method")
     parser.add_argument("--out", required=True, help="output directory")
     parser.add_argument(
         "--metric", default="final_val_accuracy", help="validation column that selects"
     )
+    parser.add_argument(
+        "--frontier",
+        action="store_true",
+        help="draw the privacy-utility frontier (frontier.png, .csv, .md): at each target ε the "
+        "configuration selected on validation, its test accuracy against the certified ε",
+    )
+    parser.add_argument(
+        "--labels", nargs="+", default=None, help="with --frontier: one method label per file"
+    )
     ns = parser.parse_args(args)
+    if ns.labels is not None and not ns.frontier:
+        parser.error("--labels goes with --frontier")
+    if ns.frontier:
+        written = frontier(ns.results, ns.out, select=ns.metric, labels=ns.labels)
+        for path in written:
+            print(path)
+        print(written[-1].read_text(), end="")
+        return 0
     for path in compare_methods(ns.results, ns.out, metric=ns.metric):
         print(path)
     md = Path(ns.out) / "comparison.md"

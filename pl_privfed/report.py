@@ -30,6 +30,12 @@ configurations. Accuracies are in percent everywhere (heatmaps, curves, tables).
   accuracy of the best configuration per ``p`` against the client-to-server transmissions
   ``k · p · M``, as in paper 004 Fig. 2.
 
+:func:`compare_methods` (``pl-privfed compare``) draws the best configuration of each sweep side
+by side; :func:`frontier` (``pl-privfed compare --frontier``) draws the privacy–utility frontier
+of several sweeps: the test accuracy of the configuration selected on validation at each target
+ε against the certified ε, one curve per method with a 95 % band over seeds, the non-private
+accuracy beside it (``frontier.png``, ``frontier.csv``, ``frontier.md``).
+
 Runs without the selection metric (no evaluation ran) are named in a warning, never drawn as
 silent grey cells.
 """
@@ -55,10 +61,14 @@ from scipy import stats as scipy_stats
 from pl_privfed.results import NON_PARAMETER_COLUMNS, SEED_PARAMETERS, finite_float
 
 __all__ = [
+    "FRONTIER_SELECTION",
     "Configuration",
+    "FrontierPoint",
     "Interval",
     "aggregate",
     "compare_methods",
+    "frontier",
+    "frontier_points",
     "load_results",
     "make_report",
     "mean_interval",
@@ -936,5 +946,333 @@ def compare_methods(
     notes = overlap_notes(tests)
     if notes:
         lines += ["", "Notes:", "", *(f"- {n}" for n in notes)]
+    written[2].write_text("\n".join(lines) + "\n")
+    return written
+
+
+# --------------------------------------------------------------------------- the frontier
+
+#: what the frontier's figure, table and caption say about the selection
+FRONTIER_SELECTION = (
+    "step size selected on validation accuracy at each ε (not itself private, as in the papers)"
+)
+_NULL = ("null", "None")
+
+
+@dataclass
+class FrontierPoint:
+    """One point of a privacy–utility frontier: the configuration selected on validation
+    at one target ε (or the non-private one) of one method.
+
+    Attributes:
+        method: the method's label.
+        target: the target ε as written in the results (``""`` for the non-private point).
+        private: whether the runs add noise.
+        selected: the selected configuration's hyperparameters (column → value).
+        candidates: how many configurations were compared at this ε.
+        test: the reported metric (test accuracy) over the selected configuration's seeds.
+        val: the selection metric (validation accuracy) over the same seeds.
+        certified: the ε the runs certified (column ``epsilon``) over the same seeds.
+        adversary: against whom the runs certified it (``""`` when not recorded).
+        rows: the selected configuration's runs.
+    """
+
+    method: str
+    target: str
+    private: bool
+    selected: dict[str, str]
+    candidates: int
+    test: Interval
+    val: Interval
+    certified: Interval
+    adversary: str
+    rows: list[dict[str, str]]
+
+    @property
+    def x(self) -> float:
+        """Where the point lies on the ε axis: the mean certified ε, else the target."""
+        if self.certified.n:
+            return self.certified.mean
+        return finite_float(self.target) or math.nan
+
+
+def _target_column(header: Sequence[str]) -> str | None:
+    """The column of the target ε: ``model.algorithm.init_args.noise.epsilon`` as
+    :func:`~pl_privfed.results.column_names` writes it (any ``…noise.epsilon``)."""
+    for name in header:
+        if name == "target_epsilon" or name.endswith("noise.epsilon"):
+            return name
+    return None
+
+
+def _noise_column(header: Sequence[str]) -> str | None:
+    return next((c for c in header if c == "noise" or c.endswith("init_args.noise")), None)
+
+
+def _config_target(row: dict[str, str]) -> str | None:
+    """The target ε of a run from its ``summary.json`` (its privacy report's
+    ``target_epsilon``, else its resolved config's), as text."""
+    summary = _summary(_run_dir(row))
+    privacy = summary.get("privacy")
+    target = privacy.get("target_epsilon") if isinstance(privacy, dict) else None
+    if finite_float(target) is not None:
+        return str(target)
+    config = summary.get("config")
+    model = config.get("model") if isinstance(config, dict) else None
+    algorithm = model.get("algorithm") if isinstance(model, dict) else None
+    init_args = algorithm.get("init_args") if isinstance(algorithm, dict) else None
+    noise = init_args.get("noise") if isinstance(init_args, dict) else None
+    value = noise.get("epsilon") if isinstance(noise, dict) else None
+    return None if finite_float(value) is None else str(value)
+
+
+def _adversary(row: dict[str, str]) -> str:
+    """Against whom the run's ε holds: the ``privacy_adversary`` or ``adversary`` column, else
+    its ``summary.json`` (``privacy.adversary``); ``""`` when not recorded."""
+    for column in ("privacy_adversary", "adversary"):
+        if row.get(column):
+            return str(row[column])
+    privacy = _summary(_run_dir(row)).get("privacy")
+    return str(privacy.get("adversary") or "") if isinstance(privacy, dict) else ""
+
+
+def _default_label(path: Path) -> str:
+    """A results file's method label: its sweep folder's name without ``frontier_`` and
+    ``_nonprivate`` (a private sweep and its non-private twin make one method)."""
+    name = path.parent.name or path.stem
+    return name.removeprefix("frontier_").removesuffix("_nonprivate") or name
+
+
+def _read_frontier(
+    paths: Sequence[Path], labels: Sequence[str] | None
+) -> tuple[dict[str, list[dict[str, str]]], dict[str, list[str]]]:
+    """The finished rows of every method (files with the same label are pooled; a ``method``
+    column names the method of each row when no labels are given), each with ``_target``
+    (``""`` for a non-private run), and every method's parameter columns."""
+    rows_of: dict[str, list[dict[str, str]]] = {}
+    params_of: dict[str, list[str]] = {}
+    for i, path in enumerate(paths):
+        header, rows = _read_many([path])
+        target_col, noise_col = _target_column(header), _noise_column(header)
+        unfinished = [r.get("run", "?") for r in rows if r.get("status") != "finished"]
+        if unfinished:
+            shown = ", ".join(unfinished[:8]) + (", ..." if len(unfinished) > 8 else "")
+            warnings.warn(
+                f"{len(unfinished)} of {len(rows)} runs in {path} did not finish and are left "
+                f"out of the frontier: {shown}",
+                UserWarning,
+                stacklevel=3,
+            )
+        params = [c for c in header if c not in NON_PARAMETER_COLUMNS and c != "method"]
+        params = [c for c in params if c not in (target_col, noise_col, *SEED_PARAMETERS)]
+        for row in rows:
+            if row.get("status") != "finished":
+                continue
+            label = labels[i] if labels else (row.get("method") or _default_label(path))
+            noise_off = noise_col is not None and row.get(noise_col) in _NULL
+            target = "" if noise_off or target_col is None else (row.get(target_col) or "")
+            if not noise_off and not target and finite_float(row.get("epsilon")) is not None:
+                target = _config_target(row) or f"{finite_float(row['epsilon']):.3g}"
+            value = finite_float(target)
+            target = f"{value:g}" if value is not None else target  # 1.0 and 1: one ε
+            rows_of.setdefault(label, []).append({**row, "_target": target})
+            known = params_of.setdefault(label, [])
+            known += [c for c in params if c not in known]
+    return rows_of, params_of
+
+
+def frontier_points(
+    results_paths: Sequence[str | os.PathLike],
+    *,
+    metric: str = "final_test_accuracy",
+    select: str = _DEFAULT_METRIC,
+    labels: Sequence[str] | None = None,
+) -> list[FrontierPoint]:
+    """The privacy–utility frontier of one or more sweeps, without drawing it.
+
+    Every ``results.csv`` is one method (label: ``labels``, else a ``method`` column, else the
+    sweep folder's name without ``frontier_``/``_nonprivate``; files with the same label are
+    pooled, e.g. a private sweep and its non-private twin). Unfinished runs are left out with a
+    warning. A finished run is *non-private* when its ``noise`` parameter is ``null`` or it
+    certified no ε; the others are grouped by their target ε (the
+    ``model.algorithm.init_args.noise.epsilon`` column, else the run's config). At each target
+    ε, and for the non-private runs, the configuration (every non-seed parameter, e.g. the step
+    size) with the best mean ``select`` (a validation metric) over its seeds is selected, and
+    its ``metric`` (the test accuracy), certified ε (column ``epsilon``) and adversary are
+    reported over its seeds (mean and 95 % interval, :func:`mean_interval`). This selection
+    reads the validation split and is not itself private, as in the papers.
+
+    Returns:
+        The points, per method in input order: the private ones by target ε, then the
+        non-private one.
+
+    Raises:
+        ValueError: without a results file, with a missing file, with as many labels as files
+            not given, with a test ``select`` metric, or when no run finished with ``select``.
+    """
+    _check_selection_metric(select)
+    paths = [Path(p) for p in results_paths]
+    if not paths:
+        raise ValueError("the frontier needs at least one results.csv (one sweep per method)")
+    for path in paths:
+        if not path.is_file():
+            raise ValueError(f"{path}: no such results file (run `pl-privfed sweep` first)")
+    if labels is not None and len(labels) != len(paths):
+        raise ValueError(
+            f"--labels gives {len(labels)} label(s) for {len(paths)} results file(s): one each"
+        )
+    rows_of, params_of = _read_frontier(paths, labels)
+    points: list[FrontierPoint] = []
+    for method, rows in rows_of.items():
+        _warn_missing(rows, select, method)
+        params = params_of[method]
+        varying = [c for c in params if len({r.get(c) for r in rows}) > 1] or params
+        targets = sorted({r["_target"] for r in rows if r["_target"]}, key=_order)
+        for target in [*targets, ""]:
+            members = [r for r in rows if r["_target"] == target]
+            configs = aggregate(members, params) if members else []
+            best = _best(configs, select)
+            if best is None:
+                continue
+            adversaries = sorted({a for a in map(_adversary, best.rows) if a})
+            points.append(FrontierPoint(
+                method=method, target=target, private=bool(target),
+                selected={c: v for c in varying if (v := best.values.get(c, ""))},
+                candidates=len(configs), test=best.stat(metric), val=best.stat(select),
+                certified=best.stat("epsilon"), adversary="/".join(adversaries),
+                rows=best.rows))  # fmt: skip
+    if not points:
+        raise ValueError(
+            f"no finished run with a {select} value in {', '.join(map(str, paths))}: "
+            "no frontier to draw"
+        )
+    return points
+
+
+def _pm(interval: Interval, scale: float) -> str:
+    """``mean ± 95 % half-width`` (the mean alone with one seed)."""
+    if interval.n == 0:
+        return ""
+    if interval.n < 2:
+        return f"{interval.mean * scale:.2f}"
+    return f"{interval.mean * scale:.2f} ± {interval.half_width * scale:.2f}"
+
+
+def _num(value: float, scale: float = 1.0) -> str:
+    return "" if not math.isfinite(value) else f"{value * scale:.6g}"
+
+
+def frontier(
+    results_paths: Sequence[str | os.PathLike],
+    out_dir: str | os.PathLike,
+    *,
+    metric: str = "final_test_accuracy",
+    select: str = _DEFAULT_METRIC,
+    labels: Sequence[str] | None = None,
+) -> list[Path]:
+    """Draw the privacy–utility frontier: test accuracy against certified ε, one curve per
+    method; return the written paths.
+
+    The points are :func:`frontier_points`'s (the configuration selected on the validation
+    ``select`` at each target ε, its test ``metric`` over seeds). Writes
+
+    * ``frontier.png``: ``metric`` (%, for an accuracy) against the mean certified ε (log
+      scale), one line per method with its 95 % band over seeds, and each method's non-private
+      accuracy as a dashed horizontal line in the same colour, labelled "non-private";
+    * ``frontier.csv``: one row per point (method, private, target and certified ε, adversary,
+      the selected hyperparameters, seeds, ``metric`` and ``select`` as mean, 95 % interval and
+      half-width, in percent for accuracies);
+    * ``frontier.md``: the table (``metric`` as mean ± 95 % half-width).
+
+    Every caption says that the step size is selected on validation accuracy at each ε, which
+    is not itself private, as in the papers.
+
+    Raises:
+        ValueError: as :func:`frontier_points`.
+    """
+    points = frontier_points(results_paths, metric=metric, select=select, labels=labels)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    scale = 100.0 if _percent(metric) else 1.0
+    val_scale = 100.0 if _percent(select) else 1.0
+    unit = " (%)" if scale == 100.0 else ""
+    name = "test accuracy" if metric == "final_test_accuracy" else metric
+    val_name = "val accuracy" if select == _DEFAULT_METRIC else select
+    written = [out / "frontier.png", out / "frontier.csv", out / "frontier.md"]
+
+    fig = Figure(figsize=(7.5, 4.8), layout="constrained")
+    ax = fig.add_subplot(1, 1, 1)
+    methods = list(dict.fromkeys(p.method for p in points))
+    ticks: set[float] = set()
+    for i, method in enumerate(methods):
+        color = f"C{i % 10}"
+        private = sorted((p for p in points if p.method == method and p.private and p.test.n
+                          and math.isfinite(p.x) and p.x > 0), key=lambda p: p.x)  # fmt: skip
+        if private:
+            xs = [p.x for p in private]
+            ticks.update(finite_float(p.target) or p.x for p in private)
+            mean = np.array([p.test.mean for p in private])
+            low = np.array([p.test.low if math.isfinite(p.test.low) else p.test.mean
+                            for p in private])  # fmt: skip
+            high = np.array([p.test.high if math.isfinite(p.test.high) else p.test.mean
+                             for p in private])  # fmt: skip
+            seeds = max(p.test.n for p in private)
+            label = f"{method} ({seeds} seed{'s' if seeds != 1 else ''})"
+            _plot_band(ax, xs, (xs, mean, low, high), scale, label, color=color)
+        for p in points:
+            if p.method == method and not p.private and p.test.n:
+                y = p.test.mean * scale
+                label = None if private else f"{method} (non-private only)"
+                ax.axhline(y, color=color, linestyle="--", linewidth=1.2, label=label)
+                ax.annotate("non-private", (1.0, y), xycoords=("axes fraction", "data"),
+                            xytext=(3, 0), textcoords="offset points", color=color,
+                            fontsize=7, va="center")  # fmt: skip
+    ax.set_xscale("log")
+    if ticks:
+        ax.set_xticks(sorted(ticks), [f"{t:g}" for t in sorted(ticks)])
+        ax.minorticks_off()
+    ax.set_xlabel("certified ε (mean over seeds; log scale)")
+    ax.set_ylabel(f"{name}{unit}")
+    ax.set_title(f"Privacy–utility frontier: {name}, mean over seeds with 95 % band;\n"
+                 f"{FRONTIER_SELECTION}; dashed: non-private", fontsize=8)  # fmt: skip
+    ax.grid(alpha=0.3)
+    if ax.lines:
+        ax.legend(fontsize=7)
+    fig.savefig(written[0], dpi=120)
+
+    header = ["method", "private", "target_epsilon", "certified_epsilon", "certified_epsilon_low",
+              "certified_epsilon_high", "adversary", "selected", "configurations", "seeds",
+              f"{metric}_mean", f"{metric}_low", f"{metric}_high", f"{metric}_half_width",
+              f"{select}_mean", f"{select}_half_width", "selected_on"]  # fmt: skip
+    with written[1].open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(header)
+        for p in points:
+            t, v, e = p.test, p.val, p.certified
+            writer.writerow([
+                p.method, "true" if p.private else "false", p.target, _num(e.mean),
+                _num(e.low), _num(e.high), p.adversary,
+                " ".join(f"{k}={val}" for k, val in p.selected.items()), p.candidates, t.n,
+                _num(t.mean, scale), _num(t.low, scale), _num(t.high, scale),
+                _num(t.half_width, scale), _num(v.mean, val_scale), _num(v.half_width, val_scale),
+                f"{select} (validation, not itself private)"])  # fmt: skip
+
+    columns = ["method", "target ε", "certified ε", "adversary", "selected (on validation)",
+               "seeds", f"{name}{unit}, mean ± 95 % half-width",
+               f"{val_name}{unit}, mean ± 95 % half-width"]  # fmt: skip
+    lines = [f"## Privacy–utility frontier: {name} at each ε, {FRONTIER_SELECTION}", ""]
+    lines += ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for p in points:
+        certified = "" if not p.certified.n else f"{p.certified.mean:.3g}"
+        # raw names: the step size is γ for one algorithm and η for another
+        selected = ", ".join(f"{k}={val}" for k, val in p.selected.items())
+        cells = [p.method, p.target or "non-private", certified if p.private else "—",
+                 p.adversary or ("—" if not p.private else ""), selected, str(p.test.n),
+                 _pm(p.test, scale), _pm(p.val, val_scale)]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", f"Selection: at each target ε the configuration with the best mean {select} "
+              f"over seeds; {FRONTIER_SELECTION}. The {name} of the selected configuration is "
+              "reported (mean over seeds, 95 % Student-t interval); certified ε is the mean ε "
+              "the runs' accountant reported."]  # fmt: skip
     written[2].write_text("\n".join(lines) + "\n")
     return written

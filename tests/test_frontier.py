@@ -1,0 +1,237 @@
+"""The privacy–utility frontier: ``pl_privfed.report.frontier`` and ``pl-privfed compare
+--frontier`` on small synthetic ``results.csv`` files (written by :mod:`pl_privfed.results`), and
+the frontier sweep files of ``configs/sweeps``."""
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from test_sweep import wandb_agent_command
+
+from pl_privfed.cli import PrivFedCLI, agent_arguments, main
+from pl_privfed.report import FRONTIER_SELECTION, frontier, frontier_points, mean_interval
+from pl_privfed.results import RESULT_COLUMNS, column_names, render_value, run_id, save_results
+from pl_privfed.sweep import grid, load_sweep
+
+REPO = Path(__file__).resolve().parents[1]
+EPS = "model.algorithm.init_args.noise.epsilon"
+NOISE = "model.algorithm.init_args.noise"
+STEP = "model.algorithm.init_args.step_size"
+FRONTIER_SWEEPS = sorted((REPO / "configs/sweeps").glob("frontier_*.yaml"))
+PRIVATE_SWEEPS = [p for p in FRONTIER_SWEEPS if not p.stem.endswith("_nonprivate")]
+
+
+def write_sweep_results(root, name, runs, adversary="server", config_epsilon=None):
+    """``<root>/<name>/results.csv`` as a sweep writes it: ``runs`` are ``(params, result)``
+    pairs, ``params`` keyed as in a sweep file, ``result`` the summary's columns (a ``status``
+    other than finished makes a failed run). Each run directory holds a ``summary.json`` with
+    the adversary (private runs) and the resolved algorithm."""
+    out = root / name
+    keys = list(runs[0][0])
+    names = column_names(keys)
+    rows = []
+    for index, (params, result) in enumerate(runs):
+        run_dir = out / "runs" / run_id(index, params)
+        run_dir.mkdir(parents=True)
+        private = params.get(NOISE, "on") is not None
+        summary = {"status": result.get("status", "finished"), "private": private,
+                   **{c: result.get(c) for c in RESULT_COLUMNS},
+                   "config": {"model": {"algorithm": {
+                       "class_path": "pl_privfed.algorithms.DistributedDPSGD",
+                       "init_args": {"noise": {"epsilon": params.get(EPS, config_epsilon)}
+                                     if private else None}}}}}  # fmt: skip
+        if private:
+            summary["privacy"] = {"adversary": adversary, "epsilon": result.get("epsilon")}
+        (run_dir / "summary.json").write_text(json.dumps(summary))
+        row = {"run": run_dir.name, "status": summary["status"], "run_dir": str(run_dir)}
+        row.update({names[k]: render_value(v) for k, v in params.items()})
+        row.update({c: result.get(c) for c in RESULT_COLUMNS})
+        rows.append(row)
+    return save_results(out, names, rows)
+
+
+# the best-validation step size is not the best-test one: at ε = 1, γ = 0.1 wins on validation
+# (0.80 > 0.70) and loses on test (0.50 < 0.90); at ε = 8, γ = 1.0 wins on both
+VAL = {("1.0", 0.1): 0.80, ("1.0", 1.0): 0.70, ("8.0", 0.1): 0.82, ("8.0", 1.0): 0.86}
+TEST = {("1.0", 0.1): 0.50, ("1.0", 1.0): 0.90, ("8.0", 0.1): 0.60, ("8.0", 1.0): 0.84}
+SPREAD = (0.0, 0.02, -0.01)  # per seed
+
+
+def private_sweep(root, name="frontier_mnist_dpsgd", failed=False):
+    runs = []
+    for eps in (1.0, 8.0):
+        for step in (0.1, 1.0):
+            for seed in (0, 1, 2):
+                key = (str(eps), step)
+                result = {"final_val_accuracy": VAL[key] + SPREAD[seed],
+                          "final_test_accuracy": TEST[key] + SPREAD[seed],
+                          "epsilon": eps * (1 + 0.001 * seed), "best_val_accuracy": VAL[key]}  # fmt: skip
+                runs.append(({"seed": seed, EPS: eps, STEP: step}, result))
+    if failed:  # a failed run with the best validation accuracy anywhere: never selected
+        runs.append(({"seed": 3, EPS: 1.0, STEP: 1.0},
+                     {"status": "failed: boom", "final_val_accuracy": 0.99}))  # fmt: skip
+    return write_sweep_results(root, name, runs)
+
+
+def nonprivate_sweep(root, name="frontier_mnist_dpsgd_nonprivate"):
+    runs = []
+    for step, val, test in ((0.1, 0.93, 0.97), (1.0, 0.95, 0.91)):
+        for seed in (0, 1, 2):
+            result = {"final_val_accuracy": val + SPREAD[seed],
+                      "final_test_accuracy": test + SPREAD[seed], "epsilon": None}  # fmt: skip
+            runs.append(({"seed": seed, NOISE: None, STEP: step}, result))
+    return write_sweep_results(root, name, runs)
+
+
+def read_csv(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_selection_on_validation_interval_and_the_non_private_point(tmp_path):
+    with pytest.warns(UserWarning, match="1 of 13 runs .* did not finish"):
+        points = frontier_points([private_sweep(tmp_path, failed=True), nonprivate_sweep(tmp_path)])
+    # the private sweep and its non-private twin are one method, named after the sweep
+    assert [(p.method, p.target, p.private) for p in points] == [
+        ("mnist_dpsgd", "1", True), ("mnist_dpsgd", "8", True), ("mnist_dpsgd", "", False)]  # fmt: skip
+    at1, at8, off = points
+    # ε = 1: the best validation step size (0.1), with its (worse) test accuracy
+    assert at1.selected == {"step_size": "0.1"} and at1.candidates == 2
+    expected = mean_interval(TEST[("1.0", 0.1)] + s for s in SPREAD)
+    assert (at1.test.n, at1.test.mean) == (3, pytest.approx(expected.mean))
+    assert (at1.test.low, at1.test.high) == (pytest.approx(expected.low),
+                                             pytest.approx(expected.high))  # fmt: skip
+    assert at1.val.mean == pytest.approx(0.80 + sum(SPREAD) / 3)
+    assert at1.certified.mean == pytest.approx(1.001) and at1.adversary == "server"
+    assert at8.selected == {"step_size": "1.0"}
+    assert at8.test.mean == pytest.approx(0.84 + sum(SPREAD) / 3)
+    # non-private: selected on validation too (γ = 1.0), not on test (γ = 0.1 has 0.97)
+    assert off.selected == {"step_size": "1.0"} and off.certified.n == 0
+    assert off.test.mean == pytest.approx(0.91 + sum(SPREAD) / 3) and off.adversary == ""
+    with pytest.raises(ValueError, match="would select on the test set"):
+        frontier_points([nonprivate_sweep(tmp_path / "x")], select="final_test_accuracy")
+
+
+def test_files_figure_and_caption(tmp_path):
+    a = private_sweep(tmp_path)
+    b = private_sweep(tmp_path, name="frontier_mnist_dp_clip21")
+    written = frontier([a, nonprivate_sweep(tmp_path), b], tmp_path / "out")
+    assert [p.name for p in written] == ["frontier.png", "frontier.csv", "frontier.md"]
+    assert written[0].stat().st_size > 10_000
+    table = read_csv(written[1])
+    assert [(r["method"], r["target_epsilon"]) for r in table] == [
+        ("mnist_dpsgd", "1"), ("mnist_dpsgd", "8"), ("mnist_dpsgd", ""),
+        ("mnist_dp_clip21", "1"), ("mnist_dp_clip21", "8")]  # fmt: skip
+    first = table[0]
+    assert first["selected"] == "step_size=0.1" and first["seeds"] == "3"
+    assert float(first["final_test_accuracy_mean"]) == pytest.approx(50.333333, abs=1e-4)
+    assert first["adversary"] == "server" and first["private"] == "true"
+    assert float(first["certified_epsilon"]) == pytest.approx(1.001)
+    md = written[2].read_text()
+    assert FRONTIER_SELECTION in md and "not itself private, as in the papers" in md
+    assert "| mnist_dpsgd | non-private | — | — | step_size=1.0 | 3 | 91.33 ± " in md
+
+
+def test_compare_frontier_command(tmp_path, capsys):
+    a, b = private_sweep(tmp_path, name="one"), nonprivate_sweep(tmp_path, name="two")
+    out = tmp_path / "report"
+    with pytest.raises(SystemExit) as exit_:
+        main(["compare", "--frontier", str(a), str(b), "--out", str(out),
+              "--labels", "DP-SGD", "DP-SGD"])  # fmt: skip
+    assert exit_.value.code == 0
+    printed = capsys.readouterr().out
+    assert str(out / "frontier.png") in printed and FRONTIER_SELECTION in printed
+    assert {r["method"] for r in read_csv(out / "frontier.csv")} == {"DP-SGD"}
+    assert len(read_csv(out / "frontier.csv")) == 3
+    with pytest.raises(SystemExit) as exit_:
+        main(["compare", str(a), "--out", str(out), "--labels", "x"])
+    assert exit_.value.code == 2 and "--labels goes with --frontier" in capsys.readouterr().err
+    # without labels, the folders' names: two methods, one of them only non-private
+    frontier([a, b], tmp_path / "two")
+    assert [r["method"] for r in read_csv(tmp_path / "two" / "frontier.csv")] == [
+        "one", "one", "two"]  # fmt: skip
+
+
+def test_empty_input_is_one_clear_error(tmp_path, capsys):
+    with pytest.raises(ValueError, match=r"needs at least one results\.csv"):
+        frontier([], tmp_path / "out")
+    with pytest.raises(ValueError, match="no such results file"):
+        frontier([tmp_path / "missing.csv"], tmp_path / "out")
+    with pytest.raises(ValueError, match=r"2 label.* for 1 results file"):
+        frontier([nonprivate_sweep(tmp_path)], tmp_path / "out", labels=["a", "b"])
+    failed = write_sweep_results(tmp_path, "failed", [
+        ({"seed": 0, EPS: 1.0, STEP: 0.1}, {"status": "failed: boom"})])  # fmt: skip
+    with pytest.warns(UserWarning, match="did not finish"):
+        with pytest.raises(ValueError, match="no finished run with a final_val_accuracy"):
+            frontier([failed], tmp_path / "out")
+    with pytest.warns(UserWarning), pytest.raises(SystemExit) as exit_:
+        main(["compare", "--frontier", str(failed), "--out", str(tmp_path / "out")])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("pl-privfed: error: no finished run") and "\n" not in err
+
+
+def test_the_target_of_a_sweep_without_an_epsilon_column_comes_from_the_runs(tmp_path):
+    """A sweep at the config's ε (no ε parameter, e.g. paper002_dp_clip21_eps8) is grouped by
+    the target in its runs' configs; two such sweeps pool under one label."""
+    paths = []
+    for eps in (1.0, 8.0):
+        runs = [({"seed": seed, STEP: step}, {"final_val_accuracy": 0.5 + step / 10 + eps / 100,
+                                              "final_test_accuracy": 0.4, "epsilon": eps})
+                for step in (0.1, 1.0) for seed in (0, 1)]  # fmt: skip
+        paths.append(write_sweep_results(tmp_path, f"eps{eps:g}", runs, config_epsilon=eps))
+    points = frontier_points(paths, labels=["clip21", "clip21"])
+    assert [(p.method, p.target, p.selected) for p in points] == [
+        ("clip21", "1", {"step_size": "1.0"}), ("clip21", "8", {"step_size": "1.0"})]  # fmt: skip
+    assert [p.certified.mean for p in points] == [1.0, 8.0]
+
+
+# --------------------------------------------------------------------------- the sweep files
+
+
+def test_frontier_sweeps_cover_every_private_config():
+    configs = sorted(p.stem for p in (REPO / "configs/private").glob("*.yaml"))
+    assert [p.stem.removeprefix("frontier_") for p in PRIVATE_SWEEPS] == configs
+    for path in PRIVATE_SWEEPS:
+        twin = path.with_name(f"{path.stem}_nonprivate.yaml")
+        private, nonprivate = load_sweep(path), load_sweep(twin)
+        assert private.name == path.stem and nonprivate.name == twin.stem
+        assert len(grid(private)) == 45 and len(grid(nonprivate)) == 9
+        assert private.parameters["seed"] == nonprivate.parameters["seed"] == [0, 1, 2]
+        assert private.parameters[EPS] == [0.5, 1.0, 2.0, 4.0, 8.0]
+        assert nonprivate.parameters[NOISE] == [None]
+        assert set(nonprivate.parameters) == {"seed", NOISE, STEP}
+        assert set(private.parameters) == {"seed", EPS, STEP}
+        steps = private.parameters[STEP]
+        assert nonprivate.parameters[STEP] == steps and len(steps) == 3
+        config = REPO / "configs/private" / f"{path.stem.removeprefix('frontier_')}.yaml"
+        centre = yaml.safe_load(config.read_text())["model"]["algorithm"]["init_args"]
+        assert steps[1] == centre["step_size"], path.name  # c/3, c, 3c around the config's c
+        assert steps[0] == pytest.approx(steps[1] / 3, rel=0.15)
+        assert steps[2] == pytest.approx(steps[1] * 3, rel=0.15)
+        for sweep in (private, nonprivate):
+            command = sweep.command
+            assert command[command.index("--config") + 1] == f"configs/private/{config.name}"
+            assert "--trainer.enable_checkpointing=false" in command
+            assert sweep.metric["name"] == "val/acc" and sweep.project == "pl-privfed"
+            assert "not itself private" in sweep.path.read_text()
+
+
+@pytest.mark.parametrize("name", ["frontier_mnist_dpsgd", "frontier_mnist_dpsgd_nonprivate"])
+def test_a_frontier_point_parses_in_the_cli(name, tmp_path, monkeypatch):
+    """One grid point's command line, as ``wandb agent`` builds it, is parsed and instantiated
+    (every value of every frontier sweep: tests/test_sweep.py's shipped-sweeps test)."""
+    monkeypatch.chdir(tmp_path)
+    path = REPO / "configs/sweeps" / f"{name}.yaml"
+    params = grid(load_sweep(path))[0]
+    cmd = wandb_agent_command(path, params)
+    cli = PrivFedCLI(args=[*agent_arguments(cmd[3:]), "--trainer.logger=false"], run=False)
+    algorithm = cli.model.algorithm
+    assert algorithm.step_size == params[STEP] and cli.config["seed_everything"] == 0
+    if EPS in params:
+        assert algorithm.noise.epsilon == 0.5
+    else:
+        assert algorithm.noise is None
+    assert not cli.trainer.checkpoint_callbacks
