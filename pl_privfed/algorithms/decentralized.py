@@ -255,7 +255,8 @@ class PORTER(DecentralizedAlgorithm):
     Args:
         step_size: the gradient step size ``η > 0``.
         consensus_step_size: the consensus step size ``γ > 0``.
-        option: ``"dp"`` (Option I, PORTER-DP) or ``"gc"`` (Option II, PORTER-GC).
+        option: ``"dp"`` (Option I, PORTER-DP; with ``noise=None`` its non-private twin, line 174
+            without ``E``: the per-example clipped average) or ``"gc"`` (Option II, PORTER-GC).
         clip_threshold: ``τ > 0``.
         clipping: ``"smooth"`` (Def. 2), ``"linear"`` (Remark 1) or ``"none"`` (``"gc"`` only).
         topology: graph and mixing rule (paper §5: Erdős–Rényi(0.8), FDLA).
@@ -292,9 +293,7 @@ class PORTER(DecentralizedAlgorithm):
         check_record_arguments(batch_size, local_dataset_size)
         self.batch_size, self.local_dataset_size = batch_size, local_dataset_size
         self.batch_sampling: BatchSampling = "epochs"
-        if option == "dp":
-            if noise is None:
-                raise ValueError("option='dp' (PORTER-DP) needs noise (paper 001 line 174)")
+        if option == "dp":  # without noise: its non-private twin (line 174 without E)
             if clipping == "none":
                 raise ValueError("option='dp' needs clipping 'smooth' or 'linear', got 'none'")
         elif noise is not None:
@@ -353,6 +352,8 @@ class PORTER(DecentralizedAlgorithm):
                     f"rate b/m) but the agents' minibatches have {chunk.examples_per_client} "
                     "examples"
                 )
+            if self.noise is None:  # the non-private twin: G_p = G_τ
+                return g_tau
             g_p = g_tau + chunk.normal(self.noise.seed, self.noise_std)  # line 174: G_τ + E
             chunk.add("clean", g_tau)
             chunk.add("noisy", g_p)
@@ -406,7 +407,7 @@ class PORTER(DecentralizedAlgorithm):
         n = self.num_clients
         mean_x = reduced.get("params") / n  # x̄, where the model is evaluated
         metrics = reduced.operator_metrics()
-        if self.option == "dp":
+        if self.option == "dp" and self.noise is not None:
             metrics["noise_to_signal"] = noise_to_signal(reduced.get("noisy"), reduced.get("clean"))
         self._sample_output(reduced.round_index)  # line 183
         metrics["mixing_rate"] = torch.tensor(self.rate)
