@@ -95,6 +95,9 @@ class RunSummary(pl.Callback):
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._start = time.perf_counter()
+        ledger = getattr(pl_module, "privacy_ledger", None)
+        if self.verbose and ledger is not None and trainer.is_global_zero:
+            print(f"[pl-privfed] privacy: {privacy_plan_line(ledger.report())}")
 
     @override
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
@@ -232,6 +235,27 @@ class RunSummary(pl.Callback):
 
 #: how the result line names an adversary (:data:`pl_privfed.privacy.plan.ADVERSARIES`)
 ADVERSARY_NAMES = {"server": "the server", "models": "whoever sees the models"}
+
+
+def privacy_plan_line(privacy: dict[str, Any]) -> str:
+    """What a private run will certify, printed when it starts: the unit, the headline
+    adversary and what it sees, the target, and what is trusted."""
+    adversary = privacy.get("adversary")
+    target = privacy.get("target_epsilon")
+    goal = (
+        f"ε = {target:g}" if target is not None and privacy.get("calibration") == "target"
+        else f"noise std {privacy.get('noise_std', 0.0):.4g}"
+    )  # fmt: skip
+    line = (
+        f"{privacy.get('privacy_unit')}; {goal} at δ = {privacy.get('delta'):g} against "
+        f"{ADVERSARY_NAMES.get(adversary, adversary)} ({privacy.get('adversary_sees')})"
+    )
+    others = [a for a in privacy.get("adversaries") or {} if a != adversary]
+    if others:
+        line += "; also reported against " + ", ".join(ADVERSARY_NAMES.get(a, a) for a in others)
+    if privacy.get("trusted"):
+        line += f"; trusted: {privacy['trusted']}"
+    return line
 
 
 def epsilon_line(data: dict[str, Any]) -> str:

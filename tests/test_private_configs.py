@@ -1,0 +1,53 @@
+"""configs/private/: every private configuration runs through the CLI, says before training what
+it certifies and against whom, and reports one ε per adversary; the headline ε is the target."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pl_privfed.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+PRIVATE = sorted((REPO / "configs/private").glob("*.yaml"))
+RECORD_LEVEL = {"mnist_dp_fedavg_per_sample", "mnist_porter_dp", "mnist_soteriafl"}
+
+
+def test_there_is_a_private_config_per_family():
+    names = {c.stem for c in PRIVATE}
+    assert names >= {
+        "mnist_dp_fedavg_clip", "mnist_dp_alpha_normec", "mnist_dp_alpha_normec_no_sn",
+        "mnist_dp_clip21", "mnist_dpsgd", "mnist_dp_fed_alpha_normec",
+        "mnist_dp_fedavg_per_update", *RECORD_LEVEL,
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("config", PRIVATE, ids=[c.stem for c in PRIVATE])
+def test_private_config_runs_and_names_its_adversary(config, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    main(["fit", "--config", str(config), "--trainer.logger", "false",
+          "--trainer.enable_progress_bar", "false", "--trainer.max_steps", "2",
+          "--trainer.val_check_interval", "2", "--output_dir", str(tmp_path)])  # fmt: skip
+    out = capsys.readouterr().out
+    data = json.loads((tmp_path / "summary.json").read_text())
+    privacy = data["privacy"]
+    assert data["status"] == "finished" and data["private"]
+    # the target is certified against the headline adversary, for the rounds run (here 2)
+    assert privacy["calibration"] == "target" and privacy["target_epsilon"] == 8.0
+    assert privacy["calibration_rounds"] == 2 and privacy["delta"] == 1e-5
+    headline = privacy["adversary"]
+    plan_line = next(line for line in out.splitlines() if line.startswith("[pl-privfed] privacy:"))
+    result = next(line for line in out.splitlines() if "test accuracy=" in line)
+    assert out.index(plan_line) < out.index(result)
+    if config.stem in RECORD_LEVEL:
+        assert headline == "server" and privacy["placement"] == "local"
+        assert "record-level" in privacy["privacy_unit"]
+    else:
+        assert privacy["placement"] in ("central", "distributed")
+        assert headline == ("models" if privacy["placement"] == "central" else "server")
+    named = "the server" if headline == "server" else "whoever sees the models"
+    assert f"ε = 8 at δ = 1e-05 against {named}" in plan_line
+    assert f"against {named}" in result
+    assert set(privacy["adversaries"]) >= {headline}
+    assert privacy["adversaries"][headline]["epsilon"] == data["epsilon"]
+    assert 7.9 < data["epsilon"] <= 8.0
