@@ -277,7 +277,9 @@ def audit_line(audit: dict[str, Any]) -> str:
         )
     else:
         what = f"epsilon estimate {audit['epsilon_estimate']:.3f}"
-    where = audit.get("threat_model", "every_round").replace("_", " ")
+    where = {"every_round": "every round's model", "final_model": "the final model"}.get(
+        audit.get("threat_model", "every_round"), audit.get("threat_model")
+    )
     planted = f"{audit.get('canaries_inserted')} of {audit.get('canaries')} canaries in"
     line = f"audit ({planted}): {what} from {where}"
     cert = audit.get("certified_epsilon")
