@@ -547,3 +547,12 @@ def test_arguments_are_checked():
         PrivacyAudit(confidence=1.0)
     with pytest.raises(ValueError, match="canary_norm"):
         _fit(DistributedDPSGD(0.5), PrivacyAudit(), dim=20, steps=2)  # identity: nothing to clip
+
+
+def test_canaries_that_never_enter_are_reported_not_silently_audited():
+    """Client canaries on a record-level algorithm, which reads no sum through the message
+    stage: the audit says it measured nothing."""
+    alg = FedAvgPerSampleClipping(0.5, clip_threshold=1.0, clip_level="example")
+    with pytest.warns(UserWarning, match="no canary client entered"):
+        _, audit = _fit(alg, PrivacyAudit(level="client"), dim=50, steps=3)
+    assert audit["canary_messages"] == 0

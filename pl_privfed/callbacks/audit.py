@@ -365,6 +365,15 @@ class PrivacyAudit(pl.Callback):
             entry["epsilon_lower_bound"] = threats["every_round"]["epsilon_lower_bound"]
             entry["ceiling"] = threats["every_round"]["lower_bound_ceiling"]
         entry["threat_models"] = threats
+        if not entry.get("canary_messages", entry.get("canary_uses")):
+            rank_zero_warn(
+                f"PrivacyAudit: no canary {canaries.level} entered the run (the algorithm "
+                + ("reads no sum through the message stage's received()"
+                   if canaries.level == "client" else "computes no minibatch gradient or "
+                   "clipped mean through its chunks")
+                + "): the audit measured nothing; try the other level",
+                category=UserWarning,
+            )  # fmt: skip
         cert = certified["certified_epsilon"]
         top, where = max(values)
         entry["exceeds_certified"] = bool(cert is not None and top > cert)
