@@ -26,6 +26,11 @@ import torch
 from torch import Tensor
 
 __all__ = [
+    "AUDIT_DIRECTION",
+    "AUDIT_MEMBERSHIP",
+    "AUDIT_NOISE",
+    "AUDIT_PARTICIPATION",
+    "STREAM_AUDIT",
     "STREAM_AUGMENTATION",
     "STREAM_CENTRAL_NOISE",
     "STREAM_COMPRESSION",
@@ -49,6 +54,18 @@ STREAM_SERVER_NOISE = 5  # the clients' noise drawn once per round as their sum 
 STREAM_AUGMENTATION = 6  # a client's data augmentation
 STREAM_INIT = 7  # randomness of the memory initialization
 STREAM_CENTRAL_NOISE = 8  # the trusted aggregator's own Gaussian on the sum (central DP)
+STREAM_AUDIT = 9  # a privacy audit's canaries (pl_privfed.privacy.audit), never anyone else's
+
+#: What a draw of :data:`STREAM_AUDIT` is for (the key's third element): a canary's direction
+#: ``(audit seed, STREAM_AUDIT, AUDIT_DIRECTION, canary)``, which canaries are inserted
+#: ``(audit seed, STREAM_AUDIT, AUDIT_MEMBERSHIP)``, which take part in a round ``(audit seed,
+#: STREAM_AUDIT, AUDIT_PARTICIPATION, round)``, and the canary clients' own DP noise ``(noise
+#: seed, STREAM_AUDIT, AUDIT_NOISE, round)``. No other stream's key starts like these, so the
+#: canaries never change another client's noise, cohort or data.
+AUDIT_DIRECTION = 0
+AUDIT_MEMBERSHIP = 1
+AUDIT_PARTICIPATION = 2
+AUDIT_NOISE = 3
 
 _MASK64 = (1 << 64) - 1
 

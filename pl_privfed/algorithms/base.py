@@ -54,6 +54,10 @@ class FederatedAlgorithm(nn.Module):
 
     #: simulated secure aggregation of the clients' sums (algorithms that offer it set it)
     secure_aggregation = None
+    #: an audit's canary clients or records (:mod:`pl_privfed.privacy.audit`), which the engine
+    #: adds to the message stage or the clients' minibatches; set by
+    #: :class:`~pl_privfed.callbacks.PrivacyAudit`, never by an algorithm
+    canaries = None
 
     def __init__(self, step_size: float, noise: DPNoise | None = None) -> None:
         super().__init__()

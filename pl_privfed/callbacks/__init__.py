@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pytorch_lightning import Callback
 
+from pl_privfed.callbacks.audit import PrivacyAudit
 from pl_privfed.callbacks.checkpoint import CheckpointError, RoundCheckpoint, check_checkpoint_file
 from pl_privfed.callbacks.comm_cost import CommunicationCost
 from pl_privfed.callbacks.gradient_norm import GradientNorm
@@ -19,6 +20,7 @@ __all__ = [
     "CommunicationCost",
     "GradientNorm",
     "OperatorStatistics",
+    "PrivacyAudit",
     "PrivacyBudget",
     "RoundCheckpoint",
     "RoundProgressBar",

@@ -16,7 +16,7 @@ from typing_extensions import override
 from pl_privfed.logdir import local_log_dir, log_artifact, wandb_loggers
 from pl_privfed.results import finite_float
 
-__all__ = ["RunSummary"]
+__all__ = ["RunSummary", "audit_line", "epsilon_line"]
 
 
 class RunSummary(pl.Callback):
@@ -172,10 +172,15 @@ class RunSummary(pl.Callback):
             )
             or None,
         }
+        nested: dict[str, Any] = {}  # entries for the privacy report (e.g. an audit's)
         for source in (pl_module, *trainer.callbacks):  # the module's entries, then callbacks'
             entries = getattr(source, "summary_entries", None)
             if callable(entries) and source is not self:
-                out.update(entries())
+                values = dict(entries())
+                extra = values.pop("privacy", None)
+                if isinstance(extra, dict):
+                    nested.update(extra)
+                out.update(values)
         report = getattr(pl_module, "privacy_report", None)
         privacy = report() if callable(report) else None
         out["private"] = privacy is not None or "privacy_budget" in out
@@ -187,7 +192,9 @@ class RunSummary(pl.Callback):
             if "epsilon_paper_convention" in privacy:
                 out["epsilon_paper_convention"] = privacy["epsilon_paper_convention"]
             out["delta"] = privacy.get("delta")
-            out["privacy"] = privacy
+            out["privacy"] = {**privacy, **nested}
+        elif nested:
+            out["privacy"] = nested
         describe = getattr(trainer.datamodule, "describe", None)
         if callable(describe):
             out["data"] = describe()
@@ -230,6 +237,8 @@ class RunSummary(pl.Callback):
                 parts.append(f"train loss={data['final_train_loss']:.4f}")
             if data["private"]:
                 parts.append(epsilon_line(data))
+            elif (data.get("privacy") or {}).get("audit"):
+                parts.append(audit_line(data["privacy"]["audit"]))
             print(f"[pl-privfed] {', '.join(parts)}  (summary: {self.path})")
 
 
@@ -275,4 +284,32 @@ def epsilon_line(data: dict[str, Any]) -> str:
             eps += f" ({', '.join(others)})"
     if data.get("epsilon_paper_convention") is not None:
         eps += f", papers' convention {data['epsilon_paper_convention']:.3f}"
-    return f"{eps} at delta={data['delta']:g}"
+    eps = f"{eps} at delta={data['delta']:g}"
+    if privacy.get("audit"):
+        eps += f"; {audit_line(privacy['audit'])}"
+    return eps
+
+
+def audit_line(audit: dict[str, Any]) -> str:
+    """``audit: epsilon estimate … (every round's model; certified … against …)``: a
+    :class:`~pl_privfed.callbacks.PrivacyAudit`'s headline beside the certified ε of the same
+    adversary, and a warning when it is above it."""
+    if audit.get("level") == "record":
+        what = (
+            f"epsilon >= {audit['epsilon_lower_bound']:.3f} at {audit['confidence']:.0%} "
+            f"(ceiling {audit['ceiling']:.2f})"
+        )
+    else:
+        what = f"epsilon estimate {audit['epsilon_estimate']:.3f}"
+    where = {"every_round": "every round's model", "final_model": "the final model"}.get(
+        audit.get("threat_model", "every_round"), audit.get("threat_model")
+    )
+    planted = f"{audit.get('canaries_inserted')} of {audit.get('canaries')} canaries in"
+    line = f"audit ({planted}): {what} from {where}"
+    cert = audit.get("certified_epsilon")
+    if cert is not None:
+        adversary = audit.get("certified_adversary")
+        line += f", certified {cert:.3f} against {ADVERSARY_NAMES.get(adversary, adversary)}"
+    if audit.get("exceeds_certified"):
+        line += " -- AUDIT EXCEEDS THE CERTIFIED EPSILON"
+    return line

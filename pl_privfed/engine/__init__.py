@@ -13,7 +13,13 @@ See docs/engine.md.
 
 from pl_privfed.engine.chunk import ChunkOracle, ClientChunk, OracleOutput, RoundContext
 from pl_privfed.engine.distributed import ClientShard
-from pl_privfed.engine.message import Message, MessageStage, NoisePlacement, noise_to_signal
+from pl_privfed.engine.message import (
+    Canaries,
+    Message,
+    MessageStage,
+    NoisePlacement,
+    noise_to_signal,
+)
 from pl_privfed.engine.reduce import Reduction
 from pl_privfed.engine.round import (
     CHUNK_ENV,
@@ -29,6 +35,7 @@ from pl_privfed.engine.state import ClientStates, Placement, choose_placement
 
 __all__ = [
     "CHUNK_ENV",
+    "Canaries",
     "ChunkOracle",
     "ClientChunk",
     "ClientShard",

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from pl_privfed.communication import count_nonzeros
-from pl_privfed.engine.message import Message, MessageStage
+from pl_privfed.engine.message import Canaries, Message, MessageStage
 from pl_privfed.engine.reduce import Reduction
 from pl_privfed.rng import STREAM_COMPRESSION, STREAM_NOISE, KeyedGenerator
 
@@ -82,6 +82,7 @@ class RoundContext:
     stage: MessageStage = field(default_factory=MessageStage)
     participants: Tensor | None = None
     state: dict[str, Any] = field(default_factory=dict)
+    canaries: Canaries | None = None  # an audit's canaries (pl_privfed.privacy.audit)
 
 
 class ClientChunk:
@@ -127,7 +128,19 @@ class ClientChunk:
         (shared ``[d]`` or per client ``[c, d]``); ``step``: the local minibatch (local SGD)."""
         out = self.ctx.oracle(params, self.ids, step=step)
         self._record(out, params.dim() == 1)
-        return out.grads
+        return self._with_canaries(out.grads, step)
+
+    def _with_canaries(self, grads: Tensor, step: int | None, operator: Any = None) -> Tensor:
+        """``grads`` (``[c, d]``, each client's average over its records) with an audit's
+        canary records of these clients joined to the average (:class:`RecordCanaries
+        <pl_privfed.privacy.audit.RecordCanaries>`: ``Ψ(G·u_j)/b`` each, ``Ψ`` the
+        per-example ``operator`` or none for the plain minibatch gradient); the real
+        records' part is untouched."""
+        canaries = self.ctx.canaries
+        if canaries is None or getattr(canaries, "level", None) != "record":
+            return grads
+        extra = canaries.gradients(self.ids, self.round_index, step, operator, grads)
+        return grads if extra is None else grads + extra
 
     def example_grads(self, params: Tensor, step: int | None = None) -> Tensor:
         """Every example's gradient ``[c, B, d]`` (record-level clipping)."""
@@ -159,10 +172,10 @@ class ClientChunk:
             if statistics:
                 norms = out.norms
                 self._operator_stats(norms, norms * operator.scale(norms).abs())
-            return out.grads
+            return self._with_canaries(out.grads, step, operator)
         per_example = self.example_grads(params, step)
         out = self.apply(operator, per_example, statistics=statistics, inplace=True)
-        return out.mean(1)
+        return self._with_canaries(out.mean(1), step, operator)
 
     # ------------------------------------------------------------------ state rows
     def rows(self, name: str) -> Tensor:
@@ -297,6 +310,7 @@ class ClientChunk:
             own memory updates.
         """
         stage, k = self.ctx.stage, self.round_index
+        self.reduction.message_operators[key] = (operator, factor)  # what canaries go through
         if select is not None and bool(select.all()):
             select = None
         mask = None if select is None else select.to(v.device)

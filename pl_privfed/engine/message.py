@@ -24,7 +24,13 @@ same for every algorithm and is this module's job, not the algorithm's:
   every round when configured ``every_round``, and always for the initialization's sums;
 * the bookkeeping: the message counts the communication callbacks read, and the statistics the
   server returns as metrics (the operator's clip fraction and norms, the noise-to-signal ratio of
-  the received sum), pfl-style ``(value, metrics)``.
+  the received sum), pfl-style ``(value, metrics)``;
+* an audit's canary clients (:class:`Canaries`, ``algorithm.canaries``, set by
+  :class:`~pl_privfed.callbacks.PrivacyAudit`): extra senders whose messages pass through the
+  round's operator and factor and carry their own noise as a client's would
+  (:meth:`MessageStage.canary_noise`, from the audit's stream), added to the sum the server
+  receives; never counted as senders, messages or contributors, and never changing another
+  client's draw (:mod:`pl_privfed.privacy.audit`).
 
 Client side: :meth:`pl_privfed.engine.ClientChunk.transmit`; server side:
 :meth:`pl_privfed.engine.Reduction.received`. The noise placements are this module's and the
@@ -37,20 +43,52 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal, Protocol
 
 import torch
 from torch import Tensor
 
 from pl_privfed.privacy.secagg import SecureAggregation
-from pl_privfed.rng import STREAM_CENTRAL_NOISE, STREAM_SERVER_NOISE, KeyedGenerator
+from pl_privfed.rng import (
+    AUDIT_NOISE,
+    STREAM_AUDIT,
+    STREAM_CENTRAL_NOISE,
+    STREAM_SERVER_NOISE,
+    KeyedGenerator,
+)
 
-__all__ = ["Message", "MessageStage", "NoisePlacement", "noise_to_signal"]
+__all__ = ["Canaries", "Message", "MessageStage", "NoisePlacement", "noise_to_signal"]
 
 #: Who adds the DP noise to the messages: every client its own (``local``), a trusted aggregator
 #: once to the sum (``central``), or every sender a share of the sum's noise under secure
 #: aggregation (``distributed``).
 NoisePlacement = Literal["local", "central", "distributed"]
+
+
+class Canaries(Protocol):
+    """What the engine needs of an audit's canaries (``algorithm.canaries``; the engine reads
+    it with ``getattr``, so an algorithm without the attribute has none).
+
+    ``level`` says where they enter: ``"client"`` canaries are extra senders of the message
+    stage (:meth:`~pl_privfed.engine.Reduction.received` adds ``messages(...)`` to the sum
+    ``key`` and their noise, then calls ``observe``); ``"record"`` canaries are extra records
+    of the clients' minibatches (:class:`~pl_privfed.engine.ClientChunk` adds
+    ``gradients(...)`` to ``grad`` and ``clipped_mean``). Implemented by
+    :class:`~pl_privfed.privacy.audit.ClientCanaries` and
+    :class:`~pl_privfed.privacy.audit.RecordCanaries`.
+    """
+
+    level: str
+
+    def messages(
+        self, round_index: int, used: tuple[Any, float] | None, like: Tensor
+    ) -> tuple[Tensor, int] | None: ...
+
+    def observe(self, round_index: int, received: Tensor) -> None: ...
+
+    def gradients(
+        self, ids: Tensor, round_index: int, step: int | None, operator: Any, like: Tensor
+    ) -> Tensor | None: ...
 
 
 def noise_to_signal(noisy_sum: Tensor, clean_sum: Tensor) -> Tensor:
@@ -159,3 +197,18 @@ class MessageStage:
             gen = keyed(self.noise_seed, STREAM_SERVER_NOISE, round_index)
             out.normal_(0.0, self.client_noise_std * math.sqrt(count), generator=gen)
         return out
+
+    def canary_noise(
+        self, count: int, round_index: int, keyed: KeyedGenerator, like: Tensor
+    ) -> Tensor | None:
+        """The own noise of ``count`` canary clients that sent in round ``round_index``, drawn
+        as their sum ``N(0, count·s² I)`` (``s`` a sender's std, :attr:`client_noise_std`:
+        ``σ`` local, ``σ/√t`` distributed) from the audit's stream ``(noise seed, STREAM_AUDIT,
+        AUDIT_NOISE, round)``, so no client's draw changes; ``None`` where a client adds no
+        noise of its own (central noise covers the canaries in its one draw, and a
+        non-private round has none)."""
+        std = self.client_noise_std
+        if count <= 0 or not self.clients_noise(round_index) or std <= 0:
+            return None
+        gen = keyed(self.noise_seed, STREAM_AUDIT, AUDIT_NOISE, round_index)
+        return torch.zeros_like(like).normal_(0.0, std * math.sqrt(count), generator=gen)

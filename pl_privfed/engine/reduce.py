@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from pl_privfed.communication import Messages
-from pl_privfed.engine.message import MessageStage, noise_to_signal
+from pl_privfed.engine.message import Canaries, MessageStage, noise_to_signal
 from pl_privfed.rng import KeyedGenerator
 
 __all__ = ["Reduction"]
@@ -40,6 +40,8 @@ class Reduction:
         keyed: the round's keyed generator (the server's draws).
         device: where the server's vectors live.
         dtype: their dtype.
+        canaries: an audit's canary clients (:class:`~pl_privfed.engine.message.Canaries`),
+            added to what the server receives, or ``None``.
     """
 
     def __init__(
@@ -51,6 +53,7 @@ class Reduction:
         keyed: KeyedGenerator | None = None,
         device: torch.device | str = "cpu",
         dtype: torch.dtype = torch.float32,
+        canaries: Canaries | None = None,
     ) -> None:
         self.dim = dim
         self.round_index = round_index
@@ -65,6 +68,10 @@ class Reduction:
         self.loss_count = 0
         self.buffer_sums: dict[str, Tensor] = {}
         self.buffer_count = 0
+        self.canaries = canaries
+        #: the operator and factor the clients' ``transmit`` applied, per sum (the canaries'
+        #: messages go through the same)
+        self.message_operators: dict[str, tuple[object, float]] = {}
 
     # ------------------------------------------------------------------ accumulate
     def add(self, name: str, value: Tensor) -> None:
@@ -143,7 +150,9 @@ class Reduction:
         draw); ``metrics`` holds the operator's statistics (``clip_fraction``, ``norm_before``,
         ``update_norm``) and, when noised and someone sent, ``noise_to_signal``. A round the
         stage aborts (distributed noise with fewer than ``t`` senders) receives zeros and
-        reports ``metrics["aborted"] = 1``: nothing was released.
+        reports ``metrics["aborted"] = 1``: nothing was released. An audit's canary clients
+        (``canaries``) are added last, with their own noise (:meth:`_with_canaries`); the
+        metrics and the abort rule are the real clients'.
         """
         stage, k = self.stage, self.round_index
         metrics = self.operator_metrics()
@@ -157,16 +166,35 @@ class Reduction:
             total = total.to(self.device, self.dtype)
         else:
             total = self.get(key, like=torch.zeros(self.dim, device=self.device, dtype=self.dtype))
-        if not stage.noised or k < 0:
-            return total, metrics
-        if stage.draws_per_client(k):
-            clean = self.get(key + ":clean", like=total)
-        else:
-            clean = total.clone()
-            total = total + stage.noise_of_sum(senders, k, self.keyed, total)
-        if senders:
-            metrics["noise_to_signal"] = noise_to_signal(total, clean)
-        return total, metrics
+        if stage.noised and k >= 0:
+            if stage.draws_per_client(k):
+                clean = self.get(key + ":clean", like=total)
+            else:
+                clean = total.clone()
+                total = total + stage.noise_of_sum(senders, k, self.keyed, total)
+            if senders:
+                metrics["noise_to_signal"] = noise_to_signal(total, clean)
+        return self._with_canaries(key, total), metrics
+
+    def _with_canaries(self, key: str, total: Tensor) -> Tensor:
+        """``total`` plus the canary clients that send in this round: their messages through the
+        round's operator and factor, and their own noise where clients noise
+        (:meth:`~pl_privfed.engine.MessageStage.canary_noise`); they are not senders of the
+        abort rule, and every other draw of the round is the same with or without them."""
+        canaries, k = self.canaries, self.round_index
+        if canaries is None or getattr(canaries, "level", None) != "client" or k < 0:
+            return total
+        if key != getattr(canaries, "key", "sent"):
+            return total
+        part = canaries.messages(k, self.message_operators.get(key), total)
+        if part is not None:
+            clean, count = part
+            total = total + clean
+            noise = self.stage.canary_noise(count, k, self.keyed, total)
+            if noise is not None:
+                total = total + noise
+        canaries.observe(k, total)
+        return total
 
     def mean(self, name: str) -> Tensor:
         """The mean of statistic ``name`` over the clients that reported it (NaN if none)."""

@@ -84,7 +84,10 @@ class RoundResult:
 
 class RoundAlgorithm(Protocol):
     """What the engine needs of an algorithm (:class:`~pl_privfed.algorithms.FederatedAlgorithm`
-    implements it): its clients and state, its message stage, and the paper's two halves."""
+    implements it): its clients and state, its message stage, and the paper's two halves.
+
+    Optionally ``canaries`` (read with ``getattr``; :class:`~pl_privfed.engine.message.Canaries`):
+    an audit's canary clients or records, which the message stage and the chunks add."""
 
     num_clients: int
     dim: int
@@ -234,11 +237,14 @@ def _map(
     if participants is None:
         participants = torch.arange(algorithm.num_clients)
     stage = algorithm.message_stage()
+    canaries = getattr(algorithm, "canaries", None)  # an audit's (pl_privfed.privacy.audit)
     reduction = Reduction(algorithm.dim, round_index=round_index, stage=stage,
-                          keyed=algorithm.keyed, device=x.device, dtype=x.dtype)  # fmt: skip
+                          keyed=algorithm.keyed, device=x.device, dtype=x.dtype,
+                          canaries=canaries)  # fmt: skip
     ctx = RoundContext(x=x, oracle=oracle, reduction=reduction, round_index=round_index,
                        dim=algorithm.dim, device=x.device, dtype=x.dtype, keyed=algorithm.keyed,
-                       statistics=statistics, stage=stage, participants=participants)  # fmt: skip
+                       statistics=statistics, stage=stage, participants=participants,
+                       canaries=canaries)  # fmt: skip
     pieces = chunk_ids(algorithm.shard.owned(participants), chunk_size)
     for p, phase in enumerate(phases):
         for ids in pieces:

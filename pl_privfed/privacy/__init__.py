@@ -5,12 +5,14 @@ calibration, a run's ledger and secure aggregation.
 * :mod:`~pl_privfed.privacy.plan` — pure functions from a declaration to mechanisms, the bases of
   each ε and the calibration;
 * :mod:`~pl_privfed.privacy.ledger` — :class:`PrivacyLedger`, one run's accountants and reports;
+* :mod:`~pl_privfed.privacy.audit` — an empirical audit beside the certified ε: canary clients
+  and canary records, their statistics, ε estimates and one-run lower bounds;
 * :mod:`~pl_privfed.privacy.accounting`, :mod:`~pl_privfed.privacy.calibration`,
   :mod:`~pl_privfed.privacy.mechanism`, :mod:`~pl_privfed.privacy.noise`,
   :mod:`~pl_privfed.privacy.secagg`.
 """
 
-from pl_privfed.privacy import plan
+from pl_privfed.privacy import audit, plan
 from pl_privfed.privacy.accounting import AccountantName, PrivacyAccountant
 from pl_privfed.privacy.calibration import (
     calibrate_noise_multiplier,
@@ -40,6 +42,7 @@ __all__ = [
     "Release",
     "Sampling",
     "SecureAggregation",
+    "audit",
     "calibrate_noise_multiplier",
     "calibrate_noise_std",
     "epsilon_of_plan",

@@ -1,0 +1,457 @@
+"""``PrivacyAudit``: an empirical privacy audit beside the certified ε, from the run itself."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+import numpy as np
+import pytorch_lightning as pl
+import torch
+from pytorch_lightning.utilities import rank_zero_only, rank_zero_warn
+from torch import Tensor
+from typing_extensions import override
+
+from pl_privfed.privacy.audit import (
+    ClientCanaries,
+    RecordCanaries,
+    canary_directions,
+    canary_membership,
+    gaussian_estimate,
+    one_run_audit,
+)
+
+__all__ = ["AuditLevel", "PrivacyAudit"]
+
+AuditLevel = Literal["auto", "client", "record"]
+
+#: the threat models audited: the final model only, and every round's model
+THREAT_MODELS = {
+    "final_model": "the final model only",
+    "every_round": "every round's model (what the server releases after each round)",
+}
+ROUND_STATISTICS = {
+    "sum": "Σ_k cos(x^{k+1} − x^k, u_j)/√K",
+    "max": "max_k cos(x^{k+1} − x^k, u_j)",
+}
+METHODS = {
+    "client": (
+        "one-shot empirical privacy estimation (Andrew, Kairouz, Oh, Oprea, McMahan & "
+        "Suriyakumar, ICLR 2024): canary clients, Gaussian fit of the cosines, ε of μ-GDP"
+    ),
+    "record": (
+        "privacy auditing with one training run (Steinke, Nasr & Jagielski, NeurIPS 2023): "
+        "canary records inserted with probability 1/2, ε lower bound from the correct guesses"
+    ),
+}
+
+
+class PrivacyAudit(pl.Callback):
+    """Plants canaries at fit start, and at fit end reports an empirical ε beside the certified one.
+
+    On a :class:`~pl_privfed.FederatedModule` run (private or not): ``--trainer.callbacks+=
+    pl_privfed.callbacks.PrivacyAudit`` on the command line. What it plants depends on the
+    privacy unit (``level``, by default the algorithm's declaration,
+    :meth:`~pl_privfed.algorithms.FederatedAlgorithm.release`):
+
+    * **client-level DP** (every noise placement: local, central, distributed; full
+      participation, Poisson or fixed-size cohorts): ``canaries`` canary clients, half of them
+      inserted, as extra senders of the engine's message stage
+      (:class:`~pl_privfed.privacy.audit.ClientCanaries`: the round's operator clips them, they
+      take part with the cohort's rate and carry their own noise as a client would). After
+      training, the cosine between the model's change and each canary's direction, for the
+      final model and summed over every round's change, gives Andrew et al.'s ε **estimate**
+      (Gaussian fit, μ-GDP at δ);
+    * **record-level DP** (FedAvg with per-sample clipping, PORTER-DP, SoteriaFL, the demo):
+      ``canaries`` canary records, each inserted with probability 1/2 into one client's data,
+      whose gradient is a fixed direction (:class:`~pl_privfed.privacy.audit.RecordCanaries`:
+      joined to its host's minibatch by the gradient oracle and clipped like every other
+      record). The scores give Steinke et al.'s ε **lower bound** at ``confidence`` (and a
+      Gaussian-fit estimate beside it).
+
+    The canaries' randomness has its own stream (:data:`pl_privfed.rng.STREAM_AUDIT`): no other
+    client's noise, cohort or data order changes. The model does change: the canaries' messages
+    (client level) or records (record level) are trained on, like a real client's or record's.
+
+    The report (``summary.json`` → ``privacy.audit``, the result line, the loggers'
+    ``audit/*``): the method, the canaries inserted and held out, the statistic, the estimate or
+    lower bound per threat model (``final_model``, ``every_round``), and the certified ε of the
+    same adversary beside it (the run's ledger: whoever sees the models; the headline adversary's
+    too). A run whose audit exceeds its certified ε ends with a warning naming both numbers. An
+    audit is never a certificate: a low value says the canaries were not found, not that the run
+    is private (docs/privacy.md, "An empirical audit beside the certified ε").
+
+    Args:
+        canaries: the canaries ``m`` (inserted and held out together).
+        level: ``"client"``, ``"record"`` or ``"auto"`` (the algorithm's privacy unit; needed
+            for a non-private run whose algorithm declares no record use).
+        seed: the audit's seed (directions, membership, participation).
+        overshoot: a canary's vector before the clip is ``overshoot`` times the clip's bound, so
+            a clip that is skipped shows as a canary that many times too loud.
+        canary_norm: that norm, given directly (for an operator that bounds nothing).
+        confidence: the joint confidence of the record-level lower bounds.
+        delta: the δ of the audit's ε (default: the run's, else 1e-5).
+        round_statistic: how every round's cosines are combined: ``"sum"`` (divided by
+            ``√K``: the likelihood-ratio statistic of a mean shift repeated every round) or
+            ``"max"``.
+    """
+
+    def __init__(
+        self,
+        canaries: int = 100,
+        level: AuditLevel = "auto",
+        seed: int = 0,
+        overshoot: float = 100.0,
+        canary_norm: float | None = None,
+        confidence: float = 0.95,
+        delta: float | None = None,
+        round_statistic: Literal["sum", "max"] = "sum",
+    ) -> None:
+        if isinstance(canaries, bool) or not isinstance(canaries, int) or canaries < 4:
+            raise ValueError(f"canaries must be an integer >= 4, got {canaries!r}")
+        if level not in ("auto", "client", "record"):
+            raise ValueError(f"level must be 'auto', 'client' or 'record', got {level!r}")
+        if not (isinstance(overshoot, int | float) and overshoot >= 1):
+            raise ValueError(f"overshoot must be >= 1, got {overshoot!r}")
+        if canary_norm is not None and not canary_norm > 0:
+            raise ValueError(f"canary_norm must be positive, got {canary_norm!r}")
+        if not 0 < confidence < 1:
+            raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
+        if delta is not None and not 0 < delta < 1:
+            raise ValueError(f"delta must be in (0, 1), got {delta!r}")
+        if round_statistic not in ("sum", "max"):
+            raise ValueError(f"round_statistic must be 'sum' or 'max', got {round_statistic!r}")
+        self.count = canaries
+        self.level = level
+        self.seed = int(seed)
+        self.overshoot = float(overshoot)
+        self.canary_norm = canary_norm
+        self.confidence = float(confidence)
+        self.delta = delta
+        self.round_statistic = round_statistic
+        self.canaries: ClientCanaries | RecordCanaries | None = None
+        self._ledger: Any = None
+        self._algorithm: Any = None
+        self._report: dict[str, Any] | None = None
+        self._x0: Tensor | None = None
+        self._last: Tensor | None = None
+        self._before: Tensor | None = None
+        self._reset_statistics()
+
+    def _reset_statistics(self) -> None:
+        self._sum = np.zeros(self.count)
+        self._max = np.full(self.count, -np.inf)
+        self._min = np.full(self.count, np.inf)
+        self._rounds = 0
+        self._alignment = 0.0  # Σ_k <x^{k+1} − x^k, received sum_k>: how the server follows it
+
+    # ------------------------------------------------------------------ planting
+    @staticmethod
+    def _params(pl_module: pl.LightningModule) -> Tensor:
+        """The flat parameters in the engine's layout (the space the canaries live in)."""
+        return pl_module.layout.flatten(pl_module.model).detach()
+
+    def _release(self, algorithm: Any) -> Any:
+        try:
+            return algorithm.release()
+        except (NotImplementedError, ValueError):
+            return None
+
+    def _resolve_level(self, release: Any) -> str:
+        if self.level != "auto":
+            return self.level
+        if release is None:
+            raise ValueError(
+                "PrivacyAudit: the algorithm declares no release, so the privacy unit is "
+                "unknown; give PrivacyAudit(level='client') or level='record'"
+            )
+        return "record" if release.records is not None else "client"
+
+    def _plant(self, algorithm: Any, x: Tensor) -> ClientCanaries | RecordCanaries:
+        release = self._release(algorithm)
+        level = self._resolve_level(release)
+        directions = canary_directions(self.count, x.numel(), self.seed, device=x.device,
+                                       dtype=x.dtype)  # fmt: skip
+        if level == "client":
+            if release is not None:
+                participation = release.participation
+            else:
+                participation = float(getattr(algorithm, "participation_rate", 1.0))
+            return ClientCanaries(
+                directions,
+                canary_membership(self.count, self.seed, half=True),
+                participation=participation,
+                seed=self.seed,
+                overshoot=self.overshoot,
+                norm=self.canary_norm,
+            )
+        records = None if release is None else release.records
+        size = records.release_size if records else int(getattr(algorithm, "batch_size", 1))
+        rate = min(1.0, records.positions / records.population) if records else 1.0
+        norm = self.canary_norm
+        if norm is None:
+            bound = None if release is None else release.bound
+            if bound is None:
+                raise ValueError(
+                    "PrivacyAudit: the algorithm declares no bound on a record's gradient, so a "
+                    "canary record has no norm to be clipped to; give "
+                    "PrivacyAudit(canary_norm=...)"
+                )
+            norm = self.overshoot * float(bound) * size
+        hosts = torch.arange(self.count) % max(1, int(algorithm.num_clients))
+        return RecordCanaries(directions, canary_membership(self.count, self.seed, half=False),
+                              hosts, release_size=size, norm=norm, rate=rate,
+                              seed=self.seed)  # fmt: skip
+
+    @override
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        algorithm = getattr(pl_module, "algorithm", None)
+        if algorithm is None or not hasattr(pl_module, "layout"):
+            raise ValueError(
+                f"PrivacyAudit audits a FederatedModule's run, got {type(pl_module).__name__}"
+            )
+        configurations = getattr(pl_module, "algorithms", None)
+        if callable(configurations) and len(configurations()) != 1:
+            raise ValueError(
+                "PrivacyAudit audits one configuration; run the grid's points as separate runs "
+                "(pl-privfed sweep) to audit them"
+            )
+        x = self._params(pl_module)
+        self.canaries = self._plant(algorithm, x)
+        algorithm.canaries = self.canaries
+        self._algorithm = algorithm
+        self._ledger = getattr(pl_module, "privacy_ledger", None)
+        self._report = None
+        if self._x0 is None:  # a resumed run keeps the start its checkpoint recorded
+            self._x0 = x.clone()
+        self._x0 = self._x0.to(x.device, x.dtype)
+        if self._last is not None:
+            self._last = self._last.to(x.device, x.dtype)
+
+    def _detach(self) -> None:
+        if self._algorithm is not None and self._algorithm.canaries is self.canaries:
+            self._algorithm.canaries = None
+
+    # ------------------------------------------------------------------ watching
+    @override
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if self.canaries is not None:
+            self._before = self._params(pl_module).clone()
+
+    @override
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if self.canaries is None or self._before is None:
+            return
+        after = self._params(pl_module)
+        change = after - self._before
+        cosines = self._cosines(change)
+        self._sum += cosines
+        np.maximum(self._max, cosines, out=self._max)
+        np.minimum(self._min, cosines, out=self._min)
+        self._rounds += 1
+        received = getattr(self.canaries, "last_received", None)
+        if received is not None:
+            self._alignment += float(torch.dot(change.double(), received.double()))
+            self.canaries.last_received = None
+        self._last, self._before = after.clone(), None
+
+    def _cosines(self, change: Tensor) -> np.ndarray:
+        """``cos(change, u_j)`` for every canary (0 for a model that did not move)."""
+        norm = float(torch.linalg.vector_norm(change.double()))
+        if not norm > 0:
+            return np.zeros(self.count)
+        directions = self.canaries.directions
+        inner = directions @ change.to(directions.device, directions.dtype)
+        return inner.double().cpu().numpy() / norm
+
+    # ------------------------------------------------------------------ the report
+    def _delta(self) -> float:
+        if self.delta is not None:
+            return self.delta
+        ledger = self._ledger
+        return float(ledger.noise.delta) if ledger is not None else 1e-5
+
+    def _certified(self, delta: float) -> dict[str, Any]:
+        ledger = self._ledger
+        if ledger is None:
+            return {"certified_epsilon": None, "certified_adversary": None}
+        adversary = "models" if "models" in ledger.adversaries else ledger.headline
+        return {
+            "certified_epsilon": ledger.epsilon(delta, adversary=adversary),
+            "certified_adversary": adversary,
+            "headline_adversary": ledger.headline,
+            "headline_epsilon": ledger.epsilon(delta),
+        }
+
+    def _statistics(self, sign: float) -> dict[str, np.ndarray]:
+        final = None
+        if self._last is not None and self._x0 is not None:
+            final = self._cosines(self._last - self._x0.to(self._last.device))
+        if self.round_statistic == "sum":
+            rounds = self._sum / math.sqrt(self._rounds)
+        else:
+            rounds = self._max if sign > 0 else -self._min
+            rounds = np.where(np.isfinite(rounds), rounds, 0.0)
+        out = {"every_round": sign * rounds if self.round_statistic == "sum" else rounds}
+        if final is not None:
+            out["final_model"] = sign * final
+        return out
+
+    def report(self) -> dict[str, Any] | None:
+        """The audit (computed once, at the end of fit): ``None`` before any round."""
+        if self._report is not None:
+            return self._report
+        canaries = self.canaries
+        if canaries is None or self._rounds == 0:
+            return None
+        delta = self._delta()
+        inserted = canaries.inserted.numpy()
+        # the direction the server's step follows the sum it receives: measured from the run
+        # (client level; it depends on the algorithm, not on which canaries were inserted); a
+        # canary record is a gradient, which every algorithm descends
+        sign = 1.0 if canaries.level == "client" and self._alignment > 0 else -1.0
+        stats = self._statistics(sign)
+        certified = self._certified(delta)
+        entry: dict[str, Any] = {
+            "method": METHODS[canaries.level],
+            "level": canaries.level,
+            "canaries": canaries.count,
+            "canaries_inserted": int(inserted.sum()),
+            "canaries_held_out": int((~inserted).sum()),
+            "delta": delta,
+            "rounds": self._rounds,
+            "statistic": (
+                "cosine between the model's change and each canary's direction: final model "
+                f"cos(x^K − x^0, u_j); every round {ROUND_STATISTICS[self.round_statistic]}; "
+                f"signed by the server's step ({'+' if sign > 0 else '−'})"
+            ),
+            "threat_model": "every_round",
+            **certified,
+        }
+        threats: dict[str, Any] = {}
+        values = []
+        if canaries.level == "client":
+            entry["participation"] = canaries.participation
+            entry["canary_input_norm"] = canaries.input_norm_used
+            entry["canary_message_norm"] = canaries.message_norm
+            entry["canary_messages"] = canaries.messages_sent
+            entry["confidence"] = self.confidence
+            for name, s in stats.items():
+                fit = gaussian_estimate(s[inserted], s[~inserted], delta, self.confidence)
+                threats[name] = {"threat_model": THREAT_MODELS[name], **fit.as_dict(),
+                                 "epsilon_estimate": fit.epsilon}  # fmt: skip
+                values.append((fit.epsilon_low, name))  # beyond the canaries' sampling error
+            head = threats["every_round"]
+            entry["epsilon_estimate"] = head["epsilon_estimate"]
+            entry["epsilon_interval"] = [head["epsilon_low"], head["epsilon_high"]]
+        else:
+            entry["confidence"] = self.confidence
+            entry["record_rate"] = canaries.rate
+            entry["release_size"] = canaries.release_size
+            entry["canary_gradient_norm"] = canaries.norm
+            entry["canary_uses"] = int(canaries.uses.sum())
+            for name, s in stats.items():
+                bound = one_run_audit(s, inserted, delta, self.confidence, tests=len(stats))
+                fit = gaussian_estimate(s[inserted], s[~inserted], delta, self.confidence)
+                threats[name] = {
+                    "threat_model": THREAT_MODELS[name],
+                    "epsilon_lower_bound": bound.epsilon,
+                    **{f"lower_bound_{k}": v for k, v in bound.as_dict().items()
+                       if k not in ("epsilon", "delta", "confidence")},
+                    "gaussian_fit": fit.as_dict(),
+                    "epsilon_estimate": fit.epsilon,
+                }  # fmt: skip
+                values.append((bound.epsilon, name))
+            entry["epsilon_lower_bound"] = threats["every_round"]["epsilon_lower_bound"]
+            entry["ceiling"] = threats["every_round"]["lower_bound_ceiling"]
+        entry["threat_models"] = threats
+        if not entry.get("canary_messages", entry.get("canary_uses")):
+            rank_zero_warn(
+                f"PrivacyAudit: no canary {canaries.level} entered the run (the algorithm "
+                + ("reads no sum through the message stage's received()"
+                   if canaries.level == "client" else "computes no minibatch gradient or "
+                   "clipped mean through its chunks")
+                + "): the audit measured nothing; try the other level",
+                category=UserWarning,
+            )  # fmt: skip
+        cert = certified["certified_epsilon"]
+        top, where = max(values)
+        entry["exceeds_certified"] = bool(cert is not None and top > cert)
+        self._report = entry
+        if entry["exceeds_certified"]:
+            self._warn(entry, top, where)
+        return entry
+
+    def _warn(self, entry: dict[str, Any], value: float, where: str) -> None:
+        if entry["level"] == "record":
+            what = f"ε lower bound {value:.4g} ({entry['confidence']:.0%} confidence)"
+        else:
+            fit = entry["threat_models"][where]
+            what = (
+                f"ε estimate {fit['epsilon_estimate']:.4g} (Gaussian fit; {value:.4g} at the "
+                f"low end of its {entry['confidence']:.0%} interval)"
+            )
+        rank_zero_warn(
+            f"PRIVACY AUDIT: the audit's {what} from {THREAT_MODELS[where]} EXCEEDS the certified "
+            f"ε {entry['certified_epsilon']:.4g} against {entry['certified_adversary']} at "
+            f"δ={entry['delta']:g}: the run that ran is less private than its certificate says "
+            "(look for noise added to the wrong tensor, a clip skipped, a reused key or a "
+            "sensitivity off by a factor)",
+            category=UserWarning,
+        )
+
+    @override
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        report = self.report()
+        self._detach()
+        if report is not None:
+            self._log(trainer, report)
+
+    @override
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        self._detach()
+
+    @rank_zero_only
+    def _log(self, trainer: pl.Trainer, report: dict[str, Any]) -> None:
+        key = "epsilon_lower_bound" if report["level"] == "record" else "epsilon_estimate"
+        metrics = {f"audit/{key}": report[key]}
+        for name, threat in report["threat_models"].items():
+            metrics[f"audit/{key}_{name}"] = threat[key]
+        if report["certified_epsilon"] is not None:
+            metrics["audit/epsilon_certified"] = report["certified_epsilon"]
+        metrics = {k: float(v) for k, v in metrics.items() if v is not None}
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=trainer.global_step)
+
+    def summary_entries(self) -> dict[str, Any]:
+        """``privacy.audit`` for ``summary.json`` (nested under the run's privacy report)."""
+        report = self.report()
+        return {} if report is None else {"privacy": {"audit": report}}
+
+    # ------------------------------------------------------------------ checkpoints
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        """The statistics so far (a resumed run's audit goes on from them; the canaries'
+        directions and draws are keyed, so they need no state)."""
+        return {
+            "x0": None if self._x0 is None else self._x0.cpu(),
+            "last": None if self._last is None else self._last.cpu(),
+            "sum": torch.from_numpy(self._sum.copy()),
+            "max": torch.from_numpy(self._max.copy()),
+            "min": torch.from_numpy(self._min.copy()),
+            "rounds": self._rounds,
+            "alignment": self._alignment,
+        }
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        saved = int(state_dict["sum"].numel())
+        if saved != self.count:
+            raise ValueError(
+                f"PrivacyAudit: the checkpoint's audit has {saved} canaries, this one {self.count}"
+            )
+        self._x0, self._last = state_dict["x0"], state_dict["last"]
+        self._sum = state_dict["sum"].double().numpy().copy()
+        self._max = state_dict["max"].double().numpy().copy()
+        self._min = state_dict["min"].double().numpy().copy()
+        self._rounds, self._alignment = int(state_dict["rounds"]), float(state_dict["alignment"])
