@@ -12,6 +12,7 @@ REPO = Path(__file__).resolve().parents[1]
 # full configs; configs/paper/*.yaml are overlays and configs/sweeps/ holds W&B sweep files
 CONFIGS = [
     REPO / "configs/quickstart.yaml",
+    *sorted((REPO / "configs/private").glob("*.yaml")),
     *sorted(
         [*(REPO / "configs/algorithms").glob("*.yaml"), *(REPO / "configs/paper").glob("*/*.yaml")]
     ),
@@ -31,6 +32,8 @@ def test_every_config_instantiates(config, tmp_path, monkeypatch):
 
 
 def test_quickstart_runs_through_cli(tmp_path, monkeypatch, capsys):
+    """The quickstart (client-level DP over 10,000 MNIST clients, distributed noise) runs, names
+    its adversary before training and in its result line, and logs everything."""
     monkeypatch.chdir(tmp_path)
     main(["fit", "--config", str(REPO / "configs/quickstart.yaml"),
           "--trainer.max_steps", "20", "--trainer.val_check_interval", "10"])  # fmt: skip
@@ -38,13 +41,22 @@ def test_quickstart_runs_through_cli(tmp_path, monkeypatch, capsys):
     data = json.loads(summary.read_text())
     assert data["status"] == "finished" and data["rounds"] == 20
     assert data["private"] and data["epsilon"] > 0 and data["delta"] == 1e-5
+    privacy = data["privacy"]
+    assert privacy["adversary"] == "server" and privacy["placement"] == "distributed"
+    assert privacy["min_contributors"] == 5000 and set(privacy["adversaries"]) == {
+        "server", "models"
+    }  # fmt: skip
     assert 0 <= data["final_test_accuracy"] <= 1
     assert data["config"]["model"]["algorithm"]["class_path"] == "pl_privfed.algorithms.AlphaNormEC"
-    assert "test accuracy=" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    first = next(line for line in out.splitlines() if line.startswith("[pl-privfed]"))
+    assert first.startswith("[pl-privfed] privacy: client-level DP, distributed noise")
+    assert "against the server (the server: the noised sum" in first
+    assert "test accuracy=" in out and "against the server" in out
     assert (summary.parent / "curves.png").is_file()
     assert (
-        data["communication_total_bits"]["client_to_server"] == 20 * 10 * 32 * 2410
-    )  # dense noisy messages, d = 2,410
+        data["communication_total_bits"]["client_to_server"] == 20 * 10000 * 32 * 7850
+    )  # dense noised messages (each with its noise share), d = 7,850
     assert set(data["operator_means"]) >= {"clip_fraction", "update_norm", "ef_gap"}
     # W&B ran offline; its run log holds the resolved config and both artifacts. ``finish()`` only
     # informs W&B's service process that the run is over, and the service closes (flushes) the
@@ -55,7 +67,7 @@ def test_quickstart_runs_through_cli(tmp_path, monkeypatch, capsys):
     wandb.teardown()
     (run_log,) = tmp_path.glob("logs/wandb/offline-run-*/run-*.wandb")
     raw = run_log.read_bytes()
-    for needle in (b"AlphaNormEC", b"DirichletPartitioner", b"run-summary", b"training-curves"):
+    for needle in (b"AlphaNormEC", b"FixedSizePartitioner", b"run-summary", b"training-curves"):
         assert needle in raw, needle
 
 
@@ -82,7 +94,13 @@ def test_print_config(tmp_path, monkeypatch, capsys):
 def test_bad_values_fail_before_training(override, message, tmp_path, monkeypatch, capsys):
     """One line on stderr, exit status 2, nothing trained (tests/test_cli_errors.py has more)."""
     monkeypatch.chdir(tmp_path)
-    args = ["fit", "--config", str(REPO / "configs/quickstart.yaml"), "--trainer.logger", "false"]
+    args = [
+        "fit",
+        "--config",
+        str(REPO / "configs/algorithms/dp_alpha_normec_digits.yaml"),
+        "--trainer.logger",
+        "false",
+    ]
     with pytest.raises(SystemExit) as info:
         main(args + override)
     assert info.value.code == 2
@@ -94,7 +112,7 @@ def test_bad_values_fail_before_training(override, message, tmp_path, monkeypatc
 def test_privacy_budget_from_the_command_line_stops_the_quickstart(tmp_path, monkeypatch):
     """The budget callback appended on the command line joins the CLI's default callbacks."""
     monkeypatch.chdir(tmp_path)
-    main(["fit", "--config", str(REPO / "configs/quickstart.yaml"), "--trainer.logger", "false",
+    main(["fit", "--config", str(REPO / "configs/algorithms/dp_alpha_normec_digits.yaml"), "--trainer.logger", "false",
           "--trainer.default_root_dir", str(tmp_path),
           "--trainer.callbacks+=pl_privfed.callbacks.PrivacyBudget",
           "--trainer.callbacks.epsilon=4"])  # fmt: skip
@@ -110,7 +128,7 @@ def test_privacy_budget_from_the_command_line_stops_the_quickstart(tmp_path, mon
 def test_output_dir_collects_summary_curves_and_config(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "run"
-    main(["fit", "--config", str(REPO / "configs/quickstart.yaml"), "--trainer.logger", "false",
+    main(["fit", "--config", str(REPO / "configs/algorithms/dp_alpha_normec_digits.yaml"), "--trainer.logger", "false",
           "--trainer.max_steps", "4", "--trainer.val_check_interval", "2",
           "--output_dir", str(out)])  # fmt: skip
     data = json.loads((out / "summary.json").read_text())
@@ -205,7 +223,11 @@ def test_seed_sets_every_seed_of_a_run(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
 
     def cli(*extra):
-        args = ["--config", str(REPO / "configs/quickstart.yaml"), "--trainer.logger=false"]
+        args = [
+            "--config",
+            str(REPO / "configs/algorithms/dp_alpha_normec_digits.yaml"),
+            "--trainer.logger=false",
+        ]
         return PrivFedCLI(args=[*args, *extra], run=False)
 
     seven = cli("--seed", "7")
@@ -240,21 +262,22 @@ def test_agent_arguments_read_nulls_and_find_configs_from_any_directory(tmp_path
     from pl_privfed.cli import agent_arguments
 
     monkeypatch.chdir(tmp_path)
-    args = agent_arguments(["fit", "--config", "configs/quickstart.yaml",
+    args = agent_arguments(["fit", "--config", "configs/algorithms/dp_alpha_normec_digits.yaml",
                             "--config=configs/paper/cpu_smoke.yaml", "--a.b=None", "--c=True",
                             "--d=Nonesuch"])  # fmt: skip
-    assert args == ["fit", "--config", str(REPO / "configs/quickstart.yaml"),
+    assert args == ["fit", "--config", str(REPO / "configs/algorithms/dp_alpha_normec_digits.yaml"),
                     f"--config={REPO / 'configs/paper/cpu_smoke.yaml'}", "--a.b=null", "--c=True",
                     "--d=Nonesuch"]  # fmt: skip
-    (tmp_path / "configs").mkdir()
-    (tmp_path / "configs" / "quickstart.yaml").write_text("{}")  # a local file wins
-    assert agent_arguments(["--config", "configs/quickstart.yaml"])[1] == "configs/quickstart.yaml"
+    local = "configs/algorithms/dp_alpha_normec_digits.yaml"
+    (tmp_path / "configs" / "algorithms").mkdir(parents=True)
+    (tmp_path / local).write_text("{}")  # a local file wins
+    assert agent_arguments(["--config", local])[1] == local
 
 
 def test_a_sweep_run_keeps_its_logs_and_names_its_wandb_run(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "runs" / "0003-abc"
-    args = ["--config", str(REPO / "configs/quickstart.yaml"), f"--output_dir={out}",
+    args = ["--config", str(REPO / "configs/algorithms/dp_alpha_normec_digits.yaml"), f"--output_dir={out}",
             "--run_name=beta=0.1 seed=2", "--run_group=quickstart_grid"]  # fmt: skip
     cli = PrivFedCLI(args=args, run=False)
     csv_logger, wandb_logger = cli.trainer.loggers
@@ -269,7 +292,9 @@ def test_a_sweep_run_keeps_its_logs_and_names_its_wandb_run(tmp_path, monkeypatc
                                              "seed": {"value": 2}})  # fmt: skip
     assert "wandb_version" in params.read_text()
     monkeypatch.setenv("WANDB_SWEEP_PARAM_PATH", str(params))
-    cli = PrivFedCLI(args=["--config", str(REPO / "configs/quickstart.yaml")], run=False)
+    cli = PrivFedCLI(
+        args=["--config", str(REPO / "configs/algorithms/dp_alpha_normec_digits.yaml")], run=False
+    )
     assert cli.trainer.loggers[1]._wandb_init["name"] == "beta=0.1 seed=2"
 
 
@@ -286,7 +311,7 @@ def test_help_lists_every_subcommand_and_predict_is_not_offered(capsys):
         assert re.search(rf"^\s+{name}\s+\S", out, re.M), name
     assert "predict" not in out and "--debug" in out
     with pytest.raises(SystemExit) as info:
-        main(["predict", "--config", str(REPO / "configs/quickstart.yaml")])
+        main(["predict", "--config", str(REPO / "configs/algorithms/dp_alpha_normec_digits.yaml")])
     assert info.value.code == 2
     (line,) = capsys.readouterr().err.splitlines()
     assert "invalid choice: 'predict'" in line and "'demo'" in line
@@ -305,7 +330,7 @@ def test_a_normal_run_prints_no_warning(tmp_path):
 
     proc = subprocess.run(
         [sys.executable, "-m", "pl_privfed.cli", "fit", "--config",
-         str(REPO / "configs/quickstart.yaml"), "--trainer.max_steps", "12",
+         str(REPO / "configs/algorithms/dp_alpha_normec_digits.yaml"), "--trainer.max_steps", "12",
          "--trainer.val_check_interval", "6"],
         cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True,
         text=True, timeout=600,

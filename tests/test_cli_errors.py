@@ -14,7 +14,7 @@ import torch
 from pl_privfed.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
-QUICKSTART = str(REPO / "configs/quickstart.yaml")
+QUICKSTART = str(REPO / "configs/algorithms/dp_alpha_normec_digits.yaml")
 ALGORITHMS = REPO / "configs/algorithms"
 QUIET = ["--trainer.logger", "false", "--trainer.enable_progress_bar", "false"]
 

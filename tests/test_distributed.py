@@ -68,7 +68,7 @@ def test_resume_on_two_processes_and_on_one(two_processes, tmp_path):
 
 
 def test_command_line_on_two_processes(tmp_path):
-    cmd = [sys.executable, "-m", "pl_privfed.cli", "fit", "--config", str(ROOT / "configs/quickstart.yaml"),
+    cmd = [sys.executable, "-m", "pl_privfed.cli", "fit", "--config", str(ROOT / "configs/algorithms/dp_alpha_normec_digits.yaml"),
            "--trainer.strategy=ddp", "--trainer.devices=2", "--trainer.max_steps=6",
            "--trainer.logger=false", f"--trainer.default_root_dir={tmp_path}",
            f"--output_dir={tmp_path / 'out'}"]  # fmt: skip

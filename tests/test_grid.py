@@ -300,7 +300,7 @@ def test_paper_002_grid_overlays_match_their_sweeps(base, overlay, size, tmp_pat
 
 def test_grid_from_the_command_line(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    main(["fit", "--config", str(REPO / "configs/quickstart.yaml"),
+    main(["fit", "--config", str(REPO / "configs/algorithms/dp_alpha_normec_digits.yaml"),
           "--trainer.max_steps", "4", "--trainer.val_check_interval", "2",
           "--model.grid", '{"step_size": [0.1, 0.2], "beta": [0.1, 1.0]}',
           "--model.grid_dir", "grid"])  # fmt: skip

@@ -23,7 +23,7 @@ from pl_privfed.cli import main
 from pl_privfed.logdir import reserve_log_dir
 
 REPO = Path(__file__).resolve().parents[1]
-QUICKSTART = str(REPO / "configs/quickstart.yaml")
+QUICKSTART = str(REPO / "configs/algorithms/dp_alpha_normec_digits.yaml")
 
 
 def test_progress_bar_counts_rounds_across_epochs(tmp_path, monkeypatch, capsys):

@@ -28,7 +28,7 @@ from pl_privfed.sweep import (
 )
 
 REPO = Path(__file__).resolve().parents[1]
-QUICKSTART = str(REPO / "configs/quickstart.yaml")
+QUICKSTART = str(REPO / "configs/algorithms/dp_alpha_normec_digits.yaml")
 SWEEPS = sorted((REPO / "configs/sweeps").glob("*.yaml"))
 FAST = ["--trainer.max_steps=4", "--trainer.val_check_interval=2", "--trainer.logger=false",
         "--trainer.enable_progress_bar=false"]  # fmt: skip
@@ -579,7 +579,7 @@ def test_quickstart_grid_has_eight_points():
     assert len(points) == 8 and sweep.method == "grid"
     assert {p["model.algorithm.init_args.server_normalization"] for p in points} == {True, False}
     assert sweep.command[sweep.command.index("pl-privfed") + 1 :][:3] == [
-        "fit", "--config", "configs/quickstart.yaml"]  # fmt: skip
+        "fit", "--config", "configs/algorithms/dp_alpha_normec_digits.yaml"]  # fmt: skip
 
 
 def test_paper_sweeps_have_three_seeds_and_every_sweep_a_project():
