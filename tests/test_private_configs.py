@@ -1,5 +1,6 @@
 """configs/private/: every private configuration runs through the CLI, says before training what
-it certifies and against whom, and reports one ε per adversary; the headline ε is the target."""
+it certifies and against whom, reports one ε per adversary (the headline ε is the target), and
+its empirical audit (PrivacyAudit) stays at or below the certified ε."""
 
 import json
 from pathlib import Path
@@ -26,15 +27,16 @@ def test_there_is_a_private_config_per_family():
 def test_private_config_runs_and_names_its_adversary(config, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     main(["fit", "--config", str(config), "--trainer.logger", "false",
-          "--trainer.enable_progress_bar", "false", "--trainer.max_steps", "2",
-          "--trainer.val_check_interval", "2", "--output_dir", str(tmp_path)])  # fmt: skip
+          "--trainer.enable_progress_bar", "false", "--trainer.max_steps", "3",
+          "--trainer.val_check_interval", "3", "--output_dir", str(tmp_path),
+          "--trainer.callbacks+=pl_privfed.callbacks.PrivacyAudit"])  # fmt: skip
     out = capsys.readouterr().out
     data = json.loads((tmp_path / "summary.json").read_text())
     privacy = data["privacy"]
     assert data["status"] == "finished" and data["private"]
-    # the target is certified against the headline adversary, for the rounds run (here 2)
+    # the target is certified against the headline adversary, for the rounds run (here 3)
     assert privacy["calibration"] == "target" and privacy["target_epsilon"] == 8.0
-    assert privacy["calibration_rounds"] == 2 and privacy["delta"] == 1e-5
+    assert privacy["calibration_rounds"] == 3 and privacy["delta"] == 1e-5
     headline = privacy["adversary"]
     plan_line = next(line for line in out.splitlines() if line.startswith("[pl-privfed] privacy:"))
     result = next(line for line in out.splitlines() if "test accuracy=" in line)
@@ -51,3 +53,8 @@ def test_private_config_runs_and_names_its_adversary(config, tmp_path, monkeypat
     assert set(privacy["adversaries"]) >= {headline}
     assert privacy["adversaries"][headline]["epsilon"] == data["epsilon"]
     assert 7.9 < data["epsilon"] <= 8.0
+    # an empirical audit of the shipped mechanism stays at or below what it certifies
+    audit = privacy["audit"]
+    assert audit["level"] == ("record" if config.stem in RECORD_LEVEL else "client")
+    assert audit["canaries"] == 100 and not audit["exceeds_certified"]
+    assert audit["certified_epsilon"] == pytest.approx(privacy["adversaries"]["models"]["epsilon"])
