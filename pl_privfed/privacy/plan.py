@@ -3,10 +3,15 @@
 Given what an algorithm releases (:class:`~pl_privfed.privacy.Release`) and the run's noise
 settings (:class:`~pl_privfed.privacy.DPNoise`):
 
-* :func:`relation` and :func:`sensitivity` — the neighbouring relation of the reported ε and how
-  far one privacy unit moves a noised vector under it;
-* :func:`round_mechanisms` — the Gaussian releases of one round under the defensible accounting
-  (local DP: replace-one, no amplification by client sampling, which the server observes; record
+* :func:`adversaries` — who could learn something (the server; whoever sees the released
+  models), the headline first, given where the noise goes (``noise.placement``: local, central,
+  distributed); :func:`describe`, :func:`unit`, :func:`trusted` — the same in words;
+  :func:`check_placement` — the placements refused before training;
+* :func:`relation` and :func:`sensitivity` — the neighbouring relation of an adversary's ε and
+  how far one privacy unit moves a noised vector (or the noised sum) under it;
+* :func:`round_mechanisms` — the Gaussian releases of one round against an adversary under the
+  defensible accounting (the server: replace-one, no amplification by client sampling, which it
+  observes; whoever sees the models: add/remove, amplification by a secret cohort; record
   sampling amplified only as what it is), :func:`paper_mechanisms` — under the papers'
   convention (add/remove, Poisson amplification at the nominal rate), :func:`release_plan` —
   every release of a run;

@@ -2,10 +2,11 @@
 
 An algorithm states, as one frozen :class:`Release`, what leaves a client in a round and how a
 privacy unit (a client, or one of its records) enters it: the bound on one unit's contribution
-to a noised vector, who noises it (every client, or a trusted server), how clients take part and,
-for record-level DP, how a client's records are drawn into its noised releases
-(:class:`RecordUse`). Everything else — the sensitivity under each neighbouring relation, the
-Gaussian mechanisms of every round under the defensible accounting and under the papers'
+to a noised vector, how clients take part (the cohort and how the server normalizes its sum)
+and, for record-level DP, how a client's records are drawn into its noised releases
+(:class:`RecordUse`). Where the noise goes is the run's choice (``DPNoise.placement``), not the
+declaration's. Everything else — the adversaries, the sensitivity under each neighbouring
+relation, the Gaussian mechanisms of every round against each adversary and under the papers'
 convention, what each ε assumes, the noise calibration — is derived from it by the pure
 functions of :mod:`pl_privfed.privacy.plan`, and a run's accountants are kept by
 :class:`~pl_privfed.privacy.PrivacyLedger`.
