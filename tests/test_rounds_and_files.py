@@ -34,7 +34,7 @@ def test_progress_bar_counts_rounds_across_epochs(tmp_path, monkeypatch, capsys)
     out = capsys.readouterr().out.replace("\r", "\n")
     assert "round 12/12" in out and "Epoch" not in out and "v_num" not in out
     final = [line for line in out.splitlines() if line.startswith("round 12/12")][-1]
-    assert "loss=" in final and "ε=" in final and "acc=" in final
+    assert "loss=" in final and "ε(server)=" in final and "acc=" in final  # ε names its adversary
     assert "Validation" not in out  # no second bar for the evaluations between rounds
 
 

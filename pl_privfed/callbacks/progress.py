@@ -48,7 +48,7 @@ class RoundProgressBar(TQDMProgressBar):
     Example::
 
         trainer = pl.Trainer(max_steps=300, callbacks=[RoundProgressBar()])
-        # round 120/300 |█████████▋              | [00:02<00:03, 52.1 rounds/s, loss=0.41, ε=5.07]
+        # round 120/300 |█████████▋              | [00:02<00:03, 52.1 rounds/s, loss=0.41, ε(server)=5.07]
     """
 
     #: the training bar (Lightning's ``BAR_FORMAT`` stays for the evaluation bars)
