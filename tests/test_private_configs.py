@@ -43,7 +43,7 @@ def test_private_config_runs_and_names_its_adversary(config, tmp_path, monkeypat
     assert out.index(plan_line) < out.index(result)
     if config.stem in RECORD_LEVEL:
         assert headline == "server" and privacy["placement"] == "local"
-        assert "record-level" in privacy["privacy_unit"]
+        assert privacy["privacy_unit"].startswith(("record-level", "example-level"))
     else:
         assert privacy["placement"] in ("central", "distributed")
         assert headline == ("models" if privacy["placement"] == "central" else "server")
