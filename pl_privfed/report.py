@@ -247,6 +247,8 @@ def load_results(
         ValueError: naming the file, when it is missing, not a ``results.csv``, empty, or (with
             ``finished``) holds no finished run.
     """
+    _summary.cache_clear()  # a run may have gone on since the last report of this process
+    _curve_file.cache_clear()
     frames = []
     for path in _paths(results):
         if path.is_dir():
@@ -469,6 +471,8 @@ def _omitted_note(fig: Figure, omitted: Sequence[str]) -> str | None:
 
 def _grid(fig: Figure, count: int, ncols: int):
     """``count`` axes in rows of ``ncols`` (unused cells removed)."""
+    if not count:
+        return []
     nrows = math.ceil(count / ncols)
     axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
     for ax in axes[count:]:
@@ -523,7 +527,7 @@ def _heatmap_figure(cells: pd.DataFrame, facets: Sequence[str], xs: list[str], y
 # --------------------------------------------------------------------------- the report
 
 
-def _axes(header: Sequence[str], config_params: list[str], varying: list[str], x: str,
+def _axes(config_params: list[str], varying: list[str], x: str,
           y: str | None, facets_given: list[str], where: Path) -> tuple[str, str | None]:  # fmt: skip
     """The heatmap's x and y: as given, or the first other varying parameter where the default
     β or γ is not a column; a one-parameter grid has no y."""
@@ -563,7 +567,7 @@ def report_figures(
     config_params = [c for c in _params(runs) if c not in SEED_PARAMETERS]
     varying = [c for c in config_params if runs[c].nunique() > 1]
     facets_given = [facet] if isinstance(facet, str) else list(facet or [])
-    x, y = _axes(list(runs.columns), config_params, varying, x, y, facets_given, paths[0])
+    x, y = _axes(config_params, varying, x, y, facets_given, paths[0])
     _warn_missing(runs, metric, str(paths[0]))
     configs = aggregate(runs, config_params, [metric])
     names = list(configs["_algorithm"].unique())
@@ -908,9 +912,13 @@ def comparison_figure(
         return any(d[k] is not None and (not bits or d[1].n) for d in drawn)
 
     present = [p for p in panels if has_data(p)]
-    omitted = [p[0] + (" (no run has a GradientNorm history)" if p[1] == 2 else
-                       " (no run logged val/acc)" if not p[2] else
-                       " (no run recorded its bits per agent)") for p in panels if p not in present]  # fmt: skip
+
+    def why(panel) -> str:
+        if not any(d[panel[1]] is not None for d in drawn):
+            return "no run has a GradientNorm history" if panel[1] == 2 else "no run logged val/acc"
+        return "no run recorded its bits per agent"
+
+    omitted = [f"{p[0]} ({why(p)})" for p in panels if p not in present]
     fig = Figure(figsize=(10, 3.8 * max(1, math.ceil(len(present) / 2)) + 0.3),
                  layout="constrained")  # fmt: skip
     for ax, (title, k, bits, scale, limits) in zip(_grid(fig, len(present), 2), present,
