@@ -465,7 +465,10 @@ def _omitted_note(fig: Figure, omitted: Sequence[str]) -> str | None:
     if not omitted:
         return None
     note = "Panels omitted (no data): " + "; ".join(omitted)
-    fig.text(0.01, 0.005, textwrap.fill(note, 140), fontsize=7, style="italic", va="bottom")
+    text = textwrap.fill(note, int(fig.get_figwidth() * 17))
+    fig.text(0.01, 0.005, text, fontsize=7, style="italic", va="bottom")
+    lines = text.count("\n") + 1  # room below the panels (constrained layout ignores fig.text)
+    fig.get_layout_engine().set(rect=(0, 0.15 * lines / fig.get_figheight(), 1, 1))
     return note
 
 

@@ -97,6 +97,15 @@ def overlapping(fig, texts):
     return [(a, b) for (a, p), (b, q) in itertools.combinations(boxes, 2) if p.overlaps(q)]
 
 
+def below_the_panels(fig):
+    """Whether the figure's notes lie below every panel, labels and tick labels included."""
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    top = max(t.get_window_extent(renderer).y1 for t in fig.texts)
+    return top < min(ax.get_tightbbox(renderer).y0 for ax in fig.axes)
+
+
 def band_y(ax):
     """The y values of every band (fill_between) on ``ax``."""
     return np.concatenate([p.vertices[:, 1] for c in ax.collections for p in c.get_paths()])
@@ -162,6 +171,7 @@ def test_a_panel_without_data_is_left_out_with_a_note(tmp_path, capsys):
     assert ax.get_ylabel() == "training loss"
     note = "Panels omitted (no data): validation accuracy (%) (no run logged val/acc)"
     assert [t.get_text().replace("\n", " ") for t in figures["curves.png"].texts] == [note]
+    assert below_the_panels(figures["curves.png"])
     assert notes == [f"curves.png: {note}"] and note in tables["table.md"]
     assert {(a.get_xlabel(), a.get_ylabel()) for a in figures["heatmap.png"].axes if a.images} \
         == {("β", "γ")}  # α-NormEC's step size is γ (paper 002)  # fmt: skip
@@ -197,6 +207,7 @@ def test_compare_leaves_out_the_gradient_norm_panels_with_a_note(tmp_path, capsy
                for t in fig.texts)  # fmt: skip
     assert "no run has a GradientNorm history" in notes[0]
     assert overlapping(fig, [ax.title for ax in fig.axes] + fig.texts) == []
+    assert below_the_panels(fig)
     assert list(table["method"]) == ["PORTER (step_size=0.1, consensus_step_size=0.5)",
                                      "BEER (step_size=0.1, consensus_step_size=0.5)"]  # fmt: skip
     with pytest.raises(SystemExit) as exit_:
