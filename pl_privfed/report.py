@@ -483,6 +483,11 @@ def _grid(fig: Figure, count: int, ncols: int):
     return list(axes[:count])
 
 
+def _suptitle(fig: Figure, title: str) -> None:
+    """The figure's title, wrapped to its width."""
+    fig.suptitle(textwrap.fill(title, int(fig.get_figwidth() * 11)), fontsize=10)
+
+
 def _heatmap_figure(cells: pd.DataFrame, facets: Sequence[str], xs: list[str], ys: list[str],
                     *, x: str, y: str, names: Sequence[str], title: str,
                     bounds: tuple[float, float], unit: str, diff: bool = False) -> Figure:  # fmt: skip
@@ -521,7 +526,7 @@ def _heatmap_figure(cells: pd.DataFrame, facets: Sequence[str], xs: list[str], y
                 text += f"\n±{half[i, j]:.1f}"
             ax.text(j, i, text, ha="center", va="center", fontsize=7,
                     color="white" if dark else "black")  # fmt: skip
-    fig.suptitle(textwrap.fill(title, max(int((width * ncols + 1.2) * 11), 40)), fontsize=10)
+    _suptitle(fig, title)
     if image is not None:
         fig.colorbar(image, ax=fig.axes, label=unit)
     return fig
@@ -799,15 +804,15 @@ def _rounds_to_target_figure(configs: pd.DataFrame, params: list[str],
     ceiling = np.nanmax([configs["rounds:mean"].max(), 1.0])
     reached = configs[configs["rounds_to_target:n"] == configs["seeds"]]
     keys = [k for k in (facet, series, x) if k]
-    fewest = reached.groupby(keys)["rounds_to_target:mean"].min() if len(reached) else None
+    fewest = reached.groupby(keys)["rounds_to_target:mean"].min() if len(reached) else {}
+    fewest = {k if isinstance(k, tuple) else (k,): v for k, v in fewest.items()}
     facets = _sorted(configs[facet]) if facet else [""]
     fig = Figure(figsize=(4.6 * len(facets), 3.8), layout="constrained")
     for ax, fv in zip(_grid(fig, len(facets), len(facets)), facets, strict=True):
         members = configs[configs[facet] == fv] if facet else configs
         for sv in _sorted(members[series]) if series else [""]:
             key = tuple(k for k in (fv if facet else None, sv if series else None) if k is not None)
-            best = [fewest.get((*key, xv), math.nan) if fewest is not None else math.nan
-                    for xv in xs]  # fmt: skip
+            best = [fewest.get((*key, xv), math.nan) for xv in xs]
             label = f"{_symbol(series, names)}={sv}" if series else None
             (line,) = ax.plot(range(len(xs)), best, marker="o", label=label)
             missing = [i for i, v in enumerate(best) if math.isnan(v)]
@@ -821,8 +826,7 @@ def _rounds_to_target_figure(configs: pd.DataFrame, params: list[str],
         ax.grid(alpha=0.3)
         if series:
             ax.legend(fontsize=7)
-    fig.suptitle("fewest rounds to the gradient-norm target (×: not reached by every seed)",
-                 fontsize=10)  # fmt: skip
+    _suptitle(fig, "fewest rounds to the gradient-norm target (×: not reached by every seed)")
     return fig
 
 

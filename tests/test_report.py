@@ -156,6 +156,9 @@ def test_every_report_figure_from_a_small_results_file(tmp_path):
 
     rounds = figures["rounds_to_target.png"]
     assert len(rounds.axes) == 1 and "rounds to target" in rounds.axes[0].get_ylabel()
+    assert list(rounds.axes[0].lines[0].get_ydata()) == [3.0, 3.0]  # mean of 2, 3, 4 per β
+    assert overlapping(rounds, [rounds._suptitle, rounds.axes[0].title]) == []
+    assert rounds._suptitle.get_window_extent().x0 >= 0  # within the figure
     assert not [n for n in notes if "omitted" in n]  # every panel had data
     assert "| method | β | η | p |" in tables["table.md"]
 
