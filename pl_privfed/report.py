@@ -727,6 +727,8 @@ def _curves_figure(configs: pd.DataFrame, x: str, y: str | None, varying: Sequen
                 drawn[key].append((row, label, table))
     present = [k for k in panels if drawn[k]]
     omitted = [f"{panels[k][0]} (no run logged {k})" for k in panels if not drawn[k]]
+    if best.empty:
+        return None, f"not drawn: no run has {metric} to select the curves by"
     if not present:
         return None, "not drawn: no run logged train/loss or val/acc (curves.csv)"
     fig = Figure(figsize=(5.6 * len(present), 4.4), layout="constrained")
