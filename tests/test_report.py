@@ -204,6 +204,7 @@ def test_compare_leaves_out_the_gradient_norm_panels_with_a_note(tmp_path, capsy
     fig, table, notes = report.comparison_figure([porter, beer])
     assert len(fig.axes) == 2  # accuracy against rounds and bits; no utility without GradientNorm
     assert [ax.get_xlabel() for ax in fig.axes] == ["round", "bits sent per agent"]
+    assert {ax.get_ylabel() for ax in fig.axes} == {"validation accuracy (%)"}
     assert all(ax.get_title().startswith("validation accuracy (%)") for ax in fig.axes)
     assert all(band_y(ax).max() <= 100.0 for ax in fig.axes)
     assert any("Panels omitted" in t.get_text() and "GradientNorm" in t.get_text()
