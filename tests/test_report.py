@@ -212,6 +212,7 @@ def test_compare_leaves_out_the_gradient_norm_panels_with_a_note(tmp_path, capsy
     assert "no run has a GradientNorm history" in notes[0]
     assert overlapping(fig, [ax.title for ax in fig.axes] + fig.texts) == []
     assert below_the_panels(fig)
+    assert all(overlapping(fig, ax.get_xticklabels()) == [] for ax in fig.axes)
     assert list(table["method"]) == ["PORTER (step_size=0.1, consensus_step_size=0.5)",
                                      "BEER (step_size=0.1, consensus_step_size=0.5)"]  # fmt: skip
     with pytest.raises(SystemExit) as exit_:
