@@ -474,9 +474,13 @@ def _report_main(args: list[str]) -> int:
         "--vmax", type=float, default=None, help="heatmap colour maximum (default 100 %%)"
     )
     ns = parser.parse_args(args)
-    for path in make_report(ns.results, ns.out, x=ns.x, y=ns.y, facet=ns.facet,
-                            metric=ns.metric, vmin=ns.vmin, vmax=ns.vmax):  # fmt: skip
+    written = make_report(ns.results, ns.out, x=ns.x, y=ns.y, facet=ns.facet,
+                          metric=ns.metric, vmin=ns.vmin, vmax=ns.vmax)  # fmt: skip
+    for path in written:
         print(path)
+    md = next(p for p in written if p.name == "table.md").read_text()
+    if "## Notes" in md:  # panels left out for want of data, overlapping intervals
+        print(md.split("## Notes", 1)[1].strip())
     return 0
 
 

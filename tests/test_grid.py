@@ -391,7 +391,10 @@ def test_gradient_norm_measures_and_stops_each_configuration(tmp_path):
     assert [r["rounds"] for r in rows] == ["30", str(reached[1]), str(reached[2])]
     # the report keeps the configurations stopped at their target (paper 003's figures)
     written = {p.name for p in make_report(tmp_path / "grid" / "grid" / "results.csv")}
-    assert written == {"curves.png", "rounds_to_target.png", "table.md", "table.csv"}
+    # no validation ran: no curve can be selected, and the table says so (no empty figure)
+    assert written == {"rounds_to_target.png", "table.md", "table.csv"}
+    md = (tmp_path / "grid" / "grid" / "report" / "table.md").read_text()
+    assert "curves.png: not drawn: no run has final_val_accuracy" in md
     table = (tmp_path / "grid" / "grid" / "report" / "table.csv").read_text().splitlines()
     assert len(table) == 1 + 3
     # when every configuration reaches the target the run stops there

@@ -303,12 +303,9 @@ def test_a_grid_takes_a_seed_axis_through_a_sweep(tmp_path, monkeypatch):
     assert [(r["seed"], r["beta"]) for r in table] == [
         (s, b) for s in ("0", "1", "2") for b in ("0.1", "1.0")]  # fmt: skip
     assert table[1]["final_val_accuracy"] == "0.6"
-    configs = report.aggregate([r for r in table], ["beta", "seed"])
-    assert [(c.values, len(c.rows)) for c in configs] == [
-        ({"beta": "0.1"}, 3),
-        ({"beta": "1.0"}, 3),
-    ]
-    assert configs[1].stat("final_val_accuracy").mean == pytest.approx(0.61)
+    configs = report.aggregate(report.load_results(path), ["beta", "seed"])
+    assert list(zip(configs["beta"], configs["seeds"])) == [("0.1", 3), ("1.0", 3)]
+    assert configs["final_val_accuracy:mean"][1] == pytest.approx(0.61)
 
 
 # --------------------------------------------------------------------------- real runs
@@ -493,21 +490,6 @@ def test_report_selects_on_validation_and_reports_test_over_seeds(tmp_path, monk
 
     path = fake_results(tmp_path, seeds=(0, 1, 2), with_nan=False, private=True, val=val,
                         test=test)  # fmt: skip
-    bounds, labels = [], []
-    original_heatmap = report._draw_heatmap
-
-    def spy_heatmap(*args, **kwargs):
-        bounds.append(kwargs["bounds"])
-        return original_heatmap(*args, **kwargs)
-
-    original_band = report._plot_band
-
-    def spy_band(ax, xs, curve, scale, label, *args, **kwargs):
-        labels.append((label, max(curve[3] - curve[2]) > 0))
-        return original_band(ax, xs, curve, scale, label, *args, **kwargs)
-
-    monkeypatch.setattr(report, "_draw_heatmap", spy_heatmap)
-    monkeypatch.setattr(report, "_plot_band", spy_band)
     make_report(path, tmp_path / "report")
     table = table_rows(tmp_path / "report" / "table.csv")
     assert {r["seeds"] for r in table} == {"3"} and len(table) == 8
@@ -521,13 +503,19 @@ def test_report_selects_on_validation_and_reports_test_over_seeds(tmp_path, monk
     assert best["test 95 % CI"] == f"[{low:.2f}, {high:.2f}]"
     assert best["ε"] == "8"
     # fixed colour range in percent; the curves of both server-normalization variants, with bands
-    assert bounds[0] == (0.0, 100.0)
-    methods = {label.split(":")[0] for label, _ in labels}
-    assert methods == {"DP-AlphaNormEC", "DP-AlphaNormEC + server norm"}
-    assert all(band for label, band in labels if "loss" not in label)
-    drawn = len(bounds)
-    make_report(path, tmp_path / "r2", vmin=40, vmax=60)
-    assert bounds[drawn] == (40, 60)  # the next is the difference map's symmetric range
+    figures, _, _ = report.report_figures(path)
+    assert all(ax.images[0].get_clim() == (0.0, 100.0) for ax in figures["heatmap.png"].axes
+               if ax.images)  # fmt: skip
+    _, acc_ax = figures["curves.png"].axes
+    labels = [line.get_label() for line in acc_ax.lines]
+    assert {label.split(":")[0] for label in labels} == {"DP-AlphaNormEC",
+                                                         "DP-AlphaNormEC + server norm"}  # fmt: skip
+    assert len(acc_ax.collections) == len(labels) == 4  # a band for each curve (3 seeds)
+    figures, _, _ = report.report_figures(path, vmin=40, vmax=60)
+    assert figures["heatmap.png"].axes[0].images[0].get_clim() == (40, 60)
+    # the difference map's range is symmetric
+    low, high = figures["heatmap_server_normalization_difference.png"].axes[0].images[0].get_clim()
+    assert low == -high
     with pytest.raises(ValueError, match="metric='final_test_accuracy' would select on the test"):
         make_report(path, tmp_path / "r3", metric="final_test_accuracy")
 
@@ -547,16 +535,31 @@ def test_report_without_accuracy_warns_and_draws_no_grey_heatmap(tmp_path):
     assert "heatmap.png" not in [p.name for p in written]
 
 
-def test_report_without_beta_and_without_finished_runs(tmp_path):
+def test_report_without_beta_and_without_finished_runs(tmp_path, capsys):
     path = tmp_path / "results.csv"
-    path.write_text("run,status,step_size,scale,final_val_accuracy,best_val_accuracy,"
-                    "final_train_loss,epsilon,rounds,wall_time_s,run_dir\n"
-                    "0000-x,failed: boom,0.1,1.0,,,,,,,missing\n")  # fmt: skip
+    header = ("run,status,step_size,scale,final_val_accuracy,best_val_accuracy,"
+              "final_train_loss,epsilon,rounds,wall_time_s,run_dir\n")  # fmt: skip
+    path.write_text(header + "0000-x,finished,0.1,1.0,0.5,0.5,,,,,missing\n")
     written = make_report(path, tmp_path / "out")  # x falls back to `scale`
-    assert [p.name for p in written] == ["table.md", "table.csv"]
-    assert table_rows(tmp_path / "out" / "table.csv") == []
+    assert [p.name for p in written] == ["heatmap.png", "table.md", "table.csv"]  # no curves
+    assert len(table_rows(tmp_path / "out" / "table.csv")) == 1
     with open(tmp_path / "out" / "table.csv") as f:
         assert f.readline().startswith("method,scale,γ,seeds,")
+    # an all-failed or empty results file is an error naming the file, not empty tables
+    path.write_text(header + "0000-x,failed: boom,0.1,1.0,,,,,,,missing\n")
+    with pytest.raises(ValueError, match=r"results\.csv: no finished run among its 1 run"):
+        make_report(path, tmp_path / "out2")
+    assert not (tmp_path / "out2").exists()
+    empty = tmp_path / "empty.csv"
+    empty.write_text(header)
+    for command, args in (("report", [str(path)]), ("report", [str(empty)]),
+                          ("compare", [str(path), "--out", str(tmp_path / "c")]),
+                          ("compare", [str(empty), "--out", str(tmp_path / "c")])):  # fmt: skip
+        with pytest.raises(SystemExit) as exit_:
+            main([command, *args])
+        err = capsys.readouterr().err.strip()
+        assert exit_.value.code == 2 and "\n" not in err, (command, args, err)
+        assert err.startswith("pl-privfed: error: ") and Path(args[0]).name in err
 
 
 def test_report_pools_several_results_files(tmp_path):

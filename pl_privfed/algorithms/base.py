@@ -18,7 +18,7 @@ their messages through the engine's message stage. Its state tensors (client mem
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -51,6 +51,10 @@ class FederatedAlgorithm(nn.Module):
         step_size: the server step size ``γ > 0``.
         noise: Gaussian DP noise settings, or ``None`` for the non-private method.
     """
+
+    #: the symbol each paper gives a hyperparameter (``__init__`` argument -> symbol), for the
+    #: axes and tables of ``pl-privfed report``; subclasses name their own paper's symbols
+    hyperparameter_symbols: ClassVar[dict[str, str]] = {"step_size": "γ"}
 
     #: simulated secure aggregation of the clients' sums (algorithms that offer it set it)
     secure_aggregation = None

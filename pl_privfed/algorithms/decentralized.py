@@ -20,7 +20,7 @@ which the module evaluates the model.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 from torch import Tensor
@@ -74,6 +74,13 @@ class DecentralizedAlgorithm(FederatedAlgorithm):
         noise: DP noise settings or ``None``.
         seed: seed of the compression and output-sampling generators.
     """
+
+    #: paper 001 Alg. 1: η the step size, γ the consensus step size, τ the clipping threshold
+    hyperparameter_symbols: ClassVar[dict[str, str]] = {
+        "step_size": "η",
+        "consensus_step_size": "γ",
+        "clip_threshold": "τ",
+    }
 
     def __init__(
         self,

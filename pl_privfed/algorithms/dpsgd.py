@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 from torch import Tensor
@@ -51,6 +51,11 @@ class DistributedDPSGD(FederatedAlgorithm):
         noise_placement: the older spelling of ``noise.placement``: ``"client"`` (local) or
             ``"server"`` (central); ``None`` (default) keeps ``noise.placement``.
     """
+
+    hyperparameter_symbols: ClassVar[dict[str, str]] = {
+        "step_size": "γ",
+        "scale": "β",
+    }  # paper 002 eq. (2)
 
     def __init__(
         self,

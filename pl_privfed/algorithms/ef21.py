@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 from torch import Tensor
@@ -61,6 +61,14 @@ class ErrorFeedback(FederatedAlgorithm):
             messages too when its ``every_round`` is set. Fixed-point rounding perturbs each
             aggregate by at most ``n·2^{-f-1}`` per coordinate.
     """
+
+    #: paper 002 Alg. 1 (Clip21: τ)
+    hyperparameter_symbols: ClassVar[dict[str, str]] = {
+        "step_size": "γ",
+        "beta": "β",
+        "alpha": "α",
+        "clip_threshold": "τ",
+    }
 
     def __init__(
         self,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 from torch import Tensor
@@ -86,6 +86,15 @@ class FedAlphaNormEC(LocalUpdateAlgorithm):
         noise: DP noise (DP-Fed-α-NormEC) or ``None``.
         sampling_seed: seed of the participation generator.
     """
+
+    #: paper 004 Alg. 1: η the server's step size, γ the local one
+    hyperparameter_symbols: ClassVar[dict[str, str]] = {
+        "step_size": "η",
+        "local_step_size": "γ",
+        "beta": "β",
+        "alpha": "α",
+        "participation_prob": "p",
+    }
 
     def __init__(
         self,

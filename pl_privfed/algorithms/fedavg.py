@@ -16,7 +16,7 @@ LocalSolver` (per-client parameters ``[c, d]`` for a chunk of clients) and draws
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 from torch import Tensor
@@ -44,6 +44,11 @@ class LocalUpdateAlgorithm(FederatedAlgorithm):
         noise: DP noise settings or ``None``.
         sampling_seed: seed of the ``"sampling"`` generator.
     """
+
+    hyperparameter_symbols: ClassVar[dict[str, str]] = {
+        "step_size": "η",
+        "local_step_size": "γ",
+    }  # paper 004 §3
 
     def __init__(
         self,
@@ -165,6 +170,12 @@ class DPFedAvg(LocalUpdateAlgorithm):
         sampling_seed: seed of the sampling generator.
     """
 
+    hyperparameter_symbols: ClassVar[dict[str, str]] = {
+        "step_size": "η",
+        "local_step_size": "γ",
+        "scale": "β",
+    }
+
     def __init__(
         self,
         step_size: float,
@@ -268,6 +279,11 @@ class FedAvgPerSampleClipping(LocalUpdateAlgorithm):
         noise: Corollary I noise, or ``None``.
         sampling_seed: seed of the sampling generator.
     """
+
+    hyperparameter_symbols: ClassVar[dict[str, str]] = {
+        "step_size": "η",
+        "clip_threshold": "c",
+    }  # paper 003 Alg. 1
 
     def __init__(
         self,
@@ -403,6 +419,13 @@ class FedAvgPerUpdateClipping(LocalUpdateAlgorithm):
         noise: DP noise on the clipped update, or ``None``.
         sampling_seed: seed of the sampling generator.
     """
+
+    #: paper 003 Alg. 2: the global and the local step size
+    hyperparameter_symbols: ClassVar[dict[str, str]] = {
+        "step_size": "η_g",
+        "local_step_size": "η_l",
+        "clip_threshold": "c",
+    }
 
     def __init__(
         self,

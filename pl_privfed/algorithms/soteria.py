@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 from torch import Tensor
 
@@ -65,6 +67,13 @@ class SoteriaFL(FederatedAlgorithm):
             data.
         seed: seed of the compression generator.
     """
+
+    #: paper 001 §5: η the step size, γ the shift step size, G the clipping threshold
+    hyperparameter_symbols: ClassVar[dict[str, str]] = {
+        "step_size": "η",
+        "shift_step_size": "γ",
+        "clip_threshold": "G",
+    }
 
     def __init__(
         self,

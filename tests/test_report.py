@@ -1,0 +1,291 @@
+"""``pl-privfed report`` and ``compare`` (:mod:`pl_privfed.report`): every figure drawn from small
+synthetic ``results.csv`` files, checked through its matplotlib Axes (panels, labels, titles that
+do not overlap, bands within the metric's range, notes for panels left out); the statistics
+against a hand computation; and the one-line errors of a results file that is missing, garbage,
+empty or without a finished run."""
+
+import itertools
+import json
+
+import numpy as np
+import pytest
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+from pl_privfed import algorithms, report
+from pl_privfed.cli import main
+from pl_privfed.results import RESULT_COLUMNS, column_names, render_value, run_id, save_results
+
+#: t_{0.975, 2}, from a table of Student's t distribution (two-sided 95 %, 2 degrees of freedom)
+T_975_2 = 4.302652729911275
+
+
+def write_results(root, algorithm, grid, result, curves=None, summary=None, seeds=(0, 1, 2)):
+    """``<root>/results.csv`` as a sweep writes it, one run per grid point and seed: ``result``
+    maps the point and seed to the result columns, ``curves`` to ``{metric: [(round, value)]}``,
+    ``summary`` to extra ``summary.json`` entries; the runs' algorithm is ``algorithm``."""
+    keys = [*grid, "seed"]
+    names = column_names(keys)
+    rows = []
+    for index, values in enumerate(itertools.product(*grid.values(), seeds)):
+        params = dict(zip(keys, values, strict=True))
+        point, seed = {k: params[k] for k in grid}, params["seed"]
+        run_dir = root / "runs" / run_id(index, params)
+        run_dir.mkdir(parents=True)
+        res = {"status": "finished", **result(point, seed)}
+        init_args = {k: v for k, v in point.items() if k == "server_normalization"}
+        data = {**res, "private": False, **(summary(point, seed) if summary else {}),
+                "config": {"model": {"algorithm": {
+                    "class_path": f"pl_privfed.algorithms.{algorithm}", "init_args": init_args}}}}  # fmt: skip
+        (run_dir / "summary.json").write_text(json.dumps(data))
+        lines = ["metric,round,value"]
+        for metric, points in (curves(point, seed) if curves else {}).items():
+            lines += [f"{metric},{r},{v!r}" for r, v in points]
+        (run_dir / "curves.csv").write_text("\n".join(lines) + "\n")
+        row = {"run": run_dir.name, "status": res["status"], "run_dir": str(run_dir)}
+        row.update({names[k]: render_value(v) for k, v in params.items()})
+        row.update({c: res.get(c) for c in RESULT_COLUMNS})
+        rows.append(row)
+    return save_results(root, names, rows)
+
+
+SEED_ACC = (0.97, 0.995, 1.0)  # near 100 %: the unclipped 95 % interval runs above it
+
+
+def fed_sweep(root):
+    """FedAlphaNormEC over (β, η, server normalization, p): every kind of report figure."""
+    grid = {"beta": [0.01, 0.1], "step_size": [0.1, 1.0], "server_normalization": [True, False],
+            "participation_prob": [0.5, 1.0]}  # fmt: skip
+
+    def result(point, seed):
+        acc = SEED_ACC[seed] - point["beta"] - (0.1 if point["server_normalization"] else 0.0)
+        return {"final_val_accuracy": acc, "best_val_accuracy": acc, "final_test_accuracy": acc,
+                "rounds": 4, "client_transmissions": 4 * 10 * point["participation_prob"],
+                "final_full_grad_norm": 0.1, "rounds_to_target": 2 + seed}  # fmt: skip
+
+    def curves(point, seed):
+        acc = result(point, seed)["final_val_accuracy"]
+        return {"train/loss": [(k, 0.05 * (seed + 1) / k) for k in (1, 2, 3, 4)],
+                "val/acc": [(k, min(1.0, acc * k / 4 + 0.005 * seed)) for k in (1, 2, 3, 4)]}  # fmt: skip
+
+    return write_results(root, "FedAlphaNormEC", grid, result, curves)
+
+
+def decentralized_sweep(root, algorithm, accuracy, bits=True):
+    """A PORTER-like sweep over (η, γ) without a GradientNorm history."""
+    grid = {"step_size": [0.01, 0.1], "consensus_step_size": [0.5, 1.0]}
+
+    def result(point, seed):
+        acc = accuracy + point["step_size"] + 0.01 * seed
+        return {"final_val_accuracy": acc, "final_test_accuracy": acc - 0.02, "rounds": 4}
+
+    def summary(point, seed):
+        return {"rounds": 4, "communication_total_bits_per_agent": {"agent_to_agent": 400.0}} if bits else {}  # fmt: skip
+
+    def curves(point, seed):
+        return {"val/acc": [(k, accuracy * k / 4 + 0.01 * seed) for k in (1, 2, 3, 4)]}
+
+    return write_results(root, algorithm, grid, result, curves, summary)
+
+
+def overlapping(fig, texts):
+    """Pairs of the texts whose bounding boxes overlap once ``fig`` is drawn (constrained
+    layout done)."""
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    boxes = [(t.get_text(), t.get_window_extent(renderer)) for t in texts if t.get_text()]
+    return [(a, b) for (a, p), (b, q) in itertools.combinations(boxes, 2) if p.overlaps(q)]
+
+
+def below_the_panels(fig):
+    """Whether the figure's notes lie below every panel, labels and tick labels included."""
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    top = max(t.get_window_extent(renderer).y1 for t in fig.texts)
+    return top < min(ax.get_tightbbox(renderer).y0 for ax in fig.axes)
+
+
+def band_y(ax):
+    """The y values of every band (fill_between) on ``ax``."""
+    return np.concatenate([p.vertices[:, 1] for c in ax.collections for p in c.get_paths()])
+
+
+def test_every_report_figure_from_a_small_results_file(tmp_path):
+    path = fed_sweep(tmp_path)
+    figures, tables, notes = report.report_figures(path)
+    assert set(figures) == {"heatmap.png", "heatmap_server_normalization_difference.png",
+                            "curves.png", "rounds_to_target.png", "accuracy_vs_transmissions.png"}  # fmt: skip
+
+    # heatmap: one panel per (server normalization, p), 2 × 2, and a colour bar; titles apart
+    heatmap = figures["heatmap.png"]
+    panels = [ax for ax in heatmap.axes if ax.images]
+    assert len(panels) == 4 and len(heatmap.axes) == 5
+    assert {ax.get_title() for ax in panels} == {
+        f"server norm.=false, p={p}" for p in ("0.5", "1.0")} | {
+        f"server norm.=true, p={p}" for p in ("0.5", "1.0")}  # fmt: skip
+    assert "mean over seeds" in heatmap.get_suptitle()
+    titles = [ax.title for ax in panels] + [heatmap._suptitle]
+    assert overlapping(heatmap, titles) == []
+    # FedAlphaNormEC's step size is η (paper 004), β its β
+    assert {(ax.get_xlabel(), ax.get_ylabel()) for ax in panels} == {("β", "η")}
+    assert all(ax.images[0].get_clim() == (0.0, 100.0) for ax in panels)
+
+    diff = figures["heatmap_server_normalization_difference.png"]
+    assert len([ax for ax in diff.axes if ax.images]) == 2  # one per p
+    low, high = diff.axes[0].images[0].get_clim()
+    assert low == -high == pytest.approx(-10.0)  # server normalization costs 10 points here
+
+    # curves: loss and accuracy, bands within [0, ∞) and [0, 100] %
+    curves = figures["curves.png"]
+    loss_ax, acc_ax = curves.axes
+    assert acc_ax.get_ylabel() == "validation accuracy (%)" and loss_ax.get_xlabel() == "round"
+    assert all("η=" in line.get_label() and "β=" in line.get_label() for line in acc_ax.lines)
+    accuracies = band_y(acc_ax)
+    assert accuracies.max() <= 100.0 and accuracies.min() >= 0.0
+    assert band_y(loss_ax).min() >= 0.0
+    # the unclipped interval of a drawn curve does run above 100 %: the clipping is needed
+    final = [min(1.0, (a - 0.01) + 0.005 * s) for s, a in enumerate(SEED_ACC)]
+    assert report.mean_interval(final).high > 1.0
+    assert overlapping(curves, [ax.title for ax in curves.axes]) == []
+
+    transmissions = figures["accuracy_vs_transmissions.png"]
+    (ax,) = transmissions.axes
+    assert [line.get_label() for line in ax.lines] == ["p=0.5", "p=1.0"]
+    assert band_y(ax).max() <= 100.0
+
+    rounds = figures["rounds_to_target.png"]
+    assert len(rounds.axes) == 1 and "rounds to target" in rounds.axes[0].get_ylabel()
+    assert list(rounds.axes[0].lines[0].get_ydata()) == [3.0, 3.0]  # mean of 2, 3, 4 per β
+    assert overlapping(rounds, [rounds._suptitle, rounds.axes[0].title]) == []
+    assert rounds._suptitle.get_window_extent().x0 >= 0  # within the figure
+    assert not [n for n in notes if "omitted" in n]  # every panel had data
+    assert "| method | β | η | p |" in tables["table.md"]
+
+
+def test_a_panel_without_data_is_left_out_with_a_note(tmp_path, capsys):
+    """No run logged val/acc: the curves figure has the loss panel only, and says so."""
+    grid = {"beta": [0.01, 0.1], "step_size": [0.1, 1.0]}
+    path = write_results(tmp_path, "AlphaNormEC", grid,
+                         lambda p, s: {"final_val_accuracy": 0.5 + p["beta"]},
+                         lambda p, s: {"train/loss": [(1, 1.0), (2, 0.5)]})  # fmt: skip
+    figures, tables, notes = report.report_figures(path)
+    (ax,) = figures["curves.png"].axes
+    assert ax.get_ylabel() == "training loss"
+    note = "Panels omitted (no data): validation accuracy (%) (no run logged val/acc)"
+    assert [t.get_text().replace("\n", " ") for t in figures["curves.png"].texts] == [note]
+    assert below_the_panels(figures["curves.png"])
+    assert notes == [f"curves.png: {note}"] and note in tables["table.md"]
+    assert {(a.get_xlabel(), a.get_ylabel()) for a in figures["heatmap.png"].axes if a.images} \
+        == {("β", "γ")}  # α-NormEC's step size is γ (paper 002)  # fmt: skip
+    with pytest.raises(SystemExit) as exit_:
+        main(["report", str(path), "--out", str(tmp_path / "out")])
+    assert exit_.value.code == 0 and note in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", ["PORTER", "BEER", "SoteriaFL", "FedAvgPerUpdateClipping",
+                                  "AlphaNormEC", "DistributedDPSGD"])  # fmt: skip
+def test_the_step_size_is_labelled_by_the_algorithms_own_symbol(name, tmp_path):
+    expected = {"PORTER": "η", "BEER": "η", "SoteriaFL": "η", "FedAvgPerUpdateClipping": "η_g",
+                "AlphaNormEC": "γ", "DistributedDPSGD": "γ"}[name]  # fmt: skip
+    assert getattr(algorithms, name).hyperparameter_symbols["step_size"] == expected
+    path = decentralized_sweep(tmp_path, name, 0.6)
+    figures, tables, _ = report.report_figures(path, x="consensus_step_size")
+    (panel, _colorbar) = figures["heatmap.png"].axes
+    assert panel.get_ylabel() == expected
+    if name in ("PORTER", "BEER"):  # the consensus step size is γ (paper 001)
+        assert panel.get_xlabel() == "γ"
+        assert "| method | γ | η | seeds |" in tables["table.md"]
+
+
+def test_compare_leaves_out_the_gradient_norm_panels_with_a_note(tmp_path, capsys):
+    porter = decentralized_sweep(tmp_path / "porter", "PORTER", 0.6)
+    beer = decentralized_sweep(tmp_path / "beer", "BEER", 0.5)
+    fig, table, notes = report.comparison_figure([porter, beer])
+    assert len(fig.axes) == 2  # accuracy against rounds and bits; no utility without GradientNorm
+    assert [ax.get_xlabel() for ax in fig.axes] == ["round", "bits sent per agent"]
+    assert {ax.get_ylabel() for ax in fig.axes} == {"validation accuracy (%)"}
+    assert all(ax.get_title().startswith("validation accuracy (%)") for ax in fig.axes)
+    assert all(band_y(ax).max() <= 100.0 for ax in fig.axes)
+    assert any("Panels omitted" in t.get_text() and "GradientNorm" in t.get_text()
+               for t in fig.texts)  # fmt: skip
+    assert "no run has a GradientNorm history" in notes[0]
+    assert overlapping(fig, [ax.title for ax in fig.axes] + fig.texts) == []
+    assert below_the_panels(fig)
+    assert all(overlapping(fig, ax.get_xticklabels()) == [] for ax in fig.axes)
+    assert list(table["method"]) == ["PORTER (step_size=0.1, consensus_step_size=0.5)",
+                                     "BEER (step_size=0.1, consensus_step_size=0.5)"]  # fmt: skip
+    with pytest.raises(SystemExit) as exit_:
+        main(["compare", str(porter), str(beer), "--out", str(tmp_path / "cmp")])
+    out = capsys.readouterr().out
+    assert exit_.value.code == 0 and "train utility" in out and "GradientNorm" in out
+    assert "Panels omitted" in (tmp_path / "cmp" / "comparison.md").read_text()
+    # no bits recorded either: the accuracy against rounds alone
+    fig, _, notes = report.comparison_figure([decentralized_sweep(tmp_path / "nb", "BEER", 0.5,
+                                                                  bits=False)])  # fmt: skip
+    assert len(fig.axes) == 1 and "no run recorded its bits per agent" in notes[0]
+
+
+def test_the_statistics_over_three_seeds_by_hand(tmp_path):
+    """Mean, sample std and the Student-t 95 % interval (t_{0.975, 2} from a table) over 3
+    seeds, in the aggregation, the table and the curve bands."""
+    values = (0.70, 0.74, 0.78)
+    path = write_results(tmp_path, "AlphaNormEC", {"step_size": [0.1]},
+                         lambda p, s: {"final_val_accuracy": values[s],
+                                       "final_test_accuracy": values[s] - 0.1},
+                         lambda p, s: {"val/acc": [(1, values[s])]})  # fmt: skip
+    mean, std = 0.74, 0.04  # sqrt(((-0.04)² + 0 + 0.04²) / 2)
+    half = T_975_2 * std / np.sqrt(3)
+    (config,) = report.aggregate(report.load_results(path), ["step_size", "seed"]).to_dict(
+        "records"
+    )
+    assert config["seeds"] == 3 and config["final_val_accuracy:n"] == 3
+    assert config["final_val_accuracy:mean"] == pytest.approx(mean)
+    assert config["final_val_accuracy:std"] == pytest.approx(std)
+    assert config["final_val_accuracy:low"] == pytest.approx(mean - half)
+    assert config["final_val_accuracy:high"] == pytest.approx(mean + half)
+    interval = report.mean_interval(values)
+    assert (interval.low, interval.high) == (pytest.approx(0.6406345), pytest.approx(0.8393655))
+    figures, tables, _ = report.report_figures(path)
+    row = tables["table.csv"].splitlines()[1]
+    assert '74.00 ± 4.00,"[64.06, 83.94]",64.00 ± 4.00,"[54.06, 73.94]"' in row
+    (acc_ax,) = figures["curves.png"].axes
+    assert band_y(acc_ax).min() == pytest.approx(100 * (mean - half))
+    assert band_y(acc_ax).max() == pytest.approx(100 * (mean + half))
+    one = report.mean_interval([0.5])
+    assert one.n == 1 and np.isnan(one.std) and np.isnan(one.low)
+
+
+def test_a_bad_results_file_is_one_line_naming_it(tmp_path, capsys):
+    good = decentralized_sweep(tmp_path / "good", "PORTER", 0.6)
+    header = good.read_text().splitlines()[0]
+    failed = tmp_path / "failed" / "results.csv"
+    failed.parent.mkdir()
+    failed.write_text(header + "\n0000-x,failed: boom" + "," * (header.count(",") - 1) + "\n")
+    empty = tmp_path / "empty.csv"
+    empty.write_text(header + "\n")
+    garbage = tmp_path / "garbage.csv"
+    garbage.write_bytes(bytes(range(256)) * 4)
+    blank = tmp_path / "blank.csv"
+    blank.write_text("")
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    cases = {failed: "no finished run among its 1 run", empty: "an empty results file",
+             garbage: "not a results.csv", blank: "not a results.csv",
+             folder: "a folder without results.csv", tmp_path / "missing.csv": "no such results file"}  # fmt: skip
+    for path, message in cases.items():
+        with pytest.raises(ValueError, match=message):
+            report.load_results(path)
+        for command in (
+            ["report", str(path)],
+            ["compare", str(path), "--out", str(tmp_path / "c")],
+        ):
+            with pytest.raises(SystemExit) as exit_:
+                main(command)
+            err = capsys.readouterr().err
+            assert exit_.value.code == 2, (command, err)
+            assert err.startswith(f"pl-privfed: error: {path}") and err.count("\n") == 1, err
+            assert message in err
+    # a folder with a results.csv stands for it
+    assert len(report.load_results(good.parent)) == 12
+    assert not (tmp_path / "c").exists()
