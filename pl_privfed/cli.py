@@ -23,6 +23,9 @@ status 2 (:func:`error_line`); ``--debug`` or ``PL_PRIVFED_DEBUG=1`` shows the t
 from __future__ import annotations
 
 import argparse
+import csv
+import errno
+import json
 import logging
 import os
 import re
@@ -52,7 +55,7 @@ from pl_privfed.datamodules import FederatedDataModule
 from pl_privfed.datamodules.files import DataFileError
 from pl_privfed.engine.distributed import check_strategy, close_process_group
 from pl_privfed.grid import federation
-from pl_privfed.logdir import reserve_log_dir
+from pl_privfed.logdir import check_writable_dir, reserve_log_dir
 from pl_privfed.module import NonFiniteLossError
 
 __all__ = [
@@ -88,6 +91,22 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 
 #: The repository root of the installed package: sweep commands name configs relative to it.
 REPO_ROOT = Path(__file__).resolve().parents[1]
+
+#: The seeds numpy (and so ``seed_everything``) accepts.
+SEED_RANGE = (0, 2**32 - 1)
+
+
+def check_seed(value: Any, option: str) -> None:
+    """``ValueError`` naming ``option`` unless ``value`` is a seed numpy accepts (an integer from
+    0 to 2³² − 1; Lightning's ``seed_everything`` ends in numpy's traceback otherwise)."""
+    if isinstance(value, bool) or value is None:
+        return  # seed_everything: true (a random seed) or false (none)
+    low, high = SEED_RANGE
+    if not isinstance(value, int) or not low <= value <= high:
+        raise ValueError(
+            f"{option} {value} is out of range: a seed is an integer from {low} to {high}"
+        )
+
 
 #: Seed arguments that ``--seed`` leaves alone: the train/test split stays fixed.
 _FIXED_SEEDS = ("split_seed",)
@@ -128,6 +147,78 @@ def set_seeds(config: Namespace, seed: int) -> list[str]:
             setattr(node, key, seed)
             done.append(dotted)
     return done
+
+
+#: strategies that shard the model (named as ``--trainer.strategy`` strings): refused by name
+#: before Lightning builds them (on a CPU Lightning's own refusal of FSDP is a traceback)
+_SHARDING_STRATEGIES = ("fsdp", "deepspeed", "model_parallel", "xla_fsdp")
+
+
+def _loggers(config: Namespace) -> list[Any]:
+    loggers = config.get("trainer.logger")
+    return loggers if isinstance(loggers, list) else [loggers]
+
+
+def check_run_config(config: Namespace, subcommand: str | None) -> None:
+    """Refuse, before anything is built or written, what would fail later with a traceback: a
+    run of no rounds, a strategy that shards the model, and folders that cannot be written
+    (``--output_dir``, ``trainer.default_root_dir``, the loggers' ``save_dir``,
+    ``model.state_dir``, ``model.grid_dir``: a file on the way, or read-only)."""
+    max_steps = config.get("trainer.max_steps")
+    if subcommand == "fit" and isinstance(max_steps, int) and (max_steps == 0 or max_steps < -1):
+        raise ValueError(
+            f"trainer.max_steps={max_steps}: a run trains at least one round; give a positive "
+            "number of rounds (or -1 with trainer.max_epochs)"
+        )
+    strategy = config.get("trainer.strategy")
+    if isinstance(strategy, str) and strategy.lower().startswith(_SHARDING_STRATEGIES):
+        raise ValueError(
+            f"trainer.strategy={strategy!r} is not supported: pl-privfed shards the clients over "
+            "processes with strategy 'ddp' (or 'auto' for one device); sharding the model (FSDP, "
+            "DeepSpeed, model parallelism) does not apply to a simulated federation"
+        )
+    folders = [
+        ("--output_dir", config.get("output_dir")),
+        ("trainer.default_root_dir", config.get("trainer.default_root_dir")),
+        ("model.state_dir", config.get("model.state_dir")),
+        ("model.grid_dir", config.get("model.grid_dir")),
+    ]
+    for logger in _loggers(config):
+        init_args = getattr(logger, "init_args", None)
+        if isinstance(init_args, Namespace) and isinstance(init_args.get("save_dir"), str):
+            kind = str(logger.class_path).rsplit(".", 1)[-1]
+            folders.append((f"trainer.logger ({kind}) save_dir", init_args["save_dir"]))
+    for what, folder in folders:
+        if isinstance(folder, str | os.PathLike) and str(folder):
+            check_writable_dir(folder, what)
+
+
+def nested_nulls(args: list[str]) -> list[str]:
+    """``--a.init_args.b.c null`` as an inline config, ``--config '{"a": {"init_args": {"b":
+    {"c": null}}}}'``, in its place: jsonargparse (4.53) turns a ``null`` two levels below a
+    class's ``init_args`` into the string ``'None'`` ("Expected a float; Expected a NoneType"),
+    while a config merges it as it should (e.g. ``--model.algorithm.init_args.noise.epsilon
+    null`` with a ``noise_multiplier``: a noise multiplier instead of a target ε)."""
+    out: list[str] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        key, value, step = None, None, 1
+        if arg.startswith("--") and "=" in arg:
+            key, value = arg[2:].split("=", 1)
+        elif arg.startswith("--") and i + 1 < len(args):
+            key, value, step = arg[2:], args[i + 1], 2
+        nested = key is not None and "." in key.partition(".init_args.")[2]
+        if nested and value is not None and value.strip() in ("null", "Null", "NULL", "~"):
+            tree: Any = None
+            for part in reversed(key.split(".")):
+                tree = {part: tree}
+            out += ["--config", json.dumps(tree)]
+            i += step
+            continue
+        out.append(arg)
+        i += 1
+    return out
 
 
 def agent_arguments(args: list[str]) -> list[str]:
@@ -309,8 +400,16 @@ class PrivFedCLI(LightningCLI):
             help="The W&B run's group (a sweep groups its runs under the sweep's name).",
         )
 
+    def _set_seed(self) -> None:
+        """Check ``--seed`` and ``seed_everything`` (numpy's range) before Lightning seeds."""
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        check_seed(config.get("seed"), "--seed")
+        check_seed(config.get("seed_everything"), "--seed_everything")
+        super()._set_seed()
+
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
+        check_run_config(config, self.subcommand)
         if config.get("seed") is not None:
             set_seeds(config, int(config["seed"]))
             seed_everything(int(config["seed"]), workers=True)
@@ -350,7 +449,19 @@ class PrivFedCLI(LightningCLI):
                 for d in defaults
                 if not any(isinstance(c, kinds.get(type(d), type(d))) for c in given)
             ]
-        return super().instantiate_trainer(**kwargs)
+        try:
+            return super().instantiate_trainer(**kwargs)
+        except (ValueError, MisconfigurationException, ImportError) as exc:
+            if _raised_here(exc):
+                raise
+            init = self.config_init[self.subcommand] if self.subcommand else self.config_init
+            trainer = init.get("trainer") or {}
+            settings = ", ".join(
+                f"{key}={trainer.get(key)!r}"
+                for key in ("accelerator", "strategy", "devices", "num_nodes", "precision")
+                if isinstance(trainer.get(key), str | int | None)
+            )
+            raise ValueError(f"trainer ({settings}) cannot run here: {_one_line(exc)}") from exc
 
     def _apply_output_dir(self) -> None:
         output_dir = self.config[self.subcommand].get("output_dir")
@@ -444,6 +555,35 @@ def _sweep_main(args: list[str]) -> int:
     return 1 if failed else 0
 
 
+def results_files(names: list[str]) -> list[str]:
+    """The ``results.csv`` files that ``report`` and ``compare`` are given (a sweep folder
+    stands for its ``results.csv``), or a ``ValueError`` naming the one that is missing, a folder
+    without ``results.csv``, not text, not a sweep's results (no ``status`` column) or empty."""
+    hint = "give a results.csv written by `pl-privfed sweep` (or its folder)"
+    files = []
+    for name in names:
+        path = Path(name)
+        if path.is_dir():
+            if not (path / "results.csv").is_file():
+                raise ValueError(f"{name} is a folder without results.csv: {hint}")
+            path = path / "results.csv"
+        elif not path.exists():
+            raise ValueError(f"{name}: no such file or folder: {hint}")
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise ValueError(
+                f"{path} is not a results.csv (byte {exc.start} is not text): {hint}"
+            ) from exc
+        rows = list(csv.reader(text.splitlines()))
+        if not rows or "status" not in rows[0]:
+            raise ValueError(f"{path} is not a results.csv (no status column): {hint}")
+        if len(rows) < 2:
+            raise ValueError(f"{path} holds no runs (a header only): {hint}")
+        files.append(str(path))
+    return files
+
+
 def _report_main(args: list[str]) -> int:
     from pl_privfed.report import make_report
 
@@ -474,6 +614,7 @@ def _report_main(args: list[str]) -> int:
         "--vmax", type=float, default=None, help="heatmap colour maximum (default 100 %%)"
     )
     ns = parser.parse_args(args)
+    ns.results = results_files(ns.results)
     for path in make_report(ns.results, ns.out, x=ns.x, y=ns.y, facet=ns.facet,
                             metric=ns.metric, vmin=ns.vmin, vmax=ns.vmax):  # fmt: skip
         print(path)
@@ -511,6 +652,7 @@ def _compare_main(args: list[str]) -> int:
         "--labels", nargs="+", default=None, help="with --frontier: one method label per file"
     )
     ns = parser.parse_args(args)
+    ns.results = results_files(ns.results)
     if ns.labels is not None and not ns.frontier:
         parser.error("--labels goes with --frontier")
     if ns.frontier:
@@ -601,6 +743,10 @@ def check_config_files(argv: list[str]) -> None:
             raise ValueError(f"--config {name}: no such file")
         try:
             content = yaml.safe_load(path.read_text())
+        except UnicodeDecodeError as exc:
+            raise ValueError(
+                f"--config {name} is not a text (YAML) file: byte {exc.start} is not UTF-8"
+            ) from exc
         except yaml.YAMLError as exc:
             first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise ValueError(f"--config {name} is not valid YAML: {first}") from exc
@@ -683,9 +829,30 @@ def condense_parser_error(text: str) -> str:
             problems.append(line)
     if not keys or not problems:
         return _one_line(text)
+    abstract = [line for line in problems if line.endswith(" is abstract")]
+    if abstract:  # e.g. the base FederatedAlgorithm: the path was found, the class is a base
+        name = abstract[0].rsplit(" but ", 1)[-1].removesuffix(" is abstract")
+        return (
+            f"{'.'.join(keys)}: {name} is an abstract base class; give one of its concrete "
+            "subclasses (pl-privfed fit --help lists them)"
+        )
     where = ".".join(keys) + (f" ({classes[-1]})" if classes else "")
     what = "; ".join(problems) + (f" (given: {given[0].strip()})" if given else "")
     return f"{where}: {what}"
+
+
+#: errors of a file or folder the user can fix, with their exit status: a folder that is a file,
+#: read-only or missing (2), a full disk (1, as a run that stopped)
+_FILE_ERRNOS = {
+    errno.EACCES: 2,
+    errno.EPERM: 2,
+    errno.EROFS: 2,
+    errno.ENOTDIR: 2,
+    errno.EEXIST: 2,
+    errno.EISDIR: 2,
+    errno.ENOSPC: 1,
+    errno.EDQUOT: 1,
+}
 
 
 def error_line(exc: BaseException) -> tuple[str, int] | None:
@@ -713,6 +880,9 @@ def error_line(exc: BaseException) -> tuple[str, int] | None:
             return condense_parser_error(str(e)), 2
         if isinstance(e, MisconfigurationException):
             return _one_line(str(e)), 2
+    for e in reversed(chain):  # a folder or file the run could not write (or a full disk)
+        if isinstance(e, OSError) and e.filename is not None and e.errno in _FILE_ERRNOS:
+            return f"cannot write {str(e.filename)!r}: {e.strerror}", _FILE_ERRNOS[e.errno]
     return None
 
 
@@ -746,6 +916,7 @@ def main(args: list[str] | None = None) -> None:
         if not argv:
             names = ", ".join(["fit", "validate", "test", *EXTRA_COMMANDS])
             raise ValueError(f"choose a subcommand: {names} (pl-privfed --help describes them)")
+        argv = nested_nulls(argv)
         check_config_files(argv)
         if args is None:  # LightningCLI reads sys.argv (given args beside it draw a warning)
             sys.argv[1:] = argv
