@@ -11,7 +11,8 @@ certified ε); ``pl-privfed demo`` runs the demo (:mod:`pl_privfed.demo`). ``pl-
 --help`` lists them all.
 
 Beside the LightningCLI arguments, ``fit`` takes ``--seed N`` (every seed of the run, see
-:func:`set_seeds`), ``--output_dir`` (the run's summary, curves and the loggers' files),
+:func:`set_seeds`; an integer ``--seed_everything N`` without ``--seed`` is taken as ``--seed N``,
+and ``summary.json`` lists every seed used), ``--output_dir`` (the run's summary, curves and the loggers' files),
 ``--run_name`` and ``--run_group`` (its W&B run's name and group). Arguments as ``wandb agent``
 writes them are accepted (:func:`agent_arguments`): every file in ``configs/sweeps`` runs
 unchanged under ``wandb sweep`` + ``wandb agent``, from any working directory of a checkout.
@@ -38,10 +39,10 @@ from typing import Any
 import yaml
 from jsonargparse import ArgumentError, ArgumentParser, Namespace
 from lightning_fabric.utilities.exceptions import MisconfigurationException
-from pytorch_lightning import seed_everything
+from pytorch_lightning import Callback, seed_everything
 from pytorch_lightning.callbacks import ModelCheckpoint, ProgressBar
-from pytorch_lightning.cli import LightningCLI, SaveConfigCallback
-from pytorch_lightning.loggers import WandbLogger
+from pytorch_lightning.cli import LightningCLI, SaveConfigCallback, _InstantiatorFn
+from pytorch_lightning.loggers import CSVLogger, WandbLogger
 
 from pl_privfed.callbacks import (
     RoundCheckpoint,
@@ -56,7 +57,7 @@ from pl_privfed.datamodules.files import DataFileError
 from pl_privfed.engine.distributed import check_strategy, close_process_group
 from pl_privfed.grid import federation
 from pl_privfed.logdir import check_writable_dir, reserve_log_dir
-from pl_privfed.module import NonFiniteLossError
+from pl_privfed.module import FederatedModule, NonFiniteLossError
 
 __all__ = [
     "LoggedConfig",
@@ -193,6 +194,75 @@ def check_run_config(config: Namespace, subcommand: str | None) -> None:
             check_writable_dir(folder, what)
 
 
+#: the run folder that the first process reserved, for the processes Lightning's DDP launcher
+#: starts (``<pid of the first process>:<folder>``)
+RUN_DIR_ENV = "PL_PRIVFED_RUN_DIR"
+
+
+def _first_process() -> bool:
+    return all(int(os.environ.get(k, "0") or 0) == 0 for k in ("RANK", "LOCAL_RANK", "NODE_RANK"))
+
+
+def place_run(config: Namespace) -> None:
+    """Keep every file of a run in its folder: with ``--output_dir`` the trainer's
+    ``default_root_dir`` becomes it too (checkpoints, ``config.yaml``, client state), unless
+    given; without a logger and without either, the run gets its own
+    ``lightning_logs/version_<k>`` (reserved atomically, as a logger's) instead of the working
+    directory, for its summary, curves, checkpoints and ``config.yaml``."""
+    output_dir = config.get("output_dir")
+    if config.get("trainer.default_root_dir") is not None:
+        return
+    if output_dir is not None:
+        config["trainer.default_root_dir"] = output_dir
+        return
+    loggers = config.get("trainer.logger")
+    if loggers is not False and loggers != []:
+        return  # the loggers' folders hold the run (Lightning's default logger: lightning_logs/)
+    if _first_process():
+        holder = CSVLogger(os.getcwd())  # lightning_logs/version_<k>, as the default logger's
+        reserve_log_dir(holder)
+        run_dir = holder.log_dir
+        os.environ[RUN_DIR_ENV] = f"{os.getpid()}:{run_dir}"
+    else:
+        pid, _, run_dir = os.environ.get(RUN_DIR_ENV, "").partition(":")
+        if not run_dir or pid == str(os.getpid()):
+            return
+    config["trainer.default_root_dir"] = run_dir
+
+
+#: arguments typed ``nn.Module``, whose help listed every subclass in torch and Opacus (some
+#: 1,400 lines): it names the package's own and says that any class_path is accepted
+_MODULE_ARGUMENTS = {
+    "model.model": ("models", "e.g. torch.nn.Linear, torchvision.models.resnet18"),
+    "model.criterion": ("losses", "e.g. torch.nn.CrossEntropyLoss, torch.nn.MSELoss"),
+}
+
+
+def _short_module_help(parser: ArgumentParser) -> None:
+    """Show the package's classes, not every ``nn.Module`` subclass, in the help of the
+    arguments typed ``nn.Module``; any ``nn.Module`` is still accepted through its
+    ``class_path``."""
+    from torch import nn
+
+    import pl_privfed.models as models
+
+    own = [
+        f"{models.__name__}.{name}"
+        for name in models.__all__
+        if isinstance(getattr(models, name), type) and issubclass(getattr(models, name), nn.Module)
+    ]
+    losses = [path for path in own if path.endswith(("Loss", "Error"))]
+    listed = {"model.model": [p for p in own if p not in losses], "model.criterion": losses}
+    for action in parser._actions:
+        if action.dest in _MODULE_ARGUMENTS and hasattr(action, "extra_help"):
+            _, example = _MODULE_ARGUMENTS[action.dest]
+            text = (
+                f", the package's: {', '.join(listed[action.dest])}; or any torch.nn.Module by "
+                f"its class_path ({example}, your own)"
+            )
+            action.extra_help = lambda text=text: text
+
+
 def nested_nulls(args: list[str]) -> list[str]:
     """``--a.init_args.b.c null`` as an inline config, ``--config '{"a": {"init_args": {"b":
     {"c": null}}}}'``, in its place: jsonargparse (4.53) turns a ``null`` two levels below a
@@ -219,6 +289,41 @@ def nested_nulls(args: list[str]) -> list[str]:
         out.append(arg)
         i += 1
     return out
+
+
+def seeds_of(config: Namespace) -> dict[str, int | None]:
+    """Every seed of a parsed run config, ``{dotted path: value}``: ``seed_everything`` and each
+    ``seed`` or ``*_seed`` argument of the model and the data (``split_seed`` included)."""
+    out: dict[str, int | None] = {"seed_everything": config.get("seed_everything")}
+
+    def walk(node: Any, path: str) -> None:
+        if isinstance(node, Namespace):
+            for key in list(vars(node)):
+                value, dotted = getattr(node, key), f"{path}.{key}"
+                if (key == "seed" or key.endswith("_seed")) and (
+                    value is None or (isinstance(value, int) and not isinstance(value, bool))
+                ):
+                    out[dotted] = value
+                else:
+                    walk(value, dotted)
+        elif isinstance(node, list | tuple):
+            for i, item in enumerate(node):
+                walk(item, f"{path}[{i}]")
+
+    for section in ("model", "data"):
+        walk(config.get(section), section)
+    return out
+
+
+class RunSeeds(Callback):
+    """Puts the run's seeds in ``summary.json`` (``seeds``: what set them, ``--seed`` or
+    ``seed_everything``, and every seed argument's value), through ``summary_entries``."""
+
+    def __init__(self, seeds: dict[str, Any]) -> None:
+        self.seeds = dict(seeds)
+
+    def summary_entries(self) -> dict[str, Any]:
+        return {"seeds": self.seeds}
 
 
 def agent_arguments(args: list[str]) -> list[str]:
@@ -367,9 +472,25 @@ class PrivFedCLI(LightningCLI):
         ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
         if ckpt_path is not None and ckpt_path not in ("last", "best", "hpc", "registry"):
             check_checkpoint_file(ckpt_path)
-        super()._parse_ckpt_path()
+        # not Lightning's merge of the checkpoint's hyperparameters into the config: the config
+        # given defines the run (a resume is checked against its checkpoint, not replaced by it)
+
+    def _add_instantiators(self) -> None:
+        """Lightning's instantiators, keyed by :class:`FederatedModule` (the config's ``model:``
+        section builds one through :func:`~pl_privfed.grid.federation`): the module saves that
+        section as its hyperparameters, so ``FederatedModule.load_from_checkpoint(path)``
+        rebuilds the model and the algorithm from a checkpoint of the command."""
+        with warnings.catch_warnings():  # as Lightning's own call (deprecated in jsonargparse)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            self.parser.add_instantiator(
+                _InstantiatorFn(cli=self, key="model"), FederatedModule, subclasses=True
+            )
+            self.parser.add_instantiator(
+                _InstantiatorFn(cli=self, key="data"), FederatedDataModule, subclasses=True
+            )
 
     def add_arguments_to_parser(self, parser) -> None:
+        _short_module_help(parser)
         parser.add_argument(
             "--output_dir",
             type=str | None,
@@ -385,7 +506,9 @@ class PrivFedCLI(LightningCLI):
             help="Set every seed of the run to this value: seed_everything (model init) and "
             "every `seed`/`*_seed` argument of the model and data (validation split, "
             "minibatches, partition, noise, client sampling), except split_seed (the test set "
-            "stays fixed). A sweep's seed axis: `seed: {values: [0, 1, 2]}`.",
+            "stays fixed). An integer --seed_everything without --seed does the same (one "
+            "knob); summary.json lists every seed used under `seeds`. A sweep's seed axis: "
+            "`seed: {values: [0, 1, 2]}`.",
         )
         parser.add_argument(
             "--run_name",
@@ -401,18 +524,27 @@ class PrivFedCLI(LightningCLI):
         )
 
     def _set_seed(self) -> None:
-        """Check ``--seed`` and ``seed_everything`` (numpy's range) before Lightning seeds."""
+        """Check ``--seed`` and ``seed_everything`` (numpy's range) before Lightning seeds; an
+        integer ``seed_everything`` without ``--seed`` is taken as ``--seed`` (one knob: it
+        sets every seed of the run, :func:`set_seeds`)."""
         config = self.config[self.subcommand] if self.subcommand else self.config
         check_seed(config.get("seed"), "--seed")
         check_seed(config.get("seed_everything"), "--seed_everything")
+        given = config.get("seed_everything")
+        self._seed_source = "--seed" if config.get("seed") is not None else None
+        if self._seed_source is None and isinstance(given, int) and not isinstance(given, bool):
+            config["seed"] = given
+            self._seed_source = "seed_everything"
         super()._set_seed()
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
         check_run_config(config, self.subcommand)
+        place_run(config)
         if config.get("seed") is not None:
             set_seeds(config, int(config["seed"]))
             seed_everything(int(config["seed"]), workers=True)
+        self._seeds = {"set_by": getattr(self, "_seed_source", None), **seeds_of(config)}
         output_dir = config.get("output_dir")
         name = config.get("run_name") or _sweep_run_name()
         loggers = config.get("trainer.logger")
@@ -433,15 +565,19 @@ class PrivFedCLI(LightningCLI):
         bar and the checkpoints left out when the trainer turns them off, and each default
         replaced by a callback of its kind that the config lists (a ``RunSummary`` with its own
         ``accuracy_key``, a ``RoundCheckpoint`` every 50 rounds, any progress bar or
-        ``ModelCheckpoint``)."""
+        ``ModelCheckpoint``). ``validate`` and ``test`` write no checkpoints: no checkpoint
+        callback is attached to them (unless the config lists one)."""
+        init = self.config_init[self.subcommand] if self.subcommand else self.config_init
+        config = {**(init.get("trainer") or {}), **kwargs}
+        given = config.get("callbacks") or []
+        given = given if isinstance(given, list) else [given]
+        evaluation = self.subcommand in ("validate", "test")
+        if evaluation and not any(isinstance(c, ModelCheckpoint) for c in given):
+            kwargs["enable_checkpointing"] = False  # nor Lightning's default ModelCheckpoint
         if self._own_callbacks:
-            init = self.config_init[self.subcommand] if self.subcommand else self.config_init
-            config = {**(init.get("trainer") or {}), **kwargs}
-            given = config.get("callbacks") or []
-            given = given if isinstance(given, list) else [given]
             defaults = default_callbacks(
                 progress_bar=config.get("enable_progress_bar") is not False,
-                checkpoint=config.get("enable_checkpointing") is not False,
+                checkpoint=config.get("enable_checkpointing") is not False and not evaluation,
             )
             kinds = {RoundProgressBar: ProgressBar, RoundCheckpoint: ModelCheckpoint}
             self.trainer_defaults["callbacks"] = [
@@ -450,7 +586,9 @@ class PrivFedCLI(LightningCLI):
                 if not any(isinstance(c, kinds.get(type(d), type(d))) for c in given)
             ]
         try:
-            return super().instantiate_trainer(**kwargs)
+            trainer = super().instantiate_trainer(**kwargs)
+            trainer.callbacks.append(RunSeeds(getattr(self, "_seeds", {})))
+            return trainer
         except (ValueError, MisconfigurationException, ImportError) as exc:
             if _raised_here(exc):
                 raise
@@ -476,9 +614,7 @@ class PrivFedCLI(LightningCLI):
         run's own log directory (reserved by the first process only: under DDP the others
         are launched with ``LOCAL_RANK``/``RANK`` set and write no logs), ``--output_dir``."""
         check_strategy(self.trainer.strategy)
-        first = all(
-            int(os.environ.get(k, "0") or 0) == 0 for k in ("RANK", "LOCAL_RANK", "NODE_RANK")
-        )
+        first = _first_process()
         for logger in self.trainer.loggers:
             if first:
                 reserve_log_dir(logger)
@@ -493,9 +629,22 @@ class PrivFedCLI(LightningCLI):
 
     def before_validate(self) -> None:
         self._before_run()
+        self._say_what_is_scored()
 
     def before_test(self) -> None:
         self._before_run()
+        self._say_what_is_scored()
+
+    def _say_what_is_scored(self) -> None:
+        """``validate``/``test`` without ``--ckpt_path`` score the config's model as
+        initialized: say so (one line on stderr), since the config describes a training run."""
+        if self.config[self.subcommand].get("ckpt_path") is None and self.trainer.is_global_zero:
+            print(
+                f"[pl-privfed] {self.subcommand}: no --ckpt_path, so this scores the model as "
+                "initialized (untrained); give --ckpt_path <checkpoint> to score a trained one",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def _finish_wandb(self) -> None:
         """Close the W&B runs so that one process can run several fits (e.g. a local sweep);
