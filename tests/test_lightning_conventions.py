@@ -152,3 +152,53 @@ def test_fit_help_lists_the_package_classes_not_every_torch_module(tmp_path, cap
                            "torch.nn.Linear", "--model.model.init_args.in_features=64",
                            "--model.model.init_args.out_features=10"], run=False)  # fmt: skip
     assert type(cli.model.model).__name__ == "Linear"
+
+
+def test_nothing_is_written_outside_the_run_folders(tmp_path, monkeypatch):
+    """Today, with ``--trainer.logger false``, summary.json, the curves, config.yaml and
+    checkpoints/ landed in the working directory, and ``--output_dir`` left the checkpoints
+    there. Each command, from a clean working directory, writes only its intended folder."""
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+
+    def only(*names):
+        assert sorted(p.name for p in cwd.iterdir()) == sorted(names)
+
+    def command(*args):
+        with pytest.raises(SystemExit) as info:
+            main(list(args))
+        assert info.value.code == 0
+
+    fit = ["fit", "--config", EF21, *QUIET, "--trainer.max_steps", "2"]
+    main(fit)  # no logger, no --output_dir: the run's own lightning_logs/version_0
+    only("lightning_logs")
+    run = cwd / "lightning_logs" / "version_0"
+    assert {"summary.json", "curves.csv", "config.yaml", "checkpoints"} <= {
+        p.name for p in run.iterdir()
+    }
+    main([*fit, "--output_dir", "out"])  # --output_dir holds everything, checkpoints included
+    only("lightning_logs", "out")
+    (ckpt,) = (cwd / "out" / "checkpoints").glob("*.ckpt")
+    for evaluation in ("validate", "test"):
+        main([evaluation, "--config", EF21, *QUIET, "--ckpt_path", str(ckpt)])
+    only("lightning_logs", "out")
+    csv_logger = '{"class_path": "pytorch_lightning.loggers.CSVLogger", "init_args": {"save_dir": "logs"}}'  # fmt: skip
+    main([*fit, "--trainer.logger", csv_logger])
+    only("lightning_logs", "out", "logs")
+
+    sweep = tmp_path / "inputs" / "tiny.yaml"
+    sweep.parent.mkdir()
+    sweep.write_text(
+        "name: tiny\nmethod: grid\nmetric: {name: val/acc, goal: maximize}\n"
+        "parameters:\n  model.algorithm.init_args.step_size: {values: [0.3, 0.5]}\n"
+        "  model.algorithm.init_args.beta: {values: [1.0]}\n"
+        f"command: [pl-privfed, fit, --config, {EF21}, --trainer.max_steps=2, "
+        "--trainer.logger=false, --trainer.enable_progress_bar=false, '${args}']\n"
+    )
+    command("sweep", str(sweep))
+    only("lightning_logs", "out", "logs", "sweeps")
+    command("report", "sweeps/tiny/results.csv")  # into sweeps/tiny/report/
+    only("lightning_logs", "out", "logs", "sweeps")
+    command("compare", "sweeps/tiny/results.csv", "--out", "compared")
+    only("lightning_logs", "out", "logs", "sweeps", "compared")
