@@ -202,3 +202,26 @@ def test_nothing_is_written_outside_the_run_folders(tmp_path, monkeypatch):
     only("lightning_logs", "out", "logs", "sweeps")
     command("compare", "sweeps/tiny/results.csv", "--out", "compared")
     only("lightning_logs", "out", "logs", "sweeps", "compared")
+
+
+def test_load_from_checkpoint_of_a_python_run_takes_the_modules(tmp_path):
+    """A module built in Python: its checkpoint holds the other arguments; the model and the
+    algorithm are given back to ``load_from_checkpoint``."""
+    import pl_privfed
+    from pl_privfed.algorithms import EF21
+    from pl_privfed.models import MLP
+
+    data = DigitsDataModule(num_clients=5, batch_size=32)
+    pl.seed_everything(0)
+    module = FederatedModule(MLP(64, [8], 10), EF21(step_size=0.5), client_chunk=2)
+    trainer = pl.Trainer(max_steps=3, logger=False, enable_progress_bar=False,
+                         default_root_dir=tmp_path,
+                         callbacks=pl_privfed.default_callbacks(progress_bar=False))  # fmt: skip
+    trainer.fit(module, data)
+    (ckpt,) = (tmp_path / "checkpoints").glob("*.ckpt")
+    loaded = FederatedModule.load_from_checkpoint(
+        ckpt, model=MLP(64, [8], 10), algorithm=EF21(step_size=0.5)
+    )
+    assert loaded.client_chunk == 2
+    for a, b in zip(module.model.parameters(), loaded.model.parameters(), strict=True):
+        assert a.detach().equal(b.detach())
