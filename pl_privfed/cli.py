@@ -11,7 +11,8 @@ certified ε); ``pl-privfed demo`` runs the demo (:mod:`pl_privfed.demo`). ``pl-
 --help`` lists them all.
 
 Beside the LightningCLI arguments, ``fit`` takes ``--seed N`` (every seed of the run, see
-:func:`set_seeds`), ``--output_dir`` (the run's summary, curves and the loggers' files),
+:func:`set_seeds`; an integer ``--seed_everything N`` without ``--seed`` is taken as ``--seed N``,
+and ``summary.json`` lists every seed used), ``--output_dir`` (the run's summary, curves and the loggers' files),
 ``--run_name`` and ``--run_group`` (its W&B run's name and group). Arguments as ``wandb agent``
 writes them are accepted (:func:`agent_arguments`): every file in ``configs/sweeps`` runs
 unchanged under ``wandb sweep`` + ``wandb agent``, from any working directory of a checkout.
@@ -23,6 +24,9 @@ status 2 (:func:`error_line`); ``--debug`` or ``PL_PRIVFED_DEBUG=1`` shows the t
 from __future__ import annotations
 
 import argparse
+import csv
+import errno
+import json
 import logging
 import os
 import re
@@ -35,10 +39,10 @@ from typing import Any
 import yaml
 from jsonargparse import ArgumentError, ArgumentParser, Namespace
 from lightning_fabric.utilities.exceptions import MisconfigurationException
-from pytorch_lightning import seed_everything
+from pytorch_lightning import Callback, seed_everything
 from pytorch_lightning.callbacks import ModelCheckpoint, ProgressBar
-from pytorch_lightning.cli import LightningCLI, SaveConfigCallback
-from pytorch_lightning.loggers import WandbLogger
+from pytorch_lightning.cli import LightningCLI, SaveConfigCallback, _InstantiatorFn
+from pytorch_lightning.loggers import CSVLogger, WandbLogger
 
 from pl_privfed.callbacks import (
     RoundCheckpoint,
@@ -52,8 +56,8 @@ from pl_privfed.datamodules import FederatedDataModule
 from pl_privfed.datamodules.files import DataFileError
 from pl_privfed.engine.distributed import check_strategy, close_process_group
 from pl_privfed.grid import federation
-from pl_privfed.logdir import reserve_log_dir
-from pl_privfed.module import NonFiniteLossError
+from pl_privfed.logdir import check_writable_dir, reserve_log_dir
+from pl_privfed.module import FederatedModule, NonFiniteLossError
 
 __all__ = [
     "LoggedConfig",
@@ -88,6 +92,22 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 
 #: The repository root of the installed package: sweep commands name configs relative to it.
 REPO_ROOT = Path(__file__).resolve().parents[1]
+
+#: The seeds numpy (and so ``seed_everything``) accepts.
+SEED_RANGE = (0, 2**32 - 1)
+
+
+def check_seed(value: Any, option: str) -> None:
+    """``ValueError`` naming ``option`` unless ``value`` is a seed numpy accepts (an integer from
+    0 to 2³² − 1; Lightning's ``seed_everything`` ends in numpy's traceback otherwise)."""
+    if isinstance(value, bool) or value is None:
+        return  # seed_everything: true (a random seed) or false (none)
+    low, high = SEED_RANGE
+    if not isinstance(value, int) or not low <= value <= high:
+        raise ValueError(
+            f"{option} {value} is out of range: a seed is an integer from {low} to {high}"
+        )
+
 
 #: Seed arguments that ``--seed`` leaves alone: the train/test split stays fixed.
 _FIXED_SEEDS = ("split_seed",)
@@ -128,6 +148,182 @@ def set_seeds(config: Namespace, seed: int) -> list[str]:
             setattr(node, key, seed)
             done.append(dotted)
     return done
+
+
+#: strategies that shard the model (named as ``--trainer.strategy`` strings): refused by name
+#: before Lightning builds them (on a CPU Lightning's own refusal of FSDP is a traceback)
+_SHARDING_STRATEGIES = ("fsdp", "deepspeed", "model_parallel", "xla_fsdp")
+
+
+def _loggers(config: Namespace) -> list[Any]:
+    loggers = config.get("trainer.logger")
+    return loggers if isinstance(loggers, list) else [loggers]
+
+
+def check_run_config(config: Namespace, subcommand: str | None) -> None:
+    """Refuse, before anything is built or written, what would fail later with a traceback: a
+    run of no rounds, a strategy that shards the model, and folders that cannot be written
+    (``--output_dir``, ``trainer.default_root_dir``, the loggers' ``save_dir``,
+    ``model.state_dir``, ``model.grid_dir``: a file on the way, or read-only)."""
+    max_steps = config.get("trainer.max_steps")
+    if subcommand == "fit" and isinstance(max_steps, int) and (max_steps == 0 or max_steps < -1):
+        raise ValueError(
+            f"trainer.max_steps={max_steps}: a run trains at least one round; give a positive "
+            "number of rounds (or -1 with trainer.max_epochs)"
+        )
+    strategy = config.get("trainer.strategy")
+    if isinstance(strategy, str) and strategy.lower().startswith(_SHARDING_STRATEGIES):
+        raise ValueError(
+            f"trainer.strategy={strategy!r} is not supported: pl-privfed shards the clients over "
+            "processes with strategy 'ddp' (or 'auto' for one device); sharding the model (FSDP, "
+            "DeepSpeed, model parallelism) does not apply to a simulated federation"
+        )
+    folders = [
+        ("--output_dir", config.get("output_dir")),
+        ("trainer.default_root_dir", config.get("trainer.default_root_dir")),
+        ("model.state_dir", config.get("model.state_dir")),
+        ("model.grid_dir", config.get("model.grid_dir")),
+    ]
+    for logger in _loggers(config):
+        init_args = getattr(logger, "init_args", None)
+        if isinstance(init_args, Namespace) and isinstance(init_args.get("save_dir"), str):
+            kind = str(logger.class_path).rsplit(".", 1)[-1]
+            folders.append((f"trainer.logger ({kind}) save_dir", init_args["save_dir"]))
+    for what, folder in folders:
+        if isinstance(folder, str | os.PathLike) and str(folder):
+            check_writable_dir(folder, what)
+
+
+#: the run folder that the first process reserved, for the processes Lightning's DDP launcher
+#: starts (``<pid of the first process>:<folder>``)
+RUN_DIR_ENV = "PL_PRIVFED_RUN_DIR"
+
+
+def _first_process() -> bool:
+    return all(int(os.environ.get(k, "0") or 0) == 0 for k in ("RANK", "LOCAL_RANK", "NODE_RANK"))
+
+
+def place_run(config: Namespace) -> None:
+    """Keep every file of a run in its folder: with ``--output_dir`` the trainer's
+    ``default_root_dir`` becomes it too (checkpoints, ``config.yaml``, client state), unless
+    given; without a logger and without either, the run gets its own
+    ``lightning_logs/version_<k>`` (reserved atomically, as a logger's) instead of the working
+    directory, for its summary, curves, checkpoints and ``config.yaml``."""
+    output_dir = config.get("output_dir")
+    if config.get("trainer.default_root_dir") is not None:
+        return
+    if output_dir is not None:
+        config["trainer.default_root_dir"] = output_dir
+        return
+    loggers = config.get("trainer.logger")
+    if loggers is not False and loggers != []:
+        return  # the loggers' folders hold the run (Lightning's default logger: lightning_logs/)
+    if _first_process():
+        holder = CSVLogger(os.getcwd())  # lightning_logs/version_<k>, as the default logger's
+        reserve_log_dir(holder)
+        run_dir = holder.log_dir
+        os.environ[RUN_DIR_ENV] = f"{os.getpid()}:{run_dir}"
+    else:
+        pid, _, run_dir = os.environ.get(RUN_DIR_ENV, "").partition(":")
+        if not run_dir or pid == str(os.getpid()):
+            return
+    config["trainer.default_root_dir"] = run_dir
+
+
+#: arguments typed ``nn.Module``, whose help listed every subclass in torch and Opacus (some
+#: 1,400 lines): it names the package's own and says that any class_path is accepted
+_MODULE_ARGUMENTS = {
+    "model.model": ("models", "e.g. torch.nn.Linear, torchvision.models.resnet18"),
+    "model.criterion": ("losses", "e.g. torch.nn.CrossEntropyLoss, torch.nn.MSELoss"),
+}
+
+
+def _short_module_help(parser: ArgumentParser) -> None:
+    """Show the package's classes, not every ``nn.Module`` subclass, in the help of the
+    arguments typed ``nn.Module``; any ``nn.Module`` is still accepted through its
+    ``class_path``."""
+    from torch import nn
+
+    import pl_privfed.models as models
+
+    own = [
+        f"{models.__name__}.{name}"
+        for name in models.__all__
+        if isinstance(getattr(models, name), type) and issubclass(getattr(models, name), nn.Module)
+    ]
+    losses = [path for path in own if path.endswith(("Loss", "Error"))]
+    listed = {"model.model": [p for p in own if p not in losses], "model.criterion": losses}
+    for action in parser._actions:
+        if action.dest in _MODULE_ARGUMENTS and hasattr(action, "extra_help"):
+            _, example = _MODULE_ARGUMENTS[action.dest]
+            text = (
+                f", the package's: {', '.join(listed[action.dest])}; or any torch.nn.Module by "
+                f"its class_path ({example}, your own)"
+            )
+            action.extra_help = lambda text=text: text
+
+
+def nested_nulls(args: list[str]) -> list[str]:
+    """``--a.init_args.b.c null`` as an inline config, ``--config '{"a": {"init_args": {"b":
+    {"c": null}}}}'``, in its place: jsonargparse (4.53) turns a ``null`` two levels below a
+    class's ``init_args`` into the string ``'None'`` ("Expected a float; Expected a NoneType"),
+    while a config merges it as it should (e.g. ``--model.algorithm.init_args.noise.epsilon
+    null`` with a ``noise_multiplier``: a noise multiplier instead of a target ε)."""
+    out: list[str] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        key, value, step = None, None, 1
+        if arg.startswith("--") and "=" in arg:
+            key, value = arg[2:].split("=", 1)
+        elif arg.startswith("--") and i + 1 < len(args):
+            key, value, step = arg[2:], args[i + 1], 2
+        nested = key is not None and "." in key.partition(".init_args.")[2]
+        if nested and value is not None and value.strip() in ("null", "Null", "NULL", "~"):
+            tree: Any = None
+            for part in reversed(key.split(".")):
+                tree = {part: tree}
+            out += ["--config", json.dumps(tree)]
+            i += step
+            continue
+        out.append(arg)
+        i += 1
+    return out
+
+
+def seeds_of(config: Namespace) -> dict[str, int | None]:
+    """Every seed of a parsed run config, ``{dotted path: value}``: ``seed_everything`` and each
+    ``seed`` or ``*_seed`` argument of the model and the data (``split_seed`` included)."""
+    out: dict[str, int | None] = {"seed_everything": config.get("seed_everything")}
+
+    def walk(node: Any, path: str) -> None:
+        if isinstance(node, Namespace):
+            for key in list(vars(node)):
+                value, dotted = getattr(node, key), f"{path}.{key}"
+                if (key == "seed" or key.endswith("_seed")) and (
+                    value is None or (isinstance(value, int) and not isinstance(value, bool))
+                ):
+                    out[dotted] = value
+                else:
+                    walk(value, dotted)
+        elif isinstance(node, list | tuple):
+            for i, item in enumerate(node):
+                walk(item, f"{path}[{i}]")
+
+    for section in ("model", "data"):
+        walk(config.get(section), section)
+    return out
+
+
+class RunSeeds(Callback):
+    """Puts the run's seeds in ``summary.json`` (``seeds``: what set them, ``--seed`` or
+    ``seed_everything``, and every seed argument's value), through ``summary_entries``."""
+
+    def __init__(self, seeds: dict[str, Any]) -> None:
+        self.seeds = dict(seeds)
+
+    def summary_entries(self) -> dict[str, Any]:
+        return {"seeds": self.seeds}
 
 
 def agent_arguments(args: list[str]) -> list[str]:
@@ -276,9 +472,25 @@ class PrivFedCLI(LightningCLI):
         ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
         if ckpt_path is not None and ckpt_path not in ("last", "best", "hpc", "registry"):
             check_checkpoint_file(ckpt_path)
-        super()._parse_ckpt_path()
+        # not Lightning's merge of the checkpoint's hyperparameters into the config: the config
+        # given defines the run (a resume is checked against its checkpoint, not replaced by it)
+
+    def _add_instantiators(self) -> None:
+        """Lightning's instantiators, keyed by :class:`FederatedModule` (the config's ``model:``
+        section builds one through :func:`~pl_privfed.grid.federation`): the module saves that
+        section as its hyperparameters, so ``FederatedModule.load_from_checkpoint(path)``
+        rebuilds the model and the algorithm from a checkpoint of the command."""
+        with warnings.catch_warnings():  # as Lightning's own call (deprecated in jsonargparse)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            self.parser.add_instantiator(
+                _InstantiatorFn(cli=self, key="model"), FederatedModule, subclasses=True
+            )
+            self.parser.add_instantiator(
+                _InstantiatorFn(cli=self, key="data"), FederatedDataModule, subclasses=True
+            )
 
     def add_arguments_to_parser(self, parser) -> None:
+        _short_module_help(parser)
         parser.add_argument(
             "--output_dir",
             type=str | None,
@@ -294,7 +506,9 @@ class PrivFedCLI(LightningCLI):
             help="Set every seed of the run to this value: seed_everything (model init) and "
             "every `seed`/`*_seed` argument of the model and data (validation split, "
             "minibatches, partition, noise, client sampling), except split_seed (the test set "
-            "stays fixed). A sweep's seed axis: `seed: {values: [0, 1, 2]}`.",
+            "stays fixed). An integer --seed_everything without --seed does the same (one "
+            "knob); summary.json lists every seed used under `seeds`. A sweep's seed axis: "
+            "`seed: {values: [0, 1, 2]}`.",
         )
         parser.add_argument(
             "--run_name",
@@ -309,11 +523,28 @@ class PrivFedCLI(LightningCLI):
             help="The W&B run's group (a sweep groups its runs under the sweep's name).",
         )
 
+    def _set_seed(self) -> None:
+        """Check ``--seed`` and ``seed_everything`` (numpy's range) before Lightning seeds; an
+        integer ``seed_everything`` without ``--seed`` is taken as ``--seed`` (one knob: it
+        sets every seed of the run, :func:`set_seeds`)."""
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        check_seed(config.get("seed"), "--seed")
+        check_seed(config.get("seed_everything"), "--seed_everything")
+        given = config.get("seed_everything")
+        self._seed_source = "--seed" if config.get("seed") is not None else None
+        if self._seed_source is None and isinstance(given, int) and not isinstance(given, bool):
+            config["seed"] = given
+            self._seed_source = "seed_everything"
+        super()._set_seed()
+
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
+        check_run_config(config, self.subcommand)
+        place_run(config)
         if config.get("seed") is not None:
             set_seeds(config, int(config["seed"]))
             seed_everything(int(config["seed"]), workers=True)
+        self._seeds = {"set_by": getattr(self, "_seed_source", None), **seeds_of(config)}
         output_dir = config.get("output_dir")
         name = config.get("run_name") or _sweep_run_name()
         loggers = config.get("trainer.logger")
@@ -334,15 +565,19 @@ class PrivFedCLI(LightningCLI):
         bar and the checkpoints left out when the trainer turns them off, and each default
         replaced by a callback of its kind that the config lists (a ``RunSummary`` with its own
         ``accuracy_key``, a ``RoundCheckpoint`` every 50 rounds, any progress bar or
-        ``ModelCheckpoint``)."""
+        ``ModelCheckpoint``). ``validate`` and ``test`` write no checkpoints: no checkpoint
+        callback is attached to them (unless the config lists one)."""
+        init = self.config_init[self.subcommand] if self.subcommand else self.config_init
+        config = {**(init.get("trainer") or {}), **kwargs}
+        given = config.get("callbacks") or []
+        given = given if isinstance(given, list) else [given]
+        evaluation = self.subcommand in ("validate", "test")
+        if evaluation and not any(isinstance(c, ModelCheckpoint) for c in given):
+            kwargs["enable_checkpointing"] = False  # nor Lightning's default ModelCheckpoint
         if self._own_callbacks:
-            init = self.config_init[self.subcommand] if self.subcommand else self.config_init
-            config = {**(init.get("trainer") or {}), **kwargs}
-            given = config.get("callbacks") or []
-            given = given if isinstance(given, list) else [given]
             defaults = default_callbacks(
                 progress_bar=config.get("enable_progress_bar") is not False,
-                checkpoint=config.get("enable_checkpointing") is not False,
+                checkpoint=config.get("enable_checkpointing") is not False and not evaluation,
             )
             kinds = {RoundProgressBar: ProgressBar, RoundCheckpoint: ModelCheckpoint}
             self.trainer_defaults["callbacks"] = [
@@ -350,7 +585,21 @@ class PrivFedCLI(LightningCLI):
                 for d in defaults
                 if not any(isinstance(c, kinds.get(type(d), type(d))) for c in given)
             ]
-        return super().instantiate_trainer(**kwargs)
+        try:
+            trainer = super().instantiate_trainer(**kwargs)
+            trainer.callbacks.append(RunSeeds(getattr(self, "_seeds", {})))
+            return trainer
+        except (ValueError, MisconfigurationException, ImportError) as exc:
+            if _raised_here(exc):
+                raise
+            init = self.config_init[self.subcommand] if self.subcommand else self.config_init
+            trainer = init.get("trainer") or {}
+            settings = ", ".join(
+                f"{key}={trainer.get(key)!r}"
+                for key in ("accelerator", "strategy", "devices", "num_nodes", "precision")
+                if isinstance(trainer.get(key), str | int | None)
+            )
+            raise ValueError(f"trainer ({settings}) cannot run here: {_one_line(exc)}") from exc
 
     def _apply_output_dir(self) -> None:
         output_dir = self.config[self.subcommand].get("output_dir")
@@ -365,9 +614,7 @@ class PrivFedCLI(LightningCLI):
         run's own log directory (reserved by the first process only: under DDP the others
         are launched with ``LOCAL_RANK``/``RANK`` set and write no logs), ``--output_dir``."""
         check_strategy(self.trainer.strategy)
-        first = all(
-            int(os.environ.get(k, "0") or 0) == 0 for k in ("RANK", "LOCAL_RANK", "NODE_RANK")
-        )
+        first = _first_process()
         for logger in self.trainer.loggers:
             if first:
                 reserve_log_dir(logger)
@@ -382,9 +629,22 @@ class PrivFedCLI(LightningCLI):
 
     def before_validate(self) -> None:
         self._before_run()
+        self._say_what_is_scored()
 
     def before_test(self) -> None:
         self._before_run()
+        self._say_what_is_scored()
+
+    def _say_what_is_scored(self) -> None:
+        """``validate``/``test`` without ``--ckpt_path`` score the config's model as
+        initialized: say so (one line on stderr), since the config describes a training run."""
+        if self.config[self.subcommand].get("ckpt_path") is None and self.trainer.is_global_zero:
+            print(
+                f"[pl-privfed] {self.subcommand}: no --ckpt_path, so this scores the model as "
+                "initialized (untrained); give --ckpt_path <checkpoint> to score a trained one",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def _finish_wandb(self) -> None:
         """Close the W&B runs so that one process can run several fits (e.g. a local sweep);
@@ -444,6 +704,35 @@ def _sweep_main(args: list[str]) -> int:
     return 1 if failed else 0
 
 
+def results_files(names: list[str]) -> list[str]:
+    """The ``results.csv`` files that ``report`` and ``compare`` are given (a sweep folder
+    stands for its ``results.csv``), or a ``ValueError`` naming the one that is missing, a folder
+    without ``results.csv``, not text, not a sweep's results (no ``status`` column) or empty."""
+    hint = "give a results.csv written by `pl-privfed sweep` (or its folder)"
+    files = []
+    for name in names:
+        path = Path(name)
+        if path.is_dir():
+            if not (path / "results.csv").is_file():
+                raise ValueError(f"{name} is a folder without results.csv: {hint}")
+            path = path / "results.csv"
+        elif not path.exists():
+            raise ValueError(f"{name}: no such file or folder: {hint}")
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise ValueError(
+                f"{path} is not a results.csv (byte {exc.start} is not text): {hint}"
+            ) from exc
+        rows = list(csv.reader(text.splitlines()))
+        if not rows or "status" not in rows[0]:
+            raise ValueError(f"{path} is not a results.csv (no status column): {hint}")
+        if len(rows) < 2:
+            raise ValueError(f"{path} holds no runs (a header only): {hint}")
+        files.append(str(path))
+    return files
+
+
 def _report_main(args: list[str]) -> int:
     from pl_privfed.report import make_report
 
@@ -474,6 +763,7 @@ def _report_main(args: list[str]) -> int:
         "--vmax", type=float, default=None, help="heatmap colour maximum (default 100 %%)"
     )
     ns = parser.parse_args(args)
+    ns.results = results_files(ns.results)
     written = make_report(ns.results, ns.out, x=ns.x, y=ns.y, facet=ns.facet,
                           metric=ns.metric, vmin=ns.vmin, vmax=ns.vmax)  # fmt: skip
     for path in written:
@@ -515,6 +805,7 @@ def _compare_main(args: list[str]) -> int:
         "--labels", nargs="+", default=None, help="with --frontier: one method label per file"
     )
     ns = parser.parse_args(args)
+    ns.results = results_files(ns.results)
     if ns.labels is not None and not ns.frontier:
         parser.error("--labels goes with --frontier")
     if ns.frontier:
@@ -605,6 +896,10 @@ def check_config_files(argv: list[str]) -> None:
             raise ValueError(f"--config {name}: no such file")
         try:
             content = yaml.safe_load(path.read_text())
+        except UnicodeDecodeError as exc:
+            raise ValueError(
+                f"--config {name} is not a text (YAML) file: byte {exc.start} is not UTF-8"
+            ) from exc
         except yaml.YAMLError as exc:
             first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise ValueError(f"--config {name} is not valid YAML: {first}") from exc
@@ -687,9 +982,30 @@ def condense_parser_error(text: str) -> str:
             problems.append(line)
     if not keys or not problems:
         return _one_line(text)
+    abstract = [line for line in problems if line.endswith(" is abstract")]
+    if abstract:  # e.g. the base FederatedAlgorithm: the path was found, the class is a base
+        name = abstract[0].rsplit(" but ", 1)[-1].removesuffix(" is abstract")
+        return (
+            f"{'.'.join(keys)}: {name} is an abstract base class; give one of its concrete "
+            "subclasses (pl-privfed fit --help lists them)"
+        )
     where = ".".join(keys) + (f" ({classes[-1]})" if classes else "")
     what = "; ".join(problems) + (f" (given: {given[0].strip()})" if given else "")
     return f"{where}: {what}"
+
+
+#: errors of a file or folder the user can fix, with their exit status: a folder that is a file,
+#: read-only or missing (2), a full disk (1, as a run that stopped)
+_FILE_ERRNOS = {
+    errno.EACCES: 2,
+    errno.EPERM: 2,
+    errno.EROFS: 2,
+    errno.ENOTDIR: 2,
+    errno.EEXIST: 2,
+    errno.EISDIR: 2,
+    errno.ENOSPC: 1,
+    errno.EDQUOT: 1,
+}
 
 
 def error_line(exc: BaseException) -> tuple[str, int] | None:
@@ -717,6 +1033,9 @@ def error_line(exc: BaseException) -> tuple[str, int] | None:
             return condense_parser_error(str(e)), 2
         if isinstance(e, MisconfigurationException):
             return _one_line(str(e)), 2
+    for e in reversed(chain):  # a folder or file the run could not write (or a full disk)
+        if isinstance(e, OSError) and e.filename is not None and e.errno in _FILE_ERRNOS:
+            return f"cannot write {str(e.filename)!r}: {e.strerror}", _FILE_ERRNOS[e.errno]
     return None
 
 
@@ -750,6 +1069,7 @@ def main(args: list[str] | None = None) -> None:
         if not argv:
             names = ", ".join(["fit", "validate", "test", *EXTRA_COMMANDS])
             raise ValueError(f"choose a subcommand: {names} (pl-privfed --help describes them)")
+        argv = nested_nulls(argv)
         check_config_files(argv)
         if args is None:  # LightningCLI reads sys.argv (given args beside it draw a warning)
             sys.argv[1:] = argv

@@ -7,6 +7,7 @@ when a W&B logger is attached).
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,13 @@ from typing import Any
 import pytorch_lightning as pl
 from pytorch_lightning.loggers import CSVLogger, TensorBoardLogger, WandbLogger
 
-__all__ = ["local_log_dir", "log_artifact", "reserve_log_dir", "wandb_loggers"]
+__all__ = [
+    "check_writable_dir",
+    "local_log_dir",
+    "log_artifact",
+    "reserve_log_dir",
+    "wandb_loggers",
+]
 
 
 def local_log_dir(trainer: pl.Trainer) -> str | None:
@@ -32,6 +39,29 @@ def local_log_dir(trainer: pl.Trainer) -> str | None:
             logger.log_dir if isinstance(logger, TensorBoardLogger | CSVLogger) else logger.save_dir
         )
     return trainer.default_root_dir
+
+
+def check_writable_dir(path: str | os.PathLike, what: str) -> None:
+    """``ValueError`` naming ``what`` (e.g. ``--output_dir``) unless ``path`` is a folder this
+    process can create or write: its nearest existing part must be a writable folder, not a file
+    (checked before a run starts, so that a bad folder is refused in one line, not with an
+    ``OSError`` at the first file written)."""
+    target = Path(path).expanduser()
+    existing = target
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        problem = (
+            "is a file, not a folder"
+            if existing == target
+            else f"cannot be created: {str(existing)!r} is a file, not a folder"
+        )
+        raise ValueError(f"{what} {str(path)!r} {problem}; give a folder path")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(
+            f"{what} {str(path)!r} is not writable: {str(existing)!r} is read-only; give a "
+            "folder you can write to"
+        )
 
 
 def reserve_log_dir(logger: Any) -> None:

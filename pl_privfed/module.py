@@ -15,12 +15,14 @@ checkpoints to :class:`~pl_privfed.engine.ClientStates`, a grid to
 
 from __future__ import annotations
 
+import copy
 import math
 from pathlib import Path
 from typing import Any
 
 import pytorch_lightning as pl
 import torch
+from pytorch_lightning.core.mixins.hparams_mixin import _given_hyperparameters
 from pytorch_lightning.utilities import rank_zero_warn
 from torch import Tensor, nn
 from torchmetrics.classification import MulticlassAccuracy
@@ -110,6 +112,16 @@ class FederatedModule(pl.LightningModule):
         super().__init__()
         _check_arguments(model, algorithm, grad_backend, epsilon_every, cuda_graphs,
                          client_chunk, client_state)  # fmt: skip
+        # Hyperparameters: under LightningCLI, the config's model section (the model's and the
+        # algorithm's class_path and init_args, which Lightning hands over while it builds the
+        # module), so that ``load_from_checkpoint(path)`` rebuilds both; in Python the arguments
+        # that are not modules (pass model=..., algorithm=... to load_from_checkpoint then)
+        from_cli = _given_hyperparameters.get() is not None
+        modules = {"model": model, "algorithm": algorithm, "criterion": criterion}
+        self.save_hyperparameters(
+            ignore=[] if from_cli else [k for k, v in modules.items() if isinstance(v, nn.Module)],
+            logger=False,
+        )
         self.automatic_optimization = False
         self.model = model
         self.algorithm = algorithm
@@ -434,12 +446,30 @@ class FederatedModule(pl.LightningModule):
         if self.oracle is not None:  # set up: the state tables exist
             for prefix, algorithm in self.algorithms():
                 algorithm.state.load(checkpoint, prefix)
+        else:  # load_from_checkpoint: the model and the algorithm's fixed buffers, for evaluation
+            _drop_client_state(self, checkpoint)
+        saved = checkpoint.get("hyper_parameters") or {}
+        if "_instantiator" in saved and "_instantiator" not in self.hparams:
+            self.hparams.update(saved)  # rebuilt from a command's config: keep it for a re-save
+            self._hparams_initial = copy.deepcopy(self._hparams)
         if self.privacy_ledger is not None:
             stds = self.privacy_ledger.load(checkpoint)  # the noise the run started with
             for (_, algorithm), std in zip(self.algorithms(), stds or []):
                 algorithm.noise_std = std
         self.client_transmissions = int(checkpoint.get("client_transmissions", 0))
         self._validated_round = checkpoint.get("validated_round")
+
+
+def _drop_client_state(module: FederatedModule, checkpoint: dict[str, Any]) -> None:
+    """Leave the per-client state tables out of ``checkpoint["state_dict"]`` for a module that
+    is not set up (they are allocated at setup, for the datamodule's clients), so that
+    ``FederatedModule.load_from_checkpoint(path)`` loads the model strictly; training on from
+    the checkpoint is ``trainer.fit(module, datamodule, ckpt_path=path)``."""
+    own = set(module.state_dict())
+    prefixes = tuple(prefix for prefix, _ in module.algorithms())
+    state = checkpoint.get("state_dict", {})
+    for key in [k for k in state if k not in own and k.startswith(prefixes)]:
+        del state[key]
 
 
 def _check_arguments(

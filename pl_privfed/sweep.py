@@ -105,7 +105,15 @@ def load_sweep(path: str | os.PathLike) -> Sweep:
             ``command`` is not a list containing ``${args}``.
     """
     path = Path(path)
-    raw = yaml.safe_load(path.read_text())
+    if not path.is_file():
+        raise ValueError(f"sweep file {str(path)!r}: no such file")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        raise ValueError(f"sweep file {str(path)!r} is not valid YAML{where}: {first}") from exc
     if not isinstance(raw, dict):
         raise ValueError(f"{path}: a sweep file holds a mapping, got {type(raw).__name__}")
     method = raw.get("method")

@@ -229,3 +229,157 @@ def test_stderr_is_one_line_in_a_real_process(tmp_path):
         assert proc.returncode == 2, proc.stderr
         (line,) = proc.stderr.splitlines()
         assert line.startswith(f"pl-privfed: error: {expected}")
+
+
+def _files(tmp_path):
+    """A file where a folder is expected, a binary config, a sweep file with a YAML error, a
+    garbage and an empty results file, a folder without results.csv."""
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "binary.yaml").write_bytes(bytes(range(256)))
+    (tmp_path / "bad_sweep.yaml").write_text("method: grid\nparameters: [\n")
+    (tmp_path / "garbage.csv").write_bytes(b"\x00\x01garbage,\n\xff\xfe")
+    (tmp_path / "text.csv").write_text("a,b\n1,2\n")
+    (tmp_path / "header.csv").write_text("run,status,beta\n")
+    (tmp_path / "empty").mkdir()
+
+
+LOGGER_IN_FILE = '{"class_path": "pytorch_lightning.loggers.CSVLogger", "init_args": {"save_dir": "afile/logs"}}'  # fmt: skip
+# (command line, words the one line must hold); ``fit`` lines get QUIET and one round; today
+# each ended in a traceback (exit 1) or was accepted
+FIT_ERRORS = [
+    (["--output_dir", "afile"], ["--output_dir 'afile' is a file, not a folder"]),
+    (["--trainer.default_root_dir", "afile/sub"],
+     ["trainer.default_root_dir 'afile/sub' cannot be created: 'afile' is a file"]),
+    (["--trainer.logger", LOGGER_IN_FILE],
+     ["trainer.logger (CSVLogger) save_dir 'afile/logs'", "'afile' is a file"]),
+    (["--model.client_state", "disk", "--model.state_dir", "afile/state"],
+     ["model.state_dir 'afile/state' cannot be created", "'afile' is a file"]),
+    (["--seed", "-1"], ["--seed -1 is out of range", "from 0 to 4294967295"]),
+    (["--seed", "99999999999999999999"], ["--seed 99999999999999999999 is out of range"]),
+    (["--seed_everything", "-3"], ["--seed_everything -3 is out of range"]),
+    (["--trainer.strategy", "fsdp"], ["trainer.strategy='fsdp' is not supported", "'ddp'"]),
+    (["--trainer.accelerator", "tpu"], ["accelerator='tpu'", "cannot run here", "torch_xla"]),
+    (["--trainer.max_steps", "0"], ["trainer.max_steps=0", "at least one round"]),
+    (["--model.algorithm.init_args.noise.epsilon", "null"],
+     ["DPNoise: give exactly one of epsilon or noise_multiplier, got epsilon=None"]),
+    (["--model.algorithm", "pl_privfed.algorithms.FederatedAlgorithm"],
+     ["model.algorithm: pl_privfed.algorithms.FederatedAlgorithm is an abstract base class"]),
+    (["--model.algorithm=pl_privfed.algorithms.base.FederatedAlgorithm"],  # as wandb agent writes
+     ["FederatedAlgorithm is an abstract base class"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("extra, words", FIT_ERRORS, ids=[" ".join(a)[:50] for a, _ in FIT_ERRORS])
+def test_fit_errors_are_one_line(extra, words, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    _files(tmp_path)
+    args = ["fit", "--config", QUICKSTART, *QUIET, "--trainer.max_steps", "1", *extra]
+    line = fails(args, capsys)
+    for word in words:
+        assert word in line, line
+    assert not list(tmp_path.glob("**/*.ckpt")) and not list(tmp_path.glob("**/summary.json"))
+
+
+def test_max_steps_zero_is_refused_without_privacy_too(tmp_path, monkeypatch, capsys):
+    """Today a non-private config ran 0 rounds and exited 0."""
+    monkeypatch.chdir(tmp_path)
+    line = fails(["fit", "--config", str(ALGORITHMS / "ef21.yaml"), *QUIET,
+                  "--trainer.max_steps", "0"], capsys)  # fmt: skip
+    assert line.startswith("trainer.max_steps=0: a run trains at least one round")
+
+
+# (subcommand line, words); today tracebacks (FileNotFoundError, IsADirectoryError,
+# UnicodeDecodeError, yaml's ParserError without the file's name)
+COMMAND_ERRORS = [
+    (["fit", "--config", "binary.yaml"], ["--config binary.yaml is not a text (YAML) file"]),
+    (["sweep", "nowhere.yaml", "--dry-run"], ["sweep file 'nowhere.yaml': no such file"]),
+    (["sweep", "bad_sweep.yaml", "--dry-run"],
+     ["sweep file 'bad_sweep.yaml' is not valid YAML (line 3, column 1)"]),
+    (["report", "nowhere"], ["nowhere: no such file or folder", "pl-privfed sweep"]),
+    (["report", "empty"], ["empty is a folder without results.csv"]),
+    (["report", "empty/results.csv"], ["empty/results.csv: no such file or folder"]),
+    (["report", "garbage.csv"], ["garbage.csv is not a results.csv (byte 11 is not text)"]),
+    (["report", "text.csv"], ["text.csv is not a results.csv (no status column)"]),
+    (["report", "header.csv"], ["header.csv holds no runs"]),
+    (["compare", "nowhere", "--out", "o"], ["nowhere: no such file or folder"]),
+    (["compare", "empty", "--out", "o"], ["empty is a folder without results.csv"]),
+    (["compare", "garbage.csv", "--out", "o"], ["garbage.csv is not a results.csv"]),
+    (["compare", "--frontier", "empty/results.csv", "--out", "o"],
+     ["empty/results.csv: no such file or folder"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "args, words", COMMAND_ERRORS, ids=[" ".join(a)[:40] for a, _ in COMMAND_ERRORS]
+)
+def test_command_errors_are_one_line(args, words, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    _files(tmp_path)
+    line = fails(args, capsys)
+    for word in words:
+        assert word in line, line
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "abc"])
+def test_client_chunk_variable_is_checked(value, tmp_path, monkeypatch, capsys):
+    """Today 0 and -5 were taken as chunks of one client, ``abc`` failed with int()'s
+    message, not naming the variable."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PL_PRIVFED_CLIENT_CHUNK", value)
+    line = fails(["fit", "--config", QUICKSTART, *QUIET, "--trainer.max_steps", "1"], capsys)
+    assert f"PL_PRIVFED_CLIENT_CHUNK={value!r} is not a chunk size" in line
+    assert "a positive integer" in line
+
+
+def test_read_only_folders_are_named(tmp_path, monkeypatch, capsys):
+    """A read-only folder (emulated: ``os.access`` answers as for an unprivileged user or a
+    read-only mount, since root may write into a ``chmod 555`` folder) is refused before the
+    run, naming the option; today the first file written ended in a ``PermissionError``."""
+    monkeypatch.chdir(tmp_path)
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real_access = os.access
+    monkeypatch.setattr(
+        "os.access",
+        lambda p, mode, **kw: Path(p).resolve() != locked and real_access(p, mode, **kw),
+    )
+    base = ["fit", "--config", QUICKSTART, *QUIET, "--trainer.max_steps", "1"]
+    for extra, what in [
+        (["--output_dir", "locked/run"], "--output_dir 'locked/run'"),
+        (["--trainer.default_root_dir", "locked"], "trainer.default_root_dir 'locked'"),
+        (["--model.client_state", "disk", "--model.state_dir", "locked/s"], "model.state_dir"),
+    ]:
+        line = fails([*base, *extra], capsys)
+        assert line.startswith(what) and "is not writable" in line and "read-only" in line
+
+
+def test_write_errors_during_a_run_are_one_line(tmp_path, capsys):
+    """An ``OSError`` on a file (a folder that turned read-only or full during the run) is
+    named in one line, not a traceback."""
+    from pl_privfed.cli import error_line
+
+    try:
+        (tmp_path / "afile").write_text("x")
+        (tmp_path / "afile" / "summary.json").write_text("{}")
+    except OSError as exc:
+        assert error_line(exc) == (
+            f"cannot write {str(tmp_path / 'afile' / 'summary.json')!r}: Not a directory",
+            2,
+        )
+    full = OSError(28, "No space left on device", "/logs/summary.json")
+    assert error_line(full) == ("cannot write '/logs/summary.json': No space left on device", 1)
+
+
+def test_a_nested_null_switches_epsilon_to_a_noise_multiplier(tmp_path, monkeypatch, capsys):
+    """``--model.algorithm.init_args.noise.epsilon null`` with a noise multiplier: today
+    "Expected a float; Expected a NoneType (given: None)"."""
+    monkeypatch.chdir(tmp_path)
+    main(["fit", "--config", QUICKSTART, *QUIET, "--trainer.max_steps", "2",
+          "--model.algorithm.init_args.noise.epsilon", "null",
+          "--model.algorithm.init_args.noise.noise_multiplier=2.0", "--output_dir", "run"])  # fmt: skip
+    import json
+
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    noise = summary["config"]["model"]["algorithm"]["init_args"]["noise"]
+    assert noise["epsilon"] is None and noise["noise_multiplier"] == 2.0
+    assert summary["status"] == "finished" and summary["rounds"] == 2

@@ -33,6 +33,7 @@ def test_the_demo_shows_a_useful_private_run(tmp_path, monkeypatch, capsys):
     with pytest.raises(SystemExit) as info:
         main(["demo", "--out", "out", "--configs", str(REPO / "configs/demo")])
     assert info.value.code == 0
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]  # nothing beside its folder
     out = capsys.readouterr().out
     assert "Privacy unit: one training image of a client" in out and "replace_one" in out
     assert "no amplification is claimed" in out

@@ -18,6 +18,7 @@ their messages through the engine's message stage. Its state tensors (client mem
 
 from __future__ import annotations
 
+import abc
 from typing import Any, ClassVar
 
 import torch
@@ -44,8 +45,11 @@ __all__ = ["CLIENT_LEVEL_DP", "FederatedAlgorithm", "RoundResult"]
 CLIENT_LEVEL_DP = "client-level DP"
 
 
-class FederatedAlgorithm(nn.Module):
+class FederatedAlgorithm(nn.Module, metaclass=abc.ABCMeta):
     """Common state handling of the server-based algorithms.
+
+    Abstract: a subclass implements :meth:`server_update` (so the command line refuses this
+    class, and the bases without one, as ``--model.algorithm`` and does not list them).
 
     Args:
         step_size: the server step size ``γ > 0``.
@@ -189,6 +193,7 @@ class FederatedAlgorithm(nn.Module):
         """Runs after client phase ``phase`` of a round on every process (override: e.g. the
         exchange of gossiped rows)."""
 
+    @abc.abstractmethod
     def server_update(self, x: Tensor, reduced: Reduction) -> RoundResult:
         """The server lines of one round from ``x`` (``[d]``) and the clients' sums; returns
         the new parameters (override)."""

@@ -125,7 +125,7 @@ def choose_chunk_size(
     :data:`CHUNK_ENV`, or the engine's choice (module docstring)."""
     override = os.environ.get(CHUNK_ENV)
     if override:
-        requested = override
+        requested = _chunk_override(override)
     n = max(1, int(num_clients))
     if requested in ("all", "n"):
         return n
@@ -135,6 +135,23 @@ def choose_chunk_size(
         return n
     per_client = 3 * max(1, dim) * itemsize  # gradients, state rows, messages
     return max(1, min(n, 256, CPU_CHUNK_BYTES // per_client))
+
+
+def _chunk_override(value: str) -> int | str:
+    """The value of :data:`CHUNK_ENV`: ``all``, ``auto`` or a positive integer."""
+    text = value.strip()
+    if text in ("all", "n", "auto"):
+        return text
+    try:
+        size = int(text)
+    except ValueError:
+        size = 0
+    if size < 1:
+        raise ValueError(
+            f"{CHUNK_ENV}={value!r} is not a chunk size: give a positive integer (clients per "
+            "chunk), 'all' or 'auto', or unset it"
+        )
+    return size
 
 
 def chunk_ids(ids: Tensor, size: int) -> list[Tensor]:
