@@ -24,7 +24,6 @@ status 2 (:func:`error_line`); ``--debug`` or ``PL_PRIVFED_DEBUG=1`` shows the t
 from __future__ import annotations
 
 import argparse
-import csv
 import errno
 import json
 import logging
@@ -704,35 +703,6 @@ def _sweep_main(args: list[str]) -> int:
     return 1 if failed else 0
 
 
-def results_files(names: list[str]) -> list[str]:
-    """The ``results.csv`` files that ``report`` and ``compare`` are given (a sweep folder
-    stands for its ``results.csv``), or a ``ValueError`` naming the one that is missing, a folder
-    without ``results.csv``, not text, not a sweep's results (no ``status`` column) or empty."""
-    hint = "give a results.csv written by `pl-privfed sweep` (or its folder)"
-    files = []
-    for name in names:
-        path = Path(name)
-        if path.is_dir():
-            if not (path / "results.csv").is_file():
-                raise ValueError(f"{name} is a folder without results.csv: {hint}")
-            path = path / "results.csv"
-        elif not path.exists():
-            raise ValueError(f"{name}: no such file or folder: {hint}")
-        try:
-            text = path.read_text(encoding="utf-8")
-        except UnicodeDecodeError as exc:
-            raise ValueError(
-                f"{path} is not a results.csv (byte {exc.start} is not text): {hint}"
-            ) from exc
-        rows = list(csv.reader(text.splitlines()))
-        if not rows or "status" not in rows[0]:
-            raise ValueError(f"{path} is not a results.csv (no status column): {hint}")
-        if len(rows) < 2:
-            raise ValueError(f"{path} holds no runs (a header only): {hint}")
-        files.append(str(path))
-    return files
-
-
 def _report_main(args: list[str]) -> int:
     from pl_privfed.report import make_report
 
@@ -763,7 +733,6 @@ def _report_main(args: list[str]) -> int:
         "--vmax", type=float, default=None, help="heatmap colour maximum (default 100 %%)"
     )
     ns = parser.parse_args(args)
-    ns.results = results_files(ns.results)
     written = make_report(ns.results, ns.out, x=ns.x, y=ns.y, facet=ns.facet,
                           metric=ns.metric, vmin=ns.vmin, vmax=ns.vmax)  # fmt: skip
     for path in written:
@@ -805,7 +774,6 @@ def _compare_main(args: list[str]) -> int:
         "--labels", nargs="+", default=None, help="with --frontier: one method label per file"
     )
     ns = parser.parse_args(args)
-    ns.results = results_files(ns.results)
     if ns.labels is not None and not ns.frontier:
         parser.error("--labels goes with --frontier")
     if ns.frontier:
