@@ -26,6 +26,7 @@ import argparse
 import logging
 import os
 import re
+import signal
 import sys
 import warnings
 from collections.abc import Iterator
@@ -39,6 +40,7 @@ from pytorch_lightning import seed_everything
 from pytorch_lightning.callbacks import ModelCheckpoint, ProgressBar
 from pytorch_lightning.cli import LightningCLI, SaveConfigCallback
 from pytorch_lightning.loggers import WandbLogger
+from pytorch_lightning.utilities.exceptions import SIGTERMException
 
 from pl_privfed.callbacks import (
     RoundCheckpoint,
@@ -753,6 +755,8 @@ def main(args: list[str] | None = None) -> None:
         else:
             PrivFedCLI(args=argv)
         close_process_group()  # several processes (--trainer.strategy ddp): exit cleanly
+    except SIGTERMException as exc:  # stopped on SIGTERM or Ctrl-C after a round: not finished
+        raise SystemExit(exc.code or 128 + signal.SIGTERM) from None
     except (SystemExit, KeyboardInterrupt):
         raise
     except Exception as exc:

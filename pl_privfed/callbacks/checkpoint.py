@@ -14,6 +14,8 @@ from lightning_fabric.utilities.cloud_io import _is_local_file_protocol
 from pytorch_lightning.callbacks import ModelCheckpoint
 from typing_extensions import override
 
+from pl_privfed.callbacks.interrupt import stop_signal, watch_signals
+
 __all__ = ["CheckpointError", "RoundCheckpoint", "check_checkpoint_file"]
 
 
@@ -67,6 +69,9 @@ class RoundCheckpoint(ModelCheckpoint):
       never leaves a truncated checkpoint under a checkpoint's name.
     * A checkpoint is also saved when fit ends, whenever the last round has not been saved yet
       (e.g. ``max_steps: 20`` with evaluation every 50 rounds, which otherwise writes none).
+    * A fit stopped by SIGTERM or Ctrl-C (:mod:`~pl_privfed.callbacks.interrupt`) finishes its
+      round and saves it, so that ``fit --ckpt_path`` continues where it stopped; the process
+      then exits with status ``128 + signal`` (143, 130).
 
     Every other argument is ``ModelCheckpoint``'s (by default the newest checkpoint is kept);
     ``pl-privfed`` attaches one by default (:func:`pl_privfed.default_callbacks`).
@@ -115,8 +120,38 @@ class RoundCheckpoint(ModelCheckpoint):
                 logger.after_save_checkpoint(proxy(self))
 
     @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        super().on_train_start(trainer, pl_module)
+        watch_signals(trainer)
+
+    @override
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
+        super().on_exception(trainer, pl_module, exception)
+        if stop_signal(trainer, exception) is not None:
+            self.save_on_interrupt(trainer)
+
+    def save_on_interrupt(self, trainer: pl.Trainer) -> str | None:
+        """Save the current round (once) after a stop on a signal; the checkpoint's path, or
+        ``None`` when no round was run. :class:`~pl_privfed.callbacks.RunSummary` calls it
+        before writing the summary, so the summary names the file."""
+        if trainer.global_step > 0 and self.monitor is None:
+            self._save_at_end(trainer)
+        elif trainer.global_step > 0 and not self._should_skip_saving_checkpoint(trainer):
+            # a monitored metric ranks the kept files; the stopped round is kept regardless
+            self._save_checkpoint(trainer, self._get_metric_interpolated_filepath_name(
+                self._monitor_candidates(trainer), trainer))  # fmt: skip
+        if self._last_global_step_saved == trainer.global_step and self._last_checkpoint_saved:
+            return self._last_checkpoint_saved
+        return None
+
+    @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_train_end(trainer, pl_module)
+        self._save_at_end(trainer)
+
+    def _save_at_end(self, trainer: pl.Trainer) -> None:
         if self._should_skip_saving_checkpoint(trainer) or self.save_top_k == 0:
             return
         candidates = self._monitor_candidates(trainer)

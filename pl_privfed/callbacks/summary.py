@@ -13,6 +13,7 @@ import yaml
 from pytorch_lightning.utilities import rank_zero_only, rank_zero_warn
 from typing_extensions import override
 
+from pl_privfed.callbacks.interrupt import stop_signal, watch_signals
 from pl_privfed.logdir import local_log_dir, log_artifact, wandb_loggers
 from pl_privfed.results import finite_float
 
@@ -79,6 +80,7 @@ class RunSummary(pl.Callback):
         self.final_loss: float | None = None
         self.evaluated_round: int | None = None
         self.path: Path | None = None
+        self.interrupted: dict[str, Any] | None = None
         self._warned: set[str] = set()
 
     def _warn_missing(self, trainer: pl.Trainer, key: str, role: str, argument: str) -> None:
@@ -98,6 +100,10 @@ class RunSummary(pl.Callback):
         ledger = getattr(pl_module, "privacy_ledger", None)
         if self.verbose and ledger is not None and trainer.is_global_zero:
             print(f"[pl-privfed] privacy: {privacy_plan_line(ledger.report())}")
+
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        watch_signals(trainer)
 
     @override
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
@@ -131,7 +137,19 @@ class RunSummary(pl.Callback):
 
     @override
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
-        self._write(trainer, pl_module, status=f"failed: {type(exception).__name__}: {exception}")
+        name = stop_signal(trainer, exception)
+        if name is None:
+            status = f"failed: {type(exception).__name__}: {exception}"
+            self._write(trainer, pl_module, status=status)
+            return
+        # stopped on SIGTERM or Ctrl-C after a complete round: the checkpoint callbacks save it
+        # first, so that the summary names the file to resume from
+        saved = [getattr(cb, "save_on_interrupt", lambda _: None)(trainer)
+                 for cb in trainer.checkpoint_callbacks]  # fmt: skip
+        checkpoint = next((path for path in saved if path), None)
+        self.interrupted = {"signal": name, "round": trainer.global_step, "checkpoint": checkpoint}
+        self._write(trainer, pl_module, status=f"interrupted: {name} after round "
+                    f"{trainer.global_step}")  # fmt: skip
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -172,6 +190,8 @@ class RunSummary(pl.Callback):
             )
             or None,
         }
+        if self.interrupted is not None:
+            out["interrupted"] = self.interrupted
         nested: dict[str, Any] = {}  # entries for the privacy report (e.g. an audit's)
         for source in (pl_module, *trainer.callbacks):  # the module's entries, then callbacks'
             entries = getattr(source, "summary_entries", None)
@@ -224,6 +244,10 @@ class RunSummary(pl.Callback):
         for logger in wandb_loggers(trainer):
             logger.experiment.summary.update(scalars)
         log_artifact(trainer, self.path, "run-summary")
+        if self.verbose and self.interrupted is not None and status.startswith("interrupted"):
+            where = self.interrupted["checkpoint"]
+            resume = f"; resume with --ckpt_path {where}" if where else ""
+            print(f"[pl-privfed] {status}{resume}  (summary: {self.path})", flush=True)
         if self.verbose and status == "finished":
             parts = [f"rounds={data['rounds']}"]
             if data["final_val_accuracy"] is not None:
