@@ -28,7 +28,12 @@ from typing_extensions import override
 
 from pl_privfed import trainer_rounds
 from pl_privfed.algorithms import FederatedAlgorithm
-from pl_privfed.checks import check_choice, check_evaluation_interval
+from pl_privfed.checks import (
+    arguments_of,
+    check_choice,
+    check_evaluation_interval,
+    run_differences,
+)
 from pl_privfed.datamodules.base import TensorRoundBatch, round_description
 from pl_privfed.engine import ClientShard, Placement, RoundResult, choose_chunk_size, run_round
 from pl_privfed.engine.distributed import adopt_strategy, check_strategy
@@ -94,6 +99,11 @@ class FederatedModule(pl.LightningModule):
 
     #: whether the round's training loss is logged as ``train/loss`` (a grid logs its own)
     logs_train_loss = True
+    #: keys of :meth:`run_record` (or their prefixes, e.g. ``"algorithm.noise"``) a resumed run
+    #: may change on purpose (``pl-privfed fit --resume_allow_changes``); the changes made are
+    #: reported in ``summary.json`` (``resumed_with_changes``)
+    resume_allow_changes: tuple[str, ...] = ()
+    _resumed_with_changes: dict[str, Any] | None = None
 
     def __init__(
         self,
@@ -340,6 +350,9 @@ class FederatedModule(pl.LightningModule):
         metrics at the end of fit and, for an algorithm with a sampled output iterate (paper
         001 Algorithm 1 line 16), where it came from and how it does on the test set."""
         entries: dict[str, Any] = {"client_transmissions": self.client_transmissions}
+        if self.resume_allow_changes:
+            entries["resume_allow_changes"] = list(self.resume_allow_changes)
+            entries["resumed_with_changes"] = self._resumed_with_changes
         if self._output_report is not None:
             entries["output_iterate"] = self._output_report
         if self._final_test is not None and "loss" in self._final_test:
@@ -421,8 +434,71 @@ class FederatedModule(pl.LightningModule):
         for prefix, algorithm in self.algorithms():
             algorithm.state.save(checkpoint, prefix, int(self.global_step))
 
+    def run_record(self) -> dict[str, Any]:
+        """What makes this run this run, kept in its checkpoints and compared on resume: the
+        algorithm's class and arguments (noise, compressor, seeds, ...) of every configuration
+        it trains, the datamodule's (client count, partition, batch size, seeds, ...), the
+        model's class and parameter shapes, the loss (:func:`~pl_privfed.checks.arguments_of`).
+        Not the trainer's (more rounds are a continuation) nor where state lives."""
+        datamodule = getattr(self.trainer, "datamodule", None) if self._trainer else None
+        record: dict[str, Any] = {
+            prefix.rstrip("."): arguments_of(algorithm) for prefix, algorithm in self.algorithms()
+        }
+        record["data"] = arguments_of(datamodule) if datamodule is not None else None
+        record["model"] = {
+            **arguments_of(self.model),
+            "parameters": {n: list(p.shape) for n, p in self.model.named_parameters()},
+        }
+        record["criterion"] = arguments_of(self.criterion)
+        return record
+
+    def check_resumed_run(self, checkpoint: dict[str, Any]) -> None:
+        """Refuse to resume a checkpoint written by another run (:meth:`run_record`), naming
+        what differs, before anything is loaded; differences listed in
+        :attr:`resume_allow_changes` are accepted and reported. A checkpoint whose rounds ran
+        without noise cannot be continued by a private run (its models were released as they
+        were: no ε covers them)."""
+        saved = checkpoint.get("run_record")
+        if saved is None:
+            rank_zero_warn(
+                "the checkpoint holds no record of its run (written by an older version): "
+                "resuming without checking that this run's configuration is the same"
+            )
+            diffs: dict[str, tuple] = {}
+        else:
+            diffs = run_differences(saved, self.run_record())
+        allowed = tuple(self.resume_allow_changes)
+        refused = {
+            k: v for k, v in diffs.items()
+            if not any(k == a or k.startswith(a + ".") for a in allowed)
+        }  # fmt: skip
+        if refused:
+            listed = "; ".join(
+                f"{k}: checkpoint {a!r}, this run {b!r}" for k, (a, b) in refused.items()
+            )
+            raise ValueError(
+                f"ckpt_path was written by a different run ({listed}): resume with the "
+                "checkpoint's configuration, or allow an intended change with "
+                f"--resume_allow_changes {','.join(refused)}"
+            )
+        rounds = int(checkpoint.get("global_step", 0))
+        if (
+            self.privacy_ledger is not None
+            and rounds > 0
+            and "privacy_accountant" not in checkpoint
+        ):
+            raise ValueError(
+                f"ckpt_path holds {rounds} rounds trained without noise (not private): a private "
+                "run cannot continue them, since their models were released without noise and "
+                "no epsilon covers them; start the private run from scratch"
+            )
+        self._resumed_with_changes = (
+            {k: {"checkpoint": a, "this_run": b} for k, (a, b) in diffs.items()} if diffs else None
+        )
+
     @override
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["run_record"] = self.run_record()
         self._save_client_state(checkpoint)
         if self.privacy_ledger is not None:
             self.privacy_ledger.save(checkpoint)
@@ -431,6 +507,8 @@ class FederatedModule(pl.LightningModule):
 
     @override
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if self._trainer is not None and self.trainer.state.fn == "fit":
+            self.check_resumed_run(checkpoint)  # fit --ckpt_path: the same run?
         if self.oracle is not None:  # set up: the state tables exist
             for prefix, algorithm in self.algorithms():
                 algorithm.state.load(checkpoint, prefix)
