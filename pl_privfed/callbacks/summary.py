@@ -203,8 +203,10 @@ class RunSummary(pl.Callback):
                 out.update(values)
         report = getattr(pl_module, "privacy_report", None)
         privacy = report() if callable(report) else None
-        out["private"] = privacy is not None or "privacy_budget" in out
-        if privacy is None and "privacy_budget" in out:
+        budget = out.get("privacy_budget")
+        budget_private = isinstance(budget, dict) and budget.get("private", True) is not False
+        out["private"] = privacy is not None or budget_private
+        if privacy is None and budget_private:
             out["epsilon"] = out["privacy_budget"]["epsilon_spent"]
             out["delta"] = out["privacy_budget"]["delta"]
         if privacy is not None:
@@ -263,6 +265,8 @@ class RunSummary(pl.Callback):
                 parts.append(epsilon_line(data))
             elif (data.get("privacy") or {}).get("audit"):
                 parts.append(audit_line(data["privacy"]["audit"]))
+            elif "privacy_budget" in data:
+                parts.append("not private (no noise)")
             print(f"[pl-privfed] {', '.join(parts)}  (summary: {self.path})")
 
 
