@@ -35,7 +35,14 @@ from pl_privfed.checks import (
     run_differences,
 )
 from pl_privfed.datamodules.base import TensorRoundBatch, round_description
-from pl_privfed.engine import ClientShard, Placement, RoundResult, choose_chunk_size, run_round
+from pl_privfed.engine import (
+    SNAPSHOT_DIR_KEY,
+    ClientShard,
+    Placement,
+    RoundResult,
+    choose_chunk_size,
+    run_round,
+)
 from pl_privfed.engine.distributed import adopt_strategy, check_strategy
 from pl_privfed.evaluation import evaluated_at, log_at_last_round, model_loss, test_set_metrics
 from pl_privfed.grads import Backend, GradientOracle, ParameterLayout, RoundOracle, resolve_backend
@@ -433,6 +440,7 @@ class FederatedModule(pl.LightningModule):
         """Every algorithm's per-client state into ``checkpoint`` (gathered over processes)."""
         for prefix, algorithm in self.algorithms():
             algorithm.state.save(checkpoint, prefix, int(self.global_step))
+        checkpoint.pop(SNAPSHOT_DIR_KEY, None)  # a path of this machine: not the checkpoint's
 
     def run_record(self) -> dict[str, Any]:
         """What makes this run this run, kept in its checkpoints and compared on resume: the
@@ -510,8 +518,10 @@ class FederatedModule(pl.LightningModule):
         if self._trainer is not None and self.trainer.state.fn == "fit":
             self.check_resumed_run(checkpoint)  # fit --ckpt_path: the same run?
         if self.oracle is not None:  # set up: the state tables exist
+            ckpt_path = self.trainer.ckpt_path if self._trainer is not None else None
+            base = str(Path(ckpt_path).parent) if ckpt_path else None  # snapshots beside it
             for prefix, algorithm in self.algorithms():
-                algorithm.state.load(checkpoint, prefix)
+                algorithm.state.load(checkpoint, prefix, base)
         if self.privacy_ledger is not None:
             stds = self.privacy_ledger.load(checkpoint)  # the noise the run started with
             for (_, algorithm), std in zip(self.algorithms(), stds or []):

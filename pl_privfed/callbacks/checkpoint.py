@@ -4,6 +4,7 @@ fit; :func:`check_checkpoint_file`: a readable message for a checkpoint that can
 from __future__ import annotations
 
 import os
+import shutil
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -15,8 +16,9 @@ from pytorch_lightning.callbacks import ModelCheckpoint
 from typing_extensions import override
 
 from pl_privfed.callbacks.interrupt import stop_signal, watch_signals
+from pl_privfed.engine import SNAPSHOT_DIR_KEY
 
-__all__ = ["CheckpointError", "RoundCheckpoint", "check_checkpoint_file"]
+__all__ = ["CheckpointError", "RoundCheckpoint", "check_checkpoint_file", "snapshot_dir"]
 
 
 class CheckpointError(ValueError):
@@ -59,6 +61,14 @@ def check_checkpoint_file(path: str | os.PathLike) -> Path:
     return file
 
 
+def snapshot_dir(checkpoint_path: str | os.PathLike) -> str:
+    """The folder of a checkpoint's client-state snapshots: ``round=000300.client_state``
+    beside ``round=000300.ckpt``."""
+    path = str(checkpoint_path)
+    stem = path[: -len(".ckpt")] if path.endswith(".ckpt") else path
+    return stem + ".client_state"
+
+
 class RoundCheckpoint(ModelCheckpoint):
     """Lightning's ``ModelCheckpoint`` for round-based training.
 
@@ -69,6 +79,9 @@ class RoundCheckpoint(ModelCheckpoint):
       never leaves a truncated checkpoint under a checkpoint's name.
     * A checkpoint is also saved when fit ends, whenever the last round has not been saved yet
       (e.g. ``max_steps: 20`` with evaluation every 50 rounds, which otherwise writes none).
+    * Snapshots of memory-mapped client state (``client_state: disk``) are written beside
+      each checkpoint (``round=000300.client_state/``, named relative to the checkpoint) and
+      deleted with it, when a newer checkpoint supersedes it.
     * A fit stopped by SIGTERM or Ctrl-C (:mod:`~pl_privfed.callbacks.interrupt`) finishes its
       round and saves it, so that ``fit --ckpt_path`` continues where it stopped; the process
       then exits with status ``128 + signal`` (143, 130).
@@ -105,11 +118,17 @@ class RoundCheckpoint(ModelCheckpoint):
             return
         folder, name = os.path.split(filepath)
         partial = os.path.join(folder, f".{name}.partial")
+        snapshots = snapshot_dir(filepath)
+        if trainer.is_global_zero and os.path.isdir(snapshots):  # the same name saved again
+            shutil.rmtree(snapshots, ignore_errors=True)
+        trainer.strategy.barrier("RoundCheckpoint._save_checkpoint.snapshots")
+        self._saving_to = filepath
         try:
             trainer.save_checkpoint(partial, self.save_weights_only)
             if trainer.is_global_zero:
                 os.replace(partial, filepath)
         finally:
+            self._saving_to = None
             if trainer.is_global_zero and os.path.exists(partial):
                 os.remove(partial)
         trainer.strategy.barrier("RoundCheckpoint._save_checkpoint")
@@ -118,6 +137,26 @@ class RoundCheckpoint(ModelCheckpoint):
         if trainer.is_global_zero:
             for logger in trainer.loggers:
                 logger.after_save_checkpoint(proxy(self))
+
+    @override
+    def on_save_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        super().on_save_checkpoint(trainer, pl_module, checkpoint)
+        saving_to = getattr(self, "_saving_to", None)
+        if saving_to is not None and _is_local_file_protocol(saving_to):
+            checkpoint[SNAPSHOT_DIR_KEY] = snapshot_dir(saving_to)  # the module's disk state
+
+    @override
+    def _remove_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
+        super()._remove_checkpoint(trainer, filepath)
+        snapshots = snapshot_dir(filepath)
+        if (
+            trainer.is_global_zero
+            and _is_local_file_protocol(filepath)
+            and os.path.isdir(snapshots)
+        ):
+            shutil.rmtree(snapshots, ignore_errors=True)
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
