@@ -110,6 +110,10 @@ class FederatedModule(pl.LightningModule):
     #: may change on purpose (``pl-privfed fit --resume_allow_changes``); the changes made are
     #: reported in ``summary.json`` (``resumed_with_changes``)
     resume_allow_changes: tuple[str, ...] = ()
+    #: true while a resumed run evaluates the round it resumes at (not a scheduled evaluation)
+    resume_evaluation = False
+    _no_rounds_left: tuple[int, int] | None = None  # (checkpoint round, run's rounds)
+    _no_rounds_left_note: str | None = None
     _resumed_with_changes: dict[str, Any] | None = None
 
     def __init__(
@@ -305,11 +309,42 @@ class FederatedModule(pl.LightningModule):
         self.log("privacy/epsilon_paper_convention", ledger.epsilon_paper(), batch_size=1)
 
     @override
+    def on_fit_start(self) -> None:
+        if self._no_rounds_left is not None:
+            self._evaluate_finished_checkpoint(*self._no_rounds_left)
+
+    def _evaluate_finished_checkpoint(self, saved: int, rounds: int) -> None:
+        """``fit --ckpt_path`` from a checkpoint that has run all the rounds asked for:
+        Lightning trains nothing (and runs no ``on_train_*`` hook); say so, and test the model
+        as an ordinary fit ends, so that summary.json reports it, not an older result."""
+        note = (
+            f"the checkpoint is at round {saved} and the run has {rounds} rounds: no rounds left "
+            "to train (raise trainer.max_steps to train on); its model is evaluated on the test "
+            "set"
+        )
+        rank_zero_warn(note)
+        self._no_rounds_left_note = note
+        metrics = self._test_metrics()
+        if metrics is not None:
+            loss, accuracy = metrics
+            logged = {"test/loss": loss} if accuracy is None else {"test/loss": loss,
+                                                                    "test/acc": accuracy}  # fmt: skip
+            log_at_last_round(self.trainer, logged, saved)
+            self._final_test = {"round": saved, "loss": loss, "accuracy": accuracy}
+
+    @override
     def on_train_start(self) -> None:
         # a run resumed at round k evaluates round k, unless the checkpoint was written after
-        # that evaluation (then its point is in the restored curves already)
+        # that evaluation (then its point is in the restored curves already); an evaluation the
+        # uninterrupted run did not make, so best-of values (RunSummary, a grid's results)
+        # ignore it (resume_evaluation): a killed and resumed run reports what the
+        # uninterrupted one does
         if self.global_step > 0 and self._validated_round != self.global_step:
-            trainer_rounds.validate_now(self.trainer)
+            self.resume_evaluation = True
+            try:
+                trainer_rounds.validate_now(self.trainer)
+            finally:
+                self.resume_evaluation = False
 
     @override
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
@@ -357,6 +392,8 @@ class FederatedModule(pl.LightningModule):
         metrics at the end of fit and, for an algorithm with a sampled output iterate (paper
         001 Algorithm 1 line 16), where it came from and how it does on the test set."""
         entries: dict[str, Any] = {"client_transmissions": self.client_transmissions}
+        if self._no_rounds_left_note is not None:
+            entries["no_rounds_left"] = self._no_rounds_left_note
         if self.resume_allow_changes:
             entries["resume_allow_changes"] = list(self.resume_allow_changes)
             entries["resumed_with_changes"] = self._resumed_with_changes
@@ -517,6 +554,11 @@ class FederatedModule(pl.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         if self._trainer is not None and self.trainer.state.fn == "fit":
             self.check_resumed_run(checkpoint)  # fit --ckpt_path: the same run?
+            saved, rounds = (
+                int(checkpoint.get("global_step", 0)),
+                trainer_rounds.num_rounds(self.trainer),
+            )
+            self._no_rounds_left = (saved, rounds) if rounds and saved >= rounds else None
         if self.oracle is not None:  # set up: the state tables exist
             ckpt_path = self.trainer.ckpt_path if self._trainer is not None else None
             base = str(Path(ckpt_path).parent) if ckpt_path else None  # snapshots beside it

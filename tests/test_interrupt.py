@@ -120,3 +120,25 @@ def test_a_signal_saves_the_current_round_and_the_run_resumes_exactly(tmp_path, 
     assert a.keys() == b.keys()
     for key in a:
         assert torch.equal(a[key], b[key]), key
+
+
+def test_fit_from_a_finished_checkpoint_says_so_and_tests_its_model(tmp_path, monkeypatch, capsys):
+    """``fit --ckpt_path`` from a checkpoint at the run's last round trains nothing: a warning
+    says so, and summary.json reports that model's test accuracy (before: none, and the old
+    validation accuracy as the final result without a word)."""
+    from pl_privfed.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    config = str(tiny_config(tmp_path))
+    main(["fit", "--config", config, "--trainer.max_steps", "3"])
+    first = json.loads((tmp_path / "logs/tiny/version_0/summary.json").read_text())
+    (ckpt,) = (tmp_path / "logs/tiny/version_0/checkpoints").glob("*.ckpt")
+    with pytest.warns(UserWarning, match="no rounds left to train"):
+        main(["fit", "--config", config, "--trainer.max_steps", "3", "--ckpt_path", str(ckpt)])
+    again = json.loads((tmp_path / "logs/tiny/version_1/summary.json").read_text())
+    assert again["status"] == "finished" and again["rounds"] == 3
+    assert "no rounds left" in again["no_rounds_left"]
+    assert again["final_test_round"] == 3
+    assert again["final_test_accuracy"] == first["final_test_accuracy"]
+    assert again["final_val_round"] == first["final_val_round"] == 3
+    assert "test accuracy=" in capsys.readouterr().out.splitlines()[-1]

@@ -112,8 +112,8 @@ class RunSummary(pl.Callback):
 
     @override
     def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if trainer.sanity_checking:
-            return
+        if trainer.sanity_checking or getattr(pl_module, "resume_evaluation", False):
+            return  # a resumed run's evaluation of its first round: not a scheduled one
         if self.accuracy_key not in trainer.callback_metrics:
             self._warn_missing(trainer, self.accuracy_key, "validation accuracy", "accuracy_key")
         acc = finite_float(trainer.callback_metrics.get(self.accuracy_key))
