@@ -15,7 +15,7 @@ from typing_extensions import override
 
 from pl_privfed.callbacks.interrupt import stop_signal, watch_signals
 from pl_privfed.logdir import local_log_dir, log_artifact, wandb_loggers
-from pl_privfed.results import finite_float
+from pl_privfed.results import finite_float, write_atomically
 
 __all__ = ["RunSummary", "audit_line", "epsilon_line"]
 
@@ -241,7 +241,14 @@ class RunSummary(pl.Callback):
         os.makedirs(directory, exist_ok=True)
         data = self.summary(trainer, pl_module, status)
         self.path = Path(directory) / self.filename
-        self.path.write_text(json.dumps(data, indent=2, default=str))
+        try:  # all or nothing: a full disk leaves the previous summary, never a 0-byte one
+            write_atomically(self.path, json.dumps(data, indent=2, default=str))
+        except OSError as exc:
+            if status == "finished":
+                raise
+            # while a run fails or is interrupted: say so, without hiding why it stopped
+            rank_zero_warn(f"RunSummary: could not write {self.path}: {exc}")
+            return
         scalars = {k: v for k, v in data.items() if isinstance(v, int | float) and v is not None}
         for logger in wandb_loggers(trainer):
             logger.experiment.summary.update(scalars)
