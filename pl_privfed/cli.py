@@ -62,6 +62,7 @@ __all__ = [
     "PrivFedCLI",
     "agent_arguments",
     "check_config_files",
+    "check_results_have_runs",
     "condense_parser_error",
     "error_line",
     "main",
@@ -464,6 +465,32 @@ def _sweep_main(args: list[str]) -> int:
     return 1 if failed else 0
 
 
+def check_results_have_runs(paths: list[str]) -> None:
+    """Refuse a ``results.csv`` with no run, or with no finished one (every run failed or was
+    interrupted), naming it: a report of nothing must not look like a report. Files that do not
+    exist or do not parse are left to the report to name."""
+    import csv
+
+    for name in paths:
+        path = Path(name)
+        if path.is_dir():
+            path = path / "results.csv"
+        try:
+            with path.open(newline="") as f:
+                rows = list(csv.DictReader(f))
+        except (OSError, UnicodeDecodeError, csv.Error):
+            continue
+        if not rows:
+            raise ValueError(f"{name} holds no runs: nothing to report (did the sweep run?)")
+        statuses = [str(row.get("status") or "") for row in rows]
+        if "finished" not in statuses:
+            first = next((s for s in statuses if s), "no status")
+            raise ValueError(
+                f"{name} holds no finished run ({len(rows)} run(s), none finished; e.g. "
+                f"{first.splitlines()[0][:120]}): nothing to report"
+            )
+
+
 def _report_main(args: list[str]) -> int:
     from pl_privfed.report import make_report
 
@@ -494,6 +521,7 @@ def _report_main(args: list[str]) -> int:
         "--vmax", type=float, default=None, help="heatmap colour maximum (default 100 %%)"
     )
     ns = parser.parse_args(args)
+    check_results_have_runs(ns.results)
     for path in make_report(ns.results, ns.out, x=ns.x, y=ns.y, facet=ns.facet,
                             metric=ns.metric, vmin=ns.vmin, vmax=ns.vmax):  # fmt: skip
         print(path)
@@ -533,6 +561,7 @@ def _compare_main(args: list[str]) -> int:
     ns = parser.parse_args(args)
     if ns.labels is not None and not ns.frontier:
         parser.error("--labels goes with --frontier")
+    check_results_have_runs(ns.results)
     if ns.frontier:
         written = frontier(ns.results, ns.out, select=ns.metric, labels=ns.labels)
         for path in written:

@@ -41,3 +41,28 @@ def test_a_full_disk_keeps_the_previous_summary(tmp_path):
     assert "refused: 27" in done.stdout, done.stderr[-2000:]  # EFBIG
     assert json.loads((tmp_path / "summary.json").read_text()) == previous
     assert [p.name for p in tmp_path.iterdir()] == ["summary.json"]  # no temporary file left
+
+
+@pytest.mark.parametrize("command", ["report", "compare"])
+@pytest.mark.parametrize(
+    ("rows", "says"),
+    [("", "holds no runs"),
+     ("r0,failed: ValueError: bad,,\nr1,interrupted: SIGTERM after round 3,,\n",
+      "holds no finished run (2 run(s), none finished; e.g. failed: ValueError: bad)")],
+)  # fmt: skip
+def test_report_and_compare_refuse_an_empty_or_all_failed_results_file(
+    tmp_path, capsys, command, rows, says
+):
+    from pl_privfed.cli import main
+
+    results = tmp_path / "results.csv"
+    results.write_text("run,status,final_val_accuracy,run_dir\n" + rows)
+    args = [command, str(results)] + (
+        ["--out", str(tmp_path / "out")] if command == "compare" else []
+    )
+    with pytest.raises(SystemExit) as info:
+        main(args)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert info.value.code == 2 and len(err) == 1, err
+    assert err[0].startswith(f"pl-privfed: error: {results} {says}")
+    assert "nothing to report" in err[0]
