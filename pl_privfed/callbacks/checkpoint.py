@@ -15,7 +15,7 @@ from lightning_fabric.utilities.cloud_io import _is_local_file_protocol
 from pytorch_lightning.callbacks import ModelCheckpoint
 from typing_extensions import override
 
-from pl_privfed.callbacks.interrupt import stop_signal, watch_signals
+from pl_privfed.callbacks.interrupt import stop_if_signalled, stop_signal, watch_signals
 from pl_privfed.engine import SNAPSHOT_DIR_KEY
 
 __all__ = ["CheckpointError", "RoundCheckpoint", "check_checkpoint_file", "snapshot_dir"]
@@ -162,6 +162,11 @@ class RoundCheckpoint(ModelCheckpoint):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
         watch_signals(trainer)
+
+    @override
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        stop_if_signalled(trainer)  # SIGTERM or Ctrl-C: stop (and save, below) after this round
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
 
     @override
     def on_exception(

@@ -13,7 +13,7 @@ import yaml
 from pytorch_lightning.utilities import rank_zero_only, rank_zero_warn
 from typing_extensions import override
 
-from pl_privfed.callbacks.interrupt import stop_signal, watch_signals
+from pl_privfed.callbacks.interrupt import stop_if_signalled, stop_signal, watch_signals
 from pl_privfed.logdir import local_log_dir, log_artifact, wandb_loggers
 from pl_privfed.results import finite_float, write_atomically
 
@@ -109,6 +109,7 @@ class RunSummary(pl.Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
         self.final_loss = finite_float(loss) if loss is not None else self.final_loss
+        stop_if_signalled(trainer)  # SIGTERM or Ctrl-C: stop after this round
 
     @override
     def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
