@@ -317,13 +317,15 @@ class FederatedModule(pl.LightningModule):
         """``fit --ckpt_path`` from a checkpoint that has run all the rounds asked for:
         Lightning trains nothing (and runs no ``on_train_*`` hook); say so, and test the model
         as an ordinary fit ends, so that summary.json reports it, not an older result."""
+        tests = type(self).evaluate_test_set is FederatedModule.evaluate_test_set  # not a grid
         note = (
             f"the checkpoint is at round {saved} and the run has {rounds} rounds: no rounds left "
-            "to train (raise trainer.max_steps to train on); its model is evaluated on the test "
-            "set"
-        )
+            "to train (raise trainer.max_steps to train on)"
+        ) + ("; its model is evaluated on the test set" if tests else "")
         rank_zero_warn(note)
         self._no_rounds_left_note = note
+        if not tests:
+            return
         metrics = self._test_metrics()
         if metrics is not None:
             loss, accuracy = metrics
