@@ -31,6 +31,37 @@ def shared_data() -> Path:
     return SHARED_DATA
 
 
+def snapshot(folder: Path) -> dict[str, tuple[int, int]]:
+    """Every file and folder under ``folder``: relative path → (size, mtime in ns)."""
+    if not folder.is_dir():
+        return {}
+    return {
+        str(path.relative_to(folder)): (path.lstat().st_size, path.lstat().st_mtime_ns)
+        for path in sorted(folder.rglob("*"))
+    }
+
+
+def snapshot_changes(before: dict, after: dict) -> list[str]:
+    """What changed between two :func:`snapshot` results, one line per path."""
+    return [
+        f"{'added' if name not in before else 'removed' if name not in after else 'changed'}: "
+        f"{name}"
+        for name in sorted(set(before) | set(after))
+        if before.get(name) != after.get(name)
+    ]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _shared_data_unchanged():
+    """The suite leaves ../shared/data as it found it: a test that extracts, decodes or caches
+    anything next to the shared copies fails the session (an error at its teardown)."""
+    before = snapshot(SHARED_DATA)
+    yield
+    changes = snapshot_changes(before, snapshot(SHARED_DATA))
+    if changes:
+        pytest.fail(f"the tests wrote into {SHARED_DATA}: " + "; ".join(changes[:20]))
+
+
 @pytest.fixture(scope="session")
 def data_cache(tmp_path_factory) -> Path:
     """One writable cache for the whole session (the CIFAR-10 JPEG copy is decoded once)."""

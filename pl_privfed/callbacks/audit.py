@@ -12,6 +12,7 @@ from pytorch_lightning.utilities import rank_zero_only, rank_zero_warn
 from torch import Tensor
 from typing_extensions import override
 
+from pl_privfed.callbacks._logging import warn_once
 from pl_privfed.privacy.audit import (
     ClientCanaries,
     RecordCanaries,
@@ -77,7 +78,9 @@ class PrivacyAudit(pl.Callback):
     ``audit/*``): the method, the canaries inserted and held out, the statistic, the estimate or
     lower bound per threat model (``final_model``, ``every_round``), and the certified ε of the
     same adversary beside it (the run's ledger: whoever sees the models; the headline adversary's
-    too). A run whose audit exceeds its certified ε ends with a warning naming both numbers. An
+    too). A run whose audit exceeds its certified ε ends with a warning naming both numbers.
+    Attached to another LightningModule (no ``algorithm`` and ``layout``) it warns once and
+    audits nothing. An
     audit is never a certificate: a low value says the canaries were not found, not that the run
     is private (docs/privacy.md, "An empirical audit beside the certified ε").
 
@@ -207,9 +210,16 @@ class PrivacyAudit(pl.Callback):
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         algorithm = getattr(pl_module, "algorithm", None)
         if algorithm is None or not hasattr(pl_module, "layout"):
-            raise ValueError(
-                f"PrivacyAudit audits a FederatedModule's run, got {type(pl_module).__name__}"
+            missing = [a for a in ("algorithm", "layout") if getattr(pl_module, a, None) is None]
+            warn_once(
+                self,
+                "module",
+                f"it audits a FederatedModule's run: {type(pl_module).__name__} has no "
+                f"{' and no '.join(missing)} attribute (where canaries are planted), so "
+                "nothing is audited",
             )
+            self.canaries = None
+            return
         configurations = getattr(pl_module, "algorithms", None)
         if callable(configurations) and len(configurations()) != 1:
             raise ValueError(

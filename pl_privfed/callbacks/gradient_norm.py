@@ -12,9 +12,25 @@ from torch import Tensor, nn
 from torch.func import vmap
 from typing_extensions import override
 
+from pl_privfed.callbacks._logging import warn_once
 from pl_privfed.checks import check_positive, check_positive_int
 
 __all__ = ["GradientNorm"]
+
+
+def _no_forward(model: nn.Module) -> bool:
+    """Whether ``model`` inherits the unimplemented ``forward`` of ``nn.Module`` or of
+    ``LightningModule`` (which passes to ``nn.Module``'s)."""
+    forward = type(model).forward
+    return forward is pl.LightningModule.forward or forward is nn.Module.forward
+
+
+def _loader_dataset(trainer: pl.Trainer) -> Any:
+    """The dataset of the trainer's training dataloader (a plain project's training data)."""
+    loader = getattr(trainer, "train_dataloader", None)
+    if isinstance(loader, list | tuple) and len(loader) == 1:
+        loader = loader[0]
+    return getattr(loader, "dataset", None)
 
 
 class GradientNorm(pl.Callback):
@@ -42,6 +58,12 @@ class GradientNorm(pl.Callback):
     * the data: ``datamodule.shards`` (one index array per client) into
       ``datamodule.train_inputs`` / ``train_targets`` (or ``train_dataset``), passed through
       ``datamodule.preprocess(x, False, 0)`` when the datamodule has it.
+
+    In a plain Lightning project: without ``datamodule.shards`` the training data is one shard
+    (every example weighed equally), read from ``datamodule.train_dataset`` or else the dataset
+    of the trainer's training dataloader, and without ``pl_module.criterion`` the loss is
+    cross-entropy; each is said once in a warning naming the missing attribute. When no
+    training data can be read as ``(input, target)`` pairs it warns once and measures nothing.
 
     Logged as ``train/full_grad_norm`` after round 0 (before training; written to the loggers
     directly) and every ``every_n_rounds`` rounds. ``summary_entries()`` puts the target, the
@@ -97,24 +119,74 @@ class GradientNorm(pl.Callback):
         self._data: tuple[Tensor, Tensor, Tensor] | None = None
 
     # ------------------------------------------------------------------ data and model
-    def _union(self, datamodule: Any) -> tuple[Tensor, Tensor, Tensor]:
-        """``(inputs, targets, weights)`` of the union of the shards (weights sum to 1)."""
+    def _warn(self, what: str, message: str) -> None:
+        warn_once(self, what, message)
+
+    def _union(self, datamodule: Any, fallback: Any = None) -> tuple[Tensor, Tensor, Tensor] | None:
+        """``(inputs, targets, weights)`` of the union of the shards (weights sum to 1), or
+        ``None`` (after one warning) when the training data cannot be read.
+
+        The examples: ``datamodule.train_inputs`` / ``train_targets``, else
+        ``datamodule.train_dataset``, else, for a datamodule without ``shards`` only,
+        ``fallback`` (the dataset of the trainer's training dataloader)."""
         if self._data is not None:
             return self._data
-        shards = [np.asarray(s, dtype=np.int64) for s in getattr(datamodule, "shards", [])]
-        if not shards:
-            raise ValueError(
-                "GradientNorm needs a datamodule with per-client shards (datamodule.shards)"
-            )
-        index = torch.as_tensor(np.concatenate(shards))
+        name = type(datamodule).__name__
+        shards = getattr(datamodule, "shards", None)
+        shards = [np.asarray(s, dtype=np.int64) for s in ([] if shards is None else shards)]
         inputs = getattr(datamodule, "train_inputs", None)
         targets = getattr(datamodule, "train_targets", None)
+        source: Any = None
         if inputs is not None and targets is not None:
-            x, y = inputs[index], targets[index]
+            source, where = (inputs, targets), "datamodule.train_inputs"
+        elif getattr(datamodule, "train_dataset", None) is not None:
+            source, where = datamodule.train_dataset, "datamodule.train_dataset"
+        elif not shards and fallback is not None:
+            source, where = fallback, "the training dataloader's dataset"
+        if source is None:
+            lacks = (
+                f"datamodule {name} has shards but no train_dataset (or train_inputs and "
+                "train_targets) to index with them"
+                if shards
+                else "the trainer has no datamodule and its training dataloader no dataset"
+                if datamodule is None
+                else f"datamodule {name} has no train_dataset (or train_inputs and "
+                "train_targets) and the training dataloader no dataset"
+            )
+            self._warn("data", f"{lacks}, so the full gradient norm ({self.key}) is not measured")
+            return None
+        if not shards:
+            try:
+                size = len(source[1]) if isinstance(source, tuple) else len(source)
+            except TypeError:
+                self._warn("data", f"{where} has no length, so {self.key} is not measured")
+                return None
+            shards = [np.arange(size, dtype=np.int64)]
+            lacks = (
+                "the trainer has no datamodule, so no datamodule.shards"
+                if datamodule is None
+                else f"datamodule {name} has no shards"
+            )
+            self._warn(
+                "shards",
+                f"{lacks} (one index array per client): {self.key} is measured over {where} "
+                f"as one shard (all {size} examples weighed equally)",
+            )
+        index = torch.as_tensor(np.concatenate(shards))
+        if isinstance(source, tuple):
+            x, y = source[0][index], source[1][index]
         else:
-            items = [datamodule.train_dataset[int(j)] for j in index]
-            x = torch.stack([torch.as_tensor(a) for a, _ in items])
-            y = torch.stack([torch.as_tensor(b) for _, b in items])
+            try:
+                items = [source[int(j)] for j in index]
+                x = torch.stack([torch.as_tensor(a) for a, _ in items])
+                y = torch.stack([torch.as_tensor(b) for _, b in items])
+            except (TypeError, ValueError, IndexError, RuntimeError) as exc:
+                self._warn(
+                    "data",
+                    f"the examples of {where} are not (input, target) pairs of tensors ({exc}), "
+                    f"so {self.key} is not measured",
+                )
+                return None
         sizes = torch.tensor([len(s) for s in shards], dtype=torch.float64)
         if self.weighting == "clients":
             per_client = 1.0 / (len(shards) * sizes)
@@ -132,12 +204,31 @@ class GradientNorm(pl.Callback):
         model = getattr(pl_module, "model", None)
         return model if isinstance(model, nn.Module) else pl_module
 
-    def full_gradient_norm(self, pl_module: pl.LightningModule, datamodule: Any) -> float:
-        """``||∇f(x)||`` at the module's global model (see the class docstring)."""
-        x_all, y_all, w_all = self._union(datamodule)
+    def full_gradient_norm(
+        self, pl_module: pl.LightningModule, datamodule: Any, fallback: Any = None
+    ) -> float:
+        """``||∇f(x)||`` at the module's global model (see the class docstring); ``nan`` when
+        the training data cannot be read (warned once)."""
         model = self._model(pl_module)
+        if _no_forward(model):
+            self._warn(
+                "model",
+                f"{type(pl_module).__name__} has no forward() (and no model attribute nor "
+                f"full_gradient_model()), so the full gradient norm ({self.key}) is not measured",
+            )
+            return math.nan
+        data = self._union(datamodule, fallback)
+        if data is None:
+            return math.nan
+        x_all, y_all, w_all = data
         criterion = getattr(pl_module, "criterion", None)
-        criterion = criterion if criterion is not None else nn.CrossEntropyLoss()
+        if criterion is None:
+            self._warn(
+                "criterion",
+                f"{type(pl_module).__name__} has no criterion attribute (the loss, a mean over "
+                "its batch), so the full gradient is that of the cross-entropy",
+            )
+            criterion = nn.CrossEntropyLoss()
         params = [p for p in model.parameters() if p.requires_grad]
         device = params[0].device
         preprocess = getattr(datamodule, "preprocess", None)
@@ -204,7 +295,9 @@ class GradientNorm(pl.Callback):
             if not math.isfinite(value):  # no configuration left training
                 return value
         else:
-            value = self.full_gradient_norm(pl_module, trainer.datamodule)
+            value = self.full_gradient_norm(pl_module, trainer.datamodule, _loader_dataset(trainer))
+            if not math.isfinite(value):  # the data could not be read (warned once)
+                return value
         round_index = int(trainer.global_step)
         if not self.history or self.history[-1][0] != round_index:
             self.history.append((round_index, value))
@@ -220,6 +313,8 @@ class GradientNorm(pl.Callback):
         if trainer.global_step != 0 or self.history:
             return  # resumed: round 0 was recorded before
         value = self._evaluate(trainer, pl_module)
+        if not math.isfinite(value):
+            return
         for logger in trainer.loggers:
             logger.log_metrics({self.key: value}, step=0)
 

@@ -13,6 +13,7 @@ from pytorch_lightning.utilities import rank_zero_only
 from torch import Tensor
 from typing_extensions import override
 
+from pl_privfed.callbacks._logging import logged_names, warn_once
 from pl_privfed.logdir import local_log_dir, log_artifact, wandb_loggers
 from pl_privfed.results import curves_csv, write_atomically
 
@@ -35,8 +36,14 @@ class TrainingCurves(pl.Callback):
     attached, logs the figure as a W&B image and as an artifact. The history is kept in
     checkpoints, so a resumed run plots its whole curve.
 
+    In a project that logs other names: with the default keys, when none of them is ever
+    logged (``train_loss``, ``val_acc``, ...), it plots every metric that was logged instead and
+    warns once, naming the default keys and the metrics it plotted; with ``keys`` given, it
+    warns once at the end of fit naming the keys that were never logged and the metrics that
+    were (and plots the others).
+
     Args:
-        keys: metric names to plot (those never logged are skipped).
+        keys: metric names to plot (default :data:`DEFAULT_KEYS`, else whatever is logged).
         filename: the PNG's name.
         dirpath: where to save it (default ``trainer.log_dir``).
 
@@ -52,6 +59,9 @@ class TrainingCurves(pl.Callback):
         dirpath: str | None = None,
     ) -> None:
         self.keys = list(keys) if keys is not None else list(DEFAULT_KEYS)
+        #: default keys: every logged metric is recorded too, for a project that logs none
+        #: of the defaults (plotted only then)
+        self.auto = keys is None
         self.filename = filename
         self.dirpath = dirpath
         self.history: dict[str, list[tuple[int, float]]] = {k: [] for k in self.keys}
@@ -84,10 +94,20 @@ class TrainingCurves(pl.Callback):
             if math.isfinite(value) and (not points or points[-1][0] != trainer.global_step):
                 points.append((trainer.global_step, value))
 
+    def _candidates(self, trainer: pl.Trainer) -> list[str]:
+        """The keys recorded: ``keys``, and with the default keys while none of them has been
+        logged, every logged metric."""
+        if not self.auto or any(self.history.get(k) for k in self.keys):
+            return self.keys
+        if any(k in trainer.callback_metrics for k in self.keys):
+            return self.keys
+        return [*self.keys, *(k for k in trainer.callback_metrics if k not in self.keys)]
+
     @override
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         # evaluation metrics stay in callback_metrics between validations: not re-recorded here
-        self._capture(trainer, [k for k in self.keys if k not in self._eval_keys], training=True)
+        keys = self._candidates(trainer)
+        self._capture(trainer, [k for k in keys if k not in self._eval_keys], training=True)
 
     @override
     def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -99,7 +119,7 @@ class TrainingCurves(pl.Callback):
             return
         updated = [
             k
-            for k in self.keys
+            for k in self._candidates(trainer)
             if k in trainer.callback_metrics
             and trainer.callback_metrics[k] is not self._before_eval.get(k)
         ]
@@ -109,11 +129,43 @@ class TrainingCurves(pl.Callback):
     def history_csv(self) -> str:
         """The recorded history as CSV text: ``metric,round,value`` rows
         (:func:`~pl_privfed.results.curves_csv`)."""
-        return curves_csv(self.history)
+        return curves_csv({k: self.history[k] for k in self.plotted_keys()})
+
+    def plotted_keys(self) -> list[str]:
+        """The metrics plotted: those of ``keys`` that were recorded, or with the default keys
+        none of which was logged, every metric that was."""
+        keys = [k for k in self.keys if self.history.get(k)]
+        if keys or not self.auto:
+            return keys
+        return sorted(k for k, points in self.history.items() if points)
+
+    def _warn_missing(self, trainer: pl.Trainer) -> None:
+        found = [k for k in self.keys if self.history.get(k)]
+        if self.auto:
+            if found:
+                return  # the package's own keys (an ε of a non-private run may be absent)
+            plotted = self.plotted_keys()
+            warn_once(
+                self,
+                "keys",
+                f"none of its default keys ({', '.join(self.keys)}) was logged, so it plots "
+                f"the metrics that were: {', '.join(plotted) or 'none'}; choose them with "
+                "TrainingCurves(keys=[...])",
+            )
+            return
+        missing = [k for k in self.keys if not self.history.get(k)]
+        if missing:
+            warn_once(
+                self,
+                "keys",
+                f"no metric {', '.join(map(repr, missing))} was logged, so its curves leave "
+                f"{'it' if len(missing) == 1 else 'them'} out (logged: {logged_names(trainer)}); "
+                "name the right ones with TrainingCurves(keys=[...])",
+            )
 
     def figure(self) -> Figure:
         """The curves as a matplotlib figure (one panel per recorded metric)."""
-        keys = [k for k in self.keys if self.history.get(k)]
+        keys = self.plotted_keys()
         fig = Figure(figsize=(4.5 * max(1, len(keys)), 3.4), layout="constrained")
         for i, key in enumerate(keys):
             ax = fig.add_subplot(1, len(keys), i + 1)
@@ -127,8 +179,9 @@ class TrainingCurves(pl.Callback):
     @override
     @rank_zero_only
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._warn_missing(trainer)
         directory = self.dirpath or local_log_dir(trainer)
-        if directory is None or not any(self.history.values()):
+        if directory is None or not self.plotted_keys():
             return
         os.makedirs(directory, exist_ok=True)
         self.path = Path(directory) / self.filename

@@ -10,6 +10,7 @@ import pytorch_lightning as pl
 from pytorch_lightning.utilities import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
+from pl_privfed.callbacks._logging import warn_once
 from pl_privfed.privacy import AccountantName, Mechanism, PrivacyAccountant
 
 __all__ = ["PrivacyBudget"]
@@ -66,7 +67,9 @@ class PrivacyBudget(pl.Callback):
       step; a ``next_privacy_mechanisms()`` method, if present, gives the next step's (they may
       differ from step to step) for the stopping decision;
     * otherwise the ``noise_multiplier`` and ``sample_rate`` given here (one Poisson-subsampled
-      Gaussian mechanism per optimizer step, as Opacus's ``PrivacyEngine`` applies).
+      Gaussian mechanism per optimizer step, as Opacus's ``PrivacyEngine`` applies);
+    * with neither, it warns once (naming ``privacy_mechanisms()`` and the two arguments),
+      accounts nothing, enforces no budget and puts no ε into ``summary.json``.
 
     A run that adds no noise (a :class:`~pl_privfed.FederatedModule` without ``noise``, or a
     module whose ``privacy_mechanisms()`` announce none) is not private: no finite ε covers
@@ -120,6 +123,8 @@ class PrivacyBudget(pl.Callback):
         self.stop_reason: str | None = None
         self.stopped_step: int | None = None
         self.not_private: str | None = None  # why the run is not private, if it is not
+        #: a module without privacy_mechanisms() and no noise_multiplier: nothing accounted
+        self.unaccounted = False
 
     @property
     def state_key(self) -> str:
@@ -135,10 +140,16 @@ class PrivacyBudget(pl.Callback):
                 return _mechanisms(upcoming_protocol())
             return _mechanisms(protocol())
         if self.noise_multiplier is None:
-            raise ValueError(
-                f"PrivacyBudget: {type(pl_module).__name__} has no privacy_mechanisms() method; "
-                "pass noise_multiplier and sample_rate to PrivacyBudget"
+            self.unaccounted = True
+            warn_once(
+                self,
+                "mechanisms",
+                f"{type(pl_module).__name__} has no privacy_mechanisms() method and no "
+                "noise_multiplier and sample_rate were given, so it accounts nothing and "
+                "enforces NO budget (and summary.json claims no ε); pass "
+                "PrivacyBudget(noise_multiplier=..., sample_rate=...)",
             )
+            return []
         return [Mechanism(self.noise_multiplier, self.sample_rate)]
 
     @staticmethod
@@ -205,7 +216,10 @@ class PrivacyBudget(pl.Callback):
             self.spent = ledger.epsilon(self.delta)
             self.accountant_used = ledger.noise.accountant
         else:
-            for mechanism in self.step_mechanisms(pl_module):
+            mechanisms = self.step_mechanisms(pl_module)
+            if self.unaccounted:  # nothing to account (warned once)
+                return
+            for mechanism in mechanisms:
                 self.accountant.step_mechanism(mechanism)
             self.spent = self.accountant.get_epsilon(self.delta)
         if not callable(getattr(pl_module, "privacy_report", None)):
@@ -215,7 +229,9 @@ class PrivacyBudget(pl.Callback):
 
     def summary_entries(self) -> dict[str, Any]:
         """ε spent against the budget, for ``summary.json`` (``private: false`` and no ε for a
-        run without noise)."""
+        run without noise; nothing when it accounted nothing: no ε is claimed)."""
+        if self.unaccounted:
+            return {}
         if self.not_private is not None:
             return {
                 "privacy_budget": {

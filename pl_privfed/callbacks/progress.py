@@ -37,13 +37,16 @@ class RoundProgressBar(TQDMProgressBar):
     round when a run resumes, and keeps the evaluation bar out of the way during training.
     ``pl-privfed`` attaches it by default (:func:`pl_privfed.default_callbacks`).
 
-    Works with any LightningModule that takes one optimizer step per training batch.
+    Works with any LightningModule that takes one optimizer step per training batch, and shows
+    the metrics it logs with ``prog_bar=True`` (after the ones named in ``metrics``).
 
     Args:
         refresh_rate: redraw every this many rounds.
         process_position: Lightning's ``process_position`` (several bars in one terminal).
         metrics: logged metric → short name to show, in order; metrics absent from
             ``trainer.callback_metrics`` are left out (default :data:`DEFAULT_BAR_METRICS`).
+        prog_bar_metrics: also show, under their own names and after those, the metrics the
+            module logs with ``self.log(..., prog_bar=True)`` (as Lightning's bar does).
 
     Example::
 
@@ -61,9 +64,11 @@ class RoundProgressBar(TQDMProgressBar):
         refresh_rate: int = 1,
         process_position: int = 0,
         metrics: dict[str, str] | None = None,
+        prog_bar_metrics: bool = True,
     ) -> None:
         super().__init__(refresh_rate=refresh_rate, process_position=process_position)
         self.metrics = dict(DEFAULT_BAR_METRICS if metrics is None else metrics)
+        self.prog_bar_metrics = prog_bar_metrics
 
     @staticmethod
     def total_rounds(trainer: pl.Trainer) -> int | None:
@@ -124,7 +129,8 @@ class RoundProgressBar(TQDMProgressBar):
 
     @override
     def get_metrics(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, Any]:
-        """The chosen metrics under their short names (Lightning's ``v_num`` is left out)."""
+        """The chosen metrics under their short names, then the module's other ``prog_bar``
+        metrics under their own (Lightning's ``v_num`` is left out)."""
         logged = trainer.callback_metrics
         ledger = getattr(pl_module, "privacy_ledger", None)
         against = getattr(ledger, "headline", None)  # the ε shown names its adversary
@@ -135,4 +141,8 @@ class RoundProgressBar(TQDMProgressBar):
                 if key == "privacy/epsilon" and against:
                     name = f"{name}({against})"
                 shown[name] = float(value)
+        if self.prog_bar_metrics:
+            for key, value in trainer.progress_bar_metrics.items():
+                if key not in self.metrics and key not in shown:
+                    shown[key] = value
         return shown

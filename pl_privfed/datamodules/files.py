@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 from typing import Literal
 
@@ -64,21 +63,6 @@ def cache_dir(cache: str | os.PathLike | None, name: str) -> Path:
     path = Path(cache).expanduser() / name
     path.mkdir(parents=True, exist_ok=True)
     return path
-
-
-def writable_copy(source: Path, cache: str | os.PathLike | None, name: str) -> Path:
-    """``source`` if it is writable, else a copy of it in the cache (once)."""
-    if os.access(source, os.W_OK):
-        return source
-    target = cache_dir(cache, name)
-    for path in source.rglob("*"):
-        dest = target / path.relative_to(source)
-        if path.is_dir():
-            dest.mkdir(parents=True, exist_ok=True)
-        elif not dest.exists():
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(path, dest)
-    return target
 
 
 def resplit(

@@ -3,7 +3,9 @@ image-folder JPEG copy of CIFAR-10), with CIFAR preprocessing applied per client
 
 from __future__ import annotations
 
+import gzip
 import io
+import math
 import os
 import tarfile
 from pathlib import Path
@@ -25,7 +27,6 @@ from pl_privfed.datamodules.files import (
     data_root,
     resplit,
     where_searched,
-    writable_copy,
 )
 from pl_privfed.rng import STREAM_AUGMENTATION, keyed_generator
 
@@ -101,37 +102,50 @@ class _MNISTLike(FederatedDataModule):
                     "download: true"
                 )
 
-    def _root(self) -> Path:
-        self._check_files()
-        root = data_root(self.data_dir)
-        name = self._dataset.__name__
-        raw = root / name / "raw"
-        if raw.is_dir() and not self.download:
-            # torchvision extracts the .gz archives next to them: use a writable copy if needed
-            copy = writable_copy(root / name, self.cache, name)
-            return copy.parent
-        return root
+    def _arrays(self, train: bool) -> tuple[np.ndarray, np.ndarray]:
+        """Images ``[N, 28, 28]`` (uint8) and labels of one split.
 
-    def _arrays(self, root: Path, train: bool) -> tuple[np.ndarray, np.ndarray]:
-        raw = root / self._dataset.__name__ / "raw"
-        has_archives = raw.is_dir() and any(raw.glob("*.gz"))
-        # download=True with the archives present only verifies their md5 and extracts them
+        Without ``download`` the files are read in memory, from the extracted file where one
+        exists (as torchvision does) or else straight from the md5-checked ``.gz`` archive:
+        nothing is extracted or written, so a shared or read-only data folder stays as it is.
+        With ``download`` torchvision downloads and extracts into ``<data_dir>/<name>/raw``.
+        """
+        name = self._dataset.__name__
+        root = data_root(self.data_dir)
+        raw = root / name / "raw"
+        if self.download:
+            try:
+                ds = self._dataset(str(root), train=train, download=True)
+            except (RuntimeError, OSError, EOFError, ValueError) as exc:
+                raise DataFileError(
+                    f"{name} could not be downloaded into {str(raw)!r} ({type(exc).__name__}: "
+                    f"{' '.join(str(exc).split())}); {where_searched(self.data_dir)}"
+                ) from exc
+            return ds.data.numpy(), ds.targets.numpy()
+        prefix = "train" if train else "t10k"
         try:
-            ds = self._dataset(str(root), train=train, download=self.download or has_archives)
-        except (RuntimeError, OSError, EOFError, ValueError) as exc:
-            where = where_searched(self.data_dir)
+            images = read_idx(raw / f"{prefix}-images-idx3-ubyte")
+            labels = read_idx(raw / f"{prefix}-labels-idx1-ubyte")
+            if images.ndim != 3 or labels.ndim != 1 or len(images) != len(labels):
+                raise ValueError(
+                    f"{len(images)} images of shape {images.shape[1:]} and {len(labels)} labels"
+                )
+        except (OSError, EOFError, ValueError) as exc:
+            problem = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+        else:
+            problem = None
+        if problem is not None:  # raised outside the handler: the message is the one reported
             raise DataFileError(
-                f"{self._dataset.__name__} files in {str(raw)!r} cannot be read "
-                f"({type(exc).__name__}: {' '.join(str(exc).split())}); {where}. An extracted "
-                "file cut short by an interrupted extraction: delete the extracted files "
-                "(without .gz) to extract them again"
-            ) from exc
-        return ds.data.numpy(), ds.targets.numpy()
+                f"{name} files in {str(raw)!r} cannot be read ({problem}); "
+                f"{where_searched(self.data_dir)}. An extracted file cut short by an interrupted "
+                "extraction: delete the extracted files (without .gz) to read the archives instead"
+            )
+        return images, labels.astype(np.int64)
 
     def load_datasets(self) -> tuple[TensorDataset, TensorDataset]:
-        root = self._root()  # once: it may copy a read-only directory to the cache
+        self._check_files()
         x_tr, y_tr, x_te, y_te = resplit(
-            self.split, self.split_seed, *self._arrays(root, True), *self._arrays(root, False)
+            self.split, self.split_seed, *self._arrays(True), *self._arrays(False)
         )
         mean, std = self._mean_std if self.standardize else (0.0, 1.0)
 
@@ -145,8 +159,9 @@ class _MNISTLike(FederatedDataModule):
 class MNISTDataModule(_MNISTLike):
     """MNIST (LeCun et al.) through torchvision: ``[1, 28, 28]`` images in [0, 1], labels 0–9.
 
-    Reads ``<data_dir>/MNIST/raw`` (the canonical ``.gz`` archives, md5-checked by torchvision;
-    a read-only directory is copied to the cache first), or downloads with ``download: true``.
+    Reads ``<data_dir>/MNIST/raw`` (the canonical ``.gz`` archives, md5-checked, or their
+    extracted files) in memory, writing nothing next to them or anywhere else, or downloads
+    there with ``download: true`` (torchvision).
 
     Args:
         data_dir: root holding ``MNIST/`` (default ``$PL_PRIVFED_DATA`` or ``./data``).
@@ -155,8 +170,7 @@ class MNISTDataModule(_MNISTLike):
             :func:`~pl_privfed.datamodules.files.resplit`).
         split_seed: seed of the paper split (42 in the papers).
         standardize: subtract 0.1307 and divide by 0.3081 (the usual MNIST statistics).
-        cache: writable directory for copies (default ``$PL_PRIVFED_CACHE`` or
-            ``~/.cache/pl-privfed``).
+        cache: unused (the files are read in memory; kept so that configs naming it parse).
         **kwargs: :class:`FederatedDataModule` arguments (``num_clients``, ``batch_size``,
             ``partitioner``, ``seed``, ...).
     """
@@ -171,6 +185,28 @@ class FashionMNISTDataModule(_MNISTLike):
 
     _dataset = datasets.FashionMNIST
     _mean_std = (0.2860, 0.3530)
+
+
+def read_idx(path: Path) -> np.ndarray:
+    """An IDX file of unsigned bytes (LeCun's MNIST format: magic ``00 00 08 <ndim>``, ``ndim``
+    big-endian ``int32`` sizes, the values), read from ``path`` if it exists, else from
+    ``path.gz``, in memory: nothing is extracted or written."""
+    if path.is_file():
+        data = path.read_bytes()
+    else:
+        with gzip.open(path.with_name(path.name + ".gz"), "rb") as file:
+            data = file.read()
+    if len(data) < 4 or data[:3] != b"\x00\x00\x08":
+        raise ValueError(f"{path.name}: not an IDX file of unsigned bytes")
+    ndim = data[3]
+    header = 4 + 4 * ndim
+    if len(data) < header:
+        raise ValueError(f"{path.name}: {len(data)} bytes, shorter than its header")
+    shape = tuple(int(n) for n in np.frombuffer(data, dtype=">i4", count=ndim, offset=4))
+    values = np.frombuffer(data, dtype=np.uint8, offset=header)
+    if values.size != math.prod(shape):
+        raise ValueError(f"{path.name}: {values.size} values, its header says {shape}")
+    return values.reshape(shape).copy()  # writable, for torch.from_numpy
 
 
 def _decode(data: bytes) -> np.ndarray:
