@@ -3,15 +3,18 @@ names the argument and the value (the project's rule for bad configuration)."""
 
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Any
 
 __all__ = [
+    "arguments_of",
     "check_choice",
     "check_evaluation_interval",
     "check_int",
     "check_positive",
     "check_positive_int",
+    "run_differences",
 ]
 
 
@@ -62,3 +65,62 @@ def check_choice(name: str, value: object, choices: tuple) -> object:
         allowed = ", ".join(repr(c) for c in choices[:-1]) + f" or {choices[-1]!r}"
         raise ValueError(f"{name} must be {allowed}, got {value!r}")
     return value
+
+
+#: constructor arguments that say where or how fast a run computes, not what it computes: a run
+#: resumed with another value of these is the same run
+_NOT_THE_RUN = ("data_dir", "cache_dir", "eval_batch_size", "num_workers", "max_test_examples")
+
+
+def arguments_of(obj: Any, depth: int = 4) -> Any:
+    """What ``obj`` was built with, as plain data: its class name and every argument of its
+    constructor that it keeps as an attribute of the same name, recursively (the noise, the
+    compressor, the partitioner, ...); lists and numbers as they are. The record a checkpoint
+    keeps of its run (:func:`run_differences`)."""
+    if obj is None or isinstance(obj, bool | int | float | str):
+        return obj
+    if isinstance(obj, list | tuple):
+        return [arguments_of(item, depth) for item in obj]
+    if isinstance(obj, dict):
+        return {str(k): arguments_of(v, depth) for k, v in obj.items()}
+    kind = type(obj)
+    out: dict[str, Any] = {"class": kind.__qualname__}
+    if depth <= 0 or inspect.isfunction(obj) or inspect.isclass(obj):
+        return out
+    try:
+        parameters = inspect.signature(kind.__init__).parameters
+    except (TypeError, ValueError):
+        return out
+    for name, parameter in parameters.items():
+        if (
+            name == "self"
+            or name in _NOT_THE_RUN
+            or parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD)
+        ):
+            continue
+        try:
+            value = getattr(obj, name)
+        except Exception:
+            continue
+        if not (inspect.ismethod(value) or inspect.isfunction(value)):
+            out[name] = arguments_of(value, depth - 1)
+    return out
+
+
+def run_differences(saved: dict[str, Any], current: dict[str, Any]) -> dict[str, tuple]:
+    """``{dotted key: (saved value, current value)}`` where two run records differ. A whole
+    object of another class (or one and ``None``) is one difference, named by its key."""
+    diffs: dict[str, tuple] = {}
+
+    def walk(a: Any, b: Any, key: str) -> None:
+        if isinstance(a, dict) and isinstance(b, dict) and a.get("class") == b.get("class"):
+            for name in [*a, *(k for k in b if k not in a)]:
+                walk(a.get(name), b.get(name), f"{key}.{name}" if key else name)
+        elif isinstance(a, dict) and isinstance(b, dict):
+            diffs[key] = (a.get("class"), b.get("class"))
+        elif a != b:
+            short = lambda v: v.get("class") if isinstance(v, dict) else v  # noqa: E731
+            diffs[key] = (short(a), short(b))
+
+    walk(saved, current, "")
+    return diffs

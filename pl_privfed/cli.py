@@ -29,6 +29,7 @@ import json
 import logging
 import os
 import re
+import signal
 import sys
 import warnings
 from collections.abc import Iterator
@@ -42,6 +43,7 @@ from pytorch_lightning import Callback, seed_everything
 from pytorch_lightning.callbacks import ModelCheckpoint, ProgressBar
 from pytorch_lightning.cli import LightningCLI, SaveConfigCallback, _InstantiatorFn
 from pytorch_lightning.loggers import CSVLogger, WandbLogger
+from pytorch_lightning.utilities.exceptions import SIGTERMException
 
 from pl_privfed.callbacks import (
     RoundCheckpoint,
@@ -510,6 +512,15 @@ class PrivFedCLI(LightningCLI):
             "`seed: {values: [0, 1, 2]}`.",
         )
         parser.add_argument(
+            "--resume_allow_changes",
+            type=str | None,
+            default=None,
+            help="With fit --ckpt_path: comma-separated settings this run may change from the "
+            "checkpoint's run (as the refusal names them, e.g. algorithm.noise.seed,data.num_"
+            "clients; a prefix such as algorithm.noise allows all below it); recorded in "
+            "summary.json. Without it a resumed run must match the checkpoint's.",
+        )
+        parser.add_argument(
             "--run_name",
             type=str | None,
             default=None,
@@ -558,6 +569,14 @@ class PrivFedCLI(LightningCLI):
                     init_args["name"] = name
                 if config.get("run_group"):
                     init_args["group"] = config["run_group"]
+
+    def _allow_resume_changes(self) -> None:
+        """``--resume_allow_changes``: the settings a resumed run may change (the module checks
+        the checkpoint's run record when it loads it)."""
+        allowed = self.config["fit"].get("resume_allow_changes")
+        if allowed:
+            keys = tuple(key.strip() for key in str(allowed).split(",") if key.strip())
+            self.model.resume_allow_changes = keys
 
     def instantiate_trainer(self, **kwargs: Any):
         """The trainer, with :func:`pl_privfed.default_callbacks` fitted to its settings: the
@@ -625,6 +644,7 @@ class PrivFedCLI(LightningCLI):
 
     def before_fit(self) -> None:
         self._before_run()
+        self._allow_resume_changes()
 
     def before_validate(self) -> None:
         self._before_run()
@@ -1045,6 +1065,8 @@ def main(args: list[str] | None = None) -> None:
         else:
             PrivFedCLI(args=argv)
         close_process_group()  # several processes (--trainer.strategy ddp): exit cleanly
+    except SIGTERMException as exc:  # stopped on SIGTERM or Ctrl-C after a round: not finished
+        raise SystemExit(exc.code or 128 + signal.SIGTERM) from None
     except (SystemExit, KeyboardInterrupt):
         raise
     except Exception as exc:

@@ -30,9 +30,21 @@ from typing_extensions import override
 
 from pl_privfed import trainer_rounds
 from pl_privfed.algorithms import FederatedAlgorithm
-from pl_privfed.checks import check_choice, check_evaluation_interval
+from pl_privfed.checks import (
+    arguments_of,
+    check_choice,
+    check_evaluation_interval,
+    run_differences,
+)
 from pl_privfed.datamodules.base import TensorRoundBatch, round_description
-from pl_privfed.engine import ClientShard, Placement, RoundResult, choose_chunk_size, run_round
+from pl_privfed.engine import (
+    SNAPSHOT_DIR_KEY,
+    ClientShard,
+    Placement,
+    RoundResult,
+    choose_chunk_size,
+    run_round,
+)
 from pl_privfed.engine.distributed import adopt_strategy, check_strategy
 from pl_privfed.evaluation import evaluated_at, log_at_last_round, model_loss, test_set_metrics
 from pl_privfed.grads import Backend, GradientOracle, ParameterLayout, RoundOracle, resolve_backend
@@ -96,6 +108,15 @@ class FederatedModule(pl.LightningModule):
 
     #: whether the round's training loss is logged as ``train/loss`` (a grid logs its own)
     logs_train_loss = True
+    #: keys of :meth:`run_record` (or their prefixes, e.g. ``"algorithm.noise"``) a resumed run
+    #: may change on purpose (``pl-privfed fit --resume_allow_changes``); the changes made are
+    #: reported in ``summary.json`` (``resumed_with_changes``)
+    resume_allow_changes: tuple[str, ...] = ()
+    #: true while a resumed run evaluates the round it resumes at (not a scheduled evaluation)
+    resume_evaluation = False
+    _no_rounds_left: tuple[int, int] | None = None  # (checkpoint round, run's rounds)
+    _no_rounds_left_note: str | None = None
+    _resumed_with_changes: dict[str, Any] | None = None
 
     def __init__(
         self,
@@ -300,11 +321,44 @@ class FederatedModule(pl.LightningModule):
         self.log("privacy/epsilon_paper_convention", ledger.epsilon_paper(), batch_size=1)
 
     @override
+    def on_fit_start(self) -> None:
+        if self._no_rounds_left is not None:
+            self._evaluate_finished_checkpoint(*self._no_rounds_left)
+
+    def _evaluate_finished_checkpoint(self, saved: int, rounds: int) -> None:
+        """``fit --ckpt_path`` from a checkpoint that has run all the rounds asked for:
+        Lightning trains nothing (and runs no ``on_train_*`` hook); say so, and test the model
+        as an ordinary fit ends, so that summary.json reports it, not an older result."""
+        tests = type(self).evaluate_test_set is FederatedModule.evaluate_test_set  # not a grid
+        note = (
+            f"the checkpoint is at round {saved} and the run has {rounds} rounds: no rounds left "
+            "to train (raise trainer.max_steps to train on)"
+        ) + ("; its model is evaluated on the test set" if tests else "")
+        rank_zero_warn(note)
+        self._no_rounds_left_note = note
+        if not tests:
+            return
+        metrics = self._test_metrics()
+        if metrics is not None:
+            loss, accuracy = metrics
+            logged = {"test/loss": loss} if accuracy is None else {"test/loss": loss,
+                                                                    "test/acc": accuracy}  # fmt: skip
+            log_at_last_round(self.trainer, logged, saved)
+            self._final_test = {"round": saved, "loss": loss, "accuracy": accuracy}
+
+    @override
     def on_train_start(self) -> None:
         # a run resumed at round k evaluates round k, unless the checkpoint was written after
-        # that evaluation (then its point is in the restored curves already)
+        # that evaluation (then its point is in the restored curves already); an evaluation the
+        # uninterrupted run did not make, so best-of values (RunSummary, a grid's results)
+        # ignore it (resume_evaluation): a killed and resumed run reports what the
+        # uninterrupted one does
         if self.global_step > 0 and self._validated_round != self.global_step:
-            trainer_rounds.validate_now(self.trainer)
+            self.resume_evaluation = True
+            try:
+                trainer_rounds.validate_now(self.trainer)
+            finally:
+                self.resume_evaluation = False
 
     @override
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
@@ -352,6 +406,11 @@ class FederatedModule(pl.LightningModule):
         metrics at the end of fit and, for an algorithm with a sampled output iterate (paper
         001 Algorithm 1 line 16), where it came from and how it does on the test set."""
         entries: dict[str, Any] = {"client_transmissions": self.client_transmissions}
+        if self._no_rounds_left_note is not None:
+            entries["no_rounds_left"] = self._no_rounds_left_note
+        if self.resume_allow_changes:
+            entries["resume_allow_changes"] = list(self.resume_allow_changes)
+            entries["resumed_with_changes"] = self._resumed_with_changes
         if self._output_report is not None:
             entries["output_iterate"] = self._output_report
         if self._final_test is not None and "loss" in self._final_test:
@@ -432,9 +491,73 @@ class FederatedModule(pl.LightningModule):
         """Every algorithm's per-client state into ``checkpoint`` (gathered over processes)."""
         for prefix, algorithm in self.algorithms():
             algorithm.state.save(checkpoint, prefix, int(self.global_step))
+        checkpoint.pop(SNAPSHOT_DIR_KEY, None)  # a path of this machine: not the checkpoint's
+
+    def run_record(self) -> dict[str, Any]:
+        """What makes this run this run, kept in its checkpoints and compared on resume: the
+        algorithm's class and arguments (noise, compressor, seeds, ...) of every configuration
+        it trains, the datamodule's (client count, partition, batch size, seeds, ...), the
+        model's class and parameter shapes, the loss (:func:`~pl_privfed.checks.arguments_of`).
+        Not the trainer's (more rounds are a continuation) nor where state lives."""
+        datamodule = getattr(self.trainer, "datamodule", None) if self._trainer else None
+        record: dict[str, Any] = {
+            prefix.rstrip("."): arguments_of(algorithm) for prefix, algorithm in self.algorithms()
+        }
+        record["data"] = arguments_of(datamodule) if datamodule is not None else None
+        record["model"] = {
+            **arguments_of(self.model),
+            "parameters": {n: list(p.shape) for n, p in self.model.named_parameters()},
+        }
+        record["criterion"] = arguments_of(self.criterion)
+        return record
+
+    def check_resumed_run(self, checkpoint: dict[str, Any]) -> None:
+        """Refuse to resume a checkpoint written by another run (:meth:`run_record`), naming
+        what differs, before anything is loaded; differences listed in
+        :attr:`resume_allow_changes` are accepted and reported. A checkpoint whose rounds ran
+        without noise cannot be continued by a private run (its models were released as they
+        were: no ε covers them)."""
+        saved = checkpoint.get("run_record")
+        if saved is None:
+            rank_zero_warn(
+                "the checkpoint holds no record of its run (written by an older version): "
+                "resuming without checking that this run's configuration is the same"
+            )
+            diffs: dict[str, tuple] = {}
+        else:
+            diffs = run_differences(saved, self.run_record())
+        allowed = tuple(self.resume_allow_changes)
+        refused = {
+            k: v for k, v in diffs.items()
+            if not any(k == a or k.startswith(a + ".") for a in allowed)
+        }  # fmt: skip
+        if refused:
+            listed = "; ".join(
+                f"{k}: checkpoint {a!r}, this run {b!r}" for k, (a, b) in refused.items()
+            )
+            raise ValueError(
+                f"ckpt_path was written by a different run ({listed}): resume with the "
+                "checkpoint's configuration, or allow an intended change with "
+                f"--resume_allow_changes {','.join(refused)}"
+            )
+        rounds = int(checkpoint.get("global_step", 0))
+        if (
+            self.privacy_ledger is not None
+            and rounds > 0
+            and "privacy_accountant" not in checkpoint
+        ):
+            raise ValueError(
+                f"ckpt_path holds {rounds} rounds trained without noise (not private): a private "
+                "run cannot continue them, since their models were released without noise and "
+                "no epsilon covers them; start the private run from scratch"
+            )
+        self._resumed_with_changes = (
+            {k: {"checkpoint": a, "this_run": b} for k, (a, b) in diffs.items()} if diffs else None
+        )
 
     @override
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["run_record"] = self.run_record()
         self._save_client_state(checkpoint)
         if self.privacy_ledger is not None:
             self.privacy_ledger.save(checkpoint)
@@ -443,9 +566,18 @@ class FederatedModule(pl.LightningModule):
 
     @override
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if self._trainer is not None and self.trainer.state.fn == "fit":
+            self.check_resumed_run(checkpoint)  # fit --ckpt_path: the same run?
+            saved, rounds = (
+                int(checkpoint.get("global_step", 0)),
+                trainer_rounds.num_rounds(self.trainer),
+            )
+            self._no_rounds_left = (saved, rounds) if rounds and saved >= rounds else None
         if self.oracle is not None:  # set up: the state tables exist
+            ckpt_path = self.trainer.ckpt_path if self._trainer is not None else None
+            base = str(Path(ckpt_path).parent) if ckpt_path else None  # snapshots beside it
             for prefix, algorithm in self.algorithms():
-                algorithm.state.load(checkpoint, prefix)
+                algorithm.state.load(checkpoint, prefix, base)
         else:  # load_from_checkpoint: the model and the algorithm's fixed buffers, for evaluation
             _drop_client_state(self, checkpoint)
         saved = checkpoint.get("hyper_parameters") or {}

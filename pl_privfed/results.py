@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import io
 import json
 import math
+import os
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -31,6 +34,7 @@ __all__ = [
     "result_row",
     "run_id",
     "save_results",
+    "write_atomically",
 ]
 
 #: Columns of ``results.csv`` taken from each run's ``summary.json``.
@@ -111,18 +115,36 @@ def result_row(
     return row
 
 
+def write_atomically(path: str | os.PathLike, content: str | bytes) -> Path:
+    """Write ``content`` to ``path`` all or nothing: into a temporary file in the same folder,
+    flushed to disk, then renamed into place (``os.replace``, atomic on POSIX and Windows). A
+    full disk or a killed process leaves the previous file (or none), never a truncated one;
+    the temporary file is removed on failure."""
+    target = Path(path)
+    data = content.encode() if isinstance(content, str) else content
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return target
+
+
 def save_results(out_dir: Path, names: dict[str, str], rows: list[dict[str, Any]]) -> Path:
     """Write ``<out_dir>/results.csv`` atomically (through a temporary file); return its path."""
     header = ["run", "status", *names.values(), *RESULT_COLUMNS, "run_dir"]
     path = out_dir / "results.csv"
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".csv.tmp")
-    with tmp.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=header, extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(rows)
-    tmp.replace(path)
-    return path
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=header, extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(rows)
+    return write_atomically(path, text.getvalue())
 
 
 def curves_csv(history: dict[str, list[tuple[int, float]]]) -> str:

@@ -49,6 +49,7 @@ from pl_privfed.results import (
     result_row,
     run_id,
     save_results,
+    write_atomically,
 )
 
 __all__ = [
@@ -444,10 +445,10 @@ def _run_points(
         if summary is None:  # it failed before training started (e.g. a configuration error)
             lines = (run_dir / "output.log").read_text(errors="replace").strip().splitlines()
             summary = {"status": f"failed: exit code {code}: {lines[-1] if lines else ''}"}
-            (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+            write_atomically(run_dir / "summary.json", json.dumps(summary, indent=2))
         elif code != 0 and summary.get("status") == "finished":
             summary["status"] = f"failed: exit code {code} after the fit finished"
-            (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+            write_atomically(run_dir / "summary.json", json.dumps(summary, indent=2, default=str))
         if summary.get("status") == "finished":
             acc = summary.get("final_val_accuracy")
             acc_text = f"{acc:.4f}" if isinstance(acc, int | float) else "n/a"

@@ -241,6 +241,31 @@ def test_grid_resume_is_bit_identical(tmp_path):
     assert full.privacy_ledger.accountant.steps == resumed.privacy_ledger.accountant.steps == 8
 
 
+def test_a_killed_and_resumed_grid_reports_what_the_uninterrupted_grid_does(tmp_path):
+    """Checkpoint at round 4, evaluations every 3 rounds: the resumed run evaluates round 4
+    for its curves, but that extra evaluation enters neither the grid's history nor its best
+    accuracy (it did: a resumed grid could report another best configuration)."""
+    evaluate = dict(limit_val_batches=None, val_check_interval=3, check_val_every_n_epoch=None)
+
+    def run(name, ckpt_path=None, callbacks=()):
+        alg = AlphaNormEC(0.05, beta=0.1, alpha=0.01)
+        module = GridModule(_model(dtype=torch.float32), alg,
+                            grid={"beta": [0.1, 1.0], "alpha": [0.01, 1.0]})  # fmt: skip
+        _fit(module, tmp_path / name, 8, callbacks=list(callbacks), enable_checkpointing=True,
+             ckpt_path=ckpt_path, **evaluate)  # fmt: skip
+        return module
+
+    full = run("full")
+    ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=4, save_top_k=-1,
+                           save_on_train_epoch_end=False)  # fmt: skip
+    run("first", callbacks=[ckpt, StopAt(4)])
+    path = next(p for p in (tmp_path / "ckpt").glob("*.ckpt") if "step=4" in p.name)
+    resumed = run("resumed", ckpt_path=str(path))
+    rounds = sorted({r for h in full._grid_history for r, _ in h.get("val/acc", [])})
+    assert rounds == [3, 6, 8]
+    assert full._grid_history == resumed._grid_history  # results.csv is written from it
+
+
 @pytest.mark.parametrize(
     "grid, message",
     [

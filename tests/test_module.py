@@ -222,6 +222,24 @@ def test_early_stopping_on_validation_loss(tmp_path):
     assert data["final_val_round"] == 4 and data["final_test_round"] == 4
 
 
+def test_the_resume_evaluation_does_not_change_the_best_accuracy():
+    """The evaluation a resumed run makes at its first round is not one the uninterrupted run
+    made: RunSummary's best (and final) values ignore it, the next evaluation counts."""
+    from types import SimpleNamespace
+
+    summary = RunSummary(verbose=False)
+    summary.load_state_dict({"best_accuracy": 0.5, "best_round": 3, "final_accuracy": 0.5,
+                             "final_val_loss": 1.0, "evaluated_round": 3})  # fmt: skip
+    module = SimpleNamespace(resume_evaluation=True)
+    fake = SimpleNamespace(sanity_checking=False, global_step=4,
+                           callback_metrics={"val/acc": 0.9, "val/loss": 0.1})  # fmt: skip
+    summary.on_validation_epoch_end(fake, module)
+    assert (summary.best_accuracy, summary.best_round, summary.evaluated_round) == (0.5, 3, 3)
+    module.resume_evaluation, fake.global_step = False, 6
+    summary.on_validation_epoch_end(fake, module)
+    assert (summary.best_accuracy, summary.best_round, summary.evaluated_round) == (0.9, 6, 6)
+
+
 def test_resume_evaluates_the_checkpoint_round_once(tmp_path):
     """A checkpoint written between evaluations (round 4, evaluations every 3 rounds): the
     resumed run evaluates round 4 first. A checkpoint written right after an evaluation (round

@@ -138,3 +138,27 @@ def test_federated_module_protocol_and_resume(tmp_path):
     assert resumed.privacy_ledger.accountant.steps == over - 1
     assert resumed_budget.accountant.steps == 0
     assert resumed_budget.spent == pytest.approx(budget.spent)
+
+
+def test_a_noiseless_run_is_reported_not_private_instead_of_epsilon_zero(tmp_path, capsys):
+    """PrivacyBudget on a federation without noise: a warning, no ε logged, and summary.json
+    says ``private: false`` (it printed ε = 0.000 before)."""
+
+    torch.manual_seed(0)
+    module = FederatedModule(MLP(64, [], 10), AlphaNormEC(0.1, 0.1, 0.01))
+    budget = PrivacyBudget(epsilon=2.0)
+    summary = RunSummary(dirpath=str(tmp_path))
+    trainer = pl.Trainer(max_steps=3, logger=False, enable_progress_bar=False,
+                         enable_model_summary=False, num_sanity_val_steps=0,
+                         limit_val_batches=0, default_root_dir=tmp_path,
+                         callbacks=[budget, summary])  # fmt: skip
+    with pytest.warns(UserWarning, match="adds no noise: the run is not private"):
+        trainer.fit(module, datamodule=DigitsDataModule(num_clients=4, batch_size=8))
+    assert trainer.global_step == 3
+    assert "privacy/epsilon" not in trainer.callback_metrics
+    data = json.loads((tmp_path / "summary.json").read_text())
+    assert data["private"] is False and "epsilon" not in data
+    assert data["privacy_budget"]["private"] is False
+    assert data["privacy_budget"]["epsilon_spent"] is None
+    line = capsys.readouterr().out
+    assert "not private (no noise)" in line and "epsilon=0.000" not in line

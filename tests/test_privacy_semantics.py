@@ -2,6 +2,7 @@
 empirical sensitivities on neighbouring datasets, and sampling without replacement."""
 
 import math
+import re
 from unittest import mock
 
 import dp_accounting
@@ -476,10 +477,11 @@ def test_callbacks_example_does_not_understate_its_sensitivity(repo):
 
 
 # ---------------------------------------------------------------------------- resume
-def _quadratic_run(tmp_path, max_steps, noise, ckpt_path=None, callbacks=()):
+def _quadratic_run(tmp_path, max_steps, noise, ckpt_path=None, callbacks=(), allow=()):
     dm = QuadraticDataModule(centers=[[1.0, 0.0], [0.0, 1.0], [-1.0, 0.5]])
     alg = AlphaNormEC(0.05, 0.1, 0.01, noise=noise)
     module = FederatedModule(QuadraticModel(2, [0.5, -0.5]), alg, criterion=HalfSquaredError())
+    module.resume_allow_changes = allow
     pl.Trainer(max_steps=max_steps, logger=False, enable_progress_bar=False,
                enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
                default_root_dir=tmp_path, callbacks=list(callbacks)).fit(
@@ -523,8 +525,14 @@ def test_resuming_with_more_rounds_keeps_the_calibrated_noise(tmp_path):
 
 def test_resuming_with_other_noise_settings_is_refused(tmp_path):
     path = _checkpoint_at_round_10(tmp_path, DPNoise(epsilon=8.0, delta=1e-5, seed=3))
-    with pytest.raises(ValueError, match="resume with the checkpoint's noise settings"):
+    with pytest.raises(
+        ValueError, match=re.escape("algorithm.noise.epsilon: checkpoint 8.0, this run 4.0")
+    ):
         _quadratic_run(tmp_path / "resumed", 30, DPNoise(epsilon=4.0, seed=3), ckpt_path=path)
+    # allowing the change does not allow two noise levels in one run
+    with pytest.raises(ValueError, match="resume with the checkpoint's noise settings"):
+        _quadratic_run(tmp_path / "resumed2", 30, DPNoise(epsilon=4.0, seed=3), ckpt_path=path,
+                       allow=("algorithm.noise.epsilon",))  # fmt: skip
 
 
 # ---------------------------------------------------------------------------- precision

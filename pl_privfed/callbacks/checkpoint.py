@@ -4,6 +4,7 @@ fit; :func:`check_checkpoint_file`: a readable message for a checkpoint that can
 from __future__ import annotations
 
 import os
+import shutil
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,10 @@ from lightning_fabric.utilities.cloud_io import _is_local_file_protocol
 from pytorch_lightning.callbacks import ModelCheckpoint
 from typing_extensions import override
 
-__all__ = ["CheckpointError", "RoundCheckpoint", "check_checkpoint_file"]
+from pl_privfed.callbacks.interrupt import stop_if_signalled, stop_signal, watch_signals
+from pl_privfed.engine import SNAPSHOT_DIR_KEY
+
+__all__ = ["CheckpointError", "RoundCheckpoint", "check_checkpoint_file", "snapshot_dir"]
 
 
 class CheckpointError(ValueError):
@@ -57,6 +61,14 @@ def check_checkpoint_file(path: str | os.PathLike) -> Path:
     return file
 
 
+def snapshot_dir(checkpoint_path: str | os.PathLike) -> str:
+    """The folder of a checkpoint's client-state snapshots: ``round=000300.client_state``
+    beside ``round=000300.ckpt``."""
+    path = str(checkpoint_path)
+    stem = path[: -len(".ckpt")] if path.endswith(".ckpt") else path
+    return stem + ".client_state"
+
+
 class RoundCheckpoint(ModelCheckpoint):
     """Lightning's ``ModelCheckpoint`` for round-based training.
 
@@ -67,6 +79,12 @@ class RoundCheckpoint(ModelCheckpoint):
       never leaves a truncated checkpoint under a checkpoint's name.
     * A checkpoint is also saved when fit ends, whenever the last round has not been saved yet
       (e.g. ``max_steps: 20`` with evaluation every 50 rounds, which otherwise writes none).
+    * Snapshots of memory-mapped client state (``client_state: disk``) are written beside
+      each checkpoint (``round=000300.client_state/``, named relative to the checkpoint) and
+      deleted with it, when a newer checkpoint supersedes it.
+    * A fit stopped by SIGTERM or Ctrl-C (:mod:`~pl_privfed.callbacks.interrupt`) finishes its
+      round and saves it, so that ``fit --ckpt_path`` continues where it stopped; the process
+      then exits with status ``128 + signal`` (143, 130).
 
     Every other argument is ``ModelCheckpoint``'s (by default the newest checkpoint is kept);
     ``pl-privfed`` attaches one by default (:func:`pl_privfed.default_callbacks`).
@@ -100,11 +118,17 @@ class RoundCheckpoint(ModelCheckpoint):
             return
         folder, name = os.path.split(filepath)
         partial = os.path.join(folder, f".{name}.partial")
+        snapshots = snapshot_dir(filepath)
+        if trainer.is_global_zero and os.path.isdir(snapshots):  # the same name saved again
+            shutil.rmtree(snapshots, ignore_errors=True)
+        trainer.strategy.barrier("RoundCheckpoint._save_checkpoint.snapshots")
+        self._saving_to = filepath
         try:
             trainer.save_checkpoint(partial, self.save_weights_only)
             if trainer.is_global_zero:
                 os.replace(partial, filepath)
         finally:
+            self._saving_to = None
             if trainer.is_global_zero and os.path.exists(partial):
                 os.remove(partial)
         trainer.strategy.barrier("RoundCheckpoint._save_checkpoint")
@@ -115,8 +139,63 @@ class RoundCheckpoint(ModelCheckpoint):
                 logger.after_save_checkpoint(proxy(self))
 
     @override
+    def on_save_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        super().on_save_checkpoint(trainer, pl_module, checkpoint)
+        saving_to = getattr(self, "_saving_to", None)
+        if saving_to is not None and _is_local_file_protocol(saving_to):
+            checkpoint[SNAPSHOT_DIR_KEY] = snapshot_dir(saving_to)  # the module's disk state
+
+    @override
+    def _remove_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
+        super()._remove_checkpoint(trainer, filepath)
+        snapshots = snapshot_dir(filepath)
+        if (
+            trainer.is_global_zero
+            and _is_local_file_protocol(filepath)
+            and os.path.isdir(snapshots)
+        ):
+            shutil.rmtree(snapshots, ignore_errors=True)
+
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        super().on_train_start(trainer, pl_module)
+        watch_signals(trainer)
+
+    @override
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        stop_if_signalled(trainer)  # SIGTERM or Ctrl-C: stop (and save, below) after this round
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+
+    @override
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
+        super().on_exception(trainer, pl_module, exception)
+        if stop_signal(trainer, exception) is not None:
+            self.save_on_interrupt(trainer)
+
+    def save_on_interrupt(self, trainer: pl.Trainer) -> str | None:
+        """Save the current round (once) after a stop on a signal; the checkpoint's path, or
+        ``None`` when no round was run. :class:`~pl_privfed.callbacks.RunSummary` calls it
+        before writing the summary, so the summary names the file."""
+        if trainer.global_step > 0 and self.monitor is None:
+            self._save_at_end(trainer)
+        elif trainer.global_step > 0 and not self._should_skip_saving_checkpoint(trainer):
+            # a monitored metric ranks the kept files; the stopped round is kept regardless
+            self._save_checkpoint(trainer, self._get_metric_interpolated_filepath_name(
+                self._monitor_candidates(trainer), trainer))  # fmt: skip
+        if self._last_global_step_saved == trainer.global_step and self._last_checkpoint_saved:
+            return self._last_checkpoint_saved
+        return None
+
+    @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_train_end(trainer, pl_module)
+        self._save_at_end(trainer)
+
+    def _save_at_end(self, trainer: pl.Trainer) -> None:
         if self._should_skip_saving_checkpoint(trainer) or self.save_top_k == 0:
             return
         candidates = self._monitor_candidates(trainer)

@@ -15,7 +15,7 @@ from typing_extensions import override
 
 from pl_privfed.callbacks._logging import logged_names, warn_once
 from pl_privfed.logdir import local_log_dir, log_artifact, wandb_loggers
-from pl_privfed.results import curves_csv
+from pl_privfed.results import curves_csv, write_atomically
 
 __all__ = ["TrainingCurves"]
 
@@ -187,7 +187,7 @@ class TrainingCurves(pl.Callback):
         self.path = Path(directory) / self.filename
         self.figure().savefig(self.path, dpi=110)
         self.csv_path = self.path.with_suffix(".csv")
-        self.csv_path.write_text(self.history_csv())
+        write_atomically(self.csv_path, self.history_csv())
         for logger in wandb_loggers(trainer):
             logger.log_image(key="curves", images=[str(self.path)])
         log_artifact(trainer, self.path, "training-curves")

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import pytorch_lightning as pl
-from pytorch_lightning.utilities import rank_zero_info
+from pytorch_lightning.utilities import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
 from pl_privfed.callbacks._logging import warn_once
@@ -71,6 +71,11 @@ class PrivacyBudget(pl.Callback):
     * with neither, it warns once (naming ``privacy_mechanisms()`` and the two arguments),
       accounts nothing, enforces no budget and puts no ε into ``summary.json``.
 
+    A run that adds no noise (a :class:`~pl_privfed.FederatedModule` without ``noise``, or a
+    module whose ``privacy_mechanisms()`` announce none) is not private: no finite ε covers
+    its releases. The callback then warns once, logs no ε and ``summary.json`` says
+    ``private: false`` (not ε = 0).
+
     Args:
         epsilon: the budget ε > 0.
         delta: the δ at which ε is computed.
@@ -117,6 +122,7 @@ class PrivacyBudget(pl.Callback):
         self.spent = 0.0
         self.stop_reason: str | None = None
         self.stopped_step: int | None = None
+        self.not_private: str | None = None  # why the run is not private, if it is not
         #: a module without privacy_mechanisms() and no noise_multiplier: nothing accounted
         self.unaccounted = False
 
@@ -180,12 +186,31 @@ class PrivacyBudget(pl.Callback):
             if self.verbose:
                 rank_zero_info(f"[PrivacyBudget] {self.stop_reason}")
 
+    def _noiseless(self, pl_module: pl.LightningModule) -> bool:
+        """Whether the module adds no noise: a federation without a ledger, or a module whose
+        protocol announces no Gaussian mechanism for the next step."""
+        if self._ledger(pl_module) is not None:
+            return False
+        if hasattr(pl_module, "privacy_ledger"):  # a federation trained without noise
+            return True
+        protocol = getattr(pl_module, "privacy_mechanisms", None)
+        return callable(protocol) and not self.step_mechanisms(pl_module, upcoming=True)
+
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._noiseless(pl_module):
+            self.not_private = (
+                f"{type(pl_module).__name__} adds no noise: the run is not private (no finite "
+                "epsilon covers its releases), so PrivacyBudget has nothing to account"
+            )
+            rank_zero_warn(f"PrivacyBudget: {self.not_private}", category=UserWarning)
+            return
         self._check_next(trainer, pl_module)
 
     @override
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if self.not_private is not None:
+            return
         ledger = self._ledger(pl_module)
         if ledger is not None:  # the module has accounted the round already
             self.spent = ledger.epsilon(self.delta)
@@ -203,12 +228,23 @@ class PrivacyBudget(pl.Callback):
         self._check_next(trainer, pl_module)
 
     def summary_entries(self) -> dict[str, Any]:
-        """ε spent against the budget, for ``summary.json`` (nothing when it accounted
-        nothing: no ε is claimed)."""
+        """ε spent against the budget, for ``summary.json`` (``private: false`` and no ε for a
+        run without noise; nothing when it accounted nothing: no ε is claimed)."""
         if self.unaccounted:
             return {}
+        if self.not_private is not None:
+            return {
+                "privacy_budget": {
+                    "private": False,
+                    "epsilon_spent": None,
+                    "epsilon_budget": self.epsilon,
+                    "delta": self.delta,
+                    "note": self.not_private,
+                }
+            }
         return {
             "privacy_budget": {
+                "private": True,
                 "epsilon_spent": self.spent,
                 "epsilon_budget": self.epsilon,
                 "delta": self.delta,

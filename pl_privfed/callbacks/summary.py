@@ -13,8 +13,9 @@ import yaml
 from pytorch_lightning.utilities import rank_zero_only, rank_zero_warn
 from typing_extensions import override
 
+from pl_privfed.callbacks.interrupt import stop_if_signalled, stop_signal, watch_signals
 from pl_privfed.logdir import local_log_dir, log_artifact, wandb_loggers
-from pl_privfed.results import finite_float
+from pl_privfed.results import finite_float, write_atomically
 
 __all__ = ["RunSummary", "audit_line", "epsilon_line"]
 
@@ -79,6 +80,7 @@ class RunSummary(pl.Callback):
         self.final_loss: float | None = None
         self.evaluated_round: int | None = None
         self.path: Path | None = None
+        self.interrupted: dict[str, Any] | None = None
         self._warned: set[str] = set()
 
     def _warn_missing(self, trainer: pl.Trainer, key: str, role: str, argument: str) -> None:
@@ -100,14 +102,19 @@ class RunSummary(pl.Callback):
             print(f"[pl-privfed] privacy: {privacy_plan_line(ledger.report())}")
 
     @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        watch_signals(trainer)
+
+    @override
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
         self.final_loss = finite_float(loss) if loss is not None else self.final_loss
+        stop_if_signalled(trainer)  # SIGTERM or Ctrl-C: stop after this round
 
     @override
     def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if trainer.sanity_checking:
-            return
+        if trainer.sanity_checking or getattr(pl_module, "resume_evaluation", False):
+            return  # a resumed run's evaluation of its first round: not a scheduled one
         if self.accuracy_key not in trainer.callback_metrics:
             self._warn_missing(trainer, self.accuracy_key, "validation accuracy", "accuracy_key")
         acc = finite_float(trainer.callback_metrics.get(self.accuracy_key))
@@ -131,7 +138,19 @@ class RunSummary(pl.Callback):
 
     @override
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
-        self._write(trainer, pl_module, status=f"failed: {type(exception).__name__}: {exception}")
+        name = stop_signal(trainer, exception)
+        if name is None:
+            status = f"failed: {type(exception).__name__}: {exception}"
+            self._write(trainer, pl_module, status=status)
+            return
+        # stopped on SIGTERM or Ctrl-C after a complete round: the checkpoint callbacks save it
+        # first, so that the summary names the file to resume from
+        saved = [getattr(cb, "save_on_interrupt", lambda _: None)(trainer)
+                 for cb in trainer.checkpoint_callbacks]  # fmt: skip
+        checkpoint = next((path for path in saved if path), None)
+        self.interrupted = {"signal": name, "round": trainer.global_step, "checkpoint": checkpoint}
+        self._write(trainer, pl_module, status=f"interrupted: {name} after round "
+                    f"{trainer.global_step}")  # fmt: skip
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -172,6 +191,8 @@ class RunSummary(pl.Callback):
             )
             or None,
         }
+        if self.interrupted is not None:
+            out["interrupted"] = self.interrupted
         nested: dict[str, Any] = {}  # entries for the privacy report (e.g. an audit's)
         for source in (pl_module, *trainer.callbacks):  # the module's entries, then callbacks'
             entries = getattr(source, "summary_entries", None)
@@ -183,8 +204,10 @@ class RunSummary(pl.Callback):
                 out.update(values)
         report = getattr(pl_module, "privacy_report", None)
         privacy = report() if callable(report) else None
-        out["private"] = privacy is not None or "privacy_budget" in out
-        if privacy is None and "privacy_budget" in out:
+        budget = out.get("privacy_budget")
+        budget_private = isinstance(budget, dict) and budget.get("private", True) is not False
+        out["private"] = privacy is not None or budget_private
+        if privacy is None and budget_private:
             out["epsilon"] = out["privacy_budget"]["epsilon_spent"]
             out["delta"] = out["privacy_budget"]["delta"]
         if privacy is not None:
@@ -219,11 +242,22 @@ class RunSummary(pl.Callback):
         os.makedirs(directory, exist_ok=True)
         data = self.summary(trainer, pl_module, status)
         self.path = Path(directory) / self.filename
-        self.path.write_text(json.dumps(data, indent=2, default=str))
+        try:  # all or nothing: a full disk leaves the previous summary, never a 0-byte one
+            write_atomically(self.path, json.dumps(data, indent=2, default=str))
+        except OSError as exc:
+            if status == "finished":
+                raise
+            # while a run fails or is interrupted: say so, without hiding why it stopped
+            rank_zero_warn(f"RunSummary: could not write {self.path}: {exc}")
+            return
         scalars = {k: v for k, v in data.items() if isinstance(v, int | float) and v is not None}
         for logger in wandb_loggers(trainer):
             logger.experiment.summary.update(scalars)
         log_artifact(trainer, self.path, "run-summary")
+        if self.verbose and self.interrupted is not None and status.startswith("interrupted"):
+            where = self.interrupted["checkpoint"]
+            resume = f"; resume with --ckpt_path {where}" if where else ""
+            print(f"[pl-privfed] {status}{resume}  (summary: {self.path})", flush=True)
         if self.verbose and status == "finished":
             parts = [f"rounds={data['rounds']}"]
             if data["final_val_accuracy"] is not None:
@@ -239,6 +273,8 @@ class RunSummary(pl.Callback):
                 parts.append(epsilon_line(data))
             elif (data.get("privacy") or {}).get("audit"):
                 parts.append(audit_line(data["privacy"]["audit"]))
+            elif "privacy_budget" in data:
+                parts.append("not private (no noise)")
             print(f"[pl-privfed] {', '.join(parts)}  (summary: {self.path})")
 
 

@@ -31,14 +31,22 @@ from pl_privfed.engine.round import (
     iter_round,
     run_round,
 )
-from pl_privfed.engine.state import ClientStates, Placement, choose_placement
+from pl_privfed.engine.state import (
+    SNAPSHOT_DIR_KEY,
+    ClientStateError,
+    ClientStates,
+    Placement,
+    choose_placement,
+)
 
 __all__ = [
     "CHUNK_ENV",
+    "SNAPSHOT_DIR_KEY",
     "Canaries",
     "ChunkOracle",
     "ClientChunk",
     "ClientShard",
+    "ClientStateError",
     "ClientStates",
     "FunctionOracle",
     "Message",

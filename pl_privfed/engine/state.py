@@ -20,13 +20,24 @@ all of them in one of three places (``client_state`` of :class:`~pl_privfed.Fede
 A chunk of contiguous clients on the device reads a view of its rows and writes nothing back;
 any other chunk (a cohort, or rows on the host or disk) gathers its rows to the training device
 and scatters them back when it closes, so only the chunk's rows are ever on the device.
+
+Memory-mapped tables take their whole size on disk when they are allocated
+(``os.posix_fallocate``), so a full disk is an error naming the folder then, not a ``SIGBUS``
+in the middle of a round. A checkpoint holds a snapshot of each memory-mapped table: beside the
+checkpoint file when the checkpoint callback names a folder for it (:data:`SNAPSHOT_DIR_KEY`,
+set by :class:`~pl_privfed.callbacks.RoundCheckpoint`: ``round=000300.ckpt`` and
+``round=000300.client_state/``, referenced relatively and deleted with the checkpoint), else
+under the state folder. Each snapshot's size and SHA-256 are recorded in the checkpoint and
+checked before it is loaded: a missing, truncated or modified snapshot is refused
+(:class:`ClientStateError`), never loaded silently.
 """
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import math
 import os
-import shutil
 import tempfile
 from pathlib import Path
 from typing import Any, Literal
@@ -37,7 +48,18 @@ from torch import Tensor, nn
 
 from pl_privfed.engine.distributed import ClientShard
 
-__all__ = ["ClientStates", "Placement", "choose_placement"]
+__all__ = ["SNAPSHOT_DIR_KEY", "ClientStateError", "ClientStates", "Placement", "choose_placement"]
+
+#: key of a Lightning checkpoint under which a checkpoint callback names the folder that is to
+#: hold the snapshots of memory-mapped state (beside the checkpoint file)
+SNAPSHOT_DIR_KEY = "client_state_snapshot_dir"
+_CHUNK = 16 * 2**20  # bytes per read/write when copying and hashing snapshots
+
+
+class ClientStateError(ValueError):
+    """Memory-mapped client state that cannot be written (a full, read-only or missing folder)
+    or a snapshot that cannot be trusted; the message names the folder or file."""
+
 
 Placement = Literal["auto", "device", "host", "disk"]
 PLACEMENTS = ("auto", "device", "host", "disk")
@@ -114,11 +136,21 @@ class ClientStates:
             return
         if self.directory is None:
             base = Path(directory) if directory else Path(tempfile.gettempdir())
-            base.mkdir(parents=True, exist_ok=True)
-            self.directory = Path(tempfile.mkdtemp(prefix="client-state-", dir=base))
+            try:
+                base.mkdir(parents=True, exist_ok=True)
+                self.directory = Path(tempfile.mkdtemp(prefix="client-state-", dir=base))
+            except OSError as exc:
+                raise ClientStateError(_disk_error("the client-state folder", base, exc)) from exc
         path = self.directory / f"{name}.rank{self.shard.rank}.npy"
-        # a new .npy file of zeros: sparse on disk until rows are written
-        array = np.lib.format.open_memmap(path, mode="w+", dtype=_numpy(dtype), shape=shape)
+        try:
+            # a new .npy file of zeros, its blocks reserved now: writing a page of a sparse
+            # memory-mapped file on a full disk kills the process with SIGBUS
+            array = np.lib.format.open_memmap(path, mode="w+", dtype=_numpy(dtype), shape=shape)
+            _reserve(path)
+        except OSError as exc:
+            raise ClientStateError(
+                _disk_error("the client-state folder", self.directory, exc, _nbytes(shape, dtype))
+            ) from exc
         self._tables[name] = torch.from_numpy(array)
         self._arrays[name] = array
         self.files[name] = path
@@ -159,14 +191,21 @@ class ClientStates:
         holds which clients: device and host tables as full ``[n, ...]`` tensors (gathered over
         the processes; device ones under ``state_dict[prefix + name]``, host ones under
         ``checkpoint["client_state"]``), memory-mapped tables as a snapshot file of each
-        process, named in the checkpoint (the tables can be larger than memory)."""
+        process, named in the checkpoint with its size and SHA-256 (the tables can be larger than
+        memory): beside the checkpoint file, named relative to its folder, when the checkpoint
+        callback gives a folder (:data:`SNAPSHOT_DIR_KEY`), else under the state folder."""
         extra = checkpoint.setdefault("client_state", {})
         device = getattr(self.module, "device", torch.device("cpu"))
+        beside = checkpoint.get(SNAPSHOT_DIR_KEY)
         for name in self.names:
             key = prefix + name
             if self.placement == "disk":
-                snapshot = self.snapshot(name, round_index)
-                extra[key] = {"files": self.shard.all_gather_object(str(snapshot)),
+                folder = Path(beside) if beside else None
+                snapshot, size, digest = self.snapshot(name, round_index, folder)
+                where = f"{folder.name}/{snapshot.name}" if folder else str(snapshot)
+                extra[key] = {"files": self.shard.all_gather_object(where),
+                              "sizes": self.shard.all_gather_object(size),
+                              "sha256": self.shard.all_gather_object(digest),
                               "block": self.shard.block}  # fmt: skip
                 continue
             full = self.shard.gather_rows(self.table(name).to(device))
@@ -177,15 +216,17 @@ class ClientStates:
         if not extra:
             del checkpoint["client_state"]
 
-    def load(self, checkpoint: dict[str, Any], prefix: str) -> None:
+    def load(self, checkpoint: dict[str, Any], prefix: str, base: str | None = None) -> None:
         """This process's rows of every table from a checkpoint written with any number of
-        processes (:meth:`save`); device tables go back into ``state_dict`` for Lightning."""
+        processes (:meth:`save`); device tables go back into ``state_dict`` for Lightning.
+        ``base``: the folder of the checkpoint file (snapshots are named relative to it);
+        every snapshot's size and SHA-256 are checked first (:class:`ClientStateError`)."""
         extra = checkpoint.get("client_state", {})
         start, stop = self.shard.start, self.shard.stop
         for name in self.names:
             key = prefix + name
             if key in extra:
-                rows = _rows_of(extra[key], start, stop)
+                rows = _rows_of(extra[key], start, stop, base)
             else:
                 full = checkpoint["state_dict"].get(key)
                 if full is None:
@@ -201,34 +242,122 @@ class ClientStates:
         """The host and disk tables (the device ones are the module's buffers)."""
         return dict(self._tables)
 
-    def snapshot(self, name: str, round_index: int) -> Path:
-        """A copy of memory-mapped table ``name`` as it is now (for a checkpoint):
-        ``<state dir>/snapshots/round=<k>/<name>.rank<r>.npy``."""
+    def snapshot(
+        self, name: str, round_index: int, folder: Path | None = None
+    ) -> tuple[Path, int, str]:
+        """A copy of memory-mapped table ``name`` as it is now (for a checkpoint), in ``folder``
+        (default ``<state dir>/snapshots/round=<k>``) as ``<name>.rank<r>.npy``: its path, size
+        and SHA-256 (computed while copying, in one pass)."""
         self._arrays[name].flush()
-        target = self.directory / "snapshots" / f"round={round_index}" / self.files[name].name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(self.files[name], target)
-        return target
+        folder = folder or self.directory / "snapshots" / f"round={round_index}"
+        target = folder / self.files[name].name
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            size, digest = _copy_and_hash(self.files[name], target)
+        except OSError as exc:
+            target.unlink(missing_ok=True)
+            raise ClientStateError(
+                _disk_error(
+                    "the client-state snapshot folder", folder, exc, self.files[name].stat().st_size
+                )
+            ) from exc
+        return target, size, digest
 
     def nbytes(self) -> int:
         """Bytes of this process's per-client state."""
         return sum(self.table(n).numel() * self.table(n).element_size() for n in self.names)
 
 
-def _rows_of(saved: dict[str, Any], start: int, stop: int) -> Tensor:
+def _rows_of(saved: dict[str, Any], start: int, stop: int, base: str | None = None) -> Tensor:
     """Rows ``[start, stop)`` of a saved table: gathered ``rows``, or memory-mapped ``files``
-    written by processes holding blocks of ``block`` clients each."""
+    written by processes holding blocks of ``block`` clients each (relative to ``base``, the
+    checkpoint's folder; each checked against its recorded size and SHA-256 first)."""
     if "rows" in saved:
         return saved["rows"][start:stop]
     parts, block = [], int(saved["block"])
-    for rank, path in enumerate(saved["files"]):
+    sizes = saved.get("sizes") or [None] * len(saved["files"])
+    digests = saved.get("sha256") or [None] * len(saved["files"])
+    for rank, name in enumerate(saved["files"]):
         lo = rank * block
+        if lo >= stop or lo + block <= start:
+            continue  # another process's rows
+        path = Path(name) if Path(name).is_absolute() or base is None else Path(base) / name
+        _verify(path, sizes[rank], digests[rank])
         table = np.load(path, mmap_mode="r")
         hi = lo + table.shape[0]
         a, b = max(start, lo), min(stop, hi)
         if a < b:
             parts.append(torch.from_numpy(np.array(table[a - lo : b - lo])))
     return torch.cat(parts)
+
+
+def _verify(path: Path, size: int | None, digest: str | None) -> None:
+    """Refuse a snapshot that is missing, of another size or another SHA-256 than recorded."""
+    what = "the checkpoint's client-state snapshot"
+    if not path.is_file():
+        raise ClientStateError(
+            f"{what} {str(path)!r} is missing (it is kept beside the checkpoint)"
+        )
+    actual = path.stat().st_size
+    if size is not None and actual != size:
+        raise ClientStateError(
+            f"{what} {str(path)!r} has {actual} bytes, the checkpoint recorded {size}: truncated "
+            "or replaced; resume from another checkpoint"
+        )
+    if digest is not None:
+        with path.open("rb") as f:
+            found = hashlib.file_digest(f, "sha256").hexdigest()
+        if found != digest:
+            raise ClientStateError(
+                f"{what} {str(path)!r} was modified since the checkpoint was written (SHA-256 "
+                f"{found[:12]}…, recorded {digest[:12]}…); resume from another checkpoint"
+            )
+
+
+def _copy_and_hash(source: Path, target: Path) -> tuple[int, str]:
+    """Copy ``source`` to ``target`` (its blocks reserved first), returning the size and the
+    SHA-256 of what was written."""
+    size = source.stat().st_size
+    digest = hashlib.sha256()
+    with source.open("rb") as src, target.open("wb") as dst:
+        if size and hasattr(os, "posix_fallocate"):
+            os.posix_fallocate(dst.fileno(), 0, size)
+        while chunk := src.read(_CHUNK):
+            digest.update(chunk)
+            dst.write(chunk)
+    return size, digest.hexdigest()
+
+
+def _reserve(path: Path) -> None:
+    """Allocate every block of ``path`` now (``posix_fallocate``; where the system has none,
+    nothing is reserved)."""
+    if not hasattr(os, "posix_fallocate"):
+        return
+    size = path.stat().st_size
+    fd = os.open(path, os.O_RDWR)
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as exc:
+        if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL):  # a file system without it
+            return
+        raise
+    finally:
+        os.close(fd)
+
+
+def _nbytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
+    return math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+
+
+def _disk_error(what: str, folder: Path, exc: OSError, needed: int | None = None) -> str:
+    """One line naming the folder, the system's reason and, for a full disk, the bytes asked."""
+    reason = exc.strerror or str(exc)
+    line = f"{what} {str(folder)!r} cannot hold the state: {reason}"
+    if exc.errno == errno.ENOSPC and needed is not None:
+        line += f" (it needs {needed / 2**20:.1f} MiB; set model.state_dir to a larger disk)"
+    elif exc.errno in (errno.EACCES, errno.EROFS, errno.ENOTDIR, errno.EEXIST):
+        line += " (set model.state_dir to a writable folder)"
+    return line
 
 
 def _numpy(dtype: torch.dtype):

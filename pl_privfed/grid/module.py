@@ -298,6 +298,9 @@ class GridModule(FederatedModule):
         ``log`` (inside Lightning's evaluation loops) also log the best accuracy."""
         if self._grid_eval is None:
             return
+        if stage == "val" and self.resume_evaluation:  # not one of the run's evaluations: the
+            self._grid_eval = None  # results of a killed and resumed grid are the uninterrupted
+            return  # grid's
         stats, self._grid_eval = self._grid_eval.tolist(), None
         accuracies = []
         for k, (loss_sum, correct, count) in enumerate(stats):

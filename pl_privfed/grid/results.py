@@ -12,7 +12,14 @@ from typing import Any
 
 from pl_privfed.algorithms import FederatedAlgorithm
 from pl_privfed.grid.points import GRID_PREFIX, init_parameters
-from pl_privfed.results import column_names, curves_csv, result_row, run_id, save_results
+from pl_privfed.results import (
+    column_names,
+    curves_csv,
+    result_row,
+    run_id,
+    save_results,
+    write_atomically,
+)
 
 __all__ = ["write_grid_results"]
 
@@ -98,7 +105,7 @@ def write_grid_results(
             },
             **entries,
         }
-        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        (run_dir / "curves.csv").write_text(curves_csv(curves))
+        write_atomically(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
+        write_atomically(run_dir / "curves.csv", curves_csv(curves))
         rows.append(result_row(run_dir, summary, params, names))
     return save_results(out, names, rows)

@@ -1,0 +1,136 @@
+"""A resumed run is the run it claims to continue: ``fit --ckpt_path`` with another client count,
+partition, algorithm, noise, seed or model is refused before training, in one line naming what
+differs (the checkpoint's value and this run's), unless the change is allowed on purpose
+(``--resume_allow_changes``, recorded in ``summary.json``). A non-private checkpoint cannot be
+continued by a private run."""
+
+import json
+import re
+
+import pytest
+import torch
+from test_interrupt import tiny_config
+from test_module import trainer
+
+from pl_privfed import FederatedModule
+from pl_privfed.algorithms import AlphaNormEC, Clip21
+from pl_privfed.callbacks import RoundCheckpoint
+from pl_privfed.cli import main
+from pl_privfed.datamodules import DigitsDataModule, DirichletPartitioner, IIDPartitioner
+from pl_privfed.models import MLP
+from pl_privfed.privacy import DPNoise
+
+ROUNDS = 3
+
+
+def noise(seed=3):
+    return DPNoise(noise_multiplier=1.0, seed=seed)
+
+
+def run(root, *, clients=5, partitioner=None, algorithm=None, model=None, ckpt_path=None,
+        allow=(), rounds=ROUNDS):  # fmt: skip
+    torch.manual_seed(0)
+    dm = DigitsDataModule(num_clients=clients, batch_size=8,
+                          partitioner=partitioner or IIDPartitioner(seed=1))  # fmt: skip
+    algorithm = algorithm if algorithm is not None else AlphaNormEC(0.1, beta=0.1, alpha=0.01,
+                                                                    noise=noise())  # fmt: skip
+    module = FederatedModule(model or MLP(64, [8], 10), algorithm)
+    module.resume_allow_changes = tuple(allow)
+    t = trainer(root, max_steps=rounds, enable_checkpointing=True,
+                callbacks=[RoundCheckpoint(dirpath=root / "checkpoints")])  # fmt: skip
+    t.fit(module, datamodule=dm, ckpt_path=ckpt_path)
+    return module, t
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    root = tmp_path_factory.mktemp("first")
+    run(root)
+    (path,) = (root / "checkpoints").glob("round=*.ckpt")
+    return str(path)
+
+
+CHANGES = {
+    "fewer clients": (dict(clients=4), "data.num_clients: checkpoint 5, this run 4"),
+    "more clients": (dict(clients=6), "data.num_clients: checkpoint 5, this run 6"),
+    "partition": (dict(partitioner=DirichletPartitioner(0.5, seed=1)),
+                  "data.partitioner: checkpoint 'IIDPartitioner', this run 'DirichletPartitioner'"),
+    "partition seed": (dict(partitioner=IIDPartitioner(seed=2)),
+                       "data.partitioner.seed: checkpoint 1, this run 2"),
+    "algorithm class": (dict(algorithm=Clip21(0.1, clip_threshold=1.0, noise=noise())),
+                        "algorithm: checkpoint 'AlphaNormEC', this run 'Clip21'"),
+    "noise seed": (dict(algorithm=AlphaNormEC(0.1, beta=0.1, alpha=0.01, noise=noise(4))),
+                   "algorithm.noise.seed: checkpoint 3, this run 4"),
+    "noise removed": (dict(algorithm=AlphaNormEC(0.1, beta=0.1, alpha=0.01)),
+                      "algorithm.noise: checkpoint 'DPNoise', this run None"),
+    "step size": (dict(algorithm=AlphaNormEC(0.2, beta=0.1, alpha=0.01, noise=noise())),
+                  "algorithm.step_size: checkpoint 0.1, this run 0.2"),
+    "model": (dict(model=MLP(64, [16], 10)),
+              "model.parameters.net.1.weight: checkpoint [8, 64], this run [16, 64]"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("change", list(CHANGES))
+def test_a_resume_into_a_different_run_is_refused_naming_the_difference(
+    change, checkpoint, tmp_path
+):
+    kwargs, named = CHANGES[change]
+    with pytest.raises(ValueError, match="written by a different run") as info:
+        run(tmp_path, ckpt_path=checkpoint, rounds=ROUNDS + 2, **kwargs)
+    message = str(info.value)
+    assert named in message, message
+    assert "\n" not in message and "--resume_allow_changes" in message
+
+
+def test_the_same_run_resumes_and_an_allowed_change_is_recorded(checkpoint, tmp_path):
+    module, t = run(tmp_path / "same", ckpt_path=checkpoint, rounds=ROUNDS + 2)
+    assert (
+        t.global_step == ROUNDS + 2 and module.summary_entries().get("resumed_with_changes") is None
+    )
+    changed = AlphaNormEC(0.1, beta=0.1, alpha=0.01, noise=noise(4))
+    module, t = run(tmp_path / "allowed", ckpt_path=checkpoint, rounds=ROUNDS + 2,
+                    algorithm=changed, allow=["algorithm.noise.seed"])  # fmt: skip
+    assert t.global_step == ROUNDS + 2
+    entries = module.summary_entries()
+    assert entries["resume_allow_changes"] == ["algorithm.noise.seed"]
+    assert entries["resumed_with_changes"] == {
+        "algorithm.noise.seed": {"checkpoint": 3, "this_run": 4}
+    }
+
+
+def test_a_private_run_cannot_continue_non_private_rounds(tmp_path):
+    plain = AlphaNormEC(0.1, beta=0.1, alpha=0.01)
+    run(tmp_path / "plain", algorithm=plain)
+    (path,) = (tmp_path / "plain/checkpoints").glob("round=*.ckpt")
+    private = AlphaNormEC(0.1, beta=0.1, alpha=0.01, noise=noise())
+    with pytest.raises(
+        ValueError, match=re.escape("algorithm.noise: checkpoint None, this run 'DPNoise'")
+    ):
+        run(tmp_path / "private", algorithm=private, ckpt_path=str(path), rounds=ROUNDS + 2)
+    # not even when the change is allowed: no epsilon covers the noiseless rounds
+    with pytest.raises(ValueError, match=f"holds {ROUNDS} rounds trained without noise"):
+        run(tmp_path / "private2", algorithm=private, ckpt_path=str(path), rounds=ROUNDS + 2,
+            allow=["algorithm.noise"])  # fmt: skip
+
+
+def test_the_command_refuses_in_one_line_and_records_an_allowed_change(
+    tmp_path, monkeypatch, capsys
+):
+    monkeypatch.chdir(tmp_path)
+    config = str(tiny_config(tmp_path))
+    quiet = ["--trainer.max_steps", "3"]
+    main(["fit", "--config", config, *quiet])
+    (ckpt,) = (tmp_path / "logs/tiny/version_0/checkpoints").glob("*.ckpt")
+    capsys.readouterr()
+    args = ["fit", "--config", config, "--trainer.max_steps", "5", "--ckpt_path", str(ckpt),
+            "--data.init_args.num_clients", "6"]  # fmt: skip
+    with pytest.raises(SystemExit) as info:
+        main(args)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert info.value.code == 2 and len(err) == 1, err
+    assert "data.num_clients: checkpoint 5, this run 6" in err[0]
+    main([*args, "--data.init_args.num_clients", "5", "--data.init_args.seed", "7",
+          "--resume_allow_changes", "data.seed"])  # fmt: skip
+    summary = json.loads((tmp_path / "logs/tiny/version_2/summary.json").read_text())
+    assert summary["status"] == "finished" and summary["rounds"] == 5
+    assert summary["resumed_with_changes"] == {"data.seed": {"checkpoint": 0, "this_run": 7}}
