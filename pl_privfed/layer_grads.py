@@ -64,7 +64,9 @@ class Rule:
         self.module = module
         self.mode = "instantiate"  # how the per-example norms are computed (for docs/tests)
 
-    def forward(self, x: Tensor, p: dict[str, Tensor | None], n: int | None) -> tuple[Tensor, Tensor]:
+    def forward(
+        self, x: Tensor, p: dict[str, Tensor | None], n: int | None
+    ) -> tuple[Tensor, Tensor]:
         """``(z, a)``: the output (``p`` shared, or per client ``[n, ...]`` when ``n``) and
         the capture for the rules."""
         raise NotImplementedError
@@ -266,8 +268,8 @@ class LayerNormRule(Rule):
         if n is None:
             z = xhat * w if w is not None else xhat
             return z + b if b is not None else z
-        shape = (n, -1, *self._param_shape())
         view = xhat.view(n, -1, *xhat.shape[1:])
+        shape = (n, *([1] * (view.dim() - 1 - len(self._param_shape()))), *self._param_shape())
         z = view * w.view(shape) if w is not None else view
         z = z + b.view(shape) if b is not None else z
         return z.view(xhat.shape)
@@ -532,9 +534,7 @@ class LayerGradients:
             self._write(out, layer, sums)
         return out.div_(batch), losses.mean(1)
 
-    def per_example(
-        self, params: Tensor, inputs: Tensor, targets: Tensor
-    ) -> tuple[Tensor, Tensor]:
+    def per_example(self, params: Tensor, inputs: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
         """Every example's gradient ``[n, B, d]`` and loss ``[n, B]``."""
         n, batch = inputs.shape[:2]
         layers, losses = self._pass(params, inputs, targets)
@@ -565,4 +565,3 @@ class LayerGradients:
         """Each layer's per-example norm rule of the last :meth:`clipped_mean` (``ghost`` or
         ``instantiate``)."""
         return {layer.name: layer.rule.mode for layer in self.layers}
-
