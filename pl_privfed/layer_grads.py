@@ -75,15 +75,21 @@ class Rule:
         """Every example's gradients ``{name: [N, *shape]}`` of the wanted parameters."""
         raise NotImplementedError
 
-    def client_sums(self, a: Tensor, g: Tensor, n: int, want: dict[str, bool]) -> dict:
-        """Per-client sums ``{name: [n, *shape]}`` of the examples' gradients."""
+    def client_sums(self, a: Tensor, g: Tensor, n: int, want: dict[str, bool], dest=None) -> dict:
+        """Per-client sums ``{name: [n, *shape]}`` of the examples' gradients (a rule may
+        write some into ``dest``, views of the flat output, and leave them out)."""
         grads = self.example_grads(a, g, want)
         return {k: v.view(n, -1, *v.shape[1:]).sum(1) for k, v in grads.items()}
 
-    def example_norms2(self, a: Tensor, g: Tensor, want: dict[str, bool]) -> Tensor:
-        """Every example's squared gradient norm over the wanted parameters, ``[N]``."""
-        grads = self.example_grads(a, g, want)
-        return sum(v.flatten(1).square().sum(1) for v in grads.values())
+    def instantiates(self, a: Tensor, g: Tensor) -> bool:
+        """Whether the per-example norms come from the instantiated per-example gradients
+        (else :meth:`ghost_norms2`); sets :attr:`mode`."""
+        self.mode = "instantiate"
+        return True
+
+    def ghost_norms2(self, a: Tensor, g: Tensor, want: dict[str, bool]) -> Tensor:
+        """Every example's squared gradient norm ``[N]`` without its gradient."""
+        raise NotImplementedError
 
 
 def _flat_seq(t: Tensor) -> Tensor:
@@ -111,30 +117,34 @@ class LinearRule(Rule):
             out["bias"] = g.sum(1)
         return out
 
-    def client_sums(self, a, g, n, want):
+    def client_sums(self, a, g, n, want, dest=None):
         a = a.reshape(n, -1, a.shape[-1])
         g = g.reshape(n, -1, g.shape[-1])
         out = {}
         if want["weight"]:
-            out["weight"] = torch.bmm(g.transpose(1, 2), a)
+            view = None if dest is None else dest["weight"]
+            if view is not None and view.is_contiguous():  # straight into the flat vector
+                torch.bmm(g.transpose(1, 2), a, out=view)
+            else:
+                out["weight"] = torch.bmm(g.transpose(1, 2), a)
         if want["bias"]:
             out["bias"] = g.sum(1)
         return out
 
-    def example_norms2(self, a, g, want):
+    def instantiates(self, a, g):
+        steps = a[0].numel() // a.shape[-1]
+        ghost = steps == 1 or 2 * steps * steps < a.shape[-1] * g.shape[-1]
+        self.mode = "ghost" if ghost else "instantiate"
+        return not ghost
+
+    def ghost_norms2(self, a, g, want):
         a, g = _flat_seq(a), _flat_seq(g)
-        steps, inp, outp = a.shape[1], a.shape[2], g.shape[2]
         total = a.new_zeros(a.shape[0])
         if want["weight"]:
-            if steps == 1:  # the outer product δ aᵀ: ||δ||² ||a||²
-                self.mode = "ghost"
+            if a.shape[1] == 1:  # the outer product δ aᵀ: ||δ||² ||a||²
                 total += g.square().sum((1, 2)) * a.square().sum((1, 2))
-            elif 2 * steps * steps < inp * outp:
-                self.mode = "ghost"
-                total += (torch.bmm(a, a.mT) * torch.bmm(g, g.mT)).sum((1, 2))
             else:
-                self.mode = "instantiate"
-                total += torch.bmm(g.mT, a).square().sum((1, 2))
+                total += (torch.bmm(a, a.mT) * torch.bmm(g, g.mT)).sum((1, 2))
         if want["bias"]:
             total += g.sum(1).square().sum(1)
         return total
@@ -160,7 +170,7 @@ class ConvRule(Rule):
     def forward(self, x, p, n):
         m, w, b = self.module, p["weight"], p["bias"]
         if n is None:
-            return self.fn(self._pad(x), w, b, m.stride, 0, m.dilation, m.groups), x
+            return m._conv_forward(x, w, b), x
         # clients as groups: [n·B, C, ...] -> [B, n·C, ...], weights [n·out, C/g, ...]
         batch = x.shape[0] // n
         xs = self._pad(x).view(n, batch, *x.shape[1:2], *self._pad(x[:1]).shape[2:])
@@ -169,6 +179,47 @@ class ConvRule(Rule):
         z = self.fn(xs, w.reshape(-1, *w.shape[2:]), bias, m.stride, 0, m.dilation, m.groups * n)
         z = z.view(batch, n, -1, *z.shape[2:]).transpose(0, 1)
         return z.reshape(n * batch, *z.shape[2:]), x
+
+    def _padded(self, a: Tensor) -> tuple[Tensor, tuple[int, ...]]:
+        """The input and the padding to give ``convolution_backward``."""
+        m = self.module
+        if m.padding_mode == "zeros" and not isinstance(m.padding, str):
+            return a, tuple(m.padding)
+        return self._pad(a), (0,) * self.dims
+
+    def _weight_grad(self, a: Tensor, g: Tensor, groups: int, rows: int) -> Tensor:
+        """``convolution_backward``'s weight gradient, for a weight of ``rows`` output
+        channels and ``groups`` groups (the native kernels of a centralized backward)."""
+        m = self.module
+        x, padding = self._padded(a)
+        weight = x.new_empty(rows, *m.weight.shape[1:])
+        return torch.ops.aten.convolution_backward(
+            g, x, weight, None, list(m.stride), list(padding), list(m.dilation), False,
+            [0] * self.dims, groups, [False, True, False],
+        )[1]  # fmt: skip
+
+    def example_grads(self, a, g, want):
+        """Every example's weight gradient in one grouped ``convolution_backward`` (the
+        examples as groups: ``[1, N·C, ...]``)."""
+        out, count, m = {}, a.shape[0], self.module
+        if want["weight"]:
+            x = a.reshape(1, -1, *a.shape[2:])
+            grad = g.reshape(1, -1, *g.shape[2:])
+            weight = self._weight_grad(x, grad, m.groups * count, m.out_channels * count)
+            out["weight"] = weight.view(count, *m.weight.shape)
+        if want["bias"]:
+            out["bias"] = g.flatten(2).sum(2)
+        return out
+
+    def client_sums(self, a, g, n, want, dest=None):
+        out, m = {}, self.module
+        if want["weight"]:
+            parts = [self._weight_grad(x, grad, m.groups, m.out_channels)
+                     for x, grad in zip(a.chunk(n), g.chunk(n))]  # fmt: skip
+            out["weight"] = torch.stack(parts)
+        if want["bias"]:
+            out["bias"] = g.flatten(2).sum(2).view(n, -1, g.shape[1]).sum(1)
+        return out
 
     def _patches(self, a: Tensor) -> Tensor:
         """``[N, groups, C/g·k, L]``: every output position's input patch."""
@@ -181,29 +232,20 @@ class ConvRule(Rule):
             cols = F.unfold(a, m.kernel_size, dilation=m.dilation, stride=m.stride)
         return cols.view(a.shape[0], m.groups, -1, cols.shape[-1])
 
-    def _outputs(self, g: Tensor) -> Tensor:
-        return g.reshape(g.shape[0], self.module.groups, -1, g[0, 0].numel())
+    def instantiates(self, a, g):
+        m = self.module
+        positions = g[0, 0].numel()
+        rows = m.weight[0].numel()  # C/g · k
+        ghost = 2 * positions * positions < rows * (m.out_channels // m.groups)
+        self.mode = "ghost" if ghost else "instantiate"
+        return not ghost
 
-    def example_grads(self, a, g, want):
-        out = {}
-        if want["weight"]:
-            cols, gs = self._patches(a), self._outputs(g)
-            out["weight"] = (gs @ cols.mT).view(a.shape[0], *self.module.weight.shape)
-        if want["bias"]:
-            out["bias"] = g.flatten(2).sum(2)
-        return out
-
-    def example_norms2(self, a, g, want):
+    def ghost_norms2(self, a, g, want):
         total = a.new_zeros(a.shape[0])
         if want["weight"]:
-            cols, gs = self._patches(a), self._outputs(g)
-            positions, rows, outs = cols.shape[-1], cols.shape[-2], gs.shape[-2]
-            if 2 * positions * positions < rows * outs:
-                self.mode = "ghost"
-                total += (cols.mT @ cols).mul_(gs.mT @ gs).sum((1, 2, 3))
-            else:
-                self.mode = "instantiate"
-                total += (gs @ cols.mT).square().sum((1, 2, 3))
+            cols = self._patches(a)
+            gs = g.reshape(g.shape[0], self.module.groups, -1, g[0, 0].numel())
+            total += (cols.mT @ cols).mul_(gs.mT @ gs).sum((1, 2, 3))
         if want["bias"]:
             total += g.flatten(2).sum(2).square().sum(1)
         return total
@@ -244,12 +286,15 @@ class EmbeddingRule(Rule):
         idx, g = self._masked(a, g)
         return {"weight": self._scatter(idx, g, idx.shape[0])} if want["weight"] else {}
 
-    def client_sums(self, a, g, n, want):
+    def client_sums(self, a, g, n, want, dest=None):
         idx, g = self._masked(a, g)
         return {"weight": self._scatter(idx, g, n)} if want["weight"] else {}
 
-    def example_norms2(self, a, g, want):
+    def instantiates(self, a, g):
         self.mode = "ghost"
+        return False
+
+    def ghost_norms2(self, a, g, want):
         idx, g = self._masked(a, g)
         same = (idx.unsqueeze(2) == idx.unsqueeze(1)).to(g.dtype)
         return (same * torch.bmm(g, g.mT)).sum((1, 2))
@@ -400,6 +445,8 @@ class LayerGradients:
             raise ValueError(f"grad_backend 'layers' does not support this model: {reason}")
         self.model = model
         self.criterion = criterion
+        #: bytes of one layer's per-example gradients that :meth:`clipped_mean` keeps
+        self.keep_bytes = 256 * 2**20
         offsets, offset = {}, 0
         for name, p in model.named_parameters():
             if p.requires_grad:
@@ -491,9 +538,10 @@ class LayerGradients:
             return F.mse_loss(out, targets.to(out.dtype), reduction="none").flatten(1).mean(1)
         return vmap(lambda o, t: crit(o.unsqueeze(0), t.unsqueeze(0)))(out, targets)
 
-    def _pass(self, params: Tensor, inputs: Tensor, targets: Tensor):
+    def _pass(self, params: Tensor, inputs: Tensor, targets: Tensor, factor: float = 1.0):
         """One forward/backward over the ``n·B`` stacked examples: ``(layers with (a, g),
-        example losses [n, B])``; ``g`` is the gradient of each example's own loss."""
+        example losses [n, B])``; ``g`` is the gradient of each example's own loss times
+        ``factor``."""
         n, batch = inputs.shape[:2]
         shared = params.dim() == 1
         x = inputs.reshape(n * batch, *inputs.shape[2:])
@@ -506,7 +554,8 @@ class LayerGradients:
             losses = self._example_losses(out, y)
             starts = [slot[2] for _, slot in captured]
             if starts:  # runs the hooks; the values are the hooks' (before in-place changes)
-                torch.autograd.grad(losses.sum(), starts, allow_unused=True)
+                total = losses.sum() if factor == 1.0 else losses.sum() * factor
+                torch.autograd.grad(total, starts, allow_unused=True)
         result = []
         for layer, (a, g, _, z) in captured:
             if g is None:  # the layer's output does not reach the loss
@@ -516,6 +565,16 @@ class LayerGradients:
 
     def _want(self, layer: _Layer) -> dict[str, bool]:
         return {k: layer.slots.get(k) is not None for k in layer.rule.names}
+
+    def _views(self, out: Tensor, layer: _Layer) -> dict[str, Tensor | None]:
+        """The layer's parameters' columns of ``out [n, d]`` as ``[n, *shape]`` views."""
+        views = {}
+        for pname, slot in layer.slots.items():
+            if slot is not None:
+                start, shape = slot
+                numel = int(torch.Size(shape).numel())
+                views[pname] = out[:, start : start + numel].view(out.shape[0], *shape)
+        return views
 
     def _write(self, out: Tensor, layer: _Layer, grads: dict[str, Tensor]) -> None:
         for pname, value in grads.items():
@@ -527,18 +586,18 @@ class LayerGradients:
     def __call__(self, params: Tensor, inputs: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
         """Per-client gradients of the mean minibatch loss ``[n, d]`` and the losses ``[n]``."""
         n, batch = inputs.shape[:2]
-        layers, losses = self._pass(params, inputs, targets)
-        out = params.new_zeros(n, self.dim)
+        layers, losses = self._pass(params, inputs, targets, factor=1.0 / batch)
+        out = params.new_empty(n, self.dim)  # every trainable parameter has its rule
         for layer, a, g in layers:
-            sums = layer.rule.client_sums(a, g, n, self._want(layer))
+            sums = layer.rule.client_sums(a, g, n, self._want(layer), self._views(out, layer))
             self._write(out, layer, sums)
-        return out.div_(batch), losses.mean(1)
+        return out, losses.mean(1)
 
     def per_example(self, params: Tensor, inputs: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
         """Every example's gradient ``[n, B, d]`` and loss ``[n, B]``."""
         n, batch = inputs.shape[:2]
         layers, losses = self._pass(params, inputs, targets)
-        out = params.new_zeros(n * batch, self.dim)
+        out = params.new_empty(n * batch, self.dim)
         for layer, a, g in layers:
             self._write(out, layer, layer.rule.example_grads(a, g, self._want(layer)))
         return out.view(n, batch, self.dim), losses
@@ -547,18 +606,38 @@ class LayerGradients:
         self, params: Tensor, inputs: Tensor, targets: Tensor, scale: Callable[[Tensor], Tensor]
     ) -> tuple[Tensor, Tensor, Tensor]:
         """``(1/B) Σ_b s(||g_b||) g_b`` per client without a second backward:
-        ``(grads [n, d], example losses [n, B], example gradient norms [n, B])``."""
+        ``(grads [n, d], example losses [n, B], example gradient norms [n, B])``.
+
+        Each layer's per-example squared norms by its rule (ghost, or from the instantiated
+        per-example gradients, which are then kept while they fit in :attr:`keep_bytes` per
+        layer); the clipped sum is the weighted sum of the kept per-example gradients, or the
+        per-client sum rule on the reweighted output gradients ``s_b g_b / B``."""
         n, batch = inputs.shape[:2]
         layers, losses = self._pass(params, inputs, targets)
         squared = params.new_zeros(n * batch)
+        kept: list[dict[str, Tensor] | None] = []
         for layer, a, g in layers:
-            squared += layer.rule.example_norms2(a, g, self._want(layer))
+            want = self._want(layer)
+            if layer.rule.instantiates(a, g):
+                grads = layer.rule.example_grads(a, g, want)
+                for v in grads.values():
+                    squared += torch.linalg.vector_norm(v.flatten(1), dim=1).square_()
+                size = sum(v.numel() for v in grads.values()) * params.element_size()
+                kept.append(grads if size <= self.keep_bytes else None)
+            else:
+                squared += layer.rule.ghost_norms2(a, g, want)
+                kept.append(None)
         norms = squared.sqrt_()
         weights = scale(norms).div(batch)
-        out = params.new_zeros(n, self.dim)
-        for layer, a, g in layers:
-            g = g * weights.view(-1, *([1] * (g.dim() - 1)))
-            self._write(out, layer, layer.rule.client_sums(a, g, n, self._want(layer)))
+        out = params.new_empty(n, self.dim)
+        for (layer, a, g), grads in zip(layers, kept):
+            if grads is not None:  # Σ_b w_b G_b per client: [n, 1, B] @ [n, B, p]
+                w = weights.view(n, 1, batch)
+                sums = {k: torch.bmm(w, v.reshape(n, batch, -1)) for k, v in grads.items()}
+            else:
+                g = g * weights.view(-1, *([1] * (g.dim() - 1)))
+                sums = layer.rule.client_sums(a, g, n, self._want(layer), self._views(out, layer))
+            self._write(out, layer, sums)
         return out, losses, norms.view(n, batch)
 
     def modes(self) -> dict[str, str]:
