@@ -46,6 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import vmap
+from torch.profiler import record_function
 
 __all__ = ["LayerGradients", "layer_support"]
 
@@ -549,7 +550,11 @@ class LayerGradients:
             x = x.to(params.dtype)
         y = targets.reshape(n * batch, *targets.shape[2:])
         captured: list = []
-        with torch.enable_grad(), self._patched(params.detach(), None if shared else n, captured):
+        with (
+            record_function("layer_rules.forward_backward"),
+            torch.enable_grad(),
+            self._patched(params.detach(), None if shared else n, captured),
+        ):
             out = self.model(x)
             losses = self._example_losses(out, y)
             starts = [slot[2] for _, slot in captured]
@@ -588,9 +593,10 @@ class LayerGradients:
         n, batch = inputs.shape[:2]
         layers, losses = self._pass(params, inputs, targets, factor=1.0 / batch)
         out = params.new_empty(n, self.dim)  # every trainable parameter has its rule
-        for layer, a, g in layers:
-            sums = layer.rule.client_sums(a, g, n, self._want(layer), self._views(out, layer))
-            self._write(out, layer, sums)
+        with record_function("layer_rules.client_sums"):
+            for layer, a, g in layers:
+                sums = layer.rule.client_sums(a, g, n, self._want(layer), self._views(out, layer))
+                self._write(out, layer, sums)
         return out, losses.mean(1)
 
     def per_example(self, params: Tensor, inputs: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
@@ -616,28 +622,31 @@ class LayerGradients:
         layers, losses = self._pass(params, inputs, targets)
         squared = params.new_zeros(n * batch)
         kept: list[dict[str, Tensor] | None] = []
-        for layer, a, g in layers:
-            want = self._want(layer)
-            if layer.rule.instantiates(a, g):
-                grads = layer.rule.example_grads(a, g, want)
-                for v in grads.values():
-                    squared += torch.linalg.vector_norm(v.flatten(1), dim=1).square_()
-                size = sum(v.numel() for v in grads.values()) * params.element_size()
-                kept.append(grads if size <= self.keep_bytes else None)
-            else:
-                squared += layer.rule.ghost_norms2(a, g, want)
-                kept.append(None)
+        with record_function("layer_rules.norms"):
+            for layer, a, g in layers:
+                want = self._want(layer)
+                if layer.rule.instantiates(a, g):
+                    grads = layer.rule.example_grads(a, g, want)
+                    for v in grads.values():
+                        squared += torch.linalg.vector_norm(v.flatten(1), dim=1).square_()
+                    size = sum(v.numel() for v in grads.values()) * params.element_size()
+                    kept.append(grads if size <= self.keep_bytes else None)
+                else:
+                    squared += layer.rule.ghost_norms2(a, g, want)
+                    kept.append(None)
         norms = squared.sqrt_()
         weights = scale(norms).div(batch)
         out = params.new_empty(n, self.dim)
-        for (layer, a, g), grads in zip(layers, kept):
-            if grads is not None:  # Σ_b w_b G_b per client: [n, 1, B] @ [n, B, p]
-                w = weights.view(n, 1, batch)
-                sums = {k: torch.bmm(w, v.reshape(n, batch, -1)) for k, v in grads.items()}
-            else:
-                g = g * weights.view(-1, *([1] * (g.dim() - 1)))
-                sums = layer.rule.client_sums(a, g, n, self._want(layer), self._views(out, layer))
-            self._write(out, layer, sums)
+        with record_function("layer_rules.clipped_sums"):
+            for (layer, a, g), grads in zip(layers, kept):
+                if grads is not None:  # Σ_b w_b G_b per client: [n, 1, B] @ [n, B, p]
+                    w = weights.view(n, 1, batch)
+                    sums = {k: torch.bmm(w, v.reshape(n, batch, -1)) for k, v in grads.items()}
+                else:
+                    g = g * weights.view(-1, *([1] * (g.dim() - 1)))
+                    views = self._views(out, layer)
+                    sums = layer.rule.client_sums(a, g, n, self._want(layer), views)
+                self._write(out, layer, sums)
         return out, losses, norms.view(n, batch)
 
     def modes(self) -> dict[str, str]:
