@@ -1,0 +1,142 @@
+"""One client's step, interleaved in one process: the layer rules against a plain PyTorch step
+and Opacus's ghost clipping (the shared machine's load changes between processes; alternating
+the systems call by call in one process keeps their ratios comparable).
+
+For each model (``benchmarks/peers.py``'s: ``mlp``, ``cnn``, ``text``) on one client's MNIST
+minibatch (B = 32), the median over ``--repeats`` of
+
+* ``plain``: ``model`` forward/backward and an SGD step (a plain loop's work per client);
+* ``layers``: ``grad_backend: layers``, the client's gradient (``LayerGradients``, shared
+  parameters) and the SGD step on the flat vector;
+* ``plain_dp_floor``: as ``plain`` plus one Gaussian draw of size ``d`` (what any private step
+  pays for its noise);
+* ``opacus_ghost``: Opacus's fast gradient clipping step (``GradSampleModuleFastGradientClipping``
+  with ghost clipping, ``DPLossFastGradientClipping``, ``DPOptimizerFastGradientClipping``:
+  norms, a second backward, noise, the step);
+* ``layers_dp``: the clipped mean of the layer rules, one Gaussian draw of size ``d`` and the
+  step;
+* ``opacus_hooks``: Opacus's ``GradSampleModule`` and ``DPOptimizer`` (per-sample gradients).
+
+One thread. Usage: ``python benchmarks/layer_rules.py --models cnn text mlp --repeats 30``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+LR, CLIP, NOISE, BATCH = 0.1, 1.0, 1.0, 32
+
+
+def systems(kind: str, x, y):
+    import peers
+    import torch
+    from opacus import GradSampleModule
+    from opacus.grad_sample import GradSampleModuleFastGradientClipping
+    from opacus.optimizers import DPOptimizer, DPOptimizerFastGradientClipping
+    from opacus.utils.fast_gradient_clipping_utils import DPLossFastGradientClipping
+
+    from pl_privfed.layer_grads import LayerGradients
+    from pl_privfed.operators import Clip
+
+    spec = {"model": kind}
+    criterion = torch.nn.CrossEntropyLoss()
+    plain_model = peers._model(spec)
+    plain_opt = torch.optim.SGD(plain_model.parameters(), lr=LR)
+    d = sum(p.numel() for p in plain_model.parameters())
+
+    def plain(noise: bool = False):
+        plain_opt.zero_grad()
+        criterion(plain_model(x), y).backward()
+        if noise:
+            torch.randn(d)
+        plain_opt.step()
+
+    rules = LayerGradients(peers._model(spec), criterion)
+    flat = torch.cat([p.detach().reshape(-1) for p in rules.model.parameters()])
+    xs, ys = x.unsqueeze(0), y.unsqueeze(0)
+    scale = Clip(CLIP).scale
+
+    def layers():
+        grads, _ = rules(flat, xs, ys)
+        flat.sub_(grads[0], alpha=LR)
+
+    def layers_dp():
+        grads, _, _ = rules.clipped_mean(flat, xs, ys, scale)
+        flat.sub_(grads[0].add_(torch.randn(d), alpha=NOISE * CLIP / BATCH), alpha=LR)
+
+    ghost = GradSampleModuleFastGradientClipping(peers._model(spec), max_grad_norm=CLIP,
+                                                 use_ghost_clipping=True)  # fmt: skip
+    ghost_opt = DPOptimizerFastGradientClipping(torch.optim.SGD(ghost.parameters(), lr=LR),
+                                                noise_multiplier=NOISE, max_grad_norm=CLIP,
+                                                expected_batch_size=BATCH)  # fmt: skip
+    ghost_loss = DPLossFastGradientClipping(ghost, ghost_opt, torch.nn.CrossEntropyLoss())
+
+    def opacus_ghost():
+        ghost_opt.zero_grad()
+        ghost_loss(ghost(x), y).backward()
+        ghost_opt.step()
+
+    hooks = GradSampleModule(peers._model(spec))
+    hooks_opt = DPOptimizer(torch.optim.SGD(hooks.parameters(), lr=LR), noise_multiplier=NOISE,
+                            max_grad_norm=CLIP, expected_batch_size=BATCH)  # fmt: skip
+
+    def opacus_hooks():
+        hooks_opt.zero_grad()
+        criterion(hooks(x), y).backward()
+        hooks_opt.step()
+
+    return {"plain": plain, "layers": layers, "plain_dp_floor": lambda: plain(True),
+            "opacus_ghost": opacus_ghost, "layers_dp": layers_dp,
+            "opacus_hooks": opacus_hooks}, d  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=["cnn", "text", "mlp"])
+    parser.add_argument("--repeats", type=int, default=30)
+    args = parser.parse_args()
+    os.environ.setdefault("PL_PRIVFED_DATA", str(ROOT.parent / "shared" / "data"))
+    import peers
+    import torch
+
+    torch.set_num_threads(1)
+    import tempfile
+
+    dm = peers._data(dict(n=10, T=1, cache=tempfile.mkdtemp(prefix="layer-rules-")))
+    idx = dm.round_indices(0).reshape(10, BATCH)[0]
+    x, y = dm.train_inputs[idx], dm.train_targets[idx]
+    for kind in args.models:
+        fns, d = systems(kind, x, y)
+        names = list(fns)
+        for fn in fns.values():  # warm-up
+            fn()
+        times = {name: [] for name in names}
+        for rep in range(args.repeats):
+            for name in names[rep % len(names) :] + names[: rep % len(names)]:
+                start = time.perf_counter()
+                fns[name]()
+                times[name].append(time.perf_counter() - start)
+        med = {name: statistics.median(v) for name, v in times.items()}
+        print(f"\n## {kind} (d = {d:,}), one client step, B = {BATCH}, median of {args.repeats} "
+              f"interleaved; load average {os.getloadavg()[0]:.2f}")  # fmt: skip
+        for name in names:
+            print(f"{name:>15} {med[name] * 1e3:9.2f} ms")
+        print(
+            f"layers / plain: {med['layers'] / med['plain']:.2f}x; "
+            f"layers_dp / opacus_ghost: {med['layers_dp'] / med['opacus_ghost']:.2f}x; "
+            f"layers_dp / opacus_hooks: {med['layers_dp'] / med['opacus_hooks']:.2f}x; "
+            f"layers_dp / layers: {med['layers_dp'] / med['layers']:.2f}x; "
+            f"layers_dp / plain_dp_floor: {med['layers_dp'] / med['plain_dp_floor']:.2f}x"
+        )
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
