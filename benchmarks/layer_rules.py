@@ -17,7 +17,7 @@ minibatch (B = 32), the median over ``--repeats`` of
   step;
 * ``opacus_hooks``: Opacus's ``GradSampleModule`` and ``DPOptimizer`` (per-sample gradients).
 
-One thread. Usage: ``python benchmarks/layer_rules.py --models cnn text mlp --repeats 30``.
+Every call starts from the same parameters (reset outside the timing). One thread. Usage: ``python benchmarks/layer_rules.py --models cnn text mlp --repeats 30``.
 """
 
 from __future__ import annotations
@@ -92,34 +92,61 @@ def systems(kind: str, x, y):
         criterion(hooks(x), y).backward()
         hooks_opt.step()
 
-    return {"plain": plain, "layers": layers, "plain_dp_floor": lambda: plain(True),
-            "opacus_ghost": opacus_ghost, "layers_dp": layers_dp,
-            "opacus_hooks": opacus_hooks}, d  # fmt: skip
+    start = [p.detach().clone() for p in plain_model.parameters()]
+    flat0 = flat.clone()
+
+    @torch.no_grad()
+    def reset() -> None:
+        """Every system back to the same initial parameters (untimed): noisy steps drift the
+        parameters to where float32 denormals slow every system down."""
+        flat.copy_(flat0)
+        for module in (plain_model, ghost, hooks):
+            for p, p0 in zip(module.parameters(), start):
+                p.copy_(p0)
+
+    fns = {
+        "plain": plain,
+        "layers": layers,
+        "plain_dp_floor": lambda: plain(True),
+        "opacus_ghost": opacus_ghost,
+        "layers_dp": layers_dp,
+        "opacus_hooks": opacus_hooks,
+    }
+    return fns, d, reset
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["cnn", "text", "mlp"])
     parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument(
+        "--flush-denormal",
+        action="store_true",
+        help="torch.set_flush_denormal(True) (float32 denormals flushed to 0)",
+    )
     args = parser.parse_args()
     os.environ.setdefault("PL_PRIVFED_DATA", str(ROOT.parent / "shared" / "data"))
     import peers
     import torch
 
     torch.set_num_threads(1)
+    if args.flush_denormal:
+        torch.set_flush_denormal(True)
     import tempfile
 
     dm = peers._data(dict(n=10, T=1, cache=tempfile.mkdtemp(prefix="layer-rules-")))
     idx = dm.round_indices(0).reshape(10, BATCH)[0]
     x, y = dm.train_inputs[idx], dm.train_targets[idx]
     for kind in args.models:
-        fns, d = systems(kind, x, y)
+        fns, d, reset = systems(kind, x, y)
         names = list(fns)
         for fn in fns.values():  # warm-up
+            reset()
             fn()
         times = {name: [] for name in names}
         for rep in range(args.repeats):
             for name in names[rep % len(names) :] + names[: rep % len(names)]:
+                reset()
                 start = time.perf_counter()
                 fns[name]()
                 times[name].append(time.perf_counter() - start)

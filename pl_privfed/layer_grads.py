@@ -4,7 +4,8 @@ closed-form rule per layer type.
 For every layer with parameters the gradient of a loss is a function of the layer's input
 ``a`` and of the gradient ``g = ∂loss/∂z`` of its output ``z``: a ``Linear`` layer's weight
 gradient is ``Σ_t g_tᵀ a_t`` (over the positions ``t`` of a sequence), a convolution's the same
-over the patches of its input (``unfold``, im2col), an ``Embedding``'s a scatter of ``g`` into
+over the patches of its input (im2col; computed by the native ``convolution_backward``: per
+client, and per example with the examples as groups), an ``Embedding``'s a scatter of ``g`` into
 the rows of the looked-up indices, a ``LayerNorm``/``GroupNorm``'s ``Σ g ⊙ x̂`` and ``Σ g``
 (``x̂`` the normalized input). So one forward over all examples of a chunk of clients (stacked:
 ``[n·B, ...]``, the centralized pass) and one backward that only propagates ``g`` (no weight
@@ -18,7 +19,8 @@ and the rules turn them into
   per example, ``T`` the sequence length or the number of patches) or the *instantiated*
   per-example gradient ``Gᵀ A`` (cost ``~p·d``); ghost when ``2 T² < p·d``;
 * per-example clipped sums: the per-client sum rule applied to the reweighted output gradients
-  ``s_b g_b`` (``s_b`` the clipping factor of example ``b``), the reweighted reduction of the
+  ``s_b g_b`` (``s_b`` the clipping factor of example ``b``), or the weighted sum of the
+  instantiated per-example gradients where they were kept: the reweighted reduction of the
   captured tensors that replaces a second backward.
 
 Parameters per client (local steps: every client's model differs) are handled by per-client
@@ -63,7 +65,8 @@ class Rule:
 
     def __init__(self, module: nn.Module) -> None:
         self.module = module
-        self.mode = "instantiate"  # how the per-example norms are computed (for docs/tests)
+        #: how the last clipped mean computed the per-example norms (``None``: none yet)
+        self.mode: str | None = None
 
     def forward(
         self, x: Tensor, p: dict[str, Tensor | None], n: int | None
