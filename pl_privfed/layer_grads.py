@@ -565,10 +565,12 @@ class LayerGradients:
                 total = losses.sum() if factor == 1.0 else losses.sum() * factor
                 torch.autograd.grad(total, starts, allow_unused=True)
         result = []
-        for layer, (a, g, _, z) in captured:
+        for layer, slot in captured:
+            a, g, _, z = slot
             if g is None:  # the layer's output does not reach the loss
                 g = torch.zeros_like(z)
             result.append((layer, a.detach(), g.detach()))
+            slot.clear()  # z → its graph → the hook → slot → z: break the cycle, free the graph
         return result, losses.detach().view(n, batch)
 
     def _want(self, layer: _Layer) -> dict[str, bool]:

@@ -3,6 +3,9 @@ example (float64, 1e-10): every layer type alone in several configurations, mode
 them (the CNN, ResNet-20 with GroupNorm, a text model), the clipped per-example means, the
 refusals, and the backend through the engine against the loop backend."""
 
+import gc
+import weakref
+
 import pytest
 import torch
 from test_engine import Digits64
@@ -283,3 +286,26 @@ def test_the_cnn_through_the_engine_equals_the_loop_backend(name, monkeypatch):
     torch.manual_seed(0)
     assert not torch.equal(want, ParameterLayout(SimpleCNN(1, 8, 8)).flatten(
         SimpleCNN(1, 8, hidden=8).double()))  # fmt: skip
+
+
+def test_the_graph_is_freed_without_the_cyclic_garbage_collector():
+    """The hook on each layer's output must not keep the batch's graph alive (a reference
+    cycle tensor → graph → hook → tensor held every call's activations: 2.4 GB at 100 CNN
+    clients)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 3)).to(DT)
+    refs = []
+    for layer in (model[0], model[2]):
+        layer.register_forward_hook(lambda m, i, out: refs.append(weakref.ref(out)))
+    rules = LayerGradients(model, nn.CrossEntropyLoss())
+    flat = ParameterLayout(model).flatten(model)
+    inputs, targets = data((4,))
+    gc.collect()
+    gc.disable()
+    try:
+        rules(flat, inputs, targets)
+        rules.clipped_mean(flat, inputs, targets, Clip(0.1).scale)
+        rules.per_example(flat, inputs, targets)
+        assert len(refs) == 6 and all(ref() is None for ref in refs)
+    finally:
+        gc.enable()
