@@ -468,6 +468,75 @@ class LayerGradients:
                 slots[pname] = offsets.get(full)
             if any(s is not None for s in slots.values()):
                 self.layers.append(_Layer(name, rule, slots))
+        self._chain = self._linear_chain()
+
+    def _linear_chain(self) -> list[nn.Module] | None:
+        """The activations between the layers when the model is a chain of ``Linear`` layers
+        and ReLU/Sigmoid/Tanh (an ``nn.Sequential``, or one as ``.net``, with an optional
+        leading ``Flatten``) under the plain cross-entropy, else ``None``. Such a chain's output
+        gradients are propagated by hand (``δ_l = (δ_{l+1} W_{l+1}) ⊙ σ'(z_l)``) instead of by
+        autograd, whose per-operator bookkeeping is most of a small network's cost."""
+        model, crit = self.model, self.criterion
+        net = model if isinstance(model, nn.Sequential) else getattr(model, "net", None)
+        if not isinstance(net, nn.Sequential) or type(crit) is not nn.CrossEntropyLoss:
+            return None
+        if crit.label_smoothing != 0.0:
+            return None
+        layers = list(net)
+        if layers and isinstance(layers[0], nn.Flatten):
+            if (layers[0].start_dim, layers[0].end_dim) != (1, -1):
+                return None
+            layers = layers[1:]
+        if not layers or len(layers) % 2 == 0:
+            return None
+        for k, layer in enumerate(layers):
+            allowed = (nn.Linear,) if k % 2 == 0 else (nn.ReLU, nn.Sigmoid, nn.Tanh)
+            if type(layer) not in allowed:
+                return None
+        linears = layers[0::2]
+        if [layer.rule.module for layer in self.layers] != linears:
+            return None  # a Linear with every parameter frozen
+        return layers[1::2]
+
+    def _pass_chain(self, params: Tensor, inputs: Tensor, targets: Tensor, factor: float):
+        """:meth:`_pass` for a chain of ``Linear`` layers (:meth:`_linear_chain`)."""
+        n, batch = inputs.shape[:2]
+        per_client = None if params.dim() == 1 else n
+        a = inputs.reshape(n * batch, -1).to(params.dtype)
+        acts, pre, weights = [], [], []
+        for k, layer in enumerate(self.layers):
+            p = self._params(layer, params, per_client)
+            z, _ = layer.rule.forward(a, p, per_client)
+            acts.append(a)
+            pre.append(z)
+            weights.append(p["weight"])
+            if k < len(self._chain):
+                a = self._chain[k](z)
+        logp = z.log_softmax(-1)
+        index = targets.reshape(-1, 1).long()
+        losses = -logp.gather(-1, index).squeeze(-1)
+        delta = logp.exp_()
+        delta.scatter_add_(-1, index, delta.new_full(index.shape, -1.0))  # softmax − onehot
+        if factor != 1.0:
+            delta.mul_(factor)
+        result = [None] * len(self.layers)
+        for k in range(len(self.layers) - 1, -1, -1):
+            result[k] = (self.layers[k], acts[k], delta)
+            if k == 0:
+                break
+            w = weights[k]
+            if per_client is None:
+                back = delta @ w
+            else:
+                back = torch.bmm(delta.view(n, batch, -1), w).view(n * batch, -1)
+            act, z, out = self._chain[k - 1], pre[k - 1], acts[k]
+            if isinstance(act, nn.ReLU):
+                delta = back.mul_(z > 0)
+            elif isinstance(act, nn.Sigmoid):
+                delta = back.mul_(out * (1 - out))
+            else:
+                delta = back.mul_(1 - out * out)
+        return result, losses.view(n, batch)
 
     # ------------------------------------------------------------------ the batched pass
     def _params(self, layer: _Layer, params: Tensor, n: int | None) -> dict[str, Tensor | None]:
@@ -546,6 +615,9 @@ class LayerGradients:
         """One forward/backward over the ``n·B`` stacked examples: ``(layers with (a, g),
         example losses [n, B])``; ``g`` is the gradient of each example's own loss times
         ``factor``."""
+        if self._chain is not None:
+            with record_function("layer_rules.forward_backward"), torch.no_grad():
+                return self._pass_chain(params.detach(), inputs, targets, factor)
         n, batch = inputs.shape[:2]
         shared = params.dim() == 1
         x = inputs.reshape(n * batch, *inputs.shape[2:])

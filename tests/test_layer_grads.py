@@ -24,7 +24,7 @@ from pl_privfed.datamodules import DirichletPartitioner
 from pl_privfed.engine import CHUNK_ENV
 from pl_privfed.grads import GradientOracle, ParameterLayout
 from pl_privfed.layer_grads import LayerGradients, layer_support
-from pl_privfed.models import SimpleCNN, TextClassifier, resnet20
+from pl_privfed.models import MLP, SimpleCNN, TextClassifier, resnet20
 from pl_privfed.operators import Clip
 from pl_privfed.privacy import DPNoise
 
@@ -293,7 +293,7 @@ def test_the_graph_is_freed_without_the_cyclic_garbage_collector():
     cycle tensor → graph → hook → tensor held every call's activations: 2.4 GB at 100 CNN
     clients)."""
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 3)).to(DT)
+    model = nn.Sequential(nn.Linear(4, 3), nn.GELU(), nn.Linear(3, 3)).to(DT)  # autograd path
     refs = []
     for layer in (model[0], model[2]):
         layer.register_forward_hook(lambda m, i, out: refs.append(weakref.ref(out)))
@@ -309,3 +309,13 @@ def test_the_graph_is_freed_without_the_cyclic_garbage_collector():
         assert len(refs) == 6 and all(ref() is None for ref in refs)
     finally:
         gc.enable()
+
+
+@pytest.mark.parametrize("activation", ["relu", "sigmoid", "tanh", "gelu"])
+def test_a_chain_of_linear_layers(activation):
+    """MLPs (the former analytic backend): ReLU/Sigmoid/Tanh chains propagate the output
+    gradients by hand, a GELU one by autograd; both exact, shared and per client."""
+    torch.manual_seed(0)
+    model = MLP(6, [5, 4], 3, activation=activation).to(DT)
+    assert (LayerGradients(model, nn.CrossEntropyLoss())._chain is None) == (activation == "gelu")
+    check_all(model, *data((2, 3)))
