@@ -26,7 +26,10 @@ and the rules turn them into
 Parameters per client (local steps: every client's model differs) are handled by per-client
 forwards of the same layers: a batched matrix product for ``Linear``, a grouped convolution with
 the clients as groups for ``Conv1d``/``Conv2d``, an offset lookup into the stacked tables for
-``Embedding``, per-client affine maps for the norms; the rules are the same.
+``Embedding``, per-client affine maps for the norms; the rules are the same. A chain of
+``Linear`` layers and ReLU/Sigmoid/Tanh under the plain cross-entropy (an MLP) propagates the
+output gradients by hand instead of by autograd (:meth:`LayerGradients._pass_chain`, what the
+former analytic backend did), into the same rules.
 
 Supported (:func:`layer_support` says why not otherwise): any model whose layers with parameters
 are ``Linear``, ``Conv1d``, ``Conv2d``, ``Embedding`` (without ``max_norm`` and
