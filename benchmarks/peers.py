@@ -11,11 +11,24 @@ weights and the same minibatches in every system):
 * ``per_example_dp``: FedAvg with per-example clipping (C = 1) and local Gaussian noise at every
   local step (noise multiplier 1; paper 003 Algorithm 1 with Corollary I's noise).
 
+Models (``--model``): ``mlp`` (the above, the default), ``cnn`` (``SimpleCNN(1, 28)``, the CNN
+of McMahan et al. 2017: two 5×5 convolutions, max-pooling, 512 units; d = 1,663,370) and
+``text`` (``PixelText``: a ``TextClassifier`` over each image read as 49 tokens, its 4×4-pooled
+pixels quantized to 256 levels with 0, the background, as the padding token: Embedding(256, 64),
+LayerNorm, Linear(64, 128) over the sequence, mean pooling, Linear(128, 10); there is no text
+data set on this project's machines, so the "text" is MNIST's pixels).
+
 Systems:
 
 * ``loop``: a plain per-client PyTorch loop written here (autograd, ``torch.optim.SGD``);
 * ``opacus``: for ``per_example_dp``, the same loop with Opacus's ``GradSampleModule`` and
   ``DPOptimizer`` (per-sample gradients, clipping and noise as Opacus does them);
+* ``opacus_ghost``: the same loop with Opacus's fast gradient clipping, its fastest mode
+  (``GradSampleModuleFastGradientClipping(use_ghost_clipping=True)``,
+  ``DPOptimizerFastGradientClipping``, ``DPLossFastGradientClipping``: per-example norms
+  without per-example gradients, then one reweighted backward);
+* ``central``: the floor, one centralized forward/backward per round over the round's
+  ``n·T·B`` examples at once (no federation: what the same arithmetic costs in one batch);
 * ``pfl``: for ``fedavg``, apple/pfl-research's ``FederatedAveraging`` with its PyTorch model
   and ``SimulatedBackend``, run by the Python given with ``--pfl-python`` (a separate
   environment: pfl pins its own dependencies);
@@ -56,13 +69,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKLOADS = ("fedavg", "alpha_normec", "dp_alpha_normec", "per_example_dp")
-BASELINES = {"fedavg": ("loop", "pfl"), "per_example_dp": ("opacus",)}
+BASELINES = {"fedavg": ("loop", "pfl"), "per_example_dp": ("opacus", "opacus_ghost")}
+MODELS = ("mlp", "cnn", "text")
 LR, BATCH, NOISE, CLIP = 0.1, 32, 1.0, 1.0
 NORMEC = dict(step_size=0.1, beta=0.1, alpha=0.01)
 
 
 def systems_of(workload: str) -> list[str]:
-    return [*BASELINES.get(workload, ("loop",)), "package", "fit"]
+    return [*BASELINES.get(workload, ("loop",)), "central", "package", "fit"]
 
 
 # ---------------------------------------------------------------------------- shared worker code
@@ -90,13 +104,25 @@ def _data(spec: dict):
     return dm
 
 
-def _model():
+def _model(spec: dict | None = None):
     import torch
 
-    from pl_privfed.models import MLP
+    from pl_privfed.models import MLP, SimpleCNN
 
     torch.manual_seed(0)
+    kind = (spec or {}).get("model", "mlp")
+    if kind == "cnn":
+        return SimpleCNN(1, 28)
+    if kind == "text":
+        return __getattr__("PixelText")()
     return MLP(784, [200, 200], 10)
+
+
+MODEL_CONFIGS = {
+    "cnn": {"class_path": "pl_privfed.models.SimpleCNN",
+            "init_args": {"in_channels": 1, "image_size": 28}},
+    "text": {"class_path": "peers.PixelText"},
+}  # fmt: skip
 
 
 def _algorithm(spec: dict):
@@ -137,11 +163,24 @@ def run_loop(spec: dict) -> dict:
     import torch
     from torch.nn.utils import parameters_to_vector
 
-    dm, model = _data(spec), _model()
+    dm, model = _data(spec), _model(spec)
     n, steps, workload = spec["n"], spec["T"], spec["workload"]
-    local = _model()
+    local = _model(spec)
     opacus = spec["system"] == "opacus"
-    if opacus:
+    ghost = spec["system"] == "opacus_ghost"
+    criterion = torch.nn.CrossEntropyLoss()
+    if ghost:
+        from opacus.grad_sample import GradSampleModuleFastGradientClipping
+        from opacus.optimizers import DPOptimizerFastGradientClipping
+        from opacus.utils.fast_gradient_clipping_utils import DPLossFastGradientClipping
+
+        local = GradSampleModuleFastGradientClipping(local, max_grad_norm=CLIP,
+                                                     use_ghost_clipping=True)  # fmt: skip
+        optimizer = DPOptimizerFastGradientClipping(
+            torch.optim.SGD(local.parameters(), lr=LR), noise_multiplier=NOISE,
+            max_grad_norm=CLIP, expected_batch_size=BATCH)  # fmt: skip
+        criterion = DPLossFastGradientClipping(local, optimizer, torch.nn.CrossEntropyLoss())
+    elif opacus:
         from opacus import GradSampleModule
         from opacus.optimizers import DPOptimizer
 
@@ -150,7 +189,6 @@ def run_loop(spec: dict) -> dict:
                                 max_grad_norm=CLIP, expected_batch_size=BATCH)  # fmt: skip
     else:
         optimizer = torch.optim.SGD(local.parameters(), lr=LR)
-    criterion = torch.nn.CrossEntropyLoss()
     x = parameters_to_vector(model.parameters()).detach()
     normec = workload in ("alpha_normec", "dp_alpha_normec")
     memory = torch.zeros(n, x.numel()) if normec else None
@@ -185,6 +223,25 @@ def run_loop(spec: dict) -> dict:
         ends.append(time.perf_counter())
     torch.nn.utils.vector_to_parameters(x, model.parameters())
     return {"round_s": _round_times(ends, spec["warmup"]), "accuracy": _accuracy(model, dm)}
+
+
+def run_central(spec: dict) -> dict:
+    """The floor: one forward/backward per round over all the round's examples at once."""
+    import torch
+
+    dm, model = _data(spec), _model(spec)
+    n, steps = spec["n"], spec["T"]
+    criterion = torch.nn.CrossEntropyLoss()
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    ends = []
+    for k in range(spec["rounds"]):
+        idx = dm.round_indices(k).reshape(-1)
+        optimizer.zero_grad()
+        criterion(model(dm.train_inputs[idx]), dm.train_targets[idx]).backward()
+        optimizer.step()
+        ends.append(time.perf_counter())
+    assert idx.numel() == n * steps * BATCH
+    return {"round_s": _round_times(ends, spec["warmup"]), "accuracy": None}
 
 
 class RoundTimer:
@@ -248,7 +305,7 @@ def run_package(spec: dict) -> dict:
     from pl_privfed import FederatedModule
 
     dm = _data(spec)
-    module = FederatedModule(_model(), _algorithm(spec))
+    module = FederatedModule(_model(spec), _algorithm(spec))
     timer = RoundTimer.build(split=True)
     trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=spec["rounds"], logger=False,
                          enable_checkpointing=False, enable_progress_bar=False,
@@ -261,8 +318,16 @@ def run_package(spec: dict) -> dict:
         "gradient_s": statistics.median(s[0] for s in splits),
         "step_s": statistics.median(s[1] for s in splits),
         "chunk": module.chunk_size(),
+        "backend": module.oracle.backend,
+        "rules": _rules_of(module.oracle),
         "accuracy": _accuracy(module.model, dm),
     }
+
+
+def _rules_of(oracle) -> dict | None:
+    """Each layer's per-example norm rule (layer-rule backend, after a clipped mean)."""
+    rules = getattr(oracle, "_layers", None)
+    return None if rules is None else rules.modes()
 
 
 def run_fit(spec: dict) -> dict:
@@ -276,6 +341,10 @@ def run_fit(spec: dict) -> dict:
             f"--data.init_args.local_batches={spec['T']}", f"--data.init_args.cache={spec['cache']}",
             f"--output_dir={out}", "--trainer.callbacks+=peers.FitTimer",
             f"--model.algorithm={json.dumps(_init_of(algorithm))}"]  # fmt: skip
+    if spec.get("model", "mlp") != "mlp":
+        args.append(f"--model.model={json.dumps(MODEL_CONFIGS[spec['model']])}")
+        if spec["model"] == "text":  # PixelText is defined in this file
+            sys.path.insert(0, str(ROOT / "benchmarks"))
     os.environ["PEERS_TIMES"] = str(out / "times.json")
     os.chdir(spec["tmp"])  # the config's logs/ go there
     try:
@@ -310,13 +379,38 @@ def _init_of(algorithm) -> dict:
 
 
 _FIT_TIMER: type | None = None
+_PIXEL_TEXT: type | None = None
+
+
+def _pixel_text() -> type:
+    """``PixelText``: MNIST images as 49-token sequences for a ``TextClassifier`` (module
+    docstring)."""
+    import torch.nn.functional as F
+
+    from pl_privfed.models import TextClassifier
+
+    class PixelText(TextClassifier):
+        def __init__(self) -> None:
+            super().__init__(vocab_size=256, dim=64, hidden=128, num_classes=10, padding_idx=0)
+
+        def forward(self, images):
+            pooled = F.avg_pool2d(images.reshape(-1, 1, 28, 28), 4)  # [B, 1, 7, 7]
+            tokens = (pooled.flatten(1) * 255).round().long().clamp_(0, 255)
+            return super().forward(tokens)
+
+    PixelText.__module__ = __name__
+    return PixelText
 
 
 def __getattr__(name: str):
     """``peers.FitTimer``, the class path ``run_fit`` gives ``--trainer.callbacks``: a Lightning
     callback built on first use (the pfl process imports this file without Lightning) that
     writes the round end times to ``$PEERS_TIMES`` when the fit ends."""
-    global _FIT_TIMER
+    global _FIT_TIMER, _PIXEL_TEXT
+    if name == "PixelText":
+        if _PIXEL_TEXT is None:
+            _PIXEL_TEXT = _pixel_text()
+        return _PIXEL_TEXT
     if name != "FitTimer":
         raise AttributeError(name)
     if _FIT_TIMER is None:
@@ -429,8 +523,8 @@ def export_pfl_data(spec: dict, path: Path) -> None:
              rounds=rounds, test_images=x_te.numpy(), test_labels=y_te.numpy())  # fmt: skip
 
 
-RUNNERS = {"loop": run_loop, "opacus": run_loop, "package": run_package, "fit": run_fit,
-           "pfl": run_pfl}  # fmt: skip
+RUNNERS = {"loop": run_loop, "opacus": run_loop, "opacus_ghost": run_loop, "central": run_central,
+           "package": run_package, "fit": run_fit, "pfl": run_pfl}  # fmt: skip
 
 
 def worker(spec: dict) -> None:
@@ -462,6 +556,7 @@ def summarize(values: list[float]) -> tuple[float, float, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
+    parser.add_argument("--model", default="mlp", choices=MODELS)
     parser.add_argument("--clients", type=int, nargs="+", default=[10, 100, 1000])
     parser.add_argument("--local-steps", type=int, nargs="+", default=[1, 5])
     parser.add_argument("--rounds", type=int, default=4, help="rounds per run, warm-up included")
@@ -482,7 +577,8 @@ def main() -> None:
     import torch
 
     print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-          f"torch {torch.__version__}, 1 thread per system; {time.strftime('%Y-%m-%d')}")  # fmt: skip
+          f"torch {torch.__version__}, 1 thread per system; {time.strftime('%Y-%m-%d')}; "
+          f"model {args.model}")  # fmt: skip
     tmp = Path(tempfile.mkdtemp(prefix="peers-"))
     cache = tmp / "cache"
     results: dict[tuple, list[dict]] = {}
@@ -494,7 +590,7 @@ def main() -> None:
                 if "pfl" in systems and not args.pfl_python:
                     systems.remove("pfl")
                 base = dict(workload=workload, n=n, T=steps, rounds=args.rounds,
-                            warmup=args.warmup, cache=str(cache))  # fmt: skip
+                            warmup=args.warmup, cache=str(cache), model=args.model)  # fmt: skip
                 if "pfl" in systems:
                     path = tmp / f"pfl-{n}-{steps}.npz"
                     export_pfl_data(base, path)
@@ -520,14 +616,15 @@ def report(workload: str, n: int, steps: int, systems: list[str], results: dict)
         if runs:
             rows[system] = (summarize([statistics.median(r["round_s"]) for r in runs]),
                             max(r["peak_mb"] for r in runs), runs)  # fmt: skip
-    print(f"\n## {workload}, n = {n}, T = {steps}")
+    load = os.getloadavg()
+    print(f"\n## {workload}, n = {n}, T = {steps} (load average after: {load[0]:.2f})")
     print(f"{'system':>8} {'s/round':>9} {'range':>17} {'peak MB':>8} {'accuracy':>9}")
     for system, ((med, lo, hi), peak, runs) in rows.items():
         acc = runs[-1].get("accuracy")
         acc_s = f"{acc:.4f}" if isinstance(acc, float) else "-"
         print(f"{system:>8} {med:9.4f} [{lo:7.4f}, {hi:7.4f}] {peak:8.0f} {acc_s:>9}")
     for system in ("package", "fit"):
-        for baseline in BASELINES.get(workload, ("loop",)):
+        for baseline in (*BASELINES.get(workload, ("loop",)), "central"):
             if system in rows and baseline in rows:
                 time_ratio = rows[system][0][0] / rows[baseline][0][0]
                 mem_ratio = rows[system][1] / rows[baseline][1]
@@ -538,7 +635,8 @@ def report(workload: str, n: int, steps: int, systems: list[str], results: dict)
         step = statistics.median(r["step_s"] for r in runs)
         print(f"package round: gradients {gradient:.4f} s, algorithm's own work "
               f"{step - gradient:.4f} s ({(step - gradient) / gradient:.1%} of the gradients), "
-              f"chunk {runs[-1]['chunk']} clients")  # fmt: skip
+              f"chunk {runs[-1]['chunk']} clients, backend {runs[-1].get('backend')}, "
+              f"rules {runs[-1].get('rules')}")  # fmt: skip
     sys.stdout.flush()
 
 

@@ -4,8 +4,8 @@ For each number of clients n, with B samples per client, it times
 
 * ``loop``: the per-client loop backend of :class:`pl_privfed.GradientOracle`;
 * ``vmap``: the ``torch.func.vmap(grad)`` backend;
-* ``analytic`` (fully connected networks under cross-entropy): the backward pass written out
-  (:mod:`pl_privfed.analytic_grads`; what ``grad_backend: auto`` picks for them on a CPU);
+* ``layers`` (the models the layer rules support, e.g. the MLPs; the former ``analytic``
+  column): :mod:`pl_privfed.layer_grads`, what ``grad_backend: auto`` picks for them on a CPU;
 * ``graph`` (CUDA only): the vmap backend replayed from a CUDA graph (``cuda_graphs: true``);
 * ``central``: one forward/backward over the same n·B samples with shared parameters
   (the physical floor: the same arithmetic without per-client gradients);
@@ -32,8 +32,8 @@ import torch
 from torch import nn
 
 from pl_privfed.algorithms import AlphaNormEC
-from pl_privfed.analytic_grads import analytic_support
 from pl_privfed.grads import GradientOracle
+from pl_privfed.layer_grads import layer_support
 from pl_privfed.models import MLP, resnet20
 from pl_privfed.privacy import DPNoise
 
@@ -92,8 +92,8 @@ def bench(model_name: str, n: int, batch: int, device: torch.device, repeats: in
     # the loop is slow for many clients: fewer repeats keep the benchmark short
     out["loop_ms"] = timeit(lambda: loop(x, inputs, targets), device, max(3, repeats // 4), 1)
     out["analytic_ms"] = float("nan")
-    if analytic_support(model, criterion) is None:
-        analytic = GradientOracle(model, criterion, "analytic")
+    if layer_support(model, criterion) is None:
+        analytic = GradientOracle(model, criterion, "layers")
         out["analytic_ms"] = timeit(lambda: analytic(x, inputs, targets), device, repeats)
     out["graph_ms"] = float("nan")
     if device.type == "cuda":
@@ -136,8 +136,8 @@ def main() -> None:
     )
     header = (
         f"{'model':>8} {'d':>8} {'n':>5} {'B':>3} {'central ms':>10} {'vmap ms':>9} "
-        f"{'loop ms':>9} {'analytic ms':>11} {'graph ms':>9} {'vmap/floor':>10} "
-        f"{'analytic/floor':>14} {'graph/floor':>11} "
+        f"{'loop ms':>9} {'layers ms':>11} {'graph ms':>9} {'vmap/floor':>10} "
+        f"{'layers/floor':>14} {'graph/floor':>11} "
         f"{'loop/floor':>10} {'loop/vmap':>9} {'alg/vmap':>8}"
     )
     print(header)

@@ -10,9 +10,12 @@ Backends (same numbers up to floating-point rounding, tested):
   :func:`torch.func.functional_call`: one batched forward/backward for all clients.
 * ``"loop"``: one forward/backward per client (the reference; the only loop over clients in the
   package).
-* ``"analytic"``: for fully connected networks under softmax cross-entropy, the backward pass
-  written out (:mod:`pl_privfed.analytic_grads`): as fast as one centralized forward/backward on
-  a CPU; per example (below), every example is treated as a client with a batch of one.
+* ``"layers"`` (also spelled ``"analytic"``, its former name when it covered only fully
+  connected networks): layer rules (:mod:`pl_privfed.layer_grads`): one batched
+  forward/backward over the chunk's examples that captures every layer's input and output
+  gradient, then a closed-form rule per layer type (``Linear``, also over sequences,
+  ``Conv1d``/``Conv2d``, ``Embedding``, ``LayerNorm``, ``GroupNorm``) for the per-client sums, the
+  per-example gradients and (ghost clipping) the per-example norms and clipped sums.
 
 BatchNorm and other buffers: during training every client normalizes with the statistics of its
 own minibatch (each client gets its own copy of the buffers). The running statistics used for
@@ -40,8 +43,8 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, grad_and_value, vmap
 
-from pl_privfed.analytic_grads import AnalyticMLPGradients, analytic_support
 from pl_privfed.engine.chunk import ChunkOracle, OracleOutput
+from pl_privfed.layer_grads import LayerGradients, layer_support
 
 __all__ = [
     "Backend",
@@ -54,8 +57,8 @@ __all__ = [
     "sum_client_buffers",
 ]
 
-Backend = Literal["auto", "vmap", "loop", "analytic"]
-BACKENDS = ("vmap", "loop", "analytic")
+Backend = Literal["auto", "vmap", "loop", "layers", "analytic"]
+BACKENDS = ("vmap", "loop", "layers", "analytic")  # "analytic": the former name of "layers"
 
 
 def average_client_buffers(per_client: dict[str, Tensor], dim: int = 0) -> dict[str, Tensor]:
@@ -104,30 +107,29 @@ def resolve_backend(
     device: torch.device,
     model: nn.Module | None = None,
     criterion: object | None = None,
-) -> Literal["vmap", "loop", "analytic"]:
-    """Pick the gradient backend; explicit names pass through.
+) -> Literal["vmap", "loop", "layers"]:
+    """Pick the gradient backend; explicit names pass through (``"analytic"`` → ``"layers"``).
 
-    ``"auto"`` → ``"vmap"`` on CUDA. On the CPU → ``"analytic"`` for the fully connected networks
-    under cross-entropy it supports (:func:`~pl_privfed.analytic_grads.analytic_support`),
-    ``"loop"`` for convolutional models and ``"vmap"`` otherwise, following measurements on a
-    2-core x86 CPU (``benchmarks/round_time.py``, see docs/performance.md): the quickstart MLP at
-    10 × 32, analytic 0.9× one centralized forward/backward, vmap 4×, loop 13×; ResNet-20 at
-    10 clients × 32, loop 0.91 s vs vmap 1.55 s per round.
+    ``"auto"`` → ``"vmap"`` on CUDA. On the CPU → ``"layers"`` for the models its layer rules
+    support (:func:`~pl_privfed.layer_grads.layer_support`), else ``"loop"`` for convolutional
+    models and ``"vmap"`` otherwise, following measurements on a 2-core x86 CPU
+    (``benchmarks/round_time.py``, ``benchmarks/peers.py``, see docs/performance.md).
     """
     if backend == "auto":
         if device.type == "cuda":
             return "vmap"
-        if model is not None and analytic_support(model, criterion) is None:
-            return "analytic"
+        if model is not None and layer_support(model, criterion) is None:
+            return "layers"
         convolutional = model is not None and any(
             isinstance(m, nn.modules.conv._ConvNd) for m in model.modules()
         )
         return "loop" if convolutional else "vmap"
     if backend not in BACKENDS:
         raise ValueError(
-            f"grad_backend must be 'auto', 'vmap', 'loop' or 'analytic', got {backend!r}"
+            f"grad_backend must be 'auto', 'vmap', 'loop' or 'layers' (or 'analytic', its former "
+            f"name), got {backend!r}"
         )
-    return backend
+    return "layers" if backend == "analytic" else backend
 
 
 class GradientOracle:
@@ -136,7 +138,8 @@ class GradientOracle:
     Args:
         model: the network; its parameters define the layout of the flat vector.
         criterion: a loss returning the mean over the minibatch (e.g. ``nn.CrossEntropyLoss()``).
-        backend: ``"vmap"``, ``"loop"`` or ``"analytic"`` (see the module docstring).
+        backend: ``"vmap"``, ``"loop"`` or ``"layers"`` (``"analytic"``: the same; see the
+            module docstring).
         cuda_graph: on CUDA, capture the gradient computation in a CUDA graph on the first call
             with each input signature and replay it afterwards: one launch instead of hundreds of
             kernel launches, which is what bounds small federations (10 clients × 32) on a GPU.
@@ -152,13 +155,16 @@ class GradientOracle:
         self,
         model: nn.Module,
         criterion: Callable[[Tensor, Tensor], Tensor],
-        backend: Literal["vmap", "loop", "analytic"] = "loop",
+        backend: Literal["vmap", "loop", "layers", "analytic"] = "loop",
         cuda_graph: bool = False,
     ) -> None:
         if backend not in BACKENDS:
-            raise ValueError(f"backend must be 'vmap', 'loop' or 'analytic', got {backend!r}")
-        # the analytic backend refuses a model it cannot differentiate (ValueError naming why)
-        self._analytic = AnalyticMLPGradients(model, criterion) if backend == "analytic" else None
+            raise ValueError(
+                f"backend must be 'vmap', 'loop' or 'layers' ('analytic'), got {backend!r}"
+            )
+        backend = "layers" if backend == "analytic" else backend
+        # the layer rules refuse a model they cannot differentiate (ValueError naming why)
+        self._layers = LayerGradients(model, criterion) if backend == "layers" else None
         if not isinstance(cuda_graph, bool):
             raise ValueError(f"cuda_graph must be a bool, got {cuda_graph!r}")
         self.cuda_graph = cuda_graph
@@ -270,15 +276,18 @@ class GradientOracle:
         gradient and ``s`` a norm-based operator's factor (clipping): ``grads [n, d]``, the
         examples' losses ``[n, B]`` and gradient norms ``norms [n, B]``.
 
-        The ``analytic`` backend never forms the per-example gradients: for a layer with input
-        ``a_b`` and output gradient ``δ_b``, example ``b``'s weight gradient is ``δ_b a_bᵀ``, of
-        norm ``||δ_b|| ||a_b||``, so the norms come from the layers' factors and the clipped
-        sum is one product ``(s ⊙ δ)ᵀ A`` per layer (the identity behind Opacus's ghost
-        clipping). The other backends compute per-example gradients for as many clients at a
-        time as fit in ``max_bytes``.
+        The ``layers`` backend never forms the per-example gradients where a cheaper rule
+        exists: for a ``Linear`` layer with input ``a_b`` and output gradient ``δ_b``, example
+        ``b``'s weight gradient is ``δ_b a_bᵀ``, of norm ``||δ_b|| ||a_b||``, so the norms come
+        from the layers' factors (ghost norms; over sequences and patches ``⟨A Aᵀ, G Gᵀ⟩`` or
+        the instantiated gradient, whichever is cheaper) and the clipped sum is one product
+        ``(s ⊙ δ)ᵀ A`` per layer (the identity behind Opacus's ghost clipping); see
+        :mod:`pl_privfed.layer_grads`. The other backends compute per-example gradients for as
+        many clients at a time as fit in ``max_bytes``.
         """
-        if self._analytic is not None:
-            grads, losses, norms = self._analytic.clipped_mean(params, inputs, targets, scale)
+        if self._layers is not None:
+            grads, losses, norms = self._layers.clipped_mean(params.detach(), inputs, targets,
+                                                             scale)  # fmt: skip
             return OracleOutput(grads=grads, losses=losses.detach(), norms=norms)
         n, batch = inputs.shape[:2]
         per = max(1, max_bytes // max(1, batch * self.layout.dim * params.element_size()))
@@ -319,29 +328,15 @@ class GradientOracle:
         buffers, and the clients' updated buffers."""
         given = client_buffers is not None
         buffers = client_buffers if given else self._client_buffers(inputs.shape[0])
-        if self._analytic is not None:  # no buffers: nothing to average
-            grads, losses = self._analytic_grads(params, inputs, targets, shared, per_example)
-        elif self.backend in ("vmap", "analytic"):
+        if self._layers is not None:  # no buffers: nothing to average
+            rules = self._layers.per_example if per_example else self._layers
+            grads, losses = rules(params, inputs, targets)
+        elif self.backend == "vmap":
             grads, losses = self._vmap(params, buffers, inputs, targets, shared, per_example)
         else:
             grads, losses = self._loop(params, buffers, inputs, targets, shared, per_example)
         averaged = average_client_buffers(buffers) if shared and buffers and not given else None
         return grads, losses, averaged, buffers
-
-    def _analytic_grads(self, params, inputs, targets, shared, per_example):
-        """The analytic backend; per example, every example is a client of its own (a batch of
-        one: ``[n·B, 1, ...]``, the client's parameters repeated ``B`` times)."""
-        if not per_example:
-            return self._analytic(params, inputs, targets)
-        n, batch = inputs.shape[:2]
-        if not shared:
-            params = params.repeat_interleave(batch, dim=0)
-        grads, losses = self._analytic(
-            params,
-            inputs.reshape(n * batch, 1, *inputs.shape[2:]),
-            targets.reshape(n * batch, 1, *targets.shape[2:]),
-        )
-        return grads.view(n, batch, -1), losses.view(n, batch)
 
     def _graphed(self, params, inputs, targets, shared, per_example, client_buffers=None):
         """:meth:`_compute` captured once per input signature in a CUDA graph, then replayed.

@@ -83,7 +83,7 @@ class FederatedModule(pl.LightningModule):
         algorithm: the federated algorithm, e.g. :class:`~pl_privfed.algorithms.AlphaNormEC`.
         criterion: per-client loss, a mean over the minibatch (default cross-entropy).
         grad_backend: ``"auto"`` (see :func:`~pl_privfed.grads.resolve_backend`), ``"vmap"``,
-            ``"loop"`` or ``"analytic"``.
+            ``"loop"`` or ``"layers"`` (``"analytic"``: its former name).
         epsilon_every: compute and log the accountant's ε every this many rounds (and at the end);
             default: on the rounds whose metrics reach the loggers (:meth:`logging_round`).
         cuda_graphs: on a CUDA device, replay the per-client gradient computation from a CUDA
@@ -612,7 +612,7 @@ def _check_arguments(
         raise ValueError(f"model must be an nn.Module, got {model!r}")
     if not isinstance(algorithm, FederatedAlgorithm):
         raise ValueError(f"algorithm must be a FederatedAlgorithm, got {algorithm!r}")
-    check_choice("grad_backend", grad_backend, ("auto", "vmap", "loop", "analytic"))
+    check_choice("grad_backend", grad_backend, ("auto", "vmap", "loop", "layers", "analytic"))
     positive = lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0  # noqa: E731
     if epsilon_every is not None and not positive(epsilon_every):
         raise ValueError(f"epsilon_every must be a positive integer or null, got {epsilon_every!r}")

@@ -1,4 +1,5 @@
-"""The analytic backend: per-client gradients of fully connected networks, written-out backward."""
+"""The former analytic backend (fully connected networks), now the Linear rules of the layer-rule
+backend (``grad_backend: layers``, still accepted as ``analytic``)."""
 
 import pytest
 import torch
@@ -6,8 +7,8 @@ from torch import nn
 
 from pl_privfed import FederatedModule
 from pl_privfed.algorithms import AlphaNormEC
-from pl_privfed.analytic_grads import AnalyticMLPGradients, analytic_support
 from pl_privfed.grads import GradientOracle, resolve_backend
+from pl_privfed.layer_grads import LayerGradients, layer_support
 from pl_privfed.models import MLP, LogisticRegression, NonconvexLogisticRegression
 
 N, B = 5, 7
@@ -89,31 +90,62 @@ def test_per_example_gradients_equal_vmap(per_client):
     "model, criterion, reason",
     [
         (lambda: MLP(4, [3], 2, batch_norm=True), nn.CrossEntropyLoss(), "buffers"),
-        (lambda: MLP(4, [3], 2, activation="gelu"), nn.CrossEntropyLoss(), "GELU"),
-        (lambda: MLP(4, [3], 2), nn.MSELoss(), "MSELoss"),
-        (lambda: MLP(4, [3], 2), nn.CrossEntropyLoss(label_smoothing=0.1), "label smoothing"),
         (lambda: MLP(4, [3], 2), nn.CrossEntropyLoss(reduction="sum"), "mean"),
+        (lambda: MLP(4, [3], 2), nn.CrossEntropyLoss(weight=torch.ones(2)), "weights"),
         (lambda: NonconvexLogisticRegression(4), nn.CrossEntropyLoss(), "regularizer"),
-        (lambda: nn.Sequential(nn.Conv2d(1, 2, 3), nn.Flatten(), nn.Linear(2, 2)),
-         nn.CrossEntropyLoss(), "Conv2d"),
-        (lambda: nn.Sequential(nn.Linear(4, 3), nn.ReLU()), nn.CrossEntropyLoss(), "Linear"),
+        (lambda: nn.Sequential(nn.Linear(4, 3), nn.PReLU()), nn.CrossEntropyLoss(), "PReLU"),
+        (lambda: nn.Sequential(nn.Conv3d(1, 2, 1), nn.Flatten()), nn.CrossEntropyLoss(),
+         "Conv3d"),
     ],
 )  # fmt: skip
 def test_unsupported_models_are_refused_with_the_reason(model, criterion, reason):
     built = model()
-    assert reason in analytic_support(built, criterion)
-    with pytest.raises(ValueError, match="analytic"):
-        AnalyticMLPGradients(built, criterion)
-    with pytest.raises(ValueError, match=reason):
-        GradientOracle(built, criterion, "analytic")
+    assert reason in layer_support(built, criterion)
+    with pytest.raises(ValueError, match="layers"):
+        LayerGradients(built, criterion)
+    for name in ("layers", "analytic"):
+        with pytest.raises(ValueError, match=reason):
+            GradientOracle(built, criterion, name)
     # auto never picks it for them
-    assert resolve_backend("auto", torch.device("cpu"), built, criterion) != "analytic"
+    assert resolve_backend("auto", torch.device("cpu"), built, criterion) != "layers"
 
 
-def test_auto_picks_analytic_on_the_cpu_for_supported_networks():
+@pytest.mark.parametrize(
+    "model, criterion",
+    [
+        (lambda: MLP(4, [3], 2, activation="gelu"), nn.CrossEntropyLoss()),
+        (lambda: MLP(4, [3], 2), nn.MSELoss()),
+        (lambda: MLP(4, [3], 2), nn.CrossEntropyLoss(label_smoothing=0.1)),
+        (lambda: nn.Sequential(nn.Conv2d(1, 2, 3), nn.Flatten(), nn.Linear(2, 2)),
+         nn.CrossEntropyLoss()),
+        (lambda: nn.Sequential(nn.Linear(4, 3), nn.ReLU()), nn.CrossEntropyLoss()),
+    ],
+)  # fmt: skip
+def test_what_the_analytic_backend_refused_the_layer_rules_compute(model, criterion):
+    """GELU, MSE, label smoothing, convolutions, a network ending in an activation: exact."""
+    torch.manual_seed(0)
+    built = model().double()
+    assert layer_support(built, criterion) is None
+    g = torch.Generator().manual_seed(4)
+    conv = isinstance(built[0], nn.Conv2d) if isinstance(built, nn.Sequential) else False
+    inputs = torch.randn(3, 5, *((1, 3, 3) if conv else (4,)), generator=g, dtype=torch.float64)
+    if isinstance(criterion, nn.MSELoss):
+        targets = torch.randn(3, 5, 2, generator=g, dtype=torch.float64)
+    else:
+        targets = torch.randint(0, 2, (3, 5), generator=g)
+    layers = GradientOracle(built, criterion, "analytic")
+    loop = GradientOracle(built, criterion, "loop")
+    flat = layers.layout.flatten(built)
+    a, b = layers(flat, inputs, targets), loop(flat, inputs, targets)
+    torch.testing.assert_close(a.grads, b.grads, atol=1e-12, rtol=1e-10)
+    torch.testing.assert_close(a.losses, b.losses, atol=1e-12, rtol=1e-10)
+
+
+def test_auto_picks_the_layer_rules_on_the_cpu_for_supported_networks():
     model = MLP(64, [32], 10)
-    assert resolve_backend("auto", torch.device("cpu"), model, nn.CrossEntropyLoss()) == "analytic"
+    assert resolve_backend("auto", torch.device("cpu"), model, nn.CrossEntropyLoss()) == "layers"
     assert resolve_backend("auto", torch.device("cuda"), model, nn.CrossEntropyLoss()) == "vmap"
+    assert resolve_backend("analytic", torch.device("cpu")) == "layers"
     module = FederatedModule(model, AlphaNormEC(0.1, 0.1, 0.01))
     assert module.grad_backend == "auto"
     with pytest.raises(ValueError, match="grad_backend"):

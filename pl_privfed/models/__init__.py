@@ -5,6 +5,7 @@ from pl_privfed.models.logistic import NonconvexLogisticRegression
 from pl_privfed.models.mlp import MLP, LogisticRegression
 from pl_privfed.models.quadratic import HalfSquaredError, QuadraticModel
 from pl_privfed.models.resnet_cifar import CifarResNet, resnet20, resnet32, resnet44, resnet56
+from pl_privfed.models.text import TextClassifier
 
 __all__ = [
     "MLP",
@@ -14,6 +15,7 @@ __all__ = [
     "NonconvexLogisticRegression",
     "QuadraticModel",
     "SimpleCNN",
+    "TextClassifier",
     "resnet20",
     "resnet32",
     "resnet44",
