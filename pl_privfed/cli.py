@@ -11,7 +11,8 @@ certified ε); ``pl-privfed demo`` runs the demo (:mod:`pl_privfed.demo`). ``pl-
 --help`` lists them all.
 
 Beside the LightningCLI arguments, ``fit`` takes ``--seed N`` (every seed of the run, see
-:func:`set_seeds`; an integer ``--seed_everything N`` without ``--seed`` is taken as ``--seed N``,
+:func:`set_seeds`; an integer ``--seed_everything N`` on the command line without ``--seed`` is taken as
+``--seed N``,
 and ``summary.json`` lists every seed used), ``--output_dir`` (the run's summary, curves and the loggers' files),
 ``--run_name`` and ``--run_group`` (its W&B run's name and group). Arguments as ``wandb agent``
 writes them are accepted (:func:`agent_arguments`): every file in ``configs/sweeps`` runs
@@ -427,6 +428,12 @@ class PrivFedCLI(LightningCLI):
         kwargs.setdefault("subclass_mode_data", True)
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
         self._own_callbacks = "trainer_defaults" not in kwargs
+        argv = kwargs.get("args")
+        argv = sys.argv[1:] if argv is None else argv
+        #: ``--seed_everything`` given on the command line (not from a config file): the one knob
+        self._seed_everything_given = isinstance(argv, list | tuple) and any(
+            str(a) == "--seed_everything" or str(a).startswith("--seed_everything=") for a in argv
+        )
         kwargs.setdefault("trainer_defaults", {"callbacks": default_callbacks()})
         kwargs.setdefault("save_config_callback", LoggedConfig)
         kwargs.setdefault("auto_configure_optimizers", False)
@@ -507,8 +514,9 @@ class PrivFedCLI(LightningCLI):
             help="Set every seed of the run to this value: seed_everything (model init) and "
             "every `seed`/`*_seed` argument of the model and data (validation split, "
             "minibatches, partition, noise, client sampling), except split_seed (the test set "
-            "stays fixed). An integer --seed_everything without --seed does the same (one "
-            "knob); summary.json lists every seed used under `seeds`. A sweep's seed axis: "
+            "stays fixed). An integer --seed_everything on the command line without --seed does "
+            "the same (one knob; a config file's seed_everything seeds the model only); "
+            "summary.json lists every seed used under `seeds`. A sweep's seed axis: "
             "`seed: {values: [0, 1, 2]}`.",
         )
         parser.add_argument(
@@ -535,14 +543,21 @@ class PrivFedCLI(LightningCLI):
 
     def _set_seed(self) -> None:
         """Check ``--seed`` and ``seed_everything`` (numpy's range) before Lightning seeds; an
-        integer ``seed_everything`` without ``--seed`` is taken as ``--seed`` (one knob: it
-        sets every seed of the run, :func:`set_seeds`)."""
+        integer ``--seed_everything`` on the command line without ``--seed`` is taken as
+        ``--seed`` (one knob: it sets every seed of the run, :func:`set_seeds`). A config file's
+        ``seed_everything`` keeps Lightning's meaning (the model's initialization), so the seeds
+        a config or the command line sets one by one are never overwritten by it."""
         config = self.config[self.subcommand] if self.subcommand else self.config
         check_seed(config.get("seed"), "--seed")
         check_seed(config.get("seed_everything"), "--seed_everything")
         given = config.get("seed_everything")
         self._seed_source = "--seed" if config.get("seed") is not None else None
-        if self._seed_source is None and isinstance(given, int) and not isinstance(given, bool):
+        if (
+            self._seed_source is None
+            and self._seed_everything_given
+            and isinstance(given, int)
+            and not isinstance(given, bool)
+        ):
             config["seed"] = given
             self._seed_source = "seed_everything"
         super()._set_seed()

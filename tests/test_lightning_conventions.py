@@ -112,6 +112,10 @@ def test_seed_everything_is_the_one_seed_knob(tmp_path, monkeypatch, capsys):
                            "--seed_everything", "3"], run=False)  # fmt: skip
     assert cli.datamodule.seed == 3 and cli.datamodule.partitioner.seed == 3
     assert cli.model.algorithm.noise.seed == 3
+    # a config file's seed_everything seeds the model only: a seed set on its own stays
+    cli = PrivFedCLI(args=["--config", DP_DIGITS, "--trainer.logger=false",
+                           "--data.init_args.seed", "9"], run=False)  # fmt: skip
+    assert cli.datamodule.seed == 9
     main(["fit", "--config", DP_DIGITS, *QUIET, "--trainer.max_steps", "2",
           "--seed_everything", "5", "--output_dir", "run"])  # fmt: skip
     seeds = json.loads((tmp_path / "run" / "summary.json").read_text())["seeds"]
@@ -125,8 +129,9 @@ def test_seed_everything_is_the_one_seed_knob(tmp_path, monkeypatch, capsys):
           "--seed_everything", "5", "--seed", "6", "--output_dir", "both"])  # fmt: skip
     seeds = json.loads((tmp_path / "both" / "summary.json").read_text())["seeds"]
     assert seeds["set_by"] == "--seed" and seeds["seed_everything"] == 6
-    assert "An integer --seed_everything without --seed does the same" in " ".join(
-        fit_help(capsys, monkeypatch).split()
+    assert (
+        "An integer --seed_everything on the command line without --seed does the same"
+        in " ".join(fit_help(capsys, monkeypatch).split())
     )
 
 
