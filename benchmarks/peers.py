@@ -449,17 +449,35 @@ def run_pfl(spec: dict) -> dict:
     images, labels, rounds = data["images"], data["labels"], data["rounds"]  # rounds [R, n, T·B]
     n = spec["n"]
 
-    class Net(torch.nn.Module):
+    nn = torch.nn
+
+    class Net(nn.Module):
+        """The workload's model, built here (pfl's environment has no pl_privfed) in the same
+        layer order under the same seed as pl_privfed's MLP and SimpleCNN(1, 28), so the
+        initial weights are the same."""
+
         def __init__(self) -> None:
             super().__init__()
             torch.manual_seed(0)
-            self.net = torch.nn.Sequential(
-                torch.nn.Flatten(), torch.nn.Linear(784, 200), torch.nn.ReLU(),
-                torch.nn.Linear(200, 200), torch.nn.ReLU(), torch.nn.Linear(200, 10),
-            )  # fmt: skip
+            if spec.get("model", "mlp") == "cnn":  # pl_privfed.models.SimpleCNN(1, 28)
+                features = nn.Sequential(
+                    nn.Conv2d(1, 32, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+                    nn.Conv2d(32, 64, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+                )  # fmt: skip
+                classifier = nn.Sequential(
+                    nn.Flatten(), nn.Linear(64 * 7 * 7, 512), nn.ReLU(), nn.Linear(512, 10)
+                )
+                self.net = nn.Sequential(nn.Unflatten(1, (1, 28, 28)), features, classifier)
+            elif spec.get("model", "mlp") == "mlp":
+                self.net = nn.Sequential(
+                    nn.Flatten(), nn.Linear(784, 200), nn.ReLU(),
+                    nn.Linear(200, 200), nn.ReLU(), nn.Linear(200, 10),
+                )  # fmt: skip
+            else:
+                raise ValueError(f"pfl: the {spec['model']!r} model is not built here")
 
         def forward(self, x):
-            return self.net(x)
+            return self.net(x.flatten(1))
 
         def loss(self, x, y, eval=False):
             self.eval() if eval else self.train()
