@@ -33,6 +33,8 @@ def main() -> None:
         "--workload", default="per_example_dp", choices=("fedavg", "per_example_dp")
     )
     parser.add_argument("--clients", type=int, default=10)
+    parser.add_argument("--local-steps", type=int, default=1, help="T (FedAvg's local steps)")
+    parser.add_argument("--ops", type=int, default=0, help="also print the N costliest operators")
     parser.add_argument("--rounds", type=int, default=4, help="profiled rounds (after one warm-up)")
     args = parser.parse_args()
     os.environ.setdefault("PL_PRIVFED_DATA", str(ROOT.parent / "shared" / "data"))
@@ -44,7 +46,7 @@ def main() -> None:
     from pl_privfed import FederatedModule
 
     torch.set_num_threads(1)
-    spec = dict(workload=args.workload, n=args.clients, T=1, rounds=args.rounds + 1, warmup=1,
+    spec = dict(workload=args.workload, n=args.clients, T=args.local_steps, rounds=args.rounds + 1, warmup=1,
                 cache=tempfile.mkdtemp(prefix="layer-profile-"), model=args.model)  # fmt: skip
     dm = peers._data(spec)
     module = FederatedModule(peers._model(spec), peers._algorithm(spec))
@@ -87,7 +89,8 @@ def main() -> None:
         central()
         times.append(time.perf_counter() - start)
     floor = sorted(times)[2]
-    print(f"# {args.model}, {args.workload}, {args.clients} clients × 32, backend "
+    print(f"# {args.model}, {args.workload}, {args.clients} clients × 32 × T = {args.local_steps}, "
+          "backend "
           f"{module.oracle.backend}, chunk {module.chunk_size()}, rules "
           f"{module.oracle._layers.modes() if module.oracle._layers else None}; "
           f"load average {os.getloadavg()[0]:.2f}")  # fmt: skip
@@ -98,6 +101,8 @@ def main() -> None:
             ("floor: one centralized fwd/bwd", floor)]  # fmt: skip
     for name, value in rows:
         print(f"{name:>34} {value:8.4f} {value / total:6.1%} {value / floor:8.2f}")
+    if args.ops:
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.ops))
 
 
 if __name__ == "__main__":
