@@ -622,6 +622,8 @@ class LayerGradients:
             with record_function("layer_rules.forward_backward"), torch.no_grad():
                 return self._pass_chain(params.detach(), inputs, targets, factor)
         n, batch = inputs.shape[:2]
+        if params.dim() == 2 and n == 1:  # one client's own weights: the ordinary forward
+            params = params[0]
         shared = params.dim() == 1
         x = inputs.reshape(n * batch, *inputs.shape[2:])
         if x.is_floating_point():
