@@ -115,23 +115,27 @@ def check_seed(value: Any, option: str) -> None:
 _FIXED_SEEDS = ("split_seed",)
 
 
-def _seed_slots(node: Any, path: str = "") -> Iterator[tuple[Namespace, str, str]]:
+def _seed_slots(
+    node: Any, path: str = "", fixed: bool = False
+) -> Iterator[tuple[Namespace, str, str]]:
     """``(namespace, key, dotted path)`` of every seed argument (``seed`` or ``*_seed``) under
-    ``node``, a parsed config."""
+    ``node``, a parsed config; the seeds that stay fixed (``split_seed``) only with ``fixed``."""
     if isinstance(node, Namespace):
         for key in list(vars(node)):
             value = getattr(node, key)
             dotted = f"{path}.{key}" if path else key
-            seedlike = key == "seed" or (key.endswith("_seed") and key not in _FIXED_SEEDS)
+            seedlike = key == "seed" or (
+                key.endswith("_seed") and (fixed or key not in _FIXED_SEEDS)
+            )
             if seedlike and (
                 value is None or (isinstance(value, int) and not isinstance(value, bool))
             ):
                 yield node, key, dotted
             else:
-                yield from _seed_slots(value, dotted)
+                yield from _seed_slots(value, dotted, fixed)
     elif isinstance(node, list | tuple):
         for i, item in enumerate(node):
-            yield from _seed_slots(item, f"{path}[{i}]")
+            yield from _seed_slots(item, f"{path}[{i}]", fixed)
 
 
 def set_seeds(config: Namespace, seed: int) -> list[str]:
@@ -297,23 +301,9 @@ def seeds_of(config: Namespace) -> dict[str, int | None]:
     """Every seed of a parsed run config, ``{dotted path: value}``: ``seed_everything`` and each
     ``seed`` or ``*_seed`` argument of the model and the data (``split_seed`` included)."""
     out: dict[str, int | None] = {"seed_everything": config.get("seed_everything")}
-
-    def walk(node: Any, path: str) -> None:
-        if isinstance(node, Namespace):
-            for key in list(vars(node)):
-                value, dotted = getattr(node, key), f"{path}.{key}"
-                if (key == "seed" or key.endswith("_seed")) and (
-                    value is None or (isinstance(value, int) and not isinstance(value, bool))
-                ):
-                    out[dotted] = value
-                else:
-                    walk(value, dotted)
-        elif isinstance(node, list | tuple):
-            for i, item in enumerate(node):
-                walk(item, f"{path}[{i}]")
-
     for section in ("model", "data"):
-        walk(config.get(section), section)
+        for node, key, dotted in _seed_slots(config.get(section), section, fixed=True):
+            out[dotted] = getattr(node, key)
     return out
 
 

@@ -544,7 +544,7 @@ class FederatedModule(pl.LightningModule):
         if (
             self.privacy_ledger is not None
             and rounds > 0
-            and "privacy_accountant" not in checkpoint
+            and not PrivacyLedger.in_checkpoint(checkpoint)
         ):
             raise ValueError(
                 f"ckpt_path holds {rounds} rounds trained without noise (not private): a private "

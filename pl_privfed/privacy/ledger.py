@@ -244,6 +244,11 @@ class PrivacyLedger:
         }
 
     # ------------------------------------------------------------------ checkpoints
+    @staticmethod
+    def in_checkpoint(checkpoint: dict[str, Any]) -> bool:
+        """Whether ``checkpoint`` was written by a run with a ledger (a private run)."""
+        return _KEYS["accountant"] in checkpoint
+
     def save(self, checkpoint: dict[str, Any]) -> None:
         """Put the ledger into a Lightning checkpoint."""
         checkpoint[_KEYS["accountant"]] = self.accountant.state_dict()
