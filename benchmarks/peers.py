@@ -35,7 +35,15 @@ Systems:
 * ``package``: pl-privfed's ``FederatedModule`` in a bare ``pl.Trainer`` (no logger, no
   callbacks);
 * ``fit``: ``pl-privfed fit`` (the CLI with its default callbacks, a CSV and an offline W&B
-  logger) on ``benchmarks/configs/fedavg_mnist.yaml`` with the workload set on the command line.
+  logger) on ``benchmarks/configs/fedavg_mnist.yaml`` with the workload set on the command line;
+* ``package_vmap``, ``package_loop``, ``package_layers`` (only when named in ``--systems``): the
+  package with that ``grad_backend`` instead of ``auto``.
+
+``--device cuda`` runs every system on the GPU: the data stay on the host and each minibatch (the
+loops) or each chunk of clients (the package) is copied to the device, as a user's loop with a
+DataLoader does; a round ends after ``torch.cuda.synchronize()``; peak memory is the device's
+peak allocation (``torch.cuda.max_memory_allocated``) beside the host's resident set. pfl and
+``fit`` stay on the CPU runs (the GPU image has neither pfl nor the CLI's W&B).
 
 Every (workload, n, T, system) runs in a fresh process with one torch thread; systems alternate
 within each repetition (their order rotates between repetitions); a round's time is the time
@@ -75,8 +83,25 @@ LR, BATCH, NOISE, CLIP = 0.1, 32, 1.0, 1.0
 NORMEC = dict(step_size=0.1, beta=0.1, alpha=0.01)
 
 
+BACKEND_SYSTEMS = {f"package_{b}": b for b in ("vmap", "loop", "layers")}
+
+
 def systems_of(workload: str) -> list[str]:
     return [*BASELINES.get(workload, ("loop",)), "central", "package", "fit"]
+
+
+def _device(spec: dict):
+    import torch
+
+    return torch.device(spec.get("device", "cpu"))
+
+
+def _sync(spec: dict) -> None:
+    """Wait for the device's queued work (a round's end is when its results exist)."""
+    import torch
+
+    if _device(spec).type == "cuda":
+        torch.cuda.synchronize()
 
 
 # ---------------------------------------------------------------------------- shared worker code
@@ -153,8 +178,9 @@ def _accuracy(model, dm) -> float:
     import torch
 
     x, y = dm.test_dataset.tensors
+    device = next(model.parameters()).device
     with torch.no_grad():
-        return float((model(x).argmax(-1) == y).float().mean())
+        return float((model(x.to(device)).argmax(-1).cpu() == y).float().mean())
 
 
 # ---------------------------------------------------------------------------- the systems
@@ -163,9 +189,9 @@ def run_loop(spec: dict) -> dict:
     import torch
     from torch.nn.utils import parameters_to_vector
 
-    dm, model = _data(spec), _model(spec)
+    dm, device = _data(spec), _device(spec)
+    model, local = _model(spec).to(device), _model(spec).to(device)
     n, steps, workload = spec["n"], spec["T"], spec["workload"]
-    local = _model(spec)
     opacus = spec["system"] == "opacus"
     ghost = spec["system"] == "opacus_ghost"
     criterion = torch.nn.CrossEntropyLoss()
@@ -191,7 +217,7 @@ def run_loop(spec: dict) -> dict:
         optimizer = torch.optim.SGD(local.parameters(), lr=LR)
     x = parameters_to_vector(model.parameters()).detach()
     normec = workload in ("alpha_normec", "dp_alpha_normec")
-    memory = torch.zeros(n, x.numel()) if normec else None
+    memory = torch.zeros(n, x.numel(), device=device) if normec else None
     server = torch.zeros_like(x)
     inputs, targets = dm.train_inputs, dm.train_targets
     ends = []
@@ -203,7 +229,8 @@ def run_loop(spec: dict) -> dict:
                 torch.nn.utils.vector_to_parameters(x.clone(), local.parameters())
             for j in range(steps):
                 optimizer.zero_grad()
-                criterion(local(inputs[idx[i, j]]), targets[idx[i, j]]).backward()
+                batch = inputs[idx[i, j]].to(device), targets[idx[i, j]].to(device)
+                criterion(local(batch[0]), batch[1]).backward()
                 optimizer.step()
             moved = parameters_to_vector(local.parameters()).detach() - x
             if not normec:
@@ -220,6 +247,7 @@ def run_loop(spec: dict) -> dict:
             x = x - NORMEC["step_size"] * server / server.norm()
         else:
             x = x + total / n
+        _sync(spec)
         ends.append(time.perf_counter())
     torch.nn.utils.vector_to_parameters(x, model.parameters())
     return {"round_s": _round_times(ends, spec["warmup"]), "accuracy": _accuracy(model, dm)}
@@ -229,7 +257,8 @@ def run_central(spec: dict) -> dict:
     """The floor: one forward/backward per round over all the round's examples at once."""
     import torch
 
-    dm, model = _data(spec), _model(spec)
+    dm, device = _data(spec), _device(spec)
+    model = _model(spec).to(device)
     n, steps = spec["n"], spec["T"]
     criterion = torch.nn.CrossEntropyLoss()
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
@@ -237,8 +266,10 @@ def run_central(spec: dict) -> dict:
     for k in range(spec["rounds"]):
         idx = dm.round_indices(k).reshape(-1)
         optimizer.zero_grad()
-        criterion(model(dm.train_inputs[idx]), dm.train_targets[idx]).backward()
+        batch = dm.train_inputs[idx].to(device), dm.train_targets[idx].to(device)
+        criterion(model(batch[0]), batch[1]).backward()
         optimizer.step()
+        _sync(spec)
         ends.append(time.perf_counter())
     assert idx.numel() == n * steps * BATCH
     return {"round_s": _round_times(ends, spec["warmup"]), "accuracy": None}
@@ -250,7 +281,7 @@ class RoundTimer:
     gradient oracle and in the algorithm's step."""
 
     @staticmethod
-    def build(split: bool = False):
+    def build(split: bool = False, sync=lambda: None):
         import pytorch_lightning as pl
 
         class _Timer(pl.Callback):
@@ -267,30 +298,41 @@ class RoundTimer:
                 oracle, timer = pl_module.oracle, self
                 call, step, base = oracle.__call__, federation.run_round, type(oracle)
 
+                depth = [0]  # a clipped mean may call the oracle: time the outer call once
+
+                def timed(fn, *args, **kwargs):
+                    depth[0] += 1
+                    sync()
+                    start = time.perf_counter()
+                    try:
+                        return fn(*args, **kwargs)
+                    finally:
+                        sync()
+                        depth[0] -= 1
+                        if depth[0] == 0:
+                            timer.oracle += time.perf_counter() - start
+
                 class Timed(base):
                     def __call__(self, *args, **kwargs):
-                        start = time.perf_counter()
-                        out = call(*args, **kwargs)
-                        timer.oracle += time.perf_counter() - start
-                        return out
+                        return timed(call, *args, **kwargs)
 
                     def clipped_mean(self, *args, **kwargs):
-                        start = time.perf_counter()
-                        out = base.clipped_mean(self, *args, **kwargs)
-                        timer.oracle += time.perf_counter() - start
-                        return out
+                        return timed(base.clipped_mean, self, *args, **kwargs)
 
                 oracle.__class__ = Timed
 
                 def timed_round(*args, **kwargs):  # the engine's round, as the module calls it
+                    sync()
                     start = time.perf_counter()
                     out = step(*args, **kwargs)
+                    sync()
                     timer.step += time.perf_counter() - start
                     return out
 
                 federation.run_round = timed_round
 
             def on_train_batch_end(self, trainer, *args) -> None:
+                sync()
                 self.ends.append(time.perf_counter())
                 self.splits.append((self.oracle, self.step))
                 self.oracle = self.step = 0.0
@@ -305,9 +347,11 @@ def run_package(spec: dict) -> dict:
     from pl_privfed import FederatedModule
 
     dm = _data(spec)
-    module = FederatedModule(_model(spec), _algorithm(spec))
-    timer = RoundTimer.build(split=True)
-    trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=spec["rounds"], logger=False,
+    backend = BACKEND_SYSTEMS.get(spec["system"], "auto")
+    module = FederatedModule(_model(spec), _algorithm(spec), grad_backend=backend)
+    timer = RoundTimer.build(split=True, sync=lambda: _sync(spec))
+    accelerator = "gpu" if _device(spec).type == "cuda" else "cpu"
+    trainer = pl.Trainer(accelerator=accelerator, devices=1, max_steps=spec["rounds"], logger=False,
                          enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0,
                          callbacks=[timer])  # fmt: skip
@@ -542,7 +586,8 @@ def export_pfl_data(spec: dict, path: Path) -> None:
 
 
 RUNNERS = {"loop": run_loop, "opacus": run_loop, "opacus_ghost": run_loop, "central": run_central,
-           "package": run_package, "fit": run_fit, "pfl": run_pfl}  # fmt: skip
+           "package": run_package, "fit": run_fit, "pfl": run_pfl,
+           **dict.fromkeys(BACKEND_SYSTEMS, run_package)}  # fmt: skip
 
 
 def worker(spec: dict) -> None:
@@ -551,6 +596,8 @@ def worker(spec: dict) -> None:
     torch.set_num_threads(1)
     result = RUNNERS[spec["system"]](spec)
     result["peak_mb"] = _peak_mb()
+    if _device(spec).type == "cuda":
+        result["device_peak_mb"] = torch.cuda.max_memory_allocated() / 2**20
     print("RESULT " + json.dumps(result), flush=True)
 
 
@@ -581,6 +628,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--systems", nargs="+", default=None, help="default: all that apply")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--pfl-python", default=None, help="a Python with pfl 0.6 installed")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -597,18 +645,25 @@ def main() -> None:
     print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
           f"torch {torch.__version__}, 1 thread per system; {time.strftime('%Y-%m-%d')}; "
           f"model {args.model}")  # fmt: skip
+    if args.device == "cuda":
+        tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+        print(f"# device {torch.cuda.get_device_name()}; TF32 in matmuls {tf32[0]}, in cuDNN "
+              f"convolutions {tf32[1]} (PyTorch's defaults)")  # fmt: skip
     tmp = Path(tempfile.mkdtemp(prefix="peers-"))
     cache = tmp / "cache"
     results: dict[tuple, list[dict]] = {}
     for workload in args.workloads:
         for n in args.clients:
             for steps in args.local_steps:
-                systems = [s for s in systems_of(workload)
-                           if args.systems is None or s in args.systems]  # fmt: skip
+                systems = [s for s in [*systems_of(workload), *BACKEND_SYSTEMS]
+                           if s in (args.systems or systems_of(workload))]  # fmt: skip
                 if "pfl" in systems and not args.pfl_python:
                     systems.remove("pfl")
+                if args.device == "cuda":  # neither has a GPU run here (module docstring)
+                    systems = [s for s in systems if s not in ("pfl", "fit")]
                 base = dict(workload=workload, n=n, T=steps, rounds=args.rounds,
-                            warmup=args.warmup, cache=str(cache), model=args.model)  # fmt: skip
+                            warmup=args.warmup, cache=str(cache), model=args.model,
+                            device=args.device)  # fmt: skip
                 if "pfl" in systems:
                     path = tmp / f"pfl-{n}-{steps}.npz"
                     export_pfl_data(base, path)
@@ -631,27 +686,30 @@ def report(workload: str, n: int, steps: int, systems: list[str], results: dict)
     rows = {}
     for system in systems:
         runs = results.get((workload, n, steps, system), [])
-        if runs:
-            rows[system] = (summarize([statistics.median(r["round_s"]) for r in runs]),
-                            max(r["peak_mb"] for r in runs), runs)  # fmt: skip
+        if runs:  # peak memory: the device's where the runs used one, else the process's
+            peak = max(r.get("device_peak_mb", r["peak_mb"]) for r in runs)
+            rows[system] = (summarize([statistics.median(r["round_s"]) for r in runs]), peak,
+                            runs)  # fmt: skip
     load = os.getloadavg()
     print(f"\n## {workload}, n = {n}, T = {steps} (load average after: {load[0]:.2f})")
-    print(f"{'system':>8} {'s/round':>9} {'range':>17} {'peak MB':>8} {'accuracy':>9}")
+    print(f"{'system':>14} {'s/round':>9} {'range':>17} {'peak MB':>8} {'accuracy':>9}")
     for system, ((med, lo, hi), peak, runs) in rows.items():
         acc = runs[-1].get("accuracy")
         acc_s = f"{acc:.4f}" if isinstance(acc, float) else "-"
-        print(f"{system:>8} {med:9.4f} [{lo:7.4f}, {hi:7.4f}] {peak:8.0f} {acc_s:>9}")
-    for system in ("package", "fit"):
+        print(f"{system:>14} {med:9.4f} [{lo:7.4f}, {hi:7.4f}] {peak:8.0f} {acc_s:>9}")
+    for system in ("package", *BACKEND_SYSTEMS, "fit"):
         for baseline in (*BASELINES.get(workload, ("loop",)), "central"):
             if system in rows and baseline in rows:
                 time_ratio = rows[system][0][0] / rows[baseline][0][0]
                 mem_ratio = rows[system][1] / rows[baseline][1]
                 print(f"{system}/{baseline}: time {time_ratio:.2f}x, peak memory {mem_ratio:.2f}x")
-    if "package" in rows:
-        runs = rows["package"][2]
+    for system in ("package", *BACKEND_SYSTEMS):
+        if system not in rows:
+            continue
+        runs = rows[system][2]
         gradient = statistics.median(r["gradient_s"] for r in runs)
         step = statistics.median(r["step_s"] for r in runs)
-        print(f"package round: gradients {gradient:.4f} s, algorithm's own work "
+        print(f"{system} round: gradients {gradient:.4f} s, algorithm's own work "
               f"{step - gradient:.4f} s ({(step - gradient) / gradient:.1%} of the gradients), "
               f"chunk {runs[-1]['chunk']} clients, backend {runs[-1].get('backend')}, "
               f"rules {runs[-1].get('rules')}")  # fmt: skip

@@ -56,18 +56,20 @@ def reference(model, criterion, flat, inputs, targets):
             torch.stack(example_g).view(n, batch, -1), torch.stack(example_l).view(n, batch))  # fmt: skip
 
 
-def check_all(model, inputs, targets, criterion=None, per_client=True):
+def check_all(model, inputs, targets, criterion=None, per_client=True, device="cpu"):
     """Per-client gradients, per-example gradients, clipped means and norms, with shared and
-    per-client parameters, against :func:`reference`. Returns the rules' norm modes."""
+    per-client parameters, against :func:`reference` (on ``device``). Returns the rules' norm
+    modes."""
     criterion = criterion or nn.CrossEntropyLoss()
-    model = model.to(DT)
+    model = model.to(device, DT)
+    inputs, targets = inputs.to(device), targets.to(device)
     rules = LayerGradients(model, criterion)
     flat = ParameterLayout(model).flatten(model)
     g = torch.Generator().manual_seed(5)
     params_list = [flat]
     if per_client:
-        params_list.append(flat + 0.05 * torch.randn(inputs.shape[0], flat.numel(), generator=g,
-                                                     dtype=DT))  # fmt: skip
+        noise = torch.randn(inputs.shape[0], flat.numel(), generator=g, dtype=DT)
+        params_list.append(flat + 0.05 * noise.to(device))
     for params in params_list:
         want_g, want_l, want_eg, want_el = reference(model, criterion, params, inputs, targets)
         got_g, got_l = rules(params, inputs, targets)
