@@ -92,7 +92,7 @@ def main() -> None:
     print(f"# {args.model}, {args.workload}, {args.clients} clients × 32 × T = {args.local_steps}, "
           "backend "
           f"{module.oracle.backend}, chunk {module.chunk_size()}, rules "
-          f"{module.oracle._layers.modes() if module.oracle._layers else None}; "
+          f"{module.oracle._example_layers.modes() if module.oracle._example_layers else None}; "
           f"load average {os.getloadavg()[0]:.2f}")  # fmt: skip
     print(f"{'part':>34} {'s/round':>8} {'share':>6} {'× floor':>8}")
     rest = total - sum(phases.values())

@@ -179,8 +179,15 @@ def _accuracy(model, dm) -> float:
 
     x, y = dm.test_dataset.tensors
     device = next(model.parameters()).device
+    if device.type == "cuda":  # the training's peak, before the evaluation's activations
+        _TRAINING_PEAK["device_mb"] = torch.cuda.max_memory_allocated() / 2**20
     with torch.no_grad():
-        return float((model(x.to(device)).argmax(-1).cpu() == y).float().mean())
+        hits = sum(int((model(a.to(device)).argmax(-1).cpu() == b).sum())
+                   for a, b in zip(x.split(1000), y.split(1000)))  # fmt: skip
+    return hits / len(y)
+
+
+_TRAINING_PEAK: dict[str, float] = {}
 
 
 # ---------------------------------------------------------------------------- the systems
@@ -363,6 +370,7 @@ def run_package(spec: dict) -> dict:
         "step_s": statistics.median(s[1] for s in splits),
         "chunk": module.chunk_size(),
         "backend": module.oracle.backend,
+        "example_backend": module.oracle.example_backend,
         "rules": _rules_of(module.oracle),
         "accuracy": _accuracy(module.model, dm),
     }
@@ -370,7 +378,7 @@ def run_package(spec: dict) -> dict:
 
 def _rules_of(oracle) -> dict | None:
     """Each layer's per-example norm rule (layer-rule backend, after a clipped mean)."""
-    rules = getattr(oracle, "_layers", None)
+    rules = getattr(oracle, "_example_layers", None)
     return None if rules is None else rules.modes()
 
 
@@ -597,7 +605,8 @@ def worker(spec: dict) -> None:
     result = RUNNERS[spec["system"]](spec)
     result["peak_mb"] = _peak_mb()
     if _device(spec).type == "cuda":
-        result["device_peak_mb"] = torch.cuda.max_memory_allocated() / 2**20
+        peak = torch.cuda.max_memory_allocated() / 2**20
+        result["device_peak_mb"] = _TRAINING_PEAK.get("device_mb", peak)
     print("RESULT " + json.dumps(result), flush=True)
 
 
@@ -711,7 +720,8 @@ def report(workload: str, n: int, steps: int, systems: list[str], results: dict)
         step = statistics.median(r["step_s"] for r in runs)
         print(f"{system} round: gradients {gradient:.4f} s, algorithm's own work "
               f"{step - gradient:.4f} s ({(step - gradient) / gradient:.1%} of the gradients), "
-              f"chunk {runs[-1]['chunk']} clients, backend {runs[-1].get('backend')}, "
+              f"chunk {runs[-1]['chunk']} clients, backend {runs[-1].get('backend')} "
+              f"(per-example: {runs[-1].get('example_backend')}), "
               f"rules {runs[-1].get('rules')}")  # fmt: skip
     sys.stdout.flush()
 

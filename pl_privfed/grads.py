@@ -54,6 +54,7 @@ __all__ = [
     "RoundOracle",
     "average_client_buffers",
     "resolve_backend",
+    "resolve_example_backend",
     "sum_client_buffers",
 ]
 
@@ -108,18 +109,25 @@ def resolve_backend(
     model: nn.Module | None = None,
     criterion: object | None = None,
 ) -> Literal["vmap", "loop", "layers"]:
-    """Pick the gradient backend; explicit names pass through (``"analytic"`` → ``"layers"``).
+    """Pick the backend of the per-client gradients (for per-example gradients and clipped
+    means see :func:`resolve_example_backend`); explicit names pass through (``"analytic"`` →
+    ``"layers"``).
 
-    ``"auto"`` → ``"vmap"`` on CUDA. On the CPU → ``"layers"`` for the models its layer rules
-    support (:func:`~pl_privfed.layer_grads.layer_support`), else ``"loop"`` for convolutional
-    models and ``"vmap"`` otherwise, following measurements on a 2-core x86 CPU
-    (``benchmarks/round_time.py``, ``benchmarks/peers.py``, see docs/performance.md).
+    ``"auto"`` → ``"vmap"`` on CUDA (level with ``layers`` there for FedAvg on the CNN, both
+    0.1× the plain loop on an H200). On the CPU → ``"layers"`` for the models its layer rules
+    support (:func:`~pl_privfed.layer_grads.layer_support`) except models with an
+    ``Embedding`` (small sequence models, where the plain per-client loop was 1.27× faster than
+    the batched layer rules) → ``"loop"``; for other models ``"loop"`` if convolutional, else
+    ``"vmap"``. The choice depends only on the device and the model, so a resumed run makes
+    it again; it follows measurements on a 2-core x86 CPU and an H200
+    (``benchmarks/peers.py``, see docs/performance.md).
     """
     if backend == "auto":
         if device.type == "cuda":
             return "vmap"
         if model is not None and layer_support(model, criterion) is None:
-            return "layers"
+            sequence = any(isinstance(m, nn.Embedding) for m in model.modules())
+            return "loop" if sequence else "layers"
         convolutional = model is not None and any(
             isinstance(m, nn.modules.conv._ConvNd) for m in model.modules()
         )
@@ -132,6 +140,24 @@ def resolve_backend(
     return "layers" if backend == "analytic" else backend
 
 
+def resolve_example_backend(
+    backend: Backend,
+    device: torch.device,
+    model: nn.Module | None = None,
+    criterion: object | None = None,
+) -> Literal["vmap", "loop", "layers"]:
+    """Pick the backend of per-example gradients and clipped means (per-example clipping).
+
+    ``"auto"`` → ``"layers"`` wherever the layer rules support the model, on any device (ghost
+    norms and one reweighted sum instead of per-example gradients: 0.57–0.76× Opacus's ghost
+    clipping on the CPU, 5× faster than ``vmap`` on an H200); else what
+    :func:`resolve_backend` picks. An explicit name is used for both kinds of gradient.
+    """
+    if backend == "auto" and model is not None and layer_support(model, criterion) is None:
+        return "layers"
+    return resolve_backend(backend, device, model, criterion)
+
+
 class GradientOracle:
     """Per-client gradients of ``criterion(model(inputs_i), targets_i)``.
 
@@ -140,6 +166,8 @@ class GradientOracle:
         criterion: a loss returning the mean over the minibatch (e.g. ``nn.CrossEntropyLoss()``).
         backend: ``"vmap"``, ``"loop"`` or ``"layers"`` (``"analytic"``: the same; see the
             module docstring).
+        example_backend: the backend of per-example gradients and clipped means
+            (:meth:`clipped_mean`); ``None``: ``backend``.
         cuda_graph: on CUDA, capture the gradient computation in a CUDA graph on the first call
             with each input signature and replay it afterwards: one launch instead of hundreds of
             kernel launches, which is what bounds small federations (10 clients × 32) on a GPU.
@@ -157,14 +185,22 @@ class GradientOracle:
         criterion: Callable[[Tensor, Tensor], Tensor],
         backend: Literal["vmap", "loop", "layers", "analytic"] = "loop",
         cuda_graph: bool = False,
+        example_backend: Literal["vmap", "loop", "layers", "analytic"] | None = None,
     ) -> None:
-        if backend not in BACKENDS:
-            raise ValueError(
-                f"backend must be 'vmap', 'loop' or 'layers' ('analytic'), got {backend!r}"
-            )
+        for name, value in (("backend", backend), ("example_backend", example_backend)):
+            if value is not None and value not in BACKENDS:
+                raise ValueError(
+                    f"{name} must be 'vmap', 'loop' or 'layers' ('analytic'), got {value!r}"
+                )
         backend = "layers" if backend == "analytic" else backend
+        example_backend = backend if example_backend is None else example_backend
+        example_backend = "layers" if example_backend == "analytic" else example_backend
         # the layer rules refuse a model they cannot differentiate (ValueError naming why)
-        self._layers = LayerGradients(model, criterion) if backend == "layers" else None
+        rules = LayerGradients(model, criterion) if "layers" in (backend, example_backend) else None
+        self._layers = rules if backend == "layers" else None
+        #: the layer rules of per-example gradients and clipped means (``None``: ``backend``'s)
+        self._example_layers = rules if example_backend == "layers" else None
+        self.example_backend = example_backend
         if not isinstance(cuda_graph, bool):
             raise ValueError(f"cuda_graph must be a bool, got {cuda_graph!r}")
         self.cuda_graph = cuda_graph
@@ -285,9 +321,9 @@ class GradientOracle:
         :mod:`pl_privfed.layer_grads`. The other backends compute per-example gradients for as
         many clients at a time as fit in ``max_bytes``.
         """
-        if self._layers is not None:
-            grads, losses, norms = self._layers.clipped_mean(params.detach(), inputs, targets,
-                                                             scale)  # fmt: skip
+        if self._example_layers is not None:
+            grads, losses, norms = self._example_layers.clipped_mean(params.detach(), inputs,
+                                                                     targets, scale)  # fmt: skip
             return OracleOutput(grads=grads, losses=losses.detach(), norms=norms)
         n, batch = inputs.shape[:2]
         per = max(1, max_bytes // max(1, batch * self.layout.dim * params.element_size()))
@@ -328,10 +364,11 @@ class GradientOracle:
         buffers, and the clients' updated buffers."""
         given = client_buffers is not None
         buffers = client_buffers if given else self._client_buffers(inputs.shape[0])
-        if self._layers is not None:  # no buffers: nothing to average
-            rules = self._layers.per_example if per_example else self._layers
+        backend = self.example_backend if per_example else self.backend
+        if backend == "layers":  # no buffers: nothing to average
+            rules = self._example_layers.per_example if per_example else self._layers
             grads, losses = rules(params, inputs, targets)
-        elif self.backend == "vmap":
+        elif backend == "vmap":
             grads, losses = self._vmap(params, buffers, inputs, targets, shared, per_example)
         else:
             grads, losses = self._loop(params, buffers, inputs, targets, shared, per_example)

@@ -47,7 +47,14 @@ from pl_privfed.engine import (
 )
 from pl_privfed.engine.distributed import adopt_strategy, check_strategy
 from pl_privfed.evaluation import evaluated_at, log_at_last_round, model_loss, test_set_metrics
-from pl_privfed.grads import Backend, GradientOracle, ParameterLayout, RoundOracle, resolve_backend
+from pl_privfed.grads import (
+    Backend,
+    GradientOracle,
+    ParameterLayout,
+    RoundOracle,
+    resolve_backend,
+    resolve_example_backend,
+)
 from pl_privfed.privacy import Mechanism, PrivacyLedger, plan
 
 __all__ = ["FederatedModule", "NonFiniteLossError"]
@@ -82,8 +89,10 @@ class FederatedModule(pl.LightningModule):
         model: the global model (a plain ``nn.Module``).
         algorithm: the federated algorithm, e.g. :class:`~pl_privfed.algorithms.AlphaNormEC`.
         criterion: per-client loss, a mean over the minibatch (default cross-entropy).
-        grad_backend: ``"auto"`` (see :func:`~pl_privfed.grads.resolve_backend`), ``"vmap"``,
-            ``"loop"`` or ``"layers"`` (``"analytic"``: its former name).
+        grad_backend: ``"auto"`` (per-client gradients: see
+            :func:`~pl_privfed.grads.resolve_backend`; per-example gradients and clipped means:
+            :func:`~pl_privfed.grads.resolve_example_backend`), ``"vmap"``, ``"loop"`` or
+            ``"layers"`` (``"analytic"``: its former name) for both.
         epsilon_every: compute and log the accountant's ε every this many rounds (and at the end);
             default: on the rounds whose metrics reach the loggers (:meth:`logging_round`).
         cuda_graphs: on a CUDA device, replay the per-client gradient computation from a CUDA
@@ -209,11 +218,14 @@ class FederatedModule(pl.LightningModule):
                 client_state=self.client_state,
                 state_dir=state_dir,
             )
+        backends = [f(self.grad_backend, device, self.model, self.criterion)
+                    for f in (resolve_backend, resolve_example_backend)]  # fmt: skip
         self.oracle = GradientOracle(
             self.model,
             self.criterion,
-            resolve_backend(self.grad_backend, device, self.model, self.criterion),
+            backends[0],
             cuda_graph=self.cuda_graphs and device.type == "cuda",
+            example_backend=backends[1],
         )
         self._chunk_size = choose_chunk_size(num_clients, self.layout.dim, device,
                                              self.client_chunk, dtype.itemsize)  # fmt: skip
@@ -406,6 +418,10 @@ class FederatedModule(pl.LightningModule):
         metrics at the end of fit and, for an algorithm with a sampled output iterate (paper
         001 Algorithm 1 line 16), where it came from and how it does on the test set."""
         entries: dict[str, Any] = {"client_transmissions": self.client_transmissions}
+        oracle = getattr(self, "oracle", None)
+        if isinstance(oracle, GradientOracle):  # what grad_backend (e.g. auto) resolved to
+            entries["grad_backend"] = {"per_client": oracle.backend,
+                                       "per_example": oracle.example_backend}  # fmt: skip
         if self._no_rounds_left_note is not None:
             entries["no_rounds_left"] = self._no_rounds_left_note
         if self.resume_allow_changes:

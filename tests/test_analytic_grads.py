@@ -7,9 +7,14 @@ from torch import nn
 
 from pl_privfed import FederatedModule
 from pl_privfed.algorithms import AlphaNormEC
-from pl_privfed.grads import GradientOracle, resolve_backend
+from pl_privfed.grads import GradientOracle, resolve_backend, resolve_example_backend
 from pl_privfed.layer_grads import LayerGradients, layer_support
-from pl_privfed.models import MLP, LogisticRegression, NonconvexLogisticRegression
+from pl_privfed.models import (
+    MLP,
+    LogisticRegression,
+    NonconvexLogisticRegression,
+    TextClassifier,
+)
 
 N, B = 5, 7
 
@@ -146,6 +151,20 @@ def test_auto_picks_the_layer_rules_on_the_cpu_for_supported_networks():
     assert resolve_backend("auto", torch.device("cpu"), model, nn.CrossEntropyLoss()) == "layers"
     assert resolve_backend("auto", torch.device("cuda"), model, nn.CrossEntropyLoss()) == "vmap"
     assert resolve_backend("analytic", torch.device("cpu")) == "layers"
+    # per-example gradients and clipped means: the layer rules on every device
+    for device in ("cpu", "cuda"):
+        assert resolve_example_backend("auto", torch.device(device), model,
+                                       nn.CrossEntropyLoss()) == "layers"  # fmt: skip
+    # a small sequence model: the plain loop for per-client gradients on the CPU
+    text = TextClassifier(vocab_size=12, dim=6, hidden=8, num_classes=3)
+    assert resolve_backend("auto", torch.device("cpu"), text, nn.CrossEntropyLoss()) == "loop"
+    assert resolve_example_backend("auto", torch.device("cpu"), text,
+                                   nn.CrossEntropyLoss()) == "layers"  # fmt: skip
+    # an explicit name, or a model the rules refuse, decides both
+    assert resolve_example_backend("vmap", torch.device("cpu"), model) == "vmap"
+    batch_norm = MLP(64, [32], 10, batch_norm=True)
+    assert resolve_example_backend("auto", torch.device("cuda"), batch_norm,
+                                   nn.CrossEntropyLoss()) == "vmap"  # fmt: skip
     module = FederatedModule(model, AlphaNormEC(0.1, 0.1, 0.01))
     assert module.grad_backend == "auto"
     with pytest.raises(ValueError, match="grad_backend"):

@@ -164,6 +164,7 @@ def test_paper_config_runs_two_rounds_on_cpu(config, tmp_path, monkeypatch):
     assert data["status"] == "finished" and data["rounds"] == 2
     assert data["final_test_accuracy"] is not None and data["final_train_loss"] > 0
     assert data["private"] == ("dp_" in config.stem)
+    assert set(data["grad_backend"]) == {"per_client", "per_example"}  # what auto resolved to
     family = config.parent.name
     if family in ("alpha_normec", "fed_alpha_normec"):
         assert data["data"]["source"] == "jpeg"

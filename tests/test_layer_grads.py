@@ -246,6 +246,58 @@ def test_the_oracle_with_the_layer_rules_per_example():
     torch.testing.assert_close(c.grads, Clip(0.1)(v.grads).mean(1), **TOL)
 
 
+def test_per_client_gradients_by_one_backend_clipped_means_by_the_layer_rules():
+    """``auto`` on the CPU for a sequence model: per-client gradients by the loop, per-example
+    gradients and clipped means by the layer rules; each equals its backend alone."""
+    torch.manual_seed(0)
+    model = TextClassifier(vocab_size=12, dim=6, hidden=8, num_classes=3).to(DT)
+    inputs, targets = data((9,), integer=12, seed=3)
+    criterion = nn.CrossEntropyLoss()
+    mixed = GradientOracle(model, criterion, "loop", example_backend="layers")
+    layers = GradientOracle(model, criterion, "layers")
+    loop = GradientOracle(model, criterion, "loop")
+    assert (mixed.backend, mixed.example_backend) == ("loop", "layers")
+    flat = mixed.layout.flatten(model)
+    for params in (flat, flat + 0.05 * torch.randn(N, flat.numel(), dtype=DT)):
+        torch.testing.assert_close(mixed(params, inputs, targets).grads,
+                                   loop(params, inputs, targets).grads, rtol=0, atol=0)  # fmt: skip
+        want = layers(params, inputs, targets, per_example=True)
+        got = mixed(params, inputs, targets, per_example=True)
+        torch.testing.assert_close(got.grads, want.grads, rtol=0, atol=0)
+        want = layers.clipped_mean(params, inputs, targets, Clip(0.1).scale)
+        got = mixed.clipped_mean(params, inputs, targets, Clip(0.1).scale)
+        torch.testing.assert_close(got.grads, want.grads, rtol=0, atol=0)
+        torch.testing.assert_close(got.norms, want.norms, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="example_backend"):
+        GradientOracle(model, criterion, "loop", example_backend="fast")
+
+
+def test_auto_on_the_cpu_for_the_text_model_through_the_engine():
+    """``grad_backend: auto``: FedAvg's per-client gradients by the loop, per-example clipping
+    by the layer rules; both runs equal the layer rules alone (float64)."""
+    from test_engine import Digits64
+
+    class Tokens(Digits64):
+        def preprocess(self, inputs, train, round_index):
+            return (inputs * 0.7).round().long().clamp_(0, 11)  # 64 tokens of 12 in a vocabulary
+
+    def fit(name, backend):
+        make = ALGORITHMS[name][0]
+        torch.manual_seed(0)
+        dm = Tokens(num_clients=4, batch_size=4, seed=3,
+                    partitioner=DirichletPartitioner(concentration=0.5, seed=1))  # fmt: skip
+        model = TextClassifier(vocab_size=12, dim=6, hidden=8, num_classes=10).double()
+        module = FederatedModule(model, make(), grad_backend=backend)
+        trainer(max_steps=2).fit(module, datamodule=dm)
+        return module
+
+    for name in ("fedavg", "dp_sgd_per_example"):
+        auto, layers = fit(name, "auto"), fit(name, "layers")
+        assert (auto.oracle.backend, auto.oracle.example_backend) == ("loop", "layers")
+        torch.testing.assert_close(auto.layout.flatten(auto.model),
+                                   layers.layout.flatten(layers.model), rtol=1e-10, atol=1e-11)  # fmt: skip
+
+
 # ---------------------------------------------------------------------------- through the engine
 class Image8(Digits64):
     def preprocess(self, inputs, train, round_index):
