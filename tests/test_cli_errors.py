@@ -383,3 +383,45 @@ def test_a_nested_null_switches_epsilon_to_a_noise_multiplier(tmp_path, monkeypa
     noise = summary["config"]["model"]["algorithm"]["init_args"]["noise"]
     assert noise["epsilon"] is None and noise["noise_multiplier"] == 2.0
     assert summary["status"] == "finished" and summary["rounds"] == 2
+
+
+ALLOCATOR_SNIPPET = """
+import os, torch
+from pl_privfed.cli import tune_allocator
+tuned = tune_allocator()
+def rss():
+    return int(open('/proc/self/statm').read().split()[1]) * os.sysconf('SC_PAGE_SIZE')
+x = torch.ones(4 * 2**20)  # 16 MiB, above glibc's initial mmap threshold (128 KiB)
+before = rss()
+del x
+print(tuned, (before - rss()) // 2**20)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
+@pytest.mark.parametrize(
+    "env, tuned",
+    [({}, True), ({"PL_PRIVFED_MALLOC": "default"}, False),
+     ({"MALLOC_TRIM_THRESHOLD_": "131072"}, False)],
+)  # fmt: skip
+def test_the_command_keeps_freed_memory_for_reuse_unless_told_otherwise(env, tuned):
+    """``tune_allocator`` (called by ``main``): a freed 16 MiB block stays in the process (the
+    next round reuses it instead of faulting its pages in again); the user's own choice wins."""
+    clean = {k: v for k, v in os.environ.items()
+             if k not in ("PL_PRIVFED_MALLOC", "MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_",
+                          "LD_PRELOAD")}  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", ALLOCATOR_SNIPPET], env={**clean, **env},
+                         capture_output=True, text=True, check=True).stdout.split()  # fmt: skip
+    assert out[0] == str(tuned)
+    returned_mib = int(out[1])
+    assert returned_mib < 4 if tuned else returned_mib >= 12
+
+
+def test_main_tunes_the_allocator(monkeypatch, capsys):
+    import pl_privfed.cli as cli
+
+    calls = []
+    monkeypatch.setattr(cli, "tune_allocator", lambda: calls.append(1) or True)
+    with pytest.raises(SystemExit):
+        cli.main(["report", "/nonexistent/results.csv"])
+    assert calls == [1]

@@ -198,6 +198,48 @@ def test_text_model():
     assert modes == {"embed": "ghost", "norm": "instantiate", "ff": "instantiate", "head": "ghost"}
 
 
+@pytest.mark.parametrize("name", ["cnn", "resnet20_groupnorm", "text", "frozen_and_unused"])
+def test_one_client_takes_autograd_and_equals_the_reference(name):
+    """A chunk of one client (``_one_client``: the ordinary forward and backward on views of
+    the flat parameters), shared and own weights, against autograd per client."""
+    torch.manual_seed(0)
+    if name == "cnn":
+        model, (inputs, targets) = SimpleCNN(1, 8, hidden=16), data((1, 8, 8), classes=10)
+    elif name == "resnet20_groupnorm":
+        g = torch.Generator().manual_seed(2)
+        model = resnet20(norm="group")
+        inputs = torch.randn(2, 2, 3, 8, 8, generator=g, dtype=DT)
+        targets = torch.randint(0, 10, (2, 2), generator=g)
+    elif name == "text":
+        model = TextClassifier(vocab_size=12, dim=6, hidden=8, num_classes=3)
+        inputs, targets = data((9,), integer=12, seed=3)
+    else:  # a frozen bias and a layer whose output never reaches the loss (gradient 0)
+
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.a, self.b, self.unused = nn.Linear(6, 5), nn.Linear(5, 3), nn.Linear(5, 2)
+
+            def forward(self, x):
+                h = torch.tanh(self.a(x))
+                self.unused(h)
+                return self.b(h)
+
+        model = Net()
+        model.b.bias.requires_grad_(False)
+        inputs, targets = data((6,))
+    model = model.to(DT)
+    rules = LayerGradients(model, nn.CrossEntropyLoss())
+    assert rules._chain is None
+    flat = ParameterLayout(model).flatten(model)
+    one_x, one_y = inputs[:1], targets[:1]
+    for params in (flat, flat[None] + 0.05 * torch.randn(1, flat.numel(), dtype=DT)):
+        want_g, want_l, _, _ = reference(model, nn.CrossEntropyLoss(), params, one_x, one_y)
+        got_g, got_l = rules(params, one_x, one_y)
+        torch.testing.assert_close(got_g, want_g, **TOL)
+        torch.testing.assert_close(got_l, want_l, **TOL)
+
+
 def test_mse_and_a_generic_criterion():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 3), nn.Tanh(), nn.Linear(3, 2))
