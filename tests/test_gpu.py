@@ -44,23 +44,9 @@ def test_vmap_equals_loop_resnet20_batchnorm_cuda():
 def test_layer_rules_equal_autograd_on_cuda(name):
     """The layer-rule backend on the GPU against plain autograd per client and per example
     (float64, 1e-10): the mixed models of tests/test_layer_grads.py."""
-    from test_layer_grads import check_all, data
+    from test_layer_grads import check_all, mixed_model
 
-    from pl_privfed.models import SimpleCNN, TextClassifier
-
-    torch.manual_seed(0)
-    if name == "cnn":
-        model, (inputs, targets) = SimpleCNN(1, 8, hidden=16), data((1, 8, 8), classes=10)
-    elif name == "resnet20_groupnorm":
-        g = torch.Generator().manual_seed(2)
-        model = resnet20(norm="group")
-        inputs = torch.randn(2, 2, 3, 8, 8, generator=g, dtype=torch.float64)
-        targets = torch.randint(0, 10, (2, 2), generator=g)
-    else:
-        model = TextClassifier(vocab_size=12, dim=6, hidden=8, num_classes=3)
-        inputs, targets = data((9,), integer=12, seed=3)
-        inputs[:, :, -2:] = 0  # padding
-    check_all(model, inputs, targets, device="cuda")
+    check_all(*mixed_model(name), device="cuda")
 
 
 def test_cuda_graph_replays_match_eager_calls():

@@ -171,30 +171,35 @@ def test_mixed_size_rule_and_in_place_activations():
     check_all(model, inputs, targets)
 
 
-def test_simple_cnn():
+def mixed_model(name):
+    """``(model, inputs, targets)``: the CNN, ResNet-20 with GroupNorm or the text model (with
+    padding), small, seeded (also for tests/test_gpu.py)."""
     torch.manual_seed(0)
-    inputs, targets = data((1, 8, 8), classes=10)
-    modes = check_all(SimpleCNN(1, 8, hidden=16), inputs, targets)
+    if name == "cnn":
+        return SimpleCNN(1, 8, hidden=16), *data((1, 8, 8), classes=10)
+    if name == "resnet20_groupnorm":
+        g = torch.Generator().manual_seed(2)
+        inputs = torch.randn(2, 2, 3, 8, 8, generator=g, dtype=DT)
+        return resnet20(norm="group"), inputs, torch.randint(0, 10, (2, 2), generator=g)
+    model = TextClassifier(vocab_size=12, dim=6, hidden=8, num_classes=3)
+    inputs, targets = data((9,), integer=12, seed=3)
+    inputs[:, :, -2:] = 0  # padding
+    return model, inputs, targets
+
+
+def test_simple_cnn():
+    modes = check_all(*mixed_model("cnn"))
     # the 5×5 convolutions over 8×8 (4×4) images instantiate; the fully connected layers ghost
     assert modes == {"features.0": "instantiate", "features.3": "ghost",
                      "classifier.1": "ghost", "classifier.3": "ghost"}  # fmt: skip
 
 
 def test_resnet20_with_groupnorm():
-    torch.manual_seed(0)
-    model = resnet20(norm="group")
-    g = torch.Generator().manual_seed(2)
-    inputs = torch.randn(2, 2, 3, 8, 8, generator=g, dtype=DT)
-    targets = torch.randint(0, 10, (2, 2), generator=g)
-    check_all(model, inputs, targets)
+    check_all(*mixed_model("resnet20_groupnorm"))
 
 
 def test_text_model():
-    torch.manual_seed(0)
-    model = TextClassifier(vocab_size=12, dim=6, hidden=8, num_classes=3)
-    inputs, targets = data((9,), integer=12, seed=3)
-    inputs[:, :, -2:] = 0  # padding
-    modes = check_all(model, inputs, targets)
+    modes = check_all(*mixed_model("text"))
     assert modes == {"embed": "ghost", "norm": "instantiate", "ff": "instantiate", "head": "ghost"}
 
 
@@ -202,18 +207,10 @@ def test_text_model():
 def test_one_client_takes_autograd_and_equals_the_reference(name):
     """A chunk of one client (``_one_client``: the ordinary forward and backward on views of
     the flat parameters), shared and own weights, against autograd per client."""
-    torch.manual_seed(0)
-    if name == "cnn":
-        model, (inputs, targets) = SimpleCNN(1, 8, hidden=16), data((1, 8, 8), classes=10)
-    elif name == "resnet20_groupnorm":
-        g = torch.Generator().manual_seed(2)
-        model = resnet20(norm="group")
-        inputs = torch.randn(2, 2, 3, 8, 8, generator=g, dtype=DT)
-        targets = torch.randint(0, 10, (2, 2), generator=g)
-    elif name == "text":
-        model = TextClassifier(vocab_size=12, dim=6, hidden=8, num_classes=3)
-        inputs, targets = data((9,), integer=12, seed=3)
+    if name != "frozen_and_unused":
+        model, inputs, targets = mixed_model(name)
     else:  # a frozen bias and a layer whose output never reaches the loss (gradient 0)
+        torch.manual_seed(0)
 
         class Net(nn.Module):
             def __init__(self):
