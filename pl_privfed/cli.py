@@ -1044,9 +1044,9 @@ def tune_allocator() -> bool:
     A round frees and allocates the same activations again and again. Under glibc's defaults a
     freed block above the mmap threshold, or a free top of the heap above the trim threshold, goes
     back to the kernel, and the next round's allocation faults every page in again: on this
-    project's CPU that made a client step of the layer rules 1.25× the plain loop's (the rules
-    hold more activations at once, so more of them cross the thresholds) and the plain loop 8 %
-    slower than with these settings (docs/performance.md). Fixed thresholds of 32 MiB (glibc's own
+    project's CPU that made a CNN client step through the layer rules' capturing pass (which
+    holds every layer's activations at once) 1.35× as long as with these settings, and the
+    plain loop's up to 1.12× (docs/performance.md). Fixed thresholds of 32 MiB (glibc's own
     ceiling for its adaptive one) and 256 MiB keep that memory in the process; blocks above 32 MiB
     are still returned. Skipped (``False``) off Linux/glibc, with ``PL_PRIVFED_MALLOC=default``,
     and when the user chose already (``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRESHOLD_`` or
