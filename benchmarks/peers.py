@@ -42,8 +42,13 @@ Systems:
 ``--device cuda`` runs every system on the GPU: the data stay on the host and each minibatch (the
 loops) or each chunk of clients (the package) is copied to the device, as a user's loop with a
 DataLoader does; a round ends after ``torch.cuda.synchronize()``; peak memory is the device's
-peak allocation (``torch.cuda.max_memory_allocated``) beside the host's resident set. pfl and
-``fit`` stay on the CPU runs (the GPU image has neither pfl nor the CLI's W&B).
+peak allocation during training (``torch.cuda.max_memory_allocated``, read before the test-set
+evaluation). A ``--device cuda`` run leaves pfl and ``fit`` out (the project's GPU image has
+neither pfl nor the CLI's W&B).
+
+``fit`` is the command as users run it, so it runs with the malloc thresholds the command sets
+for its process (``pl_privfed.cli.tune_allocator``); the other systems run under glibc's
+defaults unless ``MALLOC_MMAP_THRESHOLD_``/``MALLOC_TRIM_THRESHOLD_`` are exported for all.
 
 Every (workload, n, T, system) runs in a fresh process with one torch thread; systems alternate
 within each repetition (their order rotates between repetitions); a round's time is the time
@@ -59,6 +64,8 @@ Usage::
     python benchmarks/peers.py                                  # the whole table
     python benchmarks/peers.py --workloads fedavg --clients 100 --local-steps 1 --repeats 2
     python benchmarks/peers.py --pfl-python /path/to/pfl-venv/bin/python
+    python benchmarks/peers.py --model cnn --workloads fedavg --clients 100 --local-steps 1 5 \
+        --systems loop package package_layers --device cuda        # on a GPU
 """
 
 from __future__ import annotations
