@@ -44,7 +44,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad_and_value, vmap
 
 from pl_privfed.engine.chunk import ChunkOracle, OracleOutput
-from pl_privfed.layer_grads import LayerGradients, layer_support
+from pl_privfed.layer_grads import LayerGradients, ParameterLayout, layer_support
 
 __all__ = [
     "Backend",
@@ -62,6 +62,11 @@ Backend = Literal["auto", "vmap", "loop", "layers", "analytic"]
 BACKENDS = ("vmap", "loop", "layers", "analytic")  # "analytic": the former name of "layers"
 
 
+def _canonical(backend: str) -> str:
+    """A backend's current name (``"analytic"`` → ``"layers"``)."""
+    return "layers" if backend == "analytic" else backend
+
+
 def average_client_buffers(per_client: dict[str, Tensor], dim: int = 0) -> dict[str, Tensor]:
     """The engine's rule for the buffers after a round (module docstring): the mean of the
     clients' updated copies along the client axis ``dim``; integer buffers
@@ -69,38 +74,6 @@ def average_client_buffers(per_client: dict[str, Tensor], dim: int = 0) -> dict[
     return {
         k: v.mean(dim) if v.is_floating_point() else v.select(dim, 0) for k, v in per_client.items()
     }
-
-
-class ParameterLayout:
-    """Maps a module's parameters to and from one flat vector of length ``d``.
-
-    The order is that of ``module.named_parameters()`` (trainable parameters only).
-    """
-
-    def __init__(self, module: nn.Module) -> None:
-        named = [(k, p) for k, p in module.named_parameters() if p.requires_grad]
-        self.names = [k for k, _ in named]
-        self.shapes = [p.shape for _, p in named]
-        self.numels = [p.numel() for _, p in named]
-        self.dim = sum(self.numels)
-
-    def flatten(self, module: nn.Module) -> Tensor:
-        """The module's current parameters as one detached vector ``[d]``."""
-        params = dict(module.named_parameters())
-        return torch.cat([params[k].detach().reshape(-1) for k in self.names])
-
-    def unflatten(self, flat: Tensor) -> dict[str, Tensor]:
-        """Views of ``flat [..., d]`` shaped like the parameters (leading dims kept)."""
-        lead = flat.shape[:-1]
-        chunks = torch.split(flat, self.numels, dim=-1)
-        return {k: c.view(*lead, *s) for k, c, s in zip(self.names, chunks, self.shapes)}
-
-    @torch.no_grad()
-    def assign(self, module: nn.Module, flat: Tensor) -> None:
-        """Copy ``flat [d]`` into the module's parameters in place."""
-        params = dict(module.named_parameters())
-        for k, v in self.unflatten(flat).items():
-            params[k].copy_(v)
 
 
 def resolve_backend(
@@ -137,7 +110,7 @@ def resolve_backend(
             f"grad_backend must be 'auto', 'vmap', 'loop' or 'layers' (or 'analytic', its former "
             f"name), got {backend!r}"
         )
-    return "layers" if backend == "analytic" else backend
+    return _canonical(backend)
 
 
 def resolve_example_backend(
@@ -192,9 +165,8 @@ class GradientOracle:
                 raise ValueError(
                     f"{name} must be 'vmap', 'loop' or 'layers' ('analytic'), got {value!r}"
                 )
-        backend = "layers" if backend == "analytic" else backend
-        example_backend = backend if example_backend is None else example_backend
-        example_backend = "layers" if example_backend == "analytic" else example_backend
+        backend = _canonical(backend)
+        example_backend = backend if example_backend is None else _canonical(example_backend)
         # the layer rules refuse a model they cannot differentiate (ValueError naming why)
         rules = LayerGradients(model, criterion) if "layers" in (backend, example_backend) else None
         self._layers = rules if backend == "layers" else None

@@ -44,7 +44,7 @@ parameters: a ``ValueError`` naming it and the backends that do support it (``vm
 from __future__ import annotations
 
 import contextlib
-import math
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -54,7 +54,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, vmap
 from torch.profiler import record_function
 
-__all__ = ["LayerGradients", "layer_support"]
+__all__ = ["LayerGradients", "ParameterLayout", "layer_support"]
 
 _NO_PARAMETERS_NEEDED = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.AlphaDropout)
 
@@ -426,6 +426,43 @@ def layer_support(model: nn.Module, criterion: object) -> str | None:
     return None
 
 
+class ParameterLayout:
+    """Maps a module's parameters to and from one flat vector of length ``d``.
+
+    The order is that of ``module.named_parameters()`` (trainable parameters only). Defined
+    here, below :mod:`pl_privfed.grads` (which exports it), so that the layer rules use the
+    same layout.
+    """
+
+    def __init__(self, module: nn.Module) -> None:
+        named = [(k, p) for k, p in module.named_parameters() if p.requires_grad]
+        self.names = [k for k, _ in named]
+        self.shapes = [p.shape for _, p in named]
+        self.numels = [p.numel() for _, p in named]
+        self.dim = sum(self.numels)
+        starts = itertools.accumulate(self.numels, initial=0)
+        #: name → (first column in the flat vector, shape)
+        self.slots = {k: (s, tuple(shape)) for k, s, shape in zip(self.names, starts, self.shapes)}
+
+    def flatten(self, module: nn.Module) -> Tensor:
+        """The module's current parameters as one detached vector ``[d]``."""
+        params = dict(module.named_parameters())
+        return torch.cat([params[k].detach().reshape(-1) for k in self.names])
+
+    def unflatten(self, flat: Tensor) -> dict[str, Tensor]:
+        """Views of ``flat [..., d]`` shaped like the parameters (leading dims kept)."""
+        lead = flat.shape[:-1]
+        chunks = torch.split(flat, self.numels, dim=-1)
+        return {k: c.view(*lead, *s) for k, c, s in zip(self.names, chunks, self.shapes)}
+
+    @torch.no_grad()
+    def assign(self, module: nn.Module, flat: Tensor) -> None:
+        """Copy ``flat [d]`` into the module's parameters in place."""
+        params = dict(module.named_parameters())
+        for k, v in self.unflatten(flat).items():
+            params[k].copy_(v)
+
+
 # ============================================================================ the mechanism
 @dataclass
 class _Layer:
@@ -455,13 +492,8 @@ class LayerGradients:
         self.criterion = criterion
         #: bytes of one layer's per-example gradients that :meth:`clipped_mean` keeps
         self.keep_bytes = 256 * 2**20
-        offsets, offset = {}, 0
-        for name, p in model.named_parameters():
-            if p.requires_grad:
-                offsets[name] = (offset, tuple(p.shape))
-                offset += p.numel()
-        self.dim = offset
-        self._offsets = offsets
+        self.layout = ParameterLayout(model)
+        self.dim = self.layout.dim
         self._probed = False  # whether one capturing pass has checked the model (__call__)
         self.layers: list[_Layer] = []
         for name, module in model.named_modules():
@@ -471,7 +503,7 @@ class LayerGradients:
             slots = {}
             for pname in rule.names:
                 full = f"{name}.{pname}" if name else pname
-                slots[pname] = offsets.get(full)
+                slots[pname] = self.layout.slots.get(full)
             if any(s is not None for s in slots.values()):
                 self.layers.append(_Layer(name, rule, slots))
         self._chain = self._linear_chain()
@@ -698,21 +730,18 @@ class LayerGradients:
         client step with its SGD update: 1.02× the plain loop's, where the capturing pass took
         1.25× (docs/performance.md)."""
         with record_function("layer_rules.one_client"), torch.enable_grad():
-            leaves = {name: flat[start : start + math.prod(shape)].view(shape).detach()
-                      .requires_grad_() for name, (start, shape) in self._offsets.items()}  # fmt: skip
+            leaves = {
+                k: v.detach().requires_grad_() for k, v in self.layout.unflatten(flat).items()
+            }
             if x.is_floating_point():
                 x = x.to(flat.dtype)
             out = functional_call(self.model, leaves, (x,), strict=False)
             loss = self._example_losses(out, y).mean()
             grads = torch.autograd.grad(loss, list(leaves.values()), allow_unused=True)
-        result = flat.new_empty(1, self.dim)
-        for (start, shape), grad in zip(self._offsets.values(), grads):
-            view = result[0, start : start + math.prod(shape)]
-            if grad is None:  # a parameter that does not reach the loss
-                view.zero_()
-            else:
-                view.copy_(grad.reshape(-1))
-        return result, loss.detach().view(1)
+        # a parameter that does not reach the loss has gradient 0
+        flat_grads = [(torch.zeros_like(v) if g is None else g).reshape(-1)
+                      for v, g in zip(leaves.values(), grads)]  # fmt: skip
+        return torch.cat(flat_grads)[None], loss.detach().view(1)
 
     def per_example(self, params: Tensor, inputs: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
         """Every example's gradient ``[n, B, d]`` and loss ``[n, B]``."""

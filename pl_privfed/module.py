@@ -48,6 +48,7 @@ from pl_privfed.engine import (
 from pl_privfed.engine.distributed import adopt_strategy, check_strategy
 from pl_privfed.evaluation import evaluated_at, log_at_last_round, model_loss, test_set_metrics
 from pl_privfed.grads import (
+    BACKENDS,
     Backend,
     GradientOracle,
     ParameterLayout,
@@ -418,10 +419,9 @@ class FederatedModule(pl.LightningModule):
         metrics at the end of fit and, for an algorithm with a sampled output iterate (paper
         001 Algorithm 1 line 16), where it came from and how it does on the test set."""
         entries: dict[str, Any] = {"client_transmissions": self.client_transmissions}
-        oracle = getattr(self, "oracle", None)
-        if isinstance(oracle, GradientOracle):  # what grad_backend (e.g. auto) resolved to
-            entries["grad_backend"] = {"per_client": oracle.backend,
-                                       "per_example": oracle.example_backend}  # fmt: skip
+        if self.oracle is not None:  # what grad_backend (e.g. auto) resolved to
+            entries["grad_backend"] = {"per_client": self.oracle.backend,
+                                       "per_example": self.oracle.example_backend}  # fmt: skip
         if self._no_rounds_left_note is not None:
             entries["no_rounds_left"] = self._no_rounds_left_note
         if self.resume_allow_changes:
@@ -628,7 +628,7 @@ def _check_arguments(
         raise ValueError(f"model must be an nn.Module, got {model!r}")
     if not isinstance(algorithm, FederatedAlgorithm):
         raise ValueError(f"algorithm must be a FederatedAlgorithm, got {algorithm!r}")
-    check_choice("grad_backend", grad_backend, ("auto", "vmap", "loop", "layers", "analytic"))
+    check_choice("grad_backend", grad_backend, ("auto", *BACKENDS))
     positive = lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0  # noqa: E731
     if epsilon_every is not None and not positive(epsilon_every):
         raise ValueError(f"epsilon_every must be a positive integer or null, got {epsilon_every!r}")
