@@ -171,8 +171,7 @@ class DPFedAvg(LocalUpdateAlgorithm):
     """
 
     hyperparameter_symbols: ClassVar[dict[str, str]] = {
-        "step_size": "η",
-        "local_step_size": "γ",
+        **LocalUpdateAlgorithm.hyperparameter_symbols,
         "scale": "β",
     }
 

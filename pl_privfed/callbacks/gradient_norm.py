@@ -119,9 +119,6 @@ class GradientNorm(pl.Callback):
         self._data: tuple[Tensor, Tensor, Tensor] | None = None
 
     # ------------------------------------------------------------------ data and model
-    def _warn(self, what: str, message: str) -> None:
-        warn_once(self, what, message)
-
     def _union(self, datamodule: Any, fallback: Any = None) -> tuple[Tensor, Tensor, Tensor] | None:
         """``(inputs, targets, weights)`` of the union of the shards (weights sum to 1), or
         ``None`` (after one warning) when the training data cannot be read.
@@ -153,13 +150,15 @@ class GradientNorm(pl.Callback):
                 else f"datamodule {name} has no train_dataset (or train_inputs and "
                 "train_targets) and the training dataloader no dataset"
             )
-            self._warn("data", f"{lacks}, so the full gradient norm ({self.key}) is not measured")
+            warn_once(
+                self, "data", f"{lacks}, so the full gradient norm ({self.key}) is not measured"
+            )
             return None
         if not shards:
             try:
                 size = len(source[1]) if isinstance(source, tuple) else len(source)
             except TypeError:
-                self._warn("data", f"{where} has no length, so {self.key} is not measured")
+                warn_once(self, "data", f"{where} has no length, so {self.key} is not measured")
                 return None
             shards = [np.arange(size, dtype=np.int64)]
             lacks = (
@@ -167,7 +166,8 @@ class GradientNorm(pl.Callback):
                 if datamodule is None
                 else f"datamodule {name} has no shards"
             )
-            self._warn(
+            warn_once(
+                self,
                 "shards",
                 f"{lacks} (one index array per client): {self.key} is measured over {where} "
                 f"as one shard (all {size} examples weighed equally)",
@@ -181,7 +181,8 @@ class GradientNorm(pl.Callback):
                 x = torch.stack([torch.as_tensor(a) for a, _ in items])
                 y = torch.stack([torch.as_tensor(b) for _, b in items])
             except (TypeError, ValueError, IndexError, RuntimeError) as exc:
-                self._warn(
+                warn_once(
+                    self,
                     "data",
                     f"the examples of {where} are not (input, target) pairs of tensors ({exc}), "
                     f"so {self.key} is not measured",
@@ -211,7 +212,8 @@ class GradientNorm(pl.Callback):
         the training data cannot be read (warned once)."""
         model = self._model(pl_module)
         if _no_forward(model):
-            self._warn(
+            warn_once(
+                self,
                 "model",
                 f"{type(pl_module).__name__} has no forward() (and no model attribute nor "
                 f"full_gradient_model()), so the full gradient norm ({self.key}) is not measured",
@@ -223,7 +225,8 @@ class GradientNorm(pl.Callback):
         x_all, y_all, w_all = data
         criterion = getattr(pl_module, "criterion", None)
         if criterion is None:
-            self._warn(
+            warn_once(
+                self,
                 "criterion",
                 f"{type(pl_module).__name__} has no criterion attribute (the loss, a mean over "
                 "its batch), so the full gradient is that of the cross-entropy",

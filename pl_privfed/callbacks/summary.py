@@ -13,6 +13,7 @@ import yaml
 from pytorch_lightning.utilities import rank_zero_only, rank_zero_warn
 from typing_extensions import override
 
+from pl_privfed.callbacks._logging import logged_names, warn_once
 from pl_privfed.callbacks.interrupt import stop_if_signalled, stop_signal, watch_signals
 from pl_privfed.logdir import local_log_dir, log_artifact, wandb_loggers
 from pl_privfed.results import finite_float, write_atomically
@@ -81,17 +82,14 @@ class RunSummary(pl.Callback):
         self.evaluated_round: int | None = None
         self.path: Path | None = None
         self.interrupted: dict[str, Any] | None = None
-        self._warned: set[str] = set()
 
     def _warn_missing(self, trainer: pl.Trainer, key: str, role: str, argument: str) -> None:
-        if key in self._warned:
-            return
-        self._warned.add(key)
-        logged = sorted(trainer.callback_metrics) or ["none"]
-        rank_zero_warn(
-            f"RunSummary: no metric {key!r} was logged, so summary.json has no {role} "
-            f"(logged: {', '.join(logged)}); name the right one with RunSummary({argument}=...)",
-            category=UserWarning,
+        warn_once(
+            self,
+            key,
+            f"no metric {key!r} was logged, so summary.json has no {role} "
+            f"(logged: {logged_names(trainer)}); name the right one with "
+            f"RunSummary({argument}=...)",
         )
 
     @override
