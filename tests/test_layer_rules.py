@@ -23,7 +23,7 @@ from pl_privfed.algorithms import (
 from pl_privfed.datamodules import DirichletPartitioner
 from pl_privfed.engine import CHUNK_ENV
 from pl_privfed.grads import GradientOracle, ParameterLayout
-from pl_privfed.layer_grads import LayerGradients, layer_support
+from pl_privfed.layer_rules import LayerGradients, layer_support
 from pl_privfed.models import MLP, SimpleCNN, TextClassifier, resnet20
 from pl_privfed.operators import Clip
 from pl_privfed.privacy import DPNoise
