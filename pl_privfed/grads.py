@@ -303,8 +303,8 @@ class GradientOracle:
         many clients at a time as fit in ``max_bytes``.
         """
         if self._example_layers is not None:
-            grads, losses, norms = self._example_layers.clipped_mean(params.detach(), inputs,
-                                                                     targets, scale)  # fmt: skip
+            rules = self._example_layers
+            grads, losses, norms = rules.clipped_mean(params.detach(), inputs, targets, scale)
             return OracleOutput(grads=grads, losses=losses.detach(), norms=norms)
         n, batch = inputs.shape[:2]
         per = max(1, max_bytes // max(1, batch * self.layout.dim * params.element_size()))

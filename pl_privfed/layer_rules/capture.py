@@ -136,9 +136,13 @@ def _patched(layers: list[BoundLayer], params: Tensor, n: int | None, captured: 
 def example_losses(criterion: nn.Module, out: Tensor, targets: Tensor) -> Tensor:
     """``[N]``: the criterion on each example as a batch of one."""
     if type(criterion) is nn.CrossEntropyLoss:
-        return F.cross_entropy(out, targets, reduction="none",
-                               ignore_index=criterion.ignore_index,
-                               label_smoothing=criterion.label_smoothing)  # fmt: skip
+        return F.cross_entropy(
+            out,
+            targets,
+            reduction="none",
+            ignore_index=criterion.ignore_index,
+            label_smoothing=criterion.label_smoothing,
+        )
     if type(criterion) is nn.MSELoss:
         return F.mse_loss(out, targets.to(out.dtype), reduction="none").flatten(1).mean(1)
     return vmap(lambda o, t: criterion(o.unsqueeze(0), t.unsqueeze(0)))(out, targets)

@@ -60,10 +60,10 @@ class ConvRule(Rule):
         m = self.module
         x, padding = self._padded(a)
         weight = x.new_empty(rows, *m.weight.shape[1:])
-        return torch.ops.aten.convolution_backward(
-            g, x, weight, None, list(m.stride), list(padding), list(m.dilation), False,
-            [0] * self.dims, groups, [False, True, False],
-        )[1]  # fmt: skip
+        # stride, padding, dilation, transposed, output padding, groups; only the weight's
+        options = (list(m.stride), list(padding), list(m.dilation), False, [0] * self.dims, groups)
+        mask = [False, True, False]
+        return torch.ops.aten.convolution_backward(g, x, weight, None, *options, mask)[1]
 
     def example_grads(self, a, g, want):
         """Every example's weight gradient in one grouped ``convolution_backward`` (the
@@ -81,8 +81,10 @@ class ConvRule(Rule):
     def client_sums(self, a, g, n, want, dest=None):
         out, m = {}, self.module
         if want["weight"]:
-            parts = [self._weight_grad(x, grad, m.groups, m.out_channels)
-                     for x, grad in zip(a.chunk(n), g.chunk(n))]  # fmt: skip
+            parts = [
+                self._weight_grad(x, grad, m.groups, m.out_channels)
+                for x, grad in zip(a.chunk(n), g.chunk(n))
+            ]
             out["weight"] = torch.stack(parts)
         if want["bias"]:
             out["bias"] = g.flatten(2).sum(2).view(n, -1, g.shape[1]).sum(1)
@@ -93,8 +95,12 @@ class ConvRule(Rule):
         m = self.module
         a = self._pad(a)
         if self.dims == 1:
-            cols = F.unfold(a.unsqueeze(2), (1, m.kernel_size[0]), dilation=(1, m.dilation[0]),
-                            stride=(1, m.stride[0]))  # fmt: skip
+            cols = F.unfold(
+                a.unsqueeze(2),
+                (1, m.kernel_size[0]),
+                dilation=(1, m.dilation[0]),
+                stride=(1, m.stride[0]),
+            )
         else:
             cols = F.unfold(a, m.kernel_size, dilation=m.dilation, stride=m.stride)
         return cols.view(a.shape[0], m.groups, -1, cols.shape[-1])

@@ -86,10 +86,12 @@ class LayerGradients:
         with record_function("layer_rules.forward_backward"):
             if self._chain is not None:
                 with torch.no_grad():
-                    return chain_pass(self.layers, self._chain, params.detach(), inputs,
-                                      targets, factor)  # fmt: skip
-            return capturing_pass(self.model, self.criterion, self.layers, params, inputs,
-                                  targets, factor)  # fmt: skip
+                    return chain_pass(
+                        self.layers, self._chain, params.detach(), inputs, targets, factor
+                    )
+            return capturing_pass(
+                self.model, self.criterion, self.layers, params, inputs, targets, factor
+            )
 
     def __call__(self, params: Tensor, inputs: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
         """Per-client gradients of the mean minibatch loss ``[n, d]`` and the losses ``[n]``."""
@@ -124,8 +126,10 @@ class LayerGradients:
             loss = example_losses(self.criterion, out, y).mean()
             grads = torch.autograd.grad(loss, list(leaves.values()), allow_unused=True)
         # a parameter that does not reach the loss has gradient 0
-        flat_grads = [(torch.zeros_like(v) if g is None else g).reshape(-1)
-                      for v, g in zip(leaves.values(), grads)]  # fmt: skip
+        flat_grads = [
+            (torch.zeros_like(v) if g is None else g).reshape(-1)
+            for v, g in zip(leaves.values(), grads)
+        ]
         return torch.cat(flat_grads)[None], loss.detach().view(1)
 
     def per_example(self, params: Tensor, inputs: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
