@@ -49,6 +49,8 @@ from pl_privfed.engine.chunk import ChunkOracle, OracleOutput
 from pl_privfed.layer_rules import LayerGradients, ParameterLayout, layer_support
 
 __all__ = [
+    "BACKENDS",
+    "FORMER_NAMES",
     "Backend",
     "GradientOracle",
     "OracleOutput",
