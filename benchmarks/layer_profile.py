@@ -2,7 +2,7 @@
 
 Runs ``FederatedModule`` on MNIST (IID, B = 32, one local step) with the model and workload of
 ``benchmarks/peers.py`` under ``torch.profiler`` and splits the timed rounds into the layer
-rules' phases (the labels :mod:`pl_privfed.layer_grads` records: ``forward_backward``, the one
+rules' phases (the labels :mod:`pl_privfed.layer_rules` records: ``forward_backward``, the one
 batched forward/backward that captures every layer's input and output gradient; ``norms``, the
 per-example norms; ``clipped_sums``, the reweighted reduction; ``client_sums``, the per-client
 sums of a non-private round) and the rest (the algorithm's own work: local step, noise,

@@ -44,7 +44,7 @@ def systems(kind: str, x, y):
     from opacus.optimizers import DPOptimizer, DPOptimizerFastGradientClipping
     from opacus.utils.fast_gradient_clipping_utils import DPLossFastGradientClipping
 
-    from pl_privfed.layer_grads import LayerGradients
+    from pl_privfed.layer_rules import LayerGradients
     from pl_privfed.operators import Clip
 
     spec = {"model": kind}

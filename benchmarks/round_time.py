@@ -5,7 +5,7 @@ For each number of clients n, with B samples per client, it times
 * ``loop``: the per-client loop backend of :class:`pl_privfed.GradientOracle`;
 * ``vmap``: the ``torch.func.vmap(grad)`` backend;
 * ``layers`` (the models the layer rules support, e.g. the MLPs; the former ``analytic``
-  column): :mod:`pl_privfed.layer_grads`, what ``grad_backend: auto`` picks for them on a CPU;
+  column): :mod:`pl_privfed.layer_rules`, what ``grad_backend: auto`` picks for them on a CPU;
 * ``graph`` (CUDA only): the vmap backend replayed from a CUDA graph (``cuda_graphs: true``);
 * ``central``: one forward/backward over the same n·B samples with shared parameters
   (the physical floor: the same arithmetic without per-client gradients);
@@ -34,7 +34,7 @@ from torch import nn
 from pl_privfed.algorithms import AlphaNormEC
 from pl_privfed.engine import run_round
 from pl_privfed.grads import GradientOracle
-from pl_privfed.layer_grads import layer_support
+from pl_privfed.layer_rules import layer_support
 from pl_privfed.models import MLP, resnet20
 from pl_privfed.privacy import DPNoise
 

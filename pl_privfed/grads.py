@@ -10,12 +10,13 @@ Backends (same numbers up to floating-point rounding, tested):
   :func:`torch.func.functional_call`: one batched forward/backward for all clients.
 * ``"loop"``: one forward/backward per client (the reference; the only loop over clients in the
   package).
-* ``"layers"`` (also spelled ``"analytic"``, its former name when it covered only fully
-  connected networks): layer rules (:mod:`pl_privfed.layer_grads`): one batched
-  forward/backward over the chunk's examples that captures every layer's input and output
-  gradient, then a closed-form rule per layer type (``Linear``, also over sequences,
-  ``Conv1d``/``Conv2d``, ``Embedding``, ``LayerNorm``, ``GroupNorm``) for the per-client sums, the
-  per-example gradients and (ghost clipping) the per-example norms and clipped sums.
+* ``"layers"``: layer rules (:mod:`pl_privfed.layer_rules`): one batched forward/backward over
+  the chunk's examples that captures every layer's input and output gradient, then a
+  closed-form rule per layer type (the registry: :func:`~pl_privfed.layer_rules.supported_layers`)
+  for the per-client sums, the per-example gradients and (ghost clipping) the per-example norms
+  and clipped sums.
+
+A backend name enters through :func:`check_backend` (its former names are read there only).
 
 BatchNorm and other buffers: during training every client normalizes with the statistics of its
 own minibatch (each client gets its own copy of the buffers). The running statistics used for
@@ -43,28 +44,45 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, grad_and_value, vmap
 
+from pl_privfed.checks import check_choice
 from pl_privfed.engine.chunk import ChunkOracle, OracleOutput
-from pl_privfed.layer_grads import LayerGradients, ParameterLayout, layer_support
+from pl_privfed.layer_rules import LayerGradients, ParameterLayout, layer_support
 
 __all__ = [
+    "BACKENDS",
+    "FORMER_NAMES",
     "Backend",
     "GradientOracle",
     "OracleOutput",
     "ParameterLayout",
     "RoundOracle",
     "average_client_buffers",
+    "check_backend",
     "resolve_backend",
     "resolve_example_backend",
     "sum_client_buffers",
 ]
 
+#: the backends by their current names
+BACKENDS = ("vmap", "loop", "layers")
+#: former names that still select a backend: ``"analytic"`` named ``"layers"`` when it covered
+#: only fully connected networks (the only place a former name is read)
+FORMER_NAMES = {"analytic": "layers"}
+#: what a configuration may write (``"auto"``, a backend, a former name)
 Backend = Literal["auto", "vmap", "loop", "layers", "analytic"]
-BACKENDS = ("vmap", "loop", "layers", "analytic")  # "analytic": the former name of "layers"
 
 
-def _canonical(backend: str) -> str:
-    """A backend's current name (``"analytic"`` → ``"layers"``)."""
-    return "layers" if backend == "analytic" else backend
+def check_backend(name: str, value: object, auto: bool = True) -> str:
+    """``value``'s current name (a former name, :data:`FORMER_NAMES`, gives the backend it
+    names), or ``ValueError`` naming ``name``, ``value`` and the choices (``"auto"`` among them
+    when ``auto``).
+
+    >>> check_backend("grad_backend", "analytic")
+    'layers'
+    """
+    choices = (("auto",) if auto else ()) + BACKENDS + tuple(FORMER_NAMES)
+    check_choice(name, value, choices)
+    return FORMER_NAMES.get(value, value)
 
 
 def average_client_buffers(per_client: dict[str, Tensor], dim: int = 0) -> dict[str, Tensor]:
@@ -83,18 +101,19 @@ def resolve_backend(
     criterion: object | None = None,
 ) -> Literal["vmap", "loop", "layers"]:
     """Pick the backend of the per-client gradients (for per-example gradients and clipped
-    means see :func:`resolve_example_backend`); explicit names pass through (``"analytic"`` →
-    ``"layers"``).
+    means see :func:`resolve_example_backend`); explicit names pass through
+    (:func:`check_backend`).
 
     ``"auto"`` → ``"vmap"`` on CUDA (level with ``layers`` there for FedAvg on the CNN, both
     0.1× the plain loop on an H200). On the CPU → ``"layers"`` for the models its layer rules
-    support (:func:`~pl_privfed.layer_grads.layer_support`) except models with an
+    support (:func:`~pl_privfed.layer_rules.layer_support`) except models with an
     ``Embedding`` (small sequence models, where the plain per-client loop was 1.27× faster than
     the batched layer rules) → ``"loop"``; for other models ``"loop"`` if convolutional, else
     ``"vmap"``. The choice depends only on the device and the model, so a resumed run makes
     it again; it follows measurements on a 2-core x86 CPU and an H200
     (``benchmarks/peers.py``, see docs/performance.md).
     """
+    backend = check_backend("grad_backend", backend)
     if backend == "auto":
         if device.type == "cuda":
             return "vmap"
@@ -105,12 +124,7 @@ def resolve_backend(
             isinstance(m, nn.modules.conv._ConvNd) for m in model.modules()
         )
         return "loop" if convolutional else "vmap"
-    if backend not in BACKENDS:
-        raise ValueError(
-            f"grad_backend must be 'auto', 'vmap', 'loop' or 'layers' (or 'analytic', its former "
-            f"name), got {backend!r}"
-        )
-    return _canonical(backend)
+    return backend
 
 
 def resolve_example_backend(
@@ -137,8 +151,8 @@ class GradientOracle:
     Args:
         model: the network; its parameters define the layout of the flat vector.
         criterion: a loss returning the mean over the minibatch (e.g. ``nn.CrossEntropyLoss()``).
-        backend: ``"vmap"``, ``"loop"`` or ``"layers"`` (``"analytic"``: the same; see the
-            module docstring).
+        backend: ``"vmap"``, ``"loop"`` or ``"layers"`` (module docstring; a former name:
+            :func:`check_backend`).
         example_backend: the backend of per-example gradients and clipped means
             (:meth:`clipped_mean`); ``None``: ``backend``.
         cuda_graph: on CUDA, capture the gradient computation in a CUDA graph on the first call
@@ -156,17 +170,14 @@ class GradientOracle:
         self,
         model: nn.Module,
         criterion: Callable[[Tensor, Tensor], Tensor],
-        backend: Literal["vmap", "loop", "layers", "analytic"] = "loop",
+        backend: str = "loop",
         cuda_graph: bool = False,
-        example_backend: Literal["vmap", "loop", "layers", "analytic"] | None = None,
+        example_backend: str | None = None,
     ) -> None:
-        for name, value in (("backend", backend), ("example_backend", example_backend)):
-            if value is not None and value not in BACKENDS:
-                raise ValueError(
-                    f"{name} must be 'vmap', 'loop' or 'layers' ('analytic'), got {value!r}"
-                )
-        backend = _canonical(backend)
-        example_backend = backend if example_backend is None else _canonical(example_backend)
+        backend = check_backend("backend", backend, auto=False)
+        if example_backend is None:
+            example_backend = backend
+        example_backend = check_backend("example_backend", example_backend, auto=False)
         # the layer rules refuse a model they cannot differentiate (ValueError naming why)
         rules = LayerGradients(model, criterion) if "layers" in (backend, example_backend) else None
         self._layers = rules if backend == "layers" else None
@@ -290,12 +301,12 @@ class GradientOracle:
         from the layers' factors (ghost norms; over sequences and patches ``⟨A Aᵀ, G Gᵀ⟩`` or
         the instantiated gradient, whichever is cheaper) and the clipped sum is one product
         ``(s ⊙ δ)ᵀ A`` per layer (the identity behind Opacus's ghost clipping); see
-        :mod:`pl_privfed.layer_grads`. The other backends compute per-example gradients for as
+        :mod:`pl_privfed.layer_rules`. The other backends compute per-example gradients for as
         many clients at a time as fit in ``max_bytes``.
         """
         if self._example_layers is not None:
-            grads, losses, norms = self._example_layers.clipped_mean(params.detach(), inputs,
-                                                                     targets, scale)  # fmt: skip
+            rules = self._example_layers
+            grads, losses, norms = rules.clipped_mean(params.detach(), inputs, targets, scale)
             return OracleOutput(grads=grads, losses=losses.detach(), norms=norms)
         n, batch = inputs.shape[:2]
         per = max(1, max_bytes // max(1, batch * self.layout.dim * params.element_size()))

@@ -48,11 +48,11 @@ from pl_privfed.engine import (
 from pl_privfed.engine.distributed import adopt_strategy, check_strategy
 from pl_privfed.evaluation import evaluated_at, log_at_last_round, model_loss, test_set_metrics
 from pl_privfed.grads import (
-    BACKENDS,
     Backend,
     GradientOracle,
     ParameterLayout,
     RoundOracle,
+    check_backend,
     resolve_backend,
     resolve_example_backend,
 )
@@ -93,7 +93,7 @@ class FederatedModule(pl.LightningModule):
         grad_backend: ``"auto"`` (per-client gradients: see
             :func:`~pl_privfed.grads.resolve_backend`; per-example gradients and clipped means:
             :func:`~pl_privfed.grads.resolve_example_backend`), ``"vmap"``, ``"loop"`` or
-            ``"layers"`` (``"analytic"``: its former name) for both.
+            ``"layers"`` for both (:func:`~pl_privfed.grads.check_backend`).
         epsilon_every: compute and log the accountant's ε every this many rounds (and at the end);
             default: on the rounds whose metrics reach the loggers (:meth:`logging_round`).
         cuda_graphs: on a CUDA device, replay the per-client gradient computation from a CUDA
@@ -628,7 +628,7 @@ def _check_arguments(
         raise ValueError(f"model must be an nn.Module, got {model!r}")
     if not isinstance(algorithm, FederatedAlgorithm):
         raise ValueError(f"algorithm must be a FederatedAlgorithm, got {algorithm!r}")
-    check_choice("grad_backend", grad_backend, ("auto", *BACKENDS))
+    check_backend("grad_backend", grad_backend)
     positive = lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0  # noqa: E731
     if epsilon_every is not None and not positive(epsilon_every):
         raise ValueError(f"epsilon_every must be a positive integer or null, got {epsilon_every!r}")

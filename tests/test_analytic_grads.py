@@ -8,7 +8,7 @@ from torch import nn
 from pl_privfed import FederatedModule
 from pl_privfed.algorithms import AlphaNormEC
 from pl_privfed.grads import GradientOracle, resolve_backend, resolve_example_backend
-from pl_privfed.layer_grads import LayerGradients, layer_support
+from pl_privfed.layer_rules import LayerGradients, layer_support
 from pl_privfed.models import (
     MLP,
     LogisticRegression,

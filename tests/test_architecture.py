@@ -36,9 +36,9 @@ import pytest
 RULES = {
     "layers": (
         ("ground floor", ("rng", "results", "logdir", "checks", "communication")),
-        # layer_grads imports nothing of the package and grads imports it: a building block
+        # layer_rules imports nothing of the package and grads imports it: a building block
         ("building blocks", ("operators", "privacy", "sampling", "graphs", "models",
-                             "layer_grads")),
+                             "layer_rules")),
         ("engine", ("engine",)),
         ("gradients, data, algorithms", ("grads", "datamodules", "algorithms", "evaluation",
                                           "trainer_rounds")),

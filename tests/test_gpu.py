@@ -43,8 +43,8 @@ def test_vmap_equals_loop_resnet20_batchnorm_cuda():
 @pytest.mark.parametrize("name", ["cnn", "resnet20_groupnorm", "text"])
 def test_layer_rules_equal_autograd_on_cuda(name):
     """The layer-rule backend on the GPU against plain autograd per client and per example
-    (float64, 1e-10): the mixed models of tests/test_layer_grads.py."""
-    from test_layer_grads import check_all, mixed_model
+    (float64, 1e-10): the mixed models of tests/test_layer_rules.py."""
+    from test_layer_rules import check_all, mixed_model
 
     check_all(*mixed_model(name), device="cuda")
 

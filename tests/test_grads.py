@@ -1,8 +1,18 @@
+from typing import get_args
+
 import pytest
 import torch
 from torch import nn
 
-from pl_privfed.grads import GradientOracle, ParameterLayout, resolve_backend
+from pl_privfed.grads import (
+    BACKENDS,
+    FORMER_NAMES,
+    Backend,
+    GradientOracle,
+    ParameterLayout,
+    check_backend,
+    resolve_backend,
+)
 from pl_privfed.models import MLP
 
 
@@ -99,6 +109,18 @@ def test_backend_resolution_and_validation():
         resolve_backend("jit", torch.device("cpu"))
     with pytest.raises(ValueError, match="backend"):
         GradientOracle(MLP(2, [], 2), nn.CrossEntropyLoss(), "jit")
+
+
+def test_backend_names_are_checked_in_one_place():
+    """``check_backend``: the choices a configuration may write are ``Backend``'s; a former name
+    (``analytic``) gives the backend it names; anything else names the argument and value."""
+    assert get_args(Backend) == ("auto", *BACKENDS, *FORMER_NAMES)
+    assert check_backend("grad_backend", "analytic") == "layers"
+    assert check_backend("grad_backend", "auto") == "auto"
+    with pytest.raises(ValueError, match=r"grad_backend must be 'auto', 'vmap'.*got 'jit'"):
+        check_backend("grad_backend", "jit")
+    with pytest.raises(ValueError, match=r"backend must be 'vmap'.*got 'auto'"):
+        check_backend("backend", "auto", auto=False)
 
 
 def test_oracle_rejects_wrong_parameter_shape(batch):

@@ -5,6 +5,7 @@ refusals, and the backend through the engine against the loop backend."""
 
 import gc
 import weakref
+from pathlib import Path
 
 import pytest
 import torch
@@ -23,7 +24,15 @@ from pl_privfed.algorithms import (
 from pl_privfed.datamodules import DirichletPartitioner
 from pl_privfed.engine import CHUNK_ENV
 from pl_privfed.grads import GradientOracle, ParameterLayout
-from pl_privfed.layer_grads import LayerGradients, layer_support
+from pl_privfed.layer_rules import (
+    LayerGradients,
+    Rule,
+    layer_support,
+    register_rule,
+    registry,
+    rule_table,
+    supported_layers,
+)
 from pl_privfed.models import MLP, SimpleCNN, TextClassifier, resnet20
 from pl_privfed.operators import Clip
 from pl_privfed.privacy import DPNoise
@@ -412,3 +421,102 @@ def test_a_chain_of_linear_layers(activation):
     model = MLP(6, [5, 4], 3, activation=activation).to(DT)
     assert (LayerGradients(model, nn.CrossEntropyLoss())._chain is None) == (activation == "gelu")
     check_all(model, *data((2, 3)))
+
+
+# ============================================================================ the open registry
+class Diagonal(nn.Module):
+    """A layer of the test's own: ``z = x ⊙ w + b`` over the last axis (a diagonal ``Linear``)."""
+
+    def __init__(self, features: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(features))
+        self.bias = nn.Parameter(torch.randn(features))
+
+    def forward(self, x):
+        return x * self.weight + self.bias
+
+
+class DiagonalRule(Rule):
+    """:class:`Diagonal`'s rule (docs/engine.md, "Adding a layer rule"): per example
+    ``Σ_t g_t ⊙ a_t`` and ``Σ_t g_t`` over the positions; the per-client sums, the norms and the
+    clipped sums come from :class:`Rule`'s defaults."""
+
+    summary = "`Σ g ⊙ a` and `Σ g` (a test's layer)"
+
+    def forward(self, x, p, n):
+        w, b = p["weight"], p["bias"]
+        if n is None:
+            return x * w + b, x
+        xs = x.reshape(n, -1, x.shape[-1])  # [n, B·T, f] against [n, 1, f]
+        return (xs * w.unsqueeze(1) + b.unsqueeze(1)).view(x.shape), x
+
+    def example_grads(self, a, g, want):
+        a, g = a.reshape(a.shape[0], -1, a.shape[-1]), g.reshape(g.shape[0], -1, g.shape[-1])
+        out = {}
+        if want["weight"]:
+            out["weight"] = (g * a).sum(1)
+        if want["bias"]:
+            out["bias"] = g.sum(1)
+        return out
+
+
+class ScaledLinear(nn.Linear):
+    """A subclass of ``Linear`` with its own forward: a new layer type, without a rule."""
+
+    def forward(self, x):
+        return 2.0 * super().forward(x)
+
+
+@pytest.fixture
+def diagonal_rule(monkeypatch):
+    """:class:`DiagonalRule` registered for :class:`Diagonal` during one test (the registry is
+    restored afterwards)."""
+    monkeypatch.setattr(registry, "_RULES", registry.registered_rules())
+    return register_rule(Diagonal)(DiagonalRule)
+
+
+@pytest.mark.parametrize("shape", [(5,), (2, 5)])
+def test_a_rule_registered_for_a_new_layer_equals_autograd(diagonal_rule, shape):
+    """A user's layer with its registered rule: per-client gradients (shared and per-client
+    parameters), per-example gradients, norms and clipped means equal autograd in float64."""
+    torch.manual_seed(0)
+    inputs, targets = data(shape)
+    width = 4 * (shape[0] if len(shape) == 2 else 1)
+    model = nn.Sequential(
+        nn.Linear(5, 4), Diagonal(4), nn.Tanh(), nn.Flatten(), nn.Linear(width, 3)
+    )
+    assert layer_support(model, nn.CrossEntropyLoss()) is None
+    modes = check_all(model, inputs, targets)
+    assert modes["1"] == "instantiate"
+    assert "Diagonal" in supported_layers() and "`DiagonalRule`" in rule_table()
+
+
+def test_layers_without_a_rule_are_refused_naming_the_registered_ones(diagonal_rule):
+    """Rules match the exact type: a subclass of ``Linear`` is refused, and the message lists
+    the registry (with the test's own layer while it is registered)."""
+    reason = layer_support(nn.Sequential(ScaledLinear(3, 3)), nn.CrossEntropyLoss())
+    assert reason.startswith("layer 0 is ScaledLinear, which has no layer rule")
+    assert f"(supported: {', '.join(supported_layers())})" in reason
+    assert "Diagonal" in reason and "vmap or loop" in reason
+    with pytest.raises(ValueError, match="ScaledLinear"):
+        GradientOracle(nn.Sequential(ScaledLinear(3, 3)), nn.CrossEntropyLoss(), "layers")
+
+
+def test_register_rule_refuses_what_it_cannot_register(diagonal_rule):
+    with pytest.raises(ValueError, match="Diagonal already has the rule DiagonalRule"):
+        register_rule(Diagonal)(DiagonalRule)
+    assert register_rule(Diagonal, replace=True)(DiagonalRule) is DiagonalRule
+    with pytest.raises(ValueError, match="at least one layer type"):
+        register_rule()
+    with pytest.raises(ValueError, match="Module classes"):
+        register_rule(Diagonal(2))
+    with pytest.raises(ValueError, match="Rule subclass"):
+        register_rule(ScaledLinear)(Diagonal)
+
+
+def test_the_docs_table_is_the_registry():
+    """docs/engine.md ("Layer rules") shows :func:`rule_table` of the built-in rules."""
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "engine.md").read_text()
+    assert rule_table() in docs
+    assert supported_layers() == ("Linear", "Conv1d", "Conv2d", "Embedding", "LayerNorm",
+                                  "GroupNorm")  # fmt: skip
