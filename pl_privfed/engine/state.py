@@ -161,10 +161,6 @@ class ClientStates:
         table = self._tables.get(name)
         return table if table is not None else getattr(self.module, name)
 
-    def full(self, name: str) -> Tensor:
-        """Table ``name`` (kept for callers that read the whole local table)."""
-        return self.table(name)
-
     def read(self, name: str, ids: Tensor) -> Tensor:
         """The rows of the held clients ``ids`` (global, sorted), on the training device."""
         table = self.table(name)
@@ -237,10 +233,6 @@ class ClientStates:
             else:
                 self.table(name).copy_(rows)
                 checkpoint["state_dict"].pop(key, None)
-
-    def off_device(self) -> dict[str, Tensor]:
-        """The host and disk tables (the device ones are the module's buffers)."""
-        return dict(self._tables)
 
     def snapshot(
         self, name: str, round_index: int, folder: Path | None = None
