@@ -183,8 +183,11 @@ class DecentralizedAlgorithm(FederatedAlgorithm):
         if self._dense_gossip:
             mixed = self._mixing.index_select(0, ids) @ table.to(self.device)
         else:
-            crow, col, val = (self._mixing.crow_indices(), self._mixing.col_indices(),
-                              self._mixing.values())  # fmt: skip
+            crow, col, val = (
+                self._mixing.crow_indices(),
+                self._mixing.col_indices(),
+                self._mixing.values(),
+            )
             mixed = torch.zeros(ids.numel(), self.dim, device=self.device, dtype=self.dtype)
             for row, agent in enumerate(ids.tolist()):
                 lo, hi = int(crow[agent]), int(crow[agent + 1])

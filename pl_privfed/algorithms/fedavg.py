@@ -105,8 +105,12 @@ class LocalUpdateAlgorithm(FederatedAlgorithm):
 
     def configure_data(self, *, batch_size, local_batches, shuffle, client_sizes, **_) -> None:
         """Check the datamodule's rounds against the local solver (called before training)."""
-        self.local_solver.check_data(batch_size=batch_size, local_batches=local_batches,
-                                     shuffle=shuffle, client_sizes=client_sizes)  # fmt: skip
+        self.local_solver.check_data(
+            batch_size=batch_size,
+            local_batches=local_batches,
+            shuffle=shuffle,
+            client_sizes=client_sizes,
+        )
 
     def sampling_generator(self, round_index: int) -> torch.Generator:
         """The round's cohort stream ``(sampling_seed, round)``."""
@@ -314,8 +318,12 @@ class FedAvgPerSampleClipping(LocalUpdateAlgorithm):
     def configure_data(
         self, *, batch_size, local_batches, shuffle, client_sizes, batch_sampling="epochs"
     ) -> None:
-        super().configure_data(batch_size=batch_size, local_batches=local_batches,
-                               shuffle=shuffle, client_sizes=client_sizes)  # fmt: skip
+        super().configure_data(
+            batch_size=batch_size,
+            local_batches=local_batches,
+            shuffle=shuffle,
+            client_sizes=client_sizes,
+        )
         # examples per local step: one minibatch each (LocalSGD), or all the round's data
         per_step = self.local_solver.per_step_batches
         self.batch_size = int(batch_size) * (1 if per_step else local_batches)

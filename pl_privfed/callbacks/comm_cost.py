@@ -93,8 +93,9 @@ class CommunicationCost(pl.Callback):
             pl_module.log(f"comm/{channel}_bits", bits, batch_size=1)
             pl_module.log(f"comm/{channel}_total_bits", self.totals[channel], batch_size=1)
             pl_module.log(f"comm/{channel}_bits_per_agent", per_agent[channel], batch_size=1)
-            pl_module.log(f"comm/{channel}_total_bits_per_agent", self.totals_per_agent[channel],
-                          batch_size=1)  # fmt: skip
+            pl_module.log(
+                f"comm/{channel}_total_bits_per_agent", self.totals_per_agent[channel], batch_size=1
+            )
 
     def summary_entries(self) -> dict[str, Any]:
         return {

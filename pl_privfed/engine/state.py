@@ -116,8 +116,10 @@ class ClientStates:
     ) -> None:
         """Place and allocate (zero) every declared table for this process's clients."""
         rows = self.shard.size
-        total = sum(rows * math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-                    for _, shape, dtype in self._pending)  # fmt: skip
+        total = sum(
+            rows * math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+            for _, shape, dtype in self._pending
+        )
         self.placement = choose_placement(total, device, requested)
         for name, shape, dtype in self._pending:
             self._allocate(name, (rows, *shape), dtype, device, directory)
@@ -199,10 +201,12 @@ class ClientStates:
                 folder = Path(beside) if beside else None
                 snapshot, size, digest = self.snapshot(name, round_index, folder)
                 where = f"{folder.name}/{snapshot.name}" if folder else str(snapshot)
-                extra[key] = {"files": self.shard.all_gather_object(where),
-                              "sizes": self.shard.all_gather_object(size),
-                              "sha256": self.shard.all_gather_object(digest),
-                              "block": self.shard.block}  # fmt: skip
+                extra[key] = {
+                    "files": self.shard.all_gather_object(where),
+                    "sizes": self.shard.all_gather_object(size),
+                    "sha256": self.shard.all_gather_object(digest),
+                    "block": self.shard.block,
+                }
                 continue
             full = self.shard.gather_rows(self.table(name).to(device))
             if self.placement == "device":

@@ -27,8 +27,12 @@ class SimpleCNN(nn.Module):
         self, in_channels: int = 3, image_size: int = 32, num_classes: int = 10, hidden: int = 512
     ) -> None:
         super().__init__()
-        for name, value in [("in_channels", in_channels), ("image_size", image_size),
-                            ("num_classes", num_classes), ("hidden", hidden)]:  # fmt: skip
+        for name, value in [
+            ("in_channels", in_channels),
+            ("image_size", image_size),
+            ("num_classes", num_classes),
+            ("hidden", hidden),
+        ]:
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if image_size % 4:

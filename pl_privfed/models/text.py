@@ -37,8 +37,12 @@ class TextClassifier(nn.Module):
         padding_idx: int | None = 0,
     ) -> None:
         super().__init__()
-        for name, value in [("vocab_size", vocab_size), ("dim", dim), ("hidden", hidden),
-                            ("num_classes", num_classes)]:  # fmt: skip
+        for name, value in [
+            ("vocab_size", vocab_size),
+            ("dim", dim),
+            ("hidden", hidden),
+            ("num_classes", num_classes),
+        ]:
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if padding_idx is not None and not 0 <= padding_idx < vocab_size:
