@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from pl_privfed.algorithms.base import FederatedAlgorithm, RoundResult
-from pl_privfed.checks import check_int, check_positive
+from pl_privfed.checks import check_choice, check_int, check_positive
 from pl_privfed.engine import ClientChunk, Reduction, noise_to_signal
 from pl_privfed.graphs import Topology, mixing_rate
 from pl_privfed.operators import Clip, Identity, Operator, SmoothClip
@@ -294,9 +294,7 @@ class PORTER(DecentralizedAlgorithm):
         seed: int = 0,
     ) -> None:
         super().__init__(step_size, consensus_step_size, topology, compressor, noise, seed)
-        if option not in ("dp", "gc"):
-            raise ValueError(f"option must be 'dp' (PORTER-DP) or 'gc' (PORTER-GC), got {option!r}")
-        self.option = option
+        self.option = check_choice("option", option, ("dp", "gc"))  # PORTER-DP or PORTER-GC
         self.clip_threshold = check_positive("clip_threshold", clip_threshold)
         self.clipping = clipping
         self.clip = clipping_operator(clipping, self.clip_threshold)

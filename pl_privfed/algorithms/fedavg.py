@@ -23,7 +23,7 @@ from torch import Tensor
 
 from pl_privfed.algorithms.base import CLIENT_LEVEL_DP, FederatedAlgorithm, RoundResult
 from pl_privfed.algorithms.local import LocalGD, LocalSolver
-from pl_privfed.checks import check_int, check_positive
+from pl_privfed.checks import check_choice, check_int, check_positive
 from pl_privfed.communication import Messages
 from pl_privfed.engine import ClientChunk, Reduction
 from pl_privfed.operators import Clip, Identity, Operator
@@ -299,9 +299,7 @@ class FedAvgPerSampleClipping(LocalUpdateAlgorithm):
         sampling_seed: int = 0,
     ) -> None:
         super().__init__(step_size, local_solver, sampler, noise, sampling_seed)
-        if clip_level not in ("minibatch", "example"):
-            raise ValueError(f"clip_level must be 'minibatch' or 'example', got {clip_level!r}")
-        self.clip_level = clip_level
+        self.clip_level = check_choice("clip_level", clip_level, ("minibatch", "example"))
         if clip_threshold is not None:
             check_positive("clip_threshold", clip_threshold)
         self.operator: Operator = Clip(clip_threshold) if clip_threshold is not None else Identity()

@@ -46,6 +46,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from pl_privfed.checks import check_choice
 from pl_privfed.engine.distributed import ClientShard
 
 __all__ = ["SNAPSHOT_DIR_KEY", "ClientStateError", "ClientStates", "Placement", "choose_placement"]
@@ -74,8 +75,7 @@ def _machine_memory() -> int:
 
 def choose_placement(total_bytes: int, device: torch.device, requested: str = "auto") -> str:
     """Where ``total_bytes`` of per-client state go (module docstring)."""
-    if requested not in PLACEMENTS:
-        raise ValueError(f"client_state must be one of {PLACEMENTS}, got {requested!r}")
+    check_choice("client_state", requested, PLACEMENTS)
     if requested != "auto":
         return requested
     ram = _machine_memory() // 4

@@ -6,6 +6,8 @@ from typing import Literal
 
 from torch import Tensor, nn
 
+from pl_privfed.checks import check_choice
+
 __all__ = ["MLP", "LogisticRegression"]
 
 _ACTIVATIONS = {"relu": nn.ReLU, "sigmoid": nn.Sigmoid, "tanh": nn.Tanh, "gelu": nn.GELU}
@@ -40,10 +42,7 @@ class MLP(nn.Module):
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if any(not isinstance(h, int) or h < 1 for h in hidden_sizes):
             raise ValueError(f"hidden_sizes must be positive integers, got {hidden_sizes!r}")
-        if activation not in _ACTIVATIONS:
-            raise ValueError(
-                f"activation must be one of {sorted(_ACTIVATIONS)}, got {activation!r}"
-            )
+        check_choice("activation", activation, tuple(_ACTIVATIONS))
         layers: list[nn.Module] = [nn.Flatten()]
         width = in_features
         for h in hidden_sizes:
