@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
+from pl_privfed.checks import check_positive_int
+
 __all__ = ["SimpleCNN"]
 
 
@@ -33,8 +35,7 @@ class SimpleCNN(nn.Module):
             ("num_classes", num_classes),
             ("hidden", hidden),
         ]:
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+            check_positive_int(name, value)
         if image_size % 4:
             raise ValueError(f"image_size must be a multiple of 4, got {image_size!r}")
         side = image_size // 4

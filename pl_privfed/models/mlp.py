@@ -6,7 +6,7 @@ from typing import Literal
 
 from torch import Tensor, nn
 
-from pl_privfed.checks import check_choice
+from pl_privfed.checks import check_choice, check_positive_int
 
 __all__ = ["MLP", "LogisticRegression"]
 
@@ -37,9 +37,8 @@ class MLP(nn.Module):
     ) -> None:
         super().__init__()
         hidden_sizes = list(hidden_sizes or [])
-        for name, value in [("in_features", in_features), ("num_classes", num_classes)]:
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        check_positive_int("in_features", in_features)
+        check_positive_int("num_classes", num_classes)
         if any(not isinstance(h, int) or h < 1 for h in hidden_sizes):
             raise ValueError(f"hidden_sizes must be positive integers, got {hidden_sizes!r}")
         check_choice("activation", activation, tuple(_ACTIVATIONS))
