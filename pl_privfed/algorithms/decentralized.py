@@ -46,13 +46,10 @@ PorterOption = Literal["dp", "gc"]
 
 def clipping_operator(clipping: ClippingName, threshold: float) -> Operator:
     """``Clip_τ`` of paper 001: smooth (Def. 2, line 106), piecewise linear (Remark 1, line 115)."""
-    if clipping == "smooth":
-        return SmoothClip(threshold)
-    if clipping == "linear":
-        return Clip(threshold)
+    check_choice("clipping", clipping, ("smooth", "linear", "none"))
     if clipping == "none":
         return Identity()
-    raise ValueError(f"clipping must be 'smooth', 'linear' or 'none', got {clipping!r}")
+    return SmoothClip(threshold) if clipping == "smooth" else Clip(threshold)
 
 
 class DecentralizedAlgorithm(FederatedAlgorithm):
