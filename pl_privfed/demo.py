@@ -115,9 +115,20 @@ def run_demo(
         run_dir = out / run.name
         print(f"[demo {index}/{len(DEMO_RUNS)}] {run.label} ...", flush=True)
         start = time.perf_counter()
-        runner(["fit", "--config", str(folder / run.config), *run.overrides,
-                "--output_dir", str(run_dir), "--trainer.default_root_dir", str(run_dir),
-                "--trainer.logger.init_args.save_dir", str(run_dir / "logs")])  # fmt: skip
+        runner(
+            [
+                "fit",
+                "--config",
+                str(folder / run.config),
+                *run.overrides,
+                "--output_dir",
+                str(run_dir),
+                "--trainer.default_root_dir",
+                str(run_dir),
+                "--trainer.logger.init_args.save_dir",
+                str(run_dir / "logs"),
+            ]
+        )
         summary = json.loads((run_dir / "summary.json").read_text())
         privacy = summary.get("privacy") or {}
         curves = _curves(run_dir)

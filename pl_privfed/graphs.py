@@ -39,7 +39,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from pl_privfed.checks import check_int, check_positive_int
+from pl_privfed.checks import check_choice, check_int, check_positive_int
 
 __all__ = [
     "GraphName",
@@ -232,10 +232,8 @@ class Topology:
         rows: int | None = None,
         matrix: list[list[float]] | None = None,
     ) -> None:
-        if graph not in GRAPHS:
-            raise ValueError(f"graph must be one of {GRAPHS}, got {graph!r}")
-        if weights not in WEIGHTS:
-            raise ValueError(f"weights must be one of {WEIGHTS}, got {weights!r}")
+        check_choice("graph", graph, GRAPHS)
+        check_choice("weights", weights, WEIGHTS)
         if isinstance(p, bool) or not isinstance(p, int | float) or not 0 < p <= 1:
             raise ValueError(f"p must be in (0, 1], got {p!r}")
         check_int("seed", seed)

@@ -67,10 +67,6 @@ class ClientSampler:
         """What the server divides the participants' sum by (a scalar tensor)."""
         raise NotImplementedError
 
-    def expected_participants(self, num_clients: int) -> float:
-        """``E|S|``."""
-        return self.sample_rate * num_clients
-
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if k != "num_clients")
         return f"{type(self).__name__}({args})"

@@ -330,8 +330,10 @@ def sweep_lock(out_dir: str | os.PathLike) -> Iterator[Path]:
             except (OSError, ValueError, KeyError, TypeError):
                 held, pid, host = {}, -1, ""  # unreadable: being written, or corrupt
             if (host == info["host"] and not _alive(pid)) or (not held and _old(path)):
-                print(f"[pl-privfed sweep] stale lock {path} (pid {pid} is not running): "
-                      "taken over", flush=True)  # fmt: skip
+                print(
+                    f"[pl-privfed sweep] stale lock {path} (pid {pid} is not running): taken over",
+                    flush=True,
+                )
                 path.unlink(missing_ok=True)
                 continue
             raise SweepLockedError(

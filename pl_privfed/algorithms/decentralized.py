@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from pl_privfed.algorithms.base import FederatedAlgorithm, RoundResult
-from pl_privfed.checks import check_int, check_positive
+from pl_privfed.checks import check_choice, check_int, check_positive
 from pl_privfed.engine import ClientChunk, Reduction, noise_to_signal
 from pl_privfed.graphs import Topology, mixing_rate
 from pl_privfed.operators import Clip, Identity, Operator, SmoothClip
@@ -46,13 +46,10 @@ PorterOption = Literal["dp", "gc"]
 
 def clipping_operator(clipping: ClippingName, threshold: float) -> Operator:
     """``Clip_τ`` of paper 001: smooth (Def. 2, line 106), piecewise linear (Remark 1, line 115)."""
-    if clipping == "smooth":
-        return SmoothClip(threshold)
-    if clipping == "linear":
-        return Clip(threshold)
+    check_choice("clipping", clipping, ("smooth", "linear", "none"))
     if clipping == "none":
         return Identity()
-    raise ValueError(f"clipping must be 'smooth', 'linear' or 'none', got {clipping!r}")
+    return SmoothClip(threshold) if clipping == "smooth" else Clip(threshold)
 
 
 class DecentralizedAlgorithm(FederatedAlgorithm):
@@ -183,8 +180,11 @@ class DecentralizedAlgorithm(FederatedAlgorithm):
         if self._dense_gossip:
             mixed = self._mixing.index_select(0, ids) @ table.to(self.device)
         else:
-            crow, col, val = (self._mixing.crow_indices(), self._mixing.col_indices(),
-                              self._mixing.values())  # fmt: skip
+            crow, col, val = (
+                self._mixing.crow_indices(),
+                self._mixing.col_indices(),
+                self._mixing.values(),
+            )
             mixed = torch.zeros(ids.numel(), self.dim, device=self.device, dtype=self.dtype)
             for row, agent in enumerate(ids.tolist()):
                 lo, hi = int(crow[agent]), int(crow[agent + 1])
@@ -291,9 +291,7 @@ class PORTER(DecentralizedAlgorithm):
         seed: int = 0,
     ) -> None:
         super().__init__(step_size, consensus_step_size, topology, compressor, noise, seed)
-        if option not in ("dp", "gc"):
-            raise ValueError(f"option must be 'dp' (PORTER-DP) or 'gc' (PORTER-GC), got {option!r}")
-        self.option = option
+        self.option = check_choice("option", option, ("dp", "gc"))  # PORTER-DP or PORTER-GC
         self.clip_threshold = check_positive("clip_threshold", clip_threshold)
         self.clipping = clipping
         self.clip = clipping_operator(clipping, self.clip_threshold)

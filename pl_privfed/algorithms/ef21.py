@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from pl_privfed.algorithms.base import CLIENT_LEVEL_DP, FederatedAlgorithm, RoundResult
-from pl_privfed.checks import check_positive
+from pl_privfed.checks import check_choice, check_positive
 from pl_privfed.communication import Messages
 from pl_privfed.engine import ClientChunk, Reduction
 from pl_privfed.operators import Clip, Operator, SmoothedNormalization, TopK
@@ -92,10 +92,7 @@ class ErrorFeedback(FederatedAlgorithm):
             raise ValueError(f"operator must be an Operator, got {operator!r}")
         self.operator = operator
         self.server_normalization = bool(server_normalization)
-        if memory_init not in ("zeros", "gradient", "gradient_offset"):
-            raise ValueError(
-                f"memory_init must be 'zeros', 'gradient' or 'gradient_offset', got {memory_init!r}"
-            )
+        check_choice("memory_init", memory_init, ("zeros", "gradient", "gradient_offset"))
         if not memory_init_offset >= 0:
             raise ValueError(f"memory_init_offset must be >= 0, got {memory_init_offset!r}")
         self.memory_init = memory_init

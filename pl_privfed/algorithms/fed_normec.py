@@ -10,7 +10,7 @@ from torch import Tensor
 from pl_privfed.algorithms.base import RoundResult
 from pl_privfed.algorithms.fedavg import LocalUpdateAlgorithm
 from pl_privfed.algorithms.local import LocalSolver
-from pl_privfed.checks import check_positive
+from pl_privfed.checks import check_choice, check_positive
 from pl_privfed.communication import Messages
 from pl_privfed.engine import ClientChunk, Reduction
 from pl_privfed.operators import SmoothedNormalization
@@ -117,17 +117,13 @@ class FedAlphaNormEC(LocalUpdateAlgorithm):
         self.alpha = float(alpha)
         self.participation_prob = check_probability("participation_prob", participation_prob)
         self.sampler = BernoulliSampler(self.participation_prob)  # line 7's independent q_i
-        if participation not in ("as_written", "practical"):
-            raise ValueError(
-                f"participation must be 'as_written' or 'practical', got {participation!r}"
-            )
-        self.participation = participation
+        self.participation = check_choice(
+            "participation", participation, ("as_written", "practical")
+        )
         if not isinstance(server_normalization, bool):
             raise ValueError(f"server_normalization must be a bool, got {server_normalization!r}")
         self.server_normalization = server_normalization
-        if memory_init not in ("zeros", "local_update"):
-            raise ValueError(f"memory_init must be 'zeros' or 'local_update', got {memory_init!r}")
-        self.memory_init = memory_init
+        self.memory_init = check_choice("memory_init", memory_init, ("zeros", "local_update"))
 
     def operators(self):
         return [self.operator]

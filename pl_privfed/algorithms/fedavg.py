@@ -23,7 +23,7 @@ from torch import Tensor
 
 from pl_privfed.algorithms.base import CLIENT_LEVEL_DP, FederatedAlgorithm, RoundResult
 from pl_privfed.algorithms.local import LocalGD, LocalSolver
-from pl_privfed.checks import check_int, check_positive
+from pl_privfed.checks import check_choice, check_int, check_positive
 from pl_privfed.communication import Messages
 from pl_privfed.engine import ClientChunk, Reduction
 from pl_privfed.operators import Clip, Identity, Operator
@@ -105,8 +105,12 @@ class LocalUpdateAlgorithm(FederatedAlgorithm):
 
     def configure_data(self, *, batch_size, local_batches, shuffle, client_sizes, **_) -> None:
         """Check the datamodule's rounds against the local solver (called before training)."""
-        self.local_solver.check_data(batch_size=batch_size, local_batches=local_batches,
-                                     shuffle=shuffle, client_sizes=client_sizes)  # fmt: skip
+        self.local_solver.check_data(
+            batch_size=batch_size,
+            local_batches=local_batches,
+            shuffle=shuffle,
+            client_sizes=client_sizes,
+        )
 
     def sampling_generator(self, round_index: int) -> torch.Generator:
         """The round's cohort stream ``(sampling_seed, round)``."""
@@ -245,7 +249,7 @@ class FedAvgPerSampleClipping(LocalUpdateAlgorithm):
     in the round's batch that all ``τ`` steps of :class:`~pl_privfed.algorithms.LocalGD` reuse
     (one use is then ``τ`` Gaussians on the same sample: multiplier ``σ/(sens·√τ)``). The
     defensible ε composes a record's uses as the data draws them
-    (:func:`~pl_privfed.algorithms.base.record_round_mechanisms`): with the datamodule's
+    (:func:`~pl_privfed.privacy.plan.record_round_mechanisms`): with the datamodule's
     ``batch_sampling: without_replacement`` one release per round on a sample of the round's
     ``L = B·T`` positions of the ``N`` records of the smallest shard (a record is in at most one
     step of a round), amplified as sampling without replacement (dp-accounting); with
@@ -295,9 +299,7 @@ class FedAvgPerSampleClipping(LocalUpdateAlgorithm):
         sampling_seed: int = 0,
     ) -> None:
         super().__init__(step_size, local_solver, sampler, noise, sampling_seed)
-        if clip_level not in ("minibatch", "example"):
-            raise ValueError(f"clip_level must be 'minibatch' or 'example', got {clip_level!r}")
-        self.clip_level = clip_level
+        self.clip_level = check_choice("clip_level", clip_level, ("minibatch", "example"))
         if clip_threshold is not None:
             check_positive("clip_threshold", clip_threshold)
         self.operator: Operator = Clip(clip_threshold) if clip_threshold is not None else Identity()
@@ -314,8 +316,12 @@ class FedAvgPerSampleClipping(LocalUpdateAlgorithm):
     def configure_data(
         self, *, batch_size, local_batches, shuffle, client_sizes, batch_sampling="epochs"
     ) -> None:
-        super().configure_data(batch_size=batch_size, local_batches=local_batches,
-                               shuffle=shuffle, client_sizes=client_sizes)  # fmt: skip
+        super().configure_data(
+            batch_size=batch_size,
+            local_batches=local_batches,
+            shuffle=shuffle,
+            client_sizes=client_sizes,
+        )
         # examples per local step: one minibatch each (LocalSGD), or all the round's data
         per_step = self.local_solver.per_step_batches
         self.batch_size = int(batch_size) * (1 if per_step else local_batches)

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from pl_privfed.checks import check_positive_int
+from pl_privfed.checks import check_choice, check_positive_int
 
 __all__ = ["IncrementalGradient", "LocalGD", "LocalRun", "LocalSGD", "LocalSolver"]
 
@@ -100,8 +100,7 @@ class LocalSolver:
             keep: what the caller reads: ``"params"`` (the local models), ``"sum"`` (the
                 gradient sum; the last step's model is then not formed) or ``"both"``.
         """
-        if keep not in ("params", "sum", "both"):
-            raise ValueError(f"keep must be 'params', 'sum' or 'both', got {keep!r}")
+        check_choice("keep", keep, ("params", "sum", "both"))
         y: Tensor = x  # shared at the first step: one oracle call in its shared mode
         grad_sum: Tensor | None = None
         for j in range(self.steps):

@@ -50,7 +50,7 @@ class SoteriaFL(FederatedAlgorithm):
     under add/remove for ``b = 1``; ``2G`` under either for ``b > 1``, because clipping the
     minibatch *mean* lets one record move the clipped vector anywhere in the ``G``-ball). The
     record sampling inside a client is hidden from the server, so the defensible ε amplifies
-    by it as what it is (:class:`~pl_privfed.algorithms.base.RecordSampling`); the papers'
+    by it as what it is (:class:`~pl_privfed.privacy.RecordUse`); the papers'
     convention (add/remove, Poisson at ``b/m``) is reported beside it. ``m`` defaults to the
     smallest shard of the data and ``b`` must be what the datamodule delivers, both checked
     before training (:func:`~pl_privfed.privacy.release.minibatch_population`).

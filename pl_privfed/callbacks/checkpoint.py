@@ -184,8 +184,12 @@ class RoundCheckpoint(ModelCheckpoint):
             self._save_at_end(trainer)
         elif trainer.global_step > 0 and not self._should_skip_saving_checkpoint(trainer):
             # a monitored metric ranks the kept files; the stopped round is kept regardless
-            self._save_checkpoint(trainer, self._get_metric_interpolated_filepath_name(
-                self._monitor_candidates(trainer), trainer))  # fmt: skip
+            self._save_checkpoint(
+                trainer,
+                self._get_metric_interpolated_filepath_name(
+                    self._monitor_candidates(trainer), trainer
+                ),
+            )
         if self._last_global_step_saved == trainer.global_step and self._last_checkpoint_saved:
             return self._last_checkpoint_saved
         return None

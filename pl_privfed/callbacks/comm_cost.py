@@ -9,6 +9,7 @@ import torch
 from typing_extensions import override
 
 from pl_privfed.callbacks._logging import logs_this_round
+from pl_privfed.checks import check_positive_int
 from pl_privfed.communication import ENCODING, Messages, message_bits, per_agent_bits
 
 __all__ = ["CommunicationCost"]
@@ -50,12 +51,8 @@ class CommunicationCost(pl.Callback):
     """
 
     def __init__(self, value_bits: int = 32, workers: int = 1) -> None:
-        if not isinstance(value_bits, int) or value_bits < 1:
-            raise ValueError(f"value_bits must be a positive integer, got {value_bits!r}")
-        if not isinstance(workers, int) or workers < 1:
-            raise ValueError(f"workers must be a positive integer, got {workers!r}")
-        self.value_bits = value_bits
-        self.workers = workers
+        self.value_bits = check_positive_int("value_bits", value_bits)
+        self.workers = check_positive_int("workers", workers)
         self.totals: dict[str, float] = {}
         self.last: dict[str, float] = {}
         self.totals_per_agent: dict[str, float] = {}
@@ -93,8 +90,9 @@ class CommunicationCost(pl.Callback):
             pl_module.log(f"comm/{channel}_bits", bits, batch_size=1)
             pl_module.log(f"comm/{channel}_total_bits", self.totals[channel], batch_size=1)
             pl_module.log(f"comm/{channel}_bits_per_agent", per_agent[channel], batch_size=1)
-            pl_module.log(f"comm/{channel}_total_bits_per_agent", self.totals_per_agent[channel],
-                          batch_size=1)  # fmt: skip
+            pl_module.log(
+                f"comm/{channel}_total_bits_per_agent", self.totals_per_agent[channel], batch_size=1
+            )
 
     def summary_entries(self) -> dict[str, Any]:
         return {

@@ -13,7 +13,7 @@ from torch.func import vmap
 from typing_extensions import override
 
 from pl_privfed.callbacks._logging import warn_once
-from pl_privfed.checks import check_positive, check_positive_int
+from pl_privfed.checks import check_choice, check_positive, check_positive_int
 
 __all__ = ["GradientNorm"]
 
@@ -105,8 +105,7 @@ class GradientNorm(pl.Callback):
             check_positive("target", target)
         if stop_at_target and target is None:
             raise ValueError("stop_at_target=True needs a target, got target=None")
-        if weighting not in ("clients", "examples"):
-            raise ValueError(f"weighting must be 'clients' or 'examples', got {weighting!r}")
+        check_choice("weighting", weighting, ("clients", "examples"))
         self.every_n_rounds = every_n_rounds
         self.target = None if target is None else float(target)
         self.stop_at_target = bool(stop_at_target)

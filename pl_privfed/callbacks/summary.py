@@ -143,12 +143,15 @@ class RunSummary(pl.Callback):
             return
         # stopped on SIGTERM or Ctrl-C after a complete round: the checkpoint callbacks save it
         # first, so that the summary names the file to resume from
-        saved = [getattr(cb, "save_on_interrupt", lambda _: None)(trainer)
-                 for cb in trainer.checkpoint_callbacks]  # fmt: skip
+        saved = [
+            getattr(cb, "save_on_interrupt", lambda _: None)(trainer)
+            for cb in trainer.checkpoint_callbacks
+        ]
         checkpoint = next((path for path in saved if path), None)
         self.interrupted = {"signal": name, "round": trainer.global_step, "checkpoint": checkpoint}
-        self._write(trainer, pl_module, status=f"interrupted: {name} after round "
-                    f"{trainer.global_step}")  # fmt: skip
+        self._write(
+            trainer, pl_module, status=f"interrupted: {name} after round {trainer.global_step}"
+        )
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -286,9 +289,10 @@ def privacy_plan_line(privacy: dict[str, Any]) -> str:
     adversary = privacy.get("adversary")
     target = privacy.get("target_epsilon")
     goal = (
-        f"ε = {target:g}" if target is not None and privacy.get("calibration") == "target"
+        f"ε = {target:g}"
+        if target is not None and privacy.get("calibration") == "target"
         else f"noise std {privacy.get('noise_std', 0.0):.4g}"
-    )  # fmt: skip
+    )
     line = (
         f"{privacy.get('privacy_unit')}; {goal} at δ = {privacy.get('delta'):g} against "
         f"{ADVERSARY_NAMES.get(adversary, adversary)} ({privacy.get('adversary_sees')})"

@@ -1,6 +1,14 @@
 """Federated datamodules and partitioners."""
 
-from pl_privfed.datamodules.base import ClientStreams, DatasetDataModule, FederatedDataModule
+from pl_privfed.datamodules.base import (
+    ClientStreams,
+    DatasetDataModule,
+    FederatedDataModule,
+    RoundBatch,
+    TensorRoundBatch,
+    round_description,
+    validation_split,
+)
 from pl_privfed.datamodules.digits import DigitsDataModule
 from pl_privfed.datamodules.partition import (
     ClassesPerClientPartitioner,
@@ -37,10 +45,14 @@ __all__ = [
     "MNISTDataModule",
     "Partitioner",
     "QuadraticDataModule",
+    "RoundBatch",
     "SyntheticLogisticDataModule",
+    "TensorRoundBatch",
     "classes_per_client_partition",
     "dirichlet_partition",
     "iid_partition",
     "load_cifar10_arrays",
     "random_crop_flip",
+    "round_description",
+    "validation_split",
 ]

@@ -1,20 +1,32 @@
-"""``FederatedDataModule``: one training batch = one round = one minibatch per client."""
+"""``FederatedDataModule``: one training batch = one round = one minibatch per client.
+
+The pieces it assembles live beside it: the per-client streams (:mod:`.streams`), the
+validation split (:mod:`.validation`), the round batches Lightning sees (:mod:`.rounds`) and the
+dataset helpers (:mod:`.datasets`); their public names are re-exported here as before.
+"""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from typing import Any, Literal
 
 import numpy as np
 import pytorch_lightning as pl
 import torch
-from sklearn.model_selection import train_test_split
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
+from torch.utils.data import DataLoader, Dataset
 
-from pl_privfed.checks import check_positive_int
+from pl_privfed.checks import check_choice, check_positive_int
+from pl_privfed.datamodules.datasets import labels_of, random_subset, take, tensor_datasets
 from pl_privfed.datamodules.partition import IIDPartitioner, Partitioner
+from pl_privfed.datamodules.rounds import (
+    RoundBatch,
+    RoundLoader,
+    TensorRoundBatch,
+    round_description,
+)
+from pl_privfed.datamodules.streams import ClientStreams
+from pl_privfed.datamodules.validation import hold_out_per_client, validation_split
 
 __all__ = [
     "ClientStreams",
@@ -25,246 +37,6 @@ __all__ = [
     "round_description",
     "validation_split",
 ]
-
-#: Stream tag of the validation split's generator (distinct from the subsample's and the shards').
-_VALIDATION_TAG = 0x7A11D
-
-
-def _take(dataset: Dataset, keep: np.ndarray) -> Dataset:
-    """The examples ``keep`` of ``dataset``: sliced tensors for a ``TensorDataset``, else a
-    ``Subset``."""
-    index = torch.as_tensor(np.asarray(keep, dtype=np.int64))
-    tensors = getattr(dataset, "tensors", None)
-    if tensors is not None:
-        return TensorDataset(*(t[index] for t in tensors))
-    return Subset(dataset, index.tolist())
-
-
-def _subset(dataset: Dataset, size: int | None, seed: int) -> Dataset:
-    """A seeded random subset of ``size`` examples (kept in dataset order), or the dataset."""
-    if size is None or size >= len(dataset):
-        return dataset
-    rng = np.random.default_rng(np.random.SeedSequence([seed, 0x5B5E7]))
-    return _take(dataset, np.sort(rng.choice(len(dataset), size, replace=False)))
-
-
-def _validation_seed(seed: int) -> int:
-    """A 32-bit ``random_state`` for scikit-learn, derived from ``seed`` and the split's tag."""
-    return int(np.random.SeedSequence([seed, _VALIDATION_TAG]).generate_state(1)[0])
-
-
-def validation_split(
-    labels: np.ndarray, fraction: float, seed: int, stratify: bool = True
-) -> tuple[np.ndarray, np.ndarray]:
-    """Seeded split of ``len(labels)`` examples into ``(train, validation)`` index arrays.
-
-    :func:`sklearn.model_selection.train_test_split` with ``test_size=fraction`` (so the
-    validation set has ``ceil(fraction · N)`` examples), stratified by ``labels`` when
-    ``stratify`` is true and every class has at least two examples and the validation and
-    training parts can each hold one of every class (else a plain seeded random split). Both
-    arrays are sorted; ``fraction = 0`` gives every index to training.
-
-    >>> train, val = validation_split(np.repeat([0, 1], 10), 0.1, seed=0)
-    >>> len(train), len(val), sorted(np.repeat([0, 1], 10)[val].tolist())
-    (18, 2, [0, 1])
-    """
-    n = len(labels)
-    if fraction == 0:
-        return np.arange(n, dtype=np.int64), np.zeros(0, dtype=np.int64)
-    n_val = math.ceil(fraction * n)
-    if n_val >= n:
-        raise ValueError(f"val_fraction={fraction} leaves no training example out of {n}: lower it")
-    strata = None
-    if stratify:
-        _, counts = np.unique(labels, return_counts=True)
-        if counts.min() >= 2 and min(n_val, n - n_val) >= len(counts):
-            strata = labels
-    train, val = train_test_split(
-        np.arange(n, dtype=np.int64),
-        test_size=n_val,
-        random_state=_validation_seed(seed),
-        stratify=strata,
-    )
-    return np.sort(train), np.sort(val)
-
-
-class ClientStreams:
-    """Per-client sampling without replacement, as a pure function of the round number.
-
-    ``sampling="epochs"`` (default): client ``i``'s examples form an infinite stream, the
-    concatenation of per-local-epoch permutations of its shard (or, with ``shuffle=False``, of the
-    shard in its stored order), where the permutation of local epoch ``e`` is drawn by a
-    ``torch.Generator`` seeded from ``(seed, i, e)`` (through NumPy's ``SeedSequence``). Round
-    ``k`` takes stream positions ``[k·B, (k+1)·B)``: every example once per local epoch. A batch
-    may straddle two local epochs; a shard smaller than ``B`` yields batches with repeats.
-
-    ``sampling="without_replacement"``: round ``k`` draws each client's ``B`` examples uniformly
-    at random without replacement from its shard, independently of every other round (a
-    generator seeded from ``(seed, i, k)``): the fixed-size sampling that record-level privacy
-    accounting amplifies by (``SampledWithoutReplacementDpEvent``). Needs ``B`` <= every shard.
-    """
-
-    def __init__(
-        self,
-        shards: list[np.ndarray],
-        batch_size: int,
-        seed: int,
-        shuffle: bool = True,
-        sampling: str = "epochs",
-    ) -> None:
-        self.shards = [torch.as_tensor(np.asarray(s, dtype=np.int64)) for s in shards]
-        self.sizes = [len(s) for s in shards]
-        self.batch_size = batch_size
-        self.seed = seed
-        self.shuffle = shuffle
-        self.sampling = sampling
-        self._cache: list[dict[int, Tensor]] = [{} for _ in shards]
-
-    def permutation(self, client: int, epoch: int) -> Tensor:
-        """Dataset indices of ``client``'s shard in the order of its local ``epoch``.
-
-        Without ``shuffle`` every epoch walks the shard in its stored (sorted) order: the fixed
-        order of a cyclic incremental-gradient method.
-        """
-        if not self.shuffle:
-            return self.shards[client]
-        cache = self._cache[client]
-        if epoch not in cache:
-            state = np.random.SeedSequence([self.seed, client, epoch]).generate_state(2)
-            gen = torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
-            perm = self.shards[client][torch.randperm(self.sizes[client], generator=gen)]
-            for old in [e for e in cache if e < epoch - 1]:
-                del cache[old]
-            cache[epoch] = perm
-        return cache[epoch]
-
-    def indices(self, round_index: int, clients: Tensor | None = None) -> Tensor:
-        """``[c, batch_size]`` dataset indices of round ``round_index`` for the clients
-        ``clients`` (default: every client, in order)."""
-        if round_index < 0:
-            raise ValueError(f"round_index must be >= 0, got {round_index}")
-        batch = self.batch_size
-        ids = range(len(self.shards)) if clients is None else clients.tolist()
-        out = torch.empty(len(ids), batch, dtype=torch.int64)
-        if self.sampling == "without_replacement":
-            for row, i in enumerate(ids):
-                state = np.random.SeedSequence([self.seed, i, round_index, 0x57]).generate_state(2)
-                gen = torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
-                out[row] = self.shards[i][torch.randperm(self.sizes[i], generator=gen)[:batch]]
-            return out
-        for row, i in enumerate(ids):
-            size = self.sizes[i]
-            pos, filled = round_index * batch, 0
-            while filled < batch:
-                epoch, offset = divmod(pos, size)
-                take = min(batch - filled, size - offset)
-                out[row, filled : filled + take] = self.permutation(i, epoch)[
-                    offset : offset + take
-                ]
-                filled += take
-                pos += take
-        return out
-
-
-class RoundBatch:
-    """One round's training data, served by client (a lazy batch: no ``[n, B, ...]`` tensor).
-
-    :meth:`clients` gathers the minibatches of a chunk of clients, ``(inputs [c, B, ...],
-    targets [c, B, ...])`` (``[c, T, B, ...]`` with ``local_batches: T > 1``), moves them to
-    the training device and preprocesses them there
-    (:meth:`FederatedDataModule.preprocess_clients`). Lightning moves the batch by calling
-    :meth:`to`, which only records the device.
-    """
-
-    def __init__(
-        self, datamodule: FederatedDataModule, round_index: int, device: torch.device | None = None
-    ) -> None:
-        self.datamodule = datamodule
-        self.round_index = int(round_index)
-        self.device = device
-        self._dense: tuple[Tensor, Tensor] | None = None
-
-    def to(self, device: torch.device | str, *args: Any, **kwargs: Any) -> RoundBatch:
-        return RoundBatch(self.datamodule, self.round_index, torch.device(device))
-
-    @property
-    def num_clients(self) -> int:
-        return self.datamodule.num_clients
-
-    def clients(self, ids: Tensor) -> tuple[Tensor, Tensor]:
-        """The minibatches of the clients ``ids`` on the training device, preprocessed."""
-        dm = self.datamodule
-        inputs, targets = dm.gather(dm.round_indices(self.round_index, ids))
-        if self.device is not None:
-            inputs, targets = inputs.to(self.device), targets.to(self.device)
-        return dm.preprocess_clients(inputs, self.round_index, ids), targets
-
-    def dense(self) -> tuple[Tensor, Tensor]:
-        """Every client's minibatches at once (``[n, B, ...]``), preprocessed: what a module
-        other than :class:`~pl_privfed.FederatedModule` reads (``inputs, targets = batch``)."""
-        if self._dense is None:
-            self._dense = self.clients(torch.arange(self.num_clients))
-        return self._dense
-
-    def __getitem__(self, index: int) -> Tensor:
-        """``batch[0]``, ``batch[1]`` and ``inputs, targets = batch`` read :meth:`dense` (it is
-        deliberately not an ``Iterable``, so that Lightning never materializes it by itself)."""
-        return self.dense()[index]
-
-
-class TensorRoundBatch:
-    """A round's data given as stacked tensors ``(inputs [n, ...], targets [n, ...])``, served
-    by client like a :class:`RoundBatch` (for modules driven without a datamodule's loader)."""
-
-    def __init__(self, inputs: Tensor, targets: Tensor) -> None:
-        self.inputs, self.targets = inputs, targets
-
-    def to(self, device: torch.device | str, *args: Any, **kwargs: Any) -> TensorRoundBatch:
-        return TensorRoundBatch(self.inputs.to(device), self.targets.to(device))
-
-    @property
-    def num_clients(self) -> int:
-        return int(self.inputs.shape[0])
-
-    def clients(self, ids: Tensor) -> tuple[Tensor, Tensor]:
-        if ids.numel() == self.num_clients:
-            return self.inputs, self.targets
-        index = ids.to(self.inputs.device)
-        return self.inputs.index_select(0, index), self.targets.index_select(0, index)
-
-    def dense(self) -> tuple[Tensor, Tensor]:
-        return self.inputs, self.targets
-
-
-class _RoundLoader:
-    """The training "dataloader": yields the remaining rounds of the current Lightning epoch.
-
-    It starts at ``trainer.global_step`` (read when iteration starts; Lightning restores it
-    before iterating), so a run resumed from a checkpoint continues with the right rounds.
-    """
-
-    def __init__(self, datamodule: FederatedDataModule) -> None:
-        self.datamodule = datamodule
-
-    def __len__(self) -> int:
-        return self.datamodule.rounds_per_epoch
-
-    def state_dict(self) -> dict[str, int]:
-        """Makes the loader resumable for Lightning (which otherwise warns when a run resumes
-        mid-epoch): nothing needs saving, since iteration starts at ``trainer.global_step``;
-        the round is recorded for reference."""
-        trainer = self.datamodule.trainer
-        return {"round": int(trainer.global_step) if trainer is not None else 0}
-
-    def load_state_dict(self, state_dict: dict[str, int]) -> None:
-        """Nothing to restore: the restored ``trainer.global_step`` decides the next round."""
-
-    def __iter__(self) -> Iterator[RoundBatch]:
-        trainer = self.datamodule.trainer
-        start = int(trainer.global_step) if trainer is not None else 0
-        per_epoch = self.datamodule.rounds_per_epoch
-        for k in range(start, (start // per_epoch + 1) * per_epoch):
-            yield RoundBatch(self.datamodule, k)
 
 
 class FederatedDataModule(pl.LightningDataModule):
@@ -354,10 +126,7 @@ class FederatedDataModule(pl.LightningDataModule):
         if not isinstance(shuffle, bool):
             raise ValueError(f"shuffle must be true or false, got {shuffle!r}")
         self.shuffle = shuffle
-        if batch_sampling not in ("epochs", "without_replacement"):
-            raise ValueError(
-                f"batch_sampling must be 'epochs' or 'without_replacement', got {batch_sampling!r}"
-            )
+        check_choice("batch_sampling", batch_sampling, ("epochs", "without_replacement"))
         if batch_sampling == "without_replacement" and not shuffle:
             raise ValueError(
                 "batch_sampling='without_replacement' draws random examples every round; it "
@@ -444,36 +213,15 @@ class FederatedDataModule(pl.LightningDataModule):
                                                   num_clients=10, batch_size=32,
                                                   partitioner=DirichletPartitioner(0.5))
         """
-        dtype = torch.get_default_dtype()
-        tensors: dict[str, Tensor] = {}
-        for name, value in (("x_train", x_train), ("y_train", y_train),
-                            ("x_test", x_test), ("y_test", y_test)):  # fmt: skip
-            t = torch.as_tensor(value)
-            if name.startswith("x") or t.is_floating_point():
-                t = t.to(dtype)  # inputs (and real-valued targets) in the default dtype
-            else:
-                t = t.long()  # class indices
-            tensors[name] = t
-        for split in ("train", "test"):
-            x, y = tensors[f"x_{split}"], tensors[f"y_{split}"]
-            if x.dim() == 0 or y.dim() == 0 or len(x) != len(y) or len(x) == 0:
-                raise ValueError(
-                    f"x_{split} and y_{split} must hold the same positive number of examples "
-                    f"along dimension 0, got shapes {tuple(x.shape)} and {tuple(y.shape)}"
-                )
-        return cls.from_datasets(
-            TensorDataset(tensors["x_train"], tensors["y_train"]),
-            TensorDataset(tensors["x_test"], tensors["y_test"]),
-            num_classes=num_classes,
-            **kwargs,
-        )
+        train, test = tensor_datasets(x_train, y_train, x_test, y_test)
+        return cls.from_datasets(train, test, num_classes=num_classes, **kwargs)
 
     # ------------------------------------------------------------------ subclass API
     def load_datasets(self) -> tuple[Dataset, Dataset]:
         """Return ``(train, test)`` map-style datasets of ``(input, target)`` pairs."""
         raise NotImplementedError
 
-    def train_labels(self) -> np.ndarray:
+    def trainlabels_of(self) -> np.ndarray:
         """Labels of the training set (used by the partitioner)."""
         ds = self.train_dataset
         if self.train_targets is not None:
@@ -485,7 +233,7 @@ class FederatedDataModule(pl.LightningDataModule):
     def client_indices(self) -> list[np.ndarray]:
         """One index array per client into the training set (default: the partitioner's split
         of the training examples not held out for validation)."""
-        labels = self.train_labels()
+        labels = self.trainlabels_of()
         pool = self._partition_pool
         if pool is None:
             return self.partitioner(labels, self.num_clients)
@@ -502,42 +250,27 @@ class FederatedDataModule(pl.LightningDataModule):
         if not self._natural_clients():
             stratify = self.num_classes is not None
             pool, val = validation_split(
-                self.train_labels(), self.val_fraction, self.seed, stratify
+                self.trainlabels_of(), self.val_fraction, self.seed, stratify
             )
             self._partition_pool = pool
             return self.client_indices(), val
         shards = [np.asarray(s, dtype=np.int64) for s in self.client_indices()]
-        if self.val_fraction == 0:
-            return shards, np.zeros(0, dtype=np.int64)
-        rng = np.random.default_rng(_validation_seed(self.seed))
-        kept, held = [], []
-        for i, shard in enumerate(shards):
-            take = round(self.val_fraction * len(shard))
-            if take >= len(shard):
-                raise ValueError(
-                    f"val_fraction={self.val_fraction} holds out all {len(shard)} examples of "
-                    f"client {i}: lower val_fraction (0 validates on the training data)"
-                )
-            chosen = np.zeros(len(shard), dtype=bool)
-            chosen[rng.choice(len(shard), take, replace=False)] = True
-            kept.append(shard[~chosen])
-            held.append(shard[chosen])
-        return kept, np.sort(np.concatenate(held))
+        return hold_out_per_client(shards, self.val_fraction, self.seed)
 
     # ------------------------------------------------------------------ Lightning hooks
     def setup(self, stage: str | None = None) -> None:
         if self.streams is not None:
             return
         train, test = self.load_datasets()
-        self.train_dataset = _subset(train, self.max_train_examples, self.seed)
-        self.test_dataset = _subset(test, self.max_test_examples, self.seed)
+        self.train_dataset = random_subset(train, self.max_train_examples, self.seed)
+        self.test_dataset = random_subset(test, self.max_test_examples, self.seed)
         tensors = getattr(self.train_dataset, "tensors", None)
         if tensors is not None:
             self.train_inputs, self.train_targets = tensors[0], tensors[1]
         self.input_shape = tuple(self.train_dataset[0][0].shape)
         self.shards, self.val_indices = self._split_clients()
         held_out = len(self.val_indices) > 0
-        self.val_dataset = _take(self.train_dataset, self.val_indices) if held_out else None
+        self.val_dataset = take(self.train_dataset, self.val_indices) if held_out else None
         if len(self.shards) != self.num_clients:
             raise ValueError(
                 f"num_clients={self.num_clients} but the data has {len(self.shards)} clients"
@@ -588,11 +321,10 @@ class FederatedDataModule(pl.LightningDataModule):
             flat = idx.reshape(-1)
             inputs = self.train_inputs.index_select(0, flat)
             targets = self.train_targets.index_select(0, flat)
-            return (inputs.view(*idx.shape, *inputs.shape[1:]),
-                    targets.view(*idx.shape, *targets.shape[1:]))  # fmt: skip
-        items = [self.train_dataset[int(j)] for j in idx.flatten()]
-        inputs = torch.stack([torch.as_tensor(x) for x, _ in items])
-        targets = torch.stack([torch.as_tensor(y) for _, y in items])
+        else:
+            items = [self.train_dataset[int(j)] for j in idx.flatten()]
+            inputs = torch.stack([torch.as_tensor(x) for x, _ in items])
+            targets = torch.stack([torch.as_tensor(y) for _, y in items])
         lead = tuple(idx.shape)
         return inputs.view(*lead, *inputs.shape[1:]), targets.view(*lead, *targets.shape[1:])
 
@@ -634,8 +366,8 @@ class FederatedDataModule(pl.LightningDataModule):
         inputs, targets = batch
         return self.preprocess(inputs, False, 0), targets
 
-    def train_dataloader(self) -> _RoundLoader:
-        return _RoundLoader(self)
+    def train_dataloader(self) -> RoundLoader:
+        return RoundLoader(self)
 
     def _eval_loader(self, dataset: Dataset) -> DataLoader:
         return DataLoader(dataset, batch_size=self.eval_batch_size, shuffle=False)
@@ -648,7 +380,7 @@ class FederatedDataModule(pl.LightningDataModule):
         if self.val_dataset is not None:
             return self._eval_loader(self.val_dataset)
         union = np.sort(np.concatenate([np.asarray(s, dtype=np.int64) for s in self.shards]))
-        return self._eval_loader(_take(self.train_dataset, union))
+        return self._eval_loader(take(self.train_dataset, union))
 
     def test_dataloader(self) -> DataLoader:
         """The held-out test set."""
@@ -676,33 +408,6 @@ class FederatedDataModule(pl.LightningDataModule):
         }
 
 
-def round_description(datamodule: Any) -> dict[str, Any]:
-    """What a datamodule's rounds are, for an algorithm's ``configure_data`` (which checks them
-    against its local solver or record sampling): ``batch_size``, ``local_batches`` (the
-    minibatches per client and round; ``local_epochs`` sets them when the data is loaded, so a
-    :class:`FederatedDataModule` not yet set up is set up here), ``shuffle``, ``client_sizes``
-    and ``batch_sampling``; defaults for a datamodule that does not say."""
-    if hasattr(datamodule, "streams") and datamodule.streams is None:
-        datamodule.setup("fit")  # idempotent
-    sizes = getattr(datamodule, "client_sizes", None)
-    return {
-        "batch_size": int(getattr(datamodule, "batch_size", 1)),
-        "local_batches": int(getattr(datamodule, "local_batches", 1) or 1),
-        "shuffle": bool(getattr(datamodule, "shuffle", True)),
-        "client_sizes": [int(v) for v in sizes] if sizes is not None else [],
-        "batch_sampling": getattr(datamodule, "batch_sampling", "epochs"),
-    }
-
-
-def _labels(dataset: Dataset) -> Tensor:
-    tensors = getattr(dataset, "tensors", None)
-    if tensors is not None:
-        return tensors[1]
-    if hasattr(dataset, "targets"):
-        return torch.as_tensor(np.asarray(dataset.targets))
-    return torch.as_tensor(np.asarray([np.asarray(dataset[i][1]) for i in range(len(dataset))]))
-
-
 class DatasetDataModule(FederatedDataModule):
     """A :class:`FederatedDataModule` over given map-style datasets: what
     :meth:`FederatedDataModule.from_datasets` and :meth:`~FederatedDataModule.from_tensors`
@@ -728,9 +433,9 @@ class DatasetDataModule(FederatedDataModule):
         if num_classes is not None:
             check_positive_int("num_classes", num_classes)
         else:
-            labels = _labels(train)
+            labels = labels_of(train)
             if not labels.is_floating_point() and labels.dim() == 1:
-                num_classes = int(max(labels.max(), _labels(test).max())) + 1
+                num_classes = int(max(labels.max(), labels_of(test).max())) + 1
         self.num_classes = num_classes
         self._datasets = (train, test)
 

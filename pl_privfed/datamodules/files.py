@@ -9,6 +9,8 @@ from typing import Literal
 import numpy as np
 from sklearn.model_selection import train_test_split
 
+from pl_privfed.checks import check_choice
+
 __all__ = [
     "DataFileError",
     "Split",
@@ -24,9 +26,7 @@ Split = Literal["standard", "paper"]
 
 def check_split(split: str) -> Split:
     """``split`` if it is ``"standard"`` or ``"paper"``, else a ``ValueError`` naming it."""
-    if split not in ("standard", "paper"):
-        raise ValueError(f"split must be 'standard' or 'paper', got {split!r}")
-    return split
+    return check_choice("split", split, ("standard", "paper"))
 
 
 class DataFileError(RuntimeError):

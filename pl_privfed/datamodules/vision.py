@@ -40,9 +40,7 @@ __all__ = [
     "random_crop_flip",
 ]
 
-CIFAR10_CLASSES = (
-    "airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck",
-)  # fmt: skip
+CIFAR10_CLASSES = tuple("airplane automobile bird cat deer dog frog horse ship truck".split())
 # Normalization of the reference implementation the α-NormEC papers build on
 # (github.com/akamaster/pytorch_resnet_cifar10, trainer.py).
 CIFAR10_MEAN = (0.485, 0.456, 0.406)
@@ -288,8 +286,10 @@ def load_cifar10_arrays(
     folder = root if (root / "train").is_dir() and (root / "test").is_dir() else None
     archive = None
     if folder is None:
-        archive = next((p for p in (root / JPEG_ARCHIVE, root / "cifar10-jpeg" / JPEG_ARCHIVE)
-                        if p.is_file()), None)  # fmt: skip
+        archive = next(
+            (p for p in (root / JPEG_ARCHIVE, root / "cifar10-jpeg" / JPEG_ARCHIVE) if p.is_file()),
+            None,
+        )
         if archive is None:
             raise FileNotFoundError(
                 f"CIFAR-10 not found: expected cifar-10-batches-py/, train/ and test/ image "

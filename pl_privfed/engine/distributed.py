@@ -141,13 +141,10 @@ class ClientShard:
         self.all_reduce_([reduction.buffer_sums[k] for k in floats])
         self.all_reduce_([reduction.buffer_sums[k] for k in integers], op=dist.ReduceOp.MAX)
         stat_names = sorted({k for other in every for k in other["stats"]})
-        totals = [
-            reduction.stat_sums.get(k, torch.zeros((), dtype=torch.float64)) for k in stat_names
-        ]
-        losses = reduction.loss_sum if reduction.loss_sum is not None else None
-        scalar = torch.stack([t.double().cpu() for t in totals] +
-                             [torch.zeros((), dtype=torch.float64) if losses is None
-                              else losses.detach().double().cpu()])  # fmt: skip
+        zero = torch.zeros((), dtype=torch.float64)
+        totals = [reduction.stat_sums.get(k, zero) for k in stat_names]
+        loss = reduction.loss_sum.detach() if reduction.loss_sum is not None else zero
+        scalar = torch.stack([t.double().cpu() for t in (*totals, loss)])
         self.all_reduce_([scalar])
         for i, k in enumerate(stat_names):
             reduction.stat_sums[k] = scalar[i]

@@ -46,6 +46,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from pl_privfed.checks import check_choice
 from pl_privfed.engine.distributed import ClientShard
 
 __all__ = ["SNAPSHOT_DIR_KEY", "ClientStateError", "ClientStates", "Placement", "choose_placement"]
@@ -74,8 +75,7 @@ def _machine_memory() -> int:
 
 def choose_placement(total_bytes: int, device: torch.device, requested: str = "auto") -> str:
     """Where ``total_bytes`` of per-client state go (module docstring)."""
-    if requested not in PLACEMENTS:
-        raise ValueError(f"client_state must be one of {PLACEMENTS}, got {requested!r}")
+    check_choice("client_state", requested, PLACEMENTS)
     if requested != "auto":
         return requested
     ram = _machine_memory() // 4
@@ -116,8 +116,10 @@ class ClientStates:
     ) -> None:
         """Place and allocate (zero) every declared table for this process's clients."""
         rows = self.shard.size
-        total = sum(rows * math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-                    for _, shape, dtype in self._pending)  # fmt: skip
+        total = sum(
+            rows * math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+            for _, shape, dtype in self._pending
+        )
         self.placement = choose_placement(total, device, requested)
         for name, shape, dtype in self._pending:
             self._allocate(name, (rows, *shape), dtype, device, directory)
@@ -161,10 +163,6 @@ class ClientStates:
         table = self._tables.get(name)
         return table if table is not None else getattr(self.module, name)
 
-    def full(self, name: str) -> Tensor:
-        """Table ``name`` (kept for callers that read the whole local table)."""
-        return self.table(name)
-
     def read(self, name: str, ids: Tensor) -> Tensor:
         """The rows of the held clients ``ids`` (global, sorted), on the training device."""
         table = self.table(name)
@@ -203,10 +201,12 @@ class ClientStates:
                 folder = Path(beside) if beside else None
                 snapshot, size, digest = self.snapshot(name, round_index, folder)
                 where = f"{folder.name}/{snapshot.name}" if folder else str(snapshot)
-                extra[key] = {"files": self.shard.all_gather_object(where),
-                              "sizes": self.shard.all_gather_object(size),
-                              "sha256": self.shard.all_gather_object(digest),
-                              "block": self.shard.block}  # fmt: skip
+                extra[key] = {
+                    "files": self.shard.all_gather_object(where),
+                    "sizes": self.shard.all_gather_object(size),
+                    "sha256": self.shard.all_gather_object(digest),
+                    "block": self.shard.block,
+                }
                 continue
             full = self.shard.gather_rows(self.table(name).to(device))
             if self.placement == "device":
@@ -237,10 +237,6 @@ class ClientStates:
             else:
                 self.table(name).copy_(rows)
                 checkpoint["state_dict"].pop(key, None)
-
-    def off_device(self) -> dict[str, Tensor]:
-        """The host and disk tables (the device ones are the module's buffers)."""
-        return dict(self._tables)
 
     def snapshot(
         self, name: str, round_index: int, folder: Path | None = None

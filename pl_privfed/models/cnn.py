@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
+from pl_privfed.checks import check_positive_int
+
 __all__ = ["SimpleCNN"]
 
 
@@ -27,10 +29,13 @@ class SimpleCNN(nn.Module):
         self, in_channels: int = 3, image_size: int = 32, num_classes: int = 10, hidden: int = 512
     ) -> None:
         super().__init__()
-        for name, value in [("in_channels", in_channels), ("image_size", image_size),
-                            ("num_classes", num_classes), ("hidden", hidden)]:  # fmt: skip
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        for name, value in [
+            ("in_channels", in_channels),
+            ("image_size", image_size),
+            ("num_classes", num_classes),
+            ("hidden", hidden),
+        ]:
+            check_positive_int(name, value)
         if image_size % 4:
             raise ValueError(f"image_size must be a multiple of 4, got {image_size!r}")
         side = image_size // 4

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from pl_privfed.checks import check_positive_int
+
 __all__ = ["NonconvexLogisticRegression"]
 
 
@@ -29,8 +31,7 @@ class NonconvexLogisticRegression(nn.Module):
 
     def __init__(self, in_features: int = 123, lam: float = 0.2) -> None:
         super().__init__()
-        if not isinstance(in_features, int) or in_features < 1:
-            raise ValueError(f"in_features must be a positive integer, got {in_features!r}")
+        check_positive_int("in_features", in_features)
         if not lam >= 0:
             raise ValueError(f"lam must be non-negative, got {lam!r}")
         self.lam = float(lam)

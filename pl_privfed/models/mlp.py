@@ -6,6 +6,8 @@ from typing import Literal
 
 from torch import Tensor, nn
 
+from pl_privfed.checks import check_choice, check_positive_int
+
 __all__ = ["MLP", "LogisticRegression"]
 
 _ACTIVATIONS = {"relu": nn.ReLU, "sigmoid": nn.Sigmoid, "tanh": nn.Tanh, "gelu": nn.GELU}
@@ -35,15 +37,11 @@ class MLP(nn.Module):
     ) -> None:
         super().__init__()
         hidden_sizes = list(hidden_sizes or [])
-        for name, value in [("in_features", in_features), ("num_classes", num_classes)]:
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        check_positive_int("in_features", in_features)
+        check_positive_int("num_classes", num_classes)
         if any(not isinstance(h, int) or h < 1 for h in hidden_sizes):
             raise ValueError(f"hidden_sizes must be positive integers, got {hidden_sizes!r}")
-        if activation not in _ACTIVATIONS:
-            raise ValueError(
-                f"activation must be one of {sorted(_ACTIVATIONS)}, got {activation!r}"
-            )
+        check_choice("activation", activation, tuple(_ACTIVATIONS))
         layers: list[nn.Module] = [nn.Flatten()]
         width = in_features
         for h in hidden_sizes:

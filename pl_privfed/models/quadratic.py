@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from pl_privfed.checks import check_positive_int
+
 __all__ = ["HalfSquaredError", "QuadraticModel"]
 
 
@@ -21,8 +23,7 @@ class QuadraticModel(nn.Module):
 
     def __init__(self, dim: int, init: float | list[float] = 0.0) -> None:
         super().__init__()
-        if not isinstance(dim, int) or dim < 1:
-            raise ValueError(f"dim must be a positive integer, got {dim!r}")
+        check_positive_int("dim", dim)
         x0 = (
             torch.full((dim,), float(init))
             if isinstance(init, int | float)

@@ -13,17 +13,18 @@ from typing import Literal
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from pl_privfed.checks import check_choice
+
 __all__ = ["CifarResNet", "resnet20", "resnet32", "resnet44", "resnet56"]
 
 Norm = Literal["batch", "group"]
 
 
 def _norm(kind: Norm, channels: int, groups: int) -> nn.Module:
+    check_choice("norm", kind, ("batch", "group"))
     if kind == "batch":
         return nn.BatchNorm2d(channels)
-    if kind == "group":
-        return nn.GroupNorm(min(groups, channels), channels)
-    raise ValueError(f"norm must be 'batch' or 'group', got {kind!r}")
+    return nn.GroupNorm(min(groups, channels), channels)
 
 
 class _ShortcutA(nn.Module):

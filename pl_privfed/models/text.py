@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
+from pl_privfed.checks import check_positive_int
+
 __all__ = ["TextClassifier"]
 
 
@@ -37,10 +39,13 @@ class TextClassifier(nn.Module):
         padding_idx: int | None = 0,
     ) -> None:
         super().__init__()
-        for name, value in [("vocab_size", vocab_size), ("dim", dim), ("hidden", hidden),
-                            ("num_classes", num_classes)]:  # fmt: skip
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        for name, value in [
+            ("vocab_size", vocab_size),
+            ("dim", dim),
+            ("hidden", hidden),
+            ("num_classes", num_classes),
+        ]:
+            check_positive_int(name, value)
         if padding_idx is not None and not 0 <= padding_idx < vocab_size:
             raise ValueError(f"padding_idx must be in [0, {vocab_size}), got {padding_idx!r}")
         self.embed = nn.Embedding(vocab_size, dim, padding_idx=padding_idx)

@@ -75,49 +75,48 @@ class Identity(Operator):
         return torch.ones_like(norms)
 
 
-class Clip(Operator):
+class _Scaling(Operator):
+    """A norm-based operator applied as ``Ψ(g) = s(||g||) g`` with ``s`` from :meth:`scale`."""
+
+    norm_based = True
+
+    def __call__(self, v: Tensor, generator: torch.Generator | None = None) -> Tensor:
+        return v * self.scale(F.row_norms(v))
+
+
+class _Clipping(_Scaling):
+    """Shared body of the clipping twins :class:`Clip` and :class:`SmoothClip`: a threshold
+    ``τ > 0`` that is also the bound; only the factor :meth:`scale` differs."""
+
+    def __init__(self, threshold: float) -> None:
+        _check_positive("threshold", threshold)
+        self.threshold = float(threshold)
+        self.bound = self.threshold
+
+
+class Clip(_Clipping):
     """Hard clipping ``min(1, τ/||g||) g``; bound ``τ``.
 
     Args:
         threshold: the clipping threshold ``τ > 0``.
     """
 
-    def __init__(self, threshold: float) -> None:
-        _check_positive("threshold", threshold)
-        self.threshold = float(threshold)
-        self.bound = self.threshold
-
-    norm_based = True
-
-    def __call__(self, v: Tensor, generator: torch.Generator | None = None) -> Tensor:
-        return F.clip(v, self.threshold)
-
     def scale(self, norms: Tensor) -> Tensor:
         return F.clip_scale(norms, self.threshold)
 
 
-class SmoothClip(Operator):
+class SmoothClip(_Clipping):
     """Smooth clipping ``τ/(τ+||g||) g`` (paper 001 Def. 2); bound ``τ``.
 
     Args:
         threshold: the clipping threshold ``τ > 0``.
     """
 
-    def __init__(self, threshold: float) -> None:
-        _check_positive("threshold", threshold)
-        self.threshold = float(threshold)
-        self.bound = self.threshold
-
-    norm_based = True
-
-    def __call__(self, v: Tensor, generator: torch.Generator | None = None) -> Tensor:
-        return F.smooth_clip(v, self.threshold)
-
     def scale(self, norms: Tensor) -> Tensor:
-        return self.threshold / (self.threshold + norms)
+        return F.smooth_clip_scale(norms, self.threshold)
 
 
-class SmoothedNormalization(Operator):
+class SmoothedNormalization(_Scaling):
     """Smoothed normalization ``Norm_α(g) = g/(α+||g||)`` (paper 002 eq. 6); bound 1.
 
     Args:
@@ -129,11 +128,6 @@ class SmoothedNormalization(Operator):
             raise ValueError(f"alpha must be a finite number >= 0, got {alpha!r}")
         self.alpha = float(alpha)
         self.bound = 1.0
-
-    norm_based = True
-
-    def __call__(self, v: Tensor, generator: torch.Generator | None = None) -> Tensor:
-        return F.smoothed_normalize(v, self.alpha)
 
     def scale(self, norms: Tensor) -> Tensor:
         return F.smoothed_normalize_scale(norms, self.alpha)

@@ -17,6 +17,7 @@ __all__ = [
     "rand_k_unbiased",
     "row_norms",
     "smooth_clip",
+    "smooth_clip_scale",
     "smoothed_normalize",
     "smoothed_normalize_scale",
     "top_k",
@@ -52,7 +53,12 @@ def smooth_clip(v: Tensor, threshold: float) -> Tensor:
     >>> smooth_clip(torch.tensor([[3.0, 4.0]]), 5.0)
     tensor([[1.5000, 2.0000]])
     """
-    return v * (threshold / (threshold + row_norms(v)))
+    return v * smooth_clip_scale(row_norms(v), threshold)
+
+
+def smooth_clip_scale(norms: Tensor, threshold: float) -> Tensor:
+    """The factor ``τ/(τ+||g||)`` of :func:`smooth_clip` as a function of the norms."""
+    return threshold / (threshold + norms)
 
 
 def smoothed_normalize(v: Tensor, alpha: float) -> Tensor:
