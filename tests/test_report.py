@@ -11,9 +11,11 @@ import numpy as np
 import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.collections import QuadMesh
+from test_architecture import PACKAGE_DIR, all_imports, module_name, top_level
 
 from pl_privfed import algorithms, report
 from pl_privfed.cli import main
+from pl_privfed.report.symbols import SYMBOLS, symbol
 from pl_privfed.results import RESULT_COLUMNS, column_names, render_value, run_id, save_results
 
 #: t_{0.975, 2}, from a table of Student's t distribution (two-sided 95 %, 2 degrees of freedom)
@@ -296,3 +298,28 @@ def test_a_bad_results_file_is_one_line_naming_it(tmp_path, capsys):
     # a folder with a results.csv stands for it
     assert len(report.load_results(good.parent)) == 12
     assert not (tmp_path / "c").exists()
+
+
+def test_the_symbols_registry_agrees_with_every_algorithm_class():
+    """report/symbols.py holds each algorithm's ``hyperparameter_symbols`` without importing
+    the algorithms: one entry per exported algorithm class, equal to the class's own."""
+    classes = {n: getattr(algorithms, n) for n in algorithms.__all__}
+    classes = {n: c for n, c in classes.items()
+               if isinstance(c, type) and issubclass(c, algorithms.FederatedAlgorithm)}  # fmt: skip
+    assert set(SYMBOLS) == set(classes)
+    assert {n: c.hyperparameter_symbols for n, c in classes.items()} == SYMBOLS
+    # an unknown class has FederatedAlgorithm's symbols; several are joined
+    assert symbol("step_size", ["MyAlgorithm"]) == "γ"
+    assert symbol("step_size", ["PORTER", "AlphaNormEC", "MyAlgorithm"]) == "γ/η"
+    assert symbol("epsilon") == "ε" and symbol("rounds") == "rounds"
+
+
+def test_the_report_does_not_import_the_algorithms():
+    """The report reads results files: it imports only its own modules and the results'
+    layout (pl_privfed.results), never the algorithm stack."""
+    imported = {
+        top_level(i.module)
+        for i in all_imports(PACKAGE_DIR)
+        if top_level(module_name(i.source)) == "report"
+    }
+    assert imported == {"report", "results"}
