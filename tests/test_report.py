@@ -109,6 +109,15 @@ def below_the_panels(fig):
     return top < min(ax.get_tightbbox(renderer).y0 for ax in fig.axes)
 
 
+def inside(fig):
+    """Whether every panel title lies inside the figure once drawn (the note's room taken from
+    the bottom, not pushing the titles off the top)."""
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    return all(ax.title.get_window_extent(renderer).y1 <= fig.bbox.y1 for ax in fig.axes)
+
+
 def heat(ax):
     """The heatmap drawn on ``ax`` (seaborn's QuadMesh); ``None`` on a colour bar or a plot."""
     meshes = [c for c in ax.collections if isinstance(c, QuadMesh)]
@@ -183,7 +192,7 @@ def test_a_panel_without_data_is_left_out_with_a_note(tmp_path, capsys):
     assert ax.get_ylabel() == "training loss"
     note = "Panels omitted (no data): validation accuracy (%) (no run logged val/acc)"
     assert [t.get_text().replace("\n", " ") for t in figures["curves.png"].texts] == [note]
-    assert below_the_panels(figures["curves.png"])
+    assert below_the_panels(figures["curves.png"]) and inside(figures["curves.png"])
     assert notes == [f"curves.png: {note}"] and note in tables["table.md"]
     assert {(a.get_xlabel(), a.get_ylabel()) for a in figures["heatmap.png"].axes if heat(a)} \
         == {("β", "γ")}  # α-NormEC's step size is γ (paper 002)  # fmt: skip
@@ -220,7 +229,7 @@ def test_compare_leaves_out_the_gradient_norm_panels_with_a_note(tmp_path, capsy
                for t in fig.texts)  # fmt: skip
     assert "no run has a GradientNorm history" in notes[0]
     assert overlapping(fig, [ax.title for ax in fig.axes] + fig.texts) == []
-    assert below_the_panels(fig)
+    assert below_the_panels(fig) and inside(fig)
     assert all(overlapping(fig, ax.get_xticklabels()) == [] for ax in fig.axes)
     assert list(table["method"]) == ["PORTER (step_size=0.1, consensus_step_size=0.5)",
                                      "BEER (step_size=0.1, consensus_step_size=0.5)"]  # fmt: skip

@@ -80,7 +80,8 @@ def omitted_note(fig: Figure, omitted: Sequence[str]) -> str | None:
     text = textwrap.fill(note, int(fig.get_figwidth() * 17))
     fig.text(0.01, 0.005, text, fontsize=7, style="italic", va="bottom")
     lines = text.count("\n") + 1  # room below the panels (constrained layout ignores fig.text)
-    fig.get_layout_engine().set(rect=(0, 0.15 * lines / fig.get_figheight(), 1, 1))
+    bottom = 0.15 * lines / fig.get_figheight()
+    fig.get_layout_engine().set(rect=(0, bottom, 1, 1 - bottom))  # left, bottom, width, height
     return note
 
 
