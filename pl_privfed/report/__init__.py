@@ -39,8 +39,8 @@ from __future__ import annotations
 
 from pl_privfed.report.compare import compare_methods, comparison_figure
 from pl_privfed.report.configs import aggregate
+from pl_privfed.report.frontier_data import FRONTIER_SELECTION, FrontierPoint, frontier_points
 from pl_privfed.report.frontier_files import frontier
-from pl_privfed.report.frontier_points import FRONTIER_SELECTION, FrontierPoint, frontier_points
 from pl_privfed.report.runs import load_results
 from pl_privfed.report.stats import Interval, interval_table, mean_interval
 from pl_privfed.report.sweep import make_report, report_figures

@@ -74,6 +74,7 @@ class _Method:
     accuracy: pd.DataFrame | None
 
     def curve(self, panel: _Panel) -> pd.DataFrame | None:
+        """The curve ``panel`` draws of this method (``None`` when it has no data for it)."""
         data = self.utility if panel.curve == "utility" else self.accuracy
         return None if data is None or (panel.bits and not self.per_round.n) else data
 

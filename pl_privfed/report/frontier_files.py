@@ -14,7 +14,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from pl_privfed.report.figures import band
-from pl_privfed.report.frontier_points import FRONTIER_SELECTION, FrontierPoint, frontier_points
+from pl_privfed.report.frontier_data import FRONTIER_SELECTION, FrontierPoint, frontier_points
 from pl_privfed.report.runs import DEFAULT_METRIC, TEST
 from pl_privfed.report.text import fmt_num, fmt_pm, is_accuracy, limits, markdown
 from pl_privfed.results import finite_float
@@ -31,22 +31,27 @@ class _Names:
 
     @property
     def factor(self) -> float:
+        """The reported metric's factor to its drawn unit (100 for an accuracy)."""
         return 100.0 if is_accuracy(self.metric) else 1.0
 
     @property
     def val_factor(self) -> float:
+        """The selection metric's factor to its drawn unit."""
         return 100.0 if is_accuracy(self.select) else 1.0
 
     @property
     def unit(self) -> str:
+        """`` (%)`` for an accuracy, else nothing."""
         return " (%)" if self.factor == 100.0 else ""
 
     @property
     def name(self) -> str:
+        """The reported metric's name in captions."""
         return "test accuracy" if self.metric == TEST else self.metric
 
     @property
     def val_name(self) -> str:
+        """The selection metric's name in captions."""
         return "val accuracy" if self.select == DEFAULT_METRIC else self.select
 
 

@@ -151,6 +151,7 @@ def params(runs: pd.DataFrame) -> list[str]:
 
 
 def _run_dir(row: dict) -> Path:
+    """A run's directory: as recorded, else ``runs/<run>`` beside its results file."""
     recorded = Path(row.get("run_dir") or "")
     if row.get("run_dir") and recorded.is_dir():
         return recorded
@@ -196,6 +197,7 @@ def _method(row: dict) -> tuple[str, str]:
 
 @cache
 def _curve_file(run_dir: str) -> pd.DataFrame:
+    """A run's ``curves.csv`` (metric, round, finite value), empty when it has none."""
     try:
         curves = pd.read_csv(Path(run_dir) / "curves.csv")[["metric", "round", "value"]]
     except (OSError, ValueError, KeyError):

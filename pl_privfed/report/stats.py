@@ -83,6 +83,7 @@ def t_band(limits: tuple[float, float]):
     (:func:`mean_interval`), clipped to ``limits`` (the mean where it is undefined)."""
 
     def band(values: Iterable[float]) -> tuple[float, float]:
+        """The clipped interval of one x's values."""
         interval = mean_interval(values)
         low = interval.mean if math.isnan(interval.low) else interval.low
         high = interval.mean if math.isnan(interval.high) else interval.high

@@ -32,6 +32,7 @@ _FACETS = ("classes_per_client", "concentration")
 def _curve_label(
     row: pd.Series, columns: Sequence[str], names: Sequence[str], metric: str, several_methods: bool
 ) -> str:
+    """A curve's legend entry: its method (when several), parameters and seeds."""
     label = ", ".join(f"{symbol(c, names)}={row[c]}" for c in columns if c)
     label = f"{row['_method']}: {label}" if several_methods else label
     if row[f"{metric}:n"] > 1:
@@ -98,6 +99,7 @@ def curves_figure(
 
 
 def _none_last(text: str) -> tuple:
+    """Sort key: numbers numerically, ``null`` (no clipping) last."""
     return (1, 0.0, "") if text in (*NULL, "") else (0, *order(text)[1:])
 
 

@@ -18,6 +18,7 @@ __all__ = ["sweep_tables"]
 
 
 def _columns(swept: list[str], metric: str, names: Sequence[str], with_eps: bool) -> list[str]:
+    """The tables' header: method, the swept symbols, seeds, validation and test accuracy, ε."""
     val_name = "val" if metric == DEFAULT_METRIC else metric
     return [
         "method",
@@ -33,6 +34,7 @@ def _columns(swept: list[str], metric: str, names: Sequence[str], with_eps: bool
 
 
 def _cells(row: pd.Series, swept: list[str], metric: str, with_eps: bool) -> list[str]:
+    """One configuration's row of the tables."""
     val, test = Interval.of(row, metric), Interval.of(row, TEST)
     eps = Interval.of(row, "epsilon")
     return [
