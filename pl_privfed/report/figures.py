@@ -97,7 +97,8 @@ def grid(fig: Figure, count: int, ncols: int) -> list[Axes]:
 
 
 def suptitle(fig: Figure, title: str) -> None:
-    """The figure's title, wrapped to its width."""
+    """The figure's title, wrapped to its width (never between a number and its ``%``)."""
+    title = title.replace(" %", "\u00a0%")  # a no-break space: textwrap keeps "95 %" together
     fig.suptitle(textwrap.fill(title, int(fig.get_figwidth() * 11)), fontsize=10)
 
 
