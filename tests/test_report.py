@@ -10,9 +10,12 @@ import json
 import numpy as np
 import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.collections import QuadMesh
+from test_architecture import PACKAGE_DIR, all_imports, module_name, top_level
 
 from pl_privfed import algorithms, report
 from pl_privfed.cli import main
+from pl_privfed.report.symbols import SYMBOLS, symbol
 from pl_privfed.results import RESULT_COLUMNS, column_names, render_value, run_id, save_results
 
 #: t_{0.975, 2}, from a table of Student's t distribution (two-sided 95 %, 2 degrees of freedom)
@@ -106,6 +109,21 @@ def below_the_panels(fig):
     return top < min(ax.get_tightbbox(renderer).y0 for ax in fig.axes)
 
 
+def inside(fig):
+    """Whether every panel title lies inside the figure once drawn (the note's room taken from
+    the bottom, not pushing the titles off the top)."""
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    return all(ax.title.get_window_extent(renderer).y1 <= fig.bbox.y1 for ax in fig.axes)
+
+
+def heat(ax):
+    """The heatmap drawn on ``ax`` (seaborn's QuadMesh); ``None`` on a colour bar or a plot."""
+    meshes = [c for c in ax.collections if isinstance(c, QuadMesh)]
+    return meshes[0] if meshes and ax.get_label() != "<colorbar>" else None
+
+
 def band_y(ax):
     """The y values of every band (fill_between) on ``ax``."""
     return np.concatenate([p.vertices[:, 1] for c in ax.collections for p in c.get_paths()])
@@ -119,7 +137,7 @@ def test_every_report_figure_from_a_small_results_file(tmp_path):
 
     # heatmap: one panel per (server normalization, p), 2 × 2, and a colour bar; titles apart
     heatmap = figures["heatmap.png"]
-    panels = [ax for ax in heatmap.axes if ax.images]
+    panels = [ax for ax in heatmap.axes if heat(ax)]
     assert len(panels) == 4 and len(heatmap.axes) == 5
     assert {ax.get_title() for ax in panels} == {
         f"server norm.=false, p={p}" for p in ("0.5", "1.0")} | {
@@ -129,11 +147,11 @@ def test_every_report_figure_from_a_small_results_file(tmp_path):
     assert overlapping(heatmap, titles) == []
     # FedAlphaNormEC's step size is η (paper 004), β its β
     assert {(ax.get_xlabel(), ax.get_ylabel()) for ax in panels} == {("β", "η")}
-    assert all(ax.images[0].get_clim() == (0.0, 100.0) for ax in panels)
+    assert all(heat(ax).get_clim() == (0.0, 100.0) for ax in panels)
 
     diff = figures["heatmap_server_normalization_difference.png"]
-    assert len([ax for ax in diff.axes if ax.images]) == 2  # one per p
-    low, high = diff.axes[0].images[0].get_clim()
+    assert len([ax for ax in diff.axes if heat(ax)]) == 2  # one per p
+    low, high = heat(diff.axes[0]).get_clim()
     assert low == -high == pytest.approx(-10.0)  # server normalization costs 10 points here
 
     # curves: loss and accuracy, bands within [0, ∞) and [0, 100] %
@@ -174,9 +192,9 @@ def test_a_panel_without_data_is_left_out_with_a_note(tmp_path, capsys):
     assert ax.get_ylabel() == "training loss"
     note = "Panels omitted (no data): validation accuracy (%) (no run logged val/acc)"
     assert [t.get_text().replace("\n", " ") for t in figures["curves.png"].texts] == [note]
-    assert below_the_panels(figures["curves.png"])
+    assert below_the_panels(figures["curves.png"]) and inside(figures["curves.png"])
     assert notes == [f"curves.png: {note}"] and note in tables["table.md"]
-    assert {(a.get_xlabel(), a.get_ylabel()) for a in figures["heatmap.png"].axes if a.images} \
+    assert {(a.get_xlabel(), a.get_ylabel()) for a in figures["heatmap.png"].axes if heat(a)} \
         == {("β", "γ")}  # α-NormEC's step size is γ (paper 002)  # fmt: skip
     with pytest.raises(SystemExit) as exit_:
         main(["report", str(path), "--out", str(tmp_path / "out")])
@@ -211,7 +229,7 @@ def test_compare_leaves_out_the_gradient_norm_panels_with_a_note(tmp_path, capsy
                for t in fig.texts)  # fmt: skip
     assert "no run has a GradientNorm history" in notes[0]
     assert overlapping(fig, [ax.title for ax in fig.axes] + fig.texts) == []
-    assert below_the_panels(fig)
+    assert below_the_panels(fig) and inside(fig)
     assert all(overlapping(fig, ax.get_xticklabels()) == [] for ax in fig.axes)
     assert list(table["method"]) == ["PORTER (step_size=0.1, consensus_step_size=0.5)",
                                      "BEER (step_size=0.1, consensus_step_size=0.5)"]  # fmt: skip
@@ -289,3 +307,28 @@ def test_a_bad_results_file_is_one_line_naming_it(tmp_path, capsys):
     # a folder with a results.csv stands for it
     assert len(report.load_results(good.parent)) == 12
     assert not (tmp_path / "c").exists()
+
+
+def test_the_symbols_registry_agrees_with_every_algorithm_class():
+    """report/symbols.py holds each algorithm's ``hyperparameter_symbols`` without importing
+    the algorithms: one entry per exported algorithm class, equal to the class's own."""
+    classes = {n: getattr(algorithms, n) for n in algorithms.__all__}
+    classes = {n: c for n, c in classes.items()
+               if isinstance(c, type) and issubclass(c, algorithms.FederatedAlgorithm)}  # fmt: skip
+    assert set(SYMBOLS) == set(classes)
+    assert {n: c.hyperparameter_symbols for n, c in classes.items()} == SYMBOLS
+    # an unknown class has FederatedAlgorithm's symbols; several are joined
+    assert symbol("step_size", ["MyAlgorithm"]) == "γ"
+    assert symbol("step_size", ["PORTER", "AlphaNormEC", "MyAlgorithm"]) == "γ/η"
+    assert symbol("epsilon") == "ε" and symbol("rounds") == "rounds"
+
+
+def test_the_report_does_not_import_the_algorithms():
+    """The report reads results files: it imports only its own modules and the results'
+    layout (pl_privfed.results), never the algorithm stack."""
+    imported = {
+        top_level(i.module)
+        for i in all_imports(PACKAGE_DIR)
+        if top_level(module_name(i.source)) == "report"
+    }
+    assert imported == {"report", "results"}

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from test_report import heat
 
 from pl_privfed import report
 from pl_privfed.cli import PrivFedCLI, agent_arguments, main
@@ -504,17 +505,17 @@ def test_report_selects_on_validation_and_reports_test_over_seeds(tmp_path, monk
     assert best["ε"] == "8"
     # fixed colour range in percent; the curves of both server-normalization variants, with bands
     figures, _, _ = report.report_figures(path)
-    assert all(ax.images[0].get_clim() == (0.0, 100.0) for ax in figures["heatmap.png"].axes
-               if ax.images)  # fmt: skip
+    assert all(heat(ax).get_clim() == (0.0, 100.0) for ax in figures["heatmap.png"].axes
+               if heat(ax))  # fmt: skip
     _, acc_ax = figures["curves.png"].axes
     labels = [line.get_label() for line in acc_ax.lines]
     assert {label.split(":")[0] for label in labels} == {"DP-AlphaNormEC",
                                                          "DP-AlphaNormEC + server norm"}  # fmt: skip
     assert len(acc_ax.collections) == len(labels) == 4  # a band for each curve (3 seeds)
     figures, _, _ = report.report_figures(path, vmin=40, vmax=60)
-    assert figures["heatmap.png"].axes[0].images[0].get_clim() == (40, 60)
+    assert heat(figures["heatmap.png"].axes[0]).get_clim() == (40, 60)
     # the difference map's range is symmetric
-    low, high = figures["heatmap_server_normalization_difference.png"].axes[0].images[0].get_clim()
+    low, high = heat(figures["heatmap_server_normalization_difference.png"].axes[0]).get_clim()
     assert low == -high
     with pytest.raises(ValueError, match="metric='final_test_accuracy' would select on the test"):
         make_report(path, tmp_path / "r3", metric="final_test_accuracy")

@@ -1,0 +1,82 @@
+"""Configurations: the runs that differ only in their seed, aggregated, and the one selected on
+a validation metric."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+
+import pandas as pd
+
+from pl_privfed.report.runs import values
+from pl_privfed.report.stats import interval_table
+from pl_privfed.results import RESULT_COLUMNS, SEED_PARAMETERS
+
+__all__ = ["aggregate", "best", "check_selection_metric", "warn_missing"]
+
+
+def aggregate(
+    runs: pd.DataFrame, params: Sequence[str], metrics: Sequence[str] = ()
+) -> pd.DataFrame:
+    """One row per configuration (``runs`` grouped by every parameter but the seeds, in
+    first-seen order).
+
+    Args:
+        runs: :func:`~pl_privfed.report.load_results`'s table.
+        params: the parameter columns (seeds among them are averaged over).
+        metrics: columns to aggregate besides the result columns.
+
+    Returns:
+        Its parameter values, ``_method``, ``_algorithm``, ``seeds`` (its runs), ``_dirs``
+        (their directories) and, for every result column ``m`` (and for ``metrics``),
+        :func:`~pl_privfed.report.interval_table`'s ``m:n``, ``m:mean``, ``m:std``, ``m:low``,
+        ``m:high`` over the seeds.
+    """
+    keys = [c for c in params if c not in SEED_PARAMETERS] or ["_all"]
+    metrics = list(dict.fromkeys([*RESULT_COLUMNS, *metrics]))
+    runs = runs.assign(_all="", **{m: values(runs, m) for m in metrics})
+    grouped = runs.groupby(keys, sort=False, dropna=False)
+    table = grouped.agg(
+        _method=("_method", "first"),
+        _algorithm=("_algorithm", "first"),
+        seeds=("run", "size"),
+        _dirs=("_dir", list),
+    )
+    stats = [interval_table(grouped[m]).add_prefix(f"{m}:") for m in metrics]
+    return pd.concat([table, *stats], axis=1).reset_index().drop(columns="_all", errors="ignore")
+
+
+def best(configs: pd.DataFrame, metric: str, by: Sequence[str] = ()) -> pd.DataFrame:
+    """The configuration with the highest mean ``metric`` (a validation metric), per group of
+    ``by`` (the first one on a tie)."""
+    scored = configs.dropna(subset=[f"{metric}:mean"])
+    if scored.empty or not by:
+        return scored.loc[[scored[f"{metric}:mean"].idxmax()]] if len(scored) else scored
+    return scored.loc[scored.groupby(list(by), sort=False)[f"{metric}:mean"].idxmax()]
+
+
+def check_selection_metric(metric: str) -> None:
+    """Refuse to select on the test set.
+
+    Raises:
+        ValueError: naming ``metric`` when it is a test metric.
+    """
+    if "test" in metric:
+        raise ValueError(
+            f"metric={metric!r} would select on the test set: select on a validation metric "
+            "(final_val_accuracy, best_val_accuracy); the test accuracy is reported for the "
+            "selected configurations"
+        )
+
+
+def warn_missing(runs: pd.DataFrame, metric: str, where: str, stacklevel: int = 3) -> None:
+    """Name in a warning the finished runs without ``metric`` (left out of the selection)."""
+    missing = runs.loc[values(runs, metric).isna(), "run"].tolist()
+    if missing:
+        shown = ", ".join(missing[:8]) + (", ..." if len(missing) > 8 else "")
+        warnings.warn(
+            f"{len(missing)} of {len(runs)} finished runs in {where} have no {metric} "
+            f"(no evaluation ran?): {shown}; they are left out of the heatmaps and the selection",
+            UserWarning,
+            stacklevel=stacklevel,
+        )
