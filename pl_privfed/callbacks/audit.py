@@ -259,7 +259,7 @@ class PrivacyAudit(pl.Callback):
         np.maximum(self._max, cosines, out=self._max)
         np.minimum(self._min, cosines, out=self._min)
         self._rounds += 1
-        received = getattr(self.canaries, "last_received", None)
+        received = self.canaries.last_received
         if received is not None:
             self._alignment += float(torch.dot(change.double(), received.double()))
             self.canaries.last_received = None

@@ -297,6 +297,7 @@ class RecordCanaries:
         self.rate = min(1.0, float(rate))
         self.seed = int(seed)
         self.uses = torch.zeros(self.count, dtype=torch.int64)
+        self.last_received: Tensor | None = None  # record canaries observe no sum
         self._last_round = torch.full((self.count,), -1, dtype=torch.int64)
 
     @property

@@ -174,7 +174,8 @@ def resolve_placement(
     ``min_contributors`` for distributed noise) or a :class:`NoisePlacement` (whose own ``t``
     the settings' ``min_contributors`` may repeat but not contradict)."""
     if isinstance(placement, NoisePlacement):
-        if min_contributors is not None and min_contributors != placement.min_contributors:
+        own = placement.min_contributors
+        if min_contributors is not None and min_contributors != own:
             raise ValueError(
                 f"min_contributors={min_contributors!r} contradicts placement={placement!r}: "
                 "give t once, in the placement's init_args"
