@@ -429,10 +429,21 @@ def gaussian_estimate(
     z = float(scipy.stats.norm.ppf(confidence))
     low, high = mu - z * spread, mu + z * spread
     return GaussianEstimate(
-        mu, gaussian_epsilon(mu, delta), delta, confidence, low, high,
-        gaussian_epsilon(low, delta), gaussian_epsilon(high, delta),
-        mean_in, std_in, mean_out, std_out, int(a.size), int(b.size),
-    )  # fmt: skip
+        mu,
+        gaussian_epsilon(mu, delta),
+        delta,
+        confidence,
+        low,
+        high,
+        gaussian_epsilon(low, delta),
+        gaussian_epsilon(high, delta),
+        mean_in,
+        std_in,
+        mean_out,
+        std_out,
+        int(a.size),
+        int(b.size),
+    )
 
 
 # ---------------------------------------------------------------------------- one-run bound

@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
+from pl_privfed.checks import check_choice
 from pl_privfed.privacy.accounting import AccountantName
 from pl_privfed.privacy.calibration import paper_noise_std
 from pl_privfed.privacy.placement import NoisePlacement, PlacementName, resolve_placement
@@ -31,8 +32,7 @@ def relation_factor(relation: Neighbouring) -> float:
     """Sensitivity / bound of a noised vector of norm at most the bound, under ``relation``:
     1 under add/remove (the vector is present or absent), 2 under replace-one (a clipped or
     normalized vector can be replaced by its opposite)."""
-    if relation not in ("add_remove", "replace_one"):
-        raise ValueError(f"neighbouring must be 'add_remove' or 'replace_one', got {relation!r}")
+    check_choice("neighbouring", relation, ("add_remove", "replace_one"))
     return 2.0 if relation == "replace_one" else 1.0
 
 
@@ -118,18 +118,15 @@ class DPNoise:
             raise ValueError(f"noise_multiplier must be positive, got {self.noise_multiplier!r}")
         if not 0 < self.delta < 1:
             raise ValueError(f"delta must be in (0, 1), got {self.delta!r}")
-        if self.calibration not in ("paper", "target"):
-            raise ValueError(f"calibration must be 'paper' or 'target', got {self.calibration!r}")
+        check_choice("calibration", self.calibration, ("paper", "target"))
         if not self.constant > 0:
             raise ValueError(f"constant must be positive, got {self.constant!r}")
         if self.rounds is not None and self.rounds < 1:
             raise ValueError(f"rounds must be a positive integer, got {self.rounds!r}")
         if self.neighbouring is not None:
             relation_factor(self.neighbouring)  # raises on an unknown relation
-        if self.accountant not in ("rdp", "prv"):
-            raise ValueError(f"accountant must be 'rdp' or 'prv', got {self.accountant!r}")
-        if self.draws not in ("aggregate", "per_client"):
-            raise ValueError(f"draws must be 'aggregate' or 'per_client', got {self.draws!r}")
+        check_choice("accountant", self.accountant, ("rdp", "prv"))
+        check_choice("draws", self.draws, ("aggregate", "per_client"))
         t = self.min_contributors
         if t is not None and (isinstance(t, bool) or not isinstance(t, int) or t < 1):
             raise ValueError(f"min_contributors must be a positive integer, got {t!r}")

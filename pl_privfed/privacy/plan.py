@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 
+from pl_privfed.checks import check_choice
 from pl_privfed.privacy.accounting import PrivacyAccountant
 from pl_privfed.privacy.calibration import calibrate_noise_std, paper_noise_std
 from pl_privfed.privacy.mechanism import AccountingBasis, Mechanism
@@ -289,10 +290,8 @@ def check(release: Release, noise: DPNoise, noise_std: float) -> None:
     check_placement(release, noise)
     records = release.records
     if records is not None:
-        check_record_sampling(
-            records.batch_sampling, relation(release, noise), records.release_size,
-            records.population,
-        )  # fmt: skip
+        rel = relation(release, noise)
+        check_record_sampling(records.batch_sampling, rel, records.release_size, records.population)
     plans = [
         *(round_mechanisms(release, noise, noise_std, 0, a) for a in adversaries(release, noise)),
         paper_mechanisms(release, noise_std),
@@ -456,10 +455,7 @@ def check_record_sampling(
     batch_sampling: str, relation: str, per_release: int, population: int
 ) -> None:
     """``ValueError`` unless the record-level accounting holds for this data."""
-    if batch_sampling not in ("epochs", "without_replacement"):
-        raise ValueError(
-            f"batch_sampling must be 'epochs' or 'without_replacement', got {batch_sampling!r}"
-        )
+    check_choice("batch_sampling", batch_sampling, ("epochs", "without_replacement"))
     if per_release > population:
         raise ValueError(
             f"a release uses {per_release} examples but the smallest shard has {population}: a "
