@@ -5,6 +5,7 @@ form of ``placement`` parses beside the registered names."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import ClassVar
 
 import pytest
@@ -165,3 +166,25 @@ def test_registering_needs_a_named_placement():
         register_placement(Nameless)
     with pytest.raises(ValueError, match="placement must be"):
         DPNoise(noise_multiplier=1.0, placement="nowhere")
+
+
+def test_class_path_placement_through_the_command_line(tmp_path, monkeypatch, capsys):
+    """A shipped config with its ``placement`` given as a ``class_path`` on the command line
+    (``min_contributors`` left as the config has it, the same ``t``): the CLI's config shows
+    the class."""
+    from pl_privfed.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    config = Path(__file__).resolve().parents[1] / "configs/private/mnist_dpsgd_distributed.yaml"
+    spec = "{class_path: pl_privfed.privacy.DistributedNoise, init_args: {min_contributors: 5000}}"
+    try:
+        main(["fit", "--config", str(config), "--model.algorithm.init_args.noise.placement",
+              spec, "--print_config"])  # fmt: skip
+    except SystemExit as done:
+        assert not done.code
+    noise = yaml.safe_load(capsys.readouterr().out)["model"]["algorithm"]["init_args"]["noise"]
+    assert noise["placement"] == {
+        "class_path": "pl_privfed.privacy.DistributedNoise",
+        "init_args": {"min_contributors": 5000},
+    }
+    assert noise["min_contributors"] == 5000
