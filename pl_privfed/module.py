@@ -309,8 +309,7 @@ class FederatedModule(pl.LightningModule):
             self.log("comm/client_transmissions_total", float(self.client_transmissions),
                      batch_size=1)  # fmt: skip
         if self.privacy_ledger is not None:
-            aborted = result.metrics.get("aborted")  # distributed noise, too few senders
-            self.privacy_ledger.account(round_index, released=aborted is None)
+            self.privacy_ledger.account(round_index, released=result.released)
             last = trainer_rounds.is_last_round(self.trainer, round_index)
             every = self.epsilon_every
             due = self._logging_round if every is None else (round_index + 1) % every == 0

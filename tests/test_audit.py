@@ -228,8 +228,9 @@ def test_canary_clients_join_the_received_sum_and_change_no_other_draw(noise):
 
 
 def test_canaries_never_count_as_contributors_of_distributed_noise():
-    stage = MessageStage(noise_std=1.0, noised=True, placement="distributed", min_contributors=3)
-    red = Reduction(8, round_index=0, stage=stage, dtype=DT, canaries=_client_canaries(8))
+    stage = MessageStage(noise_std=1.0, noised=True, placement="distributed", min_contributors=3,
+                         hook=_client_canaries(8))  # fmt: skip
+    red = Reduction(8, round_index=0, stage=stage, dtype=DT)
     red.message_operators["sent"] = (Clip(1.0), 1.0)
     red.add_rows("sent", torch.ones(2, 8, dtype=DT))
     red.stat("sent:senders", torch.ones(2))

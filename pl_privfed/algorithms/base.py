@@ -159,19 +159,19 @@ class FederatedAlgorithm(nn.Module, metaclass=abc.ABCMeta):
 
     def message_stage(self) -> MessageStage:
         """How this round's messages reach the server (:mod:`pl_privfed.engine.message`): the
-        noise where ``noise.placement`` puts it, at the calibrated std, and secure aggregation
-        where configured."""
+        noise where ``noise.where`` puts it, at the calibrated std, secure aggregation where
+        configured, and the stage's hook (an audit's :attr:`canaries`)."""
         noise = self.noise
         if noise is None:
-            return MessageStage(secure_aggregation=self.secure_aggregation)
+            return MessageStage(secure_aggregation=self.secure_aggregation, hook=self.canaries)
         return MessageStage(
             noise_std=self.noise_std,
             noise_seed=noise.seed,
             noised=True,
             per_client=noise.draws == "per_client",
-            placement=noise.placement,
-            min_contributors=noise.min_contributors or 1,
+            placement=noise.where,
             secure_aggregation=self.secure_aggregation,
+            hook=self.canaries,
         )
 
     # ------------------------------------------------------------------ the round

@@ -9,11 +9,14 @@ import torch
 from torch import Tensor
 
 from pl_privfed.algorithms.base import CLIENT_LEVEL_DP, FederatedAlgorithm, RoundResult
-from pl_privfed.checks import check_positive
+from pl_privfed.checks import check_choice, check_positive
 from pl_privfed.communication import Messages
 from pl_privfed.engine import ClientChunk, Reduction
 from pl_privfed.operators import Identity, Operator
-from pl_privfed.privacy import DPNoise, Release
+from pl_privfed.privacy import CentralNoise, DPNoise, LocalNoise, NoisePlacement, Release
+
+#: ``noise_placement``, the older spelling of ``noise.placement``: the placement each name means
+OLDER_PLACEMENTS: dict[str, NoisePlacement] = {"client": LocalNoise(), "server": CentralNoise()}
 
 __all__ = ["DistributedDPSGD"]
 
@@ -65,19 +68,9 @@ class DistributedDPSGD(FederatedAlgorithm):
         noise: DPNoise | None = None,
         noise_placement: Literal["client", "server"] | None = None,
     ) -> None:
-        if noise_placement is not None and noise_placement not in ("client", "server"):
-            raise ValueError(
-                f"noise_placement must be 'client' or 'server', got {noise_placement!r} "
-                "(or set noise.placement: local, central or distributed)"
-            )
-        if noise_placement is not None and isinstance(noise, DPNoise):
-            placed = "central" if noise_placement == "server" else "local"
-            if noise.placement not in ("local", placed):
-                raise ValueError(
-                    f"noise_placement={noise_placement!r} contradicts "
-                    f"noise.placement={noise.placement!r}: give only noise.placement"
-                )
-            noise = dataclasses.replace(noise, placement=placed)
+        if noise_placement is not None:
+            check_choice("noise_placement", noise_placement, tuple(OLDER_PLACEMENTS))
+            noise = _placed(noise, noise_placement)
         super().__init__(step_size, noise)
         self.operator = operator if operator is not None else Identity()
         if not isinstance(self.operator, Operator):
@@ -110,3 +103,17 @@ class DistributedDPSGD(FederatedAlgorithm):
             Messages.dense("server_to_client", self.dim, copies=n),
         ]
         return RoundResult(params=new_x, metrics=metrics, messages=messages_sent)
+
+
+def _placed(noise: DPNoise | None, noise_placement: str) -> DPNoise | None:
+    """``noise`` with the placement ``noise_placement`` spells (local noise, the default, may
+    be overridden; another placement may not be contradicted)."""
+    if not isinstance(noise, DPNoise):
+        return noise
+    placed = OLDER_PLACEMENTS[noise_placement]
+    if noise.where not in (LocalNoise(), placed):
+        raise ValueError(
+            f"noise_placement={noise_placement!r} contradicts "
+            f"noise.placement={noise.where.name!r}: give only noise.placement"
+        )
+    return dataclasses.replace(noise, placement=placed.name)

@@ -173,8 +173,9 @@ class PrivacyAudit(pl.Callback):
     def _plant(self, algorithm: Any, x: Tensor) -> ClientCanaries | RecordCanaries:
         release = self._release(algorithm)
         level = self._resolve_level(release)
-        directions = canary_directions(self.count, x.numel(), self.seed, device=x.device,
-                                       dtype=x.dtype)  # fmt: skip
+        directions = canary_directions(
+            self.count, x.numel(), self.seed, device=x.device, dtype=x.dtype
+        )
         if level == "client":
             if release is not None:
                 participation = release.participation
@@ -202,9 +203,15 @@ class PrivacyAudit(pl.Callback):
                 )
             norm = self.overshoot * float(bound) * size
         hosts = torch.arange(self.count) % max(1, int(algorithm.num_clients))
-        return RecordCanaries(directions, canary_membership(self.count, self.seed, half=False),
-                              hosts, release_size=size, norm=norm, rate=rate,
-                              seed=self.seed)  # fmt: skip
+        return RecordCanaries(
+            directions,
+            canary_membership(self.count, self.seed, half=False),
+            hosts,
+            release_size=size,
+            norm=norm,
+            rate=rate,
+            seed=self.seed,
+        )
 
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -259,7 +266,7 @@ class PrivacyAudit(pl.Callback):
         np.maximum(self._max, cosines, out=self._max)
         np.minimum(self._min, cosines, out=self._min)
         self._rounds += 1
-        received = getattr(self.canaries, "last_received", None)
+        received = self.canaries.last_received
         if received is not None:
             self._alignment += float(torch.dot(change.double(), received.double()))
             self.canaries.last_received = None
@@ -348,8 +355,11 @@ class PrivacyAudit(pl.Callback):
             entry["confidence"] = self.confidence
             for name, s in stats.items():
                 fit = gaussian_estimate(s[inserted], s[~inserted], delta, self.confidence)
-                threats[name] = {"threat_model": THREAT_MODELS[name], **fit.as_dict(),
-                                 "epsilon_estimate": fit.epsilon}  # fmt: skip
+                threats[name] = {
+                    "threat_model": THREAT_MODELS[name],
+                    **fit.as_dict(),
+                    "epsilon_estimate": fit.epsilon,
+                }
                 values.append((fit.epsilon_low, name))  # beyond the canaries' sampling error
             head = threats["every_round"]
             entry["epsilon_estimate"] = head["epsilon_estimate"]
@@ -363,27 +373,33 @@ class PrivacyAudit(pl.Callback):
             for name, s in stats.items():
                 bound = one_run_audit(s, inserted, delta, self.confidence, tests=len(stats))
                 fit = gaussian_estimate(s[inserted], s[~inserted], delta, self.confidence)
+                details = bound.as_dict().items()
                 threats[name] = {
                     "threat_model": THREAT_MODELS[name],
                     "epsilon_lower_bound": bound.epsilon,
-                    **{f"lower_bound_{k}": v for k, v in bound.as_dict().items()
-                       if k not in ("epsilon", "delta", "confidence")},
+                    **{
+                        f"lower_bound_{k}": v
+                        for k, v in details
+                        if k not in ("epsilon", "delta", "confidence")
+                    },
                     "gaussian_fit": fit.as_dict(),
                     "epsilon_estimate": fit.epsilon,
-                }  # fmt: skip
+                }
                 values.append((bound.epsilon, name))
             entry["epsilon_lower_bound"] = threats["every_round"]["epsilon_lower_bound"]
             entry["ceiling"] = threats["every_round"]["lower_bound_ceiling"]
         entry["threat_models"] = threats
         if not entry.get("canary_messages", entry.get("canary_uses")):
+            reads = (
+                "reads no sum through the message stage's received()"
+                if canaries.level == "client"
+                else "computes no minibatch gradient or clipped mean through its chunks"
+            )
             rank_zero_warn(
                 f"PrivacyAudit: no canary {canaries.level} entered the run (the algorithm "
-                + ("reads no sum through the message stage's received()"
-                   if canaries.level == "client" else "computes no minibatch gradient or "
-                   "clipped mean through its chunks")
-                + "): the audit measured nothing; try the other level",
+                f"{reads}): the audit measured nothing; try the other level",
                 category=UserWarning,
-            )  # fmt: skip
+            )
         cert = certified["certified_epsilon"]
         top, where = max(values)
         entry["exceeds_certified"] = bool(cert is not None and top > cert)

@@ -3,7 +3,8 @@
 * :mod:`~pl_privfed.engine.round` — :func:`run_round`, the round's pipeline, the protocol it
   sees algorithms through (:class:`RoundAlgorithm`) and the choice of the chunk size;
 * :mod:`~pl_privfed.engine.chunk` — :class:`ClientChunk`, what an algorithm's client part sees;
-* :mod:`~pl_privfed.engine.message` — the message stage: operator, noise, secure aggregation;
+* :mod:`~pl_privfed.engine.message` — the message stage: operator, noise, secure aggregation,
+  and its one hook (an audit's canaries);
 * :mod:`~pl_privfed.engine.reduce` — :class:`Reduction`, the sums the server needs;
 * :mod:`~pl_privfed.engine.state` — where the per-client state rows live, and their checkpoints;
 * :mod:`~pl_privfed.engine.distributed` — clients sharded over processes.
@@ -16,6 +17,7 @@ from pl_privfed.engine.distributed import ClientShard
 from pl_privfed.engine.message import (
     Canaries,
     Message,
+    MessageHook,
     MessageStage,
     NoisePlacement,
     noise_to_signal,
@@ -50,6 +52,7 @@ __all__ = [
     "ClientStates",
     "FunctionOracle",
     "Message",
+    "MessageHook",
     "MessageStage",
     "NoisePlacement",
     "OracleOutput",

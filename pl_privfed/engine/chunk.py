@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from pl_privfed.communication import count_nonzeros
-from pl_privfed.engine.message import Canaries, Message, MessageStage
+from pl_privfed.engine.message import Message, MessageStage
 from pl_privfed.engine.reduce import Reduction
 from pl_privfed.rng import STREAM_COMPRESSION, STREAM_NOISE, KeyedGenerator
 
@@ -82,7 +82,6 @@ class RoundContext:
     stage: MessageStage = field(default_factory=MessageStage)
     participants: Tensor | None = None
     state: dict[str, Any] = field(default_factory=dict)
-    canaries: Canaries | None = None  # an audit's canaries (pl_privfed.privacy.audit)
 
 
 class ClientChunk:
@@ -128,18 +127,18 @@ class ClientChunk:
         (shared ``[d]`` or per client ``[c, d]``); ``step``: the local minibatch (local SGD)."""
         out = self.ctx.oracle(params, self.ids, step=step)
         self._record(out, params.dim() == 1)
-        return self._with_canaries(out.grads, step)
+        return self._with_hook(out.grads, step)
 
-    def _with_canaries(self, grads: Tensor, step: int | None, operator: Any = None) -> Tensor:
+    def _with_hook(self, grads: Tensor, step: int | None, operator: Any = None) -> Tensor:
         """``grads`` (``[c, d]``, each client's average over its records) with an audit's
         canary records of these clients joined to the average (:class:`RecordCanaries
         <pl_privfed.privacy.audit.RecordCanaries>`: ``Ψ(G·u_j)/b`` each, ``Ψ`` the
         per-example ``operator`` or none for the plain minibatch gradient); the real
         records' part is untouched."""
-        canaries = self.ctx.canaries
-        if canaries is None or getattr(canaries, "level", None) != "record":
+        hook = self.ctx.stage.hook
+        if hook is None:
             return grads
-        extra = canaries.gradients(self.ids, self.round_index, step, operator, grads)
+        extra = hook.gradients(self.ids, self.round_index, step, operator, grads)
         return grads if extra is None else grads + extra
 
     def example_grads(self, params: Tensor, step: int | None = None) -> Tensor:
@@ -172,10 +171,10 @@ class ClientChunk:
             if statistics:
                 norms = out.norms
                 self._operator_stats(norms, norms * operator.scale(norms).abs())
-            return self._with_canaries(out.grads, step, operator)
+            return self._with_hook(out.grads, step, operator)
         per_example = self.example_grads(params, step)
         out = self.apply(operator, per_example, statistics=statistics, inplace=True)
-        return self._with_canaries(out.mean(1), step, operator)
+        return self._with_hook(out.mean(1), step, operator)
 
     # ------------------------------------------------------------------ state rows
     def rows(self, name: str) -> Tensor:
@@ -310,7 +309,10 @@ class ClientChunk:
             own memory updates.
         """
         stage, k = self.ctx.stage, self.round_index
-        self.reduction.message_operators[key] = (operator, factor)  # what canaries go through
+        self.reduction.message_operators[key] = (
+            operator,
+            factor,
+        )  # what the hook's senders go through
         if select is not None and bool(select.all()):
             select = None
         mask = None if select is None else select.to(v.device)

@@ -9,28 +9,33 @@ same for every algorithm and is this module's job, not the algorithm's:
   (``Ψ(v) = s(||v||)·v``) the message is never formed unless something needs its rows: the
   engine keeps ``v`` and the per-client scales ``s_i`` (:class:`Message`), sums ``Σ_i s_i v_i`` in
   one product and updates memories with one ``addcmul_``;
-* the DP noise (:class:`MessageStage`): with ``placement="local"`` every client adds its own
+* the DP noise (:class:`MessageStage`), where its placement
+  (:class:`~pl_privfed.privacy.NoisePlacement`, which the stage asks and never names) puts it:
+  with local noise every client adds its own
   ``z_i ~ N(0, σ² I)``; the simulation draws each ``z_i`` from the client's keyed stream
   (``draws: per_client``, or whenever the rows are formed for secure aggregation), or, where the
   clients' noise reaches the iterates only through the sum the server receives, draws that sum
   ``N(0, m σ² I)`` once for the ``m`` senders (``draws: aggregate``: ``d`` normals instead of
-  ``m·d``, the same distribution of every iterate); with ``placement="central"`` the clients send
+  ``m·d``, the same distribution of every iterate); with central noise the clients send
   clean messages and a trusted aggregator adds one ``N(0, σ² I)`` to their sum (its own stream);
-  with ``placement="distributed"`` every sender adds its share ``N(0, σ²/t · I)`` (``t`` the
+  with distributed noise every sender adds its share ``N(0, σ²/t · I)`` (``t`` the
   guaranteed number of contributors) and the server learns only the sum, which a round with
-  fewer than ``t`` senders never releases (:meth:`MessageStage.aborts`: the sum received is zero
-  and ``metrics["aborted"]`` is 1);
+  fewer than ``t`` senders never releases (:meth:`MessageStage.aborts`: the sum received is zero,
+  the round's result says ``released=False`` and ``metrics["aborted"]`` is 1);
 * secure aggregation (simulated pairwise masks, :class:`~pl_privfed.privacy.SecureAggregation`):
   every round when configured ``every_round``, and always for the initialization's sums;
 * the bookkeeping: the message counts the communication callbacks read, and the statistics the
   server returns as metrics (the operator's clip fraction and norms, the noise-to-signal ratio of
   the received sum), pfl-style ``(value, metrics)``;
-* an audit's canary clients (:class:`Canaries`, ``algorithm.canaries``, set by
-  :class:`~pl_privfed.callbacks.PrivacyAudit`): extra senders whose messages pass through the
-  round's operator and factor and carry their own noise as a client's would
+* the stage's one hook (:class:`MessageHook`, :attr:`MessageStage.hook`): an audit's canaries
+  (``algorithm.canaries``, set by :class:`~pl_privfed.callbacks.PrivacyAudit`; the algorithm's
+  :meth:`~pl_privfed.algorithms.FederatedAlgorithm.message_stage` puts them on the stage, the
+  only way they enter the engine). Canary clients are extra senders whose messages pass through
+  the round's operator and factor and carry their own noise as a client's would
   (:meth:`MessageStage.canary_noise`, from the audit's stream), added to the sum the server
   receives; never counted as senders, messages or contributors, and never changing another
-  client's draw (:mod:`pl_privfed.privacy.audit`).
+  client's draw; canary records join the clients' minibatch gradients
+  (:mod:`pl_privfed.privacy.audit`).
 
 Client side: :meth:`pl_privfed.engine.ClientChunk.transmit`; server side:
 :meth:`pl_privfed.engine.Reduction.received`. The noise placements are this module's and the
@@ -43,12 +48,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
 
-from pl_privfed.privacy.secagg import SecureAggregation
+from pl_privfed.privacy import NoisePlacement, SecureAggregation, resolve_placement
 from pl_privfed.rng import (
     AUDIT_NOISE,
     STREAM_AUDIT,
@@ -57,38 +62,45 @@ from pl_privfed.rng import (
     KeyedGenerator,
 )
 
-__all__ = ["Canaries", "Message", "MessageStage", "NoisePlacement", "noise_to_signal"]
+__all__ = [
+    "Canaries",
+    "Message",
+    "MessageHook",
+    "MessageStage",
+    "NoisePlacement",
+    "noise_to_signal",
+]
 
-#: Who adds the DP noise to the messages: every client its own (``local``), a trusted aggregator
-#: once to the sum (``central``), or every sender a share of the sum's noise under secure
-#: aggregation (``distributed``).
-NoisePlacement = Literal["local", "central", "distributed"]
 
+class MessageHook(Protocol):
+    """The message stage's one hook (:attr:`MessageStage.hook`): what the engine asks of an
+    audit's canaries, every method answering "nothing" where they do not enter.
 
-class Canaries(Protocol):
-    """What the engine needs of an audit's canaries (``algorithm.canaries``; the engine reads
-    it with ``getattr``, so an algorithm without the attribute has none).
+    * :meth:`messages`: extra senders' clean messages for the sum ``key`` of round
+      ``round_index`` (:meth:`~pl_privfed.engine.Reduction.received` adds them and their own
+      noise), or ``None``;
+    * :meth:`observe`: the sum the server received (canaries included);
+    * :meth:`gradients`: extra records' part of the minibatch gradients of the clients ``ids``
+      (:class:`~pl_privfed.engine.ClientChunk` adds it to ``grad`` and ``clipped_mean``), or
+      ``None``.
 
-    ``level`` says where they enter: ``"client"`` canaries are extra senders of the message
-    stage (:meth:`~pl_privfed.engine.Reduction.received` adds ``messages(...)`` to the sum
-    ``key`` and their noise, then calls ``observe``); ``"record"`` canaries are extra records
-    of the clients' minibatches (:class:`~pl_privfed.engine.ClientChunk` adds
-    ``gradients(...)`` to ``grad`` and ``clipped_mean``). Implemented by
-    :class:`~pl_privfed.privacy.audit.ClientCanaries` and
-    :class:`~pl_privfed.privacy.audit.RecordCanaries`.
+    Implemented by :class:`~pl_privfed.privacy.audit.ClientCanaries` (client level) and
+    :class:`~pl_privfed.privacy.audit.RecordCanaries` (record level).
     """
 
-    level: str
-
     def messages(
-        self, round_index: int, used: tuple[Any, float] | None, like: Tensor
+        self, round_index: int, key: str, used: tuple[Any, float] | None, like: Tensor
     ) -> tuple[Tensor, int] | None: ...
 
-    def observe(self, round_index: int, received: Tensor) -> None: ...
+    def observe(self, round_index: int, key: str, received: Tensor) -> None: ...
 
     def gradients(
         self, ids: Tensor, round_index: int, step: int | None, operator: Any, like: Tensor
     ) -> Tensor | None: ...
+
+
+#: The former name of :class:`MessageHook`.
+Canaries = MessageHook
 
 
 def noise_to_signal(noisy_sum: Tensor, clean_sum: Tensor) -> Tensor:
@@ -128,39 +140,37 @@ class MessageStage:
         noised: whether the round's messages carry DP noise.
         per_client: draw every client's ``z_i`` from its own stream (``DPNoise`` ``draws:
             per_client``) rather than their sum once (``aggregate``).
-        placement: ``"local"``, ``"central"`` or ``"distributed"`` (module docstring);
-            ``noise_std`` is a client's noise (local) or the sum's (central, distributed).
-        min_contributors: ``t`` of distributed noise: each sender adds ``N(0, σ²/t)``; a round
-            with fewer senders is aborted.
+        placement: where the noise goes (:class:`~pl_privfed.privacy.NoisePlacement`, or a
+            registered name, built into one); ``noise_std`` is a client's noise (local) or the
+            sum's (central, distributed).
+        min_contributors: with a placement's name: ``t`` of distributed noise (each sender
+            adds ``N(0, σ²/t)``; a round with fewer senders is aborted).
         secure_aggregation: pairwise-masked sums, or ``None``.
+        hook: the stage's one hook (:class:`MessageHook`: an audit's canaries), or ``None``.
     """
 
     noise_std: float = 0.0
     noise_seed: int = 0
     noised: bool = False
     per_client: bool = False
-    placement: NoisePlacement = "local"
-    min_contributors: int = 1
+    placement: NoisePlacement | str = "local"
+    min_contributors: int | None = None
     secure_aggregation: SecureAggregation | None = None
+    hook: MessageHook | None = None
+
+    def __post_init__(self) -> None:
+        placement = resolve_placement(self.placement, self.min_contributors)
+        object.__setattr__(self, "placement", placement)
 
     @property
     def client_noise_std(self) -> float:
         """The std of one sender's own noise: ``σ`` (local), ``σ/√t`` (distributed), 0 (central)."""
-        if self.placement == "central":
-            return 0.0
-        if self.placement == "distributed":
-            return self.noise_std / math.sqrt(self.min_contributors)
-        return self.noise_std
+        return self.placement.sender_std(self.noise_std)
 
     def aborts(self, senders: int, round_index: int) -> bool:
-        """Whether a round with ``senders`` senders releases nothing: distributed noise with
+        """Whether a round with ``senders`` senders releases nothing: e.g. distributed noise with
         fewer than ``t`` contributors would carry less noise than the accounting assumes."""
-        return (
-            self.noised
-            and self.placement == "distributed"
-            and round_index >= 0
-            and senders < self.min_contributors
-        )
+        return self.noised and round_index >= 0 and self.placement.aborts(senders)
 
     def secure(self, round_index: int) -> bool:
         """Whether the round's sums are securely aggregated: every round with
@@ -171,7 +181,7 @@ class MessageStage:
     def clients_noise(self, round_index: int) -> bool:
         """Whether each client's message carries its own noise (or share of it) this round
         (local and distributed noise; the initialization is never noised)."""
-        return self.noised and self.placement != "central" and round_index >= 0
+        return self.noised and self.placement.senders_noise and round_index >= 0
 
     def draws_per_client(self, round_index: int) -> bool:
         """Whether the simulation draws every client's ``z_i`` (rather than their sum)."""
@@ -190,7 +200,7 @@ class MessageStage:
         aggregator's ``N(0, σ² I)`` (central) from its own stream ``(noise seed,
         STREAM_CENTRAL_NOISE, round)``: two purposes, two keys, never the same draw twice."""
         out = torch.zeros_like(like)
-        if self.placement == "central":
+        if self.placement.aggregator_draws:
             gen = keyed(self.noise_seed, STREAM_CENTRAL_NOISE, round_index)
             return out.normal_(0.0, self.noise_std, generator=gen)
         if count > 0:

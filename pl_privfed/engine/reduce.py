@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from pl_privfed.communication import Messages
-from pl_privfed.engine.message import Canaries, MessageStage, noise_to_signal
+from pl_privfed.engine.message import MessageStage, noise_to_signal
 from pl_privfed.rng import KeyedGenerator
 
 __all__ = ["Reduction"]
@@ -40,8 +40,10 @@ class Reduction:
         keyed: the round's keyed generator (the server's draws).
         device: where the server's vectors live.
         dtype: their dtype.
-        canaries: an audit's canary clients (:class:`~pl_privfed.engine.message.Canaries`),
-            added to what the server receives, or ``None``.
+
+    Attributes:
+        released: ``False`` once :meth:`received` aborted a sum (the stage's placement refused
+            to release the round: distributed noise with too few senders).
     """
 
     def __init__(
@@ -53,7 +55,6 @@ class Reduction:
         keyed: KeyedGenerator | None = None,
         device: torch.device | str = "cpu",
         dtype: torch.dtype = torch.float32,
-        canaries: Canaries | None = None,
     ) -> None:
         self.dim = dim
         self.round_index = round_index
@@ -68,8 +69,8 @@ class Reduction:
         self.loss_count = 0
         self.buffer_sums: dict[str, Tensor] = {}
         self.buffer_count = 0
-        self.canaries = canaries
-        #: the operator and factor the clients' ``transmit`` applied, per sum (the canaries'
+        self.released = True
+        #: the operator and factor the clients' ``transmit`` applied, per sum (the stage hook's
         #: messages go through the same)
         self.message_operators: dict[str, tuple[object, float]] = {}
 
@@ -149,15 +150,17 @@ class Reduction:
         client's own, or drawn here as the sum of the senders' noises, or the server's central
         draw); ``metrics`` holds the operator's statistics (``clip_fraction``, ``norm_before``,
         ``update_norm``) and, when noised and someone sent, ``noise_to_signal``. A round the
-        stage aborts (distributed noise with fewer than ``t`` senders) receives zeros and
-        reports ``metrics["aborted"] = 1``: nothing was released. An audit's canary clients
-        (``canaries``) are added last, with their own noise (:meth:`_with_canaries`); the
-        metrics and the abort rule are the real clients'.
+        stage aborts (distributed noise with fewer than ``t`` senders) receives zeros, sets
+        :attr:`released` to ``False`` and reports ``metrics["aborted"] = 1``: nothing was
+        released. The stage hook's senders (an audit's canary clients) are added last, with
+        their own noise (:meth:`_with_hook`); the metrics and the abort rule are the real
+        clients'.
         """
         stage, k = self.stage, self.round_index
         metrics = self.operator_metrics()
         senders = self.count(key + ":senders")
         if stage.aborts(senders, k):
+            self.released = False
             metrics["aborted"] = torch.tensor(1.0)
             return torch.zeros(self.dim, device=self.device, dtype=self.dtype), metrics
         if stage.secure(k) and key in self.sums:
@@ -174,26 +177,25 @@ class Reduction:
                 total = total + stage.noise_of_sum(senders, k, self.keyed, total)
             if senders:
                 metrics["noise_to_signal"] = noise_to_signal(total, clean)
-        return self._with_canaries(key, total), metrics
+        return self._with_hook(key, total), metrics
 
-    def _with_canaries(self, key: str, total: Tensor) -> Tensor:
-        """``total`` plus the canary clients that send in this round: their messages through the
-        round's operator and factor, and their own noise where clients noise
-        (:meth:`~pl_privfed.engine.MessageStage.canary_noise`); they are not senders of the
-        abort rule, and every other draw of the round is the same with or without them."""
-        canaries, k = self.canaries, self.round_index
-        if canaries is None or getattr(canaries, "level", None) != "client" or k < 0:
+    def _with_hook(self, key: str, total: Tensor) -> Tensor:
+        """``total`` plus the stage hook's senders of this round (an audit's canary clients):
+        their messages through the round's operator and factor, and their own noise where
+        clients noise (:meth:`~pl_privfed.engine.MessageStage.canary_noise`); they are not
+        senders of the abort rule, and every other draw of the round is the same with or
+        without them. The hook then observes the received sum."""
+        hook, k = self.stage.hook, self.round_index
+        if hook is None:
             return total
-        if key != getattr(canaries, "key", "sent"):
-            return total
-        part = canaries.messages(k, self.message_operators.get(key), total)
+        part = hook.messages(k, key, self.message_operators.get(key), total)
         if part is not None:
             clean, count = part
             total = total + clean
             noise = self.stage.canary_noise(count, k, self.keyed, total)
             if noise is not None:
                 total = total + noise
-        canaries.observe(k, total)
+        hook.observe(k, key, total)
         return total
 
     def mean(self, name: str) -> Tensor:

@@ -73,6 +73,9 @@ class RoundResult:
             ``None`` when nobody computed or the oracle reports no losses).
         buffers: the model's buffers after the round (BatchNorm running statistics, the
             engine's rule), or ``None``.
+        released: whether the round released anything (set by the engine: ``False`` when the
+            message stage aborted it, e.g. distributed noise with too few senders; the ledger
+            then composes nothing for it). ``metrics["aborted"]`` logs the same.
     """
 
     params: Tensor
@@ -80,14 +83,13 @@ class RoundResult:
     messages: list[Messages] = field(default_factory=list)
     loss: Tensor | None = None
     buffers: dict[str, Tensor] | None = None
+    released: bool = True
 
 
 class RoundAlgorithm(Protocol):
     """What the engine needs of an algorithm (:class:`~pl_privfed.algorithms.FederatedAlgorithm`
-    implements it): its clients and state, its message stage, and the paper's two halves.
-
-    Optionally ``canaries`` (read with ``getattr``; :class:`~pl_privfed.engine.message.Canaries`):
-    an audit's canary clients or records, which the message stage and the chunks add."""
+    implements it): its clients and state, its message stage (with its hook, an audit's
+    canaries: :class:`~pl_privfed.engine.MessageHook`), and the paper's two halves."""
 
     num_clients: int
     dim: int
@@ -235,6 +237,7 @@ def iter_round(
     result = algorithm.server_update(x, reduced)
     result.loss = reduced.loss()
     result.buffers = reduced.buffers()
+    result.released = reduced.released
     algorithm.rounds_done += 1
     return result
 
@@ -253,15 +256,28 @@ def _map(
     then the reduce across processes."""
     if participants is None:
         participants = torch.arange(algorithm.num_clients)
-    stage = algorithm.message_stage()
-    canaries = getattr(algorithm, "canaries", None)  # an audit's (pl_privfed.privacy.audit)
-    reduction = Reduction(algorithm.dim, round_index=round_index, stage=stage,
-                          keyed=algorithm.keyed, device=x.device, dtype=x.dtype,
-                          canaries=canaries)  # fmt: skip
-    ctx = RoundContext(x=x, oracle=oracle, reduction=reduction, round_index=round_index,
-                       dim=algorithm.dim, device=x.device, dtype=x.dtype, keyed=algorithm.keyed,
-                       statistics=statistics, stage=stage, participants=participants,
-                       canaries=canaries)  # fmt: skip
+    stage = algorithm.message_stage()  # with its hook (an audit's canaries), if any
+    reduction = Reduction(
+        algorithm.dim,
+        round_index=round_index,
+        stage=stage,
+        keyed=algorithm.keyed,
+        device=x.device,
+        dtype=x.dtype,
+    )
+    ctx = RoundContext(
+        x=x,
+        oracle=oracle,
+        reduction=reduction,
+        round_index=round_index,
+        dim=algorithm.dim,
+        device=x.device,
+        dtype=x.dtype,
+        keyed=algorithm.keyed,
+        statistics=statistics,
+        stage=stage,
+        participants=participants,
+    )
     pieces = chunk_ids(algorithm.shard.owned(participants), chunk_size)
     for p, phase in enumerate(phases):
         for ids in pieces:

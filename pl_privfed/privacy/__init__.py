@@ -2,6 +2,9 @@
 calibration, a run's ledger and secure aggregation.
 
 * :mod:`~pl_privfed.privacy.release` — :class:`Release`, what an algorithm declares it releases;
+* :mod:`~pl_privfed.privacy.placement` — where the noise goes: :class:`LocalNoise`,
+  :class:`CentralNoise`, :class:`DistributedNoise` and their registry
+  (:func:`register_placement`);
 * :mod:`~pl_privfed.privacy.plan` — pure functions from a declaration to mechanisms, the bases of
   each ε and the calibration;
 * :mod:`~pl_privfed.privacy.ledger` — :class:`PrivacyLedger`, one run's accountants and reports;
@@ -23,18 +26,32 @@ from pl_privfed.privacy.calibration import (
 from pl_privfed.privacy.ledger import PrivacyLedger
 from pl_privfed.privacy.mechanism import AccountingBasis, Mechanism, Sampling
 from pl_privfed.privacy.noise import Calibration, DPNoise, Neighbouring, Placement, relation_factor
+from pl_privfed.privacy.placement import (
+    PLACEMENTS,
+    CentralNoise,
+    DistributedNoise,
+    LocalNoise,
+    NoisePlacement,
+    register_placement,
+    resolve_placement,
+)
 from pl_privfed.privacy.release import BatchSampling, Cohort, RecordUse, Release
 from pl_privfed.privacy.secagg import SecureAggregation
 
 __all__ = [
+    "PLACEMENTS",
     "AccountantName",
     "AccountingBasis",
     "BatchSampling",
     "Calibration",
+    "CentralNoise",
     "Cohort",
     "DPNoise",
+    "DistributedNoise",
+    "LocalNoise",
     "Mechanism",
     "Neighbouring",
+    "NoisePlacement",
     "Placement",
     "PrivacyAccountant",
     "PrivacyLedger",
@@ -48,5 +65,7 @@ __all__ = [
     "epsilon_of_plan",
     "paper_noise_std",
     "plan",
+    "register_placement",
     "relation_factor",
+    "resolve_placement",
 ]

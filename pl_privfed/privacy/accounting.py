@@ -25,6 +25,7 @@ from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon
 from opacus.accountants import create_accountant
 from opacus.accountants.analysis import rdp as rdp_analysis
 
+from pl_privfed.checks import check_choice
 from pl_privfed.privacy.mechanism import Mechanism, Sampling
 
 __all__ = ["AccountantName", "PrivacyAccountant"]
@@ -59,8 +60,7 @@ class PrivacyAccountant:
     """
 
     def __init__(self, mechanism: AccountantName = "rdp") -> None:
-        if mechanism not in ("rdp", "prv"):
-            raise ValueError(f"accountant must be 'rdp' or 'prv', got {mechanism!r}")
+        check_choice("accountant", mechanism, ("rdp", "prv"))
         self.mechanism = mechanism
         self._accountant = create_accountant(mechanism)
         # releases on samples drawn without replacement: [noise_multiplier, b, m, steps]

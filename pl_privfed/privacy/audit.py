@@ -139,10 +139,11 @@ class ClientCanaries:
     """Canary clients for the engine's message stage (module docstring, first bullet of "what
     the canaries enter").
 
-    The engine finds them as ``algorithm.canaries`` and
-    :meth:`~pl_privfed.engine.Reduction.received` adds :meth:`messages` (and the canaries' own
-    noise, :meth:`~pl_privfed.engine.MessageStage.canary_noise`) to the sum ``key`` the server
-    receives, then hands the received sum to :meth:`observe`.
+    The message stage's hook (:class:`~pl_privfed.engine.MessageHook`, put on the stage from
+    ``algorithm.canaries``): :meth:`~pl_privfed.engine.Reduction.received` adds
+    :meth:`messages` (and the canaries' own noise,
+    :meth:`~pl_privfed.engine.MessageStage.canary_noise`) to the sum ``key`` the server
+    receives, then hands the received sum to :meth:`observe`; :meth:`gradients` adds nothing.
 
     Args:
         directions: ``[m, d]`` unit directions, on the training device.
@@ -200,11 +201,14 @@ class ClientCanaries:
         return self.overshoot * float(bound)
 
     def messages(
-        self, round_index: int, used: tuple[Any, float] | None, like: Tensor
+        self, round_index: int, key: str, used: tuple[Any, float] | None, like: Tensor
     ) -> tuple[Tensor, int] | None:
         """``(Σ_j β·Ψ(N·u_j), count)`` over the inserted canaries that take part in round
-        ``round_index`` (``None`` when none does): ``used`` is the round's ``(Ψ, β)`` as the
-        clients' ``transmit`` used them (``None`` when no client sent: the last round's)."""
+        ``round_index`` (``None`` when none does, for the initialization's round ``-1`` and for
+        a sum other than :attr:`key`): ``used`` is the round's ``(Ψ, β)`` as the clients'
+        ``transmit`` used them (``None`` when no client sent: the last round's)."""
+        if round_index < 0 or key != self.key:
+            return None
         if used is not None:
             self._operator = used
         elif self._operator is None:
@@ -239,9 +243,16 @@ class ClientCanaries:
         self.rounds_sent += 1
         return total.to(like.device, like.dtype), count
 
-    def observe(self, round_index: int, received: Tensor) -> None:
-        """The sum the server received in round ``round_index`` (canaries included)."""
-        self.last_received = received
+    def observe(self, round_index: int, key: str, received: Tensor) -> None:
+        """The sum ``key`` the server received in round ``round_index`` (canaries included)."""
+        if round_index >= 0 and key == self.key:
+            self.last_received = received
+
+    def gradients(
+        self, ids: Tensor, round_index: int, step: int | None, operator: Any, like: Tensor
+    ) -> Tensor | None:
+        """Nothing: client canaries are senders, not records."""
+        return None
 
 
 # ---------------------------------------------------------------------------- record canaries
@@ -249,9 +260,10 @@ class RecordCanaries:
     """Canary records for the engine's gradient oracle (module docstring, second bullet of "what
     the canaries enter").
 
-    :class:`~pl_privfed.engine.ClientChunk` finds them as ``algorithm.canaries`` and adds
+    :class:`~pl_privfed.engine.ClientChunk` finds them as the message stage's hook
+    (:class:`~pl_privfed.engine.MessageHook`, from ``algorithm.canaries``) and adds
     :meth:`gradients` to what ``grad`` (the minibatch gradient) and ``clipped_mean`` (the
-    clipped per-example mean) return for the chunk's clients.
+    clipped per-example mean) return for the chunk's clients; :meth:`messages` sends nothing.
 
     Args:
         directions: ``[m, d]`` unit directions, on the training device.
@@ -285,11 +297,21 @@ class RecordCanaries:
         self.rate = min(1.0, float(rate))
         self.seed = int(seed)
         self.uses = torch.zeros(self.count, dtype=torch.int64)
+        self.last_received: Tensor | None = None  # record canaries observe no sum
         self._last_round = torch.full((self.count,), -1, dtype=torch.int64)
 
     @property
     def count(self) -> int:
         return int(self.inserted.numel())
+
+    def messages(
+        self, round_index: int, key: str, used: tuple[Any, float] | None, like: Tensor
+    ) -> tuple[Tensor, int] | None:
+        """Nothing: record canaries are records, not senders."""
+        return None
+
+    def observe(self, round_index: int, key: str, received: Tensor) -> None:
+        """Nothing to observe: the audit reads the model."""
 
     def gradients(
         self, ids: Tensor, round_index: int, step: int | None, operator: Any, like: Tensor
@@ -407,10 +429,21 @@ def gaussian_estimate(
     z = float(scipy.stats.norm.ppf(confidence))
     low, high = mu - z * spread, mu + z * spread
     return GaussianEstimate(
-        mu, gaussian_epsilon(mu, delta), delta, confidence, low, high,
-        gaussian_epsilon(low, delta), gaussian_epsilon(high, delta),
-        mean_in, std_in, mean_out, std_out, int(a.size), int(b.size),
-    )  # fmt: skip
+        mu,
+        gaussian_epsilon(mu, delta),
+        delta,
+        confidence,
+        low,
+        high,
+        gaussian_epsilon(low, delta),
+        gaussian_epsilon(high, delta),
+        mean_in,
+        std_in,
+        mean_out,
+        std_out,
+        int(a.size),
+        int(b.size),
+    )
 
 
 # ---------------------------------------------------------------------------- one-run bound

@@ -157,8 +157,7 @@ class PrivacyLedger:
             "message_bound": release.bound,
             "sample_rate": release.paper_rate,
             "accountant": noise.accountant,
-            "placement": noise.placement,
-            "min_contributors": noise.min_contributors,
+            **noise.where.record(),
         }
 
     def report(self) -> dict[str, Any]:
@@ -186,8 +185,7 @@ class PrivacyLedger:
             "epsilon_paper_convention": self.epsilon_paper(),
             "delta": noise.delta,
             "privacy_unit": plan.unit(release, noise),
-            "placement": noise.placement if release.records is None else "local",
-            "min_contributors": noise.min_contributors,
+            **noise.where.record(),
             "trusted": plan.trusted(release, noise),
             "neighbouring_relation": rel,
             "sensitivity": plan.sensitivity(release, rel),

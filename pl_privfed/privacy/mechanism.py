@@ -14,6 +14,8 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
+from pl_privfed.checks import check_choice
+
 __all__ = ["AccountingBasis", "Mechanism", "Sampling"]
 
 #: How the privacy unit enters a release: ``"none"`` (always, no amplification), ``"poisson"``
@@ -50,11 +52,7 @@ class Mechanism:
             raise ValueError(f"noise_multiplier must be positive, got {self.noise_multiplier!r}")
         if not 0 < self.sample_rate <= 1:
             raise ValueError(f"sample_rate must be in (0, 1], got {self.sample_rate!r}")
-        if self.sampling not in ("none", "poisson", "without_replacement"):
-            raise ValueError(
-                "sampling must be 'none', 'poisson' or 'without_replacement', "
-                f"got {self.sampling!r}"
-            )
+        check_choice("sampling", self.sampling, ("none", "poisson", "without_replacement"))
         if self.sampling == "none" and self.sample_rate != 1:
             raise ValueError(f"sampling='none' needs sample_rate 1, got {self.sample_rate!r}")
         if self.sampling == "without_replacement":
@@ -86,8 +84,12 @@ class Mechanism:
         """What identifies the release for composition (the privacy unit is a label only)."""
         if not self.amplified:
             return (float(self.noise_multiplier), 1.0, "none", None)
-        return (float(self.noise_multiplier), float(self.sample_rate), self.sampling,
-                self.population)  # fmt: skip
+        return (
+            float(self.noise_multiplier),
+            float(self.sample_rate),
+            self.sampling,
+            self.population,
+        )
 
 
 @dataclass(frozen=True)

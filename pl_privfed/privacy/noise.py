@@ -6,8 +6,10 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
+from pl_privfed.checks import check_choice
 from pl_privfed.privacy.accounting import AccountantName
 from pl_privfed.privacy.calibration import paper_noise_std
+from pl_privfed.privacy.placement import NoisePlacement, PlacementName, resolve_placement
 
 __all__ = [
     "Calibration",
@@ -22,18 +24,15 @@ __all__ = [
 Calibration = Literal["paper", "target"]
 Neighbouring = Literal["add_remove", "replace_one"]
 Draws = Literal["aggregate", "per_client"]
-#: Who adds the Gaussian noise (docs/privacy.md, "Where the noise goes"): every client to its
-#: own message (``local``), a trusted aggregator once to the sum (``central``), or every
-#: participant a share of it under secure aggregation (``distributed``).
-Placement = Literal["local", "central", "distributed"]
+#: The names of the built-in noise placements (:mod:`pl_privfed.privacy.placement`).
+Placement = PlacementName
 
 
 def relation_factor(relation: Neighbouring) -> float:
     """Sensitivity / bound of a noised vector of norm at most the bound, under ``relation``:
     1 under add/remove (the vector is present or absent), 2 under replace-one (a clipped or
     normalized vector can be replaced by its opposite)."""
-    if relation not in ("add_remove", "replace_one"):
-        raise ValueError(f"neighbouring must be 'add_remove' or 'replace_one', got {relation!r}")
+    check_choice("neighbouring", relation, ("add_remove", "replace_one"))
     return 2.0 if relation == "replace_one" else 1.0
 
 
@@ -74,7 +73,9 @@ class DPNoise:
             per client. The privacy guarantee is the same either way: it is a property of the
             mechanism, not of how the simulation samples it.
         placement: where the noise is added (server-based client-level algorithms; the
-            record-level ones are always ``local``):
+            record-level ones are always ``local``): a registered name or a
+            :class:`~pl_privfed.privacy.NoisePlacement` (``class_path`` in YAML);
+            :attr:`where` is the placement object either way:
 
             * ``"local"``: each client adds ``z_i ~ N(0, σ² I)`` to its message before sending;
               the server, which sees every message and its sender, is the adversary.
@@ -87,7 +88,9 @@ class DPNoise:
               holds at least ``σ²`` of noise whenever at least ``t`` clients take part; a round
               with fewer senders is aborted (nothing is released, the model does not move).
         min_contributors: ``t`` of distributed noise: the fewest participants a round may have
-            (the noise the accounting relies on; never the noise that was hoped for).
+            (the noise the accounting relies on; never the noise that was hoped for). With
+            ``placement: distributed``; a ``DistributedNoise`` placement carries its own ``t``
+            (this one may repeat it, not contradict it).
     """
 
     epsilon: float | None = None
@@ -100,7 +103,7 @@ class DPNoise:
     seed: int = 0
     accountant: AccountantName = "rdp"
     draws: Draws = "aggregate"
-    placement: Placement = "local"
+    placement: str | NoisePlacement = "local"
     min_contributors: int | None = None
 
     def __post_init__(self) -> None:
@@ -115,32 +118,21 @@ class DPNoise:
             raise ValueError(f"noise_multiplier must be positive, got {self.noise_multiplier!r}")
         if not 0 < self.delta < 1:
             raise ValueError(f"delta must be in (0, 1), got {self.delta!r}")
-        if self.calibration not in ("paper", "target"):
-            raise ValueError(f"calibration must be 'paper' or 'target', got {self.calibration!r}")
+        check_choice("calibration", self.calibration, ("paper", "target"))
         if not self.constant > 0:
             raise ValueError(f"constant must be positive, got {self.constant!r}")
         if self.rounds is not None and self.rounds < 1:
             raise ValueError(f"rounds must be a positive integer, got {self.rounds!r}")
         if self.neighbouring is not None:
             relation_factor(self.neighbouring)  # raises on an unknown relation
-        if self.accountant not in ("rdp", "prv"):
-            raise ValueError(f"accountant must be 'rdp' or 'prv', got {self.accountant!r}")
-        if self.draws not in ("aggregate", "per_client"):
-            raise ValueError(f"draws must be 'aggregate' or 'per_client', got {self.draws!r}")
-        if self.placement not in ("local", "central", "distributed"):
-            raise ValueError(
-                f"placement must be 'local', 'central' or 'distributed', got {self.placement!r}"
-            )
+        check_choice("accountant", self.accountant, ("rdp", "prv"))
+        check_choice("draws", self.draws, ("aggregate", "per_client"))
         t = self.min_contributors
         if t is not None and (isinstance(t, bool) or not isinstance(t, int) or t < 1):
             raise ValueError(f"min_contributors must be a positive integer, got {t!r}")
-        if self.placement == "distributed" and t is None:
-            raise ValueError(
-                "placement='distributed' needs min_contributors (t, the fewest clients whose "
-                "noise shares the sum is guaranteed to hold): each adds N(0, σ²/t)"
-            )
-        if self.placement != "distributed" and t is not None:
-            raise ValueError(
-                f"min_contributors={t!r} is for placement='distributed', got "
-                f"placement={self.placement!r}"
-            )
+        self.where  # noqa: B018 (raises on an unknown placement or a t it does not take)
+
+    @property
+    def where(self) -> NoisePlacement:
+        """Where the noise goes: the placement object (:mod:`pl_privfed.privacy.placement`)."""
+        return resolve_placement(self.placement, self.min_contributors)

@@ -4,8 +4,9 @@ Given what an algorithm releases (:class:`~pl_privfed.privacy.Release`) and the 
 settings (:class:`~pl_privfed.privacy.DPNoise`):
 
 * :func:`adversaries` — who could learn something (the server; whoever sees the released
-  models), the headline first, given where the noise goes (``noise.placement``: local, central,
-  distributed); :func:`describe`, :func:`unit`, :func:`trusted` — the same in words;
+  models), the headline first, given where the noise goes (``noise.where``, a
+  :class:`~pl_privfed.privacy.NoisePlacement`, which this module asks and never names);
+  :func:`describe`, :func:`unit`, :func:`trusted` — the same in words;
   :func:`check_placement` — the placements refused before training;
 * :func:`relation` and :func:`sensitivity` — the neighbouring relation of an adversary's ε and
   how far one privacy unit moves a noised vector (or the noised sum) under it;
@@ -28,12 +29,13 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from typing import Literal
 
+from pl_privfed.checks import check_choice
 from pl_privfed.privacy.accounting import PrivacyAccountant
 from pl_privfed.privacy.calibration import calibrate_noise_std, paper_noise_std
 from pl_privfed.privacy.mechanism import AccountingBasis, Mechanism
 from pl_privfed.privacy.noise import DPNoise, Neighbouring, relation_factor
+from pl_privfed.privacy.placement import ADVERSARIES, Adversary, LocalNoise
 from pl_privfed.privacy.release import BatchSampling, Release
 
 __all__ = [
@@ -58,36 +60,19 @@ __all__ = [
     "unit",
 ]
 
-#: Who could learn something from a run: ``"server"`` — whoever sees what the clients send
-#: (local noise: every noised message and its sender; distributed noise: the noised sum and who
-#: took part; for decentralized methods the agent's neighbours); ``"models"`` — whoever sees
-#: only the released models (not who took part), against whom a secret cohort amplifies.
-Adversary = Literal["server", "models"]
-ADVERSARIES: tuple[Adversary, ...] = ("server", "models")
-
 
 def adversaries(release: Release, noise: DPNoise) -> list[Adversary]:
     """The adversaries a run reports an ε against, the headline first: the server for local
     and distributed noise (it sees the most), whoever sees the models for central noise (the
     aggregator is trusted: no guarantee against it, :func:`trusted`)."""
-    if release.records is None and noise.placement == "central":
-        return ["models"]
-    return ["server", "models"]
+    if release.records is not None:
+        return list(ADVERSARIES)
+    return list(noise.where.adversaries)
 
 
 def trusted(release: Release, noise: DPNoise) -> str | None:
     """What the run assumes it can trust, or ``None``."""
-    if release.records is None and noise.placement == "central":
-        return (
-            "the aggregator: it sees every clean message and adds the noise; no ε is claimed "
-            "against it"
-        )
-    if release.records is None and noise.placement == "distributed":
-        return (
-            f"secure aggregation reveals only the sum, and at least t={noise.min_contributors} "
-            "senders add their noise share honestly in every released round"
-        )
-    return None
+    return noise.where.trusted() if release.records is None else None
 
 
 def describe(release: Release, noise: DPNoise, adversary: Adversary) -> str:
@@ -99,9 +84,9 @@ def describe(release: Release, noise: DPNoise, adversary: Adversary) -> str:
                 f"{release.observer} sees: no smaller ε is claimed)"
             )
         return "whoever sees the released models, but not who took part in a round"
-    if release.records is None and noise.placement == "distributed":
-        return "the server: the noised sum (secure aggregation) and who took part"
-    return f"{release.observer}: every noised message and its sender"
+    if release.records is not None:
+        return LocalNoise().server_view(release.observer)
+    return noise.where.server_view(release.observer)
 
 
 def unit(release: Release, noise: DPNoise) -> str:
@@ -109,15 +94,7 @@ def unit(release: Release, noise: DPNoise) -> str:
     trusted aggregator noises the sum)"``."""
     if release.records is not None:
         return release.unit
-    where = {
-        "local": "local noise (each client noises its own message)",
-        "central": "central noise (a trusted aggregator noises the sum)",
-        "distributed": (
-            f"distributed noise (each sender adds a 1/{noise.min_contributors} share of the "
-            "sum's noise under secure aggregation)"
-        ),
-    }[noise.placement]
-    return f"{release.unit}, {where}"
+    return f"{release.unit}, {noise.where.phrase()}"
 
 
 def relation(release: Release, noise: DPNoise, adversary: Adversary | None = None) -> Neighbouring:
@@ -270,18 +247,22 @@ def calibrate(release: Release, noise: DPNoise, rounds: int) -> float:
 
 
 def check_placement(release: Release, noise: DPNoise) -> None:
-    """``ValueError`` before training where the noise placement's accounting does not hold."""
-    placement = noise.placement
-    if placement == "local":
+    """``ValueError`` before training where the noise placement's accounting does not hold:
+    the noise of a sum (central, distributed) needs a client-level release, a fixed
+    denominator and the relation its cohort is analysed under; then the placement's own rule
+    (:meth:`~pl_privfed.privacy.NoisePlacement.check`)."""
+    where = noise.where
+    if not where.noises_sum:
         return
+    name = where.name
     if release.records is not None:
         raise ValueError(
-            f"noise.placement={placement!r}: {release.unit} is noised inside each client "
+            f"noise.placement={name!r}: {release.unit} is noised inside each client "
             "(record-level DP), where only placement: local applies"
         )
     if release.cohort == "realized":
         raise ValueError(
-            f"noise.placement={placement!r} needs a fixed denominator, but the sampler "
+            f"noise.placement={name!r} needs a fixed denominator, but the sampler "
             "averages over the clients that took part (BernoulliSampler): one client would "
             "change every other's weight, so the sensitivity of the noised average is not "
             "bounded; use PoissonSampler (divides by the expected cohort) or FixedSizeSampler"
@@ -298,18 +279,7 @@ def check_placement(release: Release, noise: DPNoise) -> None:
             "without replacement, analysed under replace-one (dp-accounting); set "
             "neighbouring: replace_one or null"
         )
-    if placement == "distributed":
-        t, floor = noise.min_contributors, release.guaranteed_participants
-        if release.clients and t > release.clients:
-            raise ValueError(
-                f"min_contributors={t} is more than the {release.clients} clients: every "
-                "round would be aborted"
-            )
-        if floor is not None and t > floor:
-            raise ValueError(
-                f"min_contributors={t} is more than the {floor} clients of every round's "
-                "cohort: every round would be aborted"
-            )
+    where.check(release)
 
 
 def check(release: Release, noise: DPNoise, noise_std: float) -> None:
@@ -320,10 +290,8 @@ def check(release: Release, noise: DPNoise, noise_std: float) -> None:
     check_placement(release, noise)
     records = release.records
     if records is not None:
-        check_record_sampling(
-            records.batch_sampling, relation(release, noise), records.release_size,
-            records.population,
-        )  # fmt: skip
+        rel = relation(release, noise)
+        check_record_sampling(records.batch_sampling, rel, records.release_size, records.population)
     plans = [
         *(round_mechanisms(release, noise, noise_std, 0, a) for a in adversaries(release, noise)),
         paper_mechanisms(release, noise_std),
@@ -351,9 +319,9 @@ def accounting_basis(
         if release.cohorts:
             amplification += "; none from client sampling (the server sees who takes part)"
         return AccountingBasis(rel, sens, amplification, composition=composition)
-    rate, placement = release.participation, noise.placement
+    rate, where = release.participation, noise.where
     if adversary == "server":
-        seen = "the noised sum" if placement == "distributed" else "every message"
+        seen = where.server_sees()
         if rate < 1:
             amplification = (
                 f"none: {release.observer} sees which clients transmit (and {seen}), so "
@@ -361,11 +329,7 @@ def accounting_basis(
             )
         else:
             amplification = f"none: every client sends every round ({release.observer} sees {seen})"
-        if placement == "distributed":
-            amplification += (
-                f"; the sum's noise counted is σ, which the t={noise.min_contributors} "
-                "guaranteed senders' shares hold (rounds with fewer senders are aborted)"
-            )
+        amplification += where.server_note()
     elif release.cohort == "poisson" and rate < 1:
         amplification = (
             f"Poisson sampling of clients at rate {rate:g}, secret from whoever sees only the "
@@ -384,18 +348,16 @@ def accounting_basis(
         )
     else:
         amplification = "none: every client takes part in every round"
-    if adversary == "models" and placement == "local":
-        amplification += "; only the client's own noise is counted, not the other clients'"
-    return AccountingBasis(
-        rel, sens, amplification,
-        composition="every round of the run (a client may take part in any)",
-    )  # fmt: skip
+    if adversary == "models":
+        amplification += where.models_note()
+    composition = "every round of the run (a client may take part in any)"
+    return AccountingBasis(rel, sens, amplification, composition=composition)
 
 
 def paper_accounting_basis(release: Release, noise: DPNoise | None = None) -> AccountingBasis:
     """What the papers' ε assumes, and where that fails for this mechanism."""
     rate = release.paper_rate
-    placement = "local" if noise is None else noise.placement
+    where = LocalNoise() if noise is None else noise.where
     problems = []
     if release.records is not None:
         problems.append("add/remove, although the minibatches have a fixed size")
@@ -408,7 +370,7 @@ def paper_accounting_basis(release: Release, noise: DPNoise | None = None) -> Ac
                 f"the minibatches are not Poisson samples but {what}"
                 + (" and the server sees which clients take part" if release.cohorts else "")
             )
-    elif placement != "central":
+    elif "server" in where.adversaries:
         if release.participation < 1:
             problems.append(
                 "Poisson amplification at the client rate does not hold against the server, "
@@ -493,10 +455,7 @@ def check_record_sampling(
     batch_sampling: str, relation: str, per_release: int, population: int
 ) -> None:
     """``ValueError`` unless the record-level accounting holds for this data."""
-    if batch_sampling not in ("epochs", "without_replacement"):
-        raise ValueError(
-            f"batch_sampling must be 'epochs' or 'without_replacement', got {batch_sampling!r}"
-        )
+    check_choice("batch_sampling", batch_sampling, ("epochs", "without_replacement"))
     if per_release > population:
         raise ValueError(
             f"a release uses {per_release} examples but the smallest shard has {population}: a "
