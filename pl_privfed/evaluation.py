@@ -113,8 +113,8 @@ def test_set_metrics(
         return None
     device = next(model.parameters()).device
     preprocess = getattr(datamodule, "preprocess", None)
-    return loader_metrics(model, criterion, loader(), device=device, preprocess=preprocess,
-                          classification=classification, **kwargs)  # fmt: skip
+    options = {"device": device, "preprocess": preprocess, "classification": classification}
+    return loader_metrics(model, criterion, loader(), **options, **kwargs)
 
 
 def log_at_last_round(trainer: Any, metrics: dict[str, float], round_index: int) -> None:
