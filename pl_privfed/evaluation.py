@@ -5,7 +5,8 @@ is the training objective (the criterion plus the model's ``regularizer()``, if 
 accuracy the share of correct arg-max predictions (classification only). Lightning's
 validation and test loops use :func:`model_loss` with torchmetrics' accuracy;
 :func:`loader_metrics` runs a whole loader outside those loops (the test set at the end of fit,
-a decentralized method's sampled output iterate, a grid's configurations).
+:func:`test_set_result`; a decentralized method's sampled output iterate,
+:func:`output_iterate_report`; a grid's configurations).
 """
 
 from __future__ import annotations
@@ -16,7 +17,15 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-__all__ = ["evaluated_at", "loader_metrics", "log_at_last_round", "model_loss", "test_set_metrics"]
+__all__ = [
+    "evaluated_at",
+    "loader_metrics",
+    "log_at_last_round",
+    "model_loss",
+    "output_iterate_report",
+    "test_set_metrics",
+    "test_set_result",
+]
 
 
 def model_loss(
@@ -104,8 +113,8 @@ def test_set_metrics(
         return None
     device = next(model.parameters()).device
     preprocess = getattr(datamodule, "preprocess", None)
-    return loader_metrics(model, criterion, loader(), device=device, preprocess=preprocess,
-                          classification=classification, **kwargs)  # fmt: skip
+    options = {"device": device, "preprocess": preprocess, "classification": classification}
+    return loader_metrics(model, criterion, loader(), **options, **kwargs)
 
 
 def log_at_last_round(trainer: Any, metrics: dict[str, float], round_index: int) -> None:
@@ -114,3 +123,45 @@ def log_at_last_round(trainer: Any, metrics: dict[str, float], round_index: int)
     if trainer.is_global_zero:
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=max(round_index - 1, 0))
+
+
+def test_set_result(
+    trainer: Any, metrics: tuple[float, float | None] | None, round_index: int
+) -> dict[str, Any] | None:
+    """A test-set evaluation's result: ``metrics`` (``(loss, accuracy)`` of
+    :func:`test_set_metrics`) logged as ``test/loss`` and ``test/acc`` at round ``round_index``
+    (:func:`log_at_last_round`).
+
+    Returns:
+        ``{"round": round_index, "loss": ..., "accuracy": ...}`` (accuracy ``None`` when not a
+        classification), or ``None`` when ``metrics`` is ``None`` (no test set).
+    """
+    if metrics is None:
+        return None
+    loss, accuracy = metrics
+    logged = {"test/loss": loss} if accuracy is None else {"test/loss": loss, "test/acc": accuracy}
+    log_at_last_round(trainer, logged, round_index)
+    return {"round": round_index, "loss": loss, "accuracy": accuracy}
+
+
+def output_iterate_report(
+    output: dict[str, Any], model: nn.Module, layout: Any, evaluate: Callable[[], Any]
+) -> dict[str, Any]:
+    """Where an algorithm's sampled output iterate came from and its test loss and accuracy.
+
+    Args:
+        output: the algorithm's ``output()``: ``{"round", "agent", "params"}``.
+        model: the global model; its parameters are swapped for ``params`` meanwhile
+            (:func:`evaluated_at`).
+        layout: the model's parameter layout.
+        evaluate: the test set's ``(loss, accuracy)`` of the model as it is, or ``None``.
+
+    Returns:
+        ``{"round", "agent"}``, with ``test_loss`` and ``test_accuracy`` where ``evaluate``
+        gives them.
+    """
+    report: dict[str, Any] = {"round": output["round"], "agent": output["agent"]}
+    metrics = evaluated_at(model, layout, output["params"], evaluate)
+    if metrics is not None:
+        report["test_loss"], report["test_accuracy"] = metrics
+    return report

@@ -7,17 +7,16 @@ or stacked tensors ``[n, B, ...]`` / ``[n, T, B, ...]``) and writes the new para
 BatchNorm statistics) into the global model. Optimization is manual; a no-op optimizer is stepped
 once per round, so ``trainer.global_step`` and ``max_steps`` count communication rounds.
 
-The module holds a round and delegates the rest: evaluation to :mod:`pl_privfed.evaluation`,
-the privacy accounting to a :class:`~pl_privfed.privacy.PrivacyLedger`, the per-client state's
-checkpoints to :class:`~pl_privfed.engine.ClientStates`, a grid to
-:class:`~pl_privfed.grid.GridModule`.
+The module holds a round and delegates the rest: its arguments and parts to
+:mod:`pl_privfed.wiring`, evaluation to :mod:`pl_privfed.evaluation`, the privacy accounting to
+a :class:`~pl_privfed.privacy.PrivacyLedger`, what a checkpoint keeps of the run and the check
+on resume to :mod:`pl_privfed.resume`, a grid to :class:`~pl_privfed.grid.GridModule`.
 """
 
 from __future__ import annotations
 
 import copy
 import math
-from pathlib import Path
 from typing import Any
 
 import pytorch_lightning as pl
@@ -28,52 +27,20 @@ from torch import Tensor, nn
 from torchmetrics.classification import MulticlassAccuracy
 from typing_extensions import override
 
-from pl_privfed import trainer_rounds
+from pl_privfed import evaluation, resume, trainer_rounds, wiring
 from pl_privfed.algorithms import FederatedAlgorithm
-from pl_privfed.checks import (
-    arguments_of,
-    check_choice,
-    check_evaluation_interval,
-    run_differences,
-)
-from pl_privfed.datamodules.base import TensorRoundBatch, round_description
-from pl_privfed.engine import (
-    SNAPSHOT_DIR_KEY,
-    ClientShard,
-    Placement,
-    RoundResult,
-    choose_chunk_size,
-    run_round,
-)
-from pl_privfed.engine.distributed import adopt_strategy, check_strategy
-from pl_privfed.evaluation import evaluated_at, log_at_last_round, model_loss, test_set_metrics
-from pl_privfed.grads import (
-    Backend,
-    GradientOracle,
-    ParameterLayout,
-    RoundOracle,
-    check_backend,
-    resolve_backend,
-    resolve_example_backend,
-)
-from pl_privfed.privacy import Mechanism, PrivacyLedger, plan
+from pl_privfed.checks import check_evaluation_interval
+from pl_privfed.datamodules.base import TensorRoundBatch
+from pl_privfed.engine import Placement, RoundResult, run_round
+from pl_privfed.engine.distributed import check_strategy
+from pl_privfed.grads import Backend, GradientOracle, ParameterLayout, RoundOracle
+from pl_privfed.privacy import Mechanism, PrivacyLedger
 
 __all__ = ["FederatedModule", "NonFiniteLossError"]
 
 
 class NonFiniteLossError(ValueError, ArithmeticError):
     """Raised when the training loss becomes NaN or infinite; the message names the round."""
-
-
-class _RoundOptimizer(torch.optim.Optimizer):
-    """Does nothing but run its closure: the algorithm writes the parameters itself."""
-
-    def __init__(self, params) -> None:
-        super().__init__(params, defaults={"lr": 0.0})
-
-    @torch.no_grad()
-    def step(self, closure=None):  # type: ignore[override]
-        return closure() if closure is not None else None
 
 
 class FederatedModule(pl.LightningModule):
@@ -124,6 +91,9 @@ class FederatedModule(pl.LightningModule):
     resume_allow_changes: tuple[str, ...] = ()
     #: true while a resumed run evaluates the round it resumes at (not a scheduled evaluation)
     resume_evaluation = False
+    #: whether ``fit --ckpt_path`` from a checkpoint with no rounds left tests its model as a
+    #: finished fit does (a grid does not: it tests its configurations in its training loop)
+    tests_finished_checkpoint = True
     _no_rounds_left: tuple[int, int] | None = None  # (checkpoint round, run's rounds)
     _no_rounds_left_note: str | None = None
     _resumed_with_changes: dict[str, Any] | None = None
@@ -141,8 +111,9 @@ class FederatedModule(pl.LightningModule):
         state_dir: str | None = None,
     ) -> None:
         super().__init__()
-        _check_arguments(model, algorithm, grad_backend, epsilon_every, cuda_graphs,
-                         client_chunk, client_state)  # fmt: skip
+        wiring.check_arguments(
+            model, algorithm, grad_backend, epsilon_every, cuda_graphs, client_chunk, client_state
+        )
         # Hyperparameters: under LightningCLI, the config's model section (the model's and the
         # algorithm's class_path and init_args, which Lightning hands over while it builds the
         # module), so that ``load_from_checkpoint(path)`` rebuilds both; in Python the arguments
@@ -189,68 +160,23 @@ class FederatedModule(pl.LightningModule):
         check_evaluation_interval(self.trainer)
         if self.oracle is not None:
             return
-        datamodule = self.trainer.datamodule
-        num_clients = getattr(datamodule, "num_clients", None)
-        if num_clients is None:
-            raise ValueError("FederatedModule needs a datamodule with a num_clients attribute")
-        device = self.trainer.strategy.root_device
-        num_rounds = trainer_rounds.num_rounds(self.trainer)
-        noise = self.algorithm.noise
-        if noise is not None and noise.epsilon is not None and noise.rounds is None:
-            if not num_rounds:
-                raise ValueError(
-                    "the paper noise calibration needs the number of rounds K: set "
-                    "trainer.max_steps, trainer.max_epochs or algorithm noise.rounds"
-                )
-        adopt_strategy(self.trainer)
-        dtype = trainer_rounds.training_dtype(self.trainer, self, self.model)
-        state_dir = self.state_dir or str(Path(self.trainer.default_root_dir) / "client_state")
-        rounds = round_description(datamodule)
-        self.local_batches = rounds["local_batches"]
-        for _, algorithm in self.algorithms():
-            algorithm.configure_data(**rounds)  # before setup: the rates enter the noise
-            algorithm.setup(
-                num_clients=num_clients,
-                dim=self.layout.dim,
-                num_rounds=num_rounds,
-                device=device,
-                dtype=dtype,
-                shard=ClientShard.of_trainer(self.trainer, num_clients),
-                client_state=self.client_state,
-                state_dir=state_dir,
-            )
-        backends = [f(self.grad_backend, device, self.model, self.criterion)
-                    for f in (resolve_backend, resolve_example_backend)]  # fmt: skip
-        self.oracle = GradientOracle(
-            self.model,
-            self.criterion,
-            backends[0],
-            cuda_graph=self.cuda_graphs and device.type == "cuda",
-            example_backend=backends[1],
-        )
-        self._chunk_size = choose_chunk_size(num_clients, self.layout.dim, device,
-                                             self.client_chunk, dtype.itemsize)  # fmt: skip
-        if noise is not None:
-            self.privacy_ledger = self._privacy_ledger(num_rounds)
-        num_classes = getattr(datamodule, "num_classes", None)
-        if num_classes:
-            self.test_accuracy = MulticlassAccuracy(num_classes=num_classes, average="micro")
-            self.val_accuracy = MulticlassAccuracy(num_classes=num_classes, average="micro")
+        setup = wiring.set_up(self.trainer, self)
+        self.oracle, self._chunk_size = setup.oracle, setup.chunk_size
+        self.local_batches = setup.local_batches
+        if self.algorithm.noise is not None:
+            self.privacy_ledger = self._privacy_ledger(setup.num_rounds)
+        if setup.num_classes:
+            self.test_accuracy = MulticlassAccuracy(num_classes=setup.num_classes, average="micro")
+            self.val_accuracy = MulticlassAccuracy(num_classes=setup.num_classes, average="micro")
 
     def _privacy_ledger(self, num_rounds: int) -> PrivacyLedger:
-        """The run's ledger: the algorithm's declaration at its calibrated noise."""
-        noise = self.algorithm.noise
-        return PrivacyLedger(
-            self.algorithm.release(),
-            noise,
-            [alg.noise_std for _, alg in self.algorithms()],
-            plan.calibration_rounds(noise, max(1, num_rounds)),
-            warn=rank_zero_warn,
-        )
+        """The run's ledger (:func:`~pl_privfed.wiring.privacy_ledger`)."""
+        stds = [alg.noise_std for _, alg in self.algorithms()]
+        return wiring.privacy_ledger(self.algorithm, stds, num_rounds)
 
     @override
     def configure_optimizers(self):
-        return _RoundOptimizer(self.parameters())
+        return wiring.RoundOptimizer(self.parameters())
 
     @override
     def forward(self, x: Tensor) -> Tensor:
@@ -279,9 +205,8 @@ class FederatedModule(pl.LightningModule):
         """Round ``round_index`` on the round's data: the engine's round from the global
         model, then the new parameters (and buffers) written into it."""
         oracle = RoundOracle(self.oracle, batch, self.local_batches)
-        x = self.layout.flatten(self.model)
-        result = run_round(self.algorithm, x, oracle, chunk_size=self._chunk_size,
-                           statistics=self._logging_round)  # fmt: skip
+        x, logs = self.layout.flatten(self.model), self._logging_round
+        result = run_round(self.algorithm, x, oracle, chunk_size=self._chunk_size, statistics=logs)
         # mean over the (computing) clients of the minibatch loss at x^k; None when no client
         # computed this round (e.g. nobody was sampled)
         loss = result.loss
@@ -290,8 +215,9 @@ class FederatedModule(pl.LightningModule):
                 f"non-finite training loss ({loss.item()}) at round {round_index}; "
                 "stopping (lower the step size, or check the data and model)"
             )
-        if result.buffers:  # the running statistics of the clients' last shared-parameter
-            self._assign_buffers(result.buffers)  # evaluation (local steps produce none)
+        with torch.no_grad():  # the running statistics of the clients' last shared-parameter
+            for name, value in (result.buffers or {}).items():  # evaluation (local steps: none)
+                self.model.get_buffer(name).copy_(value)
         self.layout.assign(self.model, result.params)
         if loss is not None and self._logging_round:
             self.log("train/loss", loss, prog_bar=True, batch_size=1)
@@ -305,9 +231,9 @@ class FederatedModule(pl.LightningModule):
         sent = sum(m.rows * m.copies for m in result.messages if m.channel == "client_to_server")
         self.client_transmissions += sent  # paper 004 Fig. 2's x-axis, k · p · M
         if self._logging_round:
+            total = float(self.client_transmissions)
             self.log("comm/client_transmissions", float(sent), batch_size=1)
-            self.log("comm/client_transmissions_total", float(self.client_transmissions),
-                     batch_size=1)  # fmt: skip
+            self.log("comm/client_transmissions_total", total, batch_size=1)
         if self.privacy_ledger is not None:
             self.privacy_ledger.account(round_index, released=result.released)
             last = trainer_rounds.is_last_round(self.trainer, round_index)
@@ -316,55 +242,35 @@ class FederatedModule(pl.LightningModule):
             if due or last:
                 self._log_epsilon()
 
-    @torch.no_grad()
-    def _assign_buffers(self, values: dict[str, Tensor]) -> None:
-        bufs = dict(self.model.named_buffers())
-        for name, value in values.items():
-            bufs[name].copy_(value)
-
     def _log_epsilon(self) -> None:
         """ε against the headline adversary (the progress bar names it), every adversary's
         (``privacy/epsilon_<adversary>``) and the papers' convention."""
         ledger = self.privacy_ledger
         self.log("privacy/epsilon", ledger.epsilon(), prog_bar=True, batch_size=1)
         for adversary in ledger.adversaries:
-            self.log(f"privacy/epsilon_{adversary}", ledger.epsilon(adversary=adversary),
-                     batch_size=1)  # fmt: skip
+            epsilon = ledger.epsilon(adversary=adversary)
+            self.log(f"privacy/epsilon_{adversary}", epsilon, batch_size=1)
         self.log("privacy/epsilon_paper_convention", ledger.epsilon_paper(), batch_size=1)
 
     @override
     def on_fit_start(self) -> None:
-        if self._no_rounds_left is not None:
-            self._evaluate_finished_checkpoint(*self._no_rounds_left)
-
-    def _evaluate_finished_checkpoint(self, saved: int, rounds: int) -> None:
-        """``fit --ckpt_path`` from a checkpoint that has run all the rounds asked for:
-        Lightning trains nothing (and runs no ``on_train_*`` hook); say so, and test the model
-        as an ordinary fit ends, so that summary.json reports it, not an older result."""
-        tests = type(self).evaluate_test_set is FederatedModule.evaluate_test_set  # not a grid
-        note = (
-            f"the checkpoint is at round {saved} and the run has {rounds} rounds: no rounds left "
-            "to train (raise trainer.max_steps to train on)"
-        ) + ("; its model is evaluated on the test set" if tests else "")
-        rank_zero_warn(note)
-        self._no_rounds_left_note = note
-        if not tests:
+        # fit --ckpt_path from a checkpoint that has run all the rounds asked for: Lightning
+        # trains nothing (and runs no on_train_* hook); say so, and test the model as an
+        # ordinary fit ends (tests_finished_checkpoint), so that summary.json reports it
+        if self._no_rounds_left is None:
             return
-        metrics = self._test_metrics()
-        if metrics is not None:
-            loss, accuracy = metrics
-            logged = {"test/loss": loss} if accuracy is None else {"test/loss": loss,
-                                                                    "test/acc": accuracy}  # fmt: skip
-            log_at_last_round(self.trainer, logged, saved)
-            self._final_test = {"round": saved, "loss": loss, "accuracy": accuracy}
+        saved, rounds = self._no_rounds_left
+        tests = self.tests_finished_checkpoint
+        self._no_rounds_left_note = resume.no_rounds_left_note(saved, rounds, tests)
+        rank_zero_warn(self._no_rounds_left_note)
+        if tests:
+            self._final_test = self._test_set_result(saved) or self._final_test
 
     @override
     def on_train_start(self) -> None:
-        # a run resumed at round k evaluates round k, unless the checkpoint was written after
-        # that evaluation (then its point is in the restored curves already); an evaluation the
-        # uninterrupted run did not make, so best-of values (RunSummary, a grid's results)
-        # ignore it (resume_evaluation): a killed and resumed run reports what the
-        # uninterrupted one does
+        # a run resumed at round k evaluates round k unless its checkpoint was written after
+        # that evaluation; best-of values (RunSummary, a grid's results) ignore it
+        # (resume_evaluation): a killed and resumed run reports what the uninterrupted one does
         if self.global_step > 0 and self._validated_round != self.global_step:
             self.resume_evaluation = True
             try:
@@ -419,19 +325,15 @@ class FederatedModule(pl.LightningModule):
         001 Algorithm 1 line 16), where it came from and how it does on the test set."""
         entries: dict[str, Any] = {"client_transmissions": self.client_transmissions}
         if self.oracle is not None:  # what grad_backend (e.g. auto) resolved to
-            entries["grad_backend"] = {"per_client": self.oracle.backend,
-                                       "per_example": self.oracle.example_backend}  # fmt: skip
-        if self._no_rounds_left_note is not None:
-            entries["no_rounds_left"] = self._no_rounds_left_note
-        if self.resume_allow_changes:
-            entries["resume_allow_changes"] = list(self.resume_allow_changes)
-            entries["resumed_with_changes"] = self._resumed_with_changes
+            per_client, per_example = self.oracle.backend, self.oracle.example_backend
+            entries["grad_backend"] = {"per_client": per_client, "per_example": per_example}
+        note, changes = self._no_rounds_left_note, self._resumed_with_changes
+        entries.update(resume.summary_entries(note, self.resume_allow_changes, changes))
         if self._output_report is not None:
             entries["output_iterate"] = self._output_report
         if self._final_test is not None and "loss" in self._final_test:
-            entries["final_test_accuracy"] = self._final_test["accuracy"]
-            entries["final_test_loss"] = self._final_test["loss"]
-            entries["final_test_round"] = self._final_test["round"]
+            for key in ("accuracy", "loss", "round"):
+                entries[f"final_test_{key}"] = self._final_test[key]
         return entries
 
     # ------------------------------------------------------------------ evaluation
@@ -446,7 +348,7 @@ class FederatedModule(pl.LightningModule):
     def _evaluate(self, batch: Any, stage: str) -> None:
         """Log ``<stage>/loss`` and ``<stage>/acc`` (``stage``: ``val`` or ``test``)."""
         inputs, targets = batch
-        out, loss = model_loss(self.model, self.criterion, inputs, targets)
+        out, loss = evaluation.model_loss(self.model, self.criterion, inputs, targets)
         self.log(f"{stage}/loss", loss, on_epoch=True, prog_bar=True)
         accuracy = self.val_accuracy if stage == "val" else self.test_accuracy
         if accuracy is not None:
@@ -460,8 +362,10 @@ class FederatedModule(pl.LightningModule):
 
     def _test_metrics(self, **kwargs: Any) -> tuple[float, float | None] | None:
         """The test set's loss and accuracy for the model as it is (``None`` without one)."""
-        return test_set_metrics(self.trainer, self.model, self.criterion,
-                                classification=self.test_accuracy is not None, **kwargs)  # fmt: skip
+        classification = self.test_accuracy is not None
+        return evaluation.test_set_metrics(
+            self.trainer, self.model, self.criterion, classification=classification, **kwargs
+        )
 
     @torch.no_grad()
     def evaluate_test_set(self) -> dict[str, Any] | None:
@@ -473,27 +377,19 @@ class FederatedModule(pl.LightningModule):
         (``final_test_accuracy``, ``final_test_loss``, ``final_test_round``). ``None`` when the
         datamodule has no test set.
         """
-        metrics = self._test_metrics() if self.oracle is not None else None
-        if metrics is None:
-            return None
-        loss, accuracy = metrics
-        round_index = int(self.global_step)
-        logged = (
-            {"test/loss": loss} if accuracy is None else {"test/loss": loss, "test/acc": accuracy}
-        )
-        log_at_last_round(self.trainer, logged, round_index)
-        return {"round": round_index, "loss": loss, "accuracy": accuracy}
+        return self._test_set_result(int(self.global_step)) if self.oracle is not None else None
+
+    def _test_set_result(self, round_index: int) -> dict[str, Any] | None:
+        """The test set's result for the model as it is, logged at ``round_index``."""
+        return evaluation.test_set_result(self.trainer, self._test_metrics(), round_index)
 
     @torch.no_grad()
     def evaluate_output_iterate(self) -> dict[str, Any]:
         """Test loss and accuracy at the algorithm's sampled output ``x_out`` (``output()``), in
         place of the global model (the agents' average ``x̄``, what the curves show)."""
-        out = self.algorithm.output()
-        report: dict[str, Any] = {"round": out["round"], "agent": out["agent"]}
-        metrics = evaluated_at(self.model, self.layout, out["params"], self._test_metrics)
-        if metrics is not None:
-            report["test_loss"], report["test_accuracy"] = metrics
-        return report
+        return evaluation.output_iterate_report(
+            self.algorithm.output(), self.model, self.layout, self._test_metrics
+        )
 
     @override
     def on_train_end(self) -> None:
@@ -502,78 +398,27 @@ class FederatedModule(pl.LightningModule):
             self._output_report = self.evaluate_output_iterate()
 
     # ------------------------------------------------------------------ checkpoints
-    def _save_client_state(self, checkpoint: dict[str, Any]) -> None:
-        """Every algorithm's per-client state into ``checkpoint`` (gathered over processes)."""
-        for prefix, algorithm in self.algorithms():
-            algorithm.state.save(checkpoint, prefix, int(self.global_step))
-        checkpoint.pop(SNAPSHOT_DIR_KEY, None)  # a path of this machine: not the checkpoint's
-
     def run_record(self) -> dict[str, Any]:
-        """What makes this run this run, kept in its checkpoints and compared on resume: the
-        algorithm's class and arguments (noise, compressor, seeds, ...) of every configuration
-        it trains, the datamodule's (client count, partition, batch size, seeds, ...), the
-        model's class and parameter shapes, the loss (:func:`~pl_privfed.checks.arguments_of`).
-        Not the trainer's (more rounds are a continuation) nor where state lives."""
+        """What makes this run this run, kept in its checkpoints and compared on resume
+        (:func:`~pl_privfed.resume.run_record`): every configuration's algorithm, the
+        datamodule, the model and the loss."""
         datamodule = getattr(self.trainer, "datamodule", None) if self._trainer else None
-        record: dict[str, Any] = {
-            prefix.rstrip("."): arguments_of(algorithm) for prefix, algorithm in self.algorithms()
-        }
-        record["data"] = arguments_of(datamodule) if datamodule is not None else None
-        record["model"] = {
-            **arguments_of(self.model),
-            "parameters": {n: list(p.shape) for n, p in self.model.named_parameters()},
-        }
-        record["criterion"] = arguments_of(self.criterion)
-        return record
+        return resume.run_record(self.algorithms(), datamodule, self.model, self.criterion)
 
     def check_resumed_run(self, checkpoint: dict[str, Any]) -> None:
         """Refuse to resume a checkpoint written by another run (:meth:`run_record`), naming
         what differs, before anything is loaded; differences listed in
-        :attr:`resume_allow_changes` are accepted and reported. A checkpoint whose rounds ran
-        without noise cannot be continued by a private run (its models were released as they
-        were: no ε covers them)."""
-        saved = checkpoint.get("run_record")
-        if saved is None:
-            rank_zero_warn(
-                "the checkpoint holds no record of its run (written by an older version): "
-                "resuming without checking that this run's configuration is the same"
-            )
-            diffs: dict[str, tuple] = {}
-        else:
-            diffs = run_differences(saved, self.run_record())
-        allowed = tuple(self.resume_allow_changes)
-        refused = {
-            k: v for k, v in diffs.items()
-            if not any(k == a or k.startswith(a + ".") for a in allowed)
-        }  # fmt: skip
-        if refused:
-            listed = "; ".join(
-                f"{k}: checkpoint {a!r}, this run {b!r}" for k, (a, b) in refused.items()
-            )
-            raise ValueError(
-                f"ckpt_path was written by a different run ({listed}): resume with the "
-                "checkpoint's configuration, or allow an intended change with "
-                f"--resume_allow_changes {','.join(refused)}"
-            )
-        rounds = int(checkpoint.get("global_step", 0))
-        if (
-            self.privacy_ledger is not None
-            and rounds > 0
-            and not PrivacyLedger.in_checkpoint(checkpoint)
-        ):
-            raise ValueError(
-                f"ckpt_path holds {rounds} rounds trained without noise (not private): a private "
-                "run cannot continue them, since their models were released without noise and "
-                "no epsilon covers them; start the private run from scratch"
-            )
-        self._resumed_with_changes = (
-            {k: {"checkpoint": a, "this_run": b} for k, (a, b) in diffs.items()} if diffs else None
+        :attr:`resume_allow_changes` are accepted and reported
+        (:func:`~pl_privfed.resume.check_resume`)."""
+        allowed, private = self.resume_allow_changes, self.privacy_ledger is not None
+        self._resumed_with_changes = resume.check_resume(
+            checkpoint, self.run_record(), allow_changes=allowed, private=private
         )
 
     @override
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint["run_record"] = self.run_record()
-        self._save_client_state(checkpoint)
+        checkpoint[resume.RECORD_KEY] = self.run_record()
+        resume.save_client_state(checkpoint, self.algorithms(), int(self.global_step))
         if self.privacy_ledger is not None:
             self.privacy_ledger.save(checkpoint)
         checkpoint["client_transmissions"] = self.client_transmissions
@@ -583,18 +428,14 @@ class FederatedModule(pl.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         if self._trainer is not None and self.trainer.state.fn == "fit":
             self.check_resumed_run(checkpoint)  # fit --ckpt_path: the same run?
-            saved, rounds = (
-                int(checkpoint.get("global_step", 0)),
-                trainer_rounds.num_rounds(self.trainer),
-            )
-            self._no_rounds_left = (saved, rounds) if rounds and saved >= rounds else None
+            rounds = trainer_rounds.num_rounds(self.trainer)
+            self._no_rounds_left = resume.finished_rounds(checkpoint, rounds)
         if self.oracle is not None:  # set up: the state tables exist
             ckpt_path = self.trainer.ckpt_path if self._trainer is not None else None
-            base = str(Path(ckpt_path).parent) if ckpt_path else None  # snapshots beside it
-            for prefix, algorithm in self.algorithms():
-                algorithm.state.load(checkpoint, prefix, base)
+            resume.load_client_state(checkpoint, self.algorithms(), ckpt_path)
         else:  # load_from_checkpoint: the model and the algorithm's fixed buffers, for evaluation
-            _drop_client_state(self, checkpoint)
+            prefixes = [prefix for prefix, _ in self.algorithms()]
+            resume.drop_client_state(checkpoint, self.state_dict(), prefixes)
         saved = checkpoint.get("hyper_parameters") or {}
         if "_instantiator" in saved and "_instantiator" not in self.hparams:
             self.hparams.update(saved)  # rebuilt from a command's config: keep it for a re-save
@@ -605,36 +446,3 @@ class FederatedModule(pl.LightningModule):
                 algorithm.noise_std = std
         self.client_transmissions = int(checkpoint.get("client_transmissions", 0))
         self._validated_round = checkpoint.get("validated_round")
-
-
-def _drop_client_state(module: FederatedModule, checkpoint: dict[str, Any]) -> None:
-    """Leave the per-client state tables out of ``checkpoint["state_dict"]`` for a module that
-    is not set up (they are allocated at setup, for the datamodule's clients), so that
-    ``FederatedModule.load_from_checkpoint(path)`` loads the model strictly; training on from
-    the checkpoint is ``trainer.fit(module, datamodule, ckpt_path=path)``."""
-    own = set(module.state_dict())
-    prefixes = tuple(prefix for prefix, _ in module.algorithms())
-    state = checkpoint.get("state_dict", {})
-    for key in [k for k in state if k not in own and k.startswith(prefixes)]:
-        del state[key]
-
-
-def _check_arguments(
-    model, algorithm, grad_backend, epsilon_every, cuda_graphs, client_chunk, client_state
-) -> None:
-    """``ValueError`` naming the first bad argument of :class:`FederatedModule`."""
-    if not isinstance(model, nn.Module):
-        raise ValueError(f"model must be an nn.Module, got {model!r}")
-    if not isinstance(algorithm, FederatedAlgorithm):
-        raise ValueError(f"algorithm must be a FederatedAlgorithm, got {algorithm!r}")
-    check_backend("grad_backend", grad_backend)
-    positive = lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0  # noqa: E731
-    if epsilon_every is not None and not positive(epsilon_every):
-        raise ValueError(f"epsilon_every must be a positive integer or null, got {epsilon_every!r}")
-    if not isinstance(cuda_graphs, bool):
-        raise ValueError(f"cuda_graphs must be true or false, got {cuda_graphs!r}")
-    if not (client_chunk in ("auto", "all") or positive(client_chunk)):
-        raise ValueError(
-            f"client_chunk must be 'auto', 'all' or a positive integer, got {client_chunk!r}"
-        )
-    check_choice("client_state", client_state, ("auto", "device", "host", "disk"))

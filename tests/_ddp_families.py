@@ -20,7 +20,7 @@ from pytorch_lightning.callbacks import ModelCheckpoint
 from test_engine import FAMILIES, Digits64
 from test_module import StopAt
 
-from pl_privfed import FederatedModule
+from pl_privfed import FederatedModule, resume
 from pl_privfed.datamodules import DirichletPartitioner
 from pl_privfed.engine.distributed import close_process_group
 from pl_privfed.models import MLP
@@ -48,7 +48,8 @@ def fit(name, root, rounds=ROUNDS, callbacks=(), ckpt_path=None, devices=2):
 def state(module) -> dict:
     """The final parameters and every algorithm tensor, the per-client tables gathered."""
     checkpoint = {"state_dict": {k: v.clone() for k, v in module.state_dict().items()}}
-    module._save_client_state(checkpoint)  # gathers the tables of both processes
+    step = int(module.global_step)  # gathers the tables of both processes:
+    resume.save_client_state(checkpoint, module.algorithms(), step)
     return {k: v for k, v in checkpoint["state_dict"].items() if torch.is_tensor(v)}
 
 

@@ -41,8 +41,9 @@ RULES = {
                              "layer_rules")),
         ("engine", ("engine",)),
         ("gradients, data, algorithms", ("grads", "datamodules", "algorithms", "evaluation",
-                                          "trainer_rounds")),
-        ("callbacks", ("callbacks",)),
+                                          "trainer_rounds", "resume")),
+        # wiring builds the module's parts; callbacks read modules through protocols
+        ("callbacks, the module's parts", ("callbacks", "wiring")),
         ("module", ("module",)),
         ("grid", ("grid",)),
         ("tools", ("sweep", "report", "demo")),

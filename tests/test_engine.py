@@ -24,7 +24,7 @@ from pl_privfed.algorithms import (
     SoteriaFL,
 )
 from pl_privfed.datamodules import CIFAR10DataModule, DigitsDataModule, DirichletPartitioner
-from pl_privfed.engine import CHUNK_ENV, Reduction, choose_chunk_size
+from pl_privfed.engine import CHUNK_ENV, Reduction, choose_chunk_size, run_round
 from pl_privfed.grads import GradientOracle
 from pl_privfed.graphs import Topology
 from pl_privfed.models import MLP
@@ -133,6 +133,42 @@ def test_chunk_size_choice_and_override(monkeypatch):
     assert choose_chunk_size(100, 10, cpu, requested="all") == 1
     with pytest.raises(ValueError, match="client_chunk"):
         FederatedModule(MLP(4, [], 2), AlphaNormEC(0.1, 0.1, 0.1), client_chunk=0)
+
+
+@pytest.mark.parametrize("value", ["n", "some"])
+def test_chunk_size_spellings_are_checked(value, monkeypatch):
+    """Only ``auto``, ``all`` and positive integers: the former undocumented ``n`` is refused,
+    naming the parameter (or the variable)."""
+    monkeypatch.delenv(CHUNK_ENV, raising=False)
+    cpu = torch.device("cpu")
+    with pytest.raises(ValueError, match=f"client_chunk must be 'auto' or 'all', got '{value}'"):
+        choose_chunk_size(10, 10, cpu, requested=value)
+    with pytest.raises(ValueError, match="client_chunk must be 'auto' or 'all'"):
+        FederatedModule(MLP(4, [], 2), AlphaNormEC(0.1, 0.1, 0.1), client_chunk=value)
+    monkeypatch.setenv(CHUNK_ENV, value)
+    with pytest.raises(ValueError, match=f"{CHUNK_ENV}='{value}' is not a chunk size"):
+        choose_chunk_size(10, 10, cpu)
+
+
+def test_a_decided_chunk_size_is_used_as_it_is(monkeypatch):
+    """The chunk size is decided once (``choose_chunk_size``, at a module's setup): a round
+    given a decided size uses it as it is; only an undecided one (``None``, ``auto``, ``all``)
+    is decided there, with the environment's override."""
+    monkeypatch.setenv(CHUNK_ENV, "1")
+    n, d = 7, 3
+    sizes = []
+
+    def grad_fn(params, clients):
+        sizes.append(len(clients))
+        return torch.ones(len(clients), d)
+
+    alg = AlphaNormEC(0.1, beta=0.1, alpha=0.01)
+    alg.setup(num_clients=n, dim=d, num_rounds=3)
+    run_round(alg, torch.zeros(d), grad_fn, chunk_size=3)
+    assert sizes == [3, 3, 1]
+    sizes.clear()
+    run_round(alg, torch.zeros(d), grad_fn, chunk_size="all")  # undecided: the override applies
+    assert sizes == [1] * n
 
 
 def test_round_batch_serves_each_client_its_own_rows():

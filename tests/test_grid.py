@@ -241,6 +241,26 @@ def test_grid_resume_is_bit_identical(tmp_path):
     assert full.privacy_ledger.accountant.steps == resumed.privacy_ledger.accountant.steps == 8
 
 
+def test_a_grid_from_a_finished_checkpoint_only_warns(tmp_path):
+    """No rounds left: a single run tests the checkpoint's model, a grid only says so (it tests
+    its configurations in its training loop), told by its class attribute."""
+    assert FederatedModule.tests_finished_checkpoint and not GridModule.tests_finished_checkpoint
+
+    def module():
+        return GridModule(_model(dtype=torch.float32), AlphaNormEC(0.05, beta=0.1, alpha=0.01),
+                          grid={"beta": [0.1, 1.0]})  # fmt: skip
+
+    ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=2, save_top_k=-1)
+    _fit(module(), tmp_path / "first", 2, callbacks=[ckpt], enable_checkpointing=True)
+    (path,) = (tmp_path / "ckpt").glob("*.ckpt")
+    again = module()
+    with pytest.warns(UserWarning, match="no rounds left to train") as warned:
+        _fit(again, tmp_path / "again", 2, ckpt_path=str(path))
+    note = again.summary_entries()["no_rounds_left"]
+    assert "evaluated on the test set" not in note and any(note in str(w.message) for w in warned)
+    assert "final_test_loss" not in again.summary_entries()
+
+
 def test_a_killed_and_resumed_grid_reports_what_the_uninterrupted_grid_does(tmp_path):
     """Checkpoint at round 4, evaluations every 3 rounds: the resumed run evaluates round 4
     for its curves, but that extra evaluation enters neither the grid's history nor its best

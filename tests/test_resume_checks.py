@@ -12,7 +12,7 @@ import torch
 from test_interrupt import tiny_config
 from test_module import trainer
 
-from pl_privfed import FederatedModule
+from pl_privfed import FederatedModule, resume
 from pl_privfed.algorithms import AlphaNormEC, Clip21
 from pl_privfed.callbacks import RoundCheckpoint
 from pl_privfed.cli import main
@@ -134,3 +134,24 @@ def test_the_command_refuses_in_one_line_and_records_an_allowed_change(
     summary = json.loads((tmp_path / "logs/tiny/version_2/summary.json").read_text())
     assert summary["status"] == "finished" and summary["rounds"] == 5
     assert summary["resumed_with_changes"] == {"data.seed": {"checkpoint": 0, "this_run": 7}}
+
+
+def test_the_check_reads_only_the_two_records():
+    """``pl_privfed.resume.check_resume`` compares plain-data records, whatever built them: a
+    prefix allows everything under it, the accepted differences come back, the refused ones
+    are named in one line."""
+    data = {"class": "DigitsDataModule", "num_clients": 5}
+    saved = {"algorithm": {"class": "AlphaNormEC", "noise": {"class": "DPNoise", "seed": 3}}}
+    record = {"algorithm": {"class": "AlphaNormEC", "noise": {"class": "DPNoise", "seed": 4}}}
+    saved["data"] = record["data"] = data
+    checkpoint = {resume.RECORD_KEY: saved, "global_step": 2}
+    assert resume.check_resume(checkpoint, saved) is None
+    changes = resume.check_resume(checkpoint, record, allow_changes=["algorithm.noise"])
+    assert changes == {"algorithm.noise.seed": {"checkpoint": 3, "this_run": 4}}
+    with pytest.raises(ValueError, match=r"--resume_allow_changes algorithm\.noise\.seed$"):
+        resume.check_resume(checkpoint, record, allow_changes=["algorithm.nois"])
+    with pytest.raises(ValueError, match="holds 2 rounds trained without noise"):
+        resume.check_resume(checkpoint, saved, private=True)
+    assert resume.finished_rounds(checkpoint, 2) == (2, 2)
+    assert resume.finished_rounds(checkpoint, 3) is None
+    assert resume.finished_rounds(checkpoint, 0) is None  # a run without a bound

@@ -18,10 +18,10 @@ round of an algorithm whose memories start from the clients' data is preceded by
 pipeline over ``client_init`` / ``server_init`` (round ``-1``).
 
 The engine sees an algorithm only through :class:`RoundAlgorithm`, the protocol declared here,
-so it imports no algorithm. How many clients a chunk holds is chosen once per run
-(:func:`choose_chunk_size`): on a GPU all of them (the vmap backend's batched client axis is
-where a GPU wins); on a CPU as many as keep a chunk's ``[c, d]`` working set in cache (about
-8 MiB), between 1 and 256 clients.
+so it imports no algorithm. How many clients a chunk holds is decided once per run
+(:func:`choose_chunk_size`, at the module's setup) and handed to every round: on a GPU all of
+them (the vmap backend's batched client axis is where a GPU wins); on a CPU as many as keep a
+chunk's ``[c, d]`` working set in cache (about 8 MiB), between 1 and 256 clients.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
+from pl_privfed.checks import check_choice, check_positive_int
 from pl_privfed.communication import Messages
 from pl_privfed.engine.chunk import ChunkOracle, ClientChunk, OracleOutput, RoundContext
 from pl_privfed.engine.distributed import ClientShard
@@ -123,16 +124,18 @@ def choose_chunk_size(
     requested: int | str | None = None,
     itemsize: int = 4,
 ) -> int:
-    """Clients per chunk: ``requested`` (an int, or ``"all"``), the environment variable
-    :data:`CHUNK_ENV`, or the engine's choice (module docstring)."""
+    """Clients per chunk, the run's one decision: ``requested`` (a positive int, ``"all"``,
+    or ``"auto"``/``None`` for the engine's choice, module docstring), unless the environment
+    variable :data:`CHUNK_ENV` overrides it. ``ValueError`` naming ``client_chunk`` for any
+    other value."""
     override = os.environ.get(CHUNK_ENV)
     if override:
         requested = _chunk_override(override)
     n = max(1, int(num_clients))
-    if requested in ("all", "n"):
+    if isinstance(requested, int) and not isinstance(requested, bool):
+        return min(n, check_positive_int("client_chunk", requested))
+    if requested is not None and check_choice("client_chunk", requested, ("auto", "all")) == "all":
         return n
-    if requested is not None and requested != "auto":
-        return max(1, min(n, int(requested)))
     if device.type != "cpu":
         return n
     per_client = 3 * max(1, dim) * itemsize  # gradients, state rows, messages
@@ -142,7 +145,7 @@ def choose_chunk_size(
 def _chunk_override(value: str) -> int | str:
     """The value of :data:`CHUNK_ENV`: ``all``, ``auto`` or a positive integer."""
     text = value.strip()
-    if text in ("all", "n", "auto"):
+    if text in ("all", "auto"):
         return text
     try:
         size = int(text)
@@ -196,9 +199,10 @@ def run_round(
         x: the broadcast parameters.
         oracle: the round's gradients for chunks of clients (:class:`ChunkOracle`), or a plain
             function ``grad_fn(params, per_example=False, step=None, clients=None)``.
-        chunk_size: clients per chunk (an int, or ``"all"``; a run chooses it once, with
-            :func:`choose_chunk_size`); default: the engine's choice. :data:`CHUNK_ENV`
-            overrides it. The iterates do not depend on it.
+        chunk_size: clients per chunk, as decided by :func:`choose_chunk_size` (a run decides
+            once, at setup) and used as it is; ``None``, ``"auto"`` or ``"all"`` (no decision
+            yet): decided here by :func:`choose_chunk_size` (:data:`CHUNK_ENV` included). The
+            iterates do not depend on it.
         statistics: compute the statistics that cost a pass over client rows.
     """
     rounds = iter_round(algorithm, x, oracle, chunk_size=chunk_size, statistics=statistics)
@@ -221,8 +225,11 @@ def iter_round(
     :class:`RoundResult` (a grid advances its configurations' rounds chunk by chunk)."""
     if not isinstance(oracle, ChunkOracle):
         oracle = FunctionOracle(oracle)
-    chunk_size = choose_chunk_size(algorithm.num_clients, algorithm.dim, x.device, chunk_size,
-                                   x.element_size())  # fmt: skip
+    if not isinstance(chunk_size, int) or isinstance(chunk_size, bool):  # not decided yet
+        chunk_size = choose_chunk_size(
+            algorithm.num_clients, algorithm.dim, x.device, chunk_size, x.element_size()
+        )
+    check_positive_int("chunk_size", chunk_size)
     if not bool(algorithm.initialized):
         reduced = Reduction(algorithm.dim, device=x.device, dtype=x.dtype)
         if algorithm.initializes_clients():

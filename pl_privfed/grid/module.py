@@ -65,6 +65,7 @@ class GridModule(FederatedModule):
     """
 
     logs_train_loss = False
+    tests_finished_checkpoint = False  # its configurations are tested in its training loop
 
     def __init__(
         self,
@@ -102,8 +103,8 @@ class GridModule(FederatedModule):
 
     @override
     def algorithms(self) -> list[tuple[str, Any]]:
-        return [*super().algorithms(),
-                *((f"grid_algorithms.{k}.", a) for k, a in enumerate(self.grid_algorithms))]  # fmt: skip
+        grid = [(f"grid_algorithms.{k}.", a) for k, a in enumerate(self.grid_algorithms)]
+        return [*super().algorithms(), *grid]
 
     @override
     def _privacy_ledger(self, num_rounds: int) -> PrivacyLedger:
@@ -218,8 +219,14 @@ class GridModule(FederatedModule):
             buffers = {name: v[k] for name, v in self._grid_buffers().items()} or None
             own = RoundOracle(self.oracle, batch, self.local_batches, buffers)
             x = self.grid_params[k]
-            rounds[k] = iter_round(self.grid_algorithms[k], x, _GridConfigOracle(shared, k, x, own),
-                                   chunk_size=self._chunk_size, statistics=self._logging_round)  # fmt: skip
+            oracle = _GridConfigOracle(shared, k, x, own)
+            rounds[k] = iter_round(
+                self.grid_algorithms[k],
+                x,
+                oracle,
+                chunk_size=self._chunk_size,
+                statistics=self._logging_round,
+            )
         outcomes: dict[int, RoundResult] = {}
         pending = list(live)
         while pending:  # one chunk of every configuration per pass
@@ -402,8 +409,8 @@ class GridModule(FederatedModule):
 
 def _signature(release, noise, noise_std) -> list[tuple]:
     """What one configuration releases per round, under both accountings."""
-    mechs = [*plan.round_mechanisms(release, noise, noise_std, 0),
-             *plan.paper_mechanisms(release, noise_std)]  # fmt: skip
+    mechs = plan.round_mechanisms(release, noise, noise_std, 0)
+    mechs = [*mechs, *plan.paper_mechanisms(release, noise_std)]
     return [(m.noise_multiplier, m.sample_rate, m.sampling, m.population) for m in mechs]
 
 

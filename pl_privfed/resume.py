@@ -1,0 +1,201 @@
+"""Resuming a run: what a checkpoint keeps of its run, and the check that a resume continues it.
+
+``fit --ckpt_path`` continues a run only from a checkpoint that the same run wrote. Every
+checkpoint keeps a *run record* (:func:`run_record`, under :data:`RECORD_KEY`): plain data saying
+what makes the run this run. On resume, :func:`check_resume` compares the checkpoint's record
+with the new run's before anything is loaded and refuses, in one line naming each difference,
+unless the difference is allowed on purpose (``--resume_allow_changes``). The check reads only
+the two records, as plain data, so it does not depend on how a record is built (today from the
+objects' attributes, :func:`~pl_privfed.checks.arguments_of`).
+
+A checkpoint that has run every round asked for leaves nothing to train
+(:func:`finished_rounds`, :func:`no_rounds_left_note`). The algorithms' per-client state goes
+into a checkpoint and comes back from it through :func:`save_client_state` and
+:func:`load_client_state`; a module rebuilt for evaluation leaves it out
+(:func:`drop_client_state`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from pytorch_lightning.utilities import rank_zero_warn
+from torch import nn
+
+from pl_privfed.checks import arguments_of, run_differences
+from pl_privfed.engine import SNAPSHOT_DIR_KEY
+from pl_privfed.privacy import PrivacyLedger
+
+__all__ = [
+    "RECORD_KEY",
+    "check_resume",
+    "drop_client_state",
+    "finished_rounds",
+    "load_client_state",
+    "no_rounds_left_note",
+    "run_record",
+    "save_client_state",
+    "summary_entries",
+]
+
+#: the checkpoint key of the run record
+RECORD_KEY = "run_record"
+
+
+def run_record(
+    algorithms: Iterable[tuple[str, Any]],
+    datamodule: Any,
+    model: nn.Module,
+    criterion: nn.Module,
+) -> dict[str, Any]:
+    """What makes a run this run, kept in its checkpoints and compared on resume.
+
+    Args:
+        algorithms: ``(state_dict prefix, algorithm)`` of every configuration the run trains; each
+            is recorded under its prefix (``"algorithm"``): its class and arguments (noise,
+            compressor, seeds, ...).
+        datamodule: the datamodule (client count, partition, batch size, seeds, ...), or ``None``.
+        model: the model: its class, arguments and parameter shapes.
+        criterion: the loss.
+
+    Returns:
+        the record, plain data (:func:`~pl_privfed.checks.arguments_of`). Not the trainer's
+        settings (more rounds are a continuation) nor where state lives.
+    """
+    record: dict[str, Any] = {
+        prefix.rstrip("."): arguments_of(algorithm) for prefix, algorithm in algorithms
+    }
+    record["data"] = arguments_of(datamodule) if datamodule is not None else None
+    record["model"] = {
+        **arguments_of(model),
+        "parameters": {n: list(p.shape) for n, p in model.named_parameters()},
+    }
+    record["criterion"] = arguments_of(criterion)
+    return record
+
+
+def check_resume(
+    checkpoint: dict[str, Any],
+    record: dict[str, Any],
+    *,
+    allow_changes: Iterable[str] = (),
+    private: bool = False,
+) -> dict[str, Any] | None:
+    """Refuse to resume a checkpoint written by another run, before anything is loaded.
+
+    Args:
+        checkpoint: the Lightning checkpoint (its :data:`RECORD_KEY`; one without a record, from
+            an older version, resumes with a warning).
+        record: this run's :func:`run_record`.
+        allow_changes: record keys (or prefixes, e.g. ``"algorithm.noise"``) that may differ.
+        private: whether this run is private: a checkpoint whose rounds ran without noise
+            cannot be continued (its models were released as they were: no ε covers them).
+
+    Returns:
+        the accepted differences, ``{key: {"checkpoint": value, "this_run": value}}``, or
+        ``None`` when there are none.
+
+    Raises:
+        ValueError: naming every difference that is not allowed, or the non-private rounds.
+    """
+    diffs = _differences(checkpoint.get(RECORD_KEY), record)
+    allowed = tuple(allow_changes)
+    refused = {
+        k: v for k, v in diffs.items() if not any(k == a or k.startswith(a + ".") for a in allowed)
+    }
+    if refused:
+        listed = "; ".join(
+            f"{k}: checkpoint {a!r}, this run {b!r}" for k, (a, b) in refused.items()
+        )
+        raise ValueError(
+            f"ckpt_path was written by a different run ({listed}): resume with the "
+            "checkpoint's configuration, or allow an intended change with "
+            f"--resume_allow_changes {','.join(refused)}"
+        )
+    rounds = int(checkpoint.get("global_step", 0))
+    if private and rounds > 0 and not PrivacyLedger.in_checkpoint(checkpoint):
+        raise ValueError(
+            f"ckpt_path holds {rounds} rounds trained without noise (not private): a private "
+            "run cannot continue them, since their models were released without noise and "
+            "no epsilon covers them; start the private run from scratch"
+        )
+    return {k: {"checkpoint": a, "this_run": b} for k, (a, b) in diffs.items()} if diffs else None
+
+
+def _differences(saved: dict[str, Any] | None, record: dict[str, Any]) -> dict[str, tuple]:
+    """:func:`~pl_privfed.checks.run_differences`, none (with a warning) without a record."""
+    if saved is None:
+        rank_zero_warn(
+            "the checkpoint holds no record of its run (written by an older version): "
+            "resuming without checking that this run's configuration is the same"
+        )
+        return {}
+    return run_differences(saved, record)
+
+
+def finished_rounds(checkpoint: dict[str, Any], num_rounds: int) -> tuple[int, int] | None:
+    """``(checkpoint's rounds, run's rounds)`` when the checkpoint has run all ``num_rounds``
+    rounds the run asks for (nothing left to train), else ``None``."""
+    saved = int(checkpoint.get("global_step", 0))
+    return (saved, num_rounds) if num_rounds and saved >= num_rounds else None
+
+
+def no_rounds_left_note(saved: int, rounds: int, tested: bool) -> str:
+    """The warning (and ``summary.json``'s ``no_rounds_left``) of a resume with no rounds left;
+    ``tested``: whether the checkpoint's model is evaluated on the test set."""
+    note = (
+        f"the checkpoint is at round {saved} and the run has {rounds} rounds: no rounds left "
+        "to train (raise trainer.max_steps to train on)"
+    )
+    return note + ("; its model is evaluated on the test set" if tested else "")
+
+
+def summary_entries(
+    no_rounds_left: str | None, allow_changes: Iterable[str], changes: dict[str, Any] | None
+) -> dict[str, Any]:
+    """A resumed run's ``summary.json`` entries: ``no_rounds_left`` (its note, when the
+    checkpoint had run every round), ``resume_allow_changes`` and ``resumed_with_changes`` (what
+    :func:`check_resume` accepted) when changes were allowed."""
+    entries: dict[str, Any] = {}
+    if no_rounds_left is not None:
+        entries["no_rounds_left"] = no_rounds_left
+    if allow_changes:
+        entries["resume_allow_changes"] = list(allow_changes)
+        entries["resumed_with_changes"] = changes
+    return entries
+
+
+def save_client_state(
+    checkpoint: dict[str, Any], algorithms: Iterable[tuple[str, Any]], round_index: int
+) -> None:
+    """Every algorithm's per-client state into ``checkpoint`` under its ``state_dict`` prefix
+    (gathered over processes; disk-backed state as a snapshot of round ``round_index``)."""
+    for prefix, algorithm in algorithms:
+        algorithm.state.save(checkpoint, prefix, round_index)
+    checkpoint.pop(SNAPSHOT_DIR_KEY, None)  # a path of this machine: not the checkpoint's
+
+
+def load_client_state(
+    checkpoint: dict[str, Any], algorithms: Iterable[tuple[str, Any]], ckpt_path: str | None
+) -> None:
+    """Every algorithm's per-client state from ``checkpoint`` (set-up algorithms: their state
+    tables exist); disk snapshots are found beside ``ckpt_path``."""
+    base = str(Path(ckpt_path).parent) if ckpt_path else None  # snapshots beside it
+    for prefix, algorithm in algorithms:
+        algorithm.state.load(checkpoint, prefix, base)
+
+
+def drop_client_state(
+    checkpoint: dict[str, Any], own_keys: Iterable[str], prefixes: Iterable[str]
+) -> None:
+    """Leave the per-client state tables (keys under ``prefixes`` that the module, whose
+    ``state_dict`` keys are ``own_keys``, does not have) out of ``checkpoint["state_dict"]``,
+    for a module that is not set up (they are allocated at setup, for the datamodule's
+    clients), so that ``FederatedModule.load_from_checkpoint(path)`` loads the model strictly;
+    training on from the checkpoint is ``trainer.fit(module, datamodule, ckpt_path=path)``."""
+    own, prefixes = set(own_keys), tuple(prefixes)
+    state = checkpoint.get("state_dict", {})
+    for key in [k for k in state if k not in own and k.startswith(prefixes)]:
+        del state[key]

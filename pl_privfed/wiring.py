@@ -1,0 +1,173 @@
+"""How a :class:`~pl_privfed.FederatedModule` is wired: its arguments checked, its parts built.
+
+The module itself keeps a round, its evaluation steps and its checkpoint hooks; what it is made
+of is decided here, once:
+
+* :func:`check_arguments` — the constructor's arguments, one ``ValueError`` naming the first bad
+  one;
+* :func:`set_up` — at ``setup``: the algorithms set up on the trainer's data, device, precision
+  and processes, the gradient oracle, the chunk size (:func:`~pl_privfed.engine.choose_chunk_size`,
+  decided here and handed to every round), the number of rounds (a :class:`Setup`);
+* :func:`privacy_ledger` — a private run's ledger;
+* :class:`RoundOptimizer` — the optimizer Lightning steps once per round (it does nothing).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from pytorch_lightning.utilities import rank_zero_warn
+from torch import nn
+
+from pl_privfed import trainer_rounds
+from pl_privfed.algorithms import FederatedAlgorithm
+from pl_privfed.checks import check_choice
+from pl_privfed.datamodules.base import round_description
+from pl_privfed.engine import ClientShard, choose_chunk_size
+from pl_privfed.engine.distributed import adopt_strategy
+from pl_privfed.grads import (
+    GradientOracle,
+    check_backend,
+    resolve_backend,
+    resolve_example_backend,
+)
+from pl_privfed.privacy import PrivacyLedger, plan
+
+__all__ = ["RoundOptimizer", "Setup", "check_arguments", "privacy_ledger", "set_up"]
+
+
+class RoundOptimizer(torch.optim.Optimizer):
+    """Does nothing but run its closure: the algorithm writes the parameters itself."""
+
+    def __init__(self, params) -> None:
+        super().__init__(params, defaults={"lr": 0.0})
+
+    @torch.no_grad()
+    def step(self, closure=None):  # type: ignore[override]
+        return closure() if closure is not None else None
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What a module's setup decided.
+
+    Attributes:
+        oracle: the gradient oracle of the model and loss.
+        chunk_size: clients per chunk of every round (the run's one decision).
+        num_rounds: the run's rounds (0 when the trainer does not bound them).
+        local_batches: minibatches per client and round.
+        num_classes: the datamodule's classes (``None``: not a classification).
+    """
+
+    oracle: GradientOracle
+    chunk_size: int
+    num_rounds: int
+    local_batches: int
+    num_classes: int | None
+
+
+def set_up(trainer: Any, module: Any) -> Setup:
+    """Set up every algorithm of ``module`` (``module.algorithms()``) for the trainer's
+    datamodule (its clients and rounds), device, precision and processes, and build the rest.
+
+    Args:
+        trainer: the Lightning trainer.
+        module: the :class:`~pl_privfed.FederatedModule`; its ``algorithm``, ``model``,
+            ``criterion``, ``layout`` and arguments (``grad_backend``, ``cuda_graphs``,
+            ``client_chunk``, ``client_state``, ``state_dir``) are read.
+
+    Raises:
+        ValueError: a datamodule without ``num_clients``; a noise calibrated to ε without a
+            number of rounds.
+    """
+    datamodule = trainer.datamodule
+    num_clients = getattr(datamodule, "num_clients", None)
+    if num_clients is None:
+        raise ValueError("FederatedModule needs a datamodule with a num_clients attribute")
+    device = trainer.strategy.root_device
+    num_rounds = trainer_rounds.num_rounds(trainer)
+    noise = module.algorithm.noise
+    if noise is not None and noise.epsilon is not None and noise.rounds is None:
+        if not num_rounds:
+            raise ValueError(
+                "the paper noise calibration needs the number of rounds K: set "
+                "trainer.max_steps, trainer.max_epochs or algorithm noise.rounds"
+            )
+    adopt_strategy(trainer)
+    dtype = trainer_rounds.training_dtype(trainer, module, module.model)
+    state_dir = module.state_dir or str(Path(trainer.default_root_dir) / "client_state")
+    rounds = round_description(datamodule)
+    for _, algorithm in module.algorithms():
+        algorithm.configure_data(**rounds)  # before setup: the rates enter the noise
+        algorithm.setup(
+            num_clients=num_clients,
+            dim=module.layout.dim,
+            num_rounds=num_rounds,
+            device=device,
+            dtype=dtype,
+            shard=ClientShard.of_trainer(trainer, num_clients),
+            client_state=module.client_state,
+            state_dir=state_dir,
+        )
+    return Setup(
+        oracle=_gradient_oracle(module, device),
+        chunk_size=choose_chunk_size(
+            num_clients, module.layout.dim, device, module.client_chunk, dtype.itemsize
+        ),
+        num_rounds=num_rounds,
+        local_batches=rounds["local_batches"],
+        num_classes=getattr(datamodule, "num_classes", None),
+    )
+
+
+def _gradient_oracle(module: Any, device: torch.device) -> GradientOracle:
+    """The oracle of ``module``'s model and loss on the backends ``grad_backend`` resolves to."""
+    model, criterion = module.model, module.criterion
+    return GradientOracle(
+        model,
+        criterion,
+        resolve_backend(module.grad_backend, device, model, criterion),
+        cuda_graph=module.cuda_graphs and device.type == "cuda",
+        example_backend=resolve_example_backend(module.grad_backend, device, model, criterion),
+    )
+
+
+def privacy_ledger(
+    algorithm: FederatedAlgorithm, noise_stds: list[float], num_rounds: int
+) -> PrivacyLedger:
+    """The run's ledger: ``algorithm``'s declaration at its calibrated noise (``noise_stds``:
+    every configuration's noise standard deviation)."""
+    noise = algorithm.noise
+    return PrivacyLedger(
+        algorithm.release(),
+        noise,
+        noise_stds,
+        plan.calibration_rounds(noise, max(1, num_rounds)),
+        warn=rank_zero_warn,
+    )
+
+
+def check_arguments(
+    model, algorithm, grad_backend, epsilon_every, cuda_graphs, client_chunk, client_state
+) -> None:
+    """``ValueError`` naming the first bad argument of :class:`~pl_privfed.FederatedModule`."""
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"model must be an nn.Module, got {model!r}")
+    if not isinstance(algorithm, FederatedAlgorithm):
+        raise ValueError(f"algorithm must be a FederatedAlgorithm, got {algorithm!r}")
+    check_backend("grad_backend", grad_backend)
+    positive = lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0  # noqa: E731
+    if epsilon_every is not None and not positive(epsilon_every):
+        raise ValueError(f"epsilon_every must be a positive integer or null, got {epsilon_every!r}")
+    if not isinstance(cuda_graphs, bool):
+        raise ValueError(f"cuda_graphs must be true or false, got {cuda_graphs!r}")
+    if isinstance(client_chunk, str):
+        check_choice("client_chunk", client_chunk, ("auto", "all"))
+    elif not positive(client_chunk):
+        raise ValueError(
+            f"client_chunk must be 'auto', 'all' or a positive integer, got {client_chunk!r}"
+        )
+    check_choice("client_state", client_state, ("auto", "device", "host", "disk"))
