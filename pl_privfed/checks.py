@@ -62,7 +62,8 @@ def check_choice(name: str, value: object, choices: tuple) -> object:
     'b'
     """
     if isinstance(value, bool) or value not in choices:
-        allowed = ", ".join(repr(c) for c in choices[:-1]) + f" or {choices[-1]!r}"
+        *rest, last = choices
+        allowed = f"{', '.join(map(repr, rest))} or {last!r}" if rest else repr(last)
         raise ValueError(f"{name} must be {allowed}, got {value!r}")
     return value
 

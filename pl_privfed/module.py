@@ -190,7 +190,7 @@ class FederatedModule(pl.LightningModule):
 
     def logging_round(self) -> bool:
         """Whether the current round's metrics are logged (for callbacks: the protocol
-        :func:`pl_privfed.callbacks.logs_this_round` reads)."""
+        ``callbacks._logging.logs_this_round`` reads)."""
         return self._logging_round
 
     @override

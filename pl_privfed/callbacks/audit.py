@@ -13,6 +13,7 @@ from torch import Tensor
 from typing_extensions import override
 
 from pl_privfed.callbacks._logging import warn_once
+from pl_privfed.checks import check_choice
 from pl_privfed.privacy.audit import (
     ClientCanaries,
     RecordCanaries,
@@ -112,8 +113,7 @@ class PrivacyAudit(pl.Callback):
     ) -> None:
         if isinstance(canaries, bool) or not isinstance(canaries, int) or canaries < 4:
             raise ValueError(f"canaries must be an integer >= 4, got {canaries!r}")
-        if level not in ("auto", "client", "record"):
-            raise ValueError(f"level must be 'auto', 'client' or 'record', got {level!r}")
+        check_choice("level", level, ("auto", "client", "record"))
         if not (isinstance(overshoot, int | float) and overshoot >= 1):
             raise ValueError(f"overshoot must be >= 1, got {overshoot!r}")
         if canary_norm is not None and not canary_norm > 0:
@@ -122,8 +122,7 @@ class PrivacyAudit(pl.Callback):
             raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
         if delta is not None and not 0 < delta < 1:
             raise ValueError(f"delta must be in (0, 1), got {delta!r}")
-        if round_statistic not in ("sum", "max"):
-            raise ValueError(f"round_statistic must be 'sum' or 'max', got {round_statistic!r}")
+        check_choice("round_statistic", round_statistic, ("sum", "max"))
         self.count = canaries
         self.level = level
         self.seed = int(seed)

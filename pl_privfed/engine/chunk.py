@@ -159,7 +159,7 @@ class ClientChunk:
         example's gradient through the operator (clipping), then the minibatch mean.
 
         For norm-based operators (clipping, smooth clipping, normalization) the oracle computes
-        it without holding every example's gradient where the model allows (the analytic
+        it without holding every example's gradient where the model allows (the layers
         backend: per-example norms from the layers' factors, then one weighted backward
         product, the ghost-clipping identity); otherwise from the per-example gradients of the
         chunk. Records the per-example operator statistics."""

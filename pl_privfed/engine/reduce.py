@@ -2,7 +2,7 @@
 
 The client part of every server-based algorithm only ever hands the server *sums* over clients
 (messages, memories' increments, statistics); a :class:`Reduction` accumulates them chunk by
-chunk (and, with several processes, rank by rank: :meth:`Reduction.all_reduce`), so no
+chunk (and, with several processes, rank by rank: :meth:`ClientShard.all_reduce_reduction`), so no
 ``[n, d]`` tensor of the round is ever held.
 
 Three kinds of entries:
