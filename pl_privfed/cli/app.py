@@ -12,8 +12,15 @@ from typing import Any
 import yaml
 from jsonargparse import Namespace
 from lightning_fabric.utilities.exceptions import MisconfigurationException
+from pytorch_lightning import LightningModule, Trainer
 from pytorch_lightning.callbacks import ModelCheckpoint, ProgressBar
-from pytorch_lightning.cli import LightningCLI, SaveConfigCallback, _InstantiatorFn
+from pytorch_lightning.cli import (
+    ArgsType,
+    LightningArgumentParser,
+    LightningCLI,
+    SaveConfigCallback,
+    _InstantiatorFn,
+)
 from pytorch_lightning.loggers import WandbLogger
 
 from pl_privfed.callbacks import (
@@ -89,7 +96,7 @@ class LoggedConfig(SaveConfigCallback):
     """Saves ``config.yaml`` in the log dir (and in ``--output_dir``) and logs the full resolved
     config to W&B runs."""
 
-    def save_config(self, trainer, pl_module, stage: str) -> None:
+    def save_config(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         """Write ``config.yaml`` to ``--output_dir`` and the config to every W&B run."""
         text = self.parser.dump(self.config, skip_none=False)
         output_dir = self.config.get("output_dir")
@@ -125,7 +132,7 @@ class PrivFedCLI(LightningCLI):
       sweep parameters the agent wrote) and grouped by ``--run_group``.
     """
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         wandb_offline_unless_logged_in()
         kwargs.setdefault("subclass_mode_data", True)
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
@@ -151,14 +158,14 @@ class PrivFedCLI(LightningCLI):
             if name in ("fit", "validate", "test")
         }
 
-    def _add_subcommands(self, parser, **kwargs) -> None:
+    def _add_subcommands(self, parser: LightningArgumentParser, **kwargs: Any) -> None:
         """Lightning's, with the registered subcommands listed for ``--help``."""
         super()._add_subcommands(parser, **kwargs)
         action = getattr(parser, "_subcommands_action", None)
         if action is not None:
             list_subcommands(action)
 
-    def parse_arguments(self, parser, args) -> None:
+    def parse_arguments(self, parser: LightningArgumentParser, args: ArgsType) -> None:
         """Parse the arguments, fan ``--seed`` out to every seed
         (:func:`~pl_privfed.cli.seeds.fan_out`), print the config if ``--print_config`` asks
         (the seeded config: it reproduces the run), and check ``ckpt_path``
@@ -199,7 +206,7 @@ class PrivFedCLI(LightningCLI):
                 _InstantiatorFn(cli=self, key="data"), FederatedDataModule, subclasses=True
             )
 
-    def add_arguments_to_parser(self, parser) -> None:
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         """The package's arguments beside Lightning's (``--seed``, ``--output_dir``, ...)."""
         short_module_help(parser)
         for name, (kind, help) in _ARGUMENTS.items():
@@ -222,7 +229,7 @@ class PrivFedCLI(LightningCLI):
             keys = tuple(key.strip() for key in str(allowed).split(",") if key.strip())
             self.model.resume_allow_changes = keys
 
-    def instantiate_trainer(self, **kwargs: Any):
+    def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         """The trainer, with :func:`pl_privfed.default_callbacks` fitted to its settings: the
         bar and the checkpoints left out when the trainer turns them off, and each default
         replaced by a callback of its kind that the config lists (a ``RunSummary`` with its own

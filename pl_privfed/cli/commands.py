@@ -68,11 +68,10 @@ def report(
     Args:
         results: results.csv written by `pl-privfed sweep` (several: one set)
         out: output directory (default: report/ beside)
-        x: heatmap x column (default beta)
-        y: heatmap y column (default step_size)
+        x: heatmap x column
+        y: heatmap y column
         facet: one panel per value of this column (default: all others)
-        metric: validation column that selects (default final_val_accuracy; or
-            best_val_accuracy)
+        metric: validation column that selects (or best_val_accuracy)
         vmin: heatmap colour minimum (default 0 %)
         vmax: heatmap colour maximum (default 100 %)
     """
@@ -150,7 +149,7 @@ def demo(out: str = "logs/demo", configs: str | None = None) -> int:
     second algorithm at the same ε; prints a table, saves a figure.
 
     Args:
-        out: output directory (default logs/demo)
+        out: output directory
         configs: directory of the demo configs
     """
     from pl_privfed.demo import main as demo_main
