@@ -22,7 +22,6 @@ model) and ``demo.csv``.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import time
@@ -199,20 +198,14 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main(args: list[str] | None, runner: Runner) -> int:
-    """``pl-privfed demo [--out DIR] [--configs DIR]``: ``args`` after ``demo`` (``None``: the
-    command line's), every fit run by ``runner`` (the command's :func:`~pl_privfed.cli.main`)."""
-    parser = argparse.ArgumentParser(
-        prog="pl-privfed demo",
-        description="A useful private run on the embedded digits, beside its non-private twin "
-        "and a second algorithm at the same certified ε; prints a table, saves a figure.",
-    )
-    parser.add_argument("--out", default="logs/demo", help="output directory (default logs/demo)")
-    parser.add_argument("--configs", default=None, help="directory of the demo configs")
-    ns = parser.parse_args(args)
+def main(
+    out: str | Path = "logs/demo", configs: str | Path | None = None, *, runner: Runner
+) -> int:
+    """``pl-privfed demo [--out DIR] [--configs DIR]`` (parsed by the command): the demo's runs
+    into ``out``, every fit run by ``runner`` (the command's), its table and figure."""
     start = time.perf_counter()
-    rows = run_demo(ns.out, ns.configs, runner=runner)
-    out = Path(ns.out)
+    rows = run_demo(out, configs, runner=runner)
+    out = Path(out)
     png = out / "demo.png"
     figure(rows).savefig(png, dpi=120)
     with (out / "demo.csv").open("w", newline="") as f:

@@ -52,6 +52,18 @@ RULES = {
     "imported_by_nobody": ("cli",),
 }  # fmt: skip
 
+#: The rooms inside the command package ``cli/``, lowest first (docs/engine.md, "The command"): a
+#: file imports files of lower rooms only. Every file of ``cli/`` is in one.
+CLI_ROOMS = (
+    ("environment", "errors", "seeds", "arguments", "folders", "print_config", "registry"),
+    ("help",),
+    ("app",),
+    ("commands",),
+    ("entry",),
+    ("__init__",),
+    ("__main__",),
+)
+
 PACKAGE_DIR = Path(__file__).resolve().parents[1] / "pl_privfed"
 ROOT = "__init__"  # the top-level name this test gives the package root, pl_privfed/__init__.py
 
@@ -279,6 +291,35 @@ def test_imports_follow_the_rules():
 
 def test_no_import_cycles():
     messages = cycle_messages(import_graph(all_imports(PACKAGE_DIR)))
+    assert not messages, "\n".join(messages)
+
+
+def test_the_command_is_a_package_that_nothing_imports():
+    """``cli`` is a package of several files, all of them in the command layer; no file outside
+    it imports any of them (``imported_by_nobody``)."""
+    files = [p for p in package_files(PACKAGE_DIR) if p.parts[1] == "cli"]
+    assert len(files) > 1 and {top_level(module_name(p)) for p in files} == {"cli"}
+    assert "cli" in RULES["imported_by_nobody"]
+    importers = [
+        imp.where()
+        for imp in all_imports(PACKAGE_DIR)
+        if top_level(imp.module) == "cli" and top_level(module_name(imp.source)) != "cli"
+    ]
+    assert not importers, importers
+
+
+def test_the_command_files_import_lower_rooms_only():
+    cli_dir = PACKAGE_DIR / "cli"
+    room = {name: i for i, names in enumerate(CLI_ROOMS) for name in names}
+    stems = sorted(p.stem for p in cli_dir.glob("*.py"))
+    assert [s for s in stems if s not in room] == [], "place each file of cli/ in CLI_ROOMS"
+    messages = []
+    for imp in all_imports(PACKAGE_DIR):
+        inside = imp.source.parts[:2] == ("pl_privfed", "cli")
+        if inside and imp.target is not None and imp.target.parts[:2] == ("pl_privfed", "cli"):
+            src, dst = imp.source.stem, imp.target.stem
+            if room[dst] >= room[src]:
+                messages.append(f"{imp.where()}: {src} (room {room[src]}) imports {dst}")
     assert not messages, "\n".join(messages)
 
 

@@ -342,3 +342,76 @@ def test_a_normal_run_prints_no_warning(tmp_path):
     out = proc.stdout.replace("\r", "\n")
     assert "round 12/12" in out and "[pl-privfed] rounds=12" in out
     assert "W&B run saved offline in logs/wandb/offline-run-" in out  # and how to upload it
+
+
+def test_print_config_prints_the_seeds_the_run_uses(tmp_path, monkeypatch, capsys):
+    """Today ``--seed_everything 1 --print_config`` printed ``seed: null`` and every component
+    seed 0: the printed file did not reproduce the seeded run. Now the seeds are fanned out
+    while the arguments are parsed, and the printed file runs the same run."""
+    import yaml
+
+    monkeypatch.chdir(tmp_path)
+    config = str(REPO / "configs/algorithms/dp_alpha_normec_digits.yaml")
+    quiet = ["--trainer.enable_progress_bar=false", "--trainer.logger=false"]
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", config, *quiet, "--seed_everything", "1", "--print_config"])
+    assert exit_info.value.code in (0, None)
+    printed = capsys.readouterr().out
+    assert printed.startswith("# pytorch_lightning==")  # jsonargparse's own output
+    seeded = yaml.safe_load(printed)
+    assert seeded["seed"] == 1 and seeded["seed_everything"] == 1
+    data = seeded["data"]["init_args"]
+    assert data["seed"] == 1 and data["partitioner"]["init_args"]["seed"] == 1
+    assert seeded["model"]["algorithm"]["init_args"]["noise"]["seed"] == 1
+    (tmp_path / "printed.yaml").write_text(printed)
+    rounds = ["--trainer.max_steps", "2"]
+    main(["fit", "--config", config, *quiet, *rounds, "--seed_everything", "1",
+          "--output_dir", "direct"])  # fmt: skip
+    main(["fit", "--config", "printed.yaml", *rounds, "--output_dir", "printed"])
+    direct, again = (json.loads((tmp_path / d / "summary.json").read_text())
+                     for d in ("direct", "printed"))  # fmt: skip
+    assert {k: v for k, v in direct["seeds"].items() if k != "set_by"} == {
+        k: v for k, v in again["seeds"].items() if k != "set_by"
+    }
+    for key in ("final_val_accuracy", "final_val_loss", "final_test_accuracy", "epsilon"):
+        assert direct[key] == again[key], key
+
+
+def test_a_subcommand_is_one_function_and_one_registration(tmp_path, capsys):
+    """docs/engine.md, "A new subcommand": a typed function registered with ``@subcommand`` is
+    parsed by jsonargparse from its signature, listed in ``--help`` and run by ``main``."""
+    from pl_privfed.cli import COMMANDS, subcommand
+
+    @subcommand("hello")
+    def hello(name: str, *rest: str, times: int = 1, loud: bool = False) -> int:
+        """Greet someone.
+
+        Args:
+            name: who to greet
+            rest: arguments after --
+            times: how often
+            loud: shout
+        """
+        print(" ".join([("HELLO " if loud else "hello ") + name] * times), *rest)
+        return 3
+
+    try:
+        with pytest.raises(SystemExit) as exit_info:
+            main(["hello", "world", "--times", "2", "--loud", "--", "x"])
+        assert exit_info.value.code == 3
+        assert capsys.readouterr().out == "HELLO world HELLO world x\n"
+        with pytest.raises(SystemExit) as exit_info:
+            main(["hello", "world", "--times", "two"])
+        assert exit_info.value.code == 2
+        assert capsys.readouterr().err.startswith(
+            "pl-privfed: error: times: Expected a <class 'int'>"
+        )
+        with pytest.raises(SystemExit):
+            main(["--help"])
+        assert "Greet someone." in capsys.readouterr().out
+        with pytest.raises(SystemExit):
+            main(["hello", "--help"])
+        out = capsys.readouterr().out
+        assert "--times TIMES" in out and "how often" in out and "--loud" in out
+    finally:
+        del COMMANDS["hello"]

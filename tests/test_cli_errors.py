@@ -421,7 +421,7 @@ def test_main_tunes_the_allocator(monkeypatch, capsys):
     import pl_privfed.cli as cli
 
     calls = []
-    monkeypatch.setattr(cli, "tune_allocator", lambda: calls.append(1) or True)
+    monkeypatch.setattr(cli.entry, "tune_allocator", lambda: calls.append(1) or True)
     with pytest.raises(SystemExit):
         cli.main(["report", "/nonexistent/results.csv"])
     assert calls == [1]
