@@ -425,3 +425,35 @@ def test_main_tunes_the_allocator(monkeypatch, capsys):
     with pytest.raises(SystemExit):
         cli.main(["report", "/nonexistent/results.csv"])
     assert calls == [1]
+
+
+def test_a_distributed_run_that_would_mostly_abort_is_refused(tmp_path, monkeypatch, capsys):
+    """Issue 30: distributed noise with t = 200 on a secret Poisson cohort of expected size 100
+    aborted every round and exited 0 as finished; now refused before training, in one line
+    naming t, the expected cohort and the probability that a round aborts."""
+    monkeypatch.chdir(tmp_path)
+    noise = "--model.algorithm.init_args.noise."
+    config = str(REPO / "configs/private/mnist_dp_fedavg_clip.yaml")
+    line = fails(["fit", "--config", config, *QUIET, "--trainer.max_steps", "2",
+                  f"{noise}placement", "distributed", f"{noise}min_contributors", "200"],
+                 capsys)  # fmt: skip
+    assert "min_contributors=200" in line and "expected cohort of 100 clients" in line
+    assert "probability 1.000" in line
+    assert not list(tmp_path.glob("**/*.ckpt"))
+
+
+def test_abort_probability_is_the_binomial_cdf():
+    """P(cohort < t) for independent participation, against a plain sum over the binomial pmf;
+    the refusal starts where at least half the rounds abort."""
+    from math import comb
+
+    from pl_privfed.privacy import DistributedNoise, Release, abort_probability
+
+    n, q = 12, 0.25
+    for t in (1, 3, 4, 6):
+        pmf = sum(comb(n, k) * q**k * (1 - q) ** (n - k) for k in range(t))
+        assert abort_probability(t, n, q) == pytest.approx(pmf, abs=1e-12)
+    poisson = dict(unit="client", bound=1.0, participation=q, cohort="poisson", clients=n)
+    DistributedNoise(3).check(Release(**poisson))  # P(abort) = 0.39: allowed
+    with pytest.raises(ValueError, match=r"min_contributors=4 .* probability 0\.649"):
+        DistributedNoise(4).check(Release(**poisson))

@@ -32,6 +32,7 @@ from pl_privfed.privacy.placement import (
     DistributedNoise,
     LocalNoise,
     NoisePlacement,
+    abort_probability,
     register_placement,
     resolve_placement,
 )
@@ -59,6 +60,7 @@ __all__ = [
     "Release",
     "Sampling",
     "SecureAggregation",
+    "abort_probability",
     "audit",
     "calibrate_noise_multiplier",
     "calibrate_noise_std",

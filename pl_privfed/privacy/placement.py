@@ -50,6 +50,7 @@ __all__ = [
     "LocalNoise",
     "NoisePlacement",
     "PlacementName",
+    "abort_probability",
     "register_placement",
     "resolve_placement",
 ]
@@ -292,3 +293,27 @@ class DistributedNoise(NoisePlacement):
                 f"min_contributors={t} is more than the {floor} clients of every round's "
                 "cohort: every round would be aborted"
             )
+        if floor is None and release.clients:
+            p_abort = abort_probability(t, release.clients, release.participation)
+            if p_abort >= 0.5:
+                raise ValueError(
+                    f"min_contributors={t} with an expected cohort of "
+                    f"{release.participation * release.clients:g} clients (participation "
+                    f"{release.participation:g} of {release.clients}): a round is aborted with "
+                    f"probability {p_abort:.3f}, so at least half the rounds would release "
+                    "nothing; lower min_contributors or raise the participation"
+                )
+
+
+def abort_probability(min_contributors: int, clients: int, participation: float) -> float:
+    """``P(cohort < t)`` when each of ``clients`` clients takes part independently with
+    probability ``participation``: the binomial CDF at ``t - 1`` (scipy).
+
+    >>> round(abort_probability(200, 10_000, 0.01), 6)
+    1.0
+    >>> abort_probability(1, 10, 1.0)
+    0.0
+    """
+    from scipy.stats import binom
+
+    return float(binom.cdf(min_contributors - 1, clients, participation))
