@@ -147,6 +147,7 @@ class FederatedModule(pl.LightningModule):
         self._logging_round = True
         self.client_transmissions = 0
         self._output_report: dict[str, Any] | None = None
+        self._saved_ledger: dict[str, Any] = {}  # a loaded checkpoint's, until setup
 
     def algorithms(self) -> list[tuple[str, FederatedAlgorithm]]:
         """The algorithms this run trains, with their ``state_dict`` prefixes (a grid adds one
@@ -160,11 +161,13 @@ class FederatedModule(pl.LightningModule):
         check_evaluation_interval(self.trainer)
         if self.oracle is not None:
             return
-        setup = wiring.set_up(self.trainer, self)
+        setup = wiring.set_up(self.trainer, self, stage, self._saved_ledger)
         self.oracle, self._chunk_size = setup.oracle, setup.chunk_size
         self.local_batches = setup.local_batches
         if self.algorithm.noise is not None:
             self.privacy_ledger = self._privacy_ledger(setup.num_rounds)
+            if self._saved_ledger:  # load_from_checkpoint: the run's noise and ε so far
+                wiring.restore_ledger(self, self._saved_ledger)
         if setup.num_classes:
             self.test_accuracy = MulticlassAccuracy(num_classes=setup.num_classes, average="micro")
             self.val_accuracy = MulticlassAccuracy(num_classes=setup.num_classes, average="micro")
@@ -436,13 +439,12 @@ class FederatedModule(pl.LightningModule):
         else:  # load_from_checkpoint: the model and the algorithm's fixed buffers, for evaluation
             prefixes = [prefix for prefix, _ in self.algorithms()]
             resume.drop_client_state(checkpoint, self.state_dict(), prefixes)
+            self._saved_ledger = PrivacyLedger.entries(checkpoint)
         saved = checkpoint.get("hyper_parameters") or {}
         if "_instantiator" in saved and "_instantiator" not in self.hparams:
             self.hparams.update(saved)  # rebuilt from a command's config: keep it for a re-save
             self._hparams_initial = copy.deepcopy(self._hparams)
         if self.privacy_ledger is not None:
-            stds = self.privacy_ledger.load(checkpoint)  # the noise the run started with
-            for (_, algorithm), std in zip(self.algorithms(), stds or []):
-                algorithm.noise_std = std
+            wiring.restore_ledger(self, checkpoint)  # the noise the run started with
         self.client_transmissions = int(checkpoint.get("client_transmissions", 0))
         self._validated_round = checkpoint.get("validated_round")

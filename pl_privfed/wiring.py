@@ -36,7 +36,14 @@ from pl_privfed.grads import (
 )
 from pl_privfed.privacy import PrivacyLedger, plan
 
-__all__ = ["RoundOptimizer", "Setup", "check_arguments", "privacy_ledger", "set_up"]
+__all__ = [
+    "RoundOptimizer",
+    "Setup",
+    "check_arguments",
+    "privacy_ledger",
+    "restore_ledger",
+    "set_up",
+]
 
 
 class RoundOptimizer(torch.optim.Optimizer):
@@ -69,7 +76,9 @@ class Setup:
     num_classes: int | None
 
 
-def set_up(trainer: Any, module: Any) -> Setup:
+def set_up(
+    trainer: Any, module: Any, stage: str = "fit", saved_ledger: dict[str, Any] | None = None
+) -> Setup:
     """Set up every algorithm of ``module`` (``module.algorithms()``) for the trainer's
     datamodule (its clients and rounds), device, precision and processes, and build the rest.
 
@@ -78,6 +87,10 @@ def set_up(trainer: Any, module: Any) -> Setup:
         module: the :class:`~pl_privfed.FederatedModule`; its ``algorithm``, ``model``,
             ``criterion``, ``layout`` and arguments (``grad_backend``, ``cuda_graphs``,
             ``client_chunk``, ``client_state``, ``state_dir``) are read.
+        stage: Lightning's stage; only ``"fit"`` needs the number of rounds of a noise
+            calibrated to ε (evaluation draws no noise).
+        saved_ledger: a loaded checkpoint's ledger entries: the rounds its noise was calibrated
+            for are ``K`` when an evaluation's trainer gives none (the run's calibration).
 
     Raises:
         ValueError: a datamodule without ``num_clients``; a noise calibrated to ε without a
@@ -89,9 +102,11 @@ def set_up(trainer: Any, module: Any) -> Setup:
         raise ValueError("FederatedModule needs a datamodule with a num_clients attribute")
     device = trainer.strategy.root_device
     num_rounds = trainer_rounds.num_rounds(trainer)
+    if not num_rounds and stage != "fit":
+        num_rounds = PrivacyLedger.calibrated_rounds(saved_ledger or {}) or 0
     noise = module.algorithm.noise
     if noise is not None and noise.epsilon is not None and noise.rounds is None:
-        if not num_rounds:
+        if not num_rounds and stage == "fit":
             raise ValueError(
                 "the paper noise calibration needs the number of rounds K: set "
                 "trainer.max_steps, trainer.max_epochs or algorithm noise.rounds"
@@ -133,6 +148,14 @@ def _gradient_oracle(module: Any, device: torch.device) -> GradientOracle:
         cuda_graph=module.cuda_graphs and device.type == "cuda",
         example_backend=resolve_example_backend(module.grad_backend, device, model, criterion),
     )
+
+
+def restore_ledger(module: Any, checkpoint: dict[str, Any]) -> None:
+    """Restore ``module``'s ledger from ``checkpoint`` and keep the noise its run started with
+    (:meth:`~pl_privfed.privacy.PrivacyLedger.load`) on every algorithm."""
+    stds = module.privacy_ledger.load(checkpoint)
+    for (_, algorithm), std in zip(module.algorithms(), stds or []):
+        algorithm.noise_std = std
 
 
 def privacy_ledger(

@@ -10,7 +10,11 @@ import pytorch_lightning as pl
 
 from pl_privfed import FederatedModule
 from pl_privfed.cli import main
-from pl_privfed.datamodules import DigitsDataModule, DirichletPartitioner
+from pl_privfed.datamodules import (
+    ClassesPerClientPartitioner,
+    DigitsDataModule,
+    DirichletPartitioner,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 EF21 = str(REPO / "configs/algorithms/ef21.yaml")
@@ -37,6 +41,33 @@ def test_load_from_checkpoint_rebuilds_a_cli_run(tmp_path, monkeypatch):
     (metrics,) = trainer.test(module, datamodule=data, verbose=False)
     assert metrics["test/acc"] == pytest.approx(summary["final_test_accuracy"], abs=1e-6)
     assert metrics["test/acc"] > 0.5  # the trained model, not a fresh one
+
+
+def test_a_private_checkpoint_evaluates_under_a_plain_trainer(tmp_path, monkeypatch):
+    """Issue 31: a checkpoint of a noise calibrated to ε (``calibration: target``) raised "the
+    paper noise calibration needs the number of rounds K" under ``pl.Trainer(logger=False)
+    .test``. Evaluation needs no K: the run's calibration (its K, its σ) and its ledger come back
+    from the checkpoint, and the test accuracy is the run's."""
+    monkeypatch.chdir(tmp_path)
+    config = str(REPO / "configs/demo/fedavg_private.yaml")
+    main(["fit", "--config", config, *QUIET, "--trainer.max_steps", "10", "--output_dir", "run"])
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    (ckpt,) = (tmp_path / "run" / "checkpoints").glob("*.ckpt")
+
+    module = FederatedModule.load_from_checkpoint(ckpt)
+    data = DigitsDataModule(num_clients=5, batch_size=250, seed=0,
+                            partitioner=ClassesPerClientPartitioner(classes_per_client=2,
+                                                                    samples_per_client=250, seed=0))  # fmt: skip
+    trainer = pl.Trainer(logger=False, enable_progress_bar=False, enable_checkpointing=False,
+                         default_root_dir=tmp_path / "eval")  # fmt: skip
+    (metrics,) = trainer.test(module, datamodule=data, verbose=False)
+    assert metrics["test/acc"] == pytest.approx(summary["final_test_accuracy"], abs=1e-6)
+    privacy = summary["privacy"]
+    assert module.algorithm.noise_std == pytest.approx(privacy["noise_std"], rel=1e-12)
+    report = module.privacy_ledger.report()
+    assert report["calibration_rounds"] == privacy["calibration_rounds"] == 10
+    assert report["rounds_accounted"] == 10
+    assert report["epsilon"] == pytest.approx(privacy["epsilon"], rel=1e-9)
 
 
 def test_python_api_hyperparameters_leave_the_modules_out():

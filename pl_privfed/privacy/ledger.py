@@ -243,6 +243,19 @@ class PrivacyLedger:
 
     # ------------------------------------------------------------------ checkpoints
     @staticmethod
+    def entries(checkpoint: dict[str, Any]) -> dict[str, Any]:
+        """The ledger's part of ``checkpoint`` (what :meth:`load` reads), for a module that
+        sets its ledger up after loading (``load_from_checkpoint``, then evaluation)."""
+        if _KEYS["accountant"] not in checkpoint:
+            return {}
+        return {k: checkpoint[k] for k in [*_KEYS.values(), "global_step"] if k in checkpoint}
+
+    @staticmethod
+    def calibrated_rounds(checkpoint: dict[str, Any]) -> int | None:
+        """The rounds ``K`` the checkpoint's noise was calibrated for, or ``None``."""
+        return (checkpoint.get(_KEYS["calibration"]) or {}).get("rounds")
+
+    @staticmethod
     def in_checkpoint(checkpoint: dict[str, Any]) -> bool:
         """Whether ``checkpoint`` was written by a run with a ledger (a private run)."""
         return _KEYS["accountant"] in checkpoint
