@@ -181,3 +181,36 @@ def test_a_config_replaces_a_default_callback_of_its_kind(tmp_path, monkeypatch)
                              "--trainer.enable_checkpointing", "false"], run=False)  # fmt: skip
     kinds = [type(c) for c in quiet.trainer.callbacks]
     assert RoundProgressBar not in kinds and RoundCheckpoint not in kinds
+
+
+def test_progress_without_a_terminal_is_a_few_plain_lines(tmp_path):
+    """Issue 31: piped to a file, a 100-round fit wrote 214 carriage returns (every round drawn
+    twice). Without a terminal the bar prints one plain line every tenth of the run, each after
+    that round's evaluation, and nothing is redrawn."""
+    out = tmp_path / "out.txt"
+    with out.open("w") as stdout:
+        done = subprocess.run(
+            [sys.executable, "-m", "pl_privfed.cli", "fit", "--config",
+             str(REPO / "configs/demo/fedavg_private.yaml"), "--trainer.logger", "false"],
+            cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=stdout,
+            stderr=subprocess.PIPE, text=True, timeout=600,
+        )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    text = out.read_text()
+    assert text.count("\r") <= 5
+    lines = [line for line in text.splitlines() if line.startswith("round ")]
+    assert [line.split()[1] for line in lines] == [f"{k}/100" for k in range(10, 101, 10)]
+    assert "acc=0.875" in lines[-1] and "ε(server)=7.998" in lines[-1]  # round 100's validation
+
+
+def test_the_terminal_bar_draws_each_round_once(capsys):
+    """Every round was drawn twice when a Lightning epoch ended with it (here: every 8th)."""
+    bar = RoundProgressBar(plain=False)
+    trainer = pl.Trainer(max_epochs=3, logger=False, enable_checkpointing=False,
+                         enable_model_summary=False, callbacks=[bar])  # fmt: skip
+    trainer.fit(PlainRegression())  # 8 batches per epoch, 24 rounds
+    drawn = capsys.readouterr().out.replace("\r", "\n")
+    for k in range(1, 24):
+        assert drawn.count(f"round {k}/24 ") == 1, k
+    with pytest.raises(ValueError, match="plain must be true, false or null"):
+        RoundProgressBar(plain="yes")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import sys
+import time
 from typing import Any
 
 import pytorch_lightning as pl
@@ -40,6 +41,10 @@ class RoundProgressBar(TQDMProgressBar):
     Works with any LightningModule that takes one optimizer step per training batch, and shows
     the metrics it logs with ``prog_bar=True`` (after the ones named in ``metrics``).
 
+    When standard output is not a terminal (a file, a pipe, a CI or batch job's log) nothing is
+    redrawn: the bar prints one plain line every tenth of the run and at its last round,
+    ``round 30/100 [00:01, 52.1 rounds/s] loss=0.41, ε(server)=5.07, acc=0.83``.
+
     Args:
         refresh_rate: redraw every this many rounds.
         process_position: Lightning's ``process_position`` (several bars in one terminal).
@@ -47,6 +52,8 @@ class RoundProgressBar(TQDMProgressBar):
             ``trainer.callback_metrics`` are left out (default :data:`DEFAULT_BAR_METRICS`).
         prog_bar_metrics: also show, under their own names and after those, the metrics the
             module logs with ``self.log(..., prog_bar=True)`` (as Lightning's bar does).
+        plain: print plain lines instead of a bar; ``None`` (default): when standard output is
+            not a terminal.
 
     Example::
 
@@ -65,10 +72,24 @@ class RoundProgressBar(TQDMProgressBar):
         process_position: int = 0,
         metrics: dict[str, str] | None = None,
         prog_bar_metrics: bool = True,
+        plain: bool | None = None,
     ) -> None:
         super().__init__(refresh_rate=refresh_rate, process_position=process_position)
         self.metrics = dict(DEFAULT_BAR_METRICS if metrics is None else metrics)
         self.prog_bar_metrics = prog_bar_metrics
+        if plain is not None and not isinstance(plain, bool):
+            raise ValueError(f"plain must be true, false or null, got {plain!r}")
+        self.plain = plain
+        self._started = 0.0
+        self._pending: int | None = None  # a plain line's round, printed once it is evaluated
+
+    @property
+    def is_plain(self) -> bool:
+        """Whether this bar prints plain lines (``plain``, else: stdout is not a terminal)."""
+        if self.plain is not None:
+            return self.plain
+        isatty = getattr(sys.stdout, "isatty", None)
+        return not (callable(isatty) and isatty())
 
     @staticmethod
     def total_rounds(trainer: pl.Trainer) -> int | None:
@@ -83,7 +104,7 @@ class RoundProgressBar(TQDMProgressBar):
     def init_train_tqdm(self) -> Tqdm:
         return Tqdm(
             position=2 * self.process_position,
-            disable=self.is_disabled,
+            disable=self.is_disabled or self.is_plain,  # plain lines: a counter, never drawn
             leave=True,
             dynamic_ncols=True,
             file=sys.stdout,
@@ -105,6 +126,7 @@ class RoundProgressBar(TQDMProgressBar):
         self.train_progress_bar.initial = trainer.global_step  # a resumed run starts there
         self.train_progress_bar.n = trainer.global_step
         self.train_progress_bar.refresh()
+        self._started = time.monotonic()
 
     @override
     def on_train_epoch_start(self, trainer: pl.Trainer, *_: Any) -> None:
@@ -113,19 +135,64 @@ class RoundProgressBar(TQDMProgressBar):
     @override
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         bar = self.train_progress_bar
-        if bar is None or bar.disable:
+        if bar is None or self.is_disabled:
             return
         done = trainer.global_step
         total = bar.total or done
+        if bar.disable:  # plain lines: every tenth of the run and the last round
+            bar.n = done
+            if done % max(1, total // 10) == 0 or done >= total:
+                self._pending = done  # printed after this round's evaluation, if it has one
+            return
         if done % self.refresh_rate == 0 or done >= total:
             bar.n = done
             bar.set_postfix(self.get_metrics(trainer, pl_module), refresh=False)
             bar.refresh()
 
     @override
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """As Lightning's, but the round's new metrics are drawn with the next round (or when
+        the bar closes), not in a second draw of this one."""
+        self.val_progress_bar.close()
+        self.reset_dataloader_idx_tracker()
+        if self._train_progress_bar is not None and trainer.state.fn == "fit":
+            self.train_progress_bar.set_postfix(self.get_metrics(trainer, pl_module), refresh=False)
+
+    @override
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._print_pending(trainer, pl_module)
+
+    @override
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._print_pending(trainer, pl_module)
+        super().on_train_end(trainer, pl_module)
+
+    def _print_pending(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._pending is not None:
+            total = self.train_progress_bar.total
+            print(self.plain_line(trainer, pl_module, self._pending, total), flush=True)
+            self._pending = None
+
+    @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if not self.train_progress_bar.disable:
-            self.train_progress_bar.set_postfix(self.get_metrics(trainer, pl_module))
+        if not self.train_progress_bar.disable:  # drawn with the next round, not twice
+            self.train_progress_bar.set_postfix(self.get_metrics(trainer, pl_module), refresh=False)
+
+    def plain_line(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, done: int, total: int | None
+    ) -> str:
+        """``round k/K [elapsed, rate] name=value, ...``: one plain progress line."""
+        elapsed = max(time.monotonic() - self._started, 1e-9)
+        rounds = done - (self.train_progress_bar.initial or 0)
+        minutes, seconds = divmod(int(elapsed), 60)
+        shown = ", ".join(
+            f"{name}={value:.4g}" if isinstance(value, float) else f"{name}={value}"
+            for name, value in self.get_metrics(trainer, pl_module).items()
+        )
+        return (
+            f"round {done}/{total if total else '?'} [{minutes:02d}:{seconds:02d}, "
+            f"{rounds / elapsed:.3g} rounds/s] {shown}".rstrip()
+        )
 
     @override
     def get_metrics(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, Any]:
