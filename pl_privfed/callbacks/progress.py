@@ -42,7 +42,8 @@ class RoundProgressBar(TQDMProgressBar):
     the metrics it logs with ``prog_bar=True`` (after the ones named in ``metrics``).
 
     When standard output is not a terminal (a file, a pipe, a CI or batch job's log) nothing is
-    redrawn: the bar prints one plain line every tenth of the run and at its last round,
+    redrawn: the bar prints one plain line every tenth of the run (every 10 rounds when the run
+    has no bound) and at its last round,
     ``round 30/100 [00:01, 52.1 rounds/s] loss=0.41, ε(server)=5.07, acc=0.83``.
 
     Args:
@@ -139,9 +140,10 @@ class RoundProgressBar(TQDMProgressBar):
             return
         done = trainer.global_step
         total = bar.total or done
-        if bar.disable:  # plain lines: every tenth of the run and the last round
+        if bar.disable:  # plain lines: every tenth of the run (10 rounds if unbounded), the last
             bar.n = done
-            if done % max(1, total // 10) == 0 or done >= total:
+            every = max(1, bar.total // 10) if bar.total else 10
+            if done % every == 0 or (bar.total and done >= bar.total):
                 self._pending = done  # printed after this round's evaluation, if it has one
             return
         if done % self.refresh_rate == 0 or done >= total:
