@@ -10,6 +10,7 @@ import pandas as pd
 
 from pl_privfed.report.runs import values
 from pl_privfed.report.stats import interval_table
+from pl_privfed.report.text import fmt_names
 from pl_privfed.results import RESULT_COLUMNS, SEED_PARAMETERS
 
 __all__ = ["aggregate", "best", "check_selection_metric", "warn_missing"]
@@ -73,10 +74,9 @@ def warn_missing(runs: pd.DataFrame, metric: str, where: str, stacklevel: int = 
     """Name in a warning the finished runs without ``metric`` (left out of the selection)."""
     missing = runs.loc[values(runs, metric).isna(), "run"].tolist()
     if missing:
-        shown = ", ".join(missing[:8]) + (", ..." if len(missing) > 8 else "")
         warnings.warn(
             f"{len(missing)} of {len(runs)} finished runs in {where} have no {metric} "
-            f"(no evaluation ran?): {shown}; they are left out of the heatmaps and the selection",
+            f"(no evaluation ran?): {fmt_names(missing)}; they are left out of the heatmaps and the selection",
             UserWarning,
             stacklevel=stacklevel,
         )

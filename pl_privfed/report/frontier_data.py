@@ -23,6 +23,7 @@ from pl_privfed.report.runs import (
     values,
 )
 from pl_privfed.report.stats import Interval
+from pl_privfed.report.text import fmt_names
 from pl_privfed.results import RESULT_COLUMNS, SEED_PARAMETERS, finite_float
 
 __all__ = ["FRONTIER_SELECTION", "FrontierPoint", "frontier_points"]
@@ -101,10 +102,9 @@ def _finished(runs: pd.DataFrame, path: Path) -> pd.DataFrame:
     """The finished runs; the others are named in a warning."""
     unfinished = runs.loc[runs["status"] != "finished", "run"].tolist()
     if unfinished:
-        shown = ", ".join(unfinished[:8]) + (", ..." if len(unfinished) > 8 else "")
         warnings.warn(
             f"{len(unfinished)} of {len(runs)} runs in {path} did not finish and are left out "
-            f"of the frontier: {shown}",
+            f"of the frontier: {fmt_names(unfinished)}",
             UserWarning,
             stacklevel=6,
         )

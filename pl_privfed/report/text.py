@@ -10,6 +10,7 @@ from pl_privfed.report.stats import Interval
 
 __all__ = [
     "fmt_ci",
+    "fmt_names",
     "fmt_num",
     "fmt_pm",
     "fmt_sd",
@@ -70,6 +71,15 @@ def fmt_pm(interval: Interval, factor: float) -> str:
 def fmt_num(value: float, factor: float = 1.0) -> str:
     """``value`` with 6 significant digits (empty when not finite)."""
     return "" if not math.isfinite(value) else f"{value * factor:.6g}"
+
+
+def fmt_names(names: Sequence[str], most: int = 8) -> str:
+    """The first ``most`` names, comma-separated, and ``...`` when there are more.
+
+    >>> fmt_names(["a", "b", "c"], most=2)
+    'a, b, ...'
+    """
+    return ", ".join(names[:most]) + (", ..." if len(names) > most else "")
 
 
 def markdown(columns: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
