@@ -1,5 +1,5 @@
 """Run every shipped algorithm config (``configs/algorithms/*.yaml`` and the quickstart) through
-``pl-privfed fit`` and print the README's table: validation accuracy (what a selection reads),
+``pl-privfed fit`` and print docs/configs.md's table: validation accuracy (what a selection reads),
 test accuracy of the final model, ε (defensible, and the papers' convention), ``fit`` time from
 ``summary.json`` and the whole command's wall time.
 
@@ -7,7 +7,7 @@ test accuracy of the final model, ε (defensible, and the papers' convention), `
     .venv/bin/python benchmarks/algorithm_configs.py --only beer ef21 --threads 1
 
 Each run gets its own directory under ``--out`` (default a temporary one). Nothing here is a
-test: it measures, on the machine it runs on, what the README reports.
+test: it measures, on the machine it runs on, what docs/configs.md reports.
 """
 
 from __future__ import annotations
