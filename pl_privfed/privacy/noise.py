@@ -86,7 +86,8 @@ class DPNoise:
             * ``"distributed"``: every participant adds ``N(0, σ²/t)`` (``t =
               min_contributors``) and the server learns only the sum (secure aggregation), which
               holds at least ``σ²`` of noise whenever at least ``t`` clients take part; a round
-              with fewer senders is aborted (nothing is released, the model does not move).
+              with fewer senders is aborted: nothing is released, and the server's step uses only
+              what earlier rounds released (with a momentum or memory the model can still move).
         min_contributors: ``t`` of distributed noise: the fewest participants a round may have
             (the noise the accounting relies on; never the noise that was hoped for). With
             ``placement: distributed``; a ``DistributedNoise`` placement carries its own ``t``

@@ -226,7 +226,8 @@ class CentralNoise(NoisePlacement):
 class DistributedNoise(NoisePlacement):
     """Every sender adds ``N(0, σ²/t)`` and the server learns only the sum (secure
     aggregation), which holds at least ``σ²`` of noise whenever at least ``t`` clients take
-    part; a round with fewer senders is aborted (nothing is released, the model does not move).
+    part; a round with fewer senders is aborted: nothing is released, and the server's step uses
+    only what earlier rounds released (with a momentum or memory the model can still move).
 
     Args:
         min_contributors: ``t``, the fewest senders a round may have (the noise the accounting
