@@ -9,7 +9,9 @@ on ``lightning.pytorch`` (:mod:`pl_privfed.mirror`); both namespaces live in one
 
 import ast
 import json
+import re
 import textwrap
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -27,6 +29,25 @@ pll = pytest.importorskip("pl_privfed.lightning")  # after pl_privfed: both in o
 
 NAMESPACES = {"pytorch_lightning": (pytorch_lightning, pl_privfed, pl_privfed.datamodules),
               "lightning.pytorch": (L, pll, pll)}  # fmt: skip
+
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "python_api.md"
+
+
+def test_the_documented_lightning_example_runs(tmp_path, monkeypatch):
+    """docs/python_api.md, "Under lightning.pytorch": the documented import, as written."""
+    section = DOC.read_text().split("## Under `lightning.pytorch`", 1)[1]
+    (code, *_) = re.findall(r"```python\n(.*?)```", section, re.S)
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    exec(compile(code, str(DOC), "exec"), namespace)
+    trainer = namespace["trainer"]
+    assert trainer.global_step == 20 and type(trainer.progress_bar_callback) is pll.RoundProgressBar
+    folder = tmp_path / "logs" / "lightning_api" / "lightning_logs" / "version_0"
+    assert tmp_path / trainer.log_dir == folder  # the logger's folder
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["status"] == "finished" and summary["epsilon"] == pytest.approx(8.0, abs=0.01)
+    assert [p.name for p in (folder / "checkpoints").iterdir()] == ["round=000020.ckpt"]
 
 
 def fit(namespace: str, folder):
@@ -167,3 +188,18 @@ def test_the_rewriter_names_the_other_namespace_in_every_import_form(tmp_path):
     )
     lines = {n.lineno for n in ast.walk(tree) if isinstance(n, ast.Import | ast.ImportFrom)}
     assert lines == {2, 3, 4, 5, 6, 7, 8, 9, 10, 14, 15}  # each the line of the one it replaces
+
+
+def test_a_grid_runs_under_lightning_pytorch(tmp_path):
+    from pl_privfed.lightning.grid import GridModule
+
+    L.seed_everything(0)
+    module = GridModule(nn.Sequential(nn.Flatten(), nn.Linear(64, 10)),
+                        AlphaNormEC(alpha=0.01, step_size=0.1, beta=1.0),
+                        grid={"step_size": [0.1, 0.5]}, grid_dir=str(tmp_path / "out"))  # fmt: skip
+    trainer = L.Trainer(max_steps=3, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False,
+                        default_root_dir=tmp_path)  # fmt: skip
+    trainer.fit(module, datamodule=pll.DigitsDataModule(num_clients=4, batch_size=16, seed=0))
+    rows = (tmp_path / "out" / "results.csv").read_text().splitlines()
+    assert len(rows) == 3 and all(",finished" in r for r in rows[1:])
