@@ -60,6 +60,8 @@ MIRROR = f"{PACKAGE}.lightning"
 RENAMES = {"pytorch_lightning": "lightning.pytorch", "lightning_fabric": "lightning.fabric"}
 #: top-level modules not served: the command (on ``pytorch_lightning``), the namespace itself
 UNMIRRORED = ("cli", "lightning")
+#: why a module of :data:`UNMIRRORED` is not served, where the user may have expected it
+_WHY = {"cli": "the pl-privfed command runs on pytorch_lightning only"}
 
 
 @dataclass(frozen=True)
@@ -240,11 +242,11 @@ class Mirror(MetaPathFinder, Loader):
         original = self.original(fullname)
         if original is None or original not in self.packages.files:
             return None
-        if original.split(".")[1] in self.unmirrored:
+        top = original.split(".")[1]
+        if top in self.unmirrored:
+            why = _WHY.get(top, f"{original} has no {self.mirror} counterpart")
             raise ModuleNotFoundError(
-                f"{fullname} does not exist: {original} runs on pytorch_lightning only; "
-                f"import {original}",
-                name=fullname,
+                f"No module named {fullname!r}: {why}; import {original}", name=fullname
             )
         file, is_package = self.packages.files[original]
         loader = self if self.packages.is_bound(original) else _Shared(original)

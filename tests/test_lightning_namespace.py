@@ -121,6 +121,10 @@ def test_only_what_uses_lightning_is_built_twice():
         assert not any(m.startswith(f"pl_privfed.{shared}") for m in bound), shared
     with pytest.raises(ModuleNotFoundError, match="runs on pytorch_lightning only"):
         import pl_privfed.lightning.cli
+    with pytest.raises(
+        ModuleNotFoundError, match=r"No module named 'pl_privfed\.lightning\.nothing'"
+    ):
+        import pl_privfed.lightning.nothing
 
 
 def test_the_strategy_checks_read_the_strategys_own_namespace():
