@@ -93,6 +93,21 @@ def _resolve(node: ast.ImportFrom, module: str, is_package: bool) -> str:
     return ".".join([*base, *filter(None, [node.module])])
 
 
+def _statements(tree: ast.AST) -> list[ast.stmt]:
+    """Every statement of ``tree``, nested ones (in functions, classes, ``if``, ``try``, ...)
+    included: an import is a statement, so this finds them all without visiting expressions."""
+    found: list[ast.stmt] = []
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        for name in ("body", "orelse", "finalbody", "handlers", "cases"):
+            children = getattr(node, name, None)
+            if isinstance(children, list):
+                stack.extend(children)
+                found.extend(c for c in children if isinstance(c, ast.stmt))
+    return found
+
+
 def _imported(node: ast.AST, module: str, is_package: bool, files: dict) -> set[str]:
     """The modules one statement imports: ``import a.b`` → ``a.b``; ``from a import b`` → ``a``,
     and ``a.b`` when that is a module of ``files``."""
@@ -117,7 +132,9 @@ def scan(package_dir: Path, package: str, renames: dict[str, str] = RENAMES) -> 
     bound: set[str] = set()
     for module, (path, is_package) in files.items():
         tree = ast.parse(path.read_bytes(), filename=str(path))
-        targets = set().union(*(_imported(n, module, is_package, files) for n in ast.walk(tree)))
+        targets: set[str] = set()
+        for statement in _statements(tree):
+            targets |= _imported(statement, module, is_package, files)
         if any(t.partition(".")[0] in renames for t in targets):
             bound.add(module)
         uses[module] = {t for t in targets if t in files and t != module}
