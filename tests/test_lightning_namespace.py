@@ -157,6 +157,10 @@ import pkg.shared as s
 def later():
     from lightning_fabric.utilities import cloud_io
     import pkg.bound
+
+
+if TYPE_CHECKING:
+    from .lazy import hidden
 """
 
 
@@ -166,9 +170,10 @@ def test_the_rewriter_names_the_other_namespace_in_every_import_form(tmp_path):
     (package / "__init__.py").write_text("")
     (package / "shared.py").write_text("helper = 1\n")
     (package / "bound.py").write_text("import pytorch_lightning\nthing = 2\n")
+    (package / "lazy.py").write_text("def hidden():\n    import lightning_fabric\n")
     (package / "user.py").write_text(SOURCE)
-    packages = scan(package, "pkg")
-    assert packages.bound == {"pkg", "pkg.bound", "pkg.user"}
+    packages = scan(package, "pkg")  # bound: by an import in a function too, and their importers
+    assert packages.bound == {"pkg", "pkg.bound", "pkg.lazy", "pkg.user"}
     tree = ImportRewriter(packages, "pkg.user", mirror="pkg.lightning").visit(ast.parse(SOURCE))
     assert (
         ast.unparse(tree).strip()
@@ -188,10 +193,12 @@ def test_the_rewriter_names_the_other_namespace_in_every_import_form(tmp_path):
         def later():
             from lightning.fabric.utilities import cloud_io
             import pkg.lightning.bound as pkg
-            import pkg.lightning as pkg""").strip()
+            import pkg.lightning as pkg
+        if TYPE_CHECKING:
+            from pkg.lightning.lazy import hidden""").strip()
     )
     lines = {n.lineno for n in ast.walk(tree) if isinstance(n, ast.Import | ast.ImportFrom)}
-    assert lines == {2, 3, 4, 5, 6, 7, 8, 9, 10, 14, 15}  # each the line of the one it replaces
+    assert lines == {2, 3, 4, 5, 6, 7, 8, 9, 10, 14, 15, 19}  # each the line of the one it replaces
 
 
 def test_a_grid_runs_under_lightning_pytorch(tmp_path):
