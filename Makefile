@@ -1,6 +1,7 @@
 # Two entry points, each self-sufficient on a fresh machine with only Python:
-#   make demo   creates .venv, installs pl-privfed, runs `pl-privfed demo` (a useful private run on
-#               the embedded digits, its non-private twin and a second algorithm at the same ε)
+#   make demo   creates .venv, installs pl-privfed[dev] (with pytest, ruff and lightning, for
+#               `from pl_privfed.lightning import ...`), runs `pl-privfed demo` (a useful private
+#               run on the embedded digits, its non-private twin and a second algorithm at the same ε)
 #   make test   creates .venv, installs pl-privfed[dev], runs ruff (lint + format) and pytest
 PYTHON ?= python3
 VENV ?= .venv

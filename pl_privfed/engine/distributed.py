@@ -17,6 +17,7 @@ nothing.
 
 from __future__ import annotations
 
+import importlib
 import math
 from typing import Any
 
@@ -228,11 +229,10 @@ def adopt_strategy(trainer: Any) -> None:
     without wrapping the module in ``DistributedDataParallel``. Anything else (FSDP, DeepSpeed,
     model parallelism, XLA): a ``ValueError`` naming it, before training.
     """
-    from pytorch_lightning.strategies import DDPStrategy
-
     strategy = trainer.strategy
     check_strategy(strategy)
-    if isinstance(strategy, DDPStrategy) and not getattr(strategy, "shards_clients", False):
+    _, ddp = _lightning_strategies(strategy)
+    if isinstance(strategy, ddp) and not getattr(strategy, "shards_clients", False):
         base = type(strategy)
         if base not in _ADOPTED:  # a subclass adding only methods: the same instance layout
             namespace = {"configure_ddp": _configure_ddp, "shards_clients": True}
@@ -242,9 +242,7 @@ def adopt_strategy(trainer: Any) -> None:
 
 def check_strategy(strategy: Any) -> None:
     """``ValueError`` unless ``strategy`` is a single device or Lightning's DDP (any variant)."""
-    from pytorch_lightning.strategies import DDPStrategy, SingleDeviceStrategy
-
-    if strategy is None or isinstance(strategy, SingleDeviceStrategy | DDPStrategy):
+    if strategy is None or isinstance(strategy, _lightning_strategies(strategy)):
         return
     raise ValueError(
         f"trainer.strategy={type(strategy).__name__} is not supported: pl-privfed shards the "
@@ -252,6 +250,29 @@ def check_strategy(strategy: Any) -> None:
         "--trainer.devices N and --trainer.num_nodes M); sharding the model (FSDP, DeepSpeed, "
         "model parallelism) does not apply to a simulated federation"
     )
+
+
+#: Lightning's two namespaces (``pl_privfed.lightning``), each the package its strategies are in.
+_NAMESPACES = ("pytorch_lightning", "lightning.pytorch")
+
+
+def _lightning_strategies(strategy: Any) -> tuple[type, type]:
+    """``(SingleDeviceStrategy, DDPStrategy)`` of the Lightning namespace ``strategy`` comes from.
+
+    ``pytorch_lightning`` and ``lightning.pytorch`` hold distinct copies of the same classes, and
+    this module serves both (it imports neither: :mod:`pl_privfed.mirror` then shares it, with
+    the algorithms that import the engine, between ``pl_privfed`` and ``pl_privfed.lightning``).
+    The namespace is the one of the first class in the strategy's MRO that belongs to one;
+    ``pytorch_lightning`` for an object of neither, which is then refused as not Lightning's.
+    """
+    namespace = _NAMESPACES[0]
+    for cls in type(strategy).__mro__:
+        found = [n for n in _NAMESPACES if cls.__module__.startswith(n + ".")]
+        if found:
+            namespace = found[0]
+            break
+    strategies = importlib.import_module(f"{namespace}.strategies")
+    return strategies.SingleDeviceStrategy, strategies.DDPStrategy
 
 
 def close_process_group() -> None:
