@@ -23,7 +23,7 @@ FENCE = re.compile(r"^```.*?^```", re.S | re.M)
 
 def slug(heading: str) -> str:
     """GitHub's anchor of a Markdown heading."""
-    text = re.sub(r"[`*_]|\[|\]\([^)]*\)", "", heading.strip().lower())
+    text = re.sub(r"[`*]|\[|\]\([^)]*\)", "", heading.strip().lower())
     text = re.sub(r"[^\w\- ]", "", text)
     return text.replace(" ", "-")
 
