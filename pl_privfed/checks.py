@@ -8,6 +8,7 @@ import math
 from typing import Any
 
 __all__ = [
+    "NOT_THE_RUN",
     "arguments_of",
     "check_choice",
     "check_evaluation_interval",
@@ -71,7 +72,7 @@ def check_choice(name: str, value: object, choices: tuple) -> object:
 
 #: constructor arguments that say where or how fast a run computes, not what it computes: a run
 #: resumed with another value of these is the same run
-_NOT_THE_RUN = (
+NOT_THE_RUN = (
     "data_dir",
     "cache",
     "cache_dir",
@@ -106,7 +107,7 @@ def arguments_of(obj: Any, depth: int = 4) -> Any:
     missing = object()
     saved = getattr(obj, "_hparams", None) or {}
     for name in constructor_parameters(kind):
-        if name in _NOT_THE_RUN:
+        if name in NOT_THE_RUN:
             continue
         value = missing
         for attribute in (name, f"_{name}"):
