@@ -284,6 +284,10 @@ def test_the_private_mnist_config_refuses_another_federation_in_one_line(
     concentration = f"{data}partitioner.init_args.concentration"
     line = fails(fit("skew", "--ckpt_path", str(ckpt), concentration, "0.3"), capsys)
     assert "data.partitioner.concentration: checkpoint 0.5, this run 0.3" in line
+    main(fit("same", "--ckpt_path", str(ckpt), "--trainer.max_steps", "3"))  # no spurious change
+    summary = json.loads((tmp_path / "same/summary.json").read_text())
+    assert summary["status"] == "finished" and summary["rounds"] == 3
+    assert "resumed_with_changes" not in summary
     main(fit("fewer", "--ckpt_path", str(ckpt), f"{data}num_clients", "10",
              "--resume_allow_changes", "data.num_clients"))  # fmt: skip
     summary = json.loads((tmp_path / "fewer/summary.json").read_text())
