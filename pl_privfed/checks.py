@@ -8,12 +8,14 @@ import math
 from typing import Any
 
 __all__ = [
+    "NOT_THE_RUN",
     "arguments_of",
     "check_choice",
     "check_evaluation_interval",
     "check_int",
     "check_positive",
     "check_positive_int",
+    "constructor_parameters",
     "run_differences",
 ]
 
@@ -70,14 +72,28 @@ def check_choice(name: str, value: object, choices: tuple) -> object:
 
 #: constructor arguments that say where or how fast a run computes, not what it computes: a run
 #: resumed with another value of these is the same run
-_NOT_THE_RUN = ("data_dir", "cache_dir", "eval_batch_size", "num_workers", "max_test_examples")
+NOT_THE_RUN = (
+    "data_dir",
+    "cache",
+    "cache_dir",
+    "download",
+    "verify_md5",
+    "eval_batch_size",
+    "num_workers",
+    "max_test_examples",
+)
 
 
 def arguments_of(obj: Any, depth: int = 4) -> Any:
     """What ``obj`` was built with, as plain data: its class name and every argument of its
-    constructor that it keeps as an attribute of the same name, recursively (the noise, the
-    compressor, the partitioner, ...); lists and numbers as they are. The record a checkpoint
-    keeps of its run (:func:`run_differences`)."""
+    constructor (:func:`constructor_parameters`: its own ``__init__`` and, through ``**kwargs``,
+    its base classes'), recursively (the noise, the compressor, the partitioner, ...); lists and
+    numbers as they are. The record a checkpoint keeps of its run (:func:`run_differences`).
+
+    An argument's value is the attribute of the same name, else ``_<name>``, else the
+    hyperparameter of that name a Lightning object saved (``save_hyperparameters``); an
+    argument kept under none of these is not recorded. Derived from the signatures, not
+    listed: a class added later, or a user's, is recorded without registering it."""
     if obj is None or isinstance(obj, bool | int | float | str):
         return obj
     if isinstance(obj, list | tuple):
@@ -88,35 +104,70 @@ def arguments_of(obj: Any, depth: int = 4) -> Any:
     out: dict[str, Any] = {"class": kind.__qualname__}
     if depth <= 0 or inspect.isfunction(obj) or inspect.isclass(obj):
         return out
-    try:
-        parameters = inspect.signature(kind.__init__).parameters
-    except (TypeError, ValueError):
-        return out
-    for name, parameter in parameters.items():
-        if (
-            name == "self"
-            or name in _NOT_THE_RUN
-            or parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD)
-        ):
+    missing = object()
+    saved = getattr(obj, "_hparams", None) or {}
+    for name in constructor_parameters(kind):
+        if name in NOT_THE_RUN:
             continue
-        try:
-            value = getattr(obj, name)
-        except Exception:
-            continue
-        if not (inspect.ismethod(value) or inspect.isfunction(value)):
+        value = missing
+        for attribute in (name, f"_{name}"):
+            try:
+                value = getattr(obj, attribute)
+                break
+            except Exception:
+                continue
+        if value is missing and name in saved:
+            value = saved[name]
+        if value is not missing and not (inspect.ismethod(value) or inspect.isfunction(value)):
             out[name] = arguments_of(value, depth - 1)
     return out
 
 
-def run_differences(saved: dict[str, Any], current: dict[str, Any]) -> dict[str, tuple]:
+def constructor_parameters(kind: type) -> list[str]:
+    """The named arguments ``kind(...)`` accepts: those of the first ``__init__`` along its MRO
+    and, while an ``__init__`` takes ``**kwargs`` (passed on to ``super().__init__``), those of
+    the next one up (a subclass of ``FederatedDataModule`` adds ``data_dir``; ``num_clients``,
+    ``partitioner``, ... are its base's)."""
+    names: dict[str, None] = {}
+    for cls in kind.__mro__:
+        init = cls.__dict__.get("__init__")
+        if init is None:
+            continue
+        try:
+            parameters = inspect.signature(init).parameters
+        except (TypeError, ValueError):
+            break
+        for name, parameter in parameters.items():
+            if name != "self" and parameter.kind not in (
+                parameter.VAR_POSITIONAL,
+                parameter.VAR_KEYWORD,
+            ):
+                names.setdefault(name)
+        if not any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
+            break
+    return list(names)
+
+
+def run_differences(
+    saved: dict[str, Any], current: dict[str, Any], unrecorded: list[str] | None = None
+) -> dict[str, tuple]:
     """``{dotted key: (saved value, current value)}`` where two run records differ. A whole
-    object of another class (or one and ``None``) is one difference, named by its key."""
+    object of another class (or one and ``None``) is one difference, named by its key.
+
+    A key of ``current`` that ``saved`` lacks altogether, in an object of the same class, was
+    not recorded when ``saved`` was written (an older version recorded less): it is no
+    difference, and its dotted name is appended to ``unrecorded`` when given."""
     diffs: dict[str, tuple] = {}
 
     def walk(a: Any, b: Any, key: str) -> None:
         if isinstance(a, dict) and isinstance(b, dict) and a.get("class") == b.get("class"):
             for name in [*a, *(k for k in b if k not in a)]:
-                walk(a.get(name), b.get(name), f"{key}.{name}" if key else name)
+                dotted = f"{key}.{name}" if key else name
+                if name not in a:
+                    if unrecorded is not None:
+                        unrecorded.append(dotted)
+                    continue
+                walk(a.get(name), b.get(name), dotted)
         elif isinstance(a, dict) and isinstance(b, dict):
             diffs[key] = (a.get("class"), b.get("class"))
         elif a != b:

@@ -4,9 +4,14 @@
 checkpoint keeps a *run record* (:func:`run_record`, under :data:`RECORD_KEY`): plain data saying
 what makes the run this run. On resume, :func:`check_resume` compares the checkpoint's record
 with the new run's before anything is loaded and refuses, in one line naming each difference,
-unless the difference is allowed on purpose (``--resume_allow_changes``). The check reads only
-the two records, as plain data, so it does not depend on how a record is built (today from the
-objects' attributes, :func:`~pl_privfed.checks.arguments_of`).
+unless the difference is allowed on purpose (``--resume_allow_changes``). The record is derived,
+not listed: every object's constructor arguments (:func:`~pl_privfed.checks.arguments_of`,
+nested objects and base classes' arguments included), plus what the run realized (the number of
+clients, a fingerprint of the partition, the model's layers and parameter shapes), so a
+datamodule or algorithm added later, or a user's, is covered without a list to update. The check
+reads only the two records, as plain data, so it does not depend on how a record is built. An
+allowed change of the client count that the checkpoint's client state cannot hold (more clients
+than it has rows for) is refused too (:func:`check_client_count`).
 
 A checkpoint that has run every round asked for leaves nothing to train
 (:func:`finished_rounds`, :func:`no_rounds_left_note`). The algorithms' per-client state goes
@@ -17,10 +22,14 @@ into a checkpoint and comes back from it through :func:`save_client_state` and
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import weakref
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from pytorch_lightning.utilities import rank_zero_warn
 from torch import nn
 
@@ -29,12 +38,16 @@ from pl_privfed.engine import SNAPSHOT_DIR_KEY
 from pl_privfed.privacy import PrivacyLedger
 
 __all__ = [
+    "PARTITION_KEY",
     "RECORD_KEY",
+    "check_client_count",
     "check_resume",
+    "data_record",
     "drop_client_state",
     "finished_rounds",
     "load_client_state",
     "no_rounds_left_note",
+    "partition_fingerprint",
     "run_record",
     "save_client_state",
     "summary_entries",
@@ -42,6 +55,8 @@ __all__ = [
 
 #: the checkpoint key of the run record
 RECORD_KEY = "run_record"
+#: the key of the partition fingerprint in a record's ``data`` (:func:`partition_fingerprint`)
+PARTITION_KEY = "partition_fingerprint"
 
 
 def run_record(
@@ -52,28 +67,82 @@ def run_record(
 ) -> dict[str, Any]:
     """What makes a run this run, kept in its checkpoints and compared on resume.
 
+    Derived from the objects, not listed: each object's constructor arguments
+    (:func:`~pl_privfed.checks.arguments_of`, through ``**kwargs`` to its base classes' and
+    into nested objects: partitioner, sampler, noise and its placement, operator, ...), so a
+    datamodule or an algorithm added later, or a user's, is covered without registering it;
+    then what the run realized from them.
+
     Args:
         algorithms: ``(state_dict prefix, algorithm)`` of every configuration the run trains; each
             is recorded under its prefix (``"algorithm"``): its class and arguments (noise,
             compressor, seeds, ...).
-        datamodule: the datamodule (client count, partition, batch size, seeds, ...), or ``None``.
-        model: the model: its class, arguments and parameter shapes.
+        datamodule: the datamodule, or ``None``: its arguments (client count, partitioner,
+            batch size, seeds, ...), the realized ``num_clients`` and ``partition_fingerprint``
+            (:func:`partition_fingerprint`, once it is set up).
+        model: the model: its class, arguments, layers (``layers``: each submodule's class)
+            and parameter shapes.
         criterion: the loss.
 
     Returns:
-        the record, plain data (:func:`~pl_privfed.checks.arguments_of`). Not the trainer's
-        settings (more rounds are a continuation) nor where state lives.
+        the record, plain data. Not the trainer's settings (more rounds are a continuation) nor
+        where data and state live or how fast they are computed (``data_dir``, ``cache``,
+        ``eval_batch_size``, ...).
     """
     record: dict[str, Any] = {
         prefix.rstrip("."): arguments_of(algorithm) for prefix, algorithm in algorithms
     }
-    record["data"] = arguments_of(datamodule) if datamodule is not None else None
+    record["data"] = data_record(datamodule) if datamodule is not None else None
     record["model"] = {
         **arguments_of(model),
+        "layers": {n: type(m).__qualname__ for n, m in model.named_modules() if n},
         "parameters": {n: list(p.shape) for n, p in model.named_parameters()},
     }
     record["criterion"] = arguments_of(criterion)
     return record
+
+
+def data_record(datamodule: Any) -> dict[str, Any]:
+    """A datamodule's part of :func:`run_record`: its arguments, the number of clients it
+    realized (its ``num_clients``, which sizes the client state) and its
+    :func:`partition_fingerprint` when it has a partition."""
+    record = arguments_of(datamodule)
+    num_clients = getattr(datamodule, "num_clients", None)
+    if isinstance(num_clients, int):
+        record["num_clients"] = num_clients
+    fingerprint = partition_fingerprint(datamodule)
+    if fingerprint is not None:
+        record[PARTITION_KEY] = fingerprint
+    return record
+
+
+def partition_fingerprint(datamodule: Any) -> str | None:
+    """The first 16 hex digits of the SHA-256 of the partition a datamodule realized: every
+    client's training indices in order (``shards``), else its shard sizes
+    (``client_sizes``); ``None`` before set-up or without either. It catches a changed
+    federation whatever changed it (an argument kept under another name, another data file)."""
+    shards = getattr(datamodule, "shards", None)
+    if shards is None or len(shards) == 0:
+        shards = getattr(datamodule, "client_sizes", None)
+        if shards is None or len(shards) == 0:
+            return None
+        shards = [shards]
+    try:  # every checkpoint asks: hash a partition once (a million clients take seconds)
+        known, fingerprint = _FINGERPRINTS.get(datamodule, (None, None))
+    except TypeError:  # not weakly referenceable
+        known = fingerprint = None
+    if known is not shards:
+        parts = [np.asarray(shard, dtype=np.int64).reshape(-1) for shard in shards]
+        digest = hashlib.sha256(np.array([len(p) for p in parts], dtype="<i8").tobytes())
+        digest.update(np.concatenate(parts).astype("<i8", copy=False).tobytes())
+        fingerprint = digest.hexdigest()[:16]
+        with contextlib.suppress(TypeError):
+            _FINGERPRINTS[datamodule] = (shards, fingerprint)
+    return fingerprint
+
+
+#: each datamodule's partition (its ``shards`` object) and that partition's fingerprint
+_FINGERPRINTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def check_resume(
@@ -125,14 +194,59 @@ def check_resume(
 
 
 def _differences(saved: dict[str, Any] | None, record: dict[str, Any]) -> dict[str, tuple]:
-    """:func:`~pl_privfed.checks.run_differences`, none (with a warning) without a record."""
+    """:func:`~pl_privfed.checks.run_differences`, none (with a warning) without a record.
+
+    The partition fingerprint is what the data's arguments realized: its difference is
+    implied by (and allowed with) any other difference of ``data``, and is named on its own
+    only when no argument differs (a federation changed by something the arguments do not
+    show). Keys the checkpoint's record lacks (an older version recorded less) are not
+    compared, with a warning naming them."""
     if saved is None:
         rank_zero_warn(
             "the checkpoint holds no record of its run (written by an older version): "
             "resuming without checking that this run's configuration is the same"
         )
         return {}
-    return run_differences(saved, record)
+    unrecorded: list[str] = []
+    diffs = run_differences(saved, record, unrecorded)
+    fingerprint = f"data.{PARTITION_KEY}"
+    if fingerprint in diffs and any(k.startswith("data.") and k != fingerprint for k in diffs):
+        del diffs[fingerprint]
+    if unrecorded:
+        shown = ", ".join(unrecorded[:8]) + (
+            f" and {len(unrecorded) - 8} more" if len(unrecorded) > 8 else ""
+        )
+        rank_zero_warn(
+            f"the checkpoint's record of its run (written by an older version) lacks {shown}: "
+            "resuming without checking them"
+        )
+    return diffs
+
+
+def check_client_count(checkpoint: dict[str, Any], algorithms: Iterable[tuple[str, Any]]) -> None:
+    """Refuse, before anything is loaded, a run with more clients than the checkpoint's
+    per-client state has rows for (a ``data.num_clients`` change allowed with
+    ``--resume_allow_changes``): the added clients have no state to continue from. Fewer
+    clients resume with the first clients' rows. Every process decides alike (from the
+    checkpoint's record), so none is left waiting.
+
+    Raises:
+        ValueError: naming both client counts and the tables.
+    """
+    saved = ((checkpoint.get(RECORD_KEY) or {}).get("data") or {}).get("num_clients")
+    if not isinstance(saved, int):
+        return  # an older checkpoint: its record does not say
+    for prefix, algorithm in algorithms:
+        state = getattr(algorithm, "state", None)
+        names = list(getattr(state, "names", ()))
+        clients = getattr(getattr(state, "shard", None), "num_clients", saved)
+        if names and clients > saved:
+            raise ValueError(
+                f"data.num_clients: checkpoint {saved}, this run {clients}, but the checkpoint's "
+                f"client state ({', '.join(prefix + n for n in names)}) holds rows for {saved} "
+                f"clients only: clients {saved} to {clients - 1} have no state to resume from; "
+                f"resume with data.num_clients <= {saved} or start the run from scratch"
+            )
 
 
 def finished_rounds(checkpoint: dict[str, Any], num_rounds: int) -> tuple[int, int] | None:
@@ -182,6 +296,8 @@ def load_client_state(
 ) -> None:
     """Every algorithm's per-client state from ``checkpoint`` (set-up algorithms: their state
     tables exist); disk snapshots are found beside ``ckpt_path``."""
+    algorithms = list(algorithms)
+    check_client_count(checkpoint, algorithms)
     base = str(Path(ckpt_path).parent) if ckpt_path else None  # snapshots beside it
     for prefix, algorithm in algorithms:
         algorithm.state.load(checkpoint, prefix, base)
