@@ -198,7 +198,8 @@ def frontier(
     The points are :func:`~pl_privfed.report.frontier_points`'s. Writes ``frontier.png``
     (``metric``, % for an accuracy, against the mean certified ε on a log scale, one line per
     method with its 95 % band over seeds clipped to the metric's range, and each method's
-    non-private accuracy as a dashed line in the same colour), ``frontier.csv`` (one row per
+    non-private accuracy as a dashed line in the same colour, named in the legend below the
+    axes), ``frontier.csv`` (one row per
     point: method, private, target and certified ε, adversary, the selected hyperparameters,
     seeds, ``metric`` and ``select`` as mean, 95 % interval and half-width) and
     ``frontier.md`` (the table). Every caption says that the step size is selected on
