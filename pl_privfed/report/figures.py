@@ -137,7 +137,8 @@ def legend_below(fig: Figure, fontsize: float = 7) -> None:
     if not entries:
         return
     column = max(map(len, entries)) * 0.6 * fontsize + 40  # points: the text, the handle, a gap
-    ncols = max(1, min(len(entries), int(0.95 * fig.get_figwidth() * 72 // column)))
+    widest = max(1, min(len(entries), int(0.95 * fig.get_figwidth() * 72 // column)))
+    ncols = math.ceil(len(entries) / math.ceil(len(entries) / widest))  # rows evenly filled
     fig.legend(
         list(entries.values()),
         list(entries),
