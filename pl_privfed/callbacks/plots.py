@@ -21,6 +21,8 @@ __all__ = ["TrainingCurves"]
 
 
 DEFAULT_KEYS = ("train/loss", "val/loss", "val/acc", "privacy/epsilon")
+#: the most panels side by side: more metrics wrap onto further rows
+MAX_PER_ROW = 4
 
 
 class TrainingCurves(pl.Callback):
@@ -31,7 +33,7 @@ class TrainingCurves(pl.Callback):
     only at the rounds where it was logged: one logged every ``N`` rounds (e.g. ``privacy/epsilon``
     with ``epsilon_every: N``) gets a point every ``N`` rounds, not a staircase repeating its last
     value in between. At the end of fit it
-    saves one panel per metric to ``<log_dir>/<filename>``, the numbers beside it as
+    saves one panel per metric (at most four in a row) to ``<log_dir>/<filename>``, the numbers beside it as
     ``<stem>.csv`` (``metric,round,value`` rows), and, when a ``WandbLogger`` is
     attached, logs the figure as a W&B image and as an artifact. The history is kept in
     checkpoints, so a resumed run plots its whole curve.
@@ -164,16 +166,28 @@ class TrainingCurves(pl.Callback):
             )
 
     def figure(self) -> Figure:
-        """The curves as a matplotlib figure (one panel per recorded metric)."""
+        """The curves as a matplotlib figure: one panel per recorded metric, in rows of at most
+        :data:`MAX_PER_ROW`, all on the run's round axis (a metric evaluated once shows its one
+        point where it was taken in the run, and says so)."""
         keys = self.plotted_keys()
-        fig = Figure(figsize=(4.5 * max(1, len(keys)), 3.4), layout="constrained")
+        ncols = max(1, min(len(keys), MAX_PER_ROW))
+        nrows = max(1, math.ceil(len(keys) / ncols))
+        fig = Figure(figsize=(4.5 * ncols, 3.4 * nrows), layout="constrained")
+        rounds = [step for key in keys for step, _ in self.history[key]]
+        first, last = (min(rounds), max(rounds)) if rounds else (0, 1)
+        pad = max(1.0, 0.04 * (last - first))
         for i, key in enumerate(keys):
-            ax = fig.add_subplot(1, len(keys), i + 1)
+            ax = fig.add_subplot(nrows, ncols, i + 1)
             steps, values = zip(*self.history[key])
-            ax.plot(steps, values, marker="." if len(steps) < 30 else None)
+            one = len(steps) == 1
+            ax.plot(steps, values, marker="o" if one else "." if len(steps) < 30 else None)
+            ax.set_xlim(first - pad, last + pad)
             ax.set_title(key)
             ax.set_xlabel("round")
             ax.grid(alpha=0.3)
+            if one:
+                note = f"one value only (round {steps[0]})"
+                ax.text(0.02, 0.98, note, transform=ax.transAxes, fontsize=7, va="top")
         return fig
 
     @override

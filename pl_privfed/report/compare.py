@@ -14,7 +14,15 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from pl_privfed.report.configs import aggregate, best, check_selection_metric, warn_missing
-from pl_privfed.report.figures import band, grid, omitted_note
+from pl_privfed.report.figures import (
+    band,
+    grid,
+    legend_below,
+    log_floor,
+    omitted_note,
+    one_point_note,
+    suptitle,
+)
 from pl_privfed.report.runs import (
     DEFAULT_METRIC,
     TEST,
@@ -131,7 +139,12 @@ def _why(panel: _Panel, methods: list[_Method]) -> str:
 
 
 def _draw(ax: Axes, panel: _Panel, methods: list[_Method]) -> None:
-    """One panel: each method's curve, mean over seeds with its 95 % band."""
+    """One panel: each method's curve, mean over seeds with its 95 % band (on the utility's log
+    axis cut a decade below the lowest mean rather than falling off the bottom)."""
+    utility = panel.curve == "utility"
+    low, high = limits(panel.limits)
+    if utility:
+        low = max(low, log_floor([d for m in methods if (d := m.curve(panel)) is not None]))
     for i, method in enumerate(methods):
         data = method.curve(panel)
         if data is None:
@@ -143,14 +156,14 @@ def _draw(ax: Axes, panel: _Panel, methods: list[_Method]) -> None:
             x="bits" if panel.bits else "round",
             factor=panel.factor,
             label=method.label,
-            limits=limits(panel.limits),
+            limits=(low, high),
             color=f"C{i % 10}",
         )
-    ax.set_title(f"{panel.title}, mean over seeds, 95 % t-band", fontsize=9)
+    ax.set_title(panel.title, fontsize=9)
     ax.set_xlabel("bits sent per agent" if panel.bits else "round")
     if panel.bits:  # 1e5 rather than 100000: the tick labels stay apart
         ax.ticklabel_format(axis="x", style="sci", scilimits=(-3, 3))
-    utility = panel.curve == "utility"
+    one_point_note(ax, "bits" if panel.bits else "round")
     ax.set_ylabel("||∇f(x̄)||²" if utility else "validation accuracy (%)")
     ax.grid(alpha=0.3)
     if utility:
@@ -161,12 +174,12 @@ def _figure(methods: list[_Method]) -> tuple[Figure, str | None]:
     """The panels that have data, in rows of two, and the note naming the others."""
     present = [p for p in _PANELS if any(m.curve(p) is not None for m in methods)]
     omitted = [f"{p.title} ({_why(p, methods)})" for p in _PANELS if p not in present]
-    height = 3.8 * max(1, math.ceil(len(present) / 2)) + 0.3
+    height = 3.8 * max(1, math.ceil(len(present) / 2)) + 0.9  # + the title and the legend
     fig = Figure(figsize=(10, height), layout="constrained")
     for ax, panel in zip(grid(fig, len(present), 2), present, strict=True):
         _draw(ax, panel, methods)
-    if present:
-        fig.axes[0].legend(fontsize=7)
+    legend_below(fig)  # every method once, below the panels: it covers no curve
+    suptitle(fig, "the best configuration of each sweep: mean over seeds with 95 % t-band")
     return fig, omitted_note(fig, omitted)
 
 

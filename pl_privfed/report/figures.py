@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import math
 import textwrap
+from collections import Counter
 from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
 import seaborn as sns
 from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
@@ -25,7 +27,20 @@ from pl_privfed.report.runs import order
 from pl_privfed.report.stats import t_band
 from pl_privfed.report.symbols import symbol
 
-__all__ = ["band", "grid", "heatmap_figure", "omitted_note", "suptitle"]
+__all__ = [
+    "MAX_PER_ROW",
+    "band",
+    "grid",
+    "heatmap_figure",
+    "legend_below",
+    "log_floor",
+    "omitted_note",
+    "one_point_note",
+    "suptitle",
+]
+
+#: the most panels a figure puts side by side (more would make a figure too wide to read)
+MAX_PER_ROW = 4
 
 
 def band(
@@ -66,14 +81,16 @@ def band(
         label=label,
         errorbar=t_band(limits) if spread else None,
         err_kws={"linewidth": 0},
-        marker="." if data[x].nunique() < 30 else None,
+        # one point (one evaluation): a dot big enough to see; a few: small dots on the line
+        marker="o" if data[x].nunique() == 1 else "." if data[x].nunique() < 30 else None,
         **style,
     )
     return ax.lines[before]
 
 
 def omitted_note(fig: Figure, omitted: Sequence[str]) -> str | None:
-    """A note at the bottom of ``fig`` naming the panels left out for want of data."""
+    """A note at the bottom of ``fig`` naming the panels left out for want of data, below the
+    figure's legend (:func:`legend_below`) when it has one."""
     if not omitted:
         return None
     note = "Panels omitted (no data): " + "; ".join(omitted)
@@ -81,19 +98,87 @@ def omitted_note(fig: Figure, omitted: Sequence[str]) -> str | None:
     fig.text(0.01, 0.005, text, fontsize=7, style="italic", va="bottom")
     lines = text.count("\n") + 1  # room below the panels (constrained layout ignores fig.text)
     bottom = 0.15 * lines / fig.get_figheight()
+    for legend in fig.legends:  # anchored above the note: its room is then taken by hand too
+        legend.set_loc("lower center")
+        legend.set_bbox_to_anchor((0, bottom, 1, 1 - bottom), transform=fig.transFigure)
+        height = legend.get_window_extent(FigureCanvasAgg(fig).get_renderer()).height
+        bottom += (height + 4) / fig.dpi / fig.get_figheight()
     fig.get_layout_engine().set(rect=(0, bottom, 1, 1 - bottom))  # left, bottom, width, height
     return note
 
 
-def grid(fig: Figure, count: int, ncols: int) -> list[Axes]:
-    """``count`` axes in rows of ``ncols`` (unused cells removed)."""
-    if not count:
+def grid(fig: Figure, count: int | Sequence[int], ncols: int) -> list[Axes]:
+    """``count`` axes in rows of ``ncols`` (unused cells removed); with a sequence of counts,
+    each group starts a row of its own (e.g. one group per value of a first facet) and wraps
+    onto further rows when it has more than ``ncols``."""
+    groups = [count] if isinstance(count, int) else list(count)
+    if not sum(groups):
         return []
-    nrows = math.ceil(count / ncols)
-    axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
-    for ax in axes[count:]:
-        ax.remove()
-    return list(axes[:count])
+    nrows = sum(math.ceil(n / ncols) for n in groups)
+    cells = fig.subplots(nrows, ncols, squeeze=False)
+    used, row = [], 0
+    for n in groups:
+        used += [cells[row + i // ncols, i % ncols] for i in range(n)]
+        row += math.ceil(n / ncols)
+    for ax in cells.ravel():
+        if not any(ax is u for u in used):
+            ax.remove()
+    return used
+
+
+def legend_below(fig: Figure, fontsize: float = 7) -> None:
+    """One legend for the whole figure, below its panels (outside every axes, so that it never
+    covers a curve), with each label once (the same method in several panels); in as many
+    columns as the figure's width holds."""
+    entries: dict[str, object] = {}
+    for ax in fig.axes:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            entries.setdefault(label, handle)
+    if not entries:
+        return
+    column = max(map(len, entries)) * 0.6 * fontsize + 40  # points: the text, the handle, a gap
+    widest = max(1, min(len(entries), int(0.95 * fig.get_figwidth() * 72 // column)))
+    ncols = math.ceil(len(entries) / math.ceil(len(entries) / widest))  # rows evenly filled
+    fig.legend(
+        list(entries.values()),
+        list(entries),
+        loc="outside lower center",
+        ncols=ncols,
+        fontsize=fontsize,
+        frameon=False,
+    )
+
+
+def log_floor(frames: Sequence[pd.DataFrame], x: str = "round", factor: float = 1.0) -> float:
+    """Where a band on a log y axis is cut: a decade below the lowest positive mean of the
+    ``frames`` (one row per seed and point, ``x`` and ``value``). A Student-t band over few
+    seeds often reaches zero or below, which a log axis cannot draw: the band would fall off
+    the bottom of the axes; cut there, it still shows that the interval is wide."""
+    means = pd.concat([f.groupby(x)["value"].mean() * factor for f in frames])
+    positive = means[means > 0]
+    return float(positive.min()) / 10 if len(positive) else 0.0
+
+
+def one_point_note(ax: Axes, x: str = "round") -> None:
+    """When every curve of ``ax`` has a single point (one evaluation), say so in the panel and
+    give its x axis at least one unit (one round) on each side of the point, rather than a dot
+    alone on an axis a few hundredths wide."""
+    xs = {float(v) for line in ax.lines for v in line.get_xdata()}
+    if len(xs) != 1 or any(len(line.get_xdata()) != 1 for line in ax.lines):
+        return
+    (value,) = xs
+    low, high = ax.get_xlim()
+    pad = max(1.0, 0.05 * abs(value))
+    ax.set_xlim(min(low, value - pad), max(high, value + pad))
+    ax.text(
+        0.02,
+        0.98,
+        f"one evaluation only ({x} {value:g})",
+        transform=ax.transAxes,
+        fontsize=7,
+        style="italic",
+        va="top",
+    )
 
 
 def suptitle(fig: Figure, title: str) -> None:
@@ -172,12 +257,14 @@ def heatmap_figure(
         {tuple(r) for r in cells[list(facets)].itertuples(index=False)},
         key=lambda k: tuple(order(v) for v in k),
     )
-    ncols = len({k[-1] for k in keys}) if len(facets) >= 2 else min(len(keys), 4)
+    # a row per value of the first facet (wrapped after MAX_PER_ROW panels), else rows of 4
+    groups = list(Counter(k[0] for k in keys).values()) if len(facets) >= 2 else [len(keys)]
+    ncols = min(max(groups, default=1), MAX_PER_ROW)
     width, height = max(3.6, 1.6 + 0.8 * len(xs)), max(3.0, 1.4 + 0.6 * len(ys))
-    nrows = math.ceil(len(keys) / ncols)
+    nrows = sum(math.ceil(n / ncols) for n in groups)
     fig = Figure(figsize=(width * ncols + 1.2, height * nrows + 0.7), layout="constrained")
     style = {"cmap": "RdBu" if diff else "viridis", "vmin": bounds[0], "vmax": bounds[1]}
-    for ax, key in zip(grid(fig, len(keys), ncols), keys, strict=True):
+    for ax, key in zip(grid(fig, groups, ncols), keys, strict=True):
         own = cells[(cells[list(facets)] == list(key)).all(axis=1)] if facets else cells
         _panel(ax, own, xs, ys, x, y, diff=diff, **style)
         ax.set_xlabel(symbol(x, names))

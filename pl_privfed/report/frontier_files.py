@@ -13,7 +13,7 @@ import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from pl_privfed.report.figures import band
+from pl_privfed.report.figures import band, legend_below
 from pl_privfed.report.frontier_data import FRONTIER_SELECTION, FrontierPoint, frontier_points
 from pl_privfed.report.runs import DEFAULT_METRIC, TEST
 from pl_privfed.report.text import fmt_num, fmt_pm, is_accuracy, limits, markdown
@@ -77,27 +77,17 @@ def _private_curve(
 
 
 def _non_private_line(
-    ax: Axes, method: str, point: FrontierPoint, names: _Names, color: str, alone: bool
+    ax: Axes, method: str, point: FrontierPoint, names: _Names, color: str
 ) -> None:
-    """A method's non-private accuracy: a dashed line across the figure, named at its end."""
+    """A method's non-private accuracy: a dashed line across the figure, named in the legend
+    (a text at the line's end would print on top of another method's at a close accuracy)."""
     y = point.test.mean * names.factor
-    label = f"{method} (non-private only)" if alone else None
-    ax.axhline(y, color=color, linestyle="--", linewidth=1.2, label=label)
-    ax.annotate(
-        "non-private",
-        (1.0, y),
-        xycoords=("axes fraction", "data"),
-        xytext=(3, 0),
-        textcoords="offset points",
-        color=color,
-        fontsize=7,
-        va="center",
-    )
+    ax.axhline(y, color=color, linestyle="--", linewidth=1.2, label=f"{method}: non-private")
 
 
 def _figure(points: list[FrontierPoint], names: _Names) -> Figure:
     """``frontier.png``: one curve per method on a log ε axis, its non-private accuracy dashed."""
-    fig = Figure(figsize=(7.5, 4.8), layout="constrained")
+    fig = Figure(figsize=(7.5, 5.2), layout="constrained")
     ax = fig.add_subplot()
     ticks: set[float] = set()
     for i, method in enumerate(dict.fromkeys(p.method for p in points)):
@@ -112,7 +102,7 @@ def _figure(points: list[FrontierPoint], names: _Names) -> Figure:
             _private_curve(ax, method, private, names, color)
         for p in mine:
             if not p.private and p.test.n:
-                _non_private_line(ax, method, p, names, color, alone=not private)
+                _non_private_line(ax, method, p, names, color)
     ax.set_xscale("log")
     if ticks:
         ax.set_xticks(sorted(ticks), [f"{t:g}" for t in sorted(ticks)])
@@ -125,8 +115,7 @@ def _figure(points: list[FrontierPoint], names: _Names) -> Figure:
         fontsize=8,
     )
     ax.grid(alpha=0.3)
-    if ax.lines:
-        ax.legend(fontsize=7)
+    legend_below(fig)  # below the axes: it covers no curve
     return fig
 
 
@@ -209,7 +198,8 @@ def frontier(
     The points are :func:`~pl_privfed.report.frontier_points`'s. Writes ``frontier.png``
     (``metric``, % for an accuracy, against the mean certified ε on a log scale, one line per
     method with its 95 % band over seeds clipped to the metric's range, and each method's
-    non-private accuracy as a dashed line in the same colour), ``frontier.csv`` (one row per
+    non-private accuracy as a dashed line in the same colour, named in the legend below the
+    axes), ``frontier.csv`` (one row per
     point: method, private, target and certified ε, adversary, the selected hyperparameters,
     seeds, ``metric`` and ``select`` as mean, 95 % interval and half-width) and
     ``frontier.md`` (the table). Every caption says that the step size is selected on

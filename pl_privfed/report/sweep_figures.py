@@ -14,7 +14,16 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from pl_privfed.report.configs import best
-from pl_privfed.report.figures import band, grid, omitted_note, suptitle
+from pl_privfed.report.figures import (
+    MAX_PER_ROW,
+    band,
+    grid,
+    legend_below,
+    log_floor,
+    omitted_note,
+    one_point_note,
+    suptitle,
+)
 from pl_privfed.report.runs import NULL, SERVER_NORM, order, seed_curves, sorted_values
 from pl_privfed.report.symbols import symbol
 from pl_privfed.report.text import limits
@@ -45,17 +54,21 @@ def _curves_panel(
 ) -> None:
     """One panel of :func:`curves_figure`: the curves of ``key``, one per drawn configuration."""
     name, factor = _PANELS[key]
+    means = np.concatenate([d.groupby("round")["value"].mean().to_numpy() for _, _, d in drawn])
+    log = key == "train/loss" and means.min() > 0 and means.max() > 10 * means.min()
+    low, high = limits(key)
+    if log:  # the band cut a decade below the lowest mean, not off the bottom of the log axis
+        low = max(low, log_floor([d for _, _, d in drawn], factor=factor))
     for row, label, data in drawn:
         style = _STYLES[methods.index(row["_method"]) % len(_STYLES)]
         color = f"C{xs.index(row[x]) % 10}"
-        band(ax, data, factor=factor, label=label, limits=limits(key), linestyle=style, color=color)
+        band(ax, data, factor=factor, label=label, limits=(low, high), linestyle=style, color=color)
     ax.set_title(f"{name}, {tuned};\nmean over seeds, 95 % t-band", fontsize=9)
     ax.set_xlabel("round")
     ax.set_ylabel(name)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(alpha=0.3)
-    means = np.concatenate([d.groupby("round")["value"].mean().to_numpy() for _, _, d in drawn])
-    if key == "train/loss" and means.min() > 0 and means.max() > 10 * means.min():
+    if log:
         ax.set_yscale("log")
 
 
@@ -92,9 +105,15 @@ def curves_figure(
         return None, "not drawn: no run logged train/loss or val/acc (curves.csv)"
     fig = Figure(figsize=(5.6 * len(present), 4.4), layout="constrained")
     tuned = f"best {symbol(y, names)} per {symbol(x, names)}" if y else f"per {symbol(x, names)}"
-    for ax, key in zip(grid(fig, len(present), len(present)), present, strict=True):
+    axes = grid(fig, len(present), len(present))
+    for ax, key in zip(axes, present, strict=True):
         _curves_panel(ax, key, drawn[key], methods, xs, x, tuned)
-    fig.axes[-1].legend(fontsize=7)
+    # one round axis for both panels: a single validation sits where it happened in the run
+    lows, highs = zip(*(ax.get_xlim() for ax in axes))
+    for ax in axes:
+        ax.set_xlim(min(lows), max(highs))
+        one_point_note(ax)
+    legend_below(fig)
     return fig, omitted_note(fig, omitted)
 
 
@@ -125,8 +144,11 @@ def rounds_to_target_figure(
     ceiling = np.nanmax([configs["rounds:mean"].max(), 1.0])
     fewest = _fewest_rounds(configs, [k for k in (facet, series, x) if k])
     facets = sorted_values(configs[facet]) if facet else [""]
-    fig = Figure(figsize=(4.6 * len(facets), 3.8), layout="constrained")
-    for ax, fv in zip(grid(fig, len(facets), len(facets)), facets, strict=True):
+    ncols = min(len(facets), MAX_PER_ROW)
+    fig = Figure(
+        figsize=(4.6 * ncols, 3.8 * math.ceil(len(facets) / ncols) + 0.4), layout="constrained"
+    )
+    for ax, fv in zip(grid(fig, len(facets), ncols), facets, strict=True):
         members = configs[configs[facet] == fv] if facet else configs
         for sv in sorted_values(members[series]) if series else [""]:
             key = tuple(k for k in (fv if facet else None, sv if series else None) if k is not None)
@@ -142,8 +164,7 @@ def rounds_to_target_figure(
         title = f"{symbol(facet, names)}={fv}" if facet else "rounds to ||∇f|| target"
         ax.set_title(title, fontsize=9)
         ax.grid(alpha=0.3)
-        if series:
-            ax.legend(fontsize=7)
+    legend_below(fig)
     suptitle(fig, "fewest rounds to the gradient-norm target (×: not reached by every seed)")
     return fig
 
@@ -182,5 +203,5 @@ def transmissions_figure(
         fontsize=9,
     )
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    legend_below(fig)
     return fig
