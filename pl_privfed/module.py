@@ -179,7 +179,7 @@ class FederatedModule(pl.LightningModule):
 
     @override
     def configure_optimizers(self):
-        return wiring.RoundOptimizer(self.parameters())
+        return wiring.RoundOptimizer(self.parameters(), [("step_size", self.algorithm)])
 
     @override
     def forward(self, x: Tensor) -> Tensor:

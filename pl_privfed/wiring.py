@@ -9,7 +9,10 @@ of is decided here, once:
   and processes, the gradient oracle, the chunk size (:func:`~pl_privfed.engine.choose_chunk_size`,
   decided here and handed to every round), the number of rounds (a :class:`Setup`);
 * :func:`privacy_ledger` — a private run's ledger;
-* :class:`RoundOptimizer` — the optimizer Lightning steps once per round (it does nothing).
+* :class:`RoundOptimizer` — the optimizer Lightning steps once per round (it does nothing but
+  show the algorithms' step sizes as its learning rates);
+* :func:`name_checkpoints_by_round` — a plain ``ModelCheckpoint`` without a file name counts
+  rounds.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.utilities import rank_zero_warn
 from torch import nn
 
@@ -34,12 +38,14 @@ from pl_privfed.grads import (
     resolve_backend,
     resolve_example_backend,
 )
+from pl_privfed.logdir import round_step_on_wandb
 from pl_privfed.privacy import PrivacyLedger, plan
 
 __all__ = [
     "RoundOptimizer",
     "Setup",
     "check_arguments",
+    "name_checkpoints_by_round",
     "privacy_ledger",
     "restore_ledger",
     "set_up",
@@ -47,14 +53,50 @@ __all__ = [
 
 
 class RoundOptimizer(torch.optim.Optimizer):
-    """Does nothing but run its closure: the algorithm writes the parameters itself."""
+    """Does nothing but run its closure: the algorithm writes the parameters itself.
 
-    def __init__(self, params) -> None:
+    Its parameter groups' ``lr`` are the algorithms' step sizes (``step_size``: the server step
+    ``γ``/``η``, the gradient step of a decentralized method), kept equal to them at every
+    round, so that Lightning's ``LearningRateMonitor`` and anything else that reads an
+    optimizer's learning rate sees the federation's step (logged as
+    ``lr-RoundOptimizer/step_size``). The first group holds the parameters; a grid's further
+    configurations get one empty group each, named after them.
+
+    Args:
+        params: the module's parameters.
+        algorithms: ``(name, algorithm)`` pairs, one group each; none: one group at ``lr`` 0.
+    """
+
+    def __init__(self, params, algorithms: list[tuple[str, FederatedAlgorithm]] = ()) -> None:
         super().__init__(params, defaults={"lr": 0.0})
+        self.algorithms = list(algorithms)
+        for name, _ in self.algorithms[1:]:
+            self.add_param_group({"params": [], "name": name})
+        if self.algorithms:
+            self.param_groups[0]["name"] = self.algorithms[0][0]
+        self.follow_step_sizes()
+
+    def follow_step_sizes(self) -> None:
+        """Set every group's ``lr`` to its algorithm's current ``step_size``."""
+        for group, (_, algorithm) in zip(self.param_groups, self.algorithms):
+            group["lr"] = float(algorithm.step_size)
 
     @torch.no_grad()
     def step(self, closure=None):  # type: ignore[override]
+        self.follow_step_sizes()
         return closure() if closure is not None else None
+
+
+def name_checkpoints_by_round(trainer: Any) -> None:
+    """Give Lightning's own ``ModelCheckpoint`` callbacks that have no ``filename`` the name
+    ``round=000050.ckpt`` (rounds, ``trainer.global_step``) in place of Lightning's
+    ``epoch=9-step=50.ckpt``, whose epochs mean nothing in a federation; a file name the user
+    chose is kept. :class:`~pl_privfed.callbacks.RoundCheckpoint` names files so by default
+    and also writes atomically and saves the last round."""
+    for callback in trainer.checkpoint_callbacks:
+        if isinstance(callback, ModelCheckpoint) and callback.filename is None:
+            callback.filename = "round={step:06d}"
+            callback.auto_insert_metric_name = False
 
 
 @dataclass(frozen=True)
@@ -112,6 +154,9 @@ def set_up(
                 "trainer.max_steps, trainer.max_epochs or algorithm noise.rounds"
             )
     adopt_strategy(trainer)
+    if stage == "fit":
+        name_checkpoints_by_round(trainer)
+    round_step_on_wandb(trainer)  # W&B plots every series against the round
     dtype = trainer_rounds.training_dtype(trainer, module, module.model)
     state_dir = module.state_dir or str(Path(trainer.default_root_dir) / "client_state")
     rounds = round_description(datamodule)

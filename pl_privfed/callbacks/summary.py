@@ -13,12 +13,13 @@ import yaml
 from pytorch_lightning.utilities import rank_zero_only, rank_zero_warn
 from typing_extensions import override
 
+from pl_privfed import trainer_rounds
 from pl_privfed.callbacks._logging import logged_names, warn_once
 from pl_privfed.callbacks.interrupt import stop_if_signalled, stop_signal, watch_signals
 from pl_privfed.logdir import local_log_dir, log_artifact, wandb_loggers
 from pl_privfed.results import finite_float, write_atomically
 
-__all__ = ["RunSummary", "audit_line", "epsilon_line"]
+__all__ = ["RunSummary", "audit_line", "epsilon_line", "stop_entries"]
 
 
 class RunSummary(pl.Callback):
@@ -187,11 +188,8 @@ class RunSummary(pl.Callback):
             "rounds": trainer.global_step,
             "epochs": trainer.current_epoch,
             "wall_time_s": None if self._start is None else time.perf_counter() - self._start,
-            "stopped_reason": "; ".join(
-                cb.stop_reason for cb in trainer.callbacks if getattr(cb, "stop_reason", None)
-            )
-            or None,
         }
+        out.update(stop_entries(trainer, unexplained=self.interrupted is None))
         if self.interrupted is not None:
             out["interrupted"] = self.interrupted
         nested: dict[str, Any] = {}  # entries for the privacy report (e.g. an audit's)
@@ -276,6 +274,8 @@ class RunSummary(pl.Callback):
                 parts.append(audit_line(data["privacy"]["audit"]))
             elif "privacy_budget" in data:
                 parts.append("not private (no noise)")
+            if data.get("stopped_by"):
+                parts.append(f"stopped by {data['stopped_by']}: {data['stopped_reason']}")
             print(f"[pl-privfed] {', '.join(parts)}  (summary: {self.path})")
 
 
@@ -351,3 +351,47 @@ def audit_line(audit: dict[str, Any]) -> str:
     if audit.get("exceeds_certified"):
         line += " -- AUDIT EXCEEDS THE CERTIFIED EPSILON"
     return line
+
+
+def _stop_reason(callback: Any) -> str | None:
+    """Why ``callback`` stopped the run, or ``None``: the package's callbacks say it in
+    ``stop_reason``; Lightning's ``EarlyStopping`` (either namespace) in
+    ``stopping_reason_message``, set only when it stops the run (its ``stopped_epoch`` counts
+    epochs, which mean nothing in rounds)."""
+    reason = getattr(callback, "stop_reason", None)
+    if reason:
+        return str(reason)
+    message = getattr(callback, "stopping_reason_message", None)
+    return str(message).replace(" Signaling Trainer to stop.", "") if message else None
+
+
+def stop_entries(trainer: pl.Trainer, unexplained: bool = True) -> dict[str, Any]:
+    """``summary.json``'s ``stopped_by`` (the callbacks that stopped the run, by class name)
+    and ``stopped_reason`` (their reasons, joined by ``"; "``; Lightning's ``EarlyStopping``
+    gets ``"early stopping at round r: <its message>"``, r being the round the run ended at).
+
+    With ``unexplained``, a run told to stop (``trainer.should_stop``) before its last round
+    by something that gives no reason is named as such (``stopped_by: trainer.should_stop``);
+    both entries are ``None`` for a run that ran all its rounds.
+    """
+    names, reasons = [], []
+    for callback in trainer.callbacks:
+        reason = _stop_reason(callback)
+        if reason is None:
+            continue
+        names.append(type(callback).__name__)
+        if not getattr(callback, "stop_reason", None):  # EarlyStopping: its epoch says nothing
+            reason = f"early stopping at round {trainer.global_step}: {reason}"
+        reasons.append(reason)
+    planned = trainer_rounds.num_rounds(trainer)
+    stopped = trainer.should_stop and 0 < trainer.global_step < planned
+    if unexplained and not names and stopped:
+        names.append("trainer.should_stop")
+        reasons.append(
+            f"stopped at round {trainer.global_step} of {planned}: trainer.should_stop was set "
+            "by a callback or the module, which gave no reason"
+        )
+    return {
+        "stopped_by": ", ".join(names) or None,
+        "stopped_reason": "; ".join(reasons) or None,
+    }
