@@ -120,3 +120,23 @@ def test_wandb_plots_every_series_against_the_round(tmp_path, monkeypatch):
     assert {
         r["lr-RoundOptimizer/step_size"] for r in records if "lr-RoundOptimizer/step_size" in r
     } == {0.1}
+
+
+def test_a_diverging_run_is_named_as_such(tmp_path):
+    """Today: only ``train loss=101.4857`` in the result line. A quadratic federation at step
+    size 2.5 multiplies the distance to the optimum by -1.5 every round."""
+    from pl_privfed.datamodules import QuadraticDataModule
+    from pl_privfed.models import HalfSquaredError, QuadraticModel
+    from pl_privfed.operators import TopK
+
+    centers = [[1.0, -2.0], [3.0, 0.5]]
+    module = FederatedModule(
+        QuadraticModel(2, 1.0), EF21(2.5, compressor=TopK(k=2)), HalfSquaredError()
+    )
+    trainer = pl.Trainer(max_steps=8, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
+                         callbacks=[RunSummary(dirpath=str(tmp_path))])  # fmt: skip
+    with pytest.warns(
+        UserWarning, match=r"training loss grew from .* \(round 1\) to .* \(round 8\)"
+    ):
+        trainer.fit(module, datamodule=QuadraticDataModule(centers=centers))

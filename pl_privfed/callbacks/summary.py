@@ -80,6 +80,7 @@ class RunSummary(pl.Callback):
         self.best_accuracy: float | None = None
         self.best_round: int | None = None
         self.final_loss: float | None = None
+        self.first_loss: tuple[int, float] | None = None  # (round, training loss) of this fit
         self.evaluated_round: int | None = None
         self.path: Path | None = None
         self.interrupted: dict[str, Any] | None = None
@@ -96,6 +97,7 @@ class RunSummary(pl.Callback):
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._start = time.perf_counter()
+        self.first_loss = None
         ledger = getattr(pl_module, "privacy_ledger", None)
         if self.verbose and ledger is not None and trainer.is_global_zero:
             print(f"[pl-privfed] privacy: {privacy_plan_line(ledger.report())}")
@@ -108,6 +110,8 @@ class RunSummary(pl.Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
         self.final_loss = finite_float(loss) if loss is not None else self.final_loss
+        if self.first_loss is None and self.final_loss is not None:
+            self.first_loss = (trainer.global_step, self.final_loss)
         stop_if_signalled(trainer)  # SIGTERM or Ctrl-C: stop after this round
 
     @override
@@ -133,7 +137,23 @@ class RunSummary(pl.Callback):
             and self.loss_key not in trainer.callback_metrics
         ):
             self._warn_missing(trainer, self.loss_key, "training loss", "loss_key")
+        self._warn_if_diverged(trainer)
         self._write(trainer, pl_module, status="finished")
+
+    def _warn_if_diverged(self, trainer: pl.Trainer) -> None:
+        """Say it when the training loss ends above twice its first value: the run diverged
+        (a too large step size; a noise the model cannot learn under), which a result line
+        with a large ``train loss`` alone does not say."""
+        if self.first_loss is None or self.final_loss is None:
+            return
+        first_round, first = self.first_loss
+        if first > 0 and self.final_loss > 2 * first:
+            rank_zero_warn(
+                f"RunSummary: the training loss grew from {first:.4g} (round {first_round}) to "
+                f"{self.final_loss:.4g} (round {trainer.global_step}): the run diverged; try a "
+                "smaller step size (model.algorithm.init_args.step_size)",
+                category=UserWarning,
+            )
 
     @override
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
