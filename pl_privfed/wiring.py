@@ -5,7 +5,9 @@ of is decided here, once:
 
 * :func:`check_arguments` — the constructor's arguments, one ``ValueError`` naming the first bad
   one;
-* :func:`set_up` — at ``setup``: the algorithms set up on the trainer's data, device, precision
+* :func:`adopt_trainer` — at every ``setup``: the trainer checked (its strategy, its evaluation
+  interval), its ``ModelCheckpoint`` file names and its W&B step axis in rounds;
+* :func:`set_up` — at the first ``setup``: the algorithms set up on the trainer's data, device, precision
   and processes, the gradient oracle, the chunk size (:func:`~pl_privfed.engine.choose_chunk_size`,
   decided here and handed to every round), the number of rounds (a :class:`Setup`);
 * :func:`privacy_ledger` — a private run's ledger;
@@ -28,10 +30,10 @@ from torch import nn
 
 from pl_privfed import trainer_rounds
 from pl_privfed.algorithms import FederatedAlgorithm
-from pl_privfed.checks import check_choice
+from pl_privfed.checks import check_choice, check_evaluation_interval
 from pl_privfed.datamodules.base import round_description
 from pl_privfed.engine import ClientShard, choose_chunk_size
-from pl_privfed.engine.distributed import adopt_strategy
+from pl_privfed.engine.distributed import adopt_strategy, check_strategy
 from pl_privfed.grads import (
     GradientOracle,
     check_backend,
@@ -44,6 +46,7 @@ from pl_privfed.privacy import PrivacyLedger, plan
 __all__ = [
     "RoundOptimizer",
     "Setup",
+    "adopt_trainer",
     "check_arguments",
     "name_checkpoints_by_round",
     "privacy_ledger",
@@ -118,6 +121,19 @@ class Setup:
     num_classes: int | None
 
 
+def adopt_trainer(trainer: Any, stage: str) -> None:
+    """What every ``setup`` of a module does with its trainer, set up or not (a module may be
+    fitted by a second trainer): refuse a strategy that shards the model and an evaluation
+    interval that is not in rounds, name a plain ``ModelCheckpoint``'s files by round (fit), and
+    make ``round`` the step axis of its W&B loggers
+    (:func:`~pl_privfed.logdir.round_step_on_wandb`)."""
+    check_strategy(trainer.strategy)  # one that shards clients, not the model
+    check_evaluation_interval(trainer)
+    if stage == "fit":
+        name_checkpoints_by_round(trainer)
+    round_step_on_wandb(trainer)
+
+
 def set_up(
     trainer: Any, module: Any, stage: str = "fit", saved_ledger: dict[str, Any] | None = None
 ) -> Setup:
@@ -154,9 +170,6 @@ def set_up(
                 "trainer.max_steps, trainer.max_epochs or algorithm noise.rounds"
             )
     adopt_strategy(trainer)
-    if stage == "fit":
-        name_checkpoints_by_round(trainer)
-    round_step_on_wandb(trainer)  # W&B plots every series against the round
     dtype = trainer_rounds.training_dtype(trainer, module, module.model)
     state_dir = module.state_dir or str(Path(trainer.default_root_dir) / "client_state")
     rounds = round_description(datamodule)

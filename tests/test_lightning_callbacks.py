@@ -42,6 +42,10 @@ def test_learning_rate_monitor_logs_the_step_size_and_checkpoints_count_rounds(t
     assert lrs and set(lrs) == {0.1}
     assert [p.name for p in (tmp_path / "ckpt").iterdir()] == ["round=000004.ckpt"]
     assert trainer.optimizers[0].param_groups[0]["lr"] == 0.1
+    # a second trainer fitting the same (set up) module: its checkpoints count rounds too
+    again = ModelCheckpoint(dirpath=tmp_path / "again")
+    fit(tmp_path, [again], module=trainer.lightning_module, max_steps=2, logger=False)
+    assert [p.name for p in (tmp_path / "again").iterdir()] == ["round=000002.ckpt"]
 
 
 def test_the_optimizer_follows_a_changed_step_size_and_a_grid_has_one_per_configuration():
