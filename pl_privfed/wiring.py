@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.utilities import rank_zero_warn
 from torch import nn
 
@@ -96,8 +95,8 @@ def name_checkpoints_by_round(trainer: Any) -> None:
     ``epoch=9-step=50.ckpt``, whose epochs mean nothing in a federation; a file name the user
     chose is kept. :class:`~pl_privfed.callbacks.RoundCheckpoint` names files so by default
     and also writes atomically and saves the last round."""
-    for callback in trainer.checkpoint_callbacks:
-        if isinstance(callback, ModelCheckpoint) and callback.filename is None:
+    for callback in trainer.checkpoint_callbacks:  # either Lightning namespace's
+        if hasattr(callback, "auto_insert_metric_name") and callback.filename is None:
             callback.filename = "round={step:06d}"
             callback.auto_insert_metric_name = False
 
