@@ -1,5 +1,5 @@
 """Where a run writes: its log directory, read without a collective call, reserved atomically,
-and the W&B loggers that receive its files.
+the W&B loggers that receive its files, and rounds as W&B's step axis.
 
 This module is on the ground floor: it imports nothing of ``pl_privfed`` (``wandb`` itself only
 when a W&B logger is attached).
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ __all__ = [
     "local_log_dir",
     "log_artifact",
     "reserve_log_dir",
+    "round_step_on_wandb",
     "wandb_loggers",
 ]
 
@@ -92,6 +94,45 @@ def reserve_log_dir(logger: Any) -> None:
 def wandb_loggers(trainer: pl.Trainer) -> list[WandbLogger]:
     """The trainer's W&B loggers (an empty list when it has none)."""
     return [lg for lg in trainer.loggers if isinstance(lg, WandbLogger)]
+
+
+class RoundMetrics:
+    """A W&B logger's ``log_metrics`` that adds the round (``trainer.global_step``: the rounds
+    done, 10 for the tenth round's training loss and for the evaluation after it) as ``round``
+    to every record and drops the ``epoch`` Lightning adds (a federation's epochs are its
+    datamodule's ``rounds_per_epoch``, not a quantity to plot)."""
+
+    def __init__(self, log_metrics: Any, trainer: pl.Trainer) -> None:
+        self.log_metrics = log_metrics
+        self.trainer = weakref.ref(trainer)
+
+    def __call__(self, metrics: Any, step: int | None = None) -> None:
+        record = {key: value for key, value in metrics.items() if key != "epoch"}
+        trainer = self.trainer()
+        if trainer is not None:
+            record["round"] = int(trainer.global_step)
+        self.log_metrics(record, step=step)
+
+
+def round_step_on_wandb(trainer: pl.Trainer) -> None:
+    """Make ``round`` the x-axis of every series of the trainer's W&B loggers.
+
+    Lightning's ``WandbLogger`` plots every series against ``trainer/global_step``, which reads
+    9 for the tenth round (it counts steps before the round's), and logs an ``epoch`` series.
+    Here each W&B logger gets ``define_metric("round")`` and ``define_metric("*",
+    step_metric="round", step_sync=True)`` (W&B's own way to choose a step metric), and its
+    ``log_metrics`` becomes a :class:`RoundMetrics`, which adds ``round`` to every record (the
+    module's metrics, ``LearningRateMonitor``'s, the test set's) and drops ``epoch``. Called
+    once a trainer is set up; a second call changes nothing.
+    """
+    for logger in wandb_loggers(trainer):
+        if isinstance(logger.log_metrics, RoundMetrics):
+            continue
+        define = getattr(logger.experiment, "define_metric", None)  # not on other ranks
+        if callable(define):
+            define("round")
+            define("*", step_metric="round", step_sync=True)
+        logger.log_metrics = RoundMetrics(logger.log_metrics, trainer)  # type: ignore[method-assign]
 
 
 def log_artifact(trainer: pl.Trainer, path: Path, kind: str) -> None:

@@ -29,10 +29,8 @@ from typing_extensions import override
 
 from pl_privfed import evaluation, resume, trainer_rounds, wiring
 from pl_privfed.algorithms import FederatedAlgorithm
-from pl_privfed.checks import check_evaluation_interval
 from pl_privfed.datamodules.base import TensorRoundBatch
 from pl_privfed.engine import Placement, RoundResult, run_round
-from pl_privfed.engine.distributed import check_strategy
 from pl_privfed.grads import Backend, GradientOracle, ParameterLayout, RoundOracle
 from pl_privfed.privacy import Mechanism, PrivacyLedger
 
@@ -157,8 +155,7 @@ class FederatedModule(pl.LightningModule):
     # ------------------------------------------------------------------ setup
     @override
     def setup(self, stage: str) -> None:
-        check_strategy(self.trainer.strategy)  # one that shards clients, not the model
-        check_evaluation_interval(self.trainer)
+        wiring.adopt_trainer(self.trainer, stage)  # checks it; its checkpoints and W&B in rounds
         if self.oracle is not None:
             return
         setup = wiring.set_up(self.trainer, self, stage, self._saved_ledger)
@@ -179,7 +176,7 @@ class FederatedModule(pl.LightningModule):
 
     @override
     def configure_optimizers(self):
-        return wiring.RoundOptimizer(self.parameters())
+        return wiring.RoundOptimizer(self.parameters(), [("step_size", self.algorithm)])
 
     @override
     def forward(self, x: Tensor) -> Tensor:

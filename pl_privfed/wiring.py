@@ -5,11 +5,16 @@ of is decided here, once:
 
 * :func:`check_arguments` — the constructor's arguments, one ``ValueError`` naming the first bad
   one;
-* :func:`set_up` — at ``setup``: the algorithms set up on the trainer's data, device, precision
+* :func:`adopt_trainer` — at every ``setup``: the trainer checked (its strategy, its evaluation
+  interval), its ``ModelCheckpoint`` file names and its W&B step axis in rounds;
+* :func:`set_up` — at the first ``setup``: the algorithms set up on the trainer's data, device, precision
   and processes, the gradient oracle, the chunk size (:func:`~pl_privfed.engine.choose_chunk_size`,
   decided here and handed to every round), the number of rounds (a :class:`Setup`);
 * :func:`privacy_ledger` — a private run's ledger;
-* :class:`RoundOptimizer` — the optimizer Lightning steps once per round (it does nothing).
+* :class:`RoundOptimizer` — the optimizer Lightning steps once per round (it does nothing but
+  show the algorithms' step sizes as its learning rates);
+* :func:`name_checkpoints_by_round` — a plain ``ModelCheckpoint`` without a file name counts
+  rounds.
 """
 
 from __future__ import annotations
@@ -24,22 +29,25 @@ from torch import nn
 
 from pl_privfed import trainer_rounds
 from pl_privfed.algorithms import FederatedAlgorithm
-from pl_privfed.checks import check_choice
+from pl_privfed.checks import check_choice, check_evaluation_interval
 from pl_privfed.datamodules.base import round_description
 from pl_privfed.engine import ClientShard, choose_chunk_size
-from pl_privfed.engine.distributed import adopt_strategy
+from pl_privfed.engine.distributed import adopt_strategy, check_strategy
 from pl_privfed.grads import (
     GradientOracle,
     check_backend,
     resolve_backend,
     resolve_example_backend,
 )
+from pl_privfed.logdir import round_step_on_wandb
 from pl_privfed.privacy import PrivacyLedger, plan
 
 __all__ = [
     "RoundOptimizer",
     "Setup",
+    "adopt_trainer",
     "check_arguments",
+    "name_checkpoints_by_round",
     "privacy_ledger",
     "restore_ledger",
     "set_up",
@@ -47,14 +55,50 @@ __all__ = [
 
 
 class RoundOptimizer(torch.optim.Optimizer):
-    """Does nothing but run its closure: the algorithm writes the parameters itself."""
+    """Does nothing but run its closure: the algorithm writes the parameters itself.
 
-    def __init__(self, params) -> None:
+    Its parameter groups' ``lr`` are the algorithms' step sizes (``step_size``: the server step
+    ``γ``/``η``, the gradient step of a decentralized method), kept equal to them at every
+    round, so that Lightning's ``LearningRateMonitor`` and anything else that reads an
+    optimizer's learning rate sees the federation's step (logged as
+    ``lr-RoundOptimizer/step_size``). The first group holds the parameters; a grid's further
+    configurations get one empty group each, named after them.
+
+    Args:
+        params: the module's parameters.
+        algorithms: ``(name, algorithm)`` pairs, one group each; none: one group at ``lr`` 0.
+    """
+
+    def __init__(self, params, algorithms: list[tuple[str, FederatedAlgorithm]] = ()) -> None:
         super().__init__(params, defaults={"lr": 0.0})
+        self.algorithms = list(algorithms)
+        for name, _ in self.algorithms[1:]:
+            self.add_param_group({"params": [], "name": name})
+        if self.algorithms:
+            self.param_groups[0]["name"] = self.algorithms[0][0]
+        self.follow_step_sizes()
+
+    def follow_step_sizes(self) -> None:
+        """Set every group's ``lr`` to its algorithm's current ``step_size``."""
+        for group, (_, algorithm) in zip(self.param_groups, self.algorithms):
+            group["lr"] = float(algorithm.step_size)
 
     @torch.no_grad()
     def step(self, closure=None):  # type: ignore[override]
+        self.follow_step_sizes()
         return closure() if closure is not None else None
+
+
+def name_checkpoints_by_round(trainer: Any) -> None:
+    """Give Lightning's own ``ModelCheckpoint`` callbacks that have no ``filename`` the name
+    ``round=000050.ckpt`` (rounds, ``trainer.global_step``) in place of Lightning's
+    ``epoch=9-step=50.ckpt``, whose epochs mean nothing in a federation; a file name the user
+    chose is kept. :class:`~pl_privfed.callbacks.RoundCheckpoint` names files so by default
+    and also writes atomically and saves the last round."""
+    for callback in trainer.checkpoint_callbacks:  # either Lightning namespace's
+        if hasattr(callback, "auto_insert_metric_name") and callback.filename is None:
+            callback.filename = "round={step:06d}"
+            callback.auto_insert_metric_name = False
 
 
 @dataclass(frozen=True)
@@ -74,6 +118,19 @@ class Setup:
     num_rounds: int
     local_batches: int
     num_classes: int | None
+
+
+def adopt_trainer(trainer: Any, stage: str) -> None:
+    """What every ``setup`` of a module does with its trainer, set up or not (a module may be
+    fitted by a second trainer): refuse a strategy that shards the model and an evaluation
+    interval that is not in rounds, name a plain ``ModelCheckpoint``'s files by round (fit), and
+    make ``round`` the step axis of its W&B loggers
+    (:func:`~pl_privfed.logdir.round_step_on_wandb`)."""
+    check_strategy(trainer.strategy)  # one that shards clients, not the model
+    check_evaluation_interval(trainer)
+    if stage == "fit":
+        name_checkpoints_by_round(trainer)
+    round_step_on_wandb(trainer)
 
 
 def set_up(

@@ -279,7 +279,7 @@ def test_a_killed_and_resumed_grid_reports_what_the_uninterrupted_grid_does(tmp_
     ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=4, save_top_k=-1,
                            save_on_train_epoch_end=False)  # fmt: skip
     run("first", callbacks=[ckpt, StopAt(4)])
-    path = next(p for p in (tmp_path / "ckpt").glob("*.ckpt") if "step=4" in p.name)
+    path = next(p for p in (tmp_path / "ckpt").glob("*.ckpt") if p.name == "round=000004.ckpt")
     resumed = run("resumed", ckpt_path=str(path))
     rounds = sorted({r for h in full._grid_history for r, _ in h.get("val/acc", [])})
     assert rounds == [3, 6, 8]

@@ -247,13 +247,13 @@ def test_resume_evaluates_the_checkpoint_round_once(tmp_path):
     ckpt = ModelCheckpoint(dirpath=tmp_path / "c4", every_n_train_steps=4, save_top_k=-1,
                            save_on_train_epoch_end=False)  # fmt: skip
     _small_run(tmp_path / "first", 9, 3, callbacks=[ckpt, StopAt(5)], enable_checkpointing=True)
-    path = next(p for p in (tmp_path / "c4").glob("*.ckpt") if "step=4" in p.name)
+    path = next(p for p in (tmp_path / "c4").glob("*.ckpt") if p.name == "round=000004.ckpt")
     _, _, rounds, data = _small_run(tmp_path / "resumed", 9, 3, ckpt_path=str(path),
                                     enable_checkpointing=True)  # fmt: skip
     assert rounds == [4, 6, 9] and data["final_val_round"] == 9
     after_eval = ModelCheckpoint(dirpath=tmp_path / "c6", save_top_k=-1)  # saved after validation
     _small_run(tmp_path / "second", 6, 3, callbacks=[after_eval], enable_checkpointing=True)
-    path = next(p for p in (tmp_path / "c6").glob("*.ckpt") if "step=6" in p.name)
+    path = next(p for p in (tmp_path / "c6").glob("*.ckpt") if p.name == "round=000006.ckpt")
     _, _, rounds, _ = _small_run(tmp_path / "again", 9, 3, ckpt_path=str(path),
                                  enable_checkpointing=True)  # fmt: skip
     assert rounds == [9]

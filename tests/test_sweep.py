@@ -583,7 +583,7 @@ def test_quickstart_grid_has_eight_points():
     assert len(points) == 8 and sweep.method == "grid"
     assert {p["model.algorithm.init_args.server_normalization"] for p in points} == {True, False}
     assert sweep.command[sweep.command.index("pl-privfed") + 1 :][:3] == [
-        "fit", "--config", "configs/algorithms/dp_alpha_normec_digits.yaml"]  # fmt: skip
+        "fit", "--config", "configs/algorithms/alpha_normec.yaml"]  # fmt: skip
 
 
 def test_paper_sweeps_have_three_seeds_and_every_sweep_a_project():

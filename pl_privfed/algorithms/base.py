@@ -52,7 +52,10 @@ class FederatedAlgorithm(nn.Module, metaclass=abc.ABCMeta):
     class, and the bases without one, as ``--model.algorithm`` and does not list them).
 
     Args:
-        step_size: the server step size ``γ > 0``.
+        step_size: the server step size ``γ > 0``: every algorithm's main step (a subclass
+            names its own, e.g. the gradient step ``η`` of a decentralized method), which a
+            ``FederatedModule`` shows as its optimizer's learning rate (Lightning's
+            ``LearningRateMonitor`` logs it).
         noise: Gaussian DP noise settings, or ``None`` for the non-private method.
     """
 

@@ -13,12 +13,13 @@ import yaml
 from pytorch_lightning.utilities import rank_zero_only, rank_zero_warn
 from typing_extensions import override
 
+from pl_privfed import trainer_rounds
 from pl_privfed.callbacks._logging import logged_names, warn_once
 from pl_privfed.callbacks.interrupt import stop_if_signalled, stop_signal, watch_signals
 from pl_privfed.logdir import local_log_dir, log_artifact, wandb_loggers
 from pl_privfed.results import finite_float, write_atomically
 
-__all__ = ["RunSummary", "audit_line", "epsilon_line"]
+__all__ = ["RunSummary", "audit_line", "epsilon_line", "stop_entries"]
 
 
 class RunSummary(pl.Callback):
@@ -79,6 +80,7 @@ class RunSummary(pl.Callback):
         self.best_accuracy: float | None = None
         self.best_round: int | None = None
         self.final_loss: float | None = None
+        self.first_loss: tuple[int, float] | None = None  # (round, training loss) of this fit
         self.evaluated_round: int | None = None
         self.path: Path | None = None
         self.interrupted: dict[str, Any] | None = None
@@ -95,6 +97,7 @@ class RunSummary(pl.Callback):
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._start = time.perf_counter()
+        self.first_loss = None
         ledger = getattr(pl_module, "privacy_ledger", None)
         if self.verbose and ledger is not None and trainer.is_global_zero:
             print(f"[pl-privfed] privacy: {privacy_plan_line(ledger.report())}")
@@ -107,6 +110,8 @@ class RunSummary(pl.Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
         self.final_loss = finite_float(loss) if loss is not None else self.final_loss
+        if self.first_loss is None and self.final_loss is not None:
+            self.first_loss = (trainer.global_step, self.final_loss)
         stop_if_signalled(trainer)  # SIGTERM or Ctrl-C: stop after this round
 
     @override
@@ -132,7 +137,23 @@ class RunSummary(pl.Callback):
             and self.loss_key not in trainer.callback_metrics
         ):
             self._warn_missing(trainer, self.loss_key, "training loss", "loss_key")
+        self._warn_if_diverged(trainer)
         self._write(trainer, pl_module, status="finished")
+
+    def _warn_if_diverged(self, trainer: pl.Trainer) -> None:
+        """Say it when the training loss ends above twice its first value: the run diverged
+        (a too large step size; a noise the model cannot learn under), which a result line
+        with a large ``train loss`` alone does not say."""
+        if self.first_loss is None or self.final_loss is None:
+            return
+        first_round, first = self.first_loss
+        if first > 0 and self.final_loss > 2 * first:
+            rank_zero_warn(
+                f"RunSummary: the training loss grew from {first:.4g} (round {first_round}) to "
+                f"{self.final_loss:.4g} (round {trainer.global_step}): the run diverged; try a "
+                "smaller step size (model.algorithm.init_args.step_size)",
+                category=UserWarning,
+            )
 
     @override
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
@@ -187,11 +208,8 @@ class RunSummary(pl.Callback):
             "rounds": trainer.global_step,
             "epochs": trainer.current_epoch,
             "wall_time_s": None if self._start is None else time.perf_counter() - self._start,
-            "stopped_reason": "; ".join(
-                cb.stop_reason for cb in trainer.callbacks if getattr(cb, "stop_reason", None)
-            )
-            or None,
         }
+        out.update(stop_entries(trainer, unexplained=self.interrupted is None))
         if self.interrupted is not None:
             out["interrupted"] = self.interrupted
         nested: dict[str, Any] = {}  # entries for the privacy report (e.g. an audit's)
@@ -276,6 +294,8 @@ class RunSummary(pl.Callback):
                 parts.append(audit_line(data["privacy"]["audit"]))
             elif "privacy_budget" in data:
                 parts.append("not private (no noise)")
+            if data.get("stopped_by"):
+                parts.append(f"stopped by {data['stopped_by']}: {data['stopped_reason']}")
             print(f"[pl-privfed] {', '.join(parts)}  (summary: {self.path})")
 
 
@@ -351,3 +371,47 @@ def audit_line(audit: dict[str, Any]) -> str:
     if audit.get("exceeds_certified"):
         line += " -- AUDIT EXCEEDS THE CERTIFIED EPSILON"
     return line
+
+
+def _stop_reason(callback: Any) -> str | None:
+    """Why ``callback`` stopped the run, or ``None``: the package's callbacks say it in
+    ``stop_reason``; Lightning's ``EarlyStopping`` (either namespace) in
+    ``stopping_reason_message``, set only when it stops the run (its ``stopped_epoch`` counts
+    epochs, which mean nothing in rounds)."""
+    reason = getattr(callback, "stop_reason", None)
+    if reason:
+        return str(reason)
+    message = getattr(callback, "stopping_reason_message", None)
+    return str(message).replace(" Signaling Trainer to stop.", "") if message else None
+
+
+def stop_entries(trainer: pl.Trainer, unexplained: bool = True) -> dict[str, Any]:
+    """``summary.json``'s ``stopped_by`` (the callbacks that stopped the run, by class name)
+    and ``stopped_reason`` (their reasons, joined by ``"; "``; Lightning's ``EarlyStopping``
+    gets ``"early stopping at round r: <its message>"``, r being the round the run ended at).
+
+    With ``unexplained``, a run told to stop (``trainer.should_stop``) before its last round
+    by something that gives no reason is named as such (``stopped_by: trainer.should_stop``);
+    both entries are ``None`` for a run that ran all its rounds.
+    """
+    names, reasons = [], []
+    for callback in trainer.callbacks:
+        reason = _stop_reason(callback)
+        if reason is None:
+            continue
+        names.append(type(callback).__name__)
+        if not getattr(callback, "stop_reason", None):  # EarlyStopping: its epoch says nothing
+            reason = f"early stopping at round {trainer.global_step}: {reason}"
+        reasons.append(reason)
+    planned = trainer_rounds.num_rounds(trainer)
+    stopped = trainer.should_stop and 0 < trainer.global_step < planned
+    if unexplained and not names and stopped:
+        names.append("trainer.should_stop")
+        reasons.append(
+            f"stopped at round {trainer.global_step} of {planned}: trainer.should_stop was set "
+            "by a callback or the module, which gave no reason"
+        )
+    return {
+        "stopped_by": ", ".join(names) or None,
+        "stopped_reason": "; ".join(reasons) or None,
+    }

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 from typing_extensions import override
 
-from pl_privfed import trainer_rounds
+from pl_privfed import trainer_rounds, wiring
 from pl_privfed.checks import check_positive_int
 from pl_privfed.engine import ChunkOracle, OracleOutput, RoundResult, iter_round
 from pl_privfed.evaluation import model_loss
@@ -105,6 +105,12 @@ class GridModule(FederatedModule):
     def algorithms(self) -> list[tuple[str, Any]]:
         grid = [(f"grid_algorithms.{k}.", a) for k, a in enumerate(self.grid_algorithms)]
         return [*super().algorithms(), *grid]
+
+    @override
+    def configure_optimizers(self):
+        # one learning rate per configuration (LearningRateMonitor: lr-RoundOptimizer/config_k)
+        configurations = [(f"config_{k}", a) for k, a in enumerate(self.grid_algorithms)]
+        return wiring.RoundOptimizer(self.parameters(), configurations)
 
     @override
     def _privacy_ledger(self, num_rounds: int) -> PrivacyLedger:
