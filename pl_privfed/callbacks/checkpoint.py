@@ -15,7 +15,12 @@ from lightning_fabric.utilities.cloud_io import _is_local_file_protocol
 from pytorch_lightning.callbacks import ModelCheckpoint
 from typing_extensions import override
 
-from pl_privfed.callbacks.interrupt import stop_if_signalled, stop_signal, watch_signals
+from pl_privfed.callbacks.interrupt import (
+    stop_if_signalled,
+    stop_signal,
+    stopped_before_training,
+    watch_signals,
+)
 from pl_privfed.engine import SNAPSHOT_DIR_KEY
 
 __all__ = ["CheckpointError", "RoundCheckpoint", "check_checkpoint_file", "snapshot_dir"]
@@ -178,8 +183,12 @@ class RoundCheckpoint(ModelCheckpoint):
 
     def save_on_interrupt(self, trainer: pl.Trainer) -> str | None:
         """Save the current round (once) after a stop on a signal; the checkpoint's path, or
-        ``None`` when no round was run. :class:`~pl_privfed.callbacks.RunSummary` calls it
-        before writing the summary, so the summary names the file."""
+        ``None`` when no round was run, or the fit was stopped before training (set-up:
+        nothing of this fit to save, and a resumed run's state may be half restored).
+        :class:`~pl_privfed.callbacks.RunSummary` calls it before writing the summary, so the
+        summary names the file."""
+        if stopped_before_training(trainer):
+            return None
         if trainer.global_step > 0 and self.monitor is None:
             self._save_at_end(trainer)
         elif trainer.global_step > 0 and not self._should_skip_saving_checkpoint(trainer):

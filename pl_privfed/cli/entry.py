@@ -66,8 +66,12 @@ def main(args: list[str] | None = None) -> None:
         _dispatch(argv, from_command_line=args is None)
     except SIGTERMException as exc:  # stopped on SIGTERM or Ctrl-C after a round: not finished
         raise SystemExit(exc.code or 128 + signal.SIGTERM) from None
-    except (SystemExit, KeyboardInterrupt):
+    except SystemExit:
         raise
+    except KeyboardInterrupt:  # Ctrl-C outside a fit's handling (parsing, a report, a sweep)
+        sys.stdout.flush()
+        print(f"{ERROR_PREFIX}interrupted (Ctrl-C)", file=sys.stderr, flush=True)
+        raise SystemExit(128 + signal.SIGINT) from None
     except Exception as exc:
         reported = None if debug else error_line(exc)
         if reported is None:
