@@ -28,6 +28,7 @@ try:
     summary._write(trainer, None, status="finished")
 except OSError as exc:
     print("refused:", exc.errno)
+    print("named:", exc.filename)
 """
 
 
@@ -41,6 +42,7 @@ def test_a_full_disk_keeps_the_previous_summary(tmp_path):
     assert "refused: 27" in done.stdout, done.stderr[-2000:]  # EFBIG
     assert json.loads((tmp_path / "summary.json").read_text()) == previous
     assert [p.name for p in tmp_path.iterdir()] == ["summary.json"]  # no temporary file left
+    assert f"named: {tmp_path / 'summary.json'}" in done.stdout  # not the temporary file
 
 
 @pytest.mark.parametrize("command", ["report", "compare"])

@@ -81,7 +81,9 @@ class RoundCheckpoint(ModelCheckpoint):
       ``epoch=59-step=300.ckpt``.
     * Every checkpoint is written to a hidden temporary file in the same directory and renamed
       into place (``os.replace``, atomic on POSIX and Windows), so a run killed while saving
-      never leaves a truncated checkpoint under a checkpoint's name.
+      never leaves a truncated checkpoint under a checkpoint's name. A file-system error while
+      saving (a full disk, a read-only folder) names the checkpoint folder and the file, not a
+      staging file (Lightning stages through fsspec, in the system's temporary folder).
     * A checkpoint is also saved when fit ends, whenever the last round has not been saved yet
       (e.g. ``max_steps: 20`` with evaluation every 50 rounds, which otherwise writes none).
     * Snapshots of memory-mapped client state (``client_state: disk``) are written beside
@@ -132,6 +134,8 @@ class RoundCheckpoint(ModelCheckpoint):
             trainer.save_checkpoint(partial, self.save_weights_only)
             if trainer.is_global_zero:
                 os.replace(partial, filepath)
+        except OSError as exc:  # name the user's folder, not a staging file (fsspec's is in /tmp)
+            raise OSError(exc.errno, f"{exc.strerror} (saving {name})", folder) from exc
         finally:
             self._saving_to = None
             if trainer.is_global_zero and os.path.exists(partial):
