@@ -37,7 +37,8 @@ class RunSummary(pl.Callback):
 
     * ``final_val_accuracy``, ``final_val_loss`` and ``final_val_round``: the last validation,
       which :class:`~pl_privfed.FederatedModule` runs after the last round (so they are the final
-      model's);
+      model's; a fit from a finished checkpoint saved before that validation gives them through
+      the module's ``summary_entries()``, and the best is then never below the final);
     * ``best_val_accuracy`` and ``best_val_round``: the highest validation accuracy and its round
       (a best-of value, named as such);
     * ``final_test_accuracy``, ``final_test_loss`` and ``final_test_round``: the held-out test set,
@@ -47,6 +48,10 @@ class RunSummary(pl.Callback):
     When an evaluation ends without ``accuracy_key`` among the logged metrics, or a fit ends
     without ``loss_key`` ever logged, it warns once, naming the metrics that were logged, instead
     of writing ``null`` silently (a module that logs other names gives them here).
+
+    From ``setup`` a SIGTERM or Ctrl-C ends the fit (:mod:`~pl_privfed.callbacks.interrupt`):
+    before round 1 at once, with ``status: "interrupted: <signal> before training"``; during
+    training after the round, with the checkpoint saved for it named.
 
     When the module has a ``privacy_report()`` method
     returning a dict (ε, δ, noise settings), includes it. If LightningCLI saved ``config.yaml``
