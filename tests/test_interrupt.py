@@ -268,3 +268,42 @@ def test_a_second_ctrl_c_aborts_at_once_in_one_line(tmp_path):
     assert proc.returncode == 130, err[-3000:]
     assert "Traceback" not in err, err[-3000:]
     assert err.rstrip().splitlines()[-1] == ABORT_LINE
+
+
+def test_the_handlers_by_phase_and_their_restoration():
+    """In-process, without a fit: before training a signal stops at once (``SIGTERMException``,
+    exit status 143); during training it is recorded and the stop comes at the end of the
+    round; a second Ctrl-C in a Python session is a ``KeyboardInterrupt`` (the command's own
+    process ends instead: ``test_a_second_ctrl_c_aborts_at_once_in_one_line``); afterwards the
+    handlers found are back, and a handler Lightning puts back late acts as they would."""
+    from pytorch_lightning.utilities.exceptions import SIGTERMException
+
+    from pl_privfed.callbacks import interrupt
+
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+
+    class Trainer:  # what the handlers read of a trainer (weakly referenced)
+        strategy, global_step = None, 0
+
+    trainer = Trainer()
+    interrupt.watch_setup_signals(trainer)
+    setup_handler = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SIGTERMException) as info:
+        setup_handler(signal.SIGTERM, None)
+    assert info.value.code == 143 and interrupt.stopped_before_training(trainer)
+    assert interrupt.stop_signal(trainer, info.value) == "SIGTERM"
+
+    interrupt.watch_signals(trainer)  # training: recorded, the round goes on
+    handler = signal.getsignal(signal.SIGINT)
+    handler(signal.SIGINT, None)
+    assert not interrupt.stopped_before_training(trainer)
+    with pytest.raises(KeyboardInterrupt):
+        handler(signal.SIGINT, None)
+    with pytest.raises(SIGTERMException) as info:
+        interrupt.stop_if_signalled(trainer)
+    assert info.value.code == 130
+
+    interrupt.restore_signals(trainer)
+    assert {s: signal.getsignal(s) for s in before} == before
+    with pytest.raises(KeyboardInterrupt):  # retired: as the handler found (Python's default)
+        handler(signal.SIGINT, None)

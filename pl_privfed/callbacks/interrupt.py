@@ -28,8 +28,11 @@ A fit's signals are handled in two phases:
   every callback's ``on_exception`` then runs (the round checkpoint saves the round, the
   summary says ``interrupted``).
 
-In either phase a second Ctrl-C aborts at once: one line on stderr and exit status 130, with
-no checkpoint, no summary and no traceback (:func:`abort_now`); a second SIGTERM is ignored.
+In either phase a second Ctrl-C aborts at once. In the ``pl-privfed`` command, which owns its
+process (``watch_setup_signals(trainer, own_process=True)``), that is one line on stderr and
+exit status 130, with no checkpoint, no summary and no traceback (:func:`abort_now`); in a
+Python session (a notebook) it is a ``KeyboardInterrupt``, which Lightning shuts down as usual
+(a process that is not the command's is not ended). A second SIGTERM is ignored.
 :func:`restore_signals` puts back the handlers the fit found (``pl-privfed fit`` and
 ``RunSummary`` call it when the fit ends, however it ends), so that a process that runs several
 fits (a local sweep) or goes on after one is not left with a fit's handler.
@@ -113,6 +116,12 @@ def _forward(trainer: Any, signum: int) -> None:
         kill(signum)
 
 
+def _second_ctrl_c(record: dict[str, Any], trainer: Any) -> None:
+    if record.get("own_process"):
+        abort_now(trainer)
+    raise KeyboardInterrupt  # a Python session: Lightning's own shutdown
+
+
 def abort_now(trainer: Any = None) -> None:
     """A second Ctrl-C: print :data:`ABORT_LINE` on stderr and end the process at once with
     status 130 (``os._exit``: no checkpoint, no summary, no traceback, no clean-up that could
@@ -127,20 +136,27 @@ def _watching(record: dict[str, Any] | None) -> bool:
     return record is not None and record.get("installed") is signal.getsignal(signal.SIGINT)
 
 
-def watch_setup_signals(trainer: Any) -> None:
+def watch_setup_signals(trainer: Any, own_process: bool = False) -> None:
     """Until ``trainer``'s training starts, stop its fit at once on SIGTERM or Ctrl-C (exit
     status ``128 + signal``; nothing trained, nothing saved). Idempotent (a no-op once a
-    handler of this fit is installed, of either phase); a no-op off the main thread."""
+    handler of this fit is installed, of either phase); a no-op off the main thread.
+
+    Args:
+        trainer: the trainer whose fit is watched.
+        own_process: the process is the fit's own (the ``pl-privfed`` command): a second
+            Ctrl-C ends it at once (:func:`abort_now`), not with a ``KeyboardInterrupt``.
+    """
     if not _main_thread() or _watching(_RECEIVED.get(trainer)):
         return
     record = _record(trainer)
+    record["own_process"] = record.get("own_process") or own_process
 
     def on_setup_signal(signum, frame) -> None:
         if _retired(record, signum, frame):
             return
         if record["signal"] is not None:  # the stop is under way
             if signum == signal.SIGINT:
-                abort_now(trainer)
+                _second_ctrl_c(record, trainer)
             return
         record["signal"] = signum
         _forward(trainer, signum)
@@ -168,7 +184,7 @@ def watch_signals(trainer: Any) -> None:
             return
         if record["signal"] is not None:
             if signum == signal.SIGINT:
-                abort_now(trainer)  # a second Ctrl-C: stop now, without a checkpoint
+                _second_ctrl_c(record, trainer)  # a second Ctrl-C: stop now, no checkpoint
             return
         record["signal"] = signum
         _forward(trainer, signum)  # the processes a DDP launcher started stop at the same round

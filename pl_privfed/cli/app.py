@@ -288,11 +288,12 @@ class PrivFedCLI(LightningCLI):
         """Lightning's, with ``fit``'s signals handled from before its set-up
         (:func:`~pl_privfed.callbacks.interrupt.watch_setup_signals`: a SIGTERM or Ctrl-C
         during set-up or the privacy calibration ends the run with exit status 143/130 and a
-        ``summary.json`` saying so) and the handlers found restored however it ends."""
+        ``summary.json`` saying so; a second Ctrl-C ends the process at once, in one line) and
+        the handlers found restored however it ends."""
         if subcommand != "fit":
             super()._run_subcommand(subcommand)
             return
-        watch_setup_signals(self.trainer)
+        watch_setup_signals(self.trainer, own_process=True)
         try:
             super()._run_subcommand(subcommand)
         finally:
