@@ -53,8 +53,8 @@ def test_a_full_disk_keeps_the_previous_summary(tmp_path):
       "no finished run among its 2 run(s)"),
      # issue 30: exited 0 with empty tables, blaming "no evaluation ran?"
      ("r0,finished,nan,\nr1,finished,abc,\n",
-      "none of its 2 finished runs has a numeric final_val_accuracy (a final_val_accuracy "
-      "that is not a finite number: r0 ('nan'), r1 ('abc'))")],
+      "none of its 2 finished runs has a numeric result (a final_val_accuracy that is not a "
+      "finite number: r0 ('nan'), r1 ('abc'))")],
 )  # fmt: skip
 def test_report_and_compare_refuse_an_empty_or_all_failed_results_file(
     tmp_path, capsys, command, rows, says
@@ -95,3 +95,7 @@ def test_a_report_names_the_runs_and_columns_whose_values_are_not_numbers(tmp_pa
     assert "a final_val_accuracy that is not a finite number: r1 ('nan')" in message
     assert "no final_val_accuracy (no evaluation ran?): r2" in message
     assert "not finite numbers are left out: final_test_accuracy of r2 ('abc')" in message
+    # a run whose selection metric is NaN but whose test accuracy is a number: still reported
+    only = runs[runs["run"] == "r1"]
+    with pytest.warns(UserWarning, match=r"1 of 1 finished runs .* r1 \('nan'\)"):
+        warn_missing(only, "final_val_accuracy", str(results))

@@ -77,8 +77,8 @@ def warn_missing(runs: pd.DataFrame, metric: str, where: str, stacklevel: int = 
     and the other result columns written but not as finite numbers (their cells stay empty).
 
     Raises:
-        ValueError: when no run has a numeric ``metric``: nothing is left to report (before,
-            the report exited 0 with empty tables).
+        ValueError: naming the same, when no finished run has a number in any result column:
+            nothing is left to report (before, the report exited 0 with empty tables).
     """
     missing = values(runs, metric).isna()
     unreadable = runs.get("_unreadable", pd.Series([{}] * len(runs), index=runs.index))
@@ -90,10 +90,16 @@ def warn_missing(runs: pd.DataFrame, metric: str, where: str, stacklevel: int = 
     if (missing & ~bad).any():
         empty = runs.loc[missing & ~bad, "run"].tolist()
         parts.append(f"no {metric} (no evaluation ran?): {fmt_names(empty)}")
-    if len(runs) and missing.all():
+    others: dict[str, list[str]] = {}
+    for run, cells in zip(runs["run"], unreadable):
+        for column in (c for c in cells if c != metric):
+            others.setdefault(column, []).append(f"{run} ({cells[column]!r})")
+    listed = "; ".join(f"{column} of {fmt_names(names)}" for column, names in others.items())
+    if len(runs) and all(values(runs, c).isna().all() for c in RESULT_COLUMNS):
+        found = "; ".join([*parts, *([f"not finite numbers: {listed}"] if listed else [])])
         raise ValueError(
-            f"{where}: none of its {len(runs)} finished runs has a numeric {metric} "
-            f"({'; '.join(parts)}): nothing to report"
+            f"{where}: none of its {len(runs)} finished runs has a numeric result ({found}): "
+            "nothing to report"
         )
     lines = (
         [
@@ -103,12 +109,7 @@ def warn_missing(runs: pd.DataFrame, metric: str, where: str, stacklevel: int = 
         if parts
         else []
     )
-    others: dict[str, list[str]] = {}
-    for run, cells in zip(runs["run"], unreadable):
-        for column in (c for c in cells if c != metric):
-            others.setdefault(column, []).append(f"{run} ({cells[column]!r})")
-    if others:
-        listed = "; ".join(f"{column} of {fmt_names(names)}" for column, names in others.items())
+    if listed:
         lines.append(f"values in {where} that are not finite numbers are left out: {listed}")
     if lines:
         warnings.warn("; ".join(lines), UserWarning, stacklevel=stacklevel)
