@@ -103,12 +103,19 @@ def evaluated_at(model: nn.Module, layout: Any, params: Tensor, evaluate: Callab
 
 
 def test_set_metrics(
-    trainer: Any, model: nn.Module, criterion: nn.Module, *, classification: bool, **kwargs: Any
+    trainer: Any,
+    model: nn.Module,
+    criterion: nn.Module,
+    *,
+    classification: bool,
+    split: str = "test",
+    **kwargs: Any,
 ) -> tuple[float, float | None] | None:
-    """:func:`loader_metrics` of ``model`` on the trainer's datamodule's test set (through its
-    ``preprocess``), or ``None`` when the datamodule has no test set."""
+    """:func:`loader_metrics` of ``model`` on the trainer's datamodule's test set (``split``
+    ``"val"``: its validation split) through its ``preprocess``, or ``None`` when the
+    datamodule has no such set."""
     datamodule = trainer.datamodule
-    loader = getattr(datamodule, "test_dataloader", None)
+    loader = getattr(datamodule, f"{split}_dataloader", None)
     if not callable(loader):
         return None
     device = next(model.parameters()).device
@@ -126,20 +133,25 @@ def log_at_last_round(trainer: Any, metrics: dict[str, float], round_index: int)
 
 
 def test_set_result(
-    trainer: Any, metrics: tuple[float, float | None] | None, round_index: int
+    trainer: Any,
+    metrics: tuple[float, float | None] | None,
+    round_index: int,
+    split: str = "test",
 ) -> dict[str, Any] | None:
-    """A test-set evaluation's result: ``metrics`` (``(loss, accuracy)`` of
-    :func:`test_set_metrics`) logged as ``test/loss`` and ``test/acc`` at round ``round_index``
-    (:func:`log_at_last_round`).
+    """A test-set (``split``: or validation-split) evaluation's result: ``metrics``
+    (``(loss, accuracy)`` of :func:`test_set_metrics`) logged as ``<split>/loss`` and
+    ``<split>/acc`` at round ``round_index`` (:func:`log_at_last_round`).
 
     Returns:
         ``{"round": round_index, "loss": ..., "accuracy": ...}`` (accuracy ``None`` when not a
-        classification), or ``None`` when ``metrics`` is ``None`` (no test set).
+        classification), or ``None`` when ``metrics`` is ``None`` (no such set).
     """
     if metrics is None:
         return None
     loss, accuracy = metrics
-    logged = {"test/loss": loss} if accuracy is None else {"test/loss": loss, "test/acc": accuracy}
+    logged = {f"{split}/loss": loss}
+    if accuracy is not None:
+        logged[f"{split}/acc"] = accuracy
     log_at_last_round(trainer, logged, round_index)
     return {"round": round_index, "loss": loss, "accuracy": accuracy}
 

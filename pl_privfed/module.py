@@ -22,7 +22,6 @@ from typing import Any
 import pytorch_lightning as pl
 import torch
 from pytorch_lightning.core.mixins.hparams_mixin import _given_hyperparameters
-from pytorch_lightning.utilities import rank_zero_warn
 from torch import Tensor, nn
 from torchmetrics.classification import MulticlassAccuracy
 from typing_extensions import override
@@ -94,6 +93,7 @@ class FederatedModule(pl.LightningModule):
     tests_finished_checkpoint = True
     _no_rounds_left: tuple[int, int] | None = None  # (checkpoint round, run's rounds)
     _no_rounds_left_note: str | None = None
+    _final_val: dict[str, Any] | None = None  # a finished checkpoint's last validation
     _resumed_with_changes: dict[str, Any] | None = None
 
     def __init__(
@@ -255,16 +255,14 @@ class FederatedModule(pl.LightningModule):
     @override
     def on_fit_start(self) -> None:
         # fit --ckpt_path from a checkpoint that has run all the rounds asked for: Lightning
-        # trains nothing (and runs no on_train_* hook); say so, and test the model as an
-        # ordinary fit ends (tests_finished_checkpoint), so that summary.json reports it
-        if self._no_rounds_left is None:
-            return
-        saved, rounds = self._no_rounds_left
-        tests = self.tests_finished_checkpoint
-        self._no_rounds_left_note = resume.no_rounds_left_note(saved, rounds, tests)
-        rank_zero_warn(self._no_rounds_left_note)
-        if tests:
-            self._final_test = self._test_set_result(saved) or self._final_test
+        # trains nothing (and runs no on_train_* hook): say so, and evaluate the model as an
+        # ordinary fit ends, so that summary.json reports the final round's values
+        if self._no_rounds_left is not None:
+            tests, validates = self.tests_finished_checkpoint, self.trainer.enable_validation
+            self._no_rounds_left_note, self._final_val, test = resume.evaluate_finished(
+                self._test_set_result, *self._no_rounds_left, self._validated_round,
+                validate=tests and validates, test=tests)  # fmt: skip
+            self._final_test = test or self._final_test
 
     @override
     def on_train_start(self) -> None:
@@ -331,9 +329,9 @@ class FederatedModule(pl.LightningModule):
         entries.update(resume.summary_entries(note, self.resume_allow_changes, changes))
         if self._output_report is not None:
             entries["output_iterate"] = self._output_report
-        if self._final_test is not None and "loss" in self._final_test:
-            for key in ("accuracy", "loss", "round"):
-                entries[f"final_test_{key}"] = self._final_test[key]
+        for split, final in (("val", self._final_val), ("test", self._final_test)):
+            for key in ("accuracy", "loss", "round") if final and "loss" in final else ():
+                entries[f"final_{split}_{key}"] = final[key]  # val: replaces RunSummary's
         return entries
 
     # ------------------------------------------------------------------ evaluation
@@ -379,9 +377,10 @@ class FederatedModule(pl.LightningModule):
         """
         return self._test_set_result(int(self.global_step)) if self.oracle is not None else None
 
-    def _test_set_result(self, round_index: int) -> dict[str, Any] | None:
-        """The test set's result for the model as it is, logged at ``round_index``."""
-        return evaluation.test_set_result(self.trainer, self._test_metrics(), round_index)
+    def _test_set_result(self, round_index: int, split: str = "test") -> dict[str, Any] | None:
+        """The test set's (``split``'s) result for the model as it is, logged at a round."""
+        metrics = self._test_metrics(split=split)
+        return evaluation.test_set_result(self.trainer, metrics, round_index, split)
 
     @torch.no_grad()
     def evaluate_output_iterate(self) -> dict[str, Any]:

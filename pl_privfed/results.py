@@ -119,18 +119,23 @@ def write_atomically(path: str | os.PathLike, content: str | bytes) -> Path:
     """Write ``content`` to ``path`` all or nothing: into a temporary file in the same folder,
     flushed to disk, then renamed into place (``os.replace``, atomic on POSIX and Windows). A
     full disk or a killed process leaves the previous file (or none), never a truncated one;
-    the temporary file is removed on failure."""
+    the temporary file is removed on failure, and an ``OSError`` names ``path``."""
     target = Path(path)
     data = content.encode() if isinstance(content, str) else content
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    except OSError as exc:
+        raise OSError(exc.errno, exc.strerror, str(target)) from exc
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, target)
-    except BaseException:
+    except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(exc, OSError):  # name the file asked for, not the temporary one
+            raise OSError(exc.errno, exc.strerror, str(target)) from exc
         raise
     return target
 

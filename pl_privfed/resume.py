@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +44,7 @@ __all__ = [
     "check_resume",
     "data_record",
     "drop_client_state",
+    "evaluate_finished",
     "finished_rounds",
     "load_client_state",
     "no_rounds_left_note",
@@ -264,6 +265,40 @@ def no_rounds_left_note(saved: int, rounds: int, tested: bool) -> str:
         "to train (raise trainer.max_steps to train on)"
     )
     return note + ("; its model is evaluated on the test set" if tested else "")
+
+
+def evaluate_finished(
+    evaluate: Callable[..., dict[str, Any] | None],
+    saved: int,
+    rounds: int,
+    validated_round: int | None,
+    *,
+    validate: bool,
+    test: bool,
+) -> tuple[str, dict[str, Any] | None, dict[str, Any] | None]:
+    """A resume with no rounds left: warn (:func:`no_rounds_left_note`) and evaluate the
+    checkpoint's model as an ordinary fit ends, so that ``summary.json`` reports the final
+    round's values. A checkpoint saved on the last round before that round's validation (e.g.
+    ``every_n_train_steps``) remembers an earlier validation as the last one: the validation
+    split is evaluated again then (before, such a resume reported an earlier round's
+    validation accuracy as final).
+
+    Args:
+        evaluate: ``evaluate(round, split="val"|"test")``: the split's result for the model as
+            it is, logged at ``round`` (``{"round", "loss", "accuracy"}`` or ``None``).
+        saved: the checkpoint's rounds.
+        rounds: the run's rounds.
+        validated_round: the round of the checkpoint's last validation.
+        validate: whether the validation split is evaluated (when not evaluated at ``saved``).
+        test: whether the test set is.
+
+    Returns:
+        ``(note, validation result, test result)``; a result is ``None`` when not evaluated.
+    """
+    note = no_rounds_left_note(saved, rounds, test)
+    rank_zero_warn(note)
+    val = evaluate(saved, split="val") if validate and validated_round != saved else None
+    return note, val, evaluate(saved) if test else None
 
 
 def summary_entries(

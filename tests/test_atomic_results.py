@@ -28,6 +28,7 @@ try:
     summary._write(trainer, None, status="finished")
 except OSError as exc:
     print("refused:", exc.errno)
+    print("named:", exc.filename)
 """
 
 
@@ -41,6 +42,7 @@ def test_a_full_disk_keeps_the_previous_summary(tmp_path):
     assert "refused: 27" in done.stdout, done.stderr[-2000:]  # EFBIG
     assert json.loads((tmp_path / "summary.json").read_text()) == previous
     assert [p.name for p in tmp_path.iterdir()] == ["summary.json"]  # no temporary file left
+    assert f"named: {tmp_path / 'summary.json'}" in done.stdout  # not the temporary file
 
 
 @pytest.mark.parametrize("command", ["report", "compare"])
@@ -48,7 +50,11 @@ def test_a_full_disk_keeps_the_previous_summary(tmp_path):
     ("rows", "says"),
     [("", "an empty results file (no runs)"),
      ("r0,failed: ValueError: bad,,\nr1,interrupted: SIGTERM after round 3,,\n",
-      "no finished run among its 2 run(s)")],
+      "no finished run among its 2 run(s)"),
+     # issue 30: exited 0 with empty tables, blaming "no evaluation ran?"
+     ("r0,finished,nan,\nr1,finished,abc,\n",
+      "none of its 2 finished runs has a numeric result (a final_val_accuracy that is not a "
+      "finite number: r0 ('nan'), r1 ('abc'))")],
 )  # fmt: skip
 def test_report_and_compare_refuse_an_empty_or_all_failed_results_file(
     tmp_path, capsys, command, rows, says
@@ -66,3 +72,30 @@ def test_report_and_compare_refuse_an_empty_or_all_failed_results_file(
     assert info.value.code == 2 and len(err) == 1, err
     assert err[0].startswith(f"pl-privfed: error: {results}: {says}")
     assert "nothing to report" in err[0]
+
+
+def test_a_report_names_the_runs_and_columns_whose_values_are_not_numbers(tmp_path):
+    """Issue 30: a results file's NaN or non-numeric values were left out without a word (and
+    the runs were blamed: "no evaluation ran?"); now one warning names each run and column,
+    apart from the runs that have no value at all."""
+    from pl_privfed.report import load_results
+    from pl_privfed.report.configs import warn_missing
+
+    results = tmp_path / "results.csv"
+    results.write_text(
+        "run,status,final_val_accuracy,final_test_accuracy,run_dir\n"
+        "r0,finished,0.5,0.4,\nr1,finished,nan,0.3,\nr2,finished,,abc,\nr3,failed,nan,,\n"
+    )
+    runs = load_results(results)
+    assert runs["run"].tolist() == ["r0", "r1", "r2"]
+    with pytest.warns(UserWarning) as caught:
+        warn_missing(runs, "final_val_accuracy", str(results))
+    (message,) = [str(w.message) for w in caught]
+    assert "2 of 3 finished runs" in message
+    assert "a final_val_accuracy that is not a finite number: r1 ('nan')" in message
+    assert "no final_val_accuracy (no evaluation ran?): r2" in message
+    assert "not finite numbers are left out: final_test_accuracy of r2 ('abc')" in message
+    # a run whose selection metric is NaN but whose test accuracy is a number: still reported
+    only = runs[runs["run"] == "r1"]
+    with pytest.warns(UserWarning, match=r"1 of 1 finished runs .* r1 \('nan'\)"):
+        warn_missing(only, "final_val_accuracy", str(results))

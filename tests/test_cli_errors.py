@@ -457,3 +457,23 @@ def test_abort_probability_is_the_binomial_cdf():
     DistributedNoise(3).check(Release(**poisson))  # P(abort) = 0.39: allowed
     with pytest.raises(ValueError, match=r"min_contributors=4 .* probability 0\.649"):
         DistributedNoise(4).check(Release(**poisson))
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "accepted"),
+    [
+        ("PL_PRIVFED_MALLOC", "garbage", "'tuned'"),
+        ("PL_PRIVFED_DEBUG", "maybe", "0, false"),
+        ("PL_PRIVFED_CLIENT_CHUNK", "-3", "'all' or 'auto'"),
+    ],
+)
+def test_an_unknown_value_of_a_package_variable_is_one_line(
+    tmp_path, monkeypatch, capsys, variable, value, accepted
+):
+    """Issue 30: ``PL_PRIVFED_MALLOC=garbage`` was accepted without a word; every variable of
+    the package with a fixed set of values is checked before anything runs, in one line naming
+    the variable, the value and what is accepted."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(variable, value)
+    line = fails(["fit", "--config", QUICKSTART, *QUIET], capsys)
+    assert line.startswith(f"{variable}={value!r}") and accepted in line

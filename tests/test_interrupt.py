@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from pl_privfed.callbacks.interrupt import ABORT_LINE
+
 REPO = Path(__file__).resolve().parents[1]
 
 #: a small federation that runs many rounds per second on a CPU
@@ -115,7 +117,7 @@ def test_a_signal_saves_the_current_round_and_the_run_resumes_exactly(tmp_path, 
     saved = sorted((run / "checkpoints").glob("round=*.ckpt"))
     assert [rounds_of(p) for p in saved] == [stopped]  # the current round, not an older one
     where = summary["interrupted"].pop("checkpoint")
-    assert summary["interrupted"] == {"signal": name, "round": stopped}
+    assert summary["interrupted"] == {"signal": name, "round": stopped, "before_training": False}
     assert (tmp_path / where).resolve() == saved[0].resolve()
     assert f"resume with --ckpt_path {where}" in out
 
@@ -136,23 +138,172 @@ def test_a_signal_saves_the_current_round_and_the_run_resumes_exactly(tmp_path, 
         assert torch.equal(a[key], b[key]), key
 
 
-def test_fit_from_a_finished_checkpoint_says_so_and_tests_its_model(tmp_path, monkeypatch, capsys):
+#: the tiny federation validated every 2 rounds with a checkpoint every 5 rounds, saved at the
+#: end of round 5 before round 5's validation (the checkpoint remembers round 4's)
+SAVED_BEFORE_VALIDATION = TINY.replace("val_check_interval: 1000", "val_check_interval: 2").replace(
+    "  enable_progress_bar: false\n",
+    "  enable_progress_bar: false\n  callbacks:\n"
+    "    - class_path: pl_privfed.callbacks.RoundCheckpoint\n"
+    "      init_args: {every_n_train_steps: 5}\n",
+)
+
+
+def test_fit_from_a_finished_checkpoint_says_so_and_reports_its_final_round(
+    tmp_path, monkeypatch, capsys
+):
     """``fit --ckpt_path`` from a checkpoint at the run's last round trains nothing: a warning
-    says so, and summary.json reports that model's test accuracy (before: none, and the old
-    validation accuracy as the final result without a word)."""
+    says so, and summary.json reports that model's last-round validation and test accuracy,
+    as the finished run did (before: no test accuracy, and round 4's validation accuracy as
+    the final one, since the checkpoint was saved before round 5's validation)."""
     from pl_privfed.cli import main
 
     monkeypatch.chdir(tmp_path)
-    config = str(tiny_config(tmp_path))
-    main(["fit", "--config", config, "--trainer.max_steps", "3"])
+    config = tmp_path / "saved_early.yaml"
+    config.write_text(SAVED_BEFORE_VALIDATION)
+    main(["fit", "--config", str(config), "--trainer.max_steps", "5"])
     first = json.loads((tmp_path / "logs/tiny/version_0/summary.json").read_text())
+    assert first["final_val_round"] == 5
     (ckpt,) = (tmp_path / "logs/tiny/version_0/checkpoints").glob("*.ckpt")
+    assert torch.load(ckpt, weights_only=False)["validated_round"] == 4  # saved before it
     with pytest.warns(UserWarning, match="no rounds left to train"):
-        main(["fit", "--config", config, "--trainer.max_steps", "3", "--ckpt_path", str(ckpt)])
+        main(["fit", "--config", str(config), "--trainer.max_steps", "5", "--ckpt_path",
+              str(ckpt)])  # fmt: skip
     again = json.loads((tmp_path / "logs/tiny/version_1/summary.json").read_text())
-    assert again["status"] == "finished" and again["rounds"] == 3
+    assert again["status"] == "finished" and again["rounds"] == 5
     assert "no rounds left" in again["no_rounds_left"]
-    assert again["final_test_round"] == 3
-    assert again["final_test_accuracy"] == first["final_test_accuracy"]
-    assert again["final_val_round"] == first["final_val_round"] == 3
-    assert "test accuracy=" in capsys.readouterr().out.splitlines()[-1]
+    for split in ("val", "test"):
+        assert again[f"final_{split}_round"] == 5
+        assert again[f"final_{split}_accuracy"] == pytest.approx(first[f"final_{split}_accuracy"])
+        assert again[f"final_{split}_loss"] == pytest.approx(first[f"final_{split}_loss"])
+    assert again["best_val_accuracy"] >= again["final_val_accuracy"]
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert "(round 5)" in last and "test accuracy=" in last
+
+
+#: a digits datamodule that waits at one point of a fit's life (``$WAIT_AT``: ``setup``, the
+#: datamodule's set-up; ``train_dataloader``, after the privacy statement, the checkpoint's
+#: restore and Lightning's own signal handlers; ``round``, inside round 1), after writing the
+#: file ``waiting``, so that a test sends its signal there
+WAITING = """\
+import os, time
+from pathlib import Path
+from pl_privfed.datamodules import DigitsDataModule
+
+class WaitingDigits(DigitsDataModule):
+    def _wait(self, where):
+        if os.environ.get("WAIT_AT") == where and not Path("waiting").exists():
+            Path("waiting").write_text(where)
+            time.sleep(60)
+
+    def setup(self, stage=None):
+        self._wait("setup")
+        super().setup(stage)
+
+    def train_dataloader(self):
+        self._wait("train_dataloader")
+        return super().train_dataloader()
+
+    def preprocess_clients(self, inputs, round_index, clients):
+        self._wait("round")
+        return super().preprocess_clients(inputs, round_index, clients)
+"""
+
+
+def start_waiting(folder: Path, wait_at: str, *args: str) -> subprocess.Popen:
+    """``fit`` of the tiny federation over ``WaitingDigits``, waiting at ``wait_at``."""
+    (folder / "waiting_digits.py").write_text(WAITING)
+    config = tiny_config(folder)
+    config.write_text(TINY.replace("DigitsDataModule", "WaitingDigits").replace(
+        "pl_privfed.datamodules.WaitingDigits", "waiting_digits.WaitingDigits"))  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{folder}", "WAIT_AT": wait_at}
+    return subprocess.Popen([sys.executable, "-m", "pl_privfed.cli", "fit", "--config",
+                             str(config), *args], cwd=folder, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("wait_at", "signum"),
+    [
+        ("setup", signal.SIGTERM),
+        ("train_dataloader", signal.SIGTERM),
+        ("train_dataloader", signal.SIGINT),
+    ],
+)
+def test_a_signal_before_training_ends_the_run_with_a_summary(tmp_path, wait_at, signum):
+    """Before round 1 (set-up, the privacy calibration, after the privacy statement) a
+    SIGTERM or Ctrl-C stops the run at once: exit 143/130, one line, no traceback, no
+    checkpoint and a summary.json saying ``interrupted ... before training`` (before: SIGTERM
+    killed the process without a word and left the run folder without a summary)."""
+    proc = start_waiting(tmp_path, wait_at)
+    wait_for("waiting", tmp_path)
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=60)
+    name = signal.Signals(signum).name
+    assert proc.returncode == 128 + int(signum), err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    assert f"{name} before training: stopping now" in err
+    run = tmp_path / "logs/tiny/version_0"
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == f"interrupted: {name} before training"
+    assert summary["rounds"] == 0
+    assert summary["interrupted"] == {
+        "signal": name,
+        "round": 0,
+        "checkpoint": None,
+        "before_training": True,
+    }
+    assert not list(run.glob("checkpoints/*.ckpt"))
+
+
+def test_a_second_ctrl_c_aborts_at_once_in_one_line(tmp_path):
+    """A first Ctrl-C during a round asks for a stop after it; a second one, while the round
+    still runs, ends the process at once: exit 130 and one line, not a traceback (before:
+    108 lines)."""
+    proc = start_waiting(tmp_path, "round")
+    wait_for("waiting", tmp_path)  # round 1 holds for a minute
+    proc.send_signal(signal.SIGINT)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    assert err.rstrip().splitlines()[-1] == ABORT_LINE
+
+
+def test_the_handlers_by_phase_and_their_restoration():
+    """In-process, without a fit: before training a signal stops at once (``SIGTERMException``,
+    exit status 143); during training it is recorded and the stop comes at the end of the
+    round; a second Ctrl-C in a Python session is a ``KeyboardInterrupt`` (the command's own
+    process ends instead: ``test_a_second_ctrl_c_aborts_at_once_in_one_line``); afterwards the
+    handlers found are back, and a handler Lightning puts back late acts as they would."""
+    from pytorch_lightning.utilities.exceptions import SIGTERMException
+
+    from pl_privfed.callbacks import interrupt
+
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+
+    class Trainer:  # what the handlers read of a trainer (weakly referenced)
+        strategy, global_step = None, 0
+
+    trainer = Trainer()
+    interrupt.watch_setup_signals(trainer)
+    setup_handler = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SIGTERMException) as info:
+        setup_handler(signal.SIGTERM, None)
+    assert info.value.code == 143 and interrupt.stopped_before_training(trainer)
+    assert interrupt.stop_signal(trainer, info.value) == "SIGTERM"
+
+    interrupt.watch_signals(trainer)  # training: recorded, the round goes on
+    handler = signal.getsignal(signal.SIGINT)
+    handler(signal.SIGINT, None)
+    assert not interrupt.stopped_before_training(trainer)
+    with pytest.raises(KeyboardInterrupt):
+        handler(signal.SIGINT, None)
+    with pytest.raises(SIGTERMException) as info:
+        interrupt.stop_if_signalled(trainer)
+    assert info.value.code == 130
+
+    interrupt.restore_signals(trainer)
+    assert {s: signal.getsignal(s) for s in before} == before
+    with pytest.raises(KeyboardInterrupt):  # retired: as the handler found (Python's default)
+        handler(signal.SIGINT, None)

@@ -83,7 +83,9 @@ class DiskFullOnSecondSave(TorchCheckpointIO):
         self.saves += 1
         if self.saves == 2:
             Path(path).write_bytes(b"PK\x03\x04 only the start")
-            raise OSError(28, "No space left on device")
+            # as Lightning's fsspec transaction reports it: its staging file in the system's
+            # temporary folder
+            raise OSError(28, "No space left on device", "/tmp/tmpk2x9q1")
         super().save_checkpoint(checkpoint, path, storage_options)
 
 
@@ -96,7 +98,7 @@ def test_checkpoints_are_written_atomically(callback, tmp_path):
     trainer = pl.Trainer(max_steps=6, logger=False, enable_progress_bar=False,
                          enable_model_summary=False, callbacks=[checkpoint],
                          plugins=[DiskFullOnSecondSave()])  # fmt: skip
-    with pytest.raises(OSError, match="No space left"):
+    with pytest.raises(OSError, match="No space left") as info:
         trainer.fit(PlainRegression())
     names = sorted(p.name for p in tmp_path.iterdir())
     if callback is ModelCheckpoint:  # the behaviour RoundCheckpoint fixes
@@ -106,6 +108,15 @@ def test_checkpoints_are_written_atomically(callback, tmp_path):
         return
     assert names == ["round=000002.ckpt"]  # no partial file left behind either
     check_checkpoint_file(tmp_path / "round=000002.ckpt")
+    # the error names the checkpoint folder and the file, not the staging file in /tmp
+    # (issue 30), and so does the command's one line
+    from pl_privfed.cli import error_line
+
+    assert info.value.filename == str(tmp_path)
+    assert error_line(info.value) == (
+        f"cannot write {str(tmp_path)!r}: No space left on device (saving round=000004.ckpt)",
+        1,
+    )
 
 
 def test_log_versions_are_reserved_atomically(tmp_path):

@@ -15,7 +15,12 @@ from lightning_fabric.utilities.cloud_io import _is_local_file_protocol
 from pytorch_lightning.callbacks import ModelCheckpoint
 from typing_extensions import override
 
-from pl_privfed.callbacks.interrupt import stop_if_signalled, stop_signal, watch_signals
+from pl_privfed.callbacks.interrupt import (
+    stop_if_signalled,
+    stop_signal,
+    stopped_before_training,
+    watch_signals,
+)
 from pl_privfed.engine import SNAPSHOT_DIR_KEY
 
 __all__ = ["CheckpointError", "RoundCheckpoint", "check_checkpoint_file", "snapshot_dir"]
@@ -76,7 +81,9 @@ class RoundCheckpoint(ModelCheckpoint):
       ``epoch=59-step=300.ckpt``.
     * Every checkpoint is written to a hidden temporary file in the same directory and renamed
       into place (``os.replace``, atomic on POSIX and Windows), so a run killed while saving
-      never leaves a truncated checkpoint under a checkpoint's name.
+      never leaves a truncated checkpoint under a checkpoint's name. A file-system error while
+      saving (a full disk, a read-only folder) names the checkpoint folder and the file, not a
+      staging file (Lightning stages through fsspec, in the system's temporary folder).
     * A checkpoint is also saved when fit ends, whenever the last round has not been saved yet
       (e.g. ``max_steps: 20`` with evaluation every 50 rounds, which otherwise writes none).
     * Snapshots of memory-mapped client state (``client_state: disk``) are written beside
@@ -127,6 +134,8 @@ class RoundCheckpoint(ModelCheckpoint):
             trainer.save_checkpoint(partial, self.save_weights_only)
             if trainer.is_global_zero:
                 os.replace(partial, filepath)
+        except OSError as exc:  # name the user's folder, not a staging file (fsspec's is in /tmp)
+            raise OSError(exc.errno, f"{exc.strerror} (saving {name})", folder) from exc
         finally:
             self._saving_to = None
             if trainer.is_global_zero and os.path.exists(partial):
@@ -178,8 +187,12 @@ class RoundCheckpoint(ModelCheckpoint):
 
     def save_on_interrupt(self, trainer: pl.Trainer) -> str | None:
         """Save the current round (once) after a stop on a signal; the checkpoint's path, or
-        ``None`` when no round was run. :class:`~pl_privfed.callbacks.RunSummary` calls it
-        before writing the summary, so the summary names the file."""
+        ``None`` when no round was run, or the fit was stopped before training (set-up:
+        nothing of this fit to save, and a resumed run's state may be half restored).
+        :class:`~pl_privfed.callbacks.RunSummary` calls it before writing the summary, so the
+        summary names the file."""
+        if stopped_before_training(trainer):
+            return None
         if trainer.global_step > 0 and self.monitor is None:
             self._save_at_end(trainer)
         elif trainer.global_step > 0 and not self._should_skip_saving_checkpoint(trainer):

@@ -15,7 +15,14 @@ from typing_extensions import override
 
 from pl_privfed import trainer_rounds
 from pl_privfed.callbacks._logging import logged_names, warn_once
-from pl_privfed.callbacks.interrupt import stop_if_signalled, stop_signal, watch_signals
+from pl_privfed.callbacks.interrupt import (
+    restore_signals,
+    stop_if_signalled,
+    stop_signal,
+    stopped_before_training,
+    watch_setup_signals,
+    watch_signals,
+)
 from pl_privfed.logdir import local_log_dir, log_artifact, wandb_loggers
 from pl_privfed.results import finite_float, write_atomically
 
@@ -31,7 +38,8 @@ class RunSummary(pl.Callback):
 
     * ``final_val_accuracy``, ``final_val_loss`` and ``final_val_round``: the last validation,
       which :class:`~pl_privfed.FederatedModule` runs after the last round (so they are the final
-      model's);
+      model's; a fit from a finished checkpoint saved before that validation gives them through
+      the module's ``summary_entries()``, and the best is then never below the final);
     * ``best_val_accuracy`` and ``best_val_round``: the highest validation accuracy and its round
       (a best-of value, named as such);
     * ``final_test_accuracy``, ``final_test_loss`` and ``final_test_round``: the held-out test set,
@@ -41,6 +49,10 @@ class RunSummary(pl.Callback):
     When an evaluation ends without ``accuracy_key`` among the logged metrics, or a fit ends
     without ``loss_key`` ever logged, it warns once, naming the metrics that were logged, instead
     of writing ``null`` silently (a module that logs other names gives them here).
+
+    From ``setup`` a SIGTERM or Ctrl-C ends the fit (:mod:`~pl_privfed.callbacks.interrupt`):
+    before round 1 at once, with ``status: "interrupted: <signal> before training"``; during
+    training after the round, with the checkpoint saved for it named.
 
     When the module has a ``privacy_report()`` method
     returning a dict (ε, δ, noise settings), includes it. If LightningCLI saved ``config.yaml``
@@ -93,6 +105,15 @@ class RunSummary(pl.Callback):
             f"(logged: {logged_names(trainer)}); name the right one with "
             f"RunSummary({argument}=...)",
         )
+
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage == "fit":  # from here a signal ends the fit with a summary saying so
+            watch_setup_signals(trainer)
+
+    @override
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        restore_signals(trainer)
 
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -157,10 +178,22 @@ class RunSummary(pl.Callback):
 
     @override
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        try:
+            self._write_stopped(trainer, pl_module, exception)
+        finally:
+            restore_signals(trainer)  # Lightning runs no teardown hook after an exception
+
+    def _write_stopped(self, trainer, pl_module, exception: BaseException) -> None:
+        """The summary of a fit that failed, or was stopped by a signal."""
         name = stop_signal(trainer, exception)
         if name is None:
             status = f"failed: {type(exception).__name__}: {exception}"
             self._write(trainer, pl_module, status=status)
+            return
+        if stopped_before_training(trainer):  # set-up, calibration, a checkpoint's restore
+            self.interrupted = {"signal": name, "round": trainer.global_step, "checkpoint": None,
+                                "before_training": True}  # fmt: skip
+            self._write(trainer, pl_module, status=f"interrupted: {name} before training")
             return
         # stopped on SIGTERM or Ctrl-C after a complete round: the checkpoint callbacks save it
         # first, so that the summary names the file to resume from
@@ -169,7 +202,8 @@ class RunSummary(pl.Callback):
             for cb in trainer.checkpoint_callbacks
         ]
         checkpoint = next((path for path in saved if path), None)
-        self.interrupted = {"signal": name, "round": trainer.global_step, "checkpoint": checkpoint}
+        self.interrupted = {"signal": name, "round": trainer.global_step, "checkpoint": checkpoint,
+                            "before_training": False}  # fmt: skip
         self._write(
             trainer, pl_module, status=f"interrupted: {name} after round {trainer.global_step}"
         )
@@ -221,6 +255,9 @@ class RunSummary(pl.Callback):
                 if isinstance(extra, dict):
                     nested.update(extra)
                 out.update(values)
+        final, best = out.get("final_val_accuracy"), out.get("best_val_accuracy")
+        if final is not None and (best is None or final > best):  # e.g. a finished checkpoint's
+            out["best_val_accuracy"], out["best_val_round"] = final, out["final_val_round"]
         report = getattr(pl_module, "privacy_report", None)
         privacy = report() if callable(report) else None
         budget = out.get("privacy_budget")

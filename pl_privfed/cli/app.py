@@ -31,6 +31,7 @@ from pl_privfed.callbacks import (
     check_checkpoint_file,
     default_callbacks,
 )
+from pl_privfed.callbacks.interrupt import restore_signals, watch_setup_signals
 from pl_privfed.cli.arguments import nested_nulls, sweep_run_name
 from pl_privfed.cli.environment import wandb_offline_unless_logged_in
 from pl_privfed.cli.errors import check_config_files, one_line, raised_here
@@ -282,6 +283,21 @@ class PrivFedCLI(LightningCLI):
         for callback in self.trainer.callbacks if output_dir is not None else []:
             if isinstance(callback, RunSummary | TrainingCurves):
                 callback.dirpath = output_dir
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        """Lightning's, with ``fit``'s signals handled from before its set-up
+        (:func:`~pl_privfed.callbacks.interrupt.watch_setup_signals`: a SIGTERM or Ctrl-C
+        during set-up or the privacy calibration ends the run with exit status 143/130 and a
+        ``summary.json`` saying so; a second Ctrl-C ends the process at once, in one line) and
+        the handlers found restored however it ends."""
+        if subcommand != "fit":
+            super()._run_subcommand(subcommand)
+            return
+        watch_setup_signals(self.trainer, own_process=True)
+        try:
+            super()._run_subcommand(subcommand)
+        finally:
+            restore_signals(self.trainer)
 
     def before_fit(self) -> None:
         """Check and set up the run; pass on ``--resume_allow_changes``."""

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import sys
 
@@ -13,7 +12,8 @@ from pl_privfed.cli import commands as _commands  # noqa: F401  (registers the s
 from pl_privfed.cli.app import run_trainer_command
 from pl_privfed.cli.arguments import agent_arguments
 from pl_privfed.cli.environment import (
-    DEBUG_ENV,
+    check_environment,
+    debug_asked,
     quiet_third_party,
     tune_allocator,
     wandb_offline_unless_logged_in,
@@ -29,7 +29,7 @@ def _take_debug(argv: list[str]) -> tuple[list[str], bool]:
     """``argv`` without ``--debug`` (before a sweep's ``--``), and whether tracebacks are
     asked for (``--debug`` or ``PL_PRIVFED_DEBUG``)."""
     cut = argv.index("--") if "--" in argv else len(argv)
-    debug = "--debug" in argv[:cut] or os.environ.get(DEBUG_ENV, "") not in ("", "0")
+    debug = "--debug" in argv[:cut] or debug_asked()
     return [a for a in argv[:cut] if a != "--debug"] + argv[cut:], debug
 
 
@@ -59,15 +59,20 @@ def main(args: list[str] | None = None) -> None:
     if not (argv and argv[0] in COMMANDS):
         argv = agent_arguments(argv)  # as `wandb agent` writes them (None, relative configs)
     wandb_offline_unless_logged_in()
-    tune_allocator()
     if not debug:
         quiet_third_party()
     try:
+        check_environment()  # an unknown PL_PRIVFED_* value: one line, before anything runs
+        tune_allocator()
         _dispatch(argv, from_command_line=args is None)
     except SIGTERMException as exc:  # stopped on SIGTERM or Ctrl-C after a round: not finished
         raise SystemExit(exc.code or 128 + signal.SIGTERM) from None
-    except (SystemExit, KeyboardInterrupt):
+    except SystemExit:
         raise
+    except KeyboardInterrupt:  # Ctrl-C outside a fit's handling (parsing, a report, a sweep)
+        sys.stdout.flush()
+        print(f"{ERROR_PREFIX}interrupted (Ctrl-C)", file=sys.stderr, flush=True)
+        raise SystemExit(128 + signal.SIGINT) from None
     except Exception as exc:
         reported = None if debug else error_line(exc)
         if reported is None:

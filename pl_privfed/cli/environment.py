@@ -1,7 +1,9 @@
 """The process environment of the ``pl-privfed`` command (the command's own, not the library's).
 
-glibc's allocator kept for reuse (:func:`tune_allocator`), third-party noise filtered
-(:func:`quiet_third_party`), W&B offline without credentials
+The package's environment variables with a fixed set of values checked before anything runs
+(:func:`check_environment`: an unknown value is a one-line error naming the variable, the
+value and the values accepted), glibc's allocator kept for reuse (:func:`tune_allocator`),
+third-party noise filtered (:func:`quiet_third_party`), W&B offline without credentials
 (:func:`wandb_offline_unless_logged_in`).
 """
 
@@ -13,9 +15,15 @@ import sys
 import warnings
 from pathlib import Path
 
+import torch
+
+from pl_privfed.engine import choose_chunk_size
+
 __all__ = [
     "ALLOCATOR_ENV",
     "DEBUG_ENV",
+    "check_environment",
+    "debug_asked",
     "quiet_third_party",
     "tune_allocator",
     "wandb_offline_unless_logged_in",
@@ -24,10 +32,49 @@ __all__ = [
 #: set to anything but ``""`` or ``"0"`` to see tracebacks instead of one-line errors
 DEBUG_ENV = "PL_PRIVFED_DEBUG"
 
+#: the values of an on/off variable (:data:`DEBUG_ENV`), read case-insensitively; empty is off
+_OFF, _ON = ("", "0", "false", "no", "off"), ("1", "true", "yes", "on")
+
+
+def debug_asked() -> bool:
+    """Whether :data:`DEBUG_ENV` asks for tracebacks (an unknown value does not:
+    :func:`check_environment` refuses it)."""
+    return os.environ.get(DEBUG_ENV, "").strip().lower() in _ON
+
+
+def check_environment() -> None:
+    """Refuse an unknown value of the package's environment variables that take one of a
+    fixed set of values, before anything runs: :data:`DEBUG_ENV` (on/off),
+    :data:`ALLOCATOR_ENV` (``tuned`` or ``default``) and ``PL_PRIVFED_CLIENT_CHUNK`` (a
+    positive integer, ``all`` or ``auto``; :data:`~pl_privfed.engine.CHUNK_ENV`). Before, a
+    typo (``PL_PRIVFED_MALLOC=defualt``) was accepted without a word and did nothing.
+    ``PL_PRIVFED_DATA`` and ``PL_PRIVFED_CACHE`` are folders (a missing one is named where it
+    is read).
+
+    Raises:
+        ValueError: naming the variable, its value and the values accepted.
+    """
+    debug = os.environ.get(DEBUG_ENV, "")
+    if debug.strip().lower() not in _OFF + _ON:
+        raise ValueError(
+            f"{DEBUG_ENV}={debug!r} is not an on/off value: give one of "
+            f"{', '.join(v for v in _OFF + _ON if v)} (or unset it)"
+        )
+    allocator = os.environ.get(ALLOCATOR_ENV, "")
+    if allocator.strip() not in _ALLOCATOR_CHOICES:
+        raise ValueError(
+            f"{ALLOCATOR_ENV}={allocator!r} is not an allocator setting: give 'tuned' (the "
+            "command's thresholds, the default) or 'default' (glibc's own), or unset it"
+        )
+    choose_chunk_size(1, 1, torch.device("cpu"))  # PL_PRIVFED_CLIENT_CHUNK: its own check
+
+
 #: glibc's mallopt parameters (malloc.h) and the values the command sets
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 ALLOCATOR_ENV = "PL_PRIVFED_MALLOC"
 _ALLOCATOR = {"mmap_threshold": 32 * 2**20, "trim_threshold": 256 * 2**20}
+#: the values of :data:`ALLOCATOR_ENV` (empty: ``tuned``)
+_ALLOCATOR_CHOICES = ("", "tuned", "default")
 
 
 def tune_allocator() -> bool:
@@ -40,7 +87,8 @@ def tune_allocator() -> bool:
     holds every layer's activations at once) 1.35× as long as with these settings, and the
     plain loop's up to 1.12× (docs/performance.md). Fixed thresholds of 32 MiB (glibc's own
     ceiling for its adaptive one) and 256 MiB keep that memory in the process; blocks above 32 MiB
-    are still returned. Skipped (``False``) off Linux/glibc, with ``PL_PRIVFED_MALLOC=default``,
+    are still returned (``PL_PRIVFED_MALLOC=tuned``, the default; :func:`check_environment`
+    refuses other values). Skipped (``False``) off Linux/glibc, with ``PL_PRIVFED_MALLOC=default``,
     and when the user chose already (``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRESHOLD_`` or
     an ``LD_PRELOAD``ed allocator such as jemalloc or tcmalloc).
 
@@ -52,7 +100,7 @@ def tune_allocator() -> bool:
     chosen = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "LD_PRELOAD")
     if (
         not sys.platform.startswith("linux")
-        or os.environ.get(ALLOCATOR_ENV, "") == "default"
+        or os.environ.get(ALLOCATOR_ENV, "").strip() == "default"
         or any(os.environ.get(k) for k in chosen)
     ):
         return False

@@ -160,7 +160,8 @@ def error_line(exc: BaseException) -> tuple[str, int] | None:
             return condense_parser_error(str(e)), 2
         if isinstance(e, MisconfigurationException):
             return one_line(e), 2
-    for e in reversed(chain):  # a folder or file the run could not write (or a full disk)
+    for e in chain:  # a folder or file the run could not write (or a full disk): outermost
+        # first, since the package re-raises a staging file's error naming the user's folder
         if isinstance(e, OSError) and e.filename is not None and e.errno in _FILE_ERRNOS:
             return f"cannot write {str(e.filename)!r}: {e.strerror}", _FILE_ERRNOS[e.errno]
     return None

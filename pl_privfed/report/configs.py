@@ -71,12 +71,45 @@ def check_selection_metric(metric: str) -> None:
 
 
 def warn_missing(runs: pd.DataFrame, metric: str, where: str, stacklevel: int = 3) -> None:
-    """Name in a warning the finished runs without ``metric`` (left out of the selection)."""
-    missing = runs.loc[values(runs, metric).isna(), "run"].tolist()
-    if missing:
-        warnings.warn(
-            f"{len(missing)} of {len(runs)} finished runs in {where} have no {metric} "
-            f"(no evaluation ran?): {fmt_names(missing)}; they are left out of the heatmaps and the selection",
-            UserWarning,
-            stacklevel=stacklevel,
+    """Name in one warning the finished runs without a numeric ``metric`` (left out of the
+    selection), those whose value is written but is not a finite number (``nan``, ``abc``: the
+    results file's fault, not the run's) apart from those without one (no evaluation ran?),
+    and the other result columns written but not as finite numbers (their cells stay empty).
+
+    Raises:
+        ValueError: naming the same, when no finished run has a number in any result column:
+            nothing is left to report (before, the report exited 0 with empty tables).
+    """
+    missing = values(runs, metric).isna()
+    unreadable = runs.get("_unreadable", pd.Series([{}] * len(runs), index=runs.index))
+    bad = missing & unreadable.map(lambda cells: metric in cells)
+    parts = []
+    if bad.any():
+        names = [f"{r} ({c[metric]!r})" for r, c in zip(runs["run"][bad], unreadable[bad])]
+        parts.append(f"a {metric} that is not a finite number: {fmt_names(names)}")
+    if (missing & ~bad).any():
+        empty = runs.loc[missing & ~bad, "run"].tolist()
+        parts.append(f"no {metric} (no evaluation ran?): {fmt_names(empty)}")
+    others: dict[str, list[str]] = {}
+    for run, cells in zip(runs["run"], unreadable):
+        for column in (c for c in cells if c != metric):
+            others.setdefault(column, []).append(f"{run} ({cells[column]!r})")
+    listed = "; ".join(f"{column} of {fmt_names(names)}" for column, names in others.items())
+    if len(runs) and all(values(runs, c).isna().all() for c in RESULT_COLUMNS):
+        found = "; ".join([*parts, *([f"not finite numbers: {listed}"] if listed else [])])
+        raise ValueError(
+            f"{where}: none of its {len(runs)} finished runs has a numeric result ({found}): "
+            "nothing to report"
         )
+    lines = (
+        [
+            f"{int(missing.sum())} of {len(runs)} finished runs in {where} have "
+            f"{'; '.join(parts)}; they are left out of the heatmaps and the selection"
+        ]
+        if parts
+        else []
+    )
+    if listed:
+        lines.append(f"values in {where} that are not finite numbers are left out: {listed}")
+    if lines:
+        warnings.warn("; ".join(lines), UserWarning, stacklevel=stacklevel)

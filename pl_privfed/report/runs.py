@@ -110,7 +110,9 @@ def load_results(
 
     Parameter columns stay text (as written, ``0.1`` and ``true``); the
     :data:`~pl_privfed.results.RESULT_COLUMNS` are numbers (``nan`` where missing or not
-    finite). Added columns: ``_csv`` (the file), ``_dir`` (the run directory: as recorded, else
+    finite; a value written but not as a finite number, e.g. ``nan`` or ``abc``, is kept as
+    written in ``_unreadable``, ``{column: text}``, which
+    :func:`~pl_privfed.report.configs.warn_missing` names). Added columns: ``_csv`` (the file), ``_dir`` (the run directory: as recorded, else
     ``runs/<run>`` beside the file), ``_summary`` (its ``summary.json``), ``_algorithm`` (the
     algorithm's class name) and ``_method`` (``DP-`` in front when the run is private,
     ``+ server norm`` behind when it normalizes the server step). A folder stands for its
@@ -133,6 +135,7 @@ def load_results(
     if not frames:
         raise ValueError("no results.csv given")
     runs = pd.concat(frames, ignore_index=True).fillna("")
+    runs["_unreadable"] = _unreadable(runs)
     for column in RESULT_COLUMNS:
         runs[column] = values(runs, column)
     if finished:
@@ -143,6 +146,18 @@ def load_results(
     runs["_algorithm"] = [a for a, _ in named]
     runs["_method"] = [m for _, m in named]
     return runs
+
+
+def _unreadable(runs: pd.DataFrame) -> list[dict[str, str]]:
+    """Per run, its result columns written but not as a finite number (``nan``, ``inf``,
+    ``abc``): ``{column: text}``; an empty cell or :data:`NULL` is no value, not unreadable."""
+    out: list[dict[str, str]] = [{} for _ in range(len(runs))]
+    for column in (c for c in RESULT_COLUMNS if c in runs):
+        text = runs[column].astype(str).str.strip()
+        bad = values(runs, column).isna() & (text != "") & ~text.isin(NULL)
+        for i in np.flatnonzero(bad.to_numpy()):
+            out[i][column] = text.iloc[i]
+    return out
 
 
 def params(runs: pd.DataFrame) -> list[str]:

@@ -208,11 +208,11 @@ def report_figures(
     if not files:
         raise ValueError("make_report needs at least one results.csv")
     runs = load_results(files)
+    warn_missing(runs, metric, str(files[0]))  # and refuse a file with nothing to report
     config_params = [c for c in params(runs) if c not in SEED_PARAMETERS]
     varying = [c for c in config_params if runs[c].nunique() > 1]
     facets_given = [facet] if isinstance(facet, str) else list(facet or [])
     x, y = _axes(config_params, varying, x, y, facets_given, files[0])
-    warn_missing(runs, metric, str(files[0]))
     configs = aggregate(runs, config_params, [metric])
     facets = facets_given if facet is not None else [c for c in varying if c not in (x, y)]
     layout = _Layout(
