@@ -427,36 +427,102 @@ def test_main_tunes_the_allocator(monkeypatch, capsys):
     assert calls == [1]
 
 
-def test_a_distributed_run_that_would_mostly_abort_is_refused(tmp_path, monkeypatch, capsys):
-    """Issue 30: distributed noise with t = 200 on a secret Poisson cohort of expected size 100
-    aborted every round and exited 0 as finished; now refused before training, in one line
-    naming t, the expected cohort and the probability that a round aborts."""
+def test_a_distributed_run_that_may_abort_is_refused_in_one_line(tmp_path, monkeypatch, capsys):
+    """Issue 29: distributed noise with t = 95 on a secret Poisson cohort of an expected 100
+    (``mnist_dp_fedavg_clip``: 1,000 clients at q = 0.1) over K = 100 rounds aborted 30 rounds,
+    and the abort pattern alone cost more ε against whoever sees the models than the ledger
+    reported. Now refused before training, in one line naming t, the expected cohort, K, the
+    probabilities (checked against scipy here) and the largest t that passes."""
+    from scipy.stats import binom
+
     monkeypatch.chdir(tmp_path)
     noise = "--model.algorithm.init_args.noise."
     config = str(REPO / "configs/private/mnist_dp_fedavg_clip.yaml")
-    line = fails(["fit", "--config", config, *QUIET, "--trainer.max_steps", "2",
-                  f"{noise}placement", "distributed", f"{noise}min_contributors", "200"],
+    line = fails(["fit", "--config", config, *QUIET, "--trainer.max_steps", "100",
+                  f"{noise}placement", "distributed", f"{noise}min_contributors", "95"],
                  capsys)  # fmt: skip
-    assert "min_contributors=200" in line and "expected cohort of 100 clients" in line
-    assert "probability 1.000" in line
+    per_round = binom.cdf(94, 1000, 0.1)
+    assert 0.28 < per_round < 0.29  # the issue's 30 aborted of 100
+    assert "min_contributors=95 with an expected cohort of 100 clients" in line
+    assert "(participation 0.1 of 1000) over K=100 rounds" in line
+    assert f"a round aborts with probability {per_round:.3g}" in line
+    assert f"at least one round with probability {1 - (1 - per_round) ** 100:.3g}" in line
+    assert "above 1e-06" in line and "lower min_contributors to 51 or less" in line
     assert not list(tmp_path.glob("**/*.ckpt"))
 
 
-def test_abort_probability_is_the_binomial_cdf():
-    """P(cohort < t) for independent participation, against a plain sum over the binomial pmf;
-    the refusal starts where at least half the rounds abort."""
+def test_the_abort_bound_is_the_binomial_probability_of_any_abort():
+    """P(cohort < t) is the binomial CDF (against a plain sum over the pmf); a run is refused
+    where 1 − (1 − P(cohort < t))^K exceeds MAX_ABORT_PROBABILITY = 1e-6, and accepted just
+    inside it: t = 51 of an expected 100 over 100 rounds passes (P = 6.0e-7), t = 52 does not
+    (1.26e-6), each against scipy; the largest t is found by scanning scipy's CDF here.
+    Unknown K is checked as one round; a fixed-size cohort or every client never aborts."""
     from math import comb
 
-    from pl_privfed.privacy import DistributedNoise, Release, abort_probability
+    from scipy.stats import binom
 
+    from pl_privfed.privacy import (
+        MAX_ABORT_PROBABILITY,
+        DistributedNoise,
+        Release,
+        abort_probability,
+        largest_min_contributors,
+        run_abort_probability,
+    )
+
+    assert MAX_ABORT_PROBABILITY == 1e-6
     n, q = 12, 0.25
     for t in (1, 3, 4, 6):
         pmf = sum(comb(n, k) * q**k * (1 - q) ** (n - k) for k in range(t))
         assert abort_probability(t, n, q) == pytest.approx(pmf, abs=1e-12)
-    poisson = dict(unit="client", bound=1.0, participation=q, cohort="poisson", clients=n)
-    DistributedNoise(3).check(Release(**poisson))  # P(abort) = 0.39: allowed
-    with pytest.raises(ValueError, match=r"min_contributors=4 .* probability 0\.649"):
-        DistributedNoise(4).check(Release(**poisson))
+    n, q, k = 1000, 0.1, 100
+    poisson = Release(unit="client", bound=1.0, participation=q, cohort="poisson", clients=n)
+
+    def scipy_any(t, rounds=k):
+        return 1 - (1 - binom.cdf(t - 1, n, q)) ** rounds
+
+    for t in (51, 52, 95):
+        assert run_abort_probability(t, n, q, k) == pytest.approx(scipy_any(t), rel=1e-9)
+    assert scipy_any(51) < 1e-6 < scipy_any(52)
+    DistributedNoise(51).check_rounds(poisson, k)  # just inside the bound: accepted
+    with pytest.raises(ValueError, match=r"min_contributors=52 .* K=100 rounds.* 1\.26e-06"):
+        DistributedNoise(52).check_rounds(poisson, k)
+    largest = max(t for t in range(1, 100) if scipy_any(t) <= 1e-6)
+    assert largest_min_contributors(n, q, k) == largest == 51
+    assert largest_min_contributors(n, q, 1) == max(
+        t for t in range(1, 100) if binom.cdf(t - 1, n, q) <= 1e-6
+    )
+    assert largest_min_contributors(5, 0.4, 4) == 0  # not even t = 1: P(no one) = 0.078
+    with pytest.raises(ValueError, match=r"K=1 rounds.*no min_contributors stays below it"):
+        DistributedNoise(1).check_rounds(
+            Release(unit="client", bound=1.0, participation=0.4, cohort="poisson", clients=5),
+            None,  # unknown K: one round
+        )
+    DistributedNoise(58).check_rounds(poisson, None)  # one round: 58 passes, not over 100
+    DistributedNoise(52, allow_aborts=True).check_rounds(poisson, k)  # the opt-out
+    fixed = Release(unit="client", bound=1.0, participation=0.1, cohort="fixed", clients=n,
+                    cohort_size=100)  # fmt: skip
+    DistributedNoise(100).check_rounds(fixed, 10**6)  # a fixed cohort never aborts
+
+
+def test_a_run_just_inside_the_abort_bound_is_set_up():
+    """Through ``setup`` (what a run does before training, with its K): DP-FedAvg with a Poisson
+    cohort of an expected 100 of 1,000 clients and distributed noise; t = 51 is set up for 100
+    rounds, t = 52 refused, and t = 52 set up for one round (58 is one round's largest)."""
+    from pl_privfed.algorithms import DPFedAvg
+    from pl_privfed.operators import Clip
+    from pl_privfed.privacy import DPNoise
+    from pl_privfed.sampling import PoissonSampler
+
+    def setup(t, rounds):
+        noise = DPNoise(noise_multiplier=1.0, placement="distributed", min_contributors=t)
+        alg = DPFedAvg(0.1, operator=Clip(1.0), sampler=PoissonSampler(0.1), noise=noise)
+        alg.setup(num_clients=1000, dim=2, num_rounds=rounds)
+
+    setup(51, 100)
+    setup(52, 1)
+    with pytest.raises(ValueError, match=r"min_contributors=52 .*over K=100 rounds"):
+        setup(52, 100)
 
 
 @pytest.mark.parametrize(

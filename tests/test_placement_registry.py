@@ -185,6 +185,6 @@ def test_class_path_placement_through_the_command_line(tmp_path, monkeypatch, ca
     noise = yaml.safe_load(capsys.readouterr().out)["model"]["algorithm"]["init_args"]["noise"]
     assert noise["placement"] == {
         "class_path": "pl_privfed.privacy.DistributedNoise",
-        "init_args": {"min_contributors": 5000},
+        "init_args": {"min_contributors": 5000, "allow_aborts": False},
     }
     assert noise["min_contributors"] == 5000

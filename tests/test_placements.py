@@ -44,7 +44,7 @@ from pl_privfed.datamodules import QuadraticDataModule
 from pl_privfed.engine import ClientChunk, MessageStage, run_round
 from pl_privfed.models import HalfSquaredError, QuadraticModel
 from pl_privfed.operators import Clip
-from pl_privfed.privacy import DPNoise, PrivacyLedger, paper_noise_std, plan
+from pl_privfed.privacy import DistributedNoise, DPNoise, PrivacyLedger, paper_noise_std, plan
 from pl_privfed.rng import STREAM_SAMPLING, keyed_generator
 from pl_privfed.sampling import BernoulliSampler, FixedSizeSampler, PoissonSampler
 
@@ -89,6 +89,13 @@ def run(alg, centers, x0, rounds=ROUNDS, chunk=None):
         xs.append(x.clone())
         metrics.append(result.metrics)
     return xs, metrics
+
+
+def aborting(t):
+    """Distributed noise with ``t`` that runs even where rounds may abort (``allow_aborts``):
+    the tests of the abort mechanics, and of accounting on cohorts small enough to abort, which
+    the abort refusal would otherwise stop before training."""
+    return DistributedNoise(t, allow_aborts=True)
 
 
 def ledger_of(alg, rounds):
@@ -373,7 +380,8 @@ CASES = {
 def test_exact_iterates_under_central_and_distributed_noise(name, placement, draws, chunk):
     make, t, bound, central_factor, reference, aborted_rounds = CASES[name]
     distributed = placement == "distributed"
-    noise = DPNoise(noise_multiplier=Z, seed=SEED, draws=draws, placement=placement,
+    where = aborting(t) if distributed and aborted_rounds else placement
+    noise = DPNoise(noise_multiplier=Z, seed=SEED, draws=draws, placement=where,
                     min_contributors=t if distributed else None)  # fmt: skip
     alg = make(noise)
     centers, x0 = data(seed=11)
@@ -434,7 +442,7 @@ def test_distributed_round_with_too_few_senders_releases_nothing():
     1 and 0) are aborted: the server receives zeros and the model does not move."""
     assert poisson_counts(N, 0.4, 0, ROUNDS) == [2, 1, 0, 2]
     centers, x0 = data(seed=11)
-    noise = DPNoise(noise_multiplier=0.5, placement="distributed", min_contributors=2, seed=1)
+    noise = DPNoise(noise_multiplier=0.5, placement=aborting(2), seed=1)
     alg = DPFedAvg(0.3, 0.2, operator=Clip(0.7), sampler=PoissonSampler(0.4), noise=noise)
     xs, metrics = run(alg, centers, x0)
     before = [x0, *xs[:-1]]
@@ -449,22 +457,29 @@ def test_distributed_round_with_too_few_senders_releases_nothing():
 
 
 def test_aborted_rounds_are_counted_and_compose_nothing(tmp_path):
-    """Through a FederatedModule run: the ledger counts the aborted rounds in rounds_aborted
-    and every adversary's accountant composes only the rounds that released something."""
+    """Through a FederatedModule run (``allow_aborts``: without it this run is refused): the
+    ledger counts the aborted rounds in rounds_aborted and every adversary's accountant
+    composes only the rounds that released something; the report, the privacy statement line
+    and a warning say that the abort pattern is NOT charged, with the run's probability of an
+    abort (against scipy)."""
+    from scipy.stats import binom
+
+    from pl_privfed.callbacks.summary import privacy_plan_line
+
     n, q, t, rounds, z = 6, 0.3, 2, 12, 0.8
     counts = poisson_counts(n, q, 5, rounds)
     aborted = sum(c < t for c in counts)
     assert 0 < aborted < rounds  # the stream has both kinds of round
     centers = [[1.0, 0.0], [0.0, 1.0], [-1.0, 0.5], [0.3, -0.2], [2.0, 2.0], [-0.5, -1.5]]
-    noise = DPNoise(noise_multiplier=z, placement="distributed", min_contributors=t, seed=2)
+    noise = DPNoise(noise_multiplier=z, placement=aborting(t), seed=2)
     alg = DPFedAvg(0.3, 0.2, operator=Clip(0.5), sampler=PoissonSampler(q), noise=noise,
                    sampling_seed=5)  # fmt: skip
     module = FederatedModule(QuadraticModel(2, [0.0, 0.0]), alg, criterion=HalfSquaredError())
-    pl.Trainer(max_steps=rounds, logger=False, enable_checkpointing=False,
-               enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-               limit_val_batches=0, default_root_dir=tmp_path).fit(
-        module, datamodule=QuadraticDataModule(centers=centers)
-    )  # fmt: skip
+    trainer = pl.Trainer(max_steps=rounds, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False,
+                         num_sanity_val_steps=0, limit_val_batches=0, default_root_dir=tmp_path)  # fmt: skip
+    with pytest.warns(UserWarning, match="NOT CHARGED: the abort pattern"):
+        trainer.fit(module, datamodule=QuadraticDataModule(centers=centers))
     ledger = module.privacy_ledger
     assert ledger.rounds_aborted == aborted and ledger.rounds_accounted == rounds
     assert set(ledger.accountants) == {"server", "models"}
@@ -480,6 +495,12 @@ def test_aborted_rounds_are_counted_and_compose_nothing(tmp_path):
     golden = rdp_golden(REPLACE, dp_accounting.GaussianDpEvent(z), rounds - aborted)
     assert report["epsilon"] == pytest.approx(golden, rel=1e-6)
     assert report["adversary"] == "server"
+    per_round = binom.cdf(t - 1, n, q)
+    any_round = 1 - (1 - per_round) ** rounds
+    assert f"probability {per_round:.3g}, at least one of K={rounds} with probability " \
+        f"{any_round:.3g}" in report["not_charged"]  # fmt: skip
+    assert "whoever sees the models does not count it and is NOT certified" in report["not_charged"]
+    assert "; NOT CHARGED: the abort pattern" in privacy_plan_line(report)
 
 
 # ---------------------------------------------------------------------------- sensitivities
@@ -520,7 +541,8 @@ def test_one_client_moves_the_noised_sum_by_at_most_the_sensitivity(placement, s
     x0 = torch.zeros(d, dtype=DT)
 
     def step(c):
-        noise = DPNoise(noise_multiplier=1.0, placement=placement, seed=3,
+        where = aborting(2) if placement == "distributed" and sampler == "poisson" else placement
+        noise = DPNoise(noise_multiplier=1.0, placement=where, seed=3,
                         min_contributors=2 if placement == "distributed" else None)  # fmt: skip
         alg = DPFedAvg(eta, 1.0, operator=Clip(0.7), scale=2.0, sampler=make_sampler[sampler](),
                        noise=noise, sampling_seed=5)  # fmt: skip
@@ -554,8 +576,9 @@ def _central(**kwargs):
     return DPNoise(noise_multiplier=1.0, placement="central", **kwargs)
 
 
-def _distributed(t, **kwargs):
-    return DPNoise(noise_multiplier=1.0, placement="distributed", min_contributors=t, **kwargs)
+def _distributed(t, allow_aborts=False, **kwargs):
+    where = aborting(t) if allow_aborts else "distributed"
+    return DPNoise(noise_multiplier=1.0, placement=where, min_contributors=t, **kwargs)
 
 
 def _per_sample(noise):
@@ -626,7 +649,7 @@ def test_placements_that_hold_are_accepted():
     _setup(DPFedAvg(0.1, 0.1, Clip(1.0), sampler=PoissonSampler(0.5),
                     noise=_central(neighbouring="add_remove")))  # fmt: skip
     _setup(DPFedAvg(0.1, 0.1, Clip(1.0), sampler=PoissonSampler(0.5),
-                    noise=_distributed(2, neighbouring="replace_one")))  # fmt: skip
+                    noise=_distributed(2, True, neighbouring="replace_one")))  # fmt: skip
     _per_sample(DPNoise(noise_multiplier=1.0))
 
 
@@ -668,6 +691,7 @@ def test_central_poisson_models_epsilon_is_dp_accountings_rdp_and_pld():
     report = ledger.report()
     assert report["adversary"] == "models" and list(report["adversaries"]) == ["models"]
     assert report["placement"] == "central" and "aggregator" in report["trusted"]
+    assert report["not_charged"] is None  # the ε covers everything the run releases
     models = report["adversaries"]["models"]
     assert models["neighbouring_relation"] == "add_remove" and models["sensitivity"] == 1.0
     assert models["sample_rate"] == q and models["sampling"] == "poisson"
@@ -681,8 +705,7 @@ def test_local_and_distributed_server_epsilon_is_unamplified_replace_one():
     amplified ε at σ/Φ (add/remove)."""
     q, z, K, n = 0.2, 0.9, 50, 20
     local = _dp_fedavg(DPNoise(noise_multiplier=z), PoissonSampler(q), n)
-    dist = _dp_fedavg(DPNoise(noise_multiplier=z, placement="distributed", min_contributors=3),
-                      PoissonSampler(q), n)  # fmt: skip
+    dist = _dp_fedavg(DPNoise(noise_multiplier=z, placement=aborting(3)), PoissonSampler(q), n)
     assert local.noise_std == dist.noise_std == pytest.approx(z * 2 * 1.0)  # σ = z · 2Φ
     a, b = ledger_of(local, K), ledger_of(dist, K)
     assert a.adversaries == b.adversaries == ["server", "models"]
@@ -738,8 +761,8 @@ def test_target_calibration_solves_against_the_headline_adversary():
     eps = ledger_of(central, K).epsilon()
     assert target - 0.01 <= eps <= target
     assert eps == pytest.approx(target, rel=2.5e-3)
-    dist = _dp_fedavg(DPNoise(epsilon=target, calibration="target", placement="distributed",
-                              min_contributors=2), PoissonSampler(q), n)  # fmt: skip
+    dist = _dp_fedavg(DPNoise(epsilon=target, calibration="target", placement=aborting(2)),
+                      PoissonSampler(q), n)  # fmt: skip
     dist.setup(num_clients=n, dim=3, num_rounds=K, dtype=DT)
     ledger = ledger_of(dist, K)
     assert target - 0.01 <= ledger.epsilon(adversary="server") <= target
@@ -781,7 +804,7 @@ def test_paper_calibration_sizes_the_noise_of_the_sum():
 def test_ledger_checkpoint_restores_every_adversary_and_the_aborted_rounds(sampler):
     n = 10
     make = {"poisson": lambda: PoissonSampler(0.3), "fixed": lambda: FixedSizeSampler(4)}[sampler]
-    alg = _dp_fedavg(_distributed(2), make(), n)
+    alg = _dp_fedavg(_distributed(2, allow_aborts=True), make(), n)
     ledger = PrivacyLedger(alg.release(), alg.noise, [alg.noise_std], 50)
     released = [True, False, True, True, False, True, False]
     for k, r in enumerate(released):

@@ -123,7 +123,7 @@ class FederatedAlgorithm(nn.Module, metaclass=abc.ABCMeta):
             release = self.release()
             rounds = plan.calibration_rounds(self.noise, self.num_rounds)
             self.noise_std = plan.calibrate(release, self.noise, rounds)
-            plan.check(release, self.noise, self.noise_std)
+            plan.check(release, self.noise, self.noise_std, num_rounds or self.noise.rounds)
         self.allocate()
         self.state.allocate(self.device, client_state, state_dir)
 

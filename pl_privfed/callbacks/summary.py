@@ -342,7 +342,7 @@ ADVERSARY_NAMES = {"server": "the server", "models": "whoever sees the models"}
 
 def privacy_plan_line(privacy: dict[str, Any]) -> str:
     """What a private run will certify, printed when it starts: the unit, the headline
-    adversary and what it sees, the target, and what is trusted."""
+    adversary and what it sees, the target, what is trusted, and what no ε charges."""
     adversary = privacy.get("adversary")
     target = privacy.get("target_epsilon")
     goal = (
@@ -359,6 +359,8 @@ def privacy_plan_line(privacy: dict[str, Any]) -> str:
         line += "; also reported against " + ", ".join(ADVERSARY_NAMES.get(a, a) for a in others)
     if privacy.get("trusted"):
         line += f"; trusted: {privacy['trusted']}"
+    if privacy.get("not_charged"):
+        line += f"; NOT CHARGED: {privacy['not_charged']}"
     return line
 
 

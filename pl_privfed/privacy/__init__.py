@@ -27,19 +27,23 @@ from pl_privfed.privacy.ledger import PrivacyLedger
 from pl_privfed.privacy.mechanism import AccountingBasis, Mechanism, Sampling
 from pl_privfed.privacy.noise import Calibration, DPNoise, Neighbouring, Placement, relation_factor
 from pl_privfed.privacy.placement import (
+    MAX_ABORT_PROBABILITY,
     PLACEMENTS,
     CentralNoise,
     DistributedNoise,
     LocalNoise,
     NoisePlacement,
     abort_probability,
+    largest_min_contributors,
     register_placement,
     resolve_placement,
+    run_abort_probability,
 )
 from pl_privfed.privacy.release import BatchSampling, Cohort, RecordUse, Release
 from pl_privfed.privacy.secagg import SecureAggregation
 
 __all__ = [
+    "MAX_ABORT_PROBABILITY",
     "PLACEMENTS",
     "AccountantName",
     "AccountingBasis",
@@ -65,9 +69,11 @@ __all__ = [
     "calibrate_noise_multiplier",
     "calibrate_noise_std",
     "epsilon_of_plan",
+    "largest_min_contributors",
     "paper_noise_std",
     "plan",
     "register_placement",
     "relation_factor",
     "resolve_placement",
+    "run_abort_probability",
 ]

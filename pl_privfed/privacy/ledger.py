@@ -69,6 +69,9 @@ class PrivacyLedger:
         self.rounds_accounted = 0
         self.rounds_aborted = 0
         self.calibration = self.calibration_record()
+        self.not_charged = plan.not_charged(release, noise, self.rounds)
+        if self.not_charged:
+            self.warn(f"NOT CHARGED: {self.not_charged}")
 
     @property
     def headline(self) -> str:
@@ -171,6 +174,8 @@ class PrivacyLedger:
         and releases); ``trusted`` what the run trusts. ``epsilon_paper_convention`` is the
         papers' (add/remove, Poisson amplification at the nominal rate). ``accounting`` and
         ``paper_convention`` state what each assumes; ``calibration`` what σ was set for.
+        ``not_charged`` names what the run reveals that no ε counts (``None`` normally; the
+        abort pattern of distributed noise run with ``allow_aborts``).
         """
         noise, release = self.noise, self.release
         rel = plan.relation(release, noise)
@@ -223,6 +228,7 @@ class PrivacyLedger:
             "sample_rate": head["sample_rate"],
             "rounds_accounted": self.rounds_accounted,
             "rounds_aborted": self.rounds_aborted,
+            "not_charged": self.not_charged,
         }
 
     def adversary_report(self, adversary: str) -> dict[str, Any]:

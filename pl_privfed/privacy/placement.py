@@ -11,13 +11,16 @@ the noise; the message stage (:class:`~pl_privfed.engine.MessageStage`), the acc
   the headline first), what the server sees and the notes on amplification against each
   adversary, whether the ε relies on the noise of the *sum* (which needs a bounded, fixed-
   denominator sum: :attr:`NoisePlacement.noises_sum`), the refusals of its own
-  (:meth:`NoisePlacement.check`) and its sentences in the privacy statement
+  (:meth:`NoisePlacement.check`, and :meth:`NoisePlacement.check_rounds` for those that
+  depend on the run's number of rounds), what its ε does not charge
+  (:meth:`NoisePlacement.not_charged`) and its sentences in the privacy statement
   (:meth:`NoisePlacement.phrase`, :meth:`NoisePlacement.trusted`).
 
 The three placements: :class:`LocalNoise` (every client noises its own message),
 :class:`CentralNoise` (a trusted aggregator noises the sum once) and :class:`DistributedNoise`
 (every sender adds a ``1/t`` share of the sum's noise under secure aggregation; a round with
-fewer than ``t`` senders is aborted). A configuration names one by its registered name
+fewer than ``t`` senders is aborted, and a run that may abort a round with probability above
+:data:`MAX_ABORT_PROBABILITY` is refused before training). A configuration names one by its registered name
 (``placement: central``) or by its class (``placement: {class_path:
 pl_privfed.privacy.DistributedNoise, init_args: {min_contributors: 5000}}``).
 
@@ -43,6 +46,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ADVERSARIES",
+    "MAX_ABORT_PROBABILITY",
     "PLACEMENTS",
     "Adversary",
     "CentralNoise",
@@ -51,8 +55,10 @@ __all__ = [
     "NoisePlacement",
     "PlacementName",
     "abort_probability",
+    "largest_min_contributors",
     "register_placement",
     "resolve_placement",
+    "run_abort_probability",
 ]
 
 #: Who could learn something from a run: ``"server"`` — whoever sees what the clients send
@@ -61,6 +67,17 @@ __all__ = [
 #: only the released models (not who took part), against whom a secret cohort amplifies.
 Adversary = Literal["server", "models"]
 ADVERSARIES: tuple[Adversary, ...] = ("server", "models")
+
+#: The largest probability that a run with distributed noise aborts at least one of its rounds
+#: (:meth:`DistributedNoise.check_rounds`). Whether a round aborts depends on the cohort's size,
+#: which one client's presence shifts; whoever sees only the models sees the model not move,
+#: and the ledger composes nothing for that indicator. With an independent (Poisson) cohort,
+#: secret from that adversary, a run whose probability of any abort exceeds this bound is
+#: refused before training: below it, the models are those of a run that never aborts except
+#: on an event of at most this probability, which is left uncharged (a total-variation argument
+#: adds at most ``(1 + e^ε)`` times it to δ). A policy, not a certificate: ``allow_aborts`` of
+#: :class:`DistributedNoise` lifts it and the run then says loudly what its ε does not charge.
+MAX_ABORT_PROBABILITY = 1e-6
 
 #: The names of the built-in placements (what ``placement:`` accepts besides a registered
 #: user's name or a ``class_path``).
@@ -150,6 +167,15 @@ class NoisePlacement:
     def check(self, release: Release) -> None:
         """``ValueError`` before training where this placement's own rule cannot hold."""
 
+    def check_rounds(self, release: Release, rounds: int | None) -> None:
+        """``ValueError`` before training where this placement's rule cannot hold over a run
+        of ``rounds`` rounds (``None``: unknown, checked as one round)."""
+
+    def not_charged(self, release: Release, rounds: int | None) -> str | None:
+        """What a run of ``rounds`` rounds reveals that its ε does not charge, in words, or
+        ``None`` (then the ε covers everything the run releases)."""
+        return None
+
     def record(self) -> dict[str, object]:
         """The placement in a run's privacy report and checkpoint."""
         return {"placement": self.name, "min_contributors": self.min_contributors}
@@ -229,14 +255,27 @@ class DistributedNoise(NoisePlacement):
     part; a round with fewer senders is aborted: nothing is released, and the server's step uses
     only what earlier rounds released (with a momentum or memory the model can still move).
 
+    Whether a round aborts depends on the cohort's size, which one client's presence shifts, so
+    against whoever sees the models (and not who took part) the abort pattern is itself a
+    release, which the ledger does not compose. With an independent (Poisson) cohort a run is
+    therefore refused before training when the probability that any of its ``K`` rounds
+    aborts, ``1 − (1 − P(cohort < t))^K``, exceeds :data:`MAX_ABORT_PROBABILITY`
+    (:meth:`check_rounds`); a fixed-size cohort or every client never aborts, or always does
+    (refused too).
+
     Args:
         min_contributors: ``t``, the fewest senders a round may have (the noise the accounting
             relies on; never the noise that was hoped for).
+        allow_aborts: run even where rounds may abort (to study the abort mechanics). The
+            abort pattern is then NOT charged: the ε against whoever sees the models is not
+            certified, and the run's privacy statement, ``summary.json`` (``not_charged``) and
+            a warning say so.
     """
 
     name: ClassVar[str] = "distributed"
     noises_sum: ClassVar[bool] = True
     min_contributors: int | None = None
+    allow_aborts: bool = False
 
     def __post_init__(self) -> None:
         t = self.min_contributors
@@ -247,6 +286,8 @@ class DistributedNoise(NoisePlacement):
             )
         if isinstance(t, bool) or not isinstance(t, int) or t < 1:
             raise ValueError(f"min_contributors must be a positive integer, got {t!r}")
+        if not isinstance(self.allow_aborts, bool):
+            raise ValueError(f"allow_aborts must be true or false, got {self.allow_aborts!r}")
 
     @classmethod
     def from_settings(cls, min_contributors: int | None = None) -> NoisePlacement:
@@ -294,16 +335,48 @@ class DistributedNoise(NoisePlacement):
                 f"min_contributors={t} is more than the {floor} clients of every round's "
                 "cohort: every round would be aborted"
             )
-        if floor is None and release.clients:
-            p_abort = abort_probability(t, release.clients, release.participation)
-            if p_abort >= 0.5:
-                raise ValueError(
-                    f"min_contributors={t} with an expected cohort of "
-                    f"{release.participation * release.clients:g} clients (participation "
-                    f"{release.participation:g} of {release.clients}): a round is aborted with "
-                    f"probability {p_abort:.3f}, so at least half the rounds would release "
-                    "nothing; lower min_contributors or raise the participation"
-                )
+
+    def run_abort(self, release: Release, rounds: int | None) -> tuple[float, float] | None:
+        """``(P(a round aborts), P(any of the rounds aborts))`` for an independent cohort of
+        known clients, or ``None`` (a fixed-size cohort or every client: never, or always)."""
+        if release.guaranteed_participants is not None or not release.clients:
+            return None
+        args = (self.min_contributors, release.clients, release.participation)
+        return abort_probability(*args), run_abort_probability(*args, rounds or 1)
+
+    def check_rounds(self, release: Release, rounds: int | None) -> None:
+        probabilities = self.run_abort(release, rounds)
+        if self.allow_aborts or probabilities is None:
+            return
+        per_round, any_round = probabilities
+        if any_round <= MAX_ABORT_PROBABILITY:
+            return
+        k, n, q = rounds or 1, release.clients, release.participation
+        best = largest_min_contributors(n, q, k)
+        fix = (
+            f"lower min_contributors to {best} or less"
+            if best
+            else "no min_contributors stays below it at this participation: raise it"
+        )
+        raise ValueError(
+            f"min_contributors={self.min_contributors} with an expected cohort of {q * n:g} "
+            f"clients (participation {q:g} of {n}) over K={k} rounds: a round aborts with "
+            f"probability {per_round:.3g} and at least one round with probability "
+            f"{any_round:.3g}, above {MAX_ABORT_PROBABILITY:g} (whether a round aborts depends on "
+            f"the secret cohort's size and is not charged against whoever sees the models); "
+            f"{fix}, or use a fixed-size cohort (FixedSizeSampler), which never aborts"
+        )
+
+    def not_charged(self, release: Release, rounds: int | None) -> str | None:
+        probabilities = self.run_abort(release, rounds)
+        if probabilities is None or probabilities[1] <= MAX_ABORT_PROBABILITY:
+            return None
+        return (
+            f"the abort pattern (allow_aborts: a round aborts with probability "
+            f"{probabilities[0]:.3g}, at least one of K={rounds or 1} with probability "
+            f"{probabilities[1]:.3g}, and whether it does depends on the secret cohort's size): "
+            "the ε against whoever sees the models does not count it and is NOT certified"
+        )
 
 
 def abort_probability(min_contributors: int, clients: int, participation: float) -> float:
@@ -318,3 +391,39 @@ def abort_probability(min_contributors: int, clients: int, participation: float)
     from scipy.stats import binom
 
     return float(binom.cdf(min_contributors - 1, clients, participation))
+
+
+def run_abort_probability(
+    min_contributors: int, clients: int, participation: float, rounds: int
+) -> float:
+    """``1 − (1 − P(cohort < t))^K``: the probability that at least one of ``rounds``
+    independent rounds aborts (computed as ``−expm1(K·log1p(−p))``, exact for tiny ``p``).
+
+    >>> run_abort_probability(95, 10_000, 0.01, 100) > 0.2
+    True
+    """
+    p = abort_probability(min_contributors, clients, participation)
+    return 1.0 if p >= 1.0 else -math.expm1(rounds * math.log1p(-p))
+
+
+def largest_min_contributors(
+    clients: int, participation: float, rounds: int, bound: float = MAX_ABORT_PROBABILITY
+) -> int:
+    """The largest ``t`` whose run of ``rounds`` rounds aborts with probability at most
+    ``bound`` (0: none, not even ``t = 1``): the per-round bound ``1 − (1 − bound)^(1/K)``
+    through scipy's binomial quantile, then checked with :func:`run_abort_probability`.
+
+    >>> largest_min_contributors(10_000, 0.01, 100)
+    49
+    """
+    from scipy.stats import binom
+
+    per_round = -math.expm1(math.log1p(-bound) / rounds)
+    quantile = binom.ppf(per_round, clients, participation)
+    t = int(quantile) + 1 if math.isfinite(quantile) else 0
+    t = min(max(t, 0), clients)
+    while t > 0 and run_abort_probability(t, clients, participation, rounds) > bound:
+        t -= 1
+    while t < clients and run_abort_probability(t + 1, clients, participation, rounds) <= bound:
+        t += 1
+    return t

@@ -49,6 +49,7 @@ __all__ = [
     "check_placement",
     "check_record_sampling",
     "describe",
+    "not_charged",
     "paper_accounting_basis",
     "paper_mechanisms",
     "record_round_mechanisms",
@@ -87,6 +88,13 @@ def describe(release: Release, noise: DPNoise, adversary: Adversary) -> str:
     if release.records is not None:
         return LocalNoise().server_view(release.observer)
     return noise.where.server_view(release.observer)
+
+
+def not_charged(release: Release, noise: DPNoise, rounds: int | None) -> str | None:
+    """What a run of ``rounds`` rounds reveals that its ε does not charge, or ``None``
+    (:meth:`~pl_privfed.privacy.NoisePlacement.not_charged`: the abort pattern of distributed
+    noise run with ``allow_aborts``)."""
+    return noise.where.not_charged(release, rounds) if release.records is None else None
 
 
 def unit(release: Release, noise: DPNoise) -> str:
@@ -282,12 +290,16 @@ def check_placement(release: Release, noise: DPNoise) -> None:
     where.check(release)
 
 
-def check(release: Release, noise: DPNoise, noise_std: float) -> None:
+def check(release: Release, noise: DPNoise, noise_std: float, rounds: int | None = None) -> None:
     """Raise ``ValueError`` before training if the run's releases are not accountable: a
-    placement whose accounting does not hold (:func:`check_placement`), a record-level
-    accounting that does not hold for the data, or releases the accountant cannot compose
-    (e.g. sampling without replacement with Poisson-subsampled releases)."""
+    placement whose accounting does not hold (:func:`check_placement`) or whose rule does not
+    hold over the run's ``rounds`` rounds (``None``: unknown, checked as one round; e.g.
+    distributed noise that may abort a round:
+    :meth:`~pl_privfed.privacy.NoisePlacement.check_rounds`), a record-level accounting that
+    does not hold for the data, or releases the accountant cannot compose (e.g. sampling
+    without replacement with Poisson-subsampled releases)."""
     check_placement(release, noise)
+    noise.where.check_rounds(release, rounds)
     records = release.records
     if records is not None:
         rel = relation(release, noise)
