@@ -21,7 +21,9 @@ same for every algorithm and is this module's job, not the algorithm's:
   with distributed noise every sender adds its share ``N(0, σ²/t · I)`` (``t`` the
   guaranteed number of contributors) and the server learns only the sum, which a round with
   fewer than ``t`` senders never releases (:meth:`MessageStage.aborts`: the sum received is zero,
-  the round's result says ``released=False`` and ``metrics["aborted"]`` is 1);
+  the round's result says ``released=False`` and ``metrics["aborted"]`` is 1; a run that may
+  abort is refused before training unless it allows aborts:
+  :meth:`~pl_privfed.privacy.DistributedNoise.check_rounds`);
 * secure aggregation (simulated pairwise masks, :class:`~pl_privfed.privacy.SecureAggregation`):
   every round when configured ``every_round``, and always for the initialization's sums;
 * the bookkeeping: the message counts the communication callbacks read, and the statistics the
