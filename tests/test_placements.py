@@ -464,7 +464,7 @@ def test_aborted_rounds_are_counted_and_compose_nothing(tmp_path):
     abort (against scipy)."""
     from scipy.stats import binom
 
-    from pl_privfed.callbacks.summary import privacy_plan_line
+    from pl_privfed.callbacks.summary import epsilon_line, privacy_plan_line
 
     n, q, t, rounds, z = 6, 0.3, 2, 12, 0.8
     counts = poisson_counts(n, q, 5, rounds)
@@ -501,6 +501,9 @@ def test_aborted_rounds_are_counted_and_compose_nothing(tmp_path):
         f"{any_round:.3g}" in report["not_charged"]  # fmt: skip
     assert "whoever sees the models does not count it and is NOT certified" in report["not_charged"]
     assert "; NOT CHARGED: the abort pattern" in privacy_plan_line(report)
+    result = {"epsilon": report["epsilon"], "delta": report["delta"], "privacy": report}
+    assert "; NOT certified against whoever sees the models" in epsilon_line(result)
+    assert "NOT" not in epsilon_line({**result, "privacy": {**report, "not_charged": None}})
 
 
 # ---------------------------------------------------------------------------- sensitivities

@@ -366,7 +366,8 @@ def privacy_plan_line(privacy: dict[str, Any]) -> str:
 
 def epsilon_line(data: dict[str, Any]) -> str:
     """``epsilon=… against <adversary> (…) at delta=…``: the headline ε named by its adversary,
-    the other adversaries' and the papers' convention beside it."""
+    the other adversaries' and the papers' convention beside it, and a warning where the run
+    revealed something no ε charges (``privacy.not_charged``)."""
     privacy = data.get("privacy") or {}
     eps = f"epsilon={data['epsilon']:.3f}"
     adversary = privacy.get("adversary")
@@ -382,6 +383,8 @@ def epsilon_line(data: dict[str, Any]) -> str:
     if data.get("epsilon_paper_convention") is not None:
         eps += f", papers' convention {data['epsilon_paper_convention']:.3f}"
     eps = f"{eps} at delta={data['delta']:g}"
+    if privacy.get("not_charged"):  # e.g. the abort pattern of distributed noise, allow_aborts
+        eps += "; NOT certified against whoever sees the models (summary: privacy.not_charged)"
     if privacy.get("audit"):
         eps += f"; {audit_line(privacy['audit'])}"
     return eps
