@@ -447,15 +447,15 @@ def test_a_distributed_run_that_may_abort_is_refused_in_one_line(tmp_path, monke
     assert "(participation 0.1 of 1000) over K=100 rounds" in line
     assert f"a round aborts with probability {per_round:.3g}" in line
     assert f"at least one round with probability {1 - (1 - per_round) ** 100:.3g}" in line
-    assert "above 1e-06" in line and "lower min_contributors to 51 or less" in line
+    assert "above 1e-12" in line and "lower min_contributors to 36 or less" in line
     assert not list(tmp_path.glob("**/*.ckpt"))
 
 
 def test_the_abort_bound_is_the_binomial_probability_of_any_abort():
     """P(cohort < t) is the binomial CDF (against a plain sum over the pmf); a run is refused
-    where 1 − (1 − P(cohort < t))^K exceeds MAX_ABORT_PROBABILITY = 1e-6, and accepted just
-    inside it: t = 51 of an expected 100 over 100 rounds passes (P = 6.0e-7), t = 52 does not
-    (1.26e-6), each against scipy; the largest t is found by scanning scipy's CDF here.
+    where 1 − (1 − P(cohort < t))^K exceeds MAX_ABORT_PROBABILITY = 1e-12, and accepted just
+    inside it: t = 36 of an expected 100 over 100 rounds passes (P = 5.5e-13), t = 37 does not
+    (1.65e-12), each against scipy; the largest t is found by scanning scipy's CDF here.
     Unknown K is checked as one round; a fixed-size cohort or every client never aborts."""
     from math import comb
 
@@ -470,7 +470,7 @@ def test_the_abort_bound_is_the_binomial_probability_of_any_abort():
         run_abort_probability,
     )
 
-    assert MAX_ABORT_PROBABILITY == 1e-6
+    assert MAX_ABORT_PROBABILITY == 1e-12
     n, q = 12, 0.25
     for t in (1, 3, 4, 6):
         pmf = sum(comb(n, k) * q**k * (1 - q) ** (n - k) for k in range(t))
@@ -481,16 +481,16 @@ def test_the_abort_bound_is_the_binomial_probability_of_any_abort():
     def scipy_any(t, rounds=k):
         return 1 - (1 - binom.cdf(t - 1, n, q)) ** rounds
 
-    for t in (51, 52, 95):
+    for t in (36, 37, 95):
         assert run_abort_probability(t, n, q, k) == pytest.approx(scipy_any(t), rel=1e-9)
-    assert scipy_any(51) < 1e-6 < scipy_any(52)
-    DistributedNoise(51).check_rounds(poisson, k)  # just inside the bound: accepted
-    with pytest.raises(ValueError, match=r"min_contributors=52 .* K=100 rounds.* 1\.26e-06"):
-        DistributedNoise(52).check_rounds(poisson, k)
-    largest = max(t for t in range(1, 100) if scipy_any(t) <= 1e-6)
-    assert largest_min_contributors(n, q, k) == largest == 51
+    assert scipy_any(36) < 1e-12 < scipy_any(37)
+    DistributedNoise(36).check_rounds(poisson, k)  # just inside the bound: accepted
+    with pytest.raises(ValueError, match=r"min_contributors=37 .* K=100 rounds.* 1\.65e-12"):
+        DistributedNoise(37).check_rounds(poisson, k)
+    largest = max(t for t in range(1, 100) if scipy_any(t) <= 1e-12)
+    assert largest_min_contributors(n, q, k) == largest == 36
     assert largest_min_contributors(n, q, 1) == max(
-        t for t in range(1, 100) if binom.cdf(t - 1, n, q) <= 1e-6
+        t for t in range(1, 100) if binom.cdf(t - 1, n, q) <= 1e-12
     )
     assert largest_min_contributors(5, 0.4, 4) == 0  # not even t = 1: P(no one) = 0.078
     with pytest.raises(ValueError, match=r"K=1 rounds.*no min_contributors stays below it"):
@@ -498,8 +498,8 @@ def test_the_abort_bound_is_the_binomial_probability_of_any_abort():
             Release(unit="client", bound=1.0, participation=0.4, cohort="poisson", clients=5),
             None,  # unknown K: one round
         )
-    DistributedNoise(58).check_rounds(poisson, None)  # one round: 58 passes, not over 100
-    DistributedNoise(52, allow_aborts=True).check_rounds(poisson, k)  # the opt-out
+    DistributedNoise(40).check_rounds(poisson, None)  # one round: 40 passes, not over 100
+    DistributedNoise(37, allow_aborts=True).check_rounds(poisson, k)  # the opt-out
     fixed = Release(unit="client", bound=1.0, participation=0.1, cohort="fixed", clients=n,
                     cohort_size=100)  # fmt: skip
     DistributedNoise(100).check_rounds(fixed, 10**6)  # a fixed cohort never aborts
@@ -507,8 +507,8 @@ def test_the_abort_bound_is_the_binomial_probability_of_any_abort():
 
 def test_a_run_just_inside_the_abort_bound_is_set_up():
     """Through ``setup`` (what a run does before training, with its K): DP-FedAvg with a Poisson
-    cohort of an expected 100 of 1,000 clients and distributed noise; t = 51 is set up for 100
-    rounds, t = 52 refused, and t = 52 set up for one round (58 is one round's largest)."""
+    cohort of an expected 100 of 1,000 clients and distributed noise; t = 36 is set up for 100
+    rounds, t = 37 refused, and t = 37 set up for one round (40 is one round's largest)."""
     from pl_privfed.algorithms import DPFedAvg
     from pl_privfed.operators import Clip
     from pl_privfed.privacy import DPNoise
@@ -519,10 +519,10 @@ def test_a_run_just_inside_the_abort_bound_is_set_up():
         alg = DPFedAvg(0.1, operator=Clip(1.0), sampler=PoissonSampler(0.1), noise=noise)
         alg.setup(num_clients=1000, dim=2, num_rounds=rounds)
 
-    setup(51, 100)
-    setup(52, 1)
-    with pytest.raises(ValueError, match=r"min_contributors=52 .*over K=100 rounds"):
-        setup(52, 100)
+    setup(36, 100)
+    setup(37, 1)
+    with pytest.raises(ValueError, match=r"min_contributors=37 .*over K=100 rounds"):
+        setup(37, 100)
 
 
 @pytest.mark.parametrize(

@@ -75,9 +75,10 @@ ADVERSARIES: tuple[Adversary, ...] = ("server", "models")
 #: secret from that adversary, a run whose probability of any abort exceeds this bound is
 #: refused before training: below it, the models are those of a run that never aborts except
 #: on an event of at most this probability, which is left uncharged (a total-variation argument
-#: adds at most ``(1 + e^ε)`` times it to δ). A policy, not a certificate: ``allow_aborts`` of
+#: adds at most ``(1 + e^ε)`` times it to δ: at 1e-12 that is 3e-9 at ε = 8, 0.03 % of
+#: δ = 1e-5, and stays below a tenth of δ = 1e-5 for every ε ≤ 13.8). ``allow_aborts`` of
 #: :class:`DistributedNoise` lifts it and the run then says loudly what its ε does not charge.
-MAX_ABORT_PROBABILITY = 1e-6
+MAX_ABORT_PROBABILITY = 1e-12
 
 #: The names of the built-in placements (what ``placement:`` accepts besides a registered
 #: user's name or a ``class_path``).
@@ -414,7 +415,7 @@ def largest_min_contributors(
     through scipy's binomial quantile, then checked with :func:`run_abort_probability`.
 
     >>> largest_min_contributors(10_000, 0.01, 100)
-    49
+    34
     """
     from scipy.stats import binom
 
