@@ -96,7 +96,7 @@ class PrivacyBudget(pl.Callback):
         delta: float = 1e-5,
         noise_multiplier: float | None = None,
         sample_rate: float | None = None,
-        accountant: AccountantName = "rdp",
+        accountant: AccountantName = "auto",
         verbose: bool = True,
     ) -> None:
         if not (isinstance(epsilon, int | float) and epsilon > 0 and math.isfinite(epsilon)):

@@ -51,33 +51,44 @@ def calibrate_noise_multiplier(
     delta: float,
     sample_rate: float,
     steps: int,
-    accountant: AccountantName = "rdp",
+    accountant: AccountantName = "auto",
     epsilon_tolerance: float = 0.01,
 ) -> float:
     """The noise multiplier that spends ``target_epsilon`` at ``delta`` after ``steps`` releases.
 
     Solved by Opacus (``opacus.accountants.utils.get_noise_multiplier``, a bisection over the
-    chosen accountant) for a (Poisson-)subsampled Gaussian mechanism with the given sampling rate;
-    the certified ε is within ``epsilon_tolerance`` below the target.
+    chosen accountant; ``"auto"`` is RDP here, as there is no sampling without replacement) for
+    a (Poisson-)subsampled Gaussian mechanism with the given sampling rate, or, for ``"pld"``, by
+    :func:`calibrate_noise_std` over dp-accounting's PLD; the certified ε is within
+    ``epsilon_tolerance`` below the target.
     """
     if not target_epsilon > 0:
         raise ValueError(f"target_epsilon must be positive, got {target_epsilon!r}")
     if steps < 1:
         raise ValueError(f"steps must be a positive integer, got {steps!r}")
+    if accountant == "pld":
+        sampling = "poisson" if sample_rate < 1 else "none"
+        return calibrate_noise_std(
+            target_epsilon=target_epsilon,
+            delta=delta,
+            plan=lambda m: [(Mechanism(m, sample_rate, sampling=sampling), steps)],
+            accountant="pld",
+            epsilon_tolerance=epsilon_tolerance,
+        )
     return float(
         get_noise_multiplier(
             target_epsilon=target_epsilon,
             target_delta=delta,
             sample_rate=sample_rate,
             steps=steps,
-            accountant=accountant,
+            accountant="rdp" if accountant == "auto" else accountant,
             epsilon_tolerance=epsilon_tolerance,
         )
     )
 
 
 def epsilon_of_plan(
-    plan: list[tuple[Mechanism, int]], delta: float, accountant: AccountantName = "rdp"
+    plan: list[tuple[Mechanism, int]], delta: float, accountant: AccountantName = "auto"
 ) -> float:
     """ε that ``accountant`` certifies at ``delta`` for the releases of ``plan``."""
     acc = PrivacyAccountant(accountant)
@@ -92,7 +103,7 @@ def calibrate_noise_std(
     target_epsilon: float,
     delta: float,
     plan: ReleasePlan,
-    accountant: AccountantName = "rdp",
+    accountant: AccountantName = "auto",
     epsilon_tolerance: float = 0.01,
 ) -> float:
     """The noise std at which the releases ``plan(std)`` spend ``target_epsilon`` at ``delta``.
@@ -105,7 +116,9 @@ def calibrate_noise_std(
         target_epsilon: ε to spend.
         delta: δ.
         plan: ``std -> [(mechanism, count), ...]``, every release of the run at noise std ``std``.
-        accountant: ``"rdp"`` or ``"prv"``.
+        accountant: ``"auto"``, ``"pld"``, ``"rdp"`` or ``"prv"``
+            (:class:`~pl_privfed.privacy.PrivacyAccountant`): the run's calibration uses the
+            accountant its ε is reported with.
         epsilon_tolerance: how far below the target the certified ε may be.
 
     >>> from pl_privfed.privacy import Mechanism
