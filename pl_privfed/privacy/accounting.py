@@ -203,8 +203,7 @@ class PrivacyAccountant:
         return self._rdp_epsilon(delta)
 
     def _pld_epsilon(self, delta: float) -> float:
-        """dp-accounting's PLD ε for the recorded history (:mod:`pl_privfed.privacy.pld`),
-        discretized at an interval set by the RDP bound's ε (an upper bound on it)."""
+        """dp-accounting's PLD ε for the recorded history (:mod:`pl_privfed.privacy.pld`)."""
         if not self.steps:
             return 0.0
         counts: dict[tuple, int] = {}
@@ -214,7 +213,7 @@ class PrivacyAccountant:
         for sigma, size, population, steps in self._without_replacement:
             key = (float(sigma), "without_replacement", int(size) / int(population))
             counts[key] = counts.get(key, 0) + int(steps)
-        return pld_epsilon(counts.items(), delta, epsilon_scale=self.get_epsilon_rdp(delta))
+        return pld_epsilon(counts.items(), delta)
 
     def _dp_accounting_epsilon(self, delta: float) -> float:
         """dp-accounting's RDP ε (replace-one) for a history with releases sampled without

@@ -33,9 +33,9 @@ R's PLD is dp-accounting's pessimistic connect-the-dots PMF
 (``from_gaussian_mechanism(standard_deviation=σ, sampling_prob=γ)``, remove direction), so the
 symmetric PLD built from it dominates the pair above at every ε, and the composed ε is an upper
 bound. The discretization interval is ``1e-4`` up to ε of about 10 and grows with ε beyond
-(ε's scale is taken from the RDP bound, never below the PLD's): the PLD's support grows with ε
-over the interval, and a history at tiny noise would otherwise need gigabytes (as Opacus's PRV
-did, :mod:`pl_privfed.privacy.accounting`).
+(ε's scale from a first pass at a coarse interval, itself an upper bound): the PLD's support
+grows with ε over the interval, and a history at tiny noise would otherwise need gigabytes (as
+Opacus's PRV did, :mod:`pl_privfed.privacy.accounting`).
 """
 
 from __future__ import annotations
@@ -59,8 +59,10 @@ __all__ = [
 
 #: dp-accounting's default discretization interval of the privacy loss
 PLD_INTERVAL = 1e-4
-#: above this ε (the RDP bound's) the interval grows in proportion to ε
+#: above this ε the interval grows in proportion to ε
 PLD_EXACT_UP_TO = 10.0
+#: the interval of the first pass that gives ε's scale
+COARSE_INTERVAL = 1e-2
 
 #: a release as the PLD composes it: (noise multiplier, sampling, rate); sampling is "none",
 #: "poisson" or "without_replacement"
@@ -97,10 +99,10 @@ def wor_pld(
     )
     # dp-accounting keeps R's PMF as the remove direction; its dense form is the loss grid
     # lower_loss + i (in units of the interval) with masses probs, plus the mass at +∞
-    pmf = remove._pmf_remove.to_dense_pmf()  # noqa: SLF001 (no public accessor in 0.6)
-    losses = int(pmf._lower_loss) + np.arange(len(pmf._probs))  # noqa: SLF001
-    probs = np.asarray(pmf._probs, dtype=np.float64)  # noqa: SLF001
-    infinity = float(pmf._infinity_mass)  # noqa: SLF001
+    pmf = remove._pmf_remove.to_dense_pmf()  # private: no public accessor in 0.6
+    losses = int(pmf._lower_loss) + np.arange(len(pmf._probs))
+    probs = np.asarray(pmf._probs, dtype=np.float64)
+    infinity = float(pmf._infinity_mass)
     positive = losses > 0
     up, mass = losses[positive], probs[positive]
     mirrored = mass * np.exp(-up * interval)
@@ -162,21 +164,26 @@ def composed_pld(
     return result
 
 
-def pld_epsilon(
-    history: Iterable[tuple[ReleaseKey, int]], delta: float, epsilon_scale: float
-) -> float:
-    """dp-accounting's ε at ``delta`` for the composition of ``(release, count)`` pairs, at
-    the interval :func:`discretization_for` gives for ``epsilon_scale`` (an upper bound on
-    the ε, e.g. the RDP bound)."""
-    interval = discretization_for(epsilon_scale)
+def pld_epsilon(history: Iterable[tuple[ReleaseKey, int]], delta: float) -> float:
+    """dp-accounting's ε at ``delta`` for the composition of ``(release, count)`` pairs.
+
+    A first pass at a coarse interval (``1e-2``, itself a valid upper bound) gives ε's scale;
+    the answer is computed at the interval :func:`discretization_for` gives for it."""
+    history = [(key, int(steps)) for key, steps in history if steps > 0]
+    if not history:
+        return 0.0
+    coarse = _composed_epsilon(history, delta, COARSE_INTERVAL)
+    interval = discretization_for(coarse)
+    if interval >= COARSE_INTERVAL:
+        return coarse
+    return _composed_epsilon(history, delta, interval)
+
+
+def _composed_epsilon(history: list[tuple[ReleaseKey, int]], delta: float, interval: float):
     total = None
     for key, steps in history:
-        if steps <= 0:
-            continue
-        part = composed_pld(key, int(steps), interval)
+        part = composed_pld(key, steps, interval)
         total = part if total is None else total.compose(part)
-    if total is None:
-        return 0.0
     return float(total.get_epsilon_for_delta(delta))
 
 
