@@ -16,9 +16,7 @@ from pl_privfed.privacy.pld import wor_pld
 DELTA = 1e-5
 
 
-@pytest.mark.parametrize(
-    ("sigma", "rate", "steps"), [(1.0, 0.1, 100), (5.0, 1.0, 50), (0.8, 0.02, 300)]
-)
+@pytest.mark.parametrize(("sigma", "rate", "steps"), [(1.0, 0.1, 100), (5.0, 1.0, 50)])
 def test_poisson_and_unsampled_match_dp_accounting(sigma, rate, steps):
     acc = PrivacyAccountant("pld")
     acc.step(noise_multiplier=sigma, sample_rate=rate, num_steps=steps)
@@ -90,8 +88,8 @@ def test_wor_matches_an_independent_construction_and_is_below_rdp():
 
 
 def test_calibration_targets_the_pld_epsilon():
-    """calibration: target under ``auto`` solves for the PLD ε: less noise than RDP's, and the
-    ε certified at that noise within the tolerance below the target."""
+    """calibration: target under ``auto`` solves for the PLD ε: the ε certified at that noise
+    is within the tolerance below the target, and RDP's bound there far above it."""
     size, population, steps, target = 100, 1000, 50, 4.0
 
     def plan(std):
@@ -99,12 +97,11 @@ def test_calibration_targets_the_pld_epsilon():
         return [(mech, steps)]
 
     pld_std = calibrate_noise_std(target_epsilon=target, delta=DELTA, plan=plan)
-    rdp_std = calibrate_noise_std(target_epsilon=target, delta=DELTA, plan=plan, accountant="rdp")
-    assert pld_std < 0.9 * rdp_std
     acc = PrivacyAccountant()
     acc.step_mechanism(plan(pld_std)[0][0], num_steps=steps)
     assert target - 0.011 < acc.get_epsilon(DELTA) <= target
-    assert acc.get_epsilon_rdp(DELTA) > target
+    # RDP would need more noise: its bound at this noise is well above the target
+    assert acc.get_epsilon_rdp(DELTA) > 1.3 * target
 
 
 def test_unknown_accountant_is_refused():

@@ -202,7 +202,15 @@ class PrivacyAccountant:
             return 0.0
         return self._rdp_epsilon(delta)
 
-    def _pld_epsilon(self, delta: float) -> float:
+    def get_epsilon_upper(self, delta: float) -> float:
+        """A cheaper upper bound on :meth:`get_epsilon`: for the PLD accountant its ε at a
+        coarse discretization (pessimistic, so never below the fine one), otherwise the ε
+        itself. Calibration brackets the noise with it."""
+        if self.method == "pld":
+            return self._pld_epsilon(delta, coarse_only=True)
+        return self.get_epsilon(delta)
+
+    def _pld_epsilon(self, delta: float, coarse_only: bool = False) -> float:
         """dp-accounting's PLD ε for the recorded history (:mod:`pl_privfed.privacy.pld`)."""
         if not self.steps:
             return 0.0
@@ -213,7 +221,7 @@ class PrivacyAccountant:
         for sigma, size, population, steps in self._without_replacement:
             key = (float(sigma), "without_replacement", int(size) / int(population))
             counts[key] = counts.get(key, 0) + int(steps)
-        return pld_epsilon(counts.items(), delta)
+        return pld_epsilon(counts.items(), delta, coarse_only=coarse_only)
 
     def _dp_accounting_epsilon(self, delta: float) -> float:
         """dp-accounting's RDP ε (replace-one) for a history with releases sampled without

@@ -110,7 +110,10 @@ def calibrate_noise_std(
 
     The same bisection as Opacus's ``get_noise_multiplier``, over any release plan the
     accountant composes (including releases sampled without replacement, which dp-accounting
-    analyses): the certified ε is within ``epsilon_tolerance`` below the target.
+    analyses): the certified ε is within ``epsilon_tolerance`` below the target. Where the ε is
+    dp-accounting's PLD the bisection runs first on its coarse upper bound
+    (:meth:`~pl_privfed.privacy.PrivacyAccountant.get_epsilon_upper`) and then on the exact ε
+    from there.
 
     Args:
         target_epsilon: ε to spend.
@@ -130,17 +133,48 @@ def calibrate_noise_std(
     if not target_epsilon > 0:
         raise ValueError(f"target_epsilon must be positive, got {target_epsilon!r}")
 
-    def eps(std: float) -> float:
-        return epsilon_of_plan(plan(std), delta, accountant)
+    def accountant_at(std: float) -> PrivacyAccountant:
+        acc = PrivacyAccountant(accountant)
+        for mechanism, count in plan(std):
+            if count > 0:
+                acc.step_mechanism(mechanism, num_steps=count)
+        return acc
 
-    hi = 1.0
+    def eps(std: float) -> float:
+        return accountant_at(std).get_epsilon(delta)
+
+    if accountant_at(1.0).method != "pld":
+        return _solve(eps, target_epsilon, delta, epsilon_tolerance)
+    # PLD: solve first for the cheap upper bound (a coarse discretization), whose σ certifies
+    # the target; then refine with the exact ε from just below it (a few PLDs, not twenty)
+    upper = _solve(
+        lambda std: accountant_at(std).get_epsilon_upper(delta),
+        target_epsilon,
+        delta,
+        epsilon_tolerance,
+    )
+    return _solve(eps, target_epsilon, delta, epsilon_tolerance, start=upper, factor=1.005)
+
+
+def _solve(
+    eps: Callable[[float], float],
+    target_epsilon: float,
+    delta: float,
+    epsilon_tolerance: float,
+    start: float = 1.0,
+    factor: float = 2.0,
+) -> float:
+    """The bisection of :func:`calibrate_noise_std`: bracket the σ from ``start`` by powers of
+    ``factor``, then halve the bracket until ``eps(σ)`` is within the tolerance below the
+    target (the σ returned always certifies the target)."""
+    hi = start
     while eps(hi) > target_epsilon:
-        hi *= 2.0
+        hi *= factor
         if hi > 1e12:
             raise ValueError(f"no noise std reaches epsilon={target_epsilon!r} at delta={delta!r}")
-    lo = hi / 2.0
+    lo = hi / factor
     while lo > 1e-12 and eps(lo) <= target_epsilon:
-        hi, lo = lo, lo / 2.0
+        hi, lo = lo, lo / factor
     eps_hi = eps(hi)
     while target_epsilon - eps_hi > epsilon_tolerance:
         mid = (lo + hi) / 2.0

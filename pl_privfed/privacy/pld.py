@@ -164,17 +164,20 @@ def composed_pld(
     return result
 
 
-def pld_epsilon(history: Iterable[tuple[ReleaseKey, int]], delta: float) -> float:
+def pld_epsilon(
+    history: Iterable[tuple[ReleaseKey, int]], delta: float, coarse_only: bool = False
+) -> float:
     """dp-accounting's ε at ``delta`` for the composition of ``(release, count)`` pairs.
 
-    A first pass at a coarse interval (``1e-2``, itself a valid upper bound) gives ε's scale;
-    the answer is computed at the interval :func:`discretization_for` gives for it."""
+    A first pass at a coarse interval (``1e-2``, itself a valid upper bound, returned as it is
+    with ``coarse_only``) gives ε's scale; the answer is computed at the interval
+    :func:`discretization_for` gives for it."""
     history = [(key, int(steps)) for key, steps in history if steps > 0]
     if not history:
         return 0.0
     coarse = _composed_epsilon(history, delta, COARSE_INTERVAL)
     interval = discretization_for(coarse)
-    if interval >= COARSE_INTERVAL:
+    if coarse_only or interval >= COARSE_INTERVAL:
         return coarse
     return _composed_epsilon(history, delta, interval)
 
