@@ -81,7 +81,8 @@ class PrivacyBudget(pl.Callback):
         delta: the δ at which ε is computed.
         noise_multiplier: per-step noise multiplier for modules without the protocol.
         sample_rate: per-step sampling rate for modules without the protocol.
-        accountant: ``"rdp"`` or ``"prv"``.
+        accountant: ``"auto"``, ``"pld"``, ``"rdp"`` or ``"prv"``
+            (:class:`~pl_privfed.privacy.PrivacyAccountant`; the run's ledger's when it has one).
         verbose: print a line when the budget stops training.
 
     Example::
