@@ -10,7 +10,14 @@ import pytest
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
 from scipy import stats
 
-from pl_privfed.privacy import Mechanism, PrivacyAccountant, calibrate_noise_std
+from pl_privfed.algorithms import SoteriaFL
+from pl_privfed.privacy import (
+    DPNoise,
+    Mechanism,
+    PrivacyAccountant,
+    PrivacyLedger,
+    calibrate_noise_std,
+)
 from pl_privfed.privacy.pld import wor_pld
 
 DELTA = 1e-5
@@ -107,3 +114,35 @@ def test_calibration_targets_the_pld_epsilon():
 def test_unknown_accountant_is_refused():
     with pytest.raises(ValueError, match="accountant"):
         PrivacyAccountant("gdp")
+
+
+def _soteria(accountant):
+    noise = DPNoise(epsilon=2.0, calibration="target", accountant=accountant)
+    alg = SoteriaFL(0.1, 0.5, clip_threshold=1.0, batch_size=2, noise=noise)
+    alg.configure_data(batch_size=2, local_batches=1, shuffle=True, client_sizes=[50] * 4,
+                       batch_sampling="without_replacement")  # fmt: skip
+    alg.setup(num_clients=4, dim=3, num_rounds=40)
+    return alg
+
+
+def test_ledger_checkpoint_keeps_the_pld_and_refuses_an_rdp_calibration():
+    """A record-level run's ledger under ``auto``: the report has the PLD ε and the RDP bound
+    beside it, a checkpoint restores the same ε, and a checkpoint calibrated with RDP (before
+    ``auto``) is refused on resume, naming the accountant."""
+    alg = _soteria("auto")
+    ledger = PrivacyLedger(alg.release(), alg.noise, [alg.noise_std], 40)
+    for k in range(10):
+        ledger.account(k)
+    report = ledger.report()
+    assert report["accounting"]["accountant"].startswith("dp-accounting PLD")
+    assert report["epsilon"] < report["epsilon_rdp"]
+    checkpoint = {"global_step": 10}
+    ledger.save(checkpoint)
+    again = PrivacyLedger(alg.release(), alg.noise, [alg.noise_std], 40)
+    again.load(checkpoint)
+    assert again.epsilon() == ledger.epsilon() and again.rounds_accounted == 10
+    old = _soteria("rdp")
+    saved = {}
+    PrivacyLedger(old.release(), old.noise, [old.noise_std], 40).save(saved)
+    with pytest.raises(ValueError, match="accountant: 'rdp' -> 'auto'"):
+        PrivacyLedger(alg.release(), alg.noise, [alg.noise_std], 40).load(saved)

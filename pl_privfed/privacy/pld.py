@@ -14,9 +14,9 @@ noise multiplier ``σ``):
   the two directions are composed separately and ε is the larger (the direction is fixed by the
   pair of datasets, whatever the rounds adapt);
 * **sampling without replacement of b of m, replace-one** (Zhu, Dong & Wang 2022, "Optimal
-  accounting of differential privacy via characteristic function", AISTATS, Theorem 10 on
-  subsampling without replacement; the same bound as Dong, Roth & Su 2022's ``C_γ(f)``,
-  Theorem 9): with ``(P, Q) = (N(1, σ²), N(0, σ²))`` dominating one Gaussian release under
+  accounting of differential privacy via characteristic function", AISTATS: the dominating
+  pair of a mechanism subsampled without replacement under replace-one; the same profile as
+  Dong, Roth & Su 2022's subsampling bound ``C_γ(f)`` in Gaussian DP): with ``(P, Q) = (N(1, σ²), N(0, σ²))`` dominating one Gaussian release under
   replace-one and ``γ = b/m``, the subsampled release is dominated by
   ``(γP + (1−γ)Q, Q)`` for hockey-stick orders ``α ≥ 1`` and by ``(P, (1−γ)P + γQ)`` for
   ``α < 1``. The second pair is the first one reversed (reflect ``x ↦ 1 − x``), so together they
