@@ -71,7 +71,9 @@ def test_paper_001_config_runs_two_rounds(config, tmp_path, monkeypatch):
     assert privacy["epsilon_paper_convention"] > 0
     assert privacy["sample_rate"] == pytest.approx(1 / m)  # b fresh records of m each round
     assert privacy["accounting"]["sampling"] == "without_replacement"
+    # accountant: prv in these configs: the RDP bound for sampling without replacement
     assert privacy["accounting"]["accountant"].startswith("dp-accounting RDP")
+    assert privacy["epsilon_rdp"] == privacy["epsilon"]
     assert privacy["neighbouring_relation"] == "replace_one"  # paper 001 Def. 4
     bits = data["communication_total_bits_per_agent"]
     assert set(bits) == ({"agent_to_agent"} if "porter" in config.stem else

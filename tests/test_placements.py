@@ -740,13 +740,17 @@ def test_fixed_cohort_models_epsilon_is_sampling_without_replacement():
     ledger = ledger_of(alg, K)
     assert ledger.adversaries == ["models"]
     event = dp_accounting.SampledWithoutReplacementDpEvent(n, B, dp_accounting.GaussianDpEvent(z))
-    assert ledger.epsilon() == pytest.approx(rdp_golden(REPLACE, event, K), rel=1e-9)
+    # accountant: auto — PLD (Zhu-Dong-Wang pair) headline, the RDP bound beside it
+    rdp = rdp_golden(REPLACE, event, K)
+    assert ledger.accountant.get_epsilon_rdp(1e-5) == pytest.approx(rdp, rel=1e-9)
+    assert ledger.epsilon() < rdp
     (mech,) = ledger.mechanisms(0)
     assert mech.sampling == "without_replacement" and mech.population == n
     assert mech.sample_rate == pytest.approx(B / n)
     assert mech.noise_multiplier == pytest.approx(z)
     models = ledger.report()["adversaries"]["models"]
-    assert models["accountant"].startswith("dp-accounting RDP")
+    assert models["accountant"].startswith("dp-accounting PLD")
+    assert models["epsilon_rdp"] == pytest.approx(rdp, rel=1e-9)
     assert models["neighbouring_relation"] == "replace_one" and models["sensitivity"] == 2.0
     # amplified: below the unsampled Gaussian's ε at the same multiplier
     assert ledger.epsilon() < rdp_golden(REPLACE, dp_accounting.GaussianDpEvent(z), K)

@@ -81,7 +81,8 @@ class PrivacyBudget(pl.Callback):
         delta: the δ at which ε is computed.
         noise_multiplier: per-step noise multiplier for modules without the protocol.
         sample_rate: per-step sampling rate for modules without the protocol.
-        accountant: ``"rdp"`` or ``"prv"``.
+        accountant: ``"auto"``, ``"pld"``, ``"rdp"`` or ``"prv"``
+            (:class:`~pl_privfed.privacy.PrivacyAccountant`; the run's ledger's when it has one).
         verbose: print a line when the budget stops training.
 
     Example::
@@ -96,7 +97,7 @@ class PrivacyBudget(pl.Callback):
         delta: float = 1e-5,
         noise_multiplier: float | None = None,
         sample_rate: float | None = None,
-        accountant: AccountantName = "rdp",
+        accountant: AccountantName = "auto",
         verbose: bool = True,
     ) -> None:
         if not (isinstance(epsilon, int | float) and epsilon > 0 and math.isfinite(epsilon)):

@@ -10,6 +10,9 @@ calibration, a run's ledger and secure aggregation.
 * :mod:`~pl_privfed.privacy.ledger` — :class:`PrivacyLedger`, one run's accountants and reports;
 * :mod:`~pl_privfed.privacy.audit` — an empirical audit beside the certified ε: canary clients
   and canary records, their statistics, ε estimates and one-run lower bounds;
+* :mod:`~pl_privfed.privacy.pld` — dp-accounting's privacy loss distributions of the releases'
+  tight dominating pairs (Zhu, Dong & Wang 2022 for sampling without replacement), the PLD
+  accountant behind ``accountant: auto`` / ``pld``;
 * :mod:`~pl_privfed.privacy.accounting`, :mod:`~pl_privfed.privacy.calibration`,
   :mod:`~pl_privfed.privacy.mechanism`, :mod:`~pl_privfed.privacy.noise`,
   :mod:`~pl_privfed.privacy.secagg`.

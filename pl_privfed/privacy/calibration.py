@@ -51,33 +51,44 @@ def calibrate_noise_multiplier(
     delta: float,
     sample_rate: float,
     steps: int,
-    accountant: AccountantName = "rdp",
+    accountant: AccountantName = "auto",
     epsilon_tolerance: float = 0.01,
 ) -> float:
     """The noise multiplier that spends ``target_epsilon`` at ``delta`` after ``steps`` releases.
 
     Solved by Opacus (``opacus.accountants.utils.get_noise_multiplier``, a bisection over the
-    chosen accountant) for a (Poisson-)subsampled Gaussian mechanism with the given sampling rate;
-    the certified ε is within ``epsilon_tolerance`` below the target.
+    chosen accountant; ``"auto"`` is RDP here, as there is no sampling without replacement) for
+    a (Poisson-)subsampled Gaussian mechanism with the given sampling rate, or, for ``"pld"``, by
+    :func:`calibrate_noise_std` over dp-accounting's PLD; the certified ε is within
+    ``epsilon_tolerance`` below the target.
     """
     if not target_epsilon > 0:
         raise ValueError(f"target_epsilon must be positive, got {target_epsilon!r}")
     if steps < 1:
         raise ValueError(f"steps must be a positive integer, got {steps!r}")
+    if accountant == "pld":
+        sampling = "poisson" if sample_rate < 1 else "none"
+        return calibrate_noise_std(
+            target_epsilon=target_epsilon,
+            delta=delta,
+            plan=lambda m: [(Mechanism(m, sample_rate, sampling=sampling), steps)],
+            accountant="pld",
+            epsilon_tolerance=epsilon_tolerance,
+        )
     return float(
         get_noise_multiplier(
             target_epsilon=target_epsilon,
             target_delta=delta,
             sample_rate=sample_rate,
             steps=steps,
-            accountant=accountant,
+            accountant="rdp" if accountant == "auto" else accountant,
             epsilon_tolerance=epsilon_tolerance,
         )
     )
 
 
 def epsilon_of_plan(
-    plan: list[tuple[Mechanism, int]], delta: float, accountant: AccountantName = "rdp"
+    plan: list[tuple[Mechanism, int]], delta: float, accountant: AccountantName = "auto"
 ) -> float:
     """ε that ``accountant`` certifies at ``delta`` for the releases of ``plan``."""
     acc = PrivacyAccountant(accountant)
@@ -92,20 +103,25 @@ def calibrate_noise_std(
     target_epsilon: float,
     delta: float,
     plan: ReleasePlan,
-    accountant: AccountantName = "rdp",
+    accountant: AccountantName = "auto",
     epsilon_tolerance: float = 0.01,
 ) -> float:
     """The noise std at which the releases ``plan(std)`` spend ``target_epsilon`` at ``delta``.
 
     The same bisection as Opacus's ``get_noise_multiplier``, over any release plan the
     accountant composes (including releases sampled without replacement, which dp-accounting
-    analyses): the certified ε is within ``epsilon_tolerance`` below the target.
+    analyses): the certified ε is within ``epsilon_tolerance`` below the target. Where the ε is
+    dp-accounting's PLD the bisection runs first on its coarse upper bound
+    (:meth:`~pl_privfed.privacy.PrivacyAccountant.get_epsilon_upper`) and then on the exact ε
+    from there.
 
     Args:
         target_epsilon: ε to spend.
         delta: δ.
         plan: ``std -> [(mechanism, count), ...]``, every release of the run at noise std ``std``.
-        accountant: ``"rdp"`` or ``"prv"``.
+        accountant: ``"auto"``, ``"pld"``, ``"rdp"`` or ``"prv"``
+            (:class:`~pl_privfed.privacy.PrivacyAccountant`): the run's calibration uses the
+            accountant its ε is reported with.
         epsilon_tolerance: how far below the target the certified ε may be.
 
     >>> from pl_privfed.privacy import Mechanism
@@ -117,17 +133,48 @@ def calibrate_noise_std(
     if not target_epsilon > 0:
         raise ValueError(f"target_epsilon must be positive, got {target_epsilon!r}")
 
-    def eps(std: float) -> float:
-        return epsilon_of_plan(plan(std), delta, accountant)
+    def accountant_at(std: float) -> PrivacyAccountant:
+        acc = PrivacyAccountant(accountant)
+        for mechanism, count in plan(std):
+            if count > 0:
+                acc.step_mechanism(mechanism, num_steps=count)
+        return acc
 
-    hi = 1.0
+    def eps(std: float) -> float:
+        return accountant_at(std).get_epsilon(delta)
+
+    if accountant_at(1.0).method != "pld":
+        return _solve(eps, target_epsilon, delta, epsilon_tolerance)
+    # PLD: solve first for the cheap upper bound (a coarse discretization), whose σ certifies
+    # the target; then refine with the exact ε from just below it (a few PLDs, not twenty)
+    upper = _solve(
+        lambda std: accountant_at(std).get_epsilon_upper(delta),
+        target_epsilon,
+        delta,
+        epsilon_tolerance,
+    )
+    return _solve(eps, target_epsilon, delta, epsilon_tolerance, start=upper, factor=1.005)
+
+
+def _solve(
+    eps: Callable[[float], float],
+    target_epsilon: float,
+    delta: float,
+    epsilon_tolerance: float,
+    start: float = 1.0,
+    factor: float = 2.0,
+) -> float:
+    """The bisection of :func:`calibrate_noise_std`: bracket the σ from ``start`` by powers of
+    ``factor``, then halve the bracket until ``eps(σ)`` is within the tolerance below the
+    target (the σ returned always certifies the target)."""
+    hi = start
     while eps(hi) > target_epsilon:
-        hi *= 2.0
+        hi *= factor
         if hi > 1e12:
             raise ValueError(f"no noise std reaches epsilon={target_epsilon!r} at delta={delta!r}")
-    lo = hi / 2.0
+    lo = hi / factor
     while lo > 1e-12 and eps(lo) <= target_epsilon:
-        hi, lo = lo, lo / 2.0
+        hi, lo = lo, lo / factor
     eps_hi = eps(hi)
     while target_epsilon - eps_hi > epsilon_tolerance:
         mid = (lo + hi) / 2.0

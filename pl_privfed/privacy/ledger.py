@@ -166,7 +166,9 @@ class PrivacyLedger:
     def report(self) -> dict[str, Any]:
         """What the run spent, per adversary and under the papers' convention (docs/privacy.md).
 
-        ``epsilon`` is the defensible value against the headline adversary (``adversary``):
+        ``epsilon`` is the defensible value against the headline adversary (``adversary``),
+        by the run's accountant (``accounting.accountant`` names it), and ``epsilon_rdp`` the RDP
+        bound on the same releases (equal to ``epsilon`` where RDP is the accountant):
         the algorithm's privacy unit, the neighbouring relation of that adversary,
         amplification only by sampling hidden from it and only as what it is.
         ``adversaries`` holds one entry per party that could see something (its ε, what it
@@ -185,6 +187,7 @@ class PrivacyLedger:
         calibration = dict(self.calibration)
         return {
             "epsilon": head["epsilon"],
+            "epsilon_rdp": head["epsilon_rdp"],
             "adversary": self.headline,
             "adversary_sees": head["sees"],
             "epsilon_paper_convention": self.epsilon_paper(),
@@ -238,6 +241,7 @@ class PrivacyLedger:
         accountant = self.accountants[adversary]
         return {
             "epsilon": self.epsilon(adversary=adversary),
+            "epsilon_rdp": accountant.get_epsilon_rdp(noise.delta),
             "sees": plan.describe(release, noise, adversary),
             **plan.accounting_basis(release, noise, adversary).as_dict(),
             "accountant": accountant.library,

@@ -351,7 +351,7 @@ def accounting_basis(
         amplification = (
             f"sampling without replacement of {int(release.cohort_size)} of the "
             f"{release.clients} clients each round, secret from whoever sees only the models "
-            "(dp-accounting RDP, replace-one)"
+            "(dp-accounting, replace-one)"
         )
     elif release.cohort == "realized" and rate < 1:
         amplification = (
@@ -452,7 +452,7 @@ def record_sampling_basis(
             return "none: every round uses the whole shard", "every round of the run"
         return (
             f"sampling without replacement of {positions} of the {population} records of the "
-            f"smallest shard each round, hidden from {observer} (dp-accounting RDP, "
+            f"smallest shard each round, hidden from {observer} (dp-accounting, "
             f"{relation})",
             "every round of the run",
         )

@@ -1,0 +1,197 @@
+"""Privacy loss distributions (dp-accounting's PLD machinery) for the releases a run composes.
+
+A tight ε for a composition of Gaussian releases is the hockey-stick divergence of the composed
+privacy loss distribution (PLD) of a *dominating pair* of each release. This module only builds
+those PLDs from dp-accounting's factories and composes them with dp-accounting
+(``dp_accounting.pld.privacy_loss_distribution``, Doroshenko et al. 2022's pessimistic
+connect-the-dots discretization); every ε is ``PrivacyLossDistribution.get_epsilon_for_delta``
+of the composition. The dominating pairs, in units of the release's sensitivity (noise std =
+noise multiplier ``σ``):
+
+* **no sampling** (any relation): ``(N(1, σ²), N(0, σ²))``, dp-accounting's Gaussian PLD;
+* **Poisson sampling at rate q, add/remove**: dp-accounting's subsampled Gaussian PLD, the pair
+  ``(q·N(1, σ²) + (1−q)·N(0, σ²), N(0, σ²))`` for removal and its counterpart for addition;
+  the two directions are composed separately and ε is the larger (the direction is fixed by the
+  pair of datasets, whatever the rounds adapt);
+* **sampling without replacement of b of m, replace-one** (Zhu, Dong & Wang 2022, "Optimal
+  accounting of differential privacy via characteristic function", AISTATS: the dominating
+  pair of a mechanism subsampled without replacement under replace-one; the same profile as
+  Dong, Roth & Su 2022's subsampling bound ``C_γ(f)`` in Gaussian DP): with ``(P, Q) = (N(1, σ²), N(0, σ²))`` dominating one Gaussian release under
+  replace-one and ``γ = b/m``, the subsampled release is dominated by
+  ``(γP + (1−γ)Q, Q)`` for hockey-stick orders ``α ≥ 1`` and by ``(P, (1−γ)P + γQ)`` for
+  ``α < 1``. The second pair is the first one reversed (reflect ``x ↦ 1 − x``), so together they
+  are the *symmetric* privacy profile whose ``δ(ε)`` for ``ε ≥ 0`` is that of
+  ``R = (γP + (1−γ)Q, Q)``. Its PLD is R's privacy loss ``ω`` on positive losses, mirrored with
+  the likelihood-ratio weight (``ω*(−l) = e^{−l} ω(l)`` for ``l > 0``; a pair is symmetric
+  exactly when its PLD has this property) and the rest of the mass at loss 0 — a valid PLD
+  (the mass at 0 is ``1 − P(L > 0) − Q(L > 0) ≥ 0`` for this pair). Composing R's PLD alone
+  (dp-accounting's remove direction) would be smaller but is not a certificate: under
+  replace-one an adaptive run can make one round behave like R and another like its reverse for
+  the same pair of datasets, and a composition needs a pair dominating at every ``α``.
+
+R's PLD is dp-accounting's pessimistic connect-the-dots PMF
+(``from_gaussian_mechanism(standard_deviation=σ, sampling_prob=γ)``, remove direction), so the
+symmetric PLD built from it dominates the pair above at every ε, and the composed ε is an upper
+bound. The discretization interval is ``1e-4`` up to ε of about 10 and grows with ε beyond
+(ε's scale from a first pass at a coarse interval, itself an upper bound): the PLD's support
+grows with ε over the interval, and a history at tiny noise would otherwise need gigabytes (as
+Opacus's PRV did, :mod:`pl_privfed.privacy.accounting`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from collections.abc import Iterable
+
+import numpy as np
+from dp_accounting.pld import pld_pmf
+from dp_accounting.pld import privacy_loss_distribution as pld_lib
+
+__all__ = [
+    "PLD_INTERVAL",
+    "composed_pld",
+    "discretization_for",
+    "pld_epsilon",
+    "release_pld",
+    "wor_pld",
+]
+
+#: dp-accounting's default discretization interval of the privacy loss
+PLD_INTERVAL = 1e-4
+#: above this ε the interval grows in proportion to ε
+PLD_EXACT_UP_TO = 10.0
+#: the interval of the first pass that gives ε's scale
+COARSE_INTERVAL = 1e-2
+
+#: a release as the PLD composes it: (noise multiplier, sampling, rate); sampling is "none",
+#: "poisson" or "without_replacement"
+ReleaseKey = tuple[float, str, float]
+
+_ONE_STEP: OrderedDict = OrderedDict()  # (key, interval) -> one release's PLD
+_COMPOSED: OrderedDict = OrderedDict()  # (key, interval, steps) -> composed PLD
+_CACHE_SIZE = 16
+
+
+def discretization_for(epsilon_scale: float) -> float:
+    """The discretization interval for a history whose ε is at most ``epsilon_scale``."""
+    if not math.isfinite(epsilon_scale):
+        return 1.0
+    return PLD_INTERVAL * max(1.0, epsilon_scale / PLD_EXACT_UP_TO)
+
+
+def wor_pld(
+    noise_multiplier: float, sampling_prob: float, interval: float = PLD_INTERVAL
+) -> pld_lib.PrivacyLossDistribution:
+    """The PLD of the dominating pair of one Gaussian release on a sample drawn without
+    replacement (rate ``γ = sampling_prob``), under replace-one: the symmetric profile of
+    Zhu, Dong & Wang 2022 (module docstring), built from dp-accounting's pessimistic PMF of
+    ``R = (γ N(1, σ²) + (1−γ) N(0, σ²), N(0, σ²))``.
+
+    Raises ``ArithmeticError`` if the discretized R cannot be symmetrized (negative mass at 0:
+    never seen for a Gaussian, checked rather than assumed).
+    """
+    remove = pld_lib.from_gaussian_mechanism(
+        standard_deviation=noise_multiplier,
+        sensitivity=1.0,
+        sampling_prob=sampling_prob,
+        value_discretization_interval=interval,
+    )
+    # dp-accounting keeps R's PMF as the remove direction; its dense form is the loss grid
+    # lower_loss + i (in units of the interval) with masses probs, plus the mass at +∞
+    pmf = remove._pmf_remove.to_dense_pmf()  # private: no public accessor in 0.6
+    losses = int(pmf._lower_loss) + np.arange(len(pmf._probs))
+    probs = np.asarray(pmf._probs, dtype=np.float64)
+    infinity = float(pmf._infinity_mass)
+    positive = losses > 0
+    up, mass = losses[positive], probs[positive]
+    mirrored = mass * np.exp(-up * interval)
+    zero = 1.0 - float(mass.sum()) - float(mirrored.sum()) - infinity
+    if zero < -1e-9:
+        raise ArithmeticError(
+            f"the discretized pair for noise multiplier {noise_multiplier!r} and rate "
+            f"{sampling_prob!r} has no symmetric profile (mass at 0: {zero!r})"
+        )
+    top = int(up.max()) if len(up) else 0
+    symmetric = np.zeros(2 * top + 1)  # losses -top .. top
+    symmetric[top + up] = mass
+    symmetric[top - up] = mirrored
+    symmetric[top] = max(zero, 0.0)
+    return pld_lib.PrivacyLossDistribution(
+        pld_pmf.DensePLDPmf(interval, -top, symmetric, infinity, pessimistic_estimate=True)
+    )
+
+
+def release_pld(key: ReleaseKey, interval: float = PLD_INTERVAL) -> pld_lib.PrivacyLossDistribution:
+    """One release's PLD (cached): a Gaussian of noise multiplier ``σ`` without sampling, Poisson
+    subsampled at rate ``q`` (add/remove), or sampled without replacement at rate ``q``
+    (replace-one, :func:`wor_pld`)."""
+    cache_key = (key, interval)
+    if cache_key in _ONE_STEP:
+        _ONE_STEP.move_to_end(cache_key)
+        return _ONE_STEP[cache_key]
+    sigma, sampling, rate = key
+    if sampling == "without_replacement" and rate < 1:
+        result = wor_pld(sigma, rate, interval)
+    else:
+        result = pld_lib.from_gaussian_mechanism(
+            standard_deviation=sigma,
+            sensitivity=1.0,
+            sampling_prob=rate if sampling == "poisson" else 1.0,
+            value_discretization_interval=interval,
+        )
+    _remember(_ONE_STEP, cache_key, result)
+    return result
+
+
+def composed_pld(
+    key: ReleaseKey, steps: int, interval: float = PLD_INTERVAL
+) -> pld_lib.PrivacyLossDistribution:
+    """``steps`` compositions of one release's PLD (cached: a run asks for the same history
+    once per adversary, and a calibration for the same σ more than once). Always composed from
+    the one-step PLD (dp-accounting's ``self_compose``), so a run's ε at round K is the ε its
+    calibration solved for, to the last digit."""
+    cache_key = (key, interval, int(steps))
+    if cache_key in _COMPOSED:
+        _COMPOSED.move_to_end(cache_key)
+        return _COMPOSED[cache_key]
+    sigma, sampling, _ = key
+    if sampling == "none":  # K Gaussians are one with σ/√K (as dp-accounting's accountant)
+        result = release_pld((sigma / math.sqrt(int(steps)), "none", 1.0), interval)
+    else:
+        result = release_pld(key, interval).self_compose(int(steps))
+    _remember(_COMPOSED, cache_key, result)
+    return result
+
+
+def pld_epsilon(
+    history: Iterable[tuple[ReleaseKey, int]], delta: float, coarse_only: bool = False
+) -> float:
+    """dp-accounting's ε at ``delta`` for the composition of ``(release, count)`` pairs.
+
+    A first pass at a coarse interval (``1e-2``, itself a valid upper bound, returned as it is
+    with ``coarse_only``) gives ε's scale; the answer is computed at the interval
+    :func:`discretization_for` gives for it."""
+    history = [(key, int(steps)) for key, steps in history if steps > 0]
+    if not history:
+        return 0.0
+    coarse = _composed_epsilon(history, delta, COARSE_INTERVAL)
+    interval = discretization_for(coarse)
+    if coarse_only or interval >= COARSE_INTERVAL:
+        return coarse
+    return _composed_epsilon(history, delta, interval)
+
+
+def _composed_epsilon(history: list[tuple[ReleaseKey, int]], delta: float, interval: float):
+    total = None
+    for key, steps in history:
+        part = composed_pld(key, steps, interval)
+        total = part if total is None else total.compose(part)
+    return float(total.get_epsilon_for_delta(delta))
+
+
+def _remember(cache: OrderedDict, key, value) -> None:
+    cache[key] = value
+    cache.move_to_end(key)
+    while len(cache) > _CACHE_SIZE:
+        cache.popitem(last=False)
