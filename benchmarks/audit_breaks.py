@@ -46,7 +46,7 @@ def run_config(config: Path, max_steps: int | None) -> dict:
     with tempfile.TemporaryDirectory() as out:
         argv = ["fit", "--config", str(config), "--trainer.logger", "false",
                 "--trainer.enable_progress_bar", "false", "--output_dir", out,
-                "--trainer.limit_val_batches", "0",
+                "--trainer.limit_val_batches", "0", "--trainer.enable_model_summary", "false",
                 "--trainer.callbacks+=pl_privfed.callbacks.PrivacyAudit"]  # fmt: skip
         if max_steps is not None:
             argv += ["--trainer.max_steps", str(max_steps)]

@@ -51,7 +51,9 @@ from pl_privfed.privacy.audit import (
 from pl_privfed.rng import (
     AUDIT_NOISE,
     STREAM_AUDIT,
+    STREAM_CENTRAL_NOISE,
     STREAM_NOISE,
+    STREAM_SERVER_NOISE,
     KeyedGenerator,
     keyed_generator,
 )
@@ -226,6 +228,26 @@ def test_canary_clients_join_the_received_sum_and_change_no_other_draw(noise):
     torch.testing.assert_close(moved, expected, rtol=0, atol=1e-10)
     assert plain.metrics["noise_to_signal"] == audited.metrics["noise_to_signal"]
     assert plain.messages[0].rows == audited.messages[0].rows  # canaries are not counted
+    # the white-box statistic: every known contribution subtracted, what is left is the noise
+    # the placement's guarantee rests on (projected on u_j) plus the inserted canary's 0.5
+    u = canaries.directions
+    if noise.placement == "local":
+        shared = torch.zeros(d, dtype=DT)  # the real clients' noise is known: only a canary's own
+    elif noise.placement == "central":  # the aggregator's draw
+        gen = keyed_generator(noise.seed, STREAM_CENTRAL_NOISE, 2)
+        shared = torch.empty(d, dtype=DT).normal_(0.0, alg.noise_std, generator=gen)
+    else:  # distributed: the 4 real senders' shares, drawn as their sum
+        gen = keyed_generator(noise.seed, STREAM_SERVER_NOISE, 2)
+        shared = torch.empty(d, dtype=DT).normal_(0.0, std * 2, generator=gen)
+    own = torch.zeros(12, dtype=DT)
+    if noise.placement != "central":
+        for j in range(12):  # every canary that would take part draws, the held-out ones too
+            gen = keyed_generator(noise.seed, STREAM_AUDIT, AUDIT_NOISE, 2, j)
+            own[j] = u[j] @ torch.empty(d, dtype=DT).normal_(0.0, std, generator=gen)
+    white = alg.canaries.white
+    assert white.releases == 1
+    np.testing.assert_allclose(white.shift, 0.5 * inserted.double().numpy(), atol=1e-12)
+    np.testing.assert_allclose(white.base, (own + u @ shared).numpy(), atol=1e-9)
 
 
 def test_canaries_never_count_as_contributors_of_distributed_noise():
@@ -259,6 +281,32 @@ def test_record_canaries_join_the_clipped_mean_of_their_host():
     moved = (outs[0] - outs[1]) * n / eta  # x − η mean_i(clipped mean_i + canaries_i)
     torch.testing.assert_close(moved, 0.7 * directions[inserted].sum(0), rtol=0, atol=1e-10)
     assert int(alg.canaries.uses.sum()) == int(inserted.sum())
+
+
+def test_the_white_box_reads_each_record_canary_through_its_hosts_noise_draw():
+    """Per-example clipping with local noise, one round: a canary record's white-box statistic
+    is its host's noise draw projected on ``u_j`` (every canary, inserted or not) plus, inserted,
+    its clipped contribution ``c/b``."""
+    n, d, m = 3, 40, 9
+    _, grad_fn = _quadratic(n, d)
+    directions = canary_directions(m, d, 1, dtype=DT)
+    inserted = canary_membership(m, 1, half=False)
+    alg = FedAvgPerSampleClipping(0.2, clip_threshold=0.7, clip_level="example",
+                                  noise=DPNoise(noise_multiplier=1.0, seed=3))  # fmt: skip
+    alg.setup(num_clients=n, dim=d, num_rounds=2, dtype=DT)
+    alg.initialized.fill_(True)
+    alg.canaries = RecordCanaries(directions, inserted, torch.arange(m) % n, release_size=4,
+                                  norm=1e3)  # fmt: skip
+    alg.rounds_done.fill_(1)
+    run_round(alg, torch.zeros(d, dtype=DT), grad_fn, chunk_size=2)
+    white = alg.canaries.white
+    expected = np.zeros(m)
+    for j in range(m):
+        gen = keyed_generator(3, STREAM_NOISE, 1, j % n, 0)
+        z = torch.empty(d, dtype=DT).normal_(0.0, alg.noise_std, generator=gen)
+        expected[j] = float(directions[j] @ z)
+    np.testing.assert_allclose(white.base, expected, atol=1e-9)
+    np.testing.assert_allclose(white.shift, 0.7 / 4 * inserted.double().numpy(), atol=1e-12)
 
 
 # ---------------------------------------------------------------------------- end to end
