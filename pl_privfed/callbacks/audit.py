@@ -81,6 +81,13 @@ class PrivacyAudit(pl.Callback):
       record). The scores give Steinke et al.'s ε **lower bound** at ``confidence`` (and a
       Gaussian-fit estimate beside it).
 
+    Beside either method, the **white-box** threat model (``threat_models["white_box"]``; Nasr
+    et al. 2021, 2023): the auditor knows every contribution to each release except whether each
+    canary took part, subtracts them, and fits the rest
+    (:class:`~pl_privfed.privacy.audit.WhiteBox`): for a correct Gaussian mechanism its statistic
+    is the mechanism's own, so its estimate lands near the certificate and a mechanism that
+    leaks more (less noise, a looser clip) is flagged by the same rule.
+
     The canaries' randomness has its own stream (:data:`pl_privfed.rng.STREAM_AUDIT`): no other
     client's noise, cohort or data order changes. The model does change: the canaries' messages
     (client level) or records (record level) are trained on, like a real client's or record's.

@@ -47,6 +47,12 @@ What the canaries enter and why it is sound:
   clips; the real records, their order and their noise are unchanged. One canary moves the
   average by at most the sensitivity the accountant is given.
 
+Beside both, a **white-box** statistic (:class:`WhiteBox`): the auditor of a simulation knows
+every contribution to a release except whether each canary took part, so the engine's hook
+hands it what is left once they are subtracted (the noise the placement's guarantee rests on,
+each canary's own noise, the canary's contribution through the run's operator), and its Gaussian
+fit reads the mechanism's own μ (docs/privacy.md, "The white-box auditor").
+
 Both therefore audit an adversary the ledger accounts for: whoever sees the models
 (:func:`~pl_privfed.privacy.plan.adversaries`, ``"models"``); the models after every round, or
 the final one only (a post-processing: the same certificate bounds it).
