@@ -14,6 +14,7 @@ from typing_extensions import override
 
 from pl_privfed.callbacks._logging import warn_once
 from pl_privfed.checks import check_choice
+from pl_privfed.privacy import plan
 from pl_privfed.privacy.audit import (
     ClientCanaries,
     RecordCanaries,
@@ -31,7 +32,16 @@ AuditLevel = Literal["auto", "client", "record"]
 THREAT_MODELS = {
     "final_model": "the final model only",
     "every_round": "every round's model (what the server releases after each round)",
+    "white_box": (
+        "the white-box auditor: every contribution to each release known except each canary's "
+        "(Nasr et al. 2021, 2023), the rest subtracted"
+    ),
 }
+WHITE_BOX_STATISTIC = (
+    "Σ over releases of ⟨release − every known contribution, u_j⟩: the noise the certificate "
+    "counts on (the sum's, central and distributed; the canary's own, local and record level) "
+    "plus, inserted, the canary's contribution through the run's operator"
+)
 ROUND_STATISTICS = {
     "sum": "Σ_k cos(x^{k+1} − x^k, u_j)/√K",
     "max": "max_k cos(x^{k+1} − x^k, u_j)",
@@ -70,6 +80,13 @@ class PrivacyAudit(pl.Callback):
       joined to its host's minibatch by the gradient oracle and clipped like every other
       record). The scores give Steinke et al.'s ε **lower bound** at ``confidence`` (and a
       Gaussian-fit estimate beside it).
+
+    Beside either method, the **white-box** threat model (``threat_models["white_box"]``; Nasr
+    et al. 2021, 2023): the auditor knows every contribution to each release except whether each
+    canary took part, subtracts them, and fits the rest
+    (:class:`~pl_privfed.privacy.audit.WhiteBox`): for a correct Gaussian mechanism its statistic
+    is the mechanism's own, so its estimate lands near the certificate and a mechanism that
+    leaks more (less noise, a looser clip) is flagged by the same rule.
 
     The canaries' randomness has its own stream (:data:`pl_privfed.rng.STREAM_AUDIT`): no other
     client's noise, cohort or data order changes. The model does change: the canaries' messages
@@ -138,6 +155,7 @@ class PrivacyAudit(pl.Callback):
         self._x0: Tensor | None = None
         self._last: Tensor | None = None
         self._before: Tensor | None = None
+        self._white_state: dict[str, Any] | None = None
         self._reset_statistics()
 
     def _reset_statistics(self) -> None:
@@ -234,6 +252,9 @@ class PrivacyAudit(pl.Callback):
             )
         x = self._params(pl_module)
         self.canaries = self._plant(algorithm, x)
+        if self._white_state is not None:  # a resumed run's white-box statistic goes on
+            self.canaries.white.load_state_dict(self._white_state)
+            self._white_state = None
         algorithm.canaries = self.canaries
         self._algorithm = algorithm
         self._ledger = getattr(pl_module, "privacy_ledger", None)
@@ -387,6 +408,15 @@ class PrivacyAudit(pl.Callback):
                 values.append((bound.epsilon, name))
             entry["epsilon_lower_bound"] = threats["every_round"]["epsilon_lower_bound"]
             entry["ceiling"] = threats["every_round"]["lower_bound_ceiling"]
+        white = self._white_box(canaries, inserted, delta, certified["certified_adversary"])
+        if white is not None:
+            threats["white_box"] = white
+            values.append((white["epsilon_low"], "white_box"))
+            bound = white["epsilon_lower_bound"]
+            if bound is not None and white["relation"] == "add_remove":
+                values.append((bound, "white_box"))
+            entry["white_box_epsilon_estimate"] = white["epsilon_estimate"]
+            entry["white_box_epsilon_interval"] = [white["epsilon_low"], white["epsilon_high"]]
         entry["threat_models"] = threats
         if not entry.get("canary_messages", entry.get("canary_uses")):
             reads = (
@@ -407,8 +437,46 @@ class PrivacyAudit(pl.Callback):
             self._warn(entry, top, where)
         return entry
 
+    def _white_box(
+        self, canaries: Any, inserted: np.ndarray, delta: float, adversary: str | None
+    ) -> dict[str, Any] | None:
+        """The white-box threat model (:class:`~pl_privfed.privacy.audit.WhiteBox`): the
+        Gaussian fit of its statistic read under the certificate's neighbouring relation (the
+        inserted canary against its opposite under replace-one: twice its contribution), and
+        the one-run lower bound of the same scores under add/remove of the canary (record
+        level, where each canary is inserted independently with probability 1/2)."""
+        relation = "add_remove"
+        ledger = self._ledger
+        if ledger is not None and adversary is not None:
+            relation = plan.relation(ledger.release, ledger.noise, adversary)
+        factor = 2.0 if relation == "replace_one" else 1.0
+        scores = canaries.white.values(factor)
+        if scores is None or inserted.all() or not inserted.any():
+            return None
+        fit = gaussian_estimate(scores[inserted], scores[~inserted], delta, self.confidence)
+        bound = None
+        if canaries.level == "record":
+            bound = one_run_audit(canaries.white.values(1.0), inserted, delta, self.confidence)
+        return {
+            "threat_model": THREAT_MODELS["white_box"],
+            "statistic": WHITE_BOX_STATISTIC,
+            "relation": relation,
+            "releases": canaries.white.releases,
+            **fit.as_dict(),
+            "epsilon_estimate": fit.epsilon,
+            "epsilon_interval": [fit.epsilon_low, fit.epsilon_high],
+            "epsilon_lower_bound": None if bound is None else bound.epsilon,
+            "lower_bound": None if bound is None else bound.as_dict(),
+        }
+
     def _warn(self, entry: dict[str, Any], value: float, where: str) -> None:
-        if entry["level"] == "record":
+        if where == "white_box":
+            fit = entry["threat_models"][where]
+            what = (
+                f"white-box ε estimate {fit['epsilon_estimate']:.4g} ({value:.4g} at the low end "
+                f"of its {entry['confidence']:.0%} interval or its lower bound)"
+            )
+        elif entry["level"] == "record":
             what = f"ε lower bound {value:.4g} ({entry['confidence']:.0%} confidence)"
         else:
             fit = entry["threat_models"][where]
@@ -441,7 +509,10 @@ class PrivacyAudit(pl.Callback):
         key = "epsilon_lower_bound" if report["level"] == "record" else "epsilon_estimate"
         metrics = {f"audit/{key}": report[key]}
         for name, threat in report["threat_models"].items():
-            metrics[f"audit/{key}_{name}"] = threat[key]
+            metrics[f"audit/{key}_{name}"] = threat.get(key)
+        white = report["threat_models"].get("white_box")
+        if white is not None:
+            metrics["audit/epsilon_estimate_white_box"] = white["epsilon_estimate"]
         if report["certified_epsilon"] is not None:
             metrics["audit/epsilon_certified"] = report["certified_epsilon"]
         metrics = {k: float(v) for k, v in metrics.items() if v is not None}
@@ -466,6 +537,7 @@ class PrivacyAudit(pl.Callback):
             "min": torch.from_numpy(self._min.copy()),
             "rounds": self._rounds,
             "alignment": self._alignment,
+            "white_box": None if self.canaries is None else self.canaries.white.state_dict(),
         }
 
     @override
@@ -480,3 +552,4 @@ class PrivacyAudit(pl.Callback):
         self._max = state_dict["max"].double().numpy().copy()
         self._min = state_dict["min"].double().numpy().copy()
         self._rounds, self._alignment = int(state_dict["rounds"]), float(state_dict["alignment"])
+        self._white_state = state_dict.get("white_box")  # applied when the canaries are planted

@@ -410,6 +410,10 @@ def audit_line(audit: dict[str, Any]) -> str:
     if cert is not None:
         adversary = audit.get("certified_adversary")
         line += f", certified {cert:.3f} against {ADVERSARY_NAMES.get(adversary, adversary)}"
+    white = (audit.get("threat_models") or {}).get("white_box")
+    if white is not None:
+        low, high = white["epsilon_interval"]
+        line += f"; white box {white['epsilon_estimate']:.3f} [{low:.2f}, {high:.2f}]"
     if audit.get("exceeds_certified"):
         line += " -- AUDIT EXCEEDS THE CERTIFIED EPSILON"
     return line

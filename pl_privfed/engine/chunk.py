@@ -195,6 +195,9 @@ class ClientChunk:
         for row, client in zip(out, ids.tolist()):
             gen = self.ctx.keyed(seed, STREAM_NOISE, self.round_index, client, extra)
             row.normal_(0.0, std, generator=gen)
+        hook = self.ctx.stage.hook
+        if hook is not None:  # an audit's record canaries: the white-box auditor reads the draw
+            hook.noise_drawn(ids, self.round_index, out)
         return out
 
     def generators(self, seed: int, stream: int = STREAM_COMPRESSION, extra: int = 0):

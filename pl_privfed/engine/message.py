@@ -49,6 +49,7 @@ received, noised sum.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -81,7 +82,14 @@ class MessageHook(Protocol):
     * :meth:`messages`: extra senders' clean messages for the sum ``key`` of round
       ``round_index`` (:meth:`~pl_privfed.engine.Reduction.received` adds them and their own
       noise), or ``None``;
-    * :meth:`observe`: the sum the server received (canaries included);
+    * :meth:`noise`: the canaries' own noise (each drawn by the stage,
+      :meth:`MessageStage.canary_noise`), summed over the inserted ones that sent, or ``None``;
+    * :meth:`observe`: the sum the server received (canaries included) and, where the
+      placement's guarantee rests on the noise of the sum (central, distributed), that noise
+      as the real clients' part of it (``shared_noise``): what a white-box auditor, who knows
+      every clean contribution, cannot subtract;
+    * :meth:`noise_drawn`: a record-level noise draw of the clients ``ids``
+      (:meth:`~pl_privfed.engine.ClientChunk.normal`), which a white-box auditor reads;
     * :meth:`gradients`: extra records' part of the minibatch gradients of the clients ``ids``
       (:class:`~pl_privfed.engine.ClientChunk` adds it to ``grad`` and ``clipped_mean``), or
       ``None``.
@@ -94,7 +102,15 @@ class MessageHook(Protocol):
         self, round_index: int, key: str, used: tuple[Any, float] | None, like: Tensor
     ) -> tuple[Tensor, int] | None: ...
 
-    def observe(self, round_index: int, key: str, received: Tensor) -> None: ...
+    def noise(
+        self, round_index: int, key: str, draw: Callable[[int], Tensor | None]
+    ) -> Tensor | None: ...
+
+    def observe(
+        self, round_index: int, key: str, received: Tensor, shared_noise: Tensor | None = None
+    ) -> None: ...
+
+    def noise_drawn(self, ids: Tensor, round_index: int, rows: Tensor) -> None: ...
 
     def gradients(
         self, ids: Tensor, round_index: int, step: int | None, operator: Any, like: Tensor
@@ -211,16 +227,16 @@ class MessageStage:
         return out
 
     def canary_noise(
-        self, count: int, round_index: int, keyed: KeyedGenerator, like: Tensor
+        self, index: int, round_index: int, keyed: KeyedGenerator, like: Tensor
     ) -> Tensor | None:
-        """The own noise of ``count`` canary clients that sent in round ``round_index``, drawn
-        as their sum ``N(0, count·s² I)`` (``s`` a sender's std, :attr:`client_noise_std`:
-        ``σ`` local, ``σ/√t`` distributed) from the audit's stream ``(noise seed, STREAM_AUDIT,
-        AUDIT_NOISE, round)``, so no client's draw changes; ``None`` where a client adds no
-        noise of its own (central noise covers the canaries in its one draw, and a
-        non-private round has none)."""
+        """The own noise of canary client ``index`` in round ``round_index``, ``N(0, s² I)``
+        (``s`` a sender's std, :attr:`client_noise_std`: ``σ`` local, ``σ/√t`` distributed)
+        from the audit's stream ``(noise seed, STREAM_AUDIT, AUDIT_NOISE, round, index)``, so
+        no client's draw changes and each canary's draw is its own (the white-box auditor
+        subtracts the other canaries'); ``None`` where a client adds no noise of its own
+        (central noise covers the canaries in its one draw, and a non-private round has none)."""
         std = self.client_noise_std
-        if count <= 0 or not self.clients_noise(round_index) or std <= 0:
+        if not self.clients_noise(round_index) or std <= 0:
             return None
-        gen = keyed(self.noise_seed, STREAM_AUDIT, AUDIT_NOISE, round_index)
-        return torch.zeros_like(like).normal_(0.0, std * math.sqrt(count), generator=gen)
+        gen = keyed(self.noise_seed, STREAM_AUDIT, AUDIT_NOISE, round_index, index)
+        return torch.zeros_like(like).normal_(0.0, std, generator=gen)

@@ -169,6 +169,7 @@ class Reduction:
             total = total.to(self.device, self.dtype)
         else:
             total = self.get(key, like=torch.zeros(self.dim, device=self.device, dtype=self.dtype))
+        clean = total
         if stage.noised and k >= 0:
             if stage.draws_per_client(k):
                 clean = self.get(key + ":clean", like=total)
@@ -177,25 +178,28 @@ class Reduction:
                 total = total + stage.noise_of_sum(senders, k, self.keyed, total)
             if senders:
                 metrics["noise_to_signal"] = noise_to_signal(total, clean)
-        return self._with_hook(key, total), metrics
+        return self._with_hook(key, total, clean), metrics
 
-    def _with_hook(self, key: str, total: Tensor) -> Tensor:
-        """``total`` plus the stage hook's senders of this round (an audit's canary clients):
-        their messages through the round's operator and factor, and their own noise where
-        clients noise (:meth:`~pl_privfed.engine.MessageStage.canary_noise`); they are not
-        senders of the abort rule, and every other draw of the round is the same with or
-        without them. The hook then observes the received sum."""
-        hook, k = self.stage.hook, self.round_index
+    def _with_hook(self, key: str, total: Tensor, clean: Tensor) -> Tensor:
+        """``total`` (the real clients' sum as received, ``clean`` before its noise) plus the
+        stage hook's senders of this round (an audit's canary clients): their messages
+        through the round's operator and factor, and their own noise where clients noise
+        (:meth:`~pl_privfed.engine.MessageStage.canary_noise`, one draw per canary); they are
+        not senders of the abort rule, and every other draw of the round is the same with or
+        without them. The hook then observes the received sum and, where the placement's
+        guarantee rests on the sum's noise (central, distributed), the real clients' part of
+        that noise (``total − clean``: what a white-box auditor cannot subtract)."""
+        hook, k, stage = self.stage.hook, self.round_index, self.stage
         if hook is None:
             return total
+        shared = total - clean if stage.noised and stage.placement.noises_sum else None
         part = hook.messages(k, key, self.message_operators.get(key), total)
         if part is not None:
-            clean, count = part
-            total = total + clean
-            noise = self.stage.canary_noise(count, k, self.keyed, total)
-            if noise is not None:
-                total = total + noise
-        hook.observe(k, key, total)
+            total = total + part[0]
+        noise = hook.noise(k, key, lambda j: stage.canary_noise(j, k, self.keyed, total))
+        if noise is not None:
+            total = total + noise
+        hook.observe(k, key, total, shared_noise=shared)
         return total
 
     def mean(self, name: str) -> Tensor:

@@ -47,6 +47,12 @@ What the canaries enter and why it is sound:
   clips; the real records, their order and their noise are unchanged. One canary moves the
   average by at most the sensitivity the accountant is given.
 
+Beside both, a **white-box** statistic (:class:`WhiteBox`): the auditor of a simulation knows
+every contribution to a release except whether each canary took part, so the engine's hook
+hands it what is left once they are subtracted (the noise the placement's guarantee rests on,
+each canary's own noise, the canary's contribution through the run's operator), and its Gaussian
+fit reads the mechanism's own μ (docs/privacy.md, "The white-box auditor").
+
 Both therefore audit an adversary the ledger accounts for: whoever sees the models
 (:func:`~pl_privfed.privacy.plan.adversaries`, ``"models"``); the models after every round, or
 the final one only (a post-processing: the same certificate bounds it).
@@ -54,19 +60,23 @@ the final one only (a post-processing: the same certificate bounds it).
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import scipy.optimize
-import scipy.special
-import scipy.stats
 import torch
-from dp_accounting import gaussian_mechanism
 from torch import Tensor
 
+from pl_privfed.privacy.audit_estimates import (
+    GaussianEstimate,
+    OneRunAudit,
+    gaussian_epsilon,
+    gaussian_estimate,
+    guess_counts,
+    one_run_audit,
+    one_run_lower_bound,
+    one_run_p_value,
+)
 from pl_privfed.rng import (
     AUDIT_DIRECTION,
     AUDIT_MEMBERSHIP,
@@ -80,6 +90,7 @@ __all__ = [
     "GaussianEstimate",
     "OneRunAudit",
     "RecordCanaries",
+    "WhiteBox",
     "canary_directions",
     "canary_membership",
     "canary_participation",
@@ -134,6 +145,56 @@ def canary_participation(count: int, rate: float, seed: int, round_index: int) -
     return torch.rand(count, generator=gen, dtype=torch.float64) < rate
 
 
+# ---------------------------------------------------------------------------- white box
+class WhiteBox:
+    """The white-box auditor's statistic per canary (Nasr, Song, Thakurta, Papernot & Carlini,
+    "Adversary instantiation", 2021; Nasr et al., "Tight auditing", 2023): an adversary who knows
+    every contribution to each release except whether each canary took part subtracts them, so
+    what is left is the noise the certificate counts on plus, when the canary took part, its
+    own contribution. Per release and canary ``j`` the engine's hook adds ``⟨noise, u_j⟩`` to
+    :attr:`base` (for every canary that would take part, inserted or held out: the held-out
+    ones are the null) and ``⟨c_j, u_j⟩`` to :attr:`shift` (the inserted canary's contribution
+    ``c_j`` after the run's own operator: a clip that is skipped or loosened shows here).
+
+    For a correct Gaussian mechanism ``base`` is ``N(0, K σ²)`` and ``shift`` ``K Φ``: the
+    statistic is the mechanism's own, so the Gaussian fit of :meth:`values` reads the mechanism's
+    μ (the certificate's, up to the accountant's slack); a mechanism with less noise or a
+    larger contribution reads a larger one.
+    """
+
+    def __init__(self, count: int) -> None:
+        self.base = np.zeros(count)
+        self.shift = np.zeros(count)
+        self.releases = 0
+
+    def add(self, base: np.ndarray, shift: np.ndarray) -> None:
+        self.base += base
+        self.shift += shift
+        self.releases += 1
+
+    def values(self, factor: float = 1.0) -> np.ndarray | None:
+        """``base + factor·shift`` per canary (``None`` before any release): ``factor`` 2 reads
+        the replace-one relation, whose neighbour of an inserted canary is the opposite one
+        (``−c_j``, a contribution of the same bound), ``2⟨c_j, u_j⟩`` away in the statistic."""
+        if not self.releases:
+            return None
+        sign = -1.0 if self.shift.sum() < 0 else 1.0  # a server step that negates the sum
+        return sign * (self.base + float(factor) * self.shift)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Tensors (a checkpoint loads with ``weights_only``)."""
+        return {
+            "base": torch.from_numpy(self.base.copy()),
+            "shift": torch.from_numpy(self.shift.copy()),
+            "releases": self.releases,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.base = torch.as_tensor(state["base"]).double().numpy().copy()
+        self.shift = torch.as_tensor(state["shift"]).double().numpy().copy()
+        self.releases = int(state["releases"])
+
+
 # ---------------------------------------------------------------------------- client canaries
 class ClientCanaries:
     """Canary clients for the engine's message stage (module docstring, first bullet of "what
@@ -183,6 +244,9 @@ class ClientCanaries:
         self.input_norm_used: float | None = None  # N, the last one sent
         self.message_norm: float | None = None  # ||β Ψ(N u)||, the last one sent
         self._operator: tuple[Any, float] | None = None
+        self.white = WhiteBox(self.count)
+        #: this round's (round, who would take part, own-noise projections, contributions)
+        self._round: tuple[int, Tensor, np.ndarray, np.ndarray] | None = None
 
     @property
     def count(self) -> int:
@@ -209,14 +273,16 @@ class ClientCanaries:
         ``transmit`` used them (``None`` when no client sent: the last round's)."""
         if round_index < 0 or key != self.key:
             return None
+        self._round = None
         if used is not None:
             self._operator = used
         elif self._operator is None:
             return None  # no operator seen yet: nothing to clip the canaries with
         operator, factor = self._operator
-        active = self.inserted & canary_participation(
-            self.count, self.participation, self.seed, round_index
-        )
+        takes = canary_participation(self.count, self.participation, self.seed, round_index)
+        active = self.inserted & takes
+        shift = np.zeros(self.count)
+        self._round = (round_index, takes, np.zeros(self.count), shift)
         count = int(active.sum())
         if count == 0:
             return None
@@ -231,10 +297,13 @@ class ClientCanaries:
             weight = float(factor) * scale * norm
             total = active.to(directions.device, directions.dtype).mul(weight) @ directions
             self.message_norm = abs(weight)
+            shift[active.numpy()] = weight  # <c_j, u_j>
         elif not operator.random:
-            rows = operator(directions[active.to(directions.device)] * norm) * float(factor)
+            chosen = directions[active.to(directions.device)]
+            rows = operator(chosen * norm) * float(factor)
             total = rows.sum(0)
             self.message_norm = float(torch.linalg.vector_norm(rows[0]))
+            shift[active.numpy()] = (rows * chosen).sum(1).double().cpu().numpy()
         else:
             raise ValueError(
                 f"PrivacyAudit: client canaries cannot pass through a random operator ({operator!r})"
@@ -243,10 +312,52 @@ class ClientCanaries:
         self.rounds_sent += 1
         return total.to(like.device, like.dtype), count
 
-    def observe(self, round_index: int, key: str, received: Tensor) -> None:
-        """The sum ``key`` the server received in round ``round_index`` (canaries included)."""
-        if round_index >= 0 and key == self.key:
-            self.last_received = received
+    def noise(
+        self, round_index: int, key: str, draw: Callable[[int], Tensor | None]
+    ) -> Tensor | None:
+        """The inserted canaries' own noise this round, summed (``None`` when clients add none):
+        ``draw(j)`` is canary ``j``'s (the stage's,
+        :meth:`~pl_privfed.engine.MessageStage.canary_noise`). The held-out canaries that would
+        have taken part draw theirs too and add nothing: the white-box null."""
+        state = self._round
+        if state is None or state[0] != round_index or key != self.key:
+            return None
+        _, takes, own, _ = state
+        total = None
+        for j in takes.nonzero().flatten().tolist():
+            z = draw(j)
+            if z is None:
+                return None
+            u = self.directions[j]
+            own[j] = float(torch.dot(u, z.to(u.device, u.dtype)))
+            if bool(self.inserted[j]):
+                total = z if total is None else total + z
+        return total
+
+    def observe(
+        self, round_index: int, key: str, received: Tensor, shared_noise: Tensor | None = None
+    ) -> None:
+        """The sum ``key`` the server received in round ``round_index`` (canaries included), and
+        the real clients' part of the noise the placement's guarantee rests on
+        (``shared_noise``, central and distributed; ``None`` for local noise, whose guarantee
+        is each sender's own noise): the white-box statistic of the round (:class:`WhiteBox`)
+        is ``⟨shared_noise, u_j⟩`` plus, for a canary that would take part, its own noise's
+        projection and, inserted, its contribution ``⟨c_j, u_j⟩``."""
+        if round_index < 0 or key != self.key:
+            return
+        self.last_received = received
+        state, self._round = self._round, None
+        if state is None or state[0] != round_index:
+            return
+        _, _, own, shift = state
+        base = own.copy()
+        if shared_noise is not None:
+            u = self.directions
+            base += (u @ shared_noise.to(u.device, u.dtype)).double().cpu().numpy()
+        self.white.add(base, shift)
+
+    def noise_drawn(self, ids: Tensor, round_index: int, rows: Tensor) -> None:
+        """Nothing: client canaries read the sums, not record-level draws."""
 
     def gradients(
         self, ids: Tensor, round_index: int, step: int | None, operator: Any, like: Tensor
@@ -299,6 +410,10 @@ class RecordCanaries:
         self.uses = torch.zeros(self.count, dtype=torch.int64)
         self.last_received: Tensor | None = None  # record canaries observe no sum
         self._last_round = torch.full((self.count,), -1, dtype=torch.int64)
+        self.white = WhiteBox(self.count)
+        #: the last gradients' (round, who would take part, contributions ⟨c_j, u_j⟩), read by
+        #: the noise draw that follows them (:meth:`noise_drawn`)
+        self._pending: tuple[int, Tensor, np.ndarray] | None = None
 
     @property
     def count(self) -> int:
@@ -310,8 +425,40 @@ class RecordCanaries:
         """Nothing: record canaries are records, not senders."""
         return None
 
-    def observe(self, round_index: int, key: str, received: Tensor) -> None:
-        """Nothing to observe: the audit reads the model."""
+    def noise(
+        self, round_index: int, key: str, draw: Callable[[int], Tensor | None]
+    ) -> Tensor | None:
+        """Nothing: record canaries send no message of their own."""
+        return None
+
+    def observe(
+        self, round_index: int, key: str, received: Tensor, shared_noise: Tensor | None = None
+    ) -> None:
+        """Nothing to observe: the audit reads the model and the record-level draws."""
+
+    def noise_drawn(self, ids: Tensor, round_index: int, rows: Tensor) -> None:
+        """The record-level noise ``rows`` (``[c, d]``) the clients ``ids`` just added to the
+        gradients that the canaries last joined (:meth:`gradients`): the white-box statistic
+        (:class:`WhiteBox`) of every canary that would be in them is the projection of its
+        host's draw on ``u_j`` plus, inserted, its contribution ``⟨Ψ(G·u_j)/b, u_j⟩``. Only
+        where the canary went through the per-example operator: a canary joined to the plain
+        minibatch gradient, which the algorithm then clips whole (SoteriaFL, ``clip_level:
+        minibatch``), has a contribution the hook cannot know, and no white-box statistic."""
+        state, self._pending = self._pending, None
+        if state is None or state[0] != round_index:
+            return
+        _, takes, shift = state
+        ids = ids.to("cpu", torch.int64)
+        chosen = (takes & torch.isin(self.hosts, ids)).nonzero().squeeze(1)
+        if chosen.numel() == 0:
+            return
+        u = self.directions[chosen.to(self.directions.device)]
+        drawn = rows[torch.searchsorted(ids, self.hosts[chosen]).to(rows.device)]
+        base, picked = np.zeros(self.count), np.zeros(self.count)
+        index = chosen.numpy()
+        base[index] = (u * drawn.to(u.device, u.dtype)).sum(1).double().cpu().numpy()
+        picked[index] = shift[index]
+        self.white.add(base, picked)
 
     def gradients(
         self, ids: Tensor, round_index: int, step: int | None, operator: Any, like: Tensor
@@ -321,11 +468,16 @@ class RecordCanaries:
         minibatch gradient); ``None`` when no canary of these clients is in the round. A canary
         joins the round's first local minibatch (``step`` 0) or, for solvers that reuse the
         round's batch (``step`` ``None``), every local step, as the record would."""
+        self._pending = None
         if round_index < 0 or step not in (None, 0):
             return None
         ids = ids.to("cpu", torch.int64)
-        active = self.inserted & torch.isin(self.hosts, ids)
-        active &= canary_participation(self.count, self.rate, self.seed, round_index)
+        takes = torch.isin(self.hosts, ids)
+        takes &= canary_participation(self.count, self.rate, self.seed, round_index)
+        active = self.inserted & takes
+        shift = np.zeros(self.count)
+        if operator is not None:  # after a later clip of the whole gradient, c_j is unknown
+            self._pending = (round_index, takes, shift)
         if not bool(active.any()):
             return None
         fresh = active & (self._last_round != round_index)
@@ -339,225 +491,10 @@ class RecordCanaries:
                 )
             norm *= float(operator.scale(torch.tensor([norm], dtype=torch.float64))[0])
         chosen = active.nonzero().squeeze(1)
+        shift[chosen.numpy()] = norm / self.release_size
         rows = torch.searchsorted(ids, self.hosts[chosen])
         weights = torch.zeros(ids.numel(), self.count, dtype=torch.float64)
         weights[rows, chosen] = norm / self.release_size
         directions = self.directions
         out = weights.to(directions.device, directions.dtype) @ directions
         return out.to(like.device, like.dtype)
-
-
-# ---------------------------------------------------------------------------- Gaussian fit
-def gaussian_epsilon(mu: float, delta: float) -> float:
-    """ε of μ-GDP at ``delta``: the Gaussian mechanism of sensitivity 1 and noise std ``1/μ``
-    (Dong, Roth & Su), by dp-accounting's exact conversion (``get_epsilon_gaussian``, Balle &
-    Wang's analytic Gaussian mechanism); 0 for ``μ <= 0``."""
-    if not mu > 0:
-        return 0.0
-    if not math.isfinite(mu):
-        return math.inf
-    return float(gaussian_mechanism.get_epsilon_gaussian(1.0 / mu, delta))
-
-
-@dataclass(frozen=True)
-class GaussianEstimate:
-    """The Gaussian fit of an audit statistic (Andrew et al. 2024).
-
-    Attributes:
-        mu: ``(mean_in − mean_out)/std_out``.
-        epsilon: ε of μ-GDP at ``delta`` (0 when ``mu <= 0``): the estimate.
-        delta: the δ of ``epsilon``.
-        confidence: the one-sided level of ``mu_low`` and ``mu_high``.
-        mu_low, mu_high: ``mu`` minus and plus ``z_confidence`` standard errors of its sampling
-            error across canaries (normal approximation, delta method: ``std_in²/(std_out²
-            n_in) + 1/n_out + mu²/(2(n_out − 1))``): a finite number of canaries gives a noisy
-            ``mu``, and an estimate above a certificate means something only beyond that noise.
-        epsilon_low, epsilon_high: ε of ``mu_low`` and ``mu_high``.
-        mean_in, std_in: the inserted canaries' statistic.
-        mean_out, std_out: the held-out canaries' statistic (the null).
-        inserted, held_out: how many of each.
-    """
-
-    mu: float
-    epsilon: float
-    delta: float
-    confidence: float
-    mu_low: float
-    mu_high: float
-    epsilon_low: float
-    epsilon_high: float
-    mean_in: float
-    std_in: float
-    mean_out: float
-    std_out: float
-    inserted: int
-    held_out: int
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def gaussian_estimate(
-    inserted: Sequence[float] | np.ndarray,
-    held_out: Sequence[float] | np.ndarray,
-    delta: float,
-    confidence: float = 0.95,
-) -> GaussianEstimate:
-    """Andrew et al.'s ε estimate: fit a Gaussian to the held-out canaries' statistic, measure
-    the inserted canaries' mean shift in its standard deviations, ``μ``, and read ``μ`` as
-    μ-GDP at ``delta`` (:func:`gaussian_epsilon`), with ``μ``'s sampling error across canaries
-    (:class:`GaussianEstimate`). An estimate, not a bound."""
-    a = np.asarray(inserted, dtype=np.float64)
-    b = np.asarray(held_out, dtype=np.float64)
-    if a.size < 2 or b.size < 2:
-        raise ValueError(
-            f"the Gaussian fit needs at least two inserted and two held-out canaries, got "
-            f"{a.size} and {b.size}"
-        )
-    if not 0 < confidence < 1:
-        raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
-    mean_in, mean_out = float(a.mean()), float(b.mean())
-    std_in, std_out = float(a.std(ddof=1)), float(b.std(ddof=1))
-    shift = mean_in - mean_out
-    if std_out > 0:
-        mu = shift / std_out
-        spread = math.sqrt(
-            (std_in / std_out) ** 2 / a.size + 1.0 / b.size + mu**2 / (2.0 * (b.size - 1))
-        )
-    else:
-        mu, spread = (math.inf if shift > 0 else 0.0), 0.0
-    z = float(scipy.stats.norm.ppf(confidence))
-    low, high = mu - z * spread, mu + z * spread
-    return GaussianEstimate(
-        mu,
-        gaussian_epsilon(mu, delta),
-        delta,
-        confidence,
-        low,
-        high,
-        gaussian_epsilon(low, delta),
-        gaussian_epsilon(high, delta),
-        mean_in,
-        std_in,
-        mean_out,
-        std_out,
-        int(a.size),
-        int(b.size),
-    )
-
-
-# ---------------------------------------------------------------------------- one-run bound
-def one_run_p_value(m: int, r: int, v: int, epsilon: float, delta: float) -> float:
-    """The probability of ``v`` or more correct guesses among ``r`` (of ``m`` canaries, each
-    inserted independently with probability 1/2) when the mechanism is (ε, δ)-DP: Steinke, Nasr
-    & Jagielski (2023), the theorem with the δ term,
-
-    ``P[Bin(r, q) >= v] + 2 m δ · max_{1≤i≤v} P[v − i <= Bin(r, q) < v] / i``,
-    ``q = e^ε/(1 + e^ε)`` (the accuracy of ε-randomized response), capped at 1. The binomial is
-    scipy's."""
-    if not 0 <= v <= r <= m:
-        raise ValueError(f"need 0 <= v <= r <= m, got v={v}, r={r}, m={m}")
-    if not epsilon >= 0 or not 0 <= delta <= 1:
-        raise ValueError(f"need epsilon >= 0 and delta in [0, 1], got {epsilon}, {delta}")
-    q = float(scipy.special.expit(epsilon))
-    p = float(scipy.stats.binom.sf(v - 1, r, q))
-    if delta > 0 and v > 0:
-        i = np.arange(1, v + 1)
-        below = np.cumsum(scipy.stats.binom.pmf(v - i, r, q))  # P[v − i <= Bin < v]
-        p += 2.0 * m * delta * float(np.max(below / i))
-    return min(1.0, p)
-
-
-def one_run_lower_bound(m: int, r: int, v: int, delta: float, confidence: float = 0.95) -> float:
-    """The largest ε that ``v`` correct guesses of ``r`` reject at ``confidence``: no (ε, δ)-DP
-    mechanism gives that many with probability above ``1 − confidence``
-    (:func:`one_run_p_value`). 0 when even ε = 0 is not rejected."""
-    if not 0 < confidence < 1:
-        raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
-    level = 1.0 - confidence
-
-    def excess(eps: float) -> float:
-        return one_run_p_value(m, r, v, eps, delta) - level
-
-    if excess(0.0) >= 0:
-        return 0.0
-    hi = 1.0
-    while excess(hi) < 0:
-        hi *= 2.0
-        if hi > 1e4:
-            return math.inf
-    return float(scipy.optimize.brentq(excess, hi / 2 if hi > 1 else 0.0, hi, xtol=1e-9))
-
-
-def guess_counts(count: int) -> list[int]:
-    """The guesses per side the one-run audit tries (``k`` "in" and ``k`` "out"): 5, 10, 25, 40
-    and 50 % of the canaries, at least one; fixed before the scores are seen (40 %: with each
-    canary inserted with probability 1/2, about half are in, so the top and bottom 40 % can all
-    be right)."""
-    fractions = (0.05, 0.1, 0.25, 0.4, 0.5)
-    return sorted({max(1, min(count // 2, round(count * f))) for f in fractions})
-
-
-@dataclass(frozen=True)
-class OneRunAudit:
-    """A one-run lower bound (Steinke et al. 2023) and how it was reached.
-
-    Attributes:
-        epsilon: the lower bound, at ``confidence`` for all the bounds computed together.
-        confidence: the joint confidence.
-        delta: the δ of the bound.
-        guesses: ``r`` of the best ``k`` (``k`` "in" and ``k`` "out").
-        correct: ``v``, the correct ones among them.
-        canaries: ``m``.
-        ceiling: the bound if every guess of the largest ``k`` were right: no run of this audit
-            can report more.
-        tried: the ``k`` tried (Bonferroni: each at ``(1 − confidence)/(len(tried)·tests)``).
-    """
-
-    epsilon: float
-    confidence: float
-    delta: float
-    guesses: int
-    correct: int
-    canaries: int
-    ceiling: float
-    tried: tuple[int, ...]
-
-    def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "tried": list(self.tried)}
-
-
-def one_run_audit(
-    scores: Sequence[float] | np.ndarray,
-    inserted: Sequence[bool] | np.ndarray,
-    delta: float,
-    confidence: float = 0.95,
-    *,
-    guesses: Sequence[int] | None = None,
-    tests: int = 1,
-) -> OneRunAudit:
-    """Steinke et al.'s one-run lower bound from every canary's ``score`` (higher: more likely
-    inserted) and whether it was ``inserted``: for each ``k`` of ``guesses`` (default
-    :func:`guess_counts`), guess "in" for the ``k`` highest scores and "out" for the ``k``
-    lowest, and keep the largest bound. Every ``k`` (and each of ``tests`` audits reported
-    together) is tested at ``(1 − confidence)/(len(guesses)·tests)`` (Bonferroni), so the bounds
-    hold jointly at ``confidence``."""
-    s = np.asarray(scores, dtype=np.float64)
-    truth = np.asarray(inserted, dtype=bool)
-    m = int(s.size)
-    if m < 2 or truth.size != m:
-        raise ValueError(
-            f"need at least two canaries and one membership each, got {m}, {truth.size}"
-        )
-    ks = tuple(sorted({max(1, min(m // 2, int(k))) for k in (guesses or guess_counts(m))}))
-    each = 1.0 - (1.0 - confidence) / (len(ks) * max(1, tests))
-    order = np.argsort(s, kind="stable")
-    best = (0.0, 0, 0)
-    for k in ks:
-        low, high = order[:k], order[m - k :]
-        correct = int(truth[high].sum() + (~truth[low]).sum())
-        eps = one_run_lower_bound(m, 2 * k, correct, delta, each)
-        if eps > best[0] or best[1] == 0:
-            best = (eps, 2 * k, correct)
-    ceiling = one_run_lower_bound(m, 2 * ks[-1], 2 * ks[-1], delta, each)
-    return OneRunAudit(best[0], confidence, delta, best[1], best[2], m, ceiling, ks)

@@ -1,0 +1,125 @@
+"""The white-box audit against the catalogue of broken mechanisms, on the shipped configs.
+
+Issue 29, item 2: an audit that can fail must flag every break of the catalogue
+(``tests/_audit_breaks.py``: noise ×0.5 at each placement, the client or per-example clip skipped
+or at 2× its threshold, distributed shares at σ²/t², central noise on the average instead of
+the sum) in one run at the shipped ε = 8, and must not flag the unbroken mechanism. For each
+config this script runs the unbroken mechanism, then every break that applies to its mechanism
+(its noise placement, or record level), each through the CLI with a ``PrivacyAudit``
+(100 canaries), the accounting untouched, and prints one row per run: the certified ε against
+whoever sees the models, the white-box estimate with its interval, the black-box estimate (or
+record-level lower bound) and whether the run was flagged. ``--seeds N`` adds the false-alarm
+rate of the unbroken mechanism on the catalogue's small problem (the tests'), over ``N`` seeds
+of the noise and the canaries per mechanism. Usage::
+
+    PL_PRIVFED_DATA=../shared/data python benchmarks/audit_breaks.py \\
+        configs/private/mnist_dpsgd.yaml configs/demo/fedavg_private.yaml
+    python benchmarks/audit_breaks.py --max-steps 100 configs/private/*.yaml
+    python benchmarks/audit_breaks.py --seeds 20 --no-configs
+
+``--max-steps`` shortens a config's run (the noise is calibrated for the rounds run, so the
+certificate stays at ε = 8); the table in docs/privacy.md says which lengths it ran.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+
+from _audit_breaks import BREAKS, MECHANISMS, audit_small, broken  # noqa: E402
+
+from pl_privfed.cli import main  # noqa: E402
+
+
+def run_config(config: Path, max_steps: int | None) -> dict:
+    """One CLI run of ``config`` with a PrivacyAudit: its ``summary.json``."""
+    with tempfile.TemporaryDirectory() as out:
+        argv = ["fit", "--config", str(config), "--trainer.logger", "false",
+                "--trainer.enable_progress_bar", "false", "--output_dir", out,
+                "--trainer.limit_val_batches", "0", "--trainer.enable_model_summary", "false",
+                "--trainer.callbacks+=pl_privfed.callbacks.PrivacyAudit"]  # fmt: skip
+        if max_steps is not None:
+            argv += ["--trainer.max_steps", str(max_steps)]
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+            warnings.simplefilter("ignore")
+            main(argv)
+        return json.loads((Path(out) / "summary.json").read_text())
+
+
+def mechanism(summary: dict) -> str:
+    """The catalogue's name of a run's mechanism: ``"record"`` or its noise placement."""
+    audit = summary["privacy"]["audit"]
+    return "record" if audit["level"] == "record" else summary["privacy"]["placement"]
+
+
+def row(config: str, name: str, audit: dict, seconds: float) -> str:
+    white = audit["threat_models"].get("white_box")
+    if white is None:
+        wb = "—"
+    else:
+        low, high = white["epsilon_interval"]
+        wb = f"{white['epsilon_estimate']:.2f} [{low:.2f}, {high:.2f}]"
+    if audit["level"] == "record":
+        bb = f"≥ {audit['epsilon_lower_bound']:.2f}"
+    else:
+        bb = f"{audit['epsilon_estimate']:.2f}"
+    flag = "FLAGGED" if audit["exceeds_certified"] else "no"
+    cert = audit["certified_epsilon"]
+    return f"| {config} | {name} | {cert:.2f} | {wb} | {bb} | {flag} | {seconds:.0f} |"
+
+
+def false_alarms(seeds: int) -> None:
+    """The unbroken mechanism's false-alarm rate on the catalogue's small problem."""
+    print(f"\nfalse alarms of the unbroken mechanism, small problem, {seeds} seeds each:")
+    for name in MECHANISMS:
+        flagged, ratios = 0, []
+        for seed in range(seeds):
+            audit = audit_small(name, noise_seed=seed, audit_seed=seed)
+            flagged += bool(audit["exceeds_certified"])
+            white = audit["threat_models"]["white_box"]
+            ratios.append(white["epsilon_estimate"] / audit["certified_epsilon"])
+        ratios.sort()
+        print(f"  {name}: {flagged}/{seeds} flagged; white-box / certified: median "
+              f"{ratios[len(ratios) // 2]:.2f}, range {ratios[0]:.2f} to {ratios[-1]:.2f}")  # fmt: skip
+
+
+def main_(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("configs", nargs="*", type=Path, help="configs to run the catalogue on")
+    parser.add_argument("--max-steps", type=int, default=None, help="rounds per run")
+    parser.add_argument("--breaks", nargs="*", default=None, help="only these breaks")
+    parser.add_argument("--seeds", type=int, default=0, help="false-alarm seeds (small problem)")
+    parser.add_argument("--no-configs", action="store_true", help="only the false-alarm rate")
+    args = parser.parse_args(argv)
+    if not args.no_configs:
+        print("| config | break | certified ε (models) | white box [interval] | black box | "
+              "flagged | s |\n|---|---|---|---|---|---|---|")  # fmt: skip
+        for config in args.configs:
+            start = time.perf_counter()
+            summary = run_config(config, args.max_steps)
+            print(row(config.stem, "none", summary["privacy"]["audit"], time.perf_counter() - start),
+                  flush=True)  # fmt: skip
+            kind = mechanism(summary)
+            for name, spec in BREAKS.items():
+                if kind not in spec["applies"] or (args.breaks and name not in args.breaks):
+                    continue
+                start = time.perf_counter()
+                with broken(name):
+                    audit = run_config(config, args.max_steps)["privacy"]["audit"]
+                print(row(config.stem, name, audit, time.perf_counter() - start), flush=True)
+    if args.seeds:
+        false_alarms(args.seeds)
+
+
+if __name__ == "__main__":
+    main_()

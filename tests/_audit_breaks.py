@@ -1,0 +1,146 @@
+"""A catalogue of broken mechanisms for checking a privacy audit (issue 29, item 2).
+
+Each break changes what a run does, one way at a time, and leaves the accounting untouched: the
+certificate still says what the configuration asks (ε = 8 for the shipped private configs). An
+audit that can fail must flag every one of them; :func:`broken` applies one for the duration of
+a ``with`` block (:func:`unittest.mock.patch`, so nothing outlives the block). Used by
+``tests/test_audit_breaks.py`` (a small quadratic problem) and ``benchmarks/audit_breaks.py``
+(the shipped configs).
+
+``BREAKS[name]``: ``patch`` (a function returning the ``mock.patch.object`` context) and
+``applies`` (where the break exists: a client-level placement, ``"local"``, ``"central"``,
+``"distributed"``, or ``"record"`` for record-level DP).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+from unittest import mock
+
+import pytorch_lightning as pl
+import torch
+
+from pl_privfed import FederatedModule
+from pl_privfed.algorithms import DistributedDPSGD, FedAvgPerSampleClipping
+from pl_privfed.callbacks import PrivacyAudit
+from pl_privfed.datamodules import QuadraticDataModule
+from pl_privfed.engine import ClientChunk, MessageStage
+from pl_privfed.models import HalfSquaredError, QuadraticModel
+from pl_privfed.operators import Clip
+from pl_privfed.privacy import DistributedNoise, DPNoise, LocalNoise
+
+EPSILON = 8.0  # the shipped private configs' target
+
+_noise_of_sum = MessageStage.noise_of_sum
+_clip_scale = Clip.scale
+_distributed_std = DistributedNoise.sender_std
+_normal = ClientChunk.normal
+
+
+def _central_scaled(factor: Callable[[int], float]) -> Any:
+    def noise_of_sum(self, count, round_index, keyed, like):
+        out = _noise_of_sum(self, count, round_index, keyed, like)
+        return out * factor(count) if self.placement.aggregator_draws else out
+
+    return mock.patch.object(MessageStage, "noise_of_sum", noise_of_sum)
+
+
+def _clip_times(factor: float | None) -> Any:
+    def scale(self, norms):  # min(1, factor·τ/||v||), or 1 (no clip) for None
+        return torch.ones_like(norms) if factor is None else _clip_scale(self, norms / factor)
+
+    return mock.patch.object(Clip, "scale", scale)
+
+
+def _record_noise_times(factor: float) -> Any:
+    def normal(self, seed, std, extra=0, select=None):
+        return _normal(self, seed, std * factor, extra, select)
+
+    return mock.patch.object(ClientChunk, "normal", normal)
+
+
+CLIENT = ("local", "central", "distributed")
+BREAKS: dict[str, dict[str, Any]] = {
+    "noise x0.5": {
+        "applies": ("local",),
+        "patch": lambda: mock.patch.object(LocalNoise, "sender_std", lambda self, s: 0.5 * s),
+    },
+    "central noise x0.5": {
+        "applies": ("central",),
+        "patch": lambda: _central_scaled(lambda n: 0.5),
+    },
+    "shares x0.5": {
+        "applies": ("distributed",),
+        "patch": lambda: mock.patch.object(
+            DistributedNoise, "sender_std", lambda self, s: 0.5 * _distributed_std(self, s)
+        ),
+    },
+    "shares at sigma^2/t^2": {
+        "applies": ("distributed",),
+        "patch": lambda: mock.patch.object(
+            DistributedNoise, "sender_std", lambda self, s: s / self.min_contributors
+        ),
+    },
+    "central noise on the average": {
+        "applies": ("central",),
+        "patch": lambda: _central_scaled(lambda n: 1.0 / max(1, n)),
+    },
+    "client clip skipped": {"applies": CLIENT, "patch": lambda: _clip_times(None)},
+    "client clip at 2x": {"applies": CLIENT, "patch": lambda: _clip_times(2.0)},
+    "record noise x0.5": {"applies": ("record",), "patch": lambda: _record_noise_times(0.5)},
+    "per-example clip skipped": {"applies": ("record",), "patch": lambda: _clip_times(None)},
+    "record clip at 2x": {"applies": ("record",), "patch": lambda: _clip_times(2.0)},
+}
+
+
+#: the catalogue's small problem (tests, and the false-alarm rate of benchmarks/audit_breaks.py):
+#: an algorithm from its noise settings, and the noise settings of each mechanism
+MECHANISMS = {
+    "local": (lambda noise: DistributedDPSGD(0.5, Clip(1.0), noise=noise), {"placement": "local"}),
+    "central": (
+        lambda noise: DistributedDPSGD(0.5, Clip(1.0), noise=noise),
+        {"placement": "central"},
+    ),
+    "distributed": (  # t = every client: a correct round's sum holds exactly σ²
+        lambda noise: DistributedDPSGD(0.5, Clip(1.0), noise=noise),
+        {"placement": "distributed", "min_contributors": 10},
+    ),
+    "record": (
+        lambda noise: FedAvgPerSampleClipping(
+            0.5, clip_threshold=1.0, clip_level="example", noise=noise
+        ),
+        {},
+    ),
+}
+
+
+def audit_small(mechanism: str, *, noise_seed: int = 0, audit_seed: int = 0, dim: int = 2000):
+    """One run of the catalogue's small problem (a 2,000-dimensional quadratic, 10 clients,
+    every client every round, 50 rounds) at ε = 8 with a :class:`PrivacyAudit`: its report."""
+    build, settings = MECHANISMS[mechanism]
+    noise = DPNoise(epsilon=EPSILON, delta=1e-5, calibration="target", seed=noise_seed, **settings)
+    module = FederatedModule(QuadraticModel(dim), build(noise), criterion=HalfSquaredError())
+    audit = PrivacyAudit(seed=audit_seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the alarm is read from the report
+        pl.Trainer(max_steps=50, logger=False, enable_checkpointing=False,
+                   enable_progress_bar=False, enable_model_summary=False,
+                   num_sanity_val_steps=0, limit_val_batches=0,
+                   callbacks=[audit]).fit(module, datamodule=QuadraticDataModule(
+                       num_clients=10, dim=dim, seed=0))  # fmt: skip
+    return audit.report()
+
+
+@contextmanager
+def broken(name: str) -> Iterator[None]:
+    """Run the ``with`` block with break ``name`` of :data:`BREAKS` applied."""
+    with BREAKS[name]["patch"]():
+        yield
+
+
+def mechanism_of(placement: str | None, record: bool) -> str:
+    """The catalogue's name of a run's mechanism: its placement, or ``"record"``."""
+    return "record" if record else str(placement)
