@@ -439,17 +439,22 @@ class RecordCanaries:
     def noise_drawn(self, ids: Tensor, round_index: int, rows: Tensor) -> None:
         """The record-level noise ``rows`` (``[c, d]``) the clients ``ids`` just added to the
         gradients that the canaries last joined (:meth:`gradients`): the white-box statistic
-        (:class:`WhiteBox`) of every canary that would be in them is the projection of its
-        host's draw on ``u_j`` plus, inserted, its contribution ``⟨Ψ(G·u_j)/b, u_j⟩``. Only
+        (:class:`WhiteBox`) of every canary hosted by these clients is the projection of its
+        host's draw on ``u_j`` plus, inserted and drawn into this round's sample, its
+        contribution ``⟨Ψ(G·u_j)/b, u_j⟩``. Every round the host draws noise counts, whether or
+        not the canary was sampled: the record sample is secret from the adversary the
+        certificate names (that is what its amplification by sampling rests on), so an auditor
+        that kept only the rounds the canary was drawn into would audit a mechanism without
+        that amplification and read above a correct certificate. Only
         where the canary went through the per-example operator: a canary joined to the plain
         minibatch gradient, which the algorithm then clips whole (SoteriaFL, ``clip_level:
         minibatch``), has a contribution the hook cannot know, and no white-box statistic."""
         state, self._pending = self._pending, None
         if state is None or state[0] != round_index:
             return
-        _, takes, shift = state
+        _, _, shift = state
         ids = ids.to("cpu", torch.int64)
-        chosen = (takes & torch.isin(self.hosts, ids)).nonzero().squeeze(1)
+        chosen = torch.isin(self.hosts, ids).nonzero().squeeze(1)
         if chosen.numel() == 0:
             return
         u = self.directions[chosen.to(self.directions.device)]
