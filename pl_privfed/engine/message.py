@@ -58,6 +58,7 @@ from torch import Tensor
 
 from pl_privfed.privacy import NoisePlacement, SecureAggregation, resolve_placement
 from pl_privfed.rng import (
+    AUDIT_COLLUSION,
     AUDIT_NOISE,
     STREAM_AUDIT,
     STREAM_CENTRAL_NOISE,
@@ -225,6 +226,18 @@ class MessageStage:
             gen = keyed(self.noise_seed, STREAM_SERVER_NOISE, round_index)
             out.normal_(0.0, self.client_noise_std * math.sqrt(count), generator=gen)
         return out
+
+    def unknown_noise(
+        self, noise: Tensor, senders: int, round_index: int, keyed: KeyedGenerator
+    ) -> Tensor:
+        """Of the real senders' noise in a released sum (``noise``, central or distributed),
+        the part the certificate's adversary cannot subtract, for the white-box auditor: the
+        placement decides (:meth:`~pl_privfed.privacy.NoisePlacement.unknown_noise`: all of
+        the aggregator's draw; the ``t`` honest senders' shares of a distributed sum), drawing
+        any split from the audit's stream ``(noise seed, STREAM_AUDIT, AUDIT_COLLUSION,
+        round)``."""
+        gen = keyed(self.noise_seed, STREAM_AUDIT, AUDIT_COLLUSION, round_index)
+        return self.placement.unknown_noise(noise, senders, self.client_noise_std, gen)
 
     def canary_noise(
         self, index: int, round_index: int, keyed: KeyedGenerator, like: Tensor

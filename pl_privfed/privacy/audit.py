@@ -49,9 +49,12 @@ What the canaries enter and why it is sound:
 
 Beside both, a **white-box** statistic (:class:`WhiteBox`): the auditor of a simulation knows
 every contribution to a release except whether each canary took part, so the engine's hook
-hands it what is left once they are subtracted (the noise the placement's guarantee rests on,
-each canary's own noise, the canary's contribution through the run's operator), and its Gaussian
-fit reads the mechanism's own μ (docs/privacy.md, "The white-box auditor").
+hands it what is left once they are subtracted (the noise the placement's guarantee rests on:
+a canary's own noise under local noise, the aggregator's draw under central noise, and under
+distributed noise only the ``t`` honest senders' shares, the other ``n − t`` being known to
+the server they collude with, as the certificate assumes; and the canary's contribution through
+the run's operator), and its Gaussian fit reads the mechanism's own μ (docs/privacy.md, "The
+white-box auditor").
 
 Both therefore audit an adversary the ledger accounts for: whoever sees the models
 (:func:`~pl_privfed.privacy.plan.adversaries`, ``"models"``); the models after every round, or
@@ -338,11 +341,15 @@ class ClientCanaries:
         self, round_index: int, key: str, received: Tensor, shared_noise: Tensor | None = None
     ) -> None:
         """The sum ``key`` the server received in round ``round_index`` (canaries included), and
-        the real clients' part of the noise the placement's guarantee rests on
-        (``shared_noise``, central and distributed; ``None`` for local noise, whose guarantee
-        is each sender's own noise): the white-box statistic of the round (:class:`WhiteBox`)
-        is ``⟨shared_noise, u_j⟩`` plus, for a canary that would take part, its own noise's
-        projection and, inserted, its contribution ``⟨c_j, u_j⟩``."""
+        the noise the placement's guarantee rests on, as far as the certificate's adversary
+        cannot subtract it (``shared_noise``: the aggregator's draw under central noise, the
+        ``t`` honest senders' shares under distributed noise; ``None`` for local noise, whose
+        guarantee is each sender's own noise): the white-box statistic of the round
+        (:class:`WhiteBox`) is ``⟨shared_noise, u_j⟩`` or, under local noise, the projection
+        of the canary's own noise (for a canary that would take part), plus, inserted, its
+        contribution ``⟨c_j, u_j⟩``. Under distributed noise a canary's own share is not
+        counted: the certificate counts only the ``t`` honest shares, and the colluding
+        senders may include the canary's own."""
         if round_index < 0 or key != self.key:
             return
         self.last_received = received
@@ -353,7 +360,7 @@ class ClientCanaries:
         base = own.copy()
         if shared_noise is not None:
             u = self.directions
-            base += (u @ shared_noise.to(u.device, u.dtype)).double().cpu().numpy()
+            base = (u @ shared_noise.to(u.device, u.dtype)).double().cpu().numpy()
         self.white.add(base, shift)
 
     def noise_drawn(self, ids: Tensor, round_index: int, rows: Tensor) -> None:
