@@ -344,6 +344,46 @@ def test_the_white_box_reads_each_record_canary_through_its_hosts_noise_draw(m, 
     )
 
 
+def test_the_white_box_follows_record_canaries_through_a_clipped_minibatch_gradient():
+    """SoteriaFL clips each client's whole minibatch gradient: canary ``j``'s contribution is
+    ``clip(v) − clip(v − a_j)`` with ``v`` its host's gradient with every inserted canary of the
+    round joined (``a_j = G u_j / b``, the others known to the auditor), and its white-box
+    shift that projected on ``u_j``; every canary's base is its host's noise draw."""
+    n, d, m, b, big = 3, 40, 9, 4, 50.0
+    b_rows, grad_fn = _quadratic(n, d)
+    directions = canary_directions(m, d, 1, dtype=DT)
+    inserted = canary_membership(m, 1, half=True)
+    alg = SoteriaFL(0.2, 0.5, clip_threshold=0.7, batch_size=b, local_dataset_size=8,
+                    noise=DPNoise(noise_multiplier=1.0, seed=3))  # fmt: skip
+    alg.setup(num_clients=n, dim=d, num_rounds=2, dtype=DT)
+    hosts = torch.arange(m) % n
+    alg.canaries = RecordCanaries(directions, inserted, hosts, release_size=b, norm=1.0,
+                                  minibatch_norm=big, seed=5)  # fmt: skip
+    alg.rounds_done.fill_(1)
+    x = torch.zeros(d, dtype=DT)
+    run_round(alg, x, grad_fn, chunk_size=2)
+
+    def clip(v):
+        return v * min(1.0, 0.7 / float(torch.linalg.vector_norm(v)))
+
+    shift, base = np.zeros(m), np.zeros(m)
+    for j in range(m):
+        host = int(hosts[j])
+        joined = [k for k in range(m) if hosts[k] == host and inserted[k]]
+        v = (x - b_rows[host]) + sum(big / b * directions[k] for k in joined)
+        if inserted[j]:
+            without = v - big / b * directions[j]
+            shift[j] = float(directions[j] @ (clip(v) - clip(without)))
+        gen = keyed_generator(3, STREAM_NOISE, 1, host, 0)
+        z = torch.empty(d, dtype=DT).normal_(0.0, alg.noise_std, generator=gen)
+        base[j] = float(directions[j] @ z)
+    white = alg.canaries.white
+    assert white.releases == 2 and not white.unknown  # one noise draw per chunk
+    np.testing.assert_allclose(white.shift, shift, atol=1e-10)
+    np.testing.assert_allclose(white.base, base, atol=1e-9)
+    assert shift[inserted.numpy()].min() > 0.1  # the canaries steer the clipped vector
+
+
 # ---------------------------------------------------------------------------- end to end
 def _fit(alg, audit, *, dim=2000, clients=10, steps=50, tmp_path=None, datamodule=None, **kw):
     dm = datamodule or QuadraticDataModule(num_clients=clients, dim=dim, seed=0)

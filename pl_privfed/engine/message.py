@@ -93,7 +93,10 @@ class MessageHook(Protocol):
       (:meth:`~pl_privfed.engine.ClientChunk.normal`), which a white-box auditor reads;
     * :meth:`gradients`: extra records' part of the minibatch gradients of the clients ``ids``
       (:class:`~pl_privfed.engine.ClientChunk` adds it to ``grad`` and ``clipped_mean``), or
-      ``None``.
+      ``None``;
+    * :meth:`operator_applied`: the rows ``[c, d]`` a norm-based operator is about to act on
+      (:meth:`~pl_privfed.engine.ClientChunk.apply`): a minibatch gradient clipped whole,
+      through which a white-box auditor follows its canary records.
 
     Implemented by :class:`~pl_privfed.privacy.audit.ClientCanaries` (client level) and
     :class:`~pl_privfed.privacy.audit.RecordCanaries` (record level).
@@ -116,6 +119,10 @@ class MessageHook(Protocol):
     def gradients(
         self, ids: Tensor, round_index: int, step: int | None, operator: Any, like: Tensor
     ) -> Tensor | None: ...
+
+    def operator_applied(
+        self, ids: Tensor, round_index: int, operator: Any, rows: Tensor, factor: float = 1.0
+    ) -> None: ...
 
 
 #: The former name of :class:`MessageHook`.
