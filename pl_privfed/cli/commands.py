@@ -105,6 +105,7 @@ def compare(
     metric: str = "final_val_accuracy",
     frontier: bool = False,
     labels: list[str] | None = None,
+    random_search: str | None = None,
 ) -> int:
     """The best run of each sweep side by side, against rounds and bits; with --frontier, test
     accuracy against certified ε per method.
@@ -122,14 +123,21 @@ def compare(
         frontier: draw the privacy-utility frontier (frontier.png, .csv, .md): at each target ε
             the configuration selected on validation, its test accuracy against the certified ε
         labels: with --frontier: one method label per file
+        random_search: with --frontier: also Papernot & Steinke's ε of random search over each
+            point's configurations, the number of candidates drawn from this distribution
+            (poisson, geometric, logarithmic, or a truncated negative binomial's shape η >= 0)
     """
     from pl_privfed.report import compare_methods
     from pl_privfed.report import frontier as draw_frontier
 
     if labels is not None and not frontier:
         raise ValueError("--labels goes with --frontier")
+    if random_search is not None and not frontier:
+        raise ValueError("--random-search goes with --frontier")
     if frontier:
-        written = draw_frontier(results, out, select=metric, labels=labels)
+        written = draw_frontier(
+            results, out, select=metric, labels=labels, random_search=random_search
+        )
         for path in written:
             print(path)
         print(written[-1].read_text(), end="")
