@@ -87,10 +87,11 @@ def report(
 
 
 def _compare_epilog() -> str:
-    from pl_privfed.report import FRONTIER_SELECTION
+    from pl_privfed.report import FRONTIER_EPSILONS, FRONTIER_SELECTION
 
     return (
-        f"With --frontier: {FRONTIER_SELECTION}. Frontier: pl-privfed compare --frontier "
+        f"With --frontier: {FRONTIER_SELECTION}; {FRONTIER_EPSILONS}; --random-search adds "
+        "Papernot & Steinke's bound for a random search. Frontier: pl-privfed compare --frontier "
         "sweeps/frontier/frontier_<config>/results.csv sweeps/frontier/frontier_<config>_"
         "nonprivate/results.csv ... --out DIR [--labels A A ...]; files with the same label (by "
         "default the sweep folder's name without frontier_ and _nonprivate) are one method."

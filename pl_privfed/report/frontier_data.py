@@ -28,12 +28,14 @@ from pl_privfed.report.stats import Interval
 from pl_privfed.report.text import fmt_names
 from pl_privfed.results import RESULT_COLUMNS, SEED_PARAMETERS, finite_float
 
-__all__ = ["FRONTIER_SELECTION", "FrontierPoint", "frontier_points"]
+__all__ = ["FRONTIER_EPSILONS", "FRONTIER_SELECTION", "FrontierPoint", "frontier_points"]
 
 #: what the frontier's figure, table and caption say about the selection
-FRONTIER_SELECTION = (
-    "configuration selected on validation accuracy at each ε; certified ε: the selected runs "
-    "alone, ε with selection: every candidate run composed (docs/privacy.md)"
+FRONTIER_SELECTION = "configuration selected on validation accuracy at each ε"
+#: what the frontier's ε columns count (its table and caption)
+FRONTIER_EPSILONS = (
+    "certified ε: the selected runs alone; ε with selection: every candidate run composed "
+    "(docs/privacy.md)"
 )
 
 

@@ -14,7 +14,12 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from pl_privfed.report.figures import band, legend_below
-from pl_privfed.report.frontier_data import FRONTIER_SELECTION, FrontierPoint, frontier_points
+from pl_privfed.report.frontier_data import (
+    FRONTIER_EPSILONS,
+    FRONTIER_SELECTION,
+    FrontierPoint,
+    frontier_points,
+)
 from pl_privfed.report.runs import DEFAULT_METRIC, TEST
 from pl_privfed.report.text import fmt_num, fmt_pm, is_accuracy, limits, markdown
 from pl_privfed.results import finite_float
@@ -112,7 +117,8 @@ def _figure(points: list[FrontierPoint], names: _Names) -> Figure:
     ax.set_ylabel(f"{names.name}{names.unit}")
     ax.set_title(
         f"Privacy–utility frontier: {names.name}, mean over seeds with 95 % t-band;\n"
-        f"{FRONTIER_SELECTION}; dashed: non-private",
+        f"{FRONTIER_SELECTION}; dashed: non-private;\n"
+        "x: the selected runs' certified ε (the selection's cost: frontier.md)",
         fontsize=8,
     )
     ax.grid(alpha=0.3)
@@ -210,7 +216,7 @@ def _markdown(points: list[FrontierPoint], names: _Names) -> str:
     lines += [
         "",
         f"Selection: at each target ε the configuration with the best mean {names.select} "
-        f"over seeds; {FRONTIER_SELECTION}. The {name} of the selected configuration is "
+        f"over seeds ({FRONTIER_EPSILONS}). The {name} of the selected configuration is "
         "reported (mean over seeds, 95 % Student-t interval). Certified ε: the mean ε the "
         "selected runs' accountant reported, which holds for the point only if its "
         "configuration had been fixed without looking at the other candidates. ε with "
