@@ -198,8 +198,10 @@ def test_the_target_of_a_sweep_without_an_epsilon_column_comes_from_the_runs(tmp
 
 
 #: the family's own knob, tuned with the step size where its paper tunes one (paper 002 App.
-#: D.1/D.3: β for DP-α-NormEC, τ for DP-Clip21; paper 004 App. D: β for DP-Fed-α-NormEC)
+#: D.1/D.3: β for DP-α-NormEC, τ for DP-Clip21; paper 004 App. D: β for DP-Fed-α-NormEC and
+#: the clipping threshold of DP-FedAvg)
 KNOBS = {
+    "frontier_mnist_dp_fedavg_clip": "operator.init_args.threshold",
     "frontier_mnist_dp_alpha_normec": "beta",
     "frontier_mnist_dp_alpha_normec_no_sn": "beta",
     "frontier_mnist_dp_clip21": "clip_threshold",
@@ -234,7 +236,10 @@ def test_frontier_sweeps_cover_every_private_config():
         centre = yaml.safe_load(config.read_text())["model"]["algorithm"]["init_args"]
         for name in [STEP, *knobs]:  # c/3, c, 3c around the config's c, in both sweeps
             assert nonprivate.parameters[name] == private.parameters[name], (path.name, name)
-            around(private.parameters[name], centre[name.rsplit(".", 1)[1]])
+            value = centre
+            for part in name.removeprefix("model.algorithm.init_args.").split("."):
+                value = value[part]
+            around(private.parameters[name], value)
         for sweep in (private, nonprivate):
             command = sweep.command
             assert command[command.index("--config") + 1] == f"configs/private/{config.name}"
