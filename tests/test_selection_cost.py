@@ -100,11 +100,13 @@ def history_at(eps):
              "population": None, "releases": 20}]  # fmt: skip
 
 
-def sweep_with_histories(root, legacy_shuffled=False):
+def sweep_with_histories(root, legacy_shuffled=False, misreported=False):
     """2 targets × 2 step sizes × 2 seeds, every run's summary with its history and the ε that
     history certifies; ``legacy_shuffled``: summaries from before histories were kept, of
-    releases sampled without replacement (no population: nothing to compose)."""
+    releases sampled without replacement (no population: nothing to compose); ``misreported``:
+    each run reports twice the ε its history certifies."""
     runs, certified = [], {e: composed_epsilon([history_at(e)], DELTA) for e in SIGMA}
+    certified = {e: v * (2 if misreported else 1) for e, v in certified.items()}
     for eps in SIGMA:
         for step in (0.1, 1.0):
             for seed in (0, 1):
@@ -158,7 +160,14 @@ def test_frontier_reports_certified_and_with_selection_epsilons(tmp_path, capsys
     )
 
 
-def test_a_summary_without_a_usable_history_leaves_the_column_empty_with_a_warning(tmp_path):
-    with pytest.warns(UserWarning, match="no ε with selection: the run's summary.json records no"):
-        points = frontier_points([sweep_with_histories(tmp_path, legacy_shuffled=True)])
+@pytest.mark.parametrize(
+    ("kind", "message"),
+    [("legacy_shuffled", "the run's summary.json records no history"),
+     ("misreported", "the history in .* gives ε = .*, not the reported .*: it does not describe")],
+)  # fmt: skip
+def test_a_summary_without_a_usable_history_leaves_the_column_empty_with_a_warning(
+    tmp_path, kind, message
+):
+    with pytest.warns(UserWarning, match=f"no ε with selection: {message}"):
+        points = frontier_points([sweep_with_histories(tmp_path, **{kind: True})])
     assert all(math.isnan(p.cost.composed) and p.cost.runs == 4 for p in points)
