@@ -100,10 +100,11 @@ def history_at(eps):
              "population": None, "releases": 20}]  # fmt: skip
 
 
-def sweep_with_histories(root, legacy_shuffled=False, misreported=False):
+def sweep_with_histories(root, legacy=False, legacy_shuffled=False, misreported=False):
     """2 targets × 2 step sizes × 2 seeds, every run's summary with its history and the ε that
     history certifies; ``legacy_shuffled``: summaries from before histories were kept, of
-    releases sampled without replacement (no population: nothing to compose); ``misreported``:
+    releases sampled without replacement (no population: nothing to compose); ``legacy``: such
+    summaries of releases without sampling (rebuilt from the mechanism); ``misreported``:
     each run reports twice the ε its history certifies."""
     runs, certified = [], {e: composed_epsilon([history_at(e)], DELTA) for e in SIGMA}
     certified = {e: v * (2 if misreported else 1) for e, v in certified.items()}
@@ -114,7 +115,7 @@ def sweep_with_histories(root, legacy_shuffled=False, misreported=False):
                 accounting = {"noise_multiplier": SIGMA[eps], "sample_rate": 1.0,
                               "sampling": "without_replacement" if legacy_shuffled else "none",
                               "releases": 20}  # fmt: skip
-                if not legacy_shuffled:
+                if not (legacy or legacy_shuffled):
                     accounting["history"] = history_at(eps)
                 runs.append(({"seed": seed, EPS: eps, STEP: step},
                               {"final_val_accuracy": val, "final_test_accuracy": val - 0.01,
@@ -137,6 +138,9 @@ def test_frontier_reports_certified_and_with_selection_epsilons(tmp_path, capsys
         )
         assert point.cost.composed > point.certified.mean and math.isnan(point.cost.random_search)
     assert at1.selected == {"step_size": "0.1"} and at8.selected == {"step_size": "1.0"}
+    # a summary from before histories were kept: rebuilt from its mechanism, the same charge
+    old = frontier_points([sweep_with_histories(tmp_path / "old", legacy=True)])
+    assert [p.cost.composed for p in old] == pytest.approx([at1.cost.composed, at8.cost.composed])
     out = tmp_path / "report"
     with pytest.raises(SystemExit) as exit_:
         main(["compare", "--frontier", str(path), "--out", str(out),
