@@ -131,8 +131,8 @@ class ClientStreams:
         # The index arithmetic is NumPy's: single-threaded, where torch's small ops (e.g.
         # repeat_interleave) go through its thread pool and stall on a loaded machine.
         # Every shard in one flat array: client i's is flat[offset[i] : offset[i] + size[i]].
-        self._flat = np.concatenate([np.asarray(s, dtype=np.int64) for s in shards] or [[]])
-        self._flat = self._flat.astype(np.int64)
+        empty = np.empty(0, dtype=np.int64)
+        self._flat = np.concatenate([np.asarray(s, dtype=np.int64) for s in shards] or [empty])
         self._size = np.array(self.sizes, dtype=np.int64)
         self._offset = np.cumsum(self._size) - self._size
         # the cached permutations (shard positions) of local epoch e in slot e % 2, and which
@@ -236,9 +236,9 @@ class ClientStreams:
 
 class ReferenceClientStreams(ClientStreams):
     """The streams of :class:`ClientStreams` computed by their definition, one client at a time
-    in Python (the package's implementation up to 2026-11, about 50 µs a client and round): the
-    specification the vectorized path is tested against, and the baseline
-    ``benchmarks/streams.py`` times it against."""
+    in Python (the package's implementation up to 2026-11-26: 80–130 µs a client and round on
+    this project's shared 2-core CPU, docs/performance.md): the specification the vectorized
+    path is tested against, and the baseline ``benchmarks/streams.py`` times it against."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
