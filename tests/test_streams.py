@@ -1,6 +1,7 @@
 """The vectorized client streams: the same indices as the per-client definition, whatever the
 clients asked, their chunks, their order and the rounds asked before."""
 
+import pickle
 from itertools import pairwise
 
 import numpy as np
@@ -55,6 +56,8 @@ def test_indices_do_not_depend_on_the_chunking_or_on_earlier_calls(chunk):
         assert torch.equal(torch.cat(parts[::-1]), whole.indices(k))
     # a fresh object (a resumed run) at round 7 reads what the used ones read
     assert torch.equal(ClientStreams(shards, 4, 3).indices(7), whole.indices(7))
+    # and so does a pickled copy, cache included (a datamodule sent to another process)
+    assert torch.equal(pickle.loads(pickle.dumps(streams)).indices(8), whole.indices(8))
 
 
 def test_every_example_once_per_local_epoch_and_uniform_permutations():

@@ -139,7 +139,6 @@ class ClientStreams:
         # epoch each client's slot holds (-1: none); allocated at the first shuffled round
         self._slots: np.ndarray | None = None
         self._slot_epoch: np.ndarray | None = None
-        self._keyed = torch.Generator()
 
     def permutation(self, client: int, epoch: int) -> Tensor:
         """Dataset indices of ``client``'s shard in the order of its local ``epoch``.
@@ -155,7 +154,7 @@ class ClientStreams:
     def _randperms(self, sizes: np.ndarray, seeds: list[int]) -> np.ndarray:
         """``torch.randperm(n)`` for every ``(n, seed)``, concatenated: the one per-client
         Python loop left."""
-        gen, randperm = self._keyed, torch.randperm
+        gen, randperm = torch.Generator(), torch.randperm  # one per call: nothing to pickle
         perms = [randperm(n, generator=gen.manual_seed(s)) for n, s in zip(sizes.tolist(), seeds)]
         return torch.cat(perms).numpy()
 
