@@ -73,9 +73,12 @@ def _assert_equals_separate_runs(grid_module, algorithm, backend, rounds, tmp_pa
         for name, buf in single.algorithm.named_buffers():
             other = dict(grid_module.grid_algorithms[k].named_buffers())[name]
             torch.testing.assert_close(other, buf, rtol=1e-12, atol=1e-12)
-        if single.privacy_ledger is not None:
-            eps = grid_module.privacy_ledger.epsilon(1e-5)
-            assert single.privacy_ledger.epsilon(1e-5) == pytest.approx(eps, rel=1e-12)
+        own = grid_module.grid_ledger(k)
+        assert (own is None) == (single.privacy_ledger is None)
+        if own is not None:  # its own ledger: its σ, its ε, as its separate run's
+            assert own.noise_std == single.privacy_ledger.noise_std
+            assert own.report()["epsilon"] == single.privacy_report()["epsilon"]
+            assert own.epsilon_paper() == single.privacy_ledger.epsilon_paper()
 
 
 @pytest.mark.parametrize("backend", ["vmap", "loop"])
@@ -222,7 +225,7 @@ def test_grid_resume_is_bit_identical(tmp_path):
     def run(name, ckpt_path=None, callbacks=()):
         alg = AlphaNormEC(0.05, beta=0.1, alpha=0.01, noise=DPNoise(epsilon=8.0, seed=3))
         module = GridModule(_model(dtype=torch.float32), alg,
-                                 grid={"beta": [0.1, 1.0], "alpha": [0.01, 1.0]})  # fmt: skip
+                                 grid={"beta": [0.1, 1.0], "noise.epsilon": [2.0, 8.0]})  # fmt: skip
         _fit(module, tmp_path / name, 8, callbacks=list(callbacks), enable_checkpointing=True,
              ckpt_path=ckpt_path)  # fmt: skip
         return module
@@ -239,6 +242,10 @@ def test_grid_resume_is_bit_identical(tmp_path):
         assert int(a.rounds_done) == int(b.rounds_done) == 8
     assert full._grid_history == resumed._grid_history
     assert full.privacy_ledger.accountant.steps == resumed.privacy_ledger.accountant.steps == 8
+    for k in range(4):  # every configuration's own ledger went on from the checkpoint's
+        a, b = full.grid_ledger(k), resumed.grid_ledger(k)
+        assert a.rounds_accounted == b.rounds_accounted == 8 and a.epsilon() == b.epsilon()
+    assert full.grid_ledger(0).epsilon() < full.grid_ledger(1).epsilon()  # ε = 2 vs 8
 
 
 def test_a_grid_from_a_finished_checkpoint_only_warns(tmp_path):
@@ -308,13 +315,50 @@ def test_bad_grid_chunk(chunk):
                         grid_chunk=chunk)  # fmt: skip
 
 
-def test_private_grid_with_different_mechanisms_fails_before_training(tmp_path):
-    alg = AlphaNormEC(0.1, beta=0.1, alpha=0.01, noise=DPNoise(noise_multiplier=1.0))
-    grid = {"noise": [DPNoise(noise_multiplier=1.0), DPNoise(noise_multiplier=2.0)]}
-    module = GridModule(_model(), alg, grid=grid)
-    with pytest.raises(ValueError, match="mechanisms"):
-        _fit(module, tmp_path, 2)
-    assert module.global_step == 0
+def test_private_configurations_with_their_own_epsilon_keep_their_own_ledgers(tmp_path):
+    """A grid over the target ε (``noise.epsilon``) and the step size: each configuration's σ
+    is calibrated to its own ε and its ledger accounts it as its separate run's does; iterates,
+    σ and certified ε equal the separate runs' (a checkpoint keeps every ledger: the resume
+    test)."""
+    noise = DPNoise(epsilon=8.0, calibration="target", seed=3)
+    alg = AlphaNormEC(0.1, beta=0.1, alpha=0.01, noise=noise)
+    grid = {"noise.epsilon": [2.0, 8.0], "step_size": [0.1, 0.05]}
+    module = GridModule(_model(), alg, grad_backend="vmap", grid=grid, grid_dir=str(tmp_path / "g"))
+    _fit(module, tmp_path / "grid", 3)
+    stds = [module.grid_ledger(k).noise_std for k in range(4)]
+    assert stds[0] == stds[1] > stds[2] == stds[3]  # ε = 2 needs more noise than ε = 8
+    assert [module.grid_ledger(k).rounds_accounted for k in range(4)] == [3] * 4
+    for k, target in enumerate([2.0, 2.0, 8.0, 8.0]):
+        assert module.grid_ledger(k).epsilon() == pytest.approx(target, rel=1e-2)
+        summary = json.loads(next((tmp_path / "g" / "runs").glob(f"{k:04d}-*/summary.json"))
+                             .read_text())  # fmt: skip
+        assert summary["epsilon"] == module.grid_ledger(k).epsilon()
+        assert summary["privacy"]["target_epsilon"] == target and summary["private"] is True
+    _assert_equals_separate_runs(module, alg, "vmap", 3, tmp_path, True)
+
+
+@pytest.mark.parametrize(
+    "grid, message",
+    [
+        ([{"beta": 0.1}, {"alpha": 0.1}], "same parameters"),
+        ([], "non-empty list"),
+        ({"noise.epsilon": [1.0]}, "noise"),  # the algorithm adds no noise
+        ([{"nope.x": 1}], "'nope.x'"),
+    ],
+)
+def test_bad_points_and_nested_parameters_fail_at_construction(grid, message):
+    with pytest.raises(ValueError, match=message):
+        GridModule(_model(), AlphaNormEC(0.1, beta=0.1, alpha=0.01), grid=grid)
+
+
+def test_a_grid_given_as_points_trains_exactly_those():
+    alg = AlphaNormEC(0.1, beta=0.1, alpha=0.01, noise=DPNoise(epsilon=8.0))
+    points = [{"step_size": 0.2, "noise.epsilon": 1.0}, {"step_size": 0.1, "noise.epsilon": 4.0}]
+    module = GridModule(_model(), alg, grid=points)
+    assert module.grid_points == points
+    assert [a.step_size for a in module.grid_algorithms] == [0.2, 0.1]
+    assert [a.noise.epsilon for a in module.grid_algorithms] == [1.0, 4.0]
+    assert alg.noise.epsilon == 8.0  # the algorithm's own settings are not touched
 
 
 def test_grid_points_order_is_the_sweep_order():
