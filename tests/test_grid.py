@@ -150,6 +150,8 @@ def test_diverging_configuration_is_frozen_and_the_others_go_on(tmp_path):
     ok, failed = module._grid_status
     assert ok == "finished"
     assert failed.startswith("failed: non-finite training loss at round ")
+    # it completed the rounds before that one, as its separate run reports
+    assert module.grid_entries(1)["rounds"] == int(failed.rsplit(" ", 1)[1])
     single = FederatedModule(_model(batch_norm=False, dtype=torch.float32), Clip21(0.1, 1.0))
     _fit(single, tmp_path / "single", 6)
     torch.testing.assert_close(module.grid_params[0], single.layout.flatten(single.model))

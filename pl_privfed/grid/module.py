@@ -204,6 +204,7 @@ class GridModule(FederatedModule):
             result, loss = outcomes[k], loss_of.get(k)
             if loss is not None and not math.isfinite(loss):
                 self._grid_status[k] = f"failed: non-finite training loss at round {round_index}"
+                self._grid_entries[k]["rounds"] = round_index  # completed, as its separate run's
                 continue
             self.grid_params[k] = result.params  # every round has run: x^k is no longer read
             ledger = self.grid_ledger(k)
