@@ -18,6 +18,13 @@ is no longer running is detected and taken over. Each run's CSV logs and offline
 its own directory, its W&B run is named after its parameters (``--run_name``) and grouped by the
 sweep's name (``WANDB_RUN_GROUP``).
 
+With ``batch`` (``pl-privfed sweep --batch``) the points that differ only in the algorithm's
+arguments (the step size, the target ε ``model.algorithm.init_args.noise.epsilon``, ...) train as
+one grid federation per group (:mod:`pl_privfed.sweep.batch`), each point still with its own run
+folder, ``summary.json`` and ``results.csv`` row. The package: :mod:`~pl_privfed.sweep.files`
+(the sweep file, its points, ``results.csv``, the lock), :mod:`~pl_privfed.sweep.batch` and
+:mod:`~pl_privfed.sweep.runner` (the processes).
+
 Seeds: a parameter ``seed`` (``seed: {values: [0, 1, 2]}``) is passed as ``--seed``, which sets
 every seed of a run (:class:`pl_privfed.cli.PrivFedCLI`); ``pl-privfed report`` and
 ``pl-privfed compare`` aggregate the seeds of a configuration (mean ± std, 95 % interval).
