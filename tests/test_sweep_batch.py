@@ -122,3 +122,19 @@ def test_a_batched_sweep_resumes_and_runs_a_lone_point_alone(both, capsys):
     printed = capsys.readouterr().out.splitlines()
     assert "skipped" in printed[0] and len(printed) == 2
     assert "--model.grid" not in printed[1] and f"--{ALG}noise.epsilon=8.0" in printed[1]
+
+
+def test_a_bad_point_does_not_take_its_group_down(tmp_path, monkeypatch):
+    """β = -1 is refused before training: the group's process fails, and its points run one by
+    one, so that the bad point fails with its own error and the other finishes."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    params = {ALG + "step_size": {"value": 0.2}, ALG + "beta": {"values": [-1.0, 0.1]}}
+    path = run_sweep(write_sweep(tmp_path, params), tmp_path / "out", overrides=FAST, batch=True)
+    table = rows(path)
+    assert table[0]["status"].startswith("failed") and "beta" in table[0]["status"]
+    assert table[1]["status"] == "finished" and table[1]["rounds"] == "3"
+    (group,) = (tmp_path / "out" / "groups").iterdir()  # it was tried as one group first
+    assert "--model.grid=" in (group / "command.txt").read_text()
+    assert not (group / "summary.json").exists()
+    assert "batched" not in json.loads((Path(table[1]["run_dir"]) / "summary.json").read_text())
