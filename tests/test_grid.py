@@ -502,7 +502,9 @@ FAMILIES = ["dp_alpha_normec", "dp_clip21", "ef21", "dpsgd_clip", "dp_fed_alpha_
 @pytest.mark.parametrize("name", FAMILIES)
 def test_every_algorithm_family_in_a_grid_equals_its_separate_runs(name, tmp_path, monkeypatch):
     """Shipped algorithm configs (client sampling, local steps, per-example clipping, gossip,
-    compression, noise): a 2-configuration grid over the step size against the two runs."""
+    compression, noise): a 2-configuration grid over the step size, and for the private ones the
+    noise (the target ε, or the noise multiplier), against the two runs: iterates, and each
+    configuration's σ and certified ε from its own ledger."""
     monkeypatch.chdir(tmp_path)
     config = str(REPO / f"configs/algorithms/{name}.yaml")
     base = ["--config", config, "--trainer.logger", "false", "--trainer.enable_checkpointing",
@@ -514,14 +516,29 @@ def test_every_algorithm_family_in_a_grid_equals_its_separate_runs(name, tmp_pat
             trainer(tmp_path, max_steps=3).fit(cli.model, datamodule=cli.datamodule)
         return cli.model
 
-    step = fit(run=False).algorithm.step_size
-    steps = [step, step / 2]
-    grid = fit("--model.grid", json.dumps({"step_size": steps}))
+    algorithm = fit(run=False).algorithm
+    step, noise = algorithm.step_size, algorithm.noise
+    points = [{"step_size": step}, {"step_size": step / 2}]
+    if noise is not None:  # the second configuration at half the ε (or twice the noise)
+        field = "epsilon" if noise.epsilon is not None else "noise_multiplier"
+        value = getattr(noise, field)
+        points[0][f"noise.{field}"], points[1][f"noise.{field}"] = value, 2 * value
+        if field == "epsilon":
+            points[1]["noise.epsilon"] = value / 2
+    grid = fit("--model.grid", json.dumps(points))
     assert grid._grid_status == ["finished", "finished"]
     assert not torch.equal(grid.grid_params[0], grid.grid_params[1])
-    for k, value in enumerate(steps):
-        single = fit("--model.algorithm.init_args.step_size", str(value))
+    for k, point in enumerate(points):
+        args = [a for key, v in point.items()
+                for a in (f"--model.algorithm.init_args.{key}", str(v))]  # fmt: skip
+        single = fit(*args)
         x = single.layout.flatten(single.model)
         torch.testing.assert_close(grid.grid_params[k], x, rtol=1e-6, atol=1e-7)
-        if single.privacy_ledger is not None:
-            assert grid.privacy_ledger.accountant.steps == single.privacy_ledger.accountant.steps
+        own = grid.grid_ledger(k)
+        assert (own is None) == (single.privacy_ledger is None)
+        if own is not None:
+            assert own.accountant.steps == single.privacy_ledger.accountant.steps
+            assert own.noise_std == single.privacy_ledger.noise_std
+            assert own.report()["epsilon"] == single.privacy_report()["epsilon"]
+    if noise is not None:  # the two configurations were calibrated apart
+        assert grid.grid_ledger(0).noise_std != grid.grid_ledger(1).noise_std
