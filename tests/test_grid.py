@@ -26,7 +26,7 @@ from pl_privfed.datamodules import DigitsDataModule, DirichletPartitioner
 from pl_privfed.grads import GradientOracle
 from pl_privfed.grid import GridModule, grid_points, rebuild_algorithm
 from pl_privfed.models import MLP
-from pl_privfed.privacy import DPNoise
+from pl_privfed.privacy import DPNoise, calibrate_noise_std, plan
 from pl_privfed.report import make_report
 from pl_privfed.sweep import grid as sweep_grid
 from pl_privfed.sweep import load_sweep
@@ -317,7 +317,9 @@ def test_bad_grid_chunk(chunk):
                         grid_chunk=chunk)  # fmt: skip
 
 
-def test_private_configurations_with_their_own_epsilon_keep_their_own_ledgers(tmp_path):
+def test_private_configurations_with_their_own_epsilon_keep_their_own_ledgers(
+    tmp_path, monkeypatch
+):
     """A grid over the target ε (``noise.epsilon``) and the step size: each configuration's σ
     is calibrated to its own ε and its ledger accounts it as its separate run's does; iterates,
     σ and certified ε equal the separate runs' (a checkpoint keeps every ledger: the resume
@@ -326,7 +328,12 @@ def test_private_configurations_with_their_own_epsilon_keep_their_own_ledgers(tm
     alg = AlphaNormEC(0.1, beta=0.1, alpha=0.01, noise=noise)
     grid = {"noise.epsilon": [2.0, 8.0], "step_size": [0.1, 0.05]}
     module = GridModule(_model(), alg, grad_backend="vmap", grid=grid, grid_dir=str(tmp_path / "g"))
+    solved = []  # σ is solved once per target ε: the step size does not enter the calibration
+    monkeypatch.setattr(plan, "_CALIBRATED", {})
+    monkeypatch.setattr(plan, "calibrate_noise_std", lambda **kw: solved.append(kw) or
+                        calibrate_noise_std(**kw))  # fmt: skip
     _fit(module, tmp_path / "grid", 3)
+    assert sorted(kw["target_epsilon"] for kw in solved) == [2.0, 8.0]
     stds = [module.grid_ledger(k).noise_std for k in range(4)]
     assert stds[0] == stds[1] > stds[2] == stds[3]  # ε = 2 needs more noise than ε = 8
     assert [module.grid_ledger(k).rounds_accounted for k in range(4)] == [3] * 4
