@@ -23,7 +23,12 @@ _SWEEP_EPILOG = (
 
 @subcommand("sweep", epilog=_SWEEP_EPILOG)
 def sweep(
-    sweep: str, *overrides: str, out: str | None = None, dry_run: bool = False, rerun: bool = False
+    sweep: str,
+    *overrides: str,
+    out: str | None = None,
+    dry_run: bool = False,
+    rerun: bool = False,
+    batch: bool = False,
 ) -> int:
     """Run a W&B grid sweep file locally (sequentially, resumable).
 
@@ -33,11 +38,16 @@ def sweep(
         out: output directory (default sweeps/<name>)
         dry_run: print the commands only
         rerun: run the points that finished before as well
+        batch: train the points that differ only in the algorithm's arguments (step size,
+            target epsilon, ...) as one federation per group, each point still with its own
+            run folder, summary.json and results.csv row
     """
     from pl_privfed.sweep import SweepLockedError, failed_runs, run_sweep
 
     try:
-        path = run_sweep(sweep, out, overrides=list(overrides), dry_run=dry_run, rerun=rerun)
+        path = run_sweep(
+            sweep, out, overrides=list(overrides), dry_run=dry_run, rerun=rerun, batch=batch
+        )
     except SweepLockedError as error:
         print(f"pl-privfed sweep: {error}", file=sys.stderr)
         return 2
