@@ -224,7 +224,7 @@ def main(
         f"Privacy unit: one training image of a client — {private['privacy_unit']}; "
         f"{private['neighbouring']} neighbours.\nThe server (PORTER-DP: the neighbours) sees "
         "every message and who sent it; nothing is sampled, so no amplification is claimed;\n"
-        "ε is what the package's accountant (Opacus RDP) certifies for the noise each client "
+        "ε is what the package's accountant (dp-accounting's PLD) certifies for the noise each client "
         "added."
     )
     print()
