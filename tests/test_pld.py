@@ -9,7 +9,7 @@ import pytest
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
 from scipy import stats
 
-from pl_privfed.algorithms import SoteriaFL
+from pl_privfed.algorithms import AlphaNormEC, SoteriaFL
 from pl_privfed.privacy import (
     DPNoise,
     Mechanism,
@@ -201,3 +201,18 @@ def test_ledger_checkpoint_keeps_the_pld_and_refuses_an_rdp_calibration():
     PrivacyLedger(old.release(), old.noise, [old.noise_std], 40).save(saved)
     with pytest.raises(ValueError, match="accountant: 'rdp' -> 'auto'"):
         PrivacyLedger(alg.release(), alg.noise, [alg.noise_std], 40).load(saved)
+
+
+def test_a_checkpoint_calibrated_by_rdp_under_auto_resumes_with_its_noise():
+    """A run checkpointed while ``auto`` meant RDP for unsampled releases (same settings, RDP's
+    noise): resuming keeps the checkpoint's noise and says why, naming both noise levels."""
+    alg = AlphaNormEC(0.1, 0.1, 0.01, noise=DPNoise(epsilon=8.0, calibration="target"))
+    alg.setup(num_clients=10, dim=5, num_rounds=300)
+    ledger = PrivacyLedger(alg.release(), alg.noise, [alg.noise_std], 300)
+    saved = {**ledger.calibration_record(), "noise_std": 22.109375}  # RDP's σ for this run
+    said = []
+    ledger.warn = said.append
+    assert ledger.restore(saved) == [22.109375]
+    assert len(said) == 1 and "earlier version of the accountant" in said[0]
+    assert "22.1094" in said[0] and f"{alg.noise_std:.6g}" in said[0]
+    assert ledger.calibration["resumed"]["noise_std_not_used"] == pytest.approx(alg.noise_std)
