@@ -34,11 +34,13 @@ benchmark: $(BIN)/.installed
 
 # The privacy–utility frontier on MNIST (test accuracy against certified ε, one curve per
 # algorithm): every private config of configs/private/ at ε ∈ {0.5, 1, 2, 4, 8} × 3 step sizes
-# × 3 seeds (configs/sweeps/frontier_<config>.yaml) and its non-private twin
-# (frontier_<config>_nonprivate.yaml), 594 runs of 300 rounds: many hours on a CPU (resumable:
-# run it again to go on). The step size is selected on validation accuracy at each ε (not itself
-# private, as in the papers). A failed run does not stop it; `compare --frontier` names and
-# skips it. MNIST is read from $PL_PRIVFED_DATA (../shared/data on this project's machines).
+# (× 3 values of the family's own knob where its paper tunes one: β or τ of the four paper-002/004
+# error-compensation families, DP-FedAvg's clipping threshold) × 3 seeds
+# (configs/sweeps/frontier_<config>.yaml) and its non-private twin
+# (frontier_<config>_nonprivate.yaml), 1,134 runs of 300 rounds: many hours on a
+# CPU (resumable: run it again to go on). The configuration is selected on validation accuracy at
+# each ε; the tables give the certified ε and the ε with selection (docs/privacy.md). A failed
+# run does not stop it; `compare --frontier` names and skips it. MNIST is read from $PL_PRIVFED_DATA (../shared/data on this project's machines).
 FRONTIER_CLIENT := mnist_dp_fedavg_clip mnist_dp_fedavg_per_update mnist_dpsgd \
 	mnist_dp_fed_alpha_normec mnist_dp_alpha_normec mnist_dp_alpha_normec_no_sn mnist_dp_clip21 \
 	mnist_dpsgd_distributed

@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 __all__ = [
+    "AUDIT_COLLUSION",
     "AUDIT_DIRECTION",
     "AUDIT_MEMBERSHIP",
     "AUDIT_NOISE",
@@ -59,13 +60,16 @@ STREAM_AUDIT = 9  # a privacy audit's canaries (pl_privfed.privacy.audit), never
 #: What a draw of :data:`STREAM_AUDIT` is for (the key's third element): a canary's direction
 #: ``(audit seed, STREAM_AUDIT, AUDIT_DIRECTION, canary)``, which canaries are inserted
 #: ``(audit seed, STREAM_AUDIT, AUDIT_MEMBERSHIP)``, which take part in a round ``(audit seed,
-#: STREAM_AUDIT, AUDIT_PARTICIPATION, round)``, and the canary clients' own DP noise ``(noise
-#: seed, STREAM_AUDIT, AUDIT_NOISE, round)``. No other stream's key starts like these, so the
+#: STREAM_AUDIT, AUDIT_PARTICIPATION, round)``, the canary clients' own DP noise ``(noise
+#: seed, STREAM_AUDIT, AUDIT_NOISE, round)``, and the white-box auditor's split of a
+#: distributed sum's noise into the colluders' shares and the honest ones ``(noise seed,
+#: STREAM_AUDIT, AUDIT_COLLUSION, round)``. No other stream's key starts like these, so the
 #: canaries never change another client's noise, cohort or data.
 AUDIT_DIRECTION = 0
 AUDIT_MEMBERSHIP = 1
 AUDIT_PARTICIPATION = 2
 AUDIT_NOISE = 3
+AUDIT_COLLUSION = 4
 
 _MASK64 = (1 << 64) - 1
 

@@ -26,8 +26,9 @@ PRIVATE_SWEEPS = [p for p in FRONTIER_SWEEPS if not p.stem.endswith("_nonprivate
 def write_sweep_results(root, name, runs, adversary="server", config_epsilon=None):
     """``<root>/<name>/results.csv`` as a sweep writes it: ``runs`` are ``(params, result)``
     pairs, ``params`` keyed as in a sweep file, ``result`` the summary's columns (a ``status``
-    other than finished makes a failed run). Each run directory holds a ``summary.json`` with
-    the adversary (private runs) and the resolved algorithm."""
+    other than finished makes a failed run; ``privacy``, more of the summary's privacy
+    report). Each run directory holds a ``summary.json`` with the adversary (private runs) and
+    the resolved algorithm."""
     out = root / name
     keys = list(runs[0][0])
     names = column_names(keys)
@@ -43,7 +44,8 @@ def write_sweep_results(root, name, runs, adversary="server", config_epsilon=Non
                        "init_args": {"noise": {"epsilon": params.get(EPS, config_epsilon)}
                                      if private else None}}}}}  # fmt: skip
         if private:
-            summary["privacy"] = {"adversary": adversary, "epsilon": result.get("epsilon")}
+            summary["privacy"] = {"adversary": adversary, "epsilon": result.get("epsilon"),
+                                  **result.get("privacy", {})}  # fmt: skip
         (run_dir / "summary.json").write_text(json.dumps(summary))
         row = {"run": run_dir.name, "status": summary["status"], "run_dir": str(run_dir)}
         row.update({names[k]: render_value(v) for k, v in params.items()})
@@ -130,8 +132,12 @@ def test_files_figure_and_caption(tmp_path):
     assert first["adversary"] == "server" and first["private"] == "true"
     assert float(first["certified_epsilon"]) == pytest.approx(1.001)
     md = written[2].read_text()
-    assert FRONTIER_SELECTION in md and "not itself private, as in the papers" in md
-    assert "| mnist_dpsgd | non-private | — | — | step_size=1.0 | 3 | 91.33 ± " in md
+    assert FRONTIER_SELECTION in md and "whatever the validation data" in md
+    # these summaries record no history: the ε with selection is left empty (with a warning)
+    assert "| mnist_dpsgd | 1 | 1 |  (6 runs) | server | step_size=0.1 | 3 |" in md
+    assert "| mnist_dpsgd | non-private | — | — | — | step_size=1.0 | 3 | 91.33 ± " in md
+    assert first["selection_runs"] == "6" and first["epsilon_with_selection"] == ""
+    assert first["selected_step_size"] == "0.1"
 
 
 def test_compare_frontier_command(tmp_path, capsys):
@@ -191,6 +197,25 @@ def test_the_target_of_a_sweep_without_an_epsilon_column_comes_from_the_runs(tmp
 # --------------------------------------------------------------------------- the sweep files
 
 
+#: the family's own knob, tuned with the step size where its paper tunes one (paper 002 App.
+#: D.1/D.3: β for DP-α-NormEC, τ for DP-Clip21; paper 004 App. D: β for DP-Fed-α-NormEC and
+#: the clipping threshold of DP-FedAvg)
+KNOBS = {
+    "frontier_mnist_dp_fedavg_clip": "operator.init_args.threshold",
+    "frontier_mnist_dp_alpha_normec": "beta",
+    "frontier_mnist_dp_alpha_normec_no_sn": "beta",
+    "frontier_mnist_dp_clip21": "clip_threshold",
+    "frontier_mnist_dp_fed_alpha_normec": "beta",
+}
+
+
+def around(values, centre):
+    """``values`` are c/3, c, 3c around ``centre``."""
+    assert len(values) == 3 and values[1] == centre
+    assert values[0] == pytest.approx(centre / 3, rel=0.15)
+    assert values[2] == pytest.approx(centre * 3, rel=0.15)
+
+
 def test_frontier_sweeps_cover_every_private_config():
     configs = sorted(p.stem for p in (REPO / "configs/private").glob("*.yaml"))
     assert [p.stem.removeprefix("frontier_") for p in PRIVATE_SWEEPS] == configs
@@ -198,25 +223,29 @@ def test_frontier_sweeps_cover_every_private_config():
         twin = path.with_name(f"{path.stem}_nonprivate.yaml")
         private, nonprivate = load_sweep(path), load_sweep(twin)
         assert private.name == path.stem and nonprivate.name == twin.stem
-        assert len(grid(private)) == 45 and len(grid(nonprivate)) == 9
+        knob = KNOBS.get(path.stem)
+        knobs = [f"model.algorithm.init_args.{knob}"] if knob else []
+        size = 3 if knob else 1
+        assert len(grid(private)) == 45 * size and len(grid(nonprivate)) == 9 * size
         assert private.parameters["seed"] == nonprivate.parameters["seed"] == [0, 1, 2]
         assert private.parameters[EPS] == [0.5, 1.0, 2.0, 4.0, 8.0]
         assert nonprivate.parameters[NOISE] == [None]
-        assert set(nonprivate.parameters) == {"seed", NOISE, STEP}
-        assert set(private.parameters) == {"seed", EPS, STEP}
-        steps = private.parameters[STEP]
-        assert nonprivate.parameters[STEP] == steps and len(steps) == 3
+        assert set(nonprivate.parameters) == {"seed", NOISE, STEP, *knobs}
+        assert set(private.parameters) == {"seed", EPS, STEP, *knobs}
         config = REPO / "configs/private" / f"{path.stem.removeprefix('frontier_')}.yaml"
         centre = yaml.safe_load(config.read_text())["model"]["algorithm"]["init_args"]
-        assert steps[1] == centre["step_size"], path.name  # c/3, c, 3c around the config's c
-        assert steps[0] == pytest.approx(steps[1] / 3, rel=0.15)
-        assert steps[2] == pytest.approx(steps[1] * 3, rel=0.15)
+        for name in [STEP, *knobs]:  # c/3, c, 3c around the config's c, in both sweeps
+            assert nonprivate.parameters[name] == private.parameters[name], (path.name, name)
+            value = centre
+            for part in name.removeprefix("model.algorithm.init_args.").split("."):
+                value = value[part]
+            around(private.parameters[name], value)
         for sweep in (private, nonprivate):
             command = sweep.command
             assert command[command.index("--config") + 1] == f"configs/private/{config.name}"
             assert "--trainer.enable_checkpointing=false" in command
             assert sweep.metric["name"] == "val/acc" and sweep.project == "pl-privfed"
-            assert "not itself private" in sweep.path.read_text()
+            assert "ε with selection" in sweep.path.read_text()
 
 
 @pytest.mark.parametrize("name", ["frontier_mnist_dpsgd", "frontier_mnist_dpsgd_nonprivate"])

@@ -26,7 +26,7 @@ from pl_privfed.datamodules import DigitsDataModule, DirichletPartitioner
 from pl_privfed.grads import GradientOracle
 from pl_privfed.grid import GridModule, grid_points, rebuild_algorithm
 from pl_privfed.models import MLP
-from pl_privfed.privacy import DPNoise
+from pl_privfed.privacy import DPNoise, calibrate_noise_std, plan
 from pl_privfed.report import make_report
 from pl_privfed.sweep import grid as sweep_grid
 from pl_privfed.sweep import load_sweep
@@ -73,9 +73,12 @@ def _assert_equals_separate_runs(grid_module, algorithm, backend, rounds, tmp_pa
         for name, buf in single.algorithm.named_buffers():
             other = dict(grid_module.grid_algorithms[k].named_buffers())[name]
             torch.testing.assert_close(other, buf, rtol=1e-12, atol=1e-12)
-        if single.privacy_ledger is not None:
-            eps = grid_module.privacy_ledger.epsilon(1e-5)
-            assert single.privacy_ledger.epsilon(1e-5) == pytest.approx(eps, rel=1e-12)
+        own = grid_module.grid_ledger(k)
+        assert (own is None) == (single.privacy_ledger is None)
+        if own is not None:  # its own ledger: its σ, its ε, as its separate run's
+            assert own.noise_std == single.privacy_ledger.noise_std
+            assert own.report()["epsilon"] == single.privacy_report()["epsilon"]
+            assert own.epsilon_paper() == single.privacy_ledger.epsilon_paper()
 
 
 @pytest.mark.parametrize("backend", ["vmap", "loop"])
@@ -147,6 +150,8 @@ def test_diverging_configuration_is_frozen_and_the_others_go_on(tmp_path):
     ok, failed = module._grid_status
     assert ok == "finished"
     assert failed.startswith("failed: non-finite training loss at round ")
+    # it completed the rounds before that one, as its separate run reports
+    assert module.grid_entries(1)["rounds"] == int(failed.rsplit(" ", 1)[1])
     single = FederatedModule(_model(batch_norm=False, dtype=torch.float32), Clip21(0.1, 1.0))
     _fit(single, tmp_path / "single", 6)
     torch.testing.assert_close(module.grid_params[0], single.layout.flatten(single.model))
@@ -222,7 +227,7 @@ def test_grid_resume_is_bit_identical(tmp_path):
     def run(name, ckpt_path=None, callbacks=()):
         alg = AlphaNormEC(0.05, beta=0.1, alpha=0.01, noise=DPNoise(epsilon=8.0, seed=3))
         module = GridModule(_model(dtype=torch.float32), alg,
-                                 grid={"beta": [0.1, 1.0], "alpha": [0.01, 1.0]})  # fmt: skip
+                                 grid={"beta": [0.1, 1.0], "noise.epsilon": [2.0, 8.0]})  # fmt: skip
         _fit(module, tmp_path / name, 8, callbacks=list(callbacks), enable_checkpointing=True,
              ckpt_path=ckpt_path)  # fmt: skip
         return module
@@ -239,6 +244,10 @@ def test_grid_resume_is_bit_identical(tmp_path):
         assert int(a.rounds_done) == int(b.rounds_done) == 8
     assert full._grid_history == resumed._grid_history
     assert full.privacy_ledger.accountant.steps == resumed.privacy_ledger.accountant.steps == 8
+    for k in range(4):  # every configuration's own ledger went on from the checkpoint's
+        a, b = full.grid_ledger(k), resumed.grid_ledger(k)
+        assert a.rounds_accounted == b.rounds_accounted == 8 and a.epsilon() == b.epsilon()
+    assert full.grid_ledger(0).epsilon() < full.grid_ledger(1).epsilon()  # ε = 2 vs 8
 
 
 def test_a_grid_from_a_finished_checkpoint_only_warns(tmp_path):
@@ -308,13 +317,57 @@ def test_bad_grid_chunk(chunk):
                         grid_chunk=chunk)  # fmt: skip
 
 
-def test_private_grid_with_different_mechanisms_fails_before_training(tmp_path):
-    alg = AlphaNormEC(0.1, beta=0.1, alpha=0.01, noise=DPNoise(noise_multiplier=1.0))
-    grid = {"noise": [DPNoise(noise_multiplier=1.0), DPNoise(noise_multiplier=2.0)]}
-    module = GridModule(_model(), alg, grid=grid)
-    with pytest.raises(ValueError, match="mechanisms"):
-        _fit(module, tmp_path, 2)
-    assert module.global_step == 0
+def test_private_configurations_with_their_own_epsilon_keep_their_own_ledgers(
+    tmp_path, monkeypatch
+):
+    """A grid over the target ε (``noise.epsilon``) and the step size: each configuration's σ
+    is calibrated to its own ε and its ledger accounts it as its separate run's does; iterates,
+    σ and certified ε equal the separate runs' (a checkpoint keeps every ledger: the resume
+    test)."""
+    noise = DPNoise(epsilon=8.0, calibration="target", seed=3)
+    alg = AlphaNormEC(0.1, beta=0.1, alpha=0.01, noise=noise)
+    grid = {"noise.epsilon": [2.0, 8.0], "step_size": [0.1, 0.05]}
+    module = GridModule(_model(), alg, grad_backend="vmap", grid=grid, grid_dir=str(tmp_path / "g"))
+    solved = []  # σ is solved once per target ε: the step size does not enter the calibration
+    monkeypatch.setattr(plan, "_CALIBRATED", {})
+    monkeypatch.setattr(plan, "calibrate_noise_std", lambda **kw: solved.append(kw) or
+                        calibrate_noise_std(**kw))  # fmt: skip
+    _fit(module, tmp_path / "grid", 3)
+    assert sorted(kw["target_epsilon"] for kw in solved) == [2.0, 8.0]
+    stds = [module.grid_ledger(k).noise_std for k in range(4)]
+    assert stds[0] == stds[1] > stds[2] == stds[3]  # ε = 2 needs more noise than ε = 8
+    assert [module.grid_ledger(k).rounds_accounted for k in range(4)] == [3] * 4
+    for k, target in enumerate([2.0, 2.0, 8.0, 8.0]):
+        assert module.grid_ledger(k).epsilon() == pytest.approx(target, rel=1e-2)
+        summary = json.loads(next((tmp_path / "g" / "runs").glob(f"{k:04d}-*/summary.json"))
+                             .read_text())  # fmt: skip
+        assert summary["epsilon"] == module.grid_ledger(k).epsilon()
+        assert summary["privacy"]["target_epsilon"] == target and summary["private"] is True
+    _assert_equals_separate_runs(module, alg, "vmap", 3, tmp_path, True)
+
+
+@pytest.mark.parametrize(
+    "grid, message",
+    [
+        ([{"beta": 0.1}, {"alpha": 0.1}], "same parameters"),
+        ([], "non-empty list"),
+        ({"noise.epsilon": [1.0]}, "noise"),  # the algorithm adds no noise
+        ([{"nope.x": 1}], "'nope.x'"),
+    ],
+)
+def test_bad_points_and_nested_parameters_fail_at_construction(grid, message):
+    with pytest.raises(ValueError, match=message):
+        GridModule(_model(), AlphaNormEC(0.1, beta=0.1, alpha=0.01), grid=grid)
+
+
+def test_a_grid_given_as_points_trains_exactly_those():
+    alg = AlphaNormEC(0.1, beta=0.1, alpha=0.01, noise=DPNoise(epsilon=8.0))
+    points = [{"step_size": 0.2, "noise.epsilon": 1.0}, {"step_size": 0.1, "noise.epsilon": 4.0}]
+    module = GridModule(_model(), alg, grid=points)
+    assert module.grid_points == points
+    assert [a.step_size for a in module.grid_algorithms] == [0.2, 0.1]
+    assert [a.noise.epsilon for a in module.grid_algorithms] == [1.0, 4.0]
+    assert alg.noise.epsilon == 8.0  # the algorithm's own settings are not touched
 
 
 def test_grid_points_order_is_the_sweep_order():
@@ -456,7 +509,9 @@ FAMILIES = ["dp_alpha_normec", "dp_clip21", "ef21", "dpsgd_clip", "dp_fed_alpha_
 @pytest.mark.parametrize("name", FAMILIES)
 def test_every_algorithm_family_in_a_grid_equals_its_separate_runs(name, tmp_path, monkeypatch):
     """Shipped algorithm configs (client sampling, local steps, per-example clipping, gossip,
-    compression, noise): a 2-configuration grid over the step size against the two runs."""
+    compression, noise): a 2-configuration grid over the step size, and for the private ones the
+    noise (the target ε, or the noise multiplier), against the two runs: iterates, and each
+    configuration's σ and certified ε from its own ledger."""
     monkeypatch.chdir(tmp_path)
     config = str(REPO / f"configs/algorithms/{name}.yaml")
     base = ["--config", config, "--trainer.logger", "false", "--trainer.enable_checkpointing",
@@ -468,14 +523,29 @@ def test_every_algorithm_family_in_a_grid_equals_its_separate_runs(name, tmp_pat
             trainer(tmp_path, max_steps=3).fit(cli.model, datamodule=cli.datamodule)
         return cli.model
 
-    step = fit(run=False).algorithm.step_size
-    steps = [step, step / 2]
-    grid = fit("--model.grid", json.dumps({"step_size": steps}))
+    algorithm = fit(run=False).algorithm
+    step, noise = algorithm.step_size, algorithm.noise
+    points = [{"step_size": step}, {"step_size": step / 2}]
+    if noise is not None:  # the second configuration at half the ε (or twice the noise)
+        field = "epsilon" if noise.epsilon is not None else "noise_multiplier"
+        value = getattr(noise, field)
+        points[0][f"noise.{field}"], points[1][f"noise.{field}"] = value, 2 * value
+        if field == "epsilon":
+            points[1]["noise.epsilon"] = value / 2
+    grid = fit("--model.grid", json.dumps(points))
     assert grid._grid_status == ["finished", "finished"]
     assert not torch.equal(grid.grid_params[0], grid.grid_params[1])
-    for k, value in enumerate(steps):
-        single = fit("--model.algorithm.init_args.step_size", str(value))
+    for k, point in enumerate(points):
+        args = [a for key, v in point.items()
+                for a in (f"--model.algorithm.init_args.{key}", str(v))]  # fmt: skip
+        single = fit(*args)
         x = single.layout.flatten(single.model)
         torch.testing.assert_close(grid.grid_params[k], x, rtol=1e-6, atol=1e-7)
-        if single.privacy_ledger is not None:
-            assert grid.privacy_ledger.accountant.steps == single.privacy_ledger.accountant.steps
+        own = grid.grid_ledger(k)
+        assert (own is None) == (single.privacy_ledger is None)
+        if own is not None:
+            assert own.accountant.steps == single.privacy_ledger.accountant.steps
+            assert own.noise_std == single.privacy_ledger.noise_std
+            assert own.report()["epsilon"] == single.privacy_report()["epsilon"]
+    if noise is not None:  # the two configurations were calibrated apart
+        assert grid.grid_ledger(0).noise_std != grid.grid_ledger(1).noise_std

@@ -31,6 +31,7 @@ from pl_privfed.graphs import Topology
 from pl_privfed.models import HalfSquaredError, QuadraticModel
 from pl_privfed.operators import Clip, SmoothedNormalization
 from pl_privfed.privacy import DPNoise, Mechanism, PrivacyAccountant, calibrate_noise_std
+from pl_privfed.privacy.selection import composed_epsilon
 from pl_privfed.sampling import BernoulliSampler
 
 DT = torch.float64
@@ -382,6 +383,9 @@ def test_report_gives_both_epsilons_with_their_assumptions(tmp_path):
         and "sees which clients transmit" in (accounting["amplification"])
     )
     assert accounting["approximation"] is None and accounting["releases"] == 300
+    # the recorded history composes back to the reported ε (what compare --frontier charges)
+    assert [r["releases"] for r in accounting["history"]] == [300]
+    assert composed_epsilon([accounting["history"]], 1e-5) == pytest.approx(report["epsilon"])
     assert paper["neighbouring_relation"] == "add_remove" and paper["sensitivity"] == 1.0
     assert paper["sample_rate"] == 0.5 and "Poisson" in paper["amplification"]
     assert "does not hold against the server" in paper["approximation"]

@@ -663,6 +663,8 @@ def test_shipped_sweeps_run_under_the_wandb_agent(path, tmp_path, monkeypatch):
                     obj = obj.noise
                 elif ".local_solver." in key:
                     obj = obj.local_solver
+                elif ".operator." in key:
+                    obj = obj.operator
             elif ".partitioner." in key:
                 obj = obj.partitioner
             actual = getattr(obj, attr, None)

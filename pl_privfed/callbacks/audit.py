@@ -209,7 +209,7 @@ class PrivacyAudit(pl.Callback):
         records = None if release is None else release.records
         size = records.release_size if records else int(getattr(algorithm, "batch_size", 1))
         rate = min(1.0, records.positions / records.population) if records else 1.0
-        norm = self.canary_norm
+        norm = minibatch_norm = self.canary_norm
         if norm is None:
             bound = None if release is None else release.bound
             if bound is None:
@@ -219,6 +219,7 @@ class PrivacyAudit(pl.Callback):
                     "PrivacyAudit(canary_norm=...)"
                 )
             norm = self.overshoot * float(bound) * size
+            minibatch_norm = norm * size  # its part of the average outweighs the others'
         hosts = torch.arange(self.count) % max(1, int(algorithm.num_clients))
         return RecordCanaries(
             directions,
@@ -228,6 +229,7 @@ class PrivacyAudit(pl.Callback):
             norm=norm,
             rate=rate,
             seed=self.seed,
+            minibatch_norm=minibatch_norm,
         )
 
     @override

@@ -23,7 +23,12 @@ _SWEEP_EPILOG = (
 
 @subcommand("sweep", epilog=_SWEEP_EPILOG)
 def sweep(
-    sweep: str, *overrides: str, out: str | None = None, dry_run: bool = False, rerun: bool = False
+    sweep: str,
+    *overrides: str,
+    out: str | None = None,
+    dry_run: bool = False,
+    rerun: bool = False,
+    batch: bool = False,
 ) -> int:
     """Run a W&B grid sweep file locally (sequentially, resumable).
 
@@ -33,11 +38,16 @@ def sweep(
         out: output directory (default sweeps/<name>)
         dry_run: print the commands only
         rerun: run the points that finished before as well
+        batch: train the points that differ only in the algorithm's arguments (step size,
+            target epsilon, ...) as one federation per group, each point still with its own
+            run folder, summary.json and results.csv row
     """
     from pl_privfed.sweep import SweepLockedError, failed_runs, run_sweep
 
     try:
-        path = run_sweep(sweep, out, overrides=list(overrides), dry_run=dry_run, rerun=rerun)
+        path = run_sweep(
+            sweep, out, overrides=list(overrides), dry_run=dry_run, rerun=rerun, batch=batch
+        )
     except SweepLockedError as error:
         print(f"pl-privfed sweep: {error}", file=sys.stderr)
         return 2
@@ -87,10 +97,11 @@ def report(
 
 
 def _compare_epilog() -> str:
-    from pl_privfed.report import FRONTIER_SELECTION
+    from pl_privfed.report import FRONTIER_EPSILONS, FRONTIER_SELECTION
 
     return (
-        f"With --frontier: {FRONTIER_SELECTION}. Frontier: pl-privfed compare --frontier "
+        f"With --frontier: {FRONTIER_SELECTION}; {FRONTIER_EPSILONS}; --random-search adds "
+        "Papernot & Steinke's bound for a random search. Frontier: pl-privfed compare --frontier "
         "sweeps/frontier/frontier_<config>/results.csv sweeps/frontier/frontier_<config>_"
         "nonprivate/results.csv ... --out DIR [--labels A A ...]; files with the same label (by "
         "default the sweep folder's name without frontier_ and _nonprivate) are one method."
@@ -105,6 +116,7 @@ def compare(
     metric: str = "final_val_accuracy",
     frontier: bool = False,
     labels: list[str] | None = None,
+    random_search: str | None = None,
 ) -> int:
     """The best run of each sweep side by side, against rounds and bits; with --frontier, test
     accuracy against certified ε per method.
@@ -122,14 +134,21 @@ def compare(
         frontier: draw the privacy-utility frontier (frontier.png, .csv, .md): at each target ε
             the configuration selected on validation, its test accuracy against the certified ε
         labels: with --frontier: one method label per file
+        random_search: with --frontier: also Papernot & Steinke's ε of random search over each
+            point's configurations, the number of candidates drawn from this distribution
+            (poisson, geometric, logarithmic, or a truncated negative binomial's shape η >= 0)
     """
     from pl_privfed.report import compare_methods
     from pl_privfed.report import frontier as draw_frontier
 
     if labels is not None and not frontier:
         raise ValueError("--labels goes with --frontier")
+    if random_search is not None and not frontier:
+        raise ValueError("--random-search goes with --frontier")
     if frontier:
-        written = draw_frontier(results, out, select=metric, labels=labels)
+        written = draw_frontier(
+            results, out, select=metric, labels=labels, random_search=random_search
+        )
         for path in written:
             print(path)
         print(written[-1].read_text(), end="")

@@ -20,6 +20,7 @@ from pl_privfed.datamodules.partition import (
     dirichlet_partition,
     iid_partition,
 )
+from pl_privfed.datamodules.streams import ReferenceClientStreams
 from pl_privfed.datamodules.synthetic import QuadraticDataModule, SyntheticLogisticDataModule
 from pl_privfed.datamodules.tabular import A9ADataModule
 from pl_privfed.datamodules.vision import (
@@ -45,6 +46,7 @@ __all__ = [
     "MNISTDataModule",
     "Partitioner",
     "QuadraticDataModule",
+    "ReferenceClientStreams",
     "RoundBatch",
     "SyntheticLogisticDataModule",
     "TensorRoundBatch",

@@ -261,6 +261,9 @@ class ClientChunk:
             return v
         scale = self.scales(operator, v, factor=factor, statistics=statistics)
         if scale is not None:
+            hook = self.ctx.stage.hook
+            if hook is not None and v.dim() == 2:  # record canaries in a clipped minibatch
+                hook.operator_applied(self.ids, self.round_index, operator, v, factor)
             return v.mul_(scale.unsqueeze(-1)) if inplace else v * scale.unsqueeze(-1)
         if operator.random:
             out = torch.empty_like(v)

@@ -58,6 +58,7 @@ from torch import Tensor
 
 from pl_privfed.privacy import NoisePlacement, SecureAggregation, resolve_placement
 from pl_privfed.rng import (
+    AUDIT_COLLUSION,
     AUDIT_NOISE,
     STREAM_AUDIT,
     STREAM_CENTRAL_NOISE,
@@ -92,7 +93,10 @@ class MessageHook(Protocol):
       (:meth:`~pl_privfed.engine.ClientChunk.normal`), which a white-box auditor reads;
     * :meth:`gradients`: extra records' part of the minibatch gradients of the clients ``ids``
       (:class:`~pl_privfed.engine.ClientChunk` adds it to ``grad`` and ``clipped_mean``), or
-      ``None``.
+      ``None``;
+    * :meth:`operator_applied`: the rows ``[c, d]`` a norm-based operator is about to act on
+      (:meth:`~pl_privfed.engine.ClientChunk.apply`): a minibatch gradient clipped whole,
+      through which a white-box auditor follows its canary records.
 
     Implemented by :class:`~pl_privfed.privacy.audit.ClientCanaries` (client level) and
     :class:`~pl_privfed.privacy.audit.RecordCanaries` (record level).
@@ -115,6 +119,10 @@ class MessageHook(Protocol):
     def gradients(
         self, ids: Tensor, round_index: int, step: int | None, operator: Any, like: Tensor
     ) -> Tensor | None: ...
+
+    def operator_applied(
+        self, ids: Tensor, round_index: int, operator: Any, rows: Tensor, factor: float = 1.0
+    ) -> None: ...
 
 
 #: The former name of :class:`MessageHook`.
@@ -225,6 +233,18 @@ class MessageStage:
             gen = keyed(self.noise_seed, STREAM_SERVER_NOISE, round_index)
             out.normal_(0.0, self.client_noise_std * math.sqrt(count), generator=gen)
         return out
+
+    def unknown_noise(
+        self, noise: Tensor, senders: int, round_index: int, keyed: KeyedGenerator
+    ) -> Tensor:
+        """Of the real senders' noise in a released sum (``noise``, central or distributed),
+        the part the certificate's adversary cannot subtract, for the white-box auditor: the
+        placement decides (:meth:`~pl_privfed.privacy.NoisePlacement.unknown_noise`: all of
+        the aggregator's draw; the ``t`` honest senders' shares of a distributed sum), drawing
+        any split from the audit's stream ``(noise seed, STREAM_AUDIT, AUDIT_COLLUSION,
+        round)``."""
+        gen = keyed(self.noise_seed, STREAM_AUDIT, AUDIT_COLLUSION, round_index)
+        return self.placement.unknown_noise(noise, senders, self.client_noise_std, gen)
 
     def canary_noise(
         self, index: int, round_index: int, keyed: KeyedGenerator, like: Tensor

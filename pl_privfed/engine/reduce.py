@@ -178,21 +178,25 @@ class Reduction:
                 total = total + stage.noise_of_sum(senders, k, self.keyed, total)
             if senders:
                 metrics["noise_to_signal"] = noise_to_signal(total, clean)
-        return self._with_hook(key, total, clean), metrics
+        return self._with_hook(key, total, clean, senders), metrics
 
-    def _with_hook(self, key: str, total: Tensor, clean: Tensor) -> Tensor:
+    def _with_hook(self, key: str, total: Tensor, clean: Tensor, senders: int) -> Tensor:
         """``total`` (the real clients' sum as received, ``clean`` before its noise) plus the
         stage hook's senders of this round (an audit's canary clients): their messages
         through the round's operator and factor, and their own noise where clients noise
         (:meth:`~pl_privfed.engine.MessageStage.canary_noise`, one draw per canary); they are
         not senders of the abort rule, and every other draw of the round is the same with or
         without them. The hook then observes the received sum and, where the placement's
-        guarantee rests on the sum's noise (central, distributed), the real clients' part of
-        that noise (``total − clean``: what a white-box auditor cannot subtract)."""
+        guarantee rests on the sum's noise (central, distributed), the part of the real
+        clients' noise ``total − clean`` that the certificate's adversary cannot subtract
+        (:meth:`~pl_privfed.engine.MessageStage.unknown_noise`: the aggregator's draw, or the
+        ``t`` honest senders' shares), which is what the white-box auditor tests."""
         hook, k, stage = self.stage.hook, self.round_index, self.stage
         if hook is None:
             return total
-        shared = total - clean if stage.noised and stage.placement.noises_sum else None
+        shared = None
+        if stage.noised and k >= 0 and stage.placement.noises_sum:
+            shared = stage.unknown_noise(total - clean, senders, k, self.keyed)
         part = hook.messages(k, key, self.message_operators.get(key), total)
         if part is not None:
             total = total + part[0]

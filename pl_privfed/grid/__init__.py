@@ -34,7 +34,7 @@ __all__ = [
 def federation(
     model: nn.Module,
     algorithm: FederatedAlgorithm,
-    grid: dict[str, list[Any]] | None = None,
+    grid: dict[str, list[Any]] | list[dict[str, Any]] | None = None,
     grid_dir: str | None = None,
     grid_chunk: int | None = None,
     **kwargs: Any,
@@ -46,7 +46,8 @@ def federation(
     Args:
         model: the global model.
         algorithm: the federated algorithm.
-        grid: ``{argument: [values]}`` of the algorithm, or ``None`` for a single run.
+        grid: ``{argument: [values]}`` of the algorithm (every combination), a list of points
+            ``[{argument: value}, ...]``, or ``None`` for a single run.
         grid_dir: where a grid's ``results.csv`` and ``runs/<id>/`` go (default
             ``<log dir>/grid``).
         grid_chunk: a grid's gradients for at most this many configurations per oracle call.

@@ -33,7 +33,7 @@ from pl_privfed.grid.points import grid_points, rebuild_algorithm
 from pl_privfed.grid.results import write_grid_results
 from pl_privfed.logdir import local_log_dir, log_artifact
 from pl_privfed.module import FederatedModule, NonFiniteLossError
-from pl_privfed.privacy import PrivacyLedger, plan
+from pl_privfed.privacy import PrivacyLedger
 
 __all__ = ["GridModule"]
 
@@ -47,8 +47,10 @@ class GridModule(FederatedModule):
         grid: ``{argument: [values]}``, e.g. ``{"step_size": [0.01, 0.1], "beta": [0.1, 1]}``
             gives 4 configurations, each with the other arguments of ``algorithm``. Each
             configuration's iterates equal those of its separate run; the results are written
-            like a ``pl-privfed sweep`` into ``grid_dir``. Private configurations must share
-            their privacy mechanisms (the run reports one ε).
+            like a ``pl-privfed sweep`` into ``grid_dir``. Or a list of points
+            ``[{argument: value}, ...]``; ``noise.epsilon`` sets one field of the noise. Each
+            private configuration has its own privacy ledger (its σ calibrated to its own ε, its
+            ε in its ``summary.json``); the run logs ``algorithm``'s.
         grid_dir: where the grid's ``results.csv`` and ``runs/<id>/`` go (default
             ``<log dir>/grid``).
         grid_chunk: compute the grid's gradients for at most this many configurations per
@@ -72,7 +74,7 @@ class GridModule(FederatedModule):
         model: nn.Module,
         algorithm: Any,
         *,
-        grid: dict[str, list[Any]],
+        grid: dict[str, list[Any]] | list[dict[str, Any]],
         grid_dir: str | None = None,
         grid_chunk: int | None = None,
         **kwargs: Any,
@@ -100,6 +102,8 @@ class GridModule(FederatedModule):
         self._grid_history: list[dict[str, list[tuple[int, float]]]] = [{} for _ in range(k)]
         self._grid_entries: list[dict[str, Any]] = [{} for _ in range(k)]
         self._grid_eval: Tensor | None = None  # per configuration: loss sum, correct, count
+        self._grid_ledgers: list[PrivacyLedger | None] | None = None  # set up with the run's
+        self._saved_grid_ledgers: list[dict[str, Any] | None] = []  # a checkpoint's, until then
 
     @override
     def algorithms(self) -> list[tuple[str, Any]]:
@@ -114,25 +118,32 @@ class GridModule(FederatedModule):
 
     @override
     def _privacy_ledger(self, num_rounds: int) -> PrivacyLedger:
-        """One ledger serves the grid: every configuration must release the same mechanisms
-        (noise multiplier and sampling rate) as ``algorithm``."""
+        """The run's ledger is ``algorithm``'s (what the run logs as ``privacy/*``); beside it
+        every private configuration gets its own ledger, calibrated and accounted as its
+        separate run's (its ε, its ``privacy`` report in its ``summary.json``), so that the
+        configurations may differ in their target ε or noise."""
         ledger = super()._privacy_ledger(num_rounds)
-        reference = _signature(ledger.release, ledger.noise, ledger.noise_std)
-        for point, alg in zip(self.grid_points, self.grid_algorithms):
-            own = _signature(alg.release(), alg.noise, alg.noise_std)
-            same = len(own) == len(reference) and all(
-                math.isclose(a[0], c[0], rel_tol=1e-9)
-                and math.isclose(a[1], c[1], rel_tol=1e-9)
-                and a[2:] == c[2:]
-                for a, c in zip(own, reference)
-            )
-            if not same:
-                raise ValueError(
-                    f"grid point {point} releases the mechanisms (noise multiplier, rate) {own}, "
-                    f"the algorithm {reference}: one run reports one ε, so a grid's private "
-                    "configurations must share them (run such a grid with `pl-privfed sweep`)"
-                )
+        self._grid_ledgers = [
+            None if alg.noise is None else wiring.privacy_ledger(alg, [alg.noise_std], num_rounds)
+            for alg in self.grid_algorithms
+        ]
+        if self._saved_grid_ledgers:  # load_from_checkpoint before setup
+            self._load_grid_ledgers(self._saved_grid_ledgers)
         return ledger
+
+    def grid_ledger(self, k: int) -> PrivacyLedger | None:
+        """Configuration ``k``'s privacy ledger (``None`` when it adds no noise)."""
+        return self._grid_ledgers[k] if self._grid_ledgers else None
+
+    def _load_grid_ledgers(self, saved: list[dict[str, Any] | None]) -> None:
+        """Each configuration's ledger from a checkpoint, and the noise its run started with."""
+        for k, entries in enumerate(saved):
+            ledger = self.grid_ledger(k)
+            if ledger is None or not entries:
+                continue
+            stds = ledger.load(entries)
+            if stds:
+                self.grid_algorithms[k].noise_std = stds[0]
 
     # ------------------------------------------------------------------ what callbacks use
     def _grid_buffers(self) -> dict[str, Tensor]:
@@ -193,8 +204,12 @@ class GridModule(FederatedModule):
             result, loss = outcomes[k], loss_of.get(k)
             if loss is not None and not math.isfinite(loss):
                 self._grid_status[k] = f"failed: non-finite training loss at round {round_index}"
+                self._grid_entries[k]["rounds"] = round_index  # completed, as its separate run's
                 continue
             self.grid_params[k] = result.params  # every round has run: x^k is no longer read
+            ledger = self.grid_ledger(k)
+            if ledger is not None:  # what its separate run accounts after this round
+                ledger.account(round_index, released=result.released)
             for name, value in (result.buffers or {}).items():
                 getattr(self, self._grid_buffer_names[name])[k].copy_(value)
             if loss is not None and record:
@@ -359,14 +374,7 @@ class GridModule(FederatedModule):
         """Write the grid's ``results.csv`` and ``runs/<id>/`` (:func:`write_grid_results`)."""
         if not self.trainer.is_global_zero:
             return None
-        extra = {}
-        report = self.privacy_report()
-        if report is not None:
-            extra = {
-                "epsilon": report["epsilon"],
-                "epsilon_paper_convention": report["epsilon_paper_convention"],
-                "delta": report["delta"],
-            }
+        extra = [self._grid_privacy(k) for k in range(len(self.grid_points))]
         return write_grid_results(
             self._grid_results_dir(),
             list(self.grid_algorithms),
@@ -374,8 +382,24 @@ class GridModule(FederatedModule):
             self._grid_history,
             self._grid_status,
             int(self.global_step),
-            [{**extra, **entries} for entries in self._grid_entries],
+            [{**own, **entries} for own, entries in zip(extra, self._grid_entries)],
         )
+
+    def _grid_privacy(self, k: int) -> dict[str, Any]:
+        """Configuration ``k``'s privacy entries of ``summary.json``, its own ledger's, as a
+        separate run's: ``private``, and with noise ``epsilon``, ``epsilon_paper_convention``,
+        ``delta`` and the ``privacy`` report."""
+        ledger = self.grid_ledger(k)
+        if ledger is None:
+            return {"private": False}
+        report = ledger.report()
+        return {
+            "private": True,
+            "epsilon": report["epsilon"],
+            "epsilon_paper_convention": report["epsilon_paper_convention"],
+            "delta": report["delta"],
+            "privacy": report,
+        }
 
     @override
     def summary_entries(self) -> dict[str, Any]:
@@ -396,6 +420,7 @@ class GridModule(FederatedModule):
             "status": self._grid_status,
             "history": self._grid_history,
             "entries": self._grid_entries,
+            "ledgers": [_saved(ledger) for ledger in self._grid_ledgers or []],
         }
 
     @override
@@ -411,13 +436,18 @@ class GridModule(FederatedModule):
         self._grid_entries = [dict(e) for e in checkpoint["grid"].get("entries", [])] or [
             {} for _ in self.grid_points
         ]
+        self._saved_grid_ledgers = list(checkpoint["grid"].get("ledgers") or [])
+        if self._grid_ledgers is not None:  # fit --ckpt_path: set up before the restore
+            self._load_grid_ledgers(self._saved_grid_ledgers)
 
 
-def _signature(release, noise, noise_std) -> list[tuple]:
-    """What one configuration releases per round, under both accountings."""
-    mechs = plan.round_mechanisms(release, noise, noise_std, 0)
-    mechs = [*mechs, *plan.paper_mechanisms(release, noise_std)]
-    return [(m.noise_multiplier, m.sample_rate, m.sampling, m.population) for m in mechs]
+def _saved(ledger: PrivacyLedger | None) -> dict[str, Any] | None:
+    """A configuration's ledger as checkpoint entries."""
+    if ledger is None:
+        return None
+    entries: dict[str, Any] = {}
+    ledger.save(entries)
+    return entries
 
 
 class _GridBatch:

@@ -4,11 +4,18 @@ The configurations of a grid are ``algorithm`` rebuilt with each point's argumen
 other arguments are read back from the algorithm's attributes of the same names, and the
 constructor validates the new values (a bad value is a ``ValueError`` naming the argument
 before training).
+
+A grid is ``{argument: [values]}`` (every combination) or a list of points
+``[{argument: value}, ...]`` (exactly those: what a batched ``pl-privfed sweep`` passes for the
+points of a group it has not finished yet). An argument may name a field of an argument that is a
+dataclass, ``noise.epsilon``: the configuration's ``noise`` is the algorithm's with that field
+replaced (``dataclasses.replace``, which validates it), so points may differ in their target ε.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import inspect
 import itertools
 from typing import Any
@@ -28,23 +35,75 @@ def init_parameters(cls: type) -> dict[str, inspect.Parameter]:
 
 
 def grid_points(algorithm: FederatedAlgorithm, grid: Any) -> list[dict[str, Any]]:
-    """All points of ``grid`` (``{parameter: [values]}``), the last parameter varying fastest
-    (the order of ``pl-privfed sweep``); ``ValueError`` naming a bad parameter or value list."""
+    """All points of ``grid``: of ``{parameter: [values]}`` every combination, the last
+    parameter varying fastest (the order of ``pl-privfed sweep``); of a list of points
+    ``[{parameter: value}, ...]`` (all with the same parameters) those points, in order.
+    ``ValueError`` naming a bad parameter or value list."""
+    if isinstance(grid, list | tuple):
+        if not grid or not all(isinstance(p, dict) and p for p in grid):
+            raise ValueError(
+                f"a grid given as points must be a non-empty list of non-empty mappings "
+                f"parameter -> value, got {grid!r}"
+            )
+        keys = list(grid[0])
+        for point in grid:
+            if sorted(point) != sorted(keys):
+                raise ValueError(
+                    f"grid point {point!r} has other parameters than the first point's {keys}: "
+                    "every point of a grid sets the same parameters"
+                )
+            _check_names(algorithm, point)
+        return [{k: point[k] for k in keys} for point in grid]
     if not isinstance(grid, dict) or not grid:
         raise ValueError(
             f"grid must be a non-empty mapping parameter -> list of values, got {grid!r}"
         )
-    known = init_parameters(type(algorithm))
+    _check_names(algorithm, grid)
     for name, values in grid.items():
-        if name not in known:
-            raise ValueError(
-                f"grid parameter {name!r} is not an argument of {type(algorithm).__name__} "
-                f"(arguments: {', '.join(known)})"
-            )
         if not isinstance(values, list | tuple) or not values:
             raise ValueError(f"grid[{name!r}] must be a non-empty list of values, got {values!r}")
     keys = list(grid)
     return [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*grid.values())]
+
+
+def _check_names(algorithm: FederatedAlgorithm, names: Any) -> None:
+    """``ValueError`` naming a grid parameter that is not an argument of the algorithm's class
+    (``noise.epsilon``: its first part)."""
+    known = init_parameters(type(algorithm))
+    for name in names:
+        if not isinstance(name, str) or name.split(".", 1)[0] not in known:
+            raise ValueError(
+                f"grid parameter {name!r} is not an argument of {type(algorithm).__name__} "
+                f"(arguments: {', '.join(known)})"
+            )
+
+
+def _nested(algorithm: FederatedAlgorithm, overrides: dict[str, Any]) -> dict[str, Any]:
+    """``overrides`` with ``argument.field`` entries folded into their argument: the
+    algorithm's (or the point's own) dataclass value with those fields replaced."""
+    plain = {k: v for k, v in overrides.items() if "." not in k}
+    fields: dict[str, dict[str, Any]] = {}
+    for key, value in overrides.items():
+        if "." in key:
+            name, field = key.split(".", 1)
+            fields.setdefault(name, {})[field] = value
+    for name, changes in fields.items():
+        base = plain.get(name, getattr(algorithm, name, None))
+        if not dataclasses.is_dataclass(base) or isinstance(base, type):
+            raise ValueError(
+                f"grid parameters {sorted(f'{name}.{f}' for f in changes)}: "
+                f"{type(algorithm).__name__}'s {name} is {base!r}, not settings with fields "
+                f"(give {name} itself, or give the algorithm a {name})"
+            )
+        known = {f.name for f in dataclasses.fields(base)}
+        for field in changes:
+            if field not in known:
+                raise ValueError(
+                    f"grid parameter {name}.{field!r}: {type(base).__name__} has no field "
+                    f"{field!r} (fields: {', '.join(sorted(known))})"
+                )
+        plain[name] = dataclasses.replace(copy.deepcopy(base), **changes)
+    return plain
 
 
 def rebuild_algorithm(
@@ -55,8 +114,9 @@ def rebuild_algorithm(
     The arguments are read back from the attributes of the same names (every algorithm of the
     package keeps them); values that are objects (operators, noise settings) are deep-copied, so
     that no state is shared. The constructor validates the new values (``ValueError`` naming
-    the parameter).
+    the parameter). ``noise.epsilon`` replaces one field of the algorithm's ``noise``.
     """
+    overrides = _nested(algorithm, overrides)
     kwargs = {}
     for name, param in init_parameters(type(algorithm)).items():
         if name in overrides:

@@ -13,6 +13,8 @@ calibration, a run's ledger and secure aggregation.
 * :mod:`~pl_privfed.privacy.pld` — dp-accounting's privacy loss distributions of the releases'
   tight dominating pairs (Zhu, Dong & Wang 2022 for sampling without replacement), the PLD
   accountant behind ``accountant: auto`` / ``pld``;
+* :mod:`~pl_privfed.privacy.selection` — the cost of selecting among runs on the same data
+  (candidate runs composed; Papernot & Steinke's random-search bound by dp-accounting);
 * :mod:`~pl_privfed.privacy.accounting`, :mod:`~pl_privfed.privacy.calibration`,
   :mod:`~pl_privfed.privacy.mechanism`, :mod:`~pl_privfed.privacy.noise`,
   :mod:`~pl_privfed.privacy.secagg`.

@@ -296,6 +296,22 @@ class PrivacyAccountant:
         eps, _ = rdp_analysis.get_privacy_spent(orders=orders, rdp=rdp, delta=delta)
         return float(eps)
 
+    def history(self) -> list[dict]:
+        """The recorded releases as plain records, one per distinct release (``summary.json``
+        keeps them so that a report can compose runs again: the cost of selecting among
+        them, :mod:`pl_privfed.privacy.selection`): ``noise_multiplier``, ``sample_rate``,
+        ``sampling``, ``population`` (``None`` unless sampled without replacement) and
+        ``releases`` (how many times it was applied)."""
+        counts: dict[tuple, int] = {}
+        for sigma, rate, steps in self._accountant.history:
+            key = (float(sigma), float(rate), "poisson" if rate < 1 else "none", None)
+            counts[key] = counts.get(key, 0) + int(steps)
+        for sigma, size, population, steps in self._without_replacement:
+            key = (float(sigma), int(size) / int(population), "without_replacement", population)
+            counts[key] = counts.get(key, 0) + int(steps)
+        names = ("noise_multiplier", "sample_rate", "sampling", "population")
+        return [{**dict(zip(names, key, strict=True)), "releases": n} for key, n in counts.items()]
+
     def state_dict(self) -> dict:
         state = dict(self._accountant.state_dict())
         state["without_replacement"] = [list(e) for e in self._without_replacement]

@@ -49,9 +49,12 @@ What the canaries enter and why it is sound:
 
 Beside both, a **white-box** statistic (:class:`WhiteBox`): the auditor of a simulation knows
 every contribution to a release except whether each canary took part, so the engine's hook
-hands it what is left once they are subtracted (the noise the placement's guarantee rests on,
-each canary's own noise, the canary's contribution through the run's operator), and its Gaussian
-fit reads the mechanism's own μ (docs/privacy.md, "The white-box auditor").
+hands it what is left once they are subtracted (the noise the placement's guarantee rests on:
+a canary's own noise under local noise, the aggregator's draw under central noise, and under
+distributed noise only the ``t`` honest senders' shares, the other ``n − t`` being known to
+the server they collude with, as the certificate assumes; and the canary's contribution through
+the run's operator), and its Gaussian fit reads the mechanism's own μ (docs/privacy.md, "The
+white-box auditor").
 
 Both therefore audit an adversary the ledger accounts for: whoever sees the models
 (:func:`~pl_privfed.privacy.plan.adversaries`, ``"models"``); the models after every round, or
@@ -166,6 +169,8 @@ class WhiteBox:
         self.base = np.zeros(count)
         self.shift = np.zeros(count)
         self.releases = 0
+        #: a release whose canary contribution could not be known (then no statistic at all)
+        self.unknown = False
 
     def add(self, base: np.ndarray, shift: np.ndarray) -> None:
         self.base += base
@@ -176,7 +181,7 @@ class WhiteBox:
         """``base + factor·shift`` per canary (``None`` before any release): ``factor`` 2 reads
         the replace-one relation, whose neighbour of an inserted canary is the opposite one
         (``−c_j``, a contribution of the same bound), ``2⟨c_j, u_j⟩`` away in the statistic."""
-        if not self.releases:
+        if not self.releases or self.unknown:
             return None
         sign = -1.0 if self.shift.sum() < 0 else 1.0  # a server step that negates the sum
         return sign * (self.base + float(factor) * self.shift)
@@ -187,12 +192,14 @@ class WhiteBox:
             "base": torch.from_numpy(self.base.copy()),
             "shift": torch.from_numpy(self.shift.copy()),
             "releases": self.releases,
+            "unknown": self.unknown,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.base = torch.as_tensor(state["base"]).double().numpy().copy()
         self.shift = torch.as_tensor(state["shift"]).double().numpy().copy()
         self.releases = int(state["releases"])
+        self.unknown = bool(state.get("unknown", False))
 
 
 # ---------------------------------------------------------------------------- client canaries
@@ -338,11 +345,15 @@ class ClientCanaries:
         self, round_index: int, key: str, received: Tensor, shared_noise: Tensor | None = None
     ) -> None:
         """The sum ``key`` the server received in round ``round_index`` (canaries included), and
-        the real clients' part of the noise the placement's guarantee rests on
-        (``shared_noise``, central and distributed; ``None`` for local noise, whose guarantee
-        is each sender's own noise): the white-box statistic of the round (:class:`WhiteBox`)
-        is ``⟨shared_noise, u_j⟩`` plus, for a canary that would take part, its own noise's
-        projection and, inserted, its contribution ``⟨c_j, u_j⟩``."""
+        the noise the placement's guarantee rests on, as far as the certificate's adversary
+        cannot subtract it (``shared_noise``: the aggregator's draw under central noise, the
+        ``t`` honest senders' shares under distributed noise; ``None`` for local noise, whose
+        guarantee is each sender's own noise): the white-box statistic of the round
+        (:class:`WhiteBox`) is ``⟨shared_noise, u_j⟩`` or, under local noise, the projection
+        of the canary's own noise (for a canary that would take part), plus, inserted, its
+        contribution ``⟨c_j, u_j⟩``. Under distributed noise a canary's own share is not
+        counted: the certificate counts only the ``t`` honest shares, and the colluding
+        senders may include the canary's own."""
         if round_index < 0 or key != self.key:
             return
         self.last_received = received
@@ -353,7 +364,7 @@ class ClientCanaries:
         base = own.copy()
         if shared_noise is not None:
             u = self.directions
-            base += (u @ shared_noise.to(u.device, u.dtype)).double().cpu().numpy()
+            base = (u @ shared_noise.to(u.device, u.dtype)).double().cpu().numpy()
         self.white.add(base, shift)
 
     def noise_drawn(self, ids: Tensor, round_index: int, rows: Tensor) -> None:
@@ -364,6 +375,11 @@ class ClientCanaries:
     ) -> Tensor | None:
         """Nothing: client canaries are senders, not records."""
         return None
+
+    def operator_applied(
+        self, ids: Tensor, round_index: int, operator: Any, rows: Tensor, factor: float = 1.0
+    ) -> None:
+        """Nothing: client canaries go through the round's operator in :meth:`messages`."""
 
 
 # ---------------------------------------------------------------------------- record canaries
@@ -382,6 +398,12 @@ class RecordCanaries:
         hosts: ``[m]`` the client (agent) holding each canary.
         release_size: ``b``, the records one noised average is over (the declaration's).
         norm: ``G``, the norm of a canary record's gradient (large: the clip must act).
+        minibatch_norm: the norm of a canary record's gradient where it joins a plain
+            minibatch gradient that the algorithm then clips whole (default ``norm``): large
+            enough that its part of the average, ``minibatch_norm / b``, outweighs the real
+            records' gradient, so the clip points along it (the callback gives ``b`` times
+            ``norm``); a record's gradient is unbounded there, which is why the certificate
+            counts ``2τ`` for one record.
         rate: the probability that a record is in a round's sample (the declaration's
             ``positions / population``, at most 1).
         seed: the audit's seed (sampling draws).
@@ -399,12 +421,14 @@ class RecordCanaries:
         norm: float,
         rate: float = 1.0,
         seed: int = 0,
+        minibatch_norm: float | None = None,
     ) -> None:
         self.directions = directions
         self.inserted = inserted.to("cpu", torch.bool)
         self.hosts = hosts.to("cpu", torch.int64)
         self.release_size = int(release_size)
         self.norm = float(norm)
+        self.minibatch_norm = self.norm if minibatch_norm is None else float(minibatch_norm)
         self.rate = min(1.0, float(rate))
         self.seed = int(seed)
         self.uses = torch.zeros(self.count, dtype=torch.int64)
@@ -414,6 +438,9 @@ class RecordCanaries:
         #: the last gradients' (round, who would take part, contributions ⟨c_j, u_j⟩), read by
         #: the noise draw that follows them (:meth:`noise_drawn`)
         self._pending: tuple[int, Tensor, np.ndarray] | None = None
+        #: canaries joined to a plain minibatch gradient, whose contribution the operator that
+        #: follows decides (:meth:`operator_applied`): (round, active canaries, their weight)
+        self._awaiting: tuple[int, Tensor, float] | None = None
 
     @property
     def count(self) -> int:
@@ -441,16 +468,19 @@ class RecordCanaries:
         gradients that the canaries last joined (:meth:`gradients`): the white-box statistic
         (:class:`WhiteBox`) of every canary hosted by these clients is the projection of its
         host's draw on ``u_j`` plus, inserted and drawn into this round's sample, its
-        contribution ``⟨Ψ(G·u_j)/b, u_j⟩``. Every round the host draws noise counts, whether or
-        not the canary was sampled: the record sample is secret from the adversary the
-        certificate names (that is what its amplification by sampling rests on), so an auditor
-        that kept only the rounds the canary was drawn into would audit a mechanism without
-        that amplification and read above a correct certificate. Only
-        where the canary went through the per-example operator: a canary joined to the plain
-        minibatch gradient, which the algorithm then clips whole (SoteriaFL, ``clip_level:
-        minibatch``), has a contribution the hook cannot know, and no white-box statistic."""
+        contribution ``⟨Ψ(G·u_j)/b, u_j⟩`` (or, joined to a minibatch gradient that the
+        algorithm then clips whole, what :meth:`operator_applied` found). Every round the host
+        draws noise counts, whether or not the canary was sampled: the record sample is secret
+        from the adversary the certificate names (that is what its amplification by sampling
+        rests on), so an auditor that kept only the rounds the canary was drawn into would audit
+        a mechanism without that amplification and read above a correct certificate. A canary
+        joined to a plain minibatch gradient that no norm-based operator followed before the
+        noise has no known contribution, and no white-box statistic that round."""
         state, self._pending = self._pending, None
-        if state is None or state[0] != round_index:
+        awaiting, self._awaiting = self._awaiting, None
+        if awaiting is not None:  # canaries in a minibatch gradient no clip followed
+            self.white.unknown = True
+        if state is None or state[0] != round_index or awaiting is not None:
             return
         _, _, shift = state
         ids = ids.to("cpu", torch.int64)
@@ -473,7 +503,7 @@ class RecordCanaries:
         minibatch gradient); ``None`` when no canary of these clients is in the round. A canary
         joins the round's first local minibatch (``step`` 0) or, for solvers that reuse the
         round's batch (``step`` ``None``), every local step, as the record would."""
-        self._pending = None
+        self._pending = self._awaiting = None
         if round_index < 0 or step not in (None, 0):
             return None
         ids = ids.to("cpu", torch.int64)
@@ -481,14 +511,15 @@ class RecordCanaries:
         takes &= canary_participation(self.count, self.rate, self.seed, round_index)
         active = self.inserted & takes
         shift = np.zeros(self.count)
-        if operator is not None:  # after a later clip of the whole gradient, c_j is unknown
-            self._pending = (round_index, takes, shift)
+        self._pending = (round_index, takes, shift)
+        norm = self.norm if operator is not None else self.minibatch_norm
+        if operator is None and bool(active.any()):  # the clip that follows decides c_j
+            self._awaiting = (round_index, active.nonzero().squeeze(1), norm / self.release_size)
         if not bool(active.any()):
             return None
         fresh = active & (self._last_round != round_index)
         self.uses += fresh.to(torch.int64)
         self._last_round[active] = round_index
-        norm = self.norm
         if operator is not None:
             if not operator.norm_based:
                 raise ValueError(
@@ -496,10 +527,41 @@ class RecordCanaries:
                 )
             norm *= float(operator.scale(torch.tensor([norm], dtype=torch.float64))[0])
         chosen = active.nonzero().squeeze(1)
-        shift[chosen.numpy()] = norm / self.release_size
+        if operator is not None:
+            shift[chosen.numpy()] = norm / self.release_size
         rows = torch.searchsorted(ids, self.hosts[chosen])
         weights = torch.zeros(ids.numel(), self.count, dtype=torch.float64)
         weights[rows, chosen] = norm / self.release_size
         directions = self.directions
         out = weights.to(directions.device, directions.dtype) @ directions
         return out.to(like.device, like.dtype)
+
+    def operator_applied(
+        self, ids: Tensor, round_index: int, operator: Any, rows: Tensor, factor: float = 1.0
+    ) -> None:
+        """The chunk's minibatch gradients ``rows`` (``[c, d]``, the canaries of
+        :meth:`gradients` joined) just before the norm-based ``operator`` ``Ψ`` (times
+        ``factor``) acts on them: the algorithm clips the whole minibatch gradient (SoteriaFL,
+        FedAvg's ``clip_level: minibatch``). The white-box auditor knows every record, so canary
+        ``j``'s contribution is ``c_j = β Ψ(v) − β Ψ(v − a_j)`` with ``v`` its host's row and
+        ``a_j = G u_j / b`` its record's part of the average (the other canaries' parts stay
+        known); ``⟨c_j, u_j⟩`` is its shift for :meth:`noise_drawn`. With ``G/b`` far above
+        the clip (the callback's canary norm is ``overshoot`` times the clip times ``b``)
+        ``Ψ(v)`` points along the canaries and ``⟨c_j, u_j⟩`` is about the clip ``τ``, so under
+        replace-one (counted twice, ``2τ``) the statistic is the mechanism's own at its
+        sensitivity ``2τ``. Only the first norm-based operator after the gradients counts."""
+        state, self._awaiting = self._awaiting, None
+        if state is None or state[0] != round_index or self._pending is None:
+            return
+        _, chosen, weight = state
+        ids = ids.to("cpu", torch.int64)
+        u = self.directions[chosen.to(self.directions.device)]
+        v = rows[torch.searchsorted(ids, self.hosts[chosen]).to(rows.device)].to(u.dtype)
+        without = v - weight * u
+
+        def through(x: Tensor) -> Tensor:
+            norms = torch.linalg.vector_norm(x, dim=1).double()
+            return x * operator.scale(norms).to(x.dtype).unsqueeze(1) * float(factor)
+
+        contribution = ((through(v) - through(without)) * u).sum(1)
+        self._pending[2][chosen.numpy()] = contribution.double().cpu().numpy()

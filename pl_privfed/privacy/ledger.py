@@ -184,8 +184,9 @@ class PrivacyLedger:
         the algorithm's privacy unit, the neighbouring relation of that adversary,
         amplification only by sampling hidden from it and only as what it is.
         ``adversaries`` holds one entry per party that could see something (its ε, what it
-        sees, relation, sensitivity, amplification, accountant, noise multiplier, sample rate
-        and releases); ``trusted`` what the run trusts. ``epsilon_paper_convention`` is the
+        sees, relation, sensitivity, amplification, accountant, noise multiplier, sample rate,
+        releases, and ``history``: every distinct release composed and its count, what a
+        report composes again to charge a selection among runs); ``trusted`` what the run trusts. ``epsilon_paper_convention`` is the
         papers' (add/remove, Poisson amplification at the nominal rate). ``accounting`` and
         ``paper_convention`` state what each assumes; ``calibration`` what σ was set for.
         ``not_charged`` names what the run reveals that no ε counts (``None`` normally; the
@@ -224,6 +225,7 @@ class PrivacyLedger:
                     "sample_rate",
                     "sampling",
                     "releases",
+                    "history",
                 )
             },
             "paper_convention": {
@@ -261,6 +263,7 @@ class PrivacyLedger:
             "sample_rate": mechs[0].sample_rate if mechs else None,
             "sampling": mechs[0].sampling if mechs else None,
             "releases": accountant.steps,
+            "history": accountant.history(),
         }
 
     # ------------------------------------------------------------------ checkpoints

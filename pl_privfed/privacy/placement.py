@@ -39,6 +39,9 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Literal
 
+import torch
+from torch import Tensor
+
 from pl_privfed.checks import check_choice
 
 if TYPE_CHECKING:
@@ -134,6 +137,17 @@ class NoisePlacement:
     def aborts(self, senders: int) -> bool:
         """Whether a noised round with ``senders`` senders releases nothing."""
         return False
+
+    def unknown_noise(
+        self, noise: Tensor, senders: int, share_std: float, generator: torch.Generator
+    ) -> Tensor:
+        """Of ``noise``, the real senders' part of a released sum's noise (central and
+        distributed), what the certificate's adversary cannot subtract: the white-box auditor
+        (:class:`~pl_privfed.privacy.audit.WhiteBox`) tests what is left of a release once
+        everything that adversary knows is taken out. Here all of it (the trusted
+        aggregator's one draw); ``generator`` is the audit's own stream for a split that needs
+        randomness (:class:`DistributedNoise`)."""
+        return noise
 
     # ------------------------------------------------------------------ the accounting's
     @property
@@ -299,6 +313,27 @@ class DistributedNoise(NoisePlacement):
 
     def aborts(self, senders: int) -> bool:
         return senders < self.min_contributors
+
+    def unknown_noise(
+        self, noise: Tensor, senders: int, share_std: float, generator: torch.Generator
+    ) -> Tensor:
+        """The ``t`` honest senders' shares of the sum's noise ``noise`` (the sum of the
+        ``n = senders`` real shares, each ``N(0, s²)`` with ``s = share_std``): the certificate
+        counts only those (``t s² = σ²``), its adversary being the server with the other
+        ``n − t`` senders colluding, who know their own shares. The simulation draws the
+        shares as their sum, so the split is drawn from its conditional law: with ``S`` the sum,
+        the honest part ``H = (t/n) S + W``, ``W ~ N(0, s² t (n−t)/n)`` from ``generator`` (the
+        audit's stream), has ``H ~ N(0, t s²)`` independent of the colluders' ``S − H ~
+        N(0, (n−t) s²)``, exactly the joint law of two disjoint groups of shares; the sum, and
+        every training draw, is unchanged. With shares smaller than the configured ones (a
+        broken mechanism) ``s`` is what the senders used, so ``H`` carries less than ``σ²``."""
+        n, t = int(senders), int(self.min_contributors)
+        if n <= t:
+            return noise
+        extra = torch.empty_like(noise).normal_(
+            0.0, share_std * math.sqrt(t * (n - t) / n), generator=generator
+        )
+        return noise * (t / n) + extra
 
     def server_view(self, observer: str) -> str:
         return "the server: the noised sum (secure aggregation) and who took part"

@@ -213,6 +213,10 @@ def release_plan(
     return [(kinds[key], count) for key, count in counts.items()]
 
 
+#: σ of ``calibration: target`` by its releases, noise settings and rounds (:func:`calibrate`)
+_CALIBRATED: dict[str, float] = {}
+
+
 def calibration_rounds(noise: DPNoise, num_rounds: int) -> int:
     """``K`` of the calibration: ``noise.rounds``, else the run's number of rounds."""
     return noise.rounds or num_rounds
@@ -228,7 +232,8 @@ def calibrate(release: Release, noise: DPNoise, rounds: int) -> float:
     their steps; for central and distributed noise ``Φ`` is the sensitivity of the sum that is
     noised, so the average carries ``σ/n`` — not the ``σ`` the papers size for one message);
     ``calibration: target``: the ``σ`` at which the accounting against the headline adversary
-    certifies ``epsilon`` (:func:`~pl_privfed.privacy.calibrate_noise_std`).
+    certifies ``epsilon`` (:func:`~pl_privfed.privacy.calibrate_noise_std`), solved once per
+    process for the same releases, noise settings and rounds.
     """
     check_placement(release, noise)
     rel = relation(release, noise)
@@ -246,12 +251,18 @@ def calibrate(release: Release, noise: DPNoise, rounds: int) -> float:
             constant=noise.constant,
             sample_rate=release.paper_rate,
         )
-    return calibrate_noise_std(
-        target_epsilon=noise.epsilon,
-        delta=noise.delta,
-        plan=lambda std: release_plan(release, noise, std, rounds),
-        accountant=noise.accountant,
-    )
+    # the same releases, noise settings and rounds give the same σ: solved once per process
+    # (a grid's configurations that differ only in their step size share it); the key is the
+    # dataclasses' repr, which names every field (an object without one misses, never collides)
+    key = repr((release, noise, rounds))
+    if key not in _CALIBRATED:
+        _CALIBRATED[key] = calibrate_noise_std(
+            target_epsilon=noise.epsilon,
+            delta=noise.delta,
+            plan=lambda std: release_plan(release, noise, std, rounds),
+            accountant=noise.accountant,
+        )
+    return _CALIBRATED[key]
 
 
 def check_placement(release: Release, noise: DPNoise) -> None:

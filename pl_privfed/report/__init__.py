@@ -39,7 +39,12 @@ from __future__ import annotations
 
 from pl_privfed.report.compare import compare_methods, comparison_figure
 from pl_privfed.report.configs import aggregate
-from pl_privfed.report.frontier_data import FRONTIER_SELECTION, FrontierPoint, frontier_points
+from pl_privfed.report.frontier_data import (
+    FRONTIER_EPSILONS,
+    FRONTIER_SELECTION,
+    FrontierPoint,
+    frontier_points,
+)
 from pl_privfed.report.frontier_files import frontier
 from pl_privfed.report.runs import load_results
 from pl_privfed.report.stats import Interval, interval_table, mean_interval
@@ -47,6 +52,7 @@ from pl_privfed.report.sweep import make_report, report_figures
 from pl_privfed.report.text import overlap_notes
 
 __all__ = [
+    "FRONTIER_EPSILONS",
     "FRONTIER_SELECTION",
     "FrontierPoint",
     "Interval",

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from pl_privfed.privacy.selection import repetition_shape
 from pl_privfed.report.configs import aggregate, best, check_selection_metric, warn_missing
 from pl_privfed.report.runs import (
     DEFAULT_METRIC,
@@ -22,15 +23,19 @@ from pl_privfed.report.runs import (
     sorted_values,
     values,
 )
+from pl_privfed.report.selection_cost import SelectionCost, selection_cost, warn_note
 from pl_privfed.report.stats import Interval
 from pl_privfed.report.text import fmt_names
 from pl_privfed.results import RESULT_COLUMNS, SEED_PARAMETERS, finite_float
 
-__all__ = ["FRONTIER_SELECTION", "FrontierPoint", "frontier_points"]
+__all__ = ["FRONTIER_EPSILONS", "FRONTIER_SELECTION", "FrontierPoint", "frontier_points"]
 
 #: what the frontier's figure, table and caption say about the selection
-FRONTIER_SELECTION = (
-    "step size selected on validation accuracy at each ε (not itself private, as in the papers)"
+FRONTIER_SELECTION = "configuration selected on validation accuracy at each ε"
+#: what the frontier's ε columns count (its table and caption)
+FRONTIER_EPSILONS = (
+    "certified ε: the selected runs alone; ε with selection: every candidate run composed "
+    "(docs/privacy.md)"
 )
 
 
@@ -51,6 +56,9 @@ class FrontierPoint:
         adversary: against whom the runs certified it (``""`` when not recorded).
         rows: the selected configuration's run directories.
         values: the reported metric of each of those runs (that has it), as drawn.
+        cost: what the selection among the candidates costs the training data
+            (:class:`~pl_privfed.report.selection_cost.SelectionCost`; empty for a non-private
+            point).
     """
 
     method: str
@@ -64,6 +72,7 @@ class FrontierPoint:
     adversary: str
     rows: list[str]
     values: tuple[float, ...] = field(default=())
+    cost: SelectionCost = field(default_factory=SelectionCost)
 
     @property
     def x(self) -> float:
@@ -161,6 +170,7 @@ def _point(
     varying: list[str],
     metric: str,
     select: str,
+    random_search: str | None = None,
 ) -> FrontierPoint | None:
     """The configuration of ``members`` (one method's runs at one target) selected on
     ``select``, ``None`` without one."""
@@ -171,6 +181,10 @@ def _point(
     selected = selected.iloc[0]
     chosen = members[members["_dir"].isin(set(selected["_dirs"]))]
     adversaries = sorted({a for a in (_adversary(r) for _, r in chosen.iterrows()) if a})
+    cost = SelectionCost()
+    if target:
+        cost = selection_cost(members, list(configs["_dirs"]), random_search)
+        warn_note(method, target, cost)
     return FrontierPoint(
         method=method,
         target=target,
@@ -183,6 +197,7 @@ def _point(
         adversary="/".join(adversaries),
         rows=list(selected["_dirs"]),
         values=tuple(values(chosen, metric).dropna()),
+        cost=cost,
     )
 
 
@@ -192,6 +207,7 @@ def frontier_points(
     metric: str = "final_test_accuracy",
     select: str = DEFAULT_METRIC,
     labels: Sequence[str] | None = None,
+    random_search: str | None = None,
 ) -> list[FrontierPoint]:
     """The privacy–utility frontier of one or more sweeps, without drawing it.
 
@@ -204,14 +220,21 @@ def frontier_points(
     ε, and for the non-private runs, the configuration (every non-seed parameter, e.g. the step
     size) with the best mean ``select`` (a validation metric) over its seeds is selected, and
     its ``metric`` (the test accuracy), certified ε (column ``epsilon``) and adversary are
-    reported over its seeds (mean and 95 % interval). This selection reads the validation split
-    and is not itself private, as in the papers.
+    reported over its seeds (mean and 95 % interval). The certified ε is the selected runs'
+    alone; choosing among the candidates is a release of every candidate run, and each private
+    point carries its cost (:func:`~pl_privfed.report.selection_cost.selection_cost`): every
+    candidate run (configurations × seeds) composed by the runs' accountant, and with
+    ``random_search`` Papernot & Steinke's bound for random search (docs/privacy.md, "The
+    selection's privacy cost").
 
     Args:
         results_paths: one sweep's ``results.csv`` (or its folder) each.
         metric: the reported metric.
         select: the validation metric that selects the configuration at each ε.
         labels: one method label per file.
+        random_search: also the random-search bound, with the number of candidates drawn from
+            this distribution (``"poisson"``, ``"geometric"``, ``"logarithmic"`` or a truncated
+            negative binomial's η), its mean the number of configurations.
 
     Returns:
         The points, per method in input order: the private ones by target ε, then the
@@ -223,6 +246,8 @@ def frontier_points(
             with ``select``.
     """
     check_selection_metric(select)
+    if random_search is not None:
+        repetition_shape(random_search)  # a bad distribution fails before any accounting
     paths = [Path(p) for p in results_paths]
     if not paths:
         raise ValueError("the frontier needs at least one results.csv (one sweep per method)")
@@ -237,7 +262,9 @@ def frontier_points(
         varying = [c for c in config_params if rows[c].nunique() > 1] or config_params
         for target in [*sorted_values(t for t in rows["_target"] if t), ""]:
             members = rows[rows["_target"] == target]
-            point = _point(str(method), target, members, config_params, varying, metric, select)
+            point = _point(
+                str(method), target, members, config_params, varying, metric, select, random_search
+            )
             points += [point] if point else []
     if not points:
         raise ValueError(

@@ -14,7 +14,12 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from pl_privfed.report.figures import band, legend_below
-from pl_privfed.report.frontier_data import FRONTIER_SELECTION, FrontierPoint, frontier_points
+from pl_privfed.report.frontier_data import (
+    FRONTIER_EPSILONS,
+    FRONTIER_SELECTION,
+    FrontierPoint,
+    frontier_points,
+)
 from pl_privfed.report.runs import DEFAULT_METRIC, TEST
 from pl_privfed.report.text import fmt_num, fmt_pm, is_accuracy, limits, markdown
 from pl_privfed.results import finite_float
@@ -28,6 +33,7 @@ class _Names:
 
     metric: str
     select: str
+    random_search: str | None = None
 
     @property
     def factor(self) -> float:
@@ -111,12 +117,28 @@ def _figure(points: list[FrontierPoint], names: _Names) -> Figure:
     ax.set_ylabel(f"{names.name}{names.unit}")
     ax.set_title(
         f"Privacy–utility frontier: {names.name}, mean over seeds with 95 % t-band;\n"
-        f"{FRONTIER_SELECTION}; dashed: non-private",
+        f"{FRONTIER_SELECTION}; dashed: non-private;\n"
+        "x: the selected runs' certified ε (the selection's cost: frontier.md)",
         fontsize=8,
     )
     ax.grid(alpha=0.3)
     legend_below(fig)  # below the axes: it covers no curve
     return fig
+
+
+def _selection_columns(p: FrontierPoint, names: _Names) -> dict[str, object]:
+    """A private point's selection cost in ``frontier.csv``: how many candidate runs were
+    compared, their composition's ε and, if asked, the random-search bound."""
+    if not p.private:
+        return {"selection_runs": "", "epsilon_with_selection": ""}
+    columns: dict[str, object] = {
+        "selection_runs": p.cost.runs,
+        "epsilon_with_selection": fmt_num(p.cost.composed),
+    }
+    if names.random_search is not None:
+        columns["epsilon_random_search"] = fmt_num(p.cost.random_search)
+        columns["random_search"] = names.random_search
+    return columns
 
 
 def _csv_row(p: FrontierPoint, names: _Names) -> dict[str, object]:
@@ -129,8 +151,10 @@ def _csv_row(p: FrontierPoint, names: _Names) -> dict[str, object]:
         "certified_epsilon": fmt_num(p.certified.mean),
         "certified_epsilon_low": fmt_num(p.certified.low),
         "certified_epsilon_high": fmt_num(p.certified.high),
+        **_selection_columns(p, names),
         "adversary": p.adversary,
         "selected": " ".join(f"{k}={v}" for k, v in p.selected.items()),
+        **{f"selected_{k}": v for k, v in p.selected.items()},
         "configurations": p.candidates,
         "seeds": p.test.n,
         f"{metric}_mean": fmt_num(p.test.mean, factor),
@@ -139,17 +163,26 @@ def _csv_row(p: FrontierPoint, names: _Names) -> dict[str, object]:
         f"{metric}_half_width": fmt_num(p.test.half_width, factor),
         f"{select}_mean": fmt_num(p.val.mean, names.val_factor),
         f"{select}_half_width": fmt_num(p.val.half_width, names.val_factor),
-        "selected_on": f"{select} (validation, not itself private)",
+        "selected_on": f"{select} (validation)",
     }
+
+
+def _eps(value: float) -> str:
+    """An ε in the table (empty where unknown)."""
+    return f"{value:.3g}" if math.isfinite(value) else ""
 
 
 def _md_row(p: FrontierPoint, names: _Names) -> list[str]:
     """One point's row of ``frontier.md``."""
     certified = (f"{p.certified.mean:.3g}" if p.certified.n else "") if p.private else "—"
+    with_selection = [f"{_eps(p.cost.composed)} ({p.cost.runs} runs)" if p.private else "—"]
+    if names.random_search is not None:
+        with_selection.append(_eps(p.cost.random_search) if p.private else "—")
     return [
         p.method,
         p.target or "non-private",
         certified,
+        *with_selection,
         p.adversary or ("—" if not p.private else ""),
         # raw names: the step size is γ for one algorithm and η for another
         ", ".join(f"{k}={v}" for k, v in p.selected.items()),
@@ -165,7 +198,13 @@ def _markdown(points: list[FrontierPoint], names: _Names) -> str:
     columns = [
         "method",
         "target ε",
-        "certified ε",
+        "certified ε (selected runs)",
+        "ε with selection (candidate runs composed)",
+        *(
+            [f"ε with selection, random search ({names.random_search}; P&S 2022)"]
+            if names.random_search is not None
+            else []
+        ),
         "adversary",
         "selected (on validation)",
         "seeds",
@@ -177,10 +216,27 @@ def _markdown(points: list[FrontierPoint], names: _Names) -> str:
     lines += [
         "",
         f"Selection: at each target ε the configuration with the best mean {names.select} "
-        f"over seeds; {FRONTIER_SELECTION}. The {name} of the selected configuration is "
-        "reported (mean over seeds, 95 % Student-t interval); certified ε is the mean ε "
-        "the runs' accountant reported.",
+        f"over seeds ({FRONTIER_EPSILONS}). The {name} of the selected configuration is "
+        "reported (mean over seeds, 95 % Student-t interval). Certified ε: the mean ε the "
+        "selected runs' accountant reported, which holds for the point only if its "
+        "configuration had been fixed without looking at the other candidates. ε with "
+        "selection: the choice reads every candidate run (configurations × seeds, trained on "
+        "the same clients' data), so its cost to the training data is every candidate's "
+        "releases composed by the runs' accountant, whatever the validation data.",
     ]
+    if names.random_search is not None:
+        lines.append(
+            "ε with selection, random search: Papernot & Steinke (ICLR 2022) Thm. 2/6 by "
+            f"dp-accounting's RDP accountant, for a random search whose number of candidates "
+            f"is drawn from a {names.random_search} distribution with mean = the "
+            "configurations compared, each candidate one configuration with its seeds, only "
+            "the best released: a bound for that procedure, not for the grid that was run."
+        )
+    lines.append(
+        "The validation examples are held out of every client's training data: no ε covers "
+        "them, so the selection is free for them only if they are not private "
+        "(docs/privacy.md)."
+    )
     return "\n".join(lines) + "\n"
 
 
@@ -191,6 +247,7 @@ def frontier(
     metric: str = "final_test_accuracy",
     select: str = DEFAULT_METRIC,
     labels: Sequence[str] | None = None,
+    random_search: str | None = None,
 ) -> list[Path]:
     """Draw the privacy–utility frontier: test accuracy against certified ε, one curve per
     method; return the written paths.
@@ -200,10 +257,12 @@ def frontier(
     method with its 95 % band over seeds clipped to the metric's range, and each method's
     non-private accuracy as a dashed line in the same colour, named in the legend below the
     axes), ``frontier.csv`` (one row per
-    point: method, private, target and certified ε, adversary, the selected hyperparameters,
+    point: method, private, target and certified ε, the selection's cost (``selection_runs``,
+    ``epsilon_with_selection``, with ``random_search`` ``epsilon_random_search``), adversary,
+    the selected hyperparameters (``selected`` and one ``selected_<name>`` column each),
     seeds, ``metric`` and ``select`` as mean, 95 % interval and half-width) and
-    ``frontier.md`` (the table). Every caption says that the step size is selected on
-    validation accuracy at each ε, which is not itself private, as in the papers.
+    ``frontier.md`` (the table). Every caption says how the configuration was selected and
+    what each ε counts.
 
     Args:
         results_paths: one sweep's ``results.csv`` (or its folder) each.
@@ -211,6 +270,8 @@ def frontier(
         metric: the reported metric.
         select: the validation metric that selects the configuration at each ε.
         labels: one method label per file.
+        random_search: also Papernot & Steinke's random-search bound, with this distribution
+            of the number of candidates (:func:`~pl_privfed.report.frontier_points`).
 
     Returns:
         The written files.
@@ -218,8 +279,10 @@ def frontier(
     Raises:
         ValueError: as :func:`~pl_privfed.report.frontier_points`.
     """
-    points = frontier_points(results_paths, metric=metric, select=select, labels=labels)
-    names = _Names(metric, select)
+    points = frontier_points(
+        results_paths, metric=metric, select=select, labels=labels, random_search=random_search
+    )
+    names = _Names(metric, select, random_search)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written = [out / "frontier.png", out / "frontier.csv", out / "frontier.md"]

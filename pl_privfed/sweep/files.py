@@ -1,27 +1,6 @@
-"""Run a W&B grid sweep file locally, without a W&B server: ``pl-privfed sweep <sweep.yaml>``.
-
-The sweep files in ``configs/sweeps/`` are ordinary W&B sweep configurations (``wandb sweep``
-accepts them, and ``wandb agent`` runs their command lines unchanged). This runner expands their
-grid and runs every point sequentially as its own ``pl-privfed fit`` process with
-``--output_dir <out>/runs/<index>-<hash>``, where the hash covers the point's parameters, the
-sweep's command and every extra argument (``overrides``): a shortened smoke run
-(``-- --trainer.max_steps=20``) gets its own directories and is never taken for a full run. A
-point whose ``summary.json`` says ``finished`` is skipped (unless ``rerun``), so running a
-half-finished grid again resumes it; failed runs are re-run. After each run
-``<out>/results.csv`` is rewritten: one row per run (one per configuration of a run that trains a
-grid, :mod:`pl_privfed.grid`), from each run's ``summary.json`` (the columns and the writer are
-:mod:`pl_privfed.results`'s); ``pl-privfed report`` draws it.
-
-A sweep holds a lock on its output folder (``<out>/.sweep.lock``, holding the process id): a
-second sweep into the same folder is refused while the first runs; a lock left by a process that
-is no longer running is detected and taken over. Each run's CSV logs and offline W&B files live in
-its own directory, its W&B run is named after its parameters (``--run_name``) and grouped by the
-sweep's name (``WANDB_RUN_GROUP``).
-
-Seeds: a parameter ``seed`` (``seed: {values: [0, 1, 2]}``) is passed as ``--seed``, which sets
-every seed of a run (:class:`pl_privfed.cli.PrivFedCLI`); ``pl-privfed report`` and
-``pl-privfed compare`` aggregate the seeds of a configuration (mean ± std, 95 % interval).
-"""
+"""A sweep file and its points: reading a W&B grid sweep file, its points' arguments and run
+folders, the sweep's ``results.csv`` from the runs' ``summary.json`` files, and the lock on its
+output folder (:mod:`pl_privfed.sweep`)."""
 
 from __future__ import annotations
 
@@ -30,10 +9,7 @@ import csv
 import itertools
 import json
 import os
-import shlex
 import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -49,18 +25,20 @@ from pl_privfed.results import (
     result_row,
     run_id,
     save_results,
-    write_atomically,
 )
 
 __all__ = [
     "Sweep",
     "SweepLockedError",
+    "command_of",
     "failed_runs",
     "grid",
+    "identity",
     "load_sweep",
+    "point_dir",
+    "read_summary",
     "run_args",
     "run_name",
-    "run_sweep",
     "sweep_lock",
     "write_results",
 ]
@@ -171,7 +149,7 @@ def grid(sweep: Sweep) -> list[dict[str, Any]]:
     return [dict(zip(keys, combo, strict=True)) for combo in combos]
 
 
-def _command(sweep: Sweep) -> list[str]:
+def command_of(sweep: Sweep) -> list[str]:
     """The sweep's ``command`` after ``pl-privfed`` (or ``-m pl_privfed.cli``), without the
     ``${env}``, ``${interpreter}`` and ``${program}`` macros."""
     command = [c for c in sweep.command if c not in _DROPPED]
@@ -208,7 +186,7 @@ def run_args(
     name and group).
     """
     args: list[str] = []
-    for item in _command(sweep):
+    for item in command_of(sweep):
         if item == _ARGS:
             args += [f"--{k}={render_value(v)}" for k, v in params.items()]
         else:
@@ -218,12 +196,12 @@ def run_args(
     return args + ([f"--run_group={group}"] if group is not None else [])
 
 
-def _identity(sweep: Sweep, overrides: Sequence[str]) -> list[str]:
+def identity(sweep: Sweep, overrides: Sequence[str]) -> list[str]:
     """What, beside the parameters, makes a run of ``sweep``: its command and the overrides."""
-    return [c for c in _command(sweep) if c != _ARGS] + list(overrides)
+    return [c for c in command_of(sweep) if c != _ARGS] + list(overrides)
 
 
-def _read_summary(run_dir: Path) -> dict[str, Any] | None:
+def read_summary(run_dir: Path) -> dict[str, Any] | None:
     path = run_dir / "summary.json"
     if not path.is_file():
         return None
@@ -234,7 +212,7 @@ def _read_summary(run_dir: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def _run_dir(out_dir: Path, index: int, params: dict[str, Any], args: Sequence[str]) -> Path:
+def point_dir(out_dir: Path, index: int, params: dict[str, Any], args: Sequence[str]) -> Path:
     return out_dir / "runs" / run_id(index, params, args)
 
 
@@ -264,11 +242,11 @@ def write_results(sweep: Sweep, out_dir: str | os.PathLike, overrides: Sequence[
     """
     out_dir = Path(out_dir)
     names = column_names(list(sweep.parameters))
-    args = _identity(sweep, overrides)
+    args = identity(sweep, overrides)
     rows: list[dict[str, Any]] = []
     for index, params in enumerate(grid(sweep)):
-        run_dir = _run_dir(out_dir, index, params, args)
-        summary = _read_summary(run_dir)
+        run_dir = point_dir(out_dir, index, params, args)
+        summary = read_summary(run_dir)
         if summary is None:
             continue
         expanded = _grid_rows(run_dir, summary) if summary.get("status") == "finished" else None
@@ -357,105 +335,3 @@ def _old(path: Path, seconds: float = 60.0) -> bool:
         return time.time() - path.stat().st_mtime > seconds
     except OSError:
         return True
-
-
-def run_sweep(
-    path: str | os.PathLike,
-    out_dir: str | os.PathLike | None = None,
-    *,
-    overrides: Sequence[str] = (),
-    dry_run: bool = False,
-    rerun: bool = False,
-    python: str = sys.executable,
-) -> Path:
-    """Run every point of a grid sweep file sequentially; return the path of ``results.csv``.
-
-    Each point runs as ``[python, "-m", "pl_privfed.cli", *run_args(...), *overrides]`` in the
-    current directory, with ``WANDB_RUN_GROUP=<sweep name>`` (W&B groups the runs of a sweep),
-    ``WANDB_PROJECT=<project>`` when the sweep file names one, ``WANDB_MODE=offline`` unless
-    ``WANDB_MODE`` is set, ``--run_name`` made of the swept parameters and ``--run_group`` the
-    sweep's name; its output goes to
-    ``<run dir>/output.log``. Points whose ``summary.json`` says ``finished`` are skipped
-    (``rerun`` runs them again); failed ones are run again. A failing run does not stop the
-    grid: its ``summary.json`` records the failure (see :func:`failed_runs`). One progress line
-    is printed per point. The output folder is locked while the sweep runs
-    (:func:`sweep_lock`).
-
-    Args:
-        path: the sweep YAML.
-        out_dir: output directory (default ``sweeps/<sweep name>``); runs go to ``runs/``.
-        overrides: extra arguments appended to every run (``--trainer.max_steps=4``); they are
-            part of each run's identity (its directory).
-        dry_run: print the commands of the points that would run, run nothing, write nothing.
-        rerun: run the points that finished before as well.
-        python: the interpreter that runs the points.
-
-    Raises:
-        SweepLockedError: when another sweep runs in ``out_dir``.
-    """
-    sweep = load_sweep(path)
-    out = Path(out_dir) if out_dir is not None else Path("sweeps") / sweep.name
-    if dry_run:
-        _run_points(sweep, out, overrides, True, rerun, python)
-        return out / "results.csv"
-    with sweep_lock(out):
-        _run_points(sweep, out, overrides, False, rerun, python)
-        return write_results(sweep, out, overrides)
-
-
-def _run_points(
-    sweep: Sweep,
-    out: Path,
-    overrides: Sequence[str],
-    dry_run: bool,
-    rerun: bool,
-    python: str,
-) -> None:
-    env = dict(os.environ)
-    env["WANDB_RUN_GROUP"] = sweep.name
-    if sweep.project:
-        env.setdefault("WANDB_PROJECT", sweep.project)
-    env.setdefault("WANDB_MODE", "offline")
-    names = column_names(list(sweep.parameters))
-    shown = sweep.swept or list(sweep.parameters)
-    points = grid(sweep)
-    width = len(str(len(points)))
-    identity = _identity(sweep, overrides)
-    for index, params in enumerate(points):
-        run_dir = _run_dir(out, index, params, identity)
-        name = run_name(params, shown)
-        cmd = [python, "-m", "pl_privfed.cli", *run_args(sweep, params, run_dir, name, sweep.name)]
-        cmd += list(overrides)
-        label = f"[{index + 1:>{width}}/{len(points)}] {run_dir.name}"
-        label += f" {' '.join(f'{names[k]}={render_value(params[k])}' for k in shown)}"
-        summary = _read_summary(run_dir)
-        if summary is not None and summary.get("status") == "finished" and not rerun:
-            print(f"{label}: finished before, skipped", flush=True)
-            continue
-        if dry_run:
-            print(shlex.join(cmd), flush=True)
-            continue
-        print(f"{label}: ", end="", flush=True)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "summary.json").unlink(missing_ok=True)  # a stale result must not linger
-        (run_dir / "command.txt").write_text(shlex.join(cmd) + "\n")
-        start = time.perf_counter()
-        with (run_dir / "output.log").open("w") as log:
-            code = subprocess.call(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
-        seconds = time.perf_counter() - start
-        summary = _read_summary(run_dir)
-        if summary is None:  # it failed before training started (e.g. a configuration error)
-            lines = (run_dir / "output.log").read_text(errors="replace").strip().splitlines()
-            summary = {"status": f"failed: exit code {code}: {lines[-1] if lines else ''}"}
-            write_atomically(run_dir / "summary.json", json.dumps(summary, indent=2))
-        elif code != 0 and summary.get("status") == "finished":
-            summary["status"] = f"failed: exit code {code} after the fit finished"
-            write_atomically(run_dir / "summary.json", json.dumps(summary, indent=2, default=str))
-        if summary.get("status") == "finished":
-            acc = summary.get("final_val_accuracy")
-            acc_text = f"{acc:.4f}" if isinstance(acc, int | float) else "n/a"
-            print(f"finished in {seconds:.1f} s, final val accuracy {acc_text}", flush=True)
-        else:
-            status = str(summary.get("status")).strip().splitlines() or ["failed"]
-            print(f"{status[0]} (see {run_dir / 'output.log'})", flush=True)
-        write_results(sweep, out, overrides)

@@ -1,0 +1,240 @@
+"""Batched sweeps: the points of a sweep that can share a federation, trained as one grid.
+
+Points that differ only in arguments of the algorithm (``model.algorithm.init_args.<name>``:
+the step size, β, ... and the noise's fields, ``model.algorithm.init_args.noise.epsilon``, the
+target ε) and agree on everything else (the seed, the data, the config, the overrides) form a
+*group*. ``pl-privfed sweep --batch`` trains a group of two or more points as one
+``pl-privfed fit`` process whose model is a grid over exactly those points
+(``--model.grid='[{...}, ...]'``, :class:`pl_privfed.grid.GridModule`): every configuration sees
+the data, the initial model and the noise streams its separate run sees (the noise of client
+``i`` in round ``k`` is keyed by the noise seed, ``k`` and ``i``), and has its own privacy
+ledger (its σ calibrated to its own ε).
+
+When the group's process ends, every point gets what its separate run writes into its own run
+folder (``<out>/runs/<index>-<hash>``, the folder its separate run would use): a
+``summary.json`` with a separate run's keys, built from the group's ``summary.json`` (the run's
+data, its config with the point's values) and the configuration's own results (status, rounds,
+validation and test metrics, training loss, ε and privacy report), and its ``curves.csv``; plus
+``batched`` (the group's folder, the configuration's index, the group's size and wall time).
+``wall_time_s`` is the point's share of the group's fit; ``operator_means`` (the grid's first
+live configuration's) is ``None``. A configuration whose loss turns
+non-finite is failed alone (the grid freezes it); a group whose process fails before training
+(a configuration error) is run again point by point, so that each point reports its own error.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from pl_privfed.results import render_value, run_id, write_atomically
+from pl_privfed.sweep.files import read_summary
+
+__all__ = [
+    "BATCHED_PREFIX",
+    "Group",
+    "batch_parameter",
+    "group_args",
+    "groups",
+    "point_summaries",
+]
+
+#: the sweep parameters a group may vary: the algorithm's arguments
+BATCHED_PREFIX = "model.algorithm.init_args."
+#: a configuration's entries of summary.json that replace the group's
+_OWN = (
+    "status",
+    "rounds",
+    "final_val_accuracy",
+    "final_val_loss",
+    "final_val_round",
+    "best_val_accuracy",
+    "best_val_round",
+    "final_test_accuracy",
+    "final_test_loss",
+    "final_test_round",
+    "final_train_loss",
+)
+#: entries only a configuration that reached them has (a gradient-norm target)
+_OWN_IF_PRESENT = ("final_full_grad_norm", "rounds_to_target", "stopped_reason")
+#: the group's entries that are its first live configuration's, not each point's: ``None``
+NOT_PER_POINT = ("operator_means",)
+_PRIVACY = ("epsilon", "epsilon_paper_convention", "delta", "privacy")
+
+
+def batch_parameter(name: str, value: Any) -> str | None:
+    """The grid parameter of the sweep parameter ``name`` when points that differ in it can
+    share a federation (an argument of the algorithm, ``step_size``, or a field of its noise,
+    ``noise.epsilon``, with a plain value), else ``None``."""
+    if not name.startswith(BATCHED_PREFIX):
+        return None
+    if not (value is None or isinstance(value, bool | int | float | str)):
+        return None  # an object (class_path ...) is built by the CLI, not by the grid
+    parts = name[len(BATCHED_PREFIX) :].split(".")
+    if len(parts) == 1 or (len(parts) == 2 and parts[0] == "noise" and value is not None):
+        return ".".join(parts)
+    return None
+
+
+class Group:
+    """Points of a sweep trained as one federation.
+
+    Attributes:
+        indices: the points' indices in the sweep's grid.
+        points: their parameters (the sweep's names).
+        varying: the sweep parameters that differ between the points (each batchable).
+    """
+
+    def __init__(self, indices: list[int], points: list[dict[str, Any]], varying: list[str]):
+        self.indices, self.points, self.varying = indices, points, varying
+
+    @property
+    def grid(self) -> list[dict[str, Any]]:
+        """The ``--model.grid`` points: each point's values of the varying parameters."""
+        return [{batch_parameter(k, p[k]): p[k] for k in self.varying} for p in self.points]
+
+    def folder(self, out: Path, args: list[str]) -> Path:
+        """The group's run folder: ``<out>/groups/<first index>-<hash of its points>``."""
+        payload = {"points": self.points, "indices": self.indices}
+        return out / "groups" / run_id(self.indices[0], payload, args)
+
+
+def groups(points: dict[int, dict[str, Any]]) -> list[Group]:
+    """The points (index → parameters) in groups that can share a federation: equal in every
+    parameter but the batchable ones, in sweep order; a point alone is a group of one."""
+    keys = list(next(iter(points.values()), {}))
+    by_rest: dict[str, list[int]] = {}
+    for index, params in points.items():
+        fixed = {k: v for k, v in params.items() if batch_parameter(k, v) is None}
+        by_rest.setdefault(json.dumps(fixed, sort_keys=True, default=str), []).append(index)
+    out = []
+    for indices in by_rest.values():
+        members = [points[i] for i in indices]
+        varying = [k for k in keys if len({render_value(p[k]) for p in members}) > 1]
+        batchable = all(batch_parameter(k, p[k]) is not None for k in varying for p in members)
+        grids = [{batch_parameter(k, p[k]) for k in varying} for p in members]
+        if len(indices) > 1 and batchable and varying and len({frozenset(g) for g in grids}) == 1:
+            out.append(Group(indices, members, varying))
+        else:  # e.g. noise: null beside noise.epsilon values
+            out += [Group([i], [points[i]], []) for i in indices]
+    return sorted(out, key=lambda g: g.indices[0])
+
+
+def group_args(group: Group, folder: Path) -> list[str]:
+    """What a group's command adds to its first point's: the grid of its points and where the
+    grid's results go."""
+    return [
+        f"--model.grid={json.dumps(group.grid)}",
+        f"--model.grid_dir={folder / 'grid'}",
+    ]
+
+
+def _configurations(folder: Path, summary: dict[str, Any] | None) -> dict[int, Path]:
+    """The grid's configuration folders by index (``<group>/grid/runs/<k>-<hash>``)."""
+    grid_info = (summary or {}).get("grid")
+    results = Path(grid_info["results"]) if isinstance(grid_info, dict) else folder / "grid" / "x"
+    runs = results.parent / "runs"
+    if not runs.is_dir():
+        runs = folder / "grid" / "runs"
+    found = {}
+    for path in sorted(runs.glob("*/summary.json")) if runs.is_dir() else []:
+        own = read_summary(path.parent) or {}
+        if isinstance(own.get("grid_index"), int):
+            found[own["grid_index"]] = path.parent
+    return found
+
+
+def point_summaries(
+    group: Group,
+    folder: Path,
+    run_dirs: list[Path],
+    names: list[str],
+    code: int,
+    seconds: float,
+) -> list[dict[str, Any]] | None:
+    """Write every point's ``summary.json`` and ``curves.csv`` into its run folder from the
+    group's run (module docstring); return the summaries, or ``None`` when the group's process
+    wrote no summary (it failed before training: the caller runs the points one by one).
+    ``names`` are the points' run names, ``code`` and ``seconds`` the group process's exit
+    status and wall time."""
+    summary = read_summary(folder)
+    if summary is None:
+        return None
+    configurations = _configurations(folder, summary)
+    group_status = str(summary.get("status"))
+    if code != 0 and group_status == "finished":
+        group_status = f"failed: exit code {code} after the fit finished"
+    written = []
+    fit_seconds = summary.get("wall_time_s")
+    share = fit_seconds / len(group.points) if isinstance(fit_seconds, int | float) else None
+    points = zip(group.points, run_dirs, names, strict=True)
+    for k, (params, run_dir, name) in enumerate(points):
+        own_dir = configurations.get(k)
+        own = (read_summary(own_dir) if own_dir is not None else None) or {}
+        point = {key: value for key, value in summary.items() if key != "grid"}
+        for key in _PRIVACY:
+            point.pop(key, None)
+        point["private"] = False
+        for key in (*_OWN, *_PRIVACY, "private"):
+            if key in own:
+                point[key] = own[key]
+        for key in _OWN_IF_PRESENT:
+            if own.get(key) is not None or key in point:
+                point[key] = own.get(key)
+        for key in NOT_PER_POINT:
+            if key in point:
+                point[key] = None
+        status = str(own.get("status", group_status))
+        if status == "running" or (group_status != "finished" and status == "finished"):
+            status = group_status  # the group stopped while this configuration ran
+        point["status"] = status
+        point["wall_time_s"] = share  # the fit's, as a separate run's (no start-up)
+        point["config"] = _point_config(summary.get("config"), params, group, run_dir, name)
+        point["batched"] = {
+            "group": str(folder),
+            "configuration": k,
+            "points": len(group.points),
+            "group_wall_time_s": fit_seconds,
+            "group_process_s": seconds,
+            "not_per_point": [key for key in NOT_PER_POINT if key in summary],
+            "command": str(folder / "command.txt"),
+            "output": str(folder / "output.log"),
+        }
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_atomically(run_dir / "summary.json", json.dumps(point, indent=2, default=str))
+        if own_dir is not None and (own_dir / "curves.csv").is_file():
+            shutil.copyfile(own_dir / "curves.csv", run_dir / "curves.csv")
+        written.append(point)
+    return written
+
+
+def _point_config(
+    config: Any, params: dict[str, Any], group: Group, run_dir: Path, name: str
+) -> Any:
+    """The group's resolved config as the point's separate run's: no grid, the point's values
+    of the varying parameters, its own output folder and run name."""
+    if not isinstance(config, dict):
+        return config
+    config = copy.deepcopy(config)
+    model = config.get("model")
+    if isinstance(model, dict):
+        for key in ("grid", "grid_dir", "grid_chunk"):
+            if key in model:
+                model[key] = None
+    for parameter in group.varying:  # model.algorithm.init_args.noise.epsilon
+        *path, last = parameter.split(".")
+        node: Any = config
+        for part in path:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node[last] = params[parameter]
+    for key, value in (("output_dir", str(run_dir)), ("run_name", name)):
+        if key in config:
+            config[key] = value
+    trainer = config.get("trainer")
+    if isinstance(trainer, dict) and "default_root_dir" in trainer:
+        trainer["default_root_dir"] = str(run_dir)
+    return config

@@ -1,0 +1,208 @@
+"""Running a sweep's points: each as its own ``pl-privfed fit`` process, or, with ``batch``, the
+points that can share a federation as one (:mod:`pl_privfed.sweep.batch`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from pl_privfed.results import column_names, render_value, write_atomically
+from pl_privfed.sweep.batch import Group, group_args, groups, point_summaries
+from pl_privfed.sweep.files import (
+    Sweep,
+    grid,
+    identity,
+    load_sweep,
+    point_dir,
+    read_summary,
+    run_args,
+    run_name,
+    sweep_lock,
+    write_results,
+)
+
+__all__ = ["run_sweep"]
+
+
+def run_sweep(
+    path: str | os.PathLike,
+    out_dir: str | os.PathLike | None = None,
+    *,
+    overrides: Sequence[str] = (),
+    dry_run: bool = False,
+    rerun: bool = False,
+    python: str = sys.executable,
+    batch: bool = False,
+) -> Path:
+    """Run every point of a grid sweep file sequentially; return the path of ``results.csv``.
+
+    Each point runs as ``[python, "-m", "pl_privfed.cli", *run_args(...), *overrides]`` in the
+    current directory, with ``WANDB_RUN_GROUP=<sweep name>`` (W&B groups the runs of a sweep),
+    ``WANDB_PROJECT=<project>`` when the sweep file names one, ``WANDB_MODE=offline`` unless
+    ``WANDB_MODE`` is set, ``--run_name`` made of the swept parameters and ``--run_group`` the
+    sweep's name; its output goes to
+    ``<run dir>/output.log``. Points whose ``summary.json`` says ``finished`` are skipped
+    (``rerun`` runs them again); failed ones are run again. A failing run does not stop the
+    grid: its ``summary.json`` records the failure (see :func:`failed_runs`). One progress line
+    is printed per point. The output folder is locked while the sweep runs
+    (:func:`sweep_lock`).
+
+    With ``batch``, the points left to run that differ only in the algorithm's arguments (the
+    step size, the target ε, ...) run as one process each group
+    (:mod:`pl_privfed.sweep.batch`, in ``<out>/groups/``), and each point still gets its own
+    run folder, ``summary.json`` and ``results.csv`` row, as its separate run would.
+
+    Args:
+        path: the sweep YAML.
+        out_dir: output directory (default ``sweeps/<sweep name>``); runs go to ``runs/``.
+        overrides: extra arguments appended to every run (``--trainer.max_steps=4``); they are
+            part of each run's identity (its directory).
+        dry_run: print the commands of the points that would run, run nothing, write nothing.
+        rerun: run the points that finished before as well.
+        python: the interpreter that runs the points.
+        batch: train the points that can share a federation as one grid per group.
+
+    Raises:
+        SweepLockedError: when another sweep runs in ``out_dir``.
+    """
+    sweep = load_sweep(path)
+    out = Path(out_dir) if out_dir is not None else Path("sweeps") / sweep.name
+    runner = _Runner(sweep, out, overrides, dry_run, python)
+    if dry_run:
+        runner.run(rerun, batch)
+        return out / "results.csv"
+    with sweep_lock(out):
+        runner.run(rerun, batch)
+        return write_results(sweep, out, overrides)
+
+
+class _Runner:
+    """The processes of one sweep: its points one by one, or its groups as grids."""
+
+    def __init__(
+        self, sweep: Sweep, out: Path, overrides: Sequence[str], dry_run: bool, python: str
+    ) -> None:
+        self.sweep, self.out, self.overrides = sweep, out, list(overrides)
+        self.dry_run, self.python = dry_run, python
+        self.env = dict(os.environ)
+        self.env["WANDB_RUN_GROUP"] = sweep.name
+        if sweep.project:
+            self.env.setdefault("WANDB_PROJECT", sweep.project)
+        self.env.setdefault("WANDB_MODE", "offline")
+        self.names = column_names(list(sweep.parameters))
+        self.shown = sweep.swept or list(sweep.parameters)
+        self.points = grid(sweep)
+        self.width = len(str(len(self.points)))
+        self.identity = identity(sweep, overrides)
+
+    def run_dir(self, index: int) -> Path:
+        return point_dir(self.out, index, self.points[index], self.identity)
+
+    def label(self, index: int) -> str:
+        params = self.points[index]
+        text = f"[{index + 1:>{self.width}}/{len(self.points)}] {self.run_dir(index).name}"
+        return (
+            text + f" {' '.join(f'{self.names[k]}={render_value(params[k])}' for k in self.shown)}"
+        )
+
+    def run(self, rerun: bool, batch: bool) -> None:
+        todo: dict[int, dict] = {}
+        for index, params in enumerate(self.points):
+            summary = read_summary(self.run_dir(index))
+            if summary is not None and summary.get("status") == "finished" and not rerun:
+                print(f"{self.label(index)}: finished before, skipped", flush=True)
+                continue
+            if not batch:
+                self.run_point(index)
+                continue
+            todo[index] = params
+        for group in groups(todo) if batch else []:
+            if len(group.indices) > 1 and self.run_group(group):
+                continue
+            for index in group.indices:
+                self.run_point(index)
+
+    def run_point(self, index: int) -> None:
+        """Point ``index`` as its own ``pl-privfed fit`` process."""
+        params, run_dir = self.points[index], self.run_dir(index)
+        name = run_name(params, self.shown)
+        cmd = [self.python, "-m", "pl_privfed.cli"]
+        cmd += [*run_args(self.sweep, params, run_dir, name, self.sweep.name), *self.overrides]
+        if self.dry_run:
+            print(shlex.join(cmd), flush=True)
+            return
+        print(f"{self.label(index)}: ", end="", flush=True)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "summary.json").unlink(missing_ok=True)  # a stale result must not linger
+        (run_dir / "command.txt").write_text(shlex.join(cmd) + "\n")
+        start = time.perf_counter()
+        with (run_dir / "output.log").open("w") as log:
+            code = subprocess.call(cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT)
+        seconds = time.perf_counter() - start
+        summary = read_summary(run_dir)
+        if summary is None:  # it failed before training started (e.g. a configuration error)
+            lines = (run_dir / "output.log").read_text(errors="replace").strip().splitlines()
+            summary = {"status": f"failed: exit code {code}: {lines[-1] if lines else ''}"}
+            write_atomically(run_dir / "summary.json", json.dumps(summary, indent=2))
+        elif code != 0 and summary.get("status") == "finished":
+            summary["status"] = f"failed: exit code {code} after the fit finished"
+            write_atomically(run_dir / "summary.json", json.dumps(summary, indent=2, default=str))
+        print(_outcome(summary, seconds, run_dir / "output.log"), flush=True)
+        write_results(self.sweep, self.out, self.overrides)
+
+    def run_group(self, group: Group) -> bool:
+        """The points of ``group`` as one grid (:mod:`~pl_privfed.sweep.batch`); ``False``
+        when its process failed before training (its points are then run one by one)."""
+        folder = group.folder(self.out, self.identity)
+        first = group.points[0]
+        fixed = [k for k in self.shown if k not in group.varying]
+        name = f"{run_name(first, fixed)} ({len(group.points)} points)"
+        cmd = [self.python, "-m", "pl_privfed.cli"]
+        cmd += [*run_args(self.sweep, first, folder, name, self.sweep.name)]
+        cmd += [*group_args(group, folder), *self.overrides]
+        if self.dry_run:
+            print(shlex.join(cmd), flush=True)
+            return True
+        numbers = ", ".join(str(i + 1) for i in group.indices)
+        print(f"[batch of {len(group.indices)}: points {numbers}] {folder.name}: ", end="")
+        print("running", flush=True)
+        run_dirs = [self.run_dir(i) for i in group.indices]
+        names = [run_name(self.points[i], self.shown) for i in group.indices]
+        for run_dir in run_dirs:
+            (run_dir / "summary.json").unlink(missing_ok=True)
+        shutil.rmtree(folder, ignore_errors=True)  # an earlier try's results must not linger
+        folder.mkdir(parents=True)
+        (folder / "command.txt").write_text(shlex.join(cmd) + "\n")
+        start = time.perf_counter()
+        with (folder / "output.log").open("w") as log:
+            code = subprocess.call(cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT)
+        seconds = time.perf_counter() - start
+        summaries = point_summaries(group, folder, run_dirs, names, code, seconds)
+        if summaries is None:
+            lines = (folder / "output.log").read_text(errors="replace").strip().splitlines()
+            print(f"  the group failed before training ({lines[-1] if lines else code}): "
+                  "running its points one by one", flush=True)  # fmt: skip
+            return False
+        for index, summary in zip(group.indices, summaries, strict=True):
+            print(f"{self.label(index)}: ", end="")
+            print(_outcome(summary, seconds, folder / "output.log", batched=True), flush=True)
+        write_results(self.sweep, self.out, self.overrides)
+        return True
+
+
+def _outcome(summary: dict, seconds: float, log: Path, batched: bool = False) -> str:
+    """A point's progress line: how it ended."""
+    if summary.get("status") == "finished":
+        acc = summary.get("final_val_accuracy")
+        acc_text = f"{acc:.4f}" if isinstance(acc, int | float) else "n/a"
+        where = " (its group's)" if batched else ""
+        return f"finished in {seconds:.1f} s{where}, final val accuracy {acc_text}"
+    status = str(summary.get("status")).strip().splitlines() or ["failed"]
+    return f"{status[0]} (see {log})"

@@ -1,0 +1,91 @@
+"""The vectorized client streams: the same indices as the per-client definition, whatever the
+clients asked, their chunks, their order and the rounds asked before."""
+
+import pickle
+from itertools import pairwise
+
+import numpy as np
+import pytest
+import torch
+
+from pl_privfed.datamodules import ClientStreams, ReferenceClientStreams
+from pl_privfed.datamodules.streams import seed_sequence_seeds
+
+
+def shards_of(sizes, seed=0):
+    """Disjoint shards of the given sizes, each sorted (as the partitioners store them)."""
+    perm = np.random.default_rng(seed).permutation(sum(sizes))
+    bounds = np.cumsum([0, *sizes])
+    return [np.sort(perm[a:b]) for a, b in pairwise(bounds)]
+
+
+@pytest.mark.parametrize(
+    ("sizes", "batch", "sampling", "shuffle"),
+    [
+        ([5] * 12, 5, "epochs", True),  # the quickstart's shape: a new epoch every round
+        ([1, 3, 7, 12, 2, 30, 5, 9], 4, "epochs", True),  # straddles; shards below the batch
+        ([1, 2, 3], 7, "epochs", True),  # a round spans three or more epochs of a client
+        ([4, 9, 6, 11], 3, "epochs", False),  # the stored order (incremental gradient)
+        ([6, 9, 4, 12, 5], 4, "without_replacement", True),
+    ],
+)
+@pytest.mark.parametrize("seed", [0, 7, 2**40 + 3])  # a seed over 32 bits takes two words
+def test_indices_equal_the_per_client_definition(sizes, batch, sampling, shuffle, seed):
+    shards = shards_of(sizes)
+    new = ClientStreams(shards, batch, seed, shuffle, sampling)
+    old = ReferenceClientStreams(shards, batch, seed, shuffle, sampling)
+    gen = np.random.default_rng(1)
+    # rounds in order (the cache hits), then jumps forward and back (it misses)
+    for k in [*range(8), 40, 3, 41, 0, 97, 96]:
+        full = old.indices(k)
+        assert torch.equal(new.indices(k), full), k
+        ids = torch.as_tensor(gen.choice(len(sizes), gen.integers(0, 2 * len(sizes)), True))
+        assert torch.equal(new.indices(k, ids), full[ids]), k  # any subset, order, repeats
+    if shuffle:  # another seed, other streams
+        other = ClientStreams(shards, batch, seed + 1, shuffle, sampling)
+        assert not torch.equal(new.indices(3), other.indices(3))
+
+
+@pytest.mark.parametrize("chunk", [1, 5])
+def test_indices_do_not_depend_on_the_chunking_or_on_earlier_calls(chunk):
+    shards = shards_of([3, 8, 5, 1, 13, 6] * 2)
+    streams, whole = ClientStreams(shards, 4, 3), ClientStreams(shards, 4, 3)
+    for k in range(8):
+        ids = torch.arange(len(shards))
+        parts = [streams.indices(k, part) for part in reversed(ids.split(chunk))]
+        assert torch.equal(torch.cat(parts[::-1]), whole.indices(k))
+    # a fresh object (a resumed run) at round 7 reads what the used ones read
+    assert torch.equal(ClientStreams(shards, 4, 3).indices(7), whole.indices(7))
+    # and so does a pickled copy, cache included (a datamodule sent to another process)
+    assert torch.equal(pickle.loads(pickle.dumps(streams)).indices(8), whole.indices(8))
+
+
+def test_every_example_once_per_local_epoch_and_uniform_permutations():
+    clients, size = 4000, 4
+    streams = ClientStreams(shards_of([size] * clients), 2, seed=5)
+    epoch = torch.cat([streams.indices(0), streams.indices(1)], 1)  # rounds 0-1: epoch 0
+    assert torch.equal(epoch.sort(1).values, torch.as_tensor(np.stack(streams.shards)))
+    # which of its shard's examples each client draws first: uniform over the 4 positions
+    first = (torch.stack(streams.shards) == epoch[:, :1]).int().argmax(1)
+    counts = torch.bincount(first, minlength=size).double()
+    expected = clients / size
+    assert ((counts - expected).abs() < 5 * (clients * 0.25 * 0.75) ** 0.5).all(), counts
+    # the next epoch is a fresh permutation, not the same one again
+    second = torch.cat([streams.indices(2), streams.indices(3)], 1)
+    assert (second != epoch).any(1).float().mean() > 0.9  # 23 of 24 permutations differ
+
+
+def test_seed_sequence_seeds_are_numpys():
+    gen = np.random.default_rng(2)
+    clients, epochs = gen.integers(0, 2**32, 50), gen.integers(0, 2**31, 50)
+    for seed in (0, 123, 2**32 + 5, 2**70):
+        for tag in ((), (0x57,)):
+            got = seed_sequence_seeds(seed, clients, epochs, *tag)
+            for row, value in enumerate(got):
+                key = [seed, int(clients[row]), int(epochs[row]), *tag]
+                words = np.random.SeedSequence(key).generate_state(2)
+                assert value == int(words[0]) << 32 | int(words[1])
+    with pytest.raises(ValueError, match="must be >= 0, got -1"):
+        seed_sequence_seeds(-1, clients)
+    with pytest.raises(ValueError, match=r"in \[0, 2\*\*32\)"):
+        seed_sequence_seeds(0, np.array([2**32]))
