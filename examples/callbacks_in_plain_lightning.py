@@ -100,7 +100,7 @@ class DigitsClassifier(pl.LightningModule):
 def main(output_dir: str = "logs/plain_callbacks") -> pl.Trainer:
     pl.seed_everything(0)
     callbacks = [
-        # ε of the DP-SGD steps (Poisson rate q, noise multiplier σ; Opacus RDP accountant);
+        # ε of the DP-SGD steps (Poisson rate q, noise multiplier σ; dp-accounting's PLD, the default);
         # training stops before the step that would spend more than ε = 3.
         PrivacyBudget(epsilon=3.0, delta=1e-5, noise_multiplier=NOISE_MULTIPLIER,
                       sample_rate=SAMPLE_RATE),

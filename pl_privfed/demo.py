@@ -14,7 +14,7 @@ split over 5 clients with 2 digit classes each:
 Every run goes through the ``pl-privfed fit`` command in this process: the command passes itself
 in as the ``runner`` (:func:`pl_privfed.cli.main`; this module does not import the command, which
 imports it). The certified ε is the one the package's accountant
-(:class:`~pl_privfed.privacy.PrivacyAccountant`, Opacus RDP) reports in each run's
+(:class:`~pl_privfed.privacy.PrivacyAccountant`, dp-accounting's PLD) reports in each run's
 ``summary.json``. The demo prints a table and saves ``demo.png`` (validation accuracy
 and validation loss against rounds; the table's test numbers are measured once, for the final
 model) and ``demo.csv``.
@@ -224,7 +224,7 @@ def main(
         f"Privacy unit: one training image of a client — {private['privacy_unit']}; "
         f"{private['neighbouring']} neighbours.\nThe server (PORTER-DP: the neighbours) sees "
         "every message and who sent it; nothing is sampled, so no amplification is claimed;\n"
-        "ε is what the package's accountant (Opacus RDP) certifies for the noise each client "
+        "ε is what the package's accountant (dp-accounting's PLD) certifies for the noise each client "
         "added."
     )
     print()

@@ -240,17 +240,20 @@ class FederatedModule(pl.LightningModule):
             every = self.epsilon_every
             due = self._logging_round if every is None else (round_index + 1) % every == 0
             if due or last:
-                self._log_epsilon()
+                self._log_epsilon(exact=last)
 
-    def _log_epsilon(self) -> None:
+    def _log_epsilon(self, exact: bool = True) -> None:
         """ε against the headline adversary (the progress bar names it), every adversary's
-        (``privacy/epsilon_<adversary>``) and the papers' convention."""
-        ledger = self.privacy_ledger
-        self.log("privacy/epsilon", ledger.epsilon(), prog_bar=True, batch_size=1)
+        (``privacy/epsilon_<adversary>``) and the papers' convention; before the last round
+        the accountant's cheaper upper bound (the PLD at a coarse discretization, within about
+        1 % of the exact ε at a tenth of the cost), on the last round the exact ε."""
+        ledger, upper = self.privacy_ledger, not exact
+        self.log("privacy/epsilon", ledger.epsilon(upper=upper), prog_bar=True, batch_size=1)
         for adversary in ledger.adversaries:
-            epsilon = ledger.epsilon(adversary=adversary)
+            epsilon = ledger.epsilon(adversary=adversary, upper=upper)
             self.log(f"privacy/epsilon_{adversary}", epsilon, batch_size=1)
-        self.log("privacy/epsilon_paper_convention", ledger.epsilon_paper(), batch_size=1)
+        paper = ledger.epsilon_paper(upper=upper)
+        self.log("privacy/epsilon_paper_convention", paper, batch_size=1)
 
     @override
     def on_fit_start(self) -> None:

@@ -112,6 +112,14 @@ def rdp_golden(relation, event, count, delta=1e-5, orders=None):
     return acc.get_epsilon(delta)
 
 
+def pld_golden(event, count, delta=1e-5):
+    """dp-accounting's PLD accountant (the ε of ``accountant: auto``), for an event whose noise
+    multiplier is per the relation's sensitivity already (so a sensitivity-1 add/remove event)."""
+    acc = PLDAccountant(ADD_REMOVE, value_discretization_interval=1e-4)
+    acc.compose(dp_accounting.SelfComposedDpEvent(event, count))
+    return acc.get_epsilon(delta)
+
+
 # ---------------------------------------------------------------------------- plain references
 #: a reference's noise: placement, σ (of the sum), t, draws, seed
 Noise = namedtuple("Noise", "placement std t draws seed")
@@ -493,7 +501,9 @@ def test_aborted_rounds_are_counted_and_compose_nothing(tmp_path):
         assert entry["releases"] == rounds - aborted
     # the server: σ/2Φ = z per released round, replace-one, no amplification
     golden = rdp_golden(REPLACE, dp_accounting.GaussianDpEvent(z), rounds - aborted)
-    assert report["epsilon"] == pytest.approx(golden, rel=1e-6)
+    assert report["epsilon_rdp"] == pytest.approx(golden, rel=1e-6)
+    pld = pld_golden(dp_accounting.GaussianDpEvent(z), rounds - aborted)
+    assert report["epsilon"] == pytest.approx(pld, rel=1e-6)
     assert report["adversary"] == "server"
     per_round = binom.cdf(t - 1, n, q)
     any_round = 1 - (1 - per_round) ** rounds
@@ -681,12 +691,14 @@ def test_central_poisson_models_epsilon_is_dp_accountings_rdp_and_pld():
     assert mech.noise_multiplier == pytest.approx(z)
     assert (mech.sample_rate, mech.sampling) == (q, "poisson")
     golden = rdp_golden(ADD_REMOVE, event, K, orders=list(range(2, 257)))
-    eps = ledger.epsilon()
+    eps = ledger.accountant.get_epsilon_rdp(1e-5)  # the RDP bound beside the PLD ε
     assert golden * 0.99 < eps <= golden * (1 + 1e-9)
-    assert eps == ledger.epsilon(adversary="models")
     pld = PLDAccountant(ADD_REMOVE, value_discretization_interval=1e-4)
     pld.compose(event, K)
     pld_eps = pld.get_epsilon(1e-5)
+    # accountant: auto is dp-accounting's PLD itself
+    assert ledger.epsilon() == pytest.approx(pld_eps, rel=1e-6)
+    assert ledger.epsilon() == ledger.epsilon(adversary="models")
     noise = DPNoise(noise_multiplier=z, placement="central", accountant="prv")
     prv = ledger_of(_dp_fedavg(noise, PoissonSampler(q), n), K)
     assert prv.epsilon() == pytest.approx(pld_eps, rel=0.01)
@@ -713,16 +725,22 @@ def test_local_and_distributed_server_epsilon_is_unamplified_replace_one():
     a, b = ledger_of(local, K), ledger_of(dist, K)
     assert a.adversaries == b.adversaries == ["server", "models"]
     golden = rdp_golden(REPLACE, dp_accounting.GaussianDpEvent(z), K)
-    assert a.epsilon() == pytest.approx(golden, rel=1e-6)
+    assert a.accountant.get_epsilon_rdp(1e-5) == pytest.approx(golden, rel=1e-6)
+    assert a.epsilon() == pytest.approx(pld_golden(dp_accounting.GaussianDpEvent(z), K), rel=1e-6)
     assert b.epsilon() == a.epsilon() and b.epsilon(adversary="server") == a.epsilon()
     (server,) = b.mechanisms(0, "server")
     assert server.sample_rate == 1.0 and server.noise_multiplier == pytest.approx(z)
     # the models: add/remove, Φ, Poisson at q: multiplier σ/Φ = 2z
     amplified = rdp_golden(ADD_REMOVE, dp_accounting.PoissonSampledDpEvent(
         q, dp_accounting.GaussianDpEvent(2 * z)), K, orders=list(range(2, 257)))  # fmt: skip
+    amplified_pld = pld_golden(
+        dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(2 * z)), K
+    )
     for ledger in (a, b):
+        rdp = ledger.accountants["models"].get_epsilon_rdp(1e-5)
+        assert amplified * 0.97 < rdp <= amplified * (1 + 1e-9)
         eps = ledger.epsilon(adversary="models")
-        assert amplified * 0.97 < eps <= amplified * (1 + 1e-9)
+        assert eps == pytest.approx(amplified_pld, rel=1e-6)
         assert eps < ledger.epsilon()
     report = b.report()
     assert report["adversary"] == "server" and report["placement"] == "distributed"

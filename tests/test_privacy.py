@@ -141,9 +141,11 @@ def test_target_calibration_reaches_the_target():
     alg = AlphaNormEC(0.1, 0.1, 0.01, noise=DPNoise(epsilon=8.0, calibration="target"))
     alg.setup(num_clients=10, dim=5, num_rounds=300)
     (mech,) = mechanisms(alg)
-    acc = PrivacyAccountant("rdp")
+    acc = PrivacyAccountant()  # the run's (auto: PLD, the exact Gaussian ε here)
     acc.step(noise_multiplier=mech.noise_multiplier, sample_rate=1.0, num_steps=300)
-    assert 8.0 * 0.98 < acc.get_epsilon(1e-5) <= 8.0
+    assert 8.0 - 0.01 <= acc.get_epsilon(1e-5) <= 8.0
+    # RDP's bound at this noise is above the target (8.59): PLD buys 6 % less noise
+    assert 8.5 < acc.get_epsilon_rdp(1e-5) < 8.7
     # the paper formula at the same target spends more (about 13)
     assert mech.noise_multiplier > paper_noise_std(sensitivity=1, epsilon=8, delta=1e-5, rounds=300)
 

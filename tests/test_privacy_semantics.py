@@ -45,6 +45,13 @@ def dp_accounting_epsilon(relation, event, count, delta, orders=None):
     return acc.get_epsilon(delta)
 
 
+def dp_accounting_pld_epsilon(relation, event, count, delta):
+    """dp-accounting's own PLD accountant: the golden value of ``accountant: auto``."""
+    acc = dp_accounting.pld.PLDAccountant(neighboring_relation=relation)
+    acc.compose(dp_accounting.SelfComposedDpEvent(event, count))
+    return acc.get_epsilon(delta)
+
+
 def compose(alg, rounds, accountant="rdp", paper=False):
     acc = PrivacyAccountant(accountant)
     for k in range(rounds):
@@ -174,9 +181,13 @@ def test_calibrate_noise_std_matches_opacus_for_poisson_sampling():
 
     opacus = get_noise_multiplier(target_epsilon=3.0, target_delta=1e-5, sample_rate=0.1,
                                   steps=200, accountant="rdp")  # fmt: skip
-    ours = calibrate_noise_std(target_epsilon=3.0, delta=1e-5,
+    ours = calibrate_noise_std(target_epsilon=3.0, delta=1e-5, accountant="rdp",
                                plan=lambda s: [(Mechanism(s, 0.1), 200)])  # fmt: skip
     assert ours == pytest.approx(opacus, rel=0.01)
+    # the default (PLD) needs less noise for the same ε
+    pld = calibrate_noise_std(target_epsilon=3.0, delta=1e-5,
+                              plan=lambda s: [(Mechanism(s, 0.1), 200)])  # fmt: skip
+    assert 0.85 * opacus < pld < 0.97 * opacus
 
 
 def test_mixing_poisson_and_without_replacement_is_refused():
@@ -352,8 +363,19 @@ def test_report_gives_both_epsilons_with_their_assumptions(tmp_path):
                enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
                default_root_dir=tmp_path).fit(module, datamodule=dm)  # fmt: skip
     report = module.privacy_report()
-    assert report["epsilon"] == pytest.approx(87.82, abs=0.01)
-    assert report["epsilon_paper_convention"] == pytest.approx(13.51, abs=0.01)
+    # auto: dp-accounting's PLD, the RDP bound beside it (what RDP, the default before, gave)
+    server_sigma = report["adversaries"]["server"]["noise_multiplier"]
+    # (the multiplier is per the replace-one sensitivity 2Φ already: a sensitivity-1 Gaussian)
+    golden = dp_accounting_pld_epsilon(ADD_REMOVE, dp_accounting.GaussianDpEvent(server_sigma),
+                                       300, 1e-5)  # fmt: skip
+    assert report["epsilon"] == pytest.approx(golden, rel=1e-6)
+    assert report["epsilon_rdp"] == pytest.approx(87.82, abs=0.01)
+    paper_event = dp_accounting.PoissonSampledDpEvent(
+        0.5, dp_accounting.GaussianDpEvent(report["paper_convention"]["noise_multiplier"])
+    )
+    golden_paper = dp_accounting_pld_epsilon(ADD_REMOVE, paper_event, 300, 1e-5)
+    assert report["epsilon_paper_convention"] == pytest.approx(golden_paper, rel=1e-6)
+    assert report["epsilon_paper_convention"] < 13.51  # RDP's
     assert report["neighbouring_relation"] == "replace_one" and report["sensitivity"] == 2.0
     accounting, paper = report["accounting"], report["paper_convention"]
     assert (
@@ -524,7 +546,9 @@ def test_resuming_with_more_rounds_keeps_the_calibrated_noise(tmp_path):
         math.sqrt(40 * math.log(1e5)) / 8
     )
     assert report["rounds_accounted"] == 40
-    golden = dp_accounting_epsilon(REPLACE, dp_accounting.GaussianDpEvent(sigma_30 / 2), 40, 1e-5)
+    golden = dp_accounting_pld_epsilon(  # σ/2: per the replace-one sensitivity 2
+        ADD_REMOVE, dp_accounting.GaussianDpEvent(sigma_30 / 2), 40, 1e-5
+    )
     assert report["epsilon"] == pytest.approx(golden, rel=1e-6)
 
 

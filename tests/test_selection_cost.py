@@ -100,13 +100,18 @@ def history_at(eps):
              "population": None, "releases": 20}]  # fmt: skip
 
 
-def sweep_with_histories(root, legacy=False, legacy_shuffled=False, misreported=False):
+def sweep_with_histories(
+    root, legacy=False, legacy_shuffled=False, misreported=False, rdp_era=False
+):
     """2 targets × 2 step sizes × 2 seeds, every run's summary with its history and the ε that
     history certifies; ``legacy_shuffled``: summaries from before histories were kept, of
     releases sampled without replacement (no population: nothing to compose); ``legacy``: such
     summaries of releases without sampling (rebuilt from the mechanism); ``misreported``:
-    each run reports twice the ε its history certifies."""
-    runs, certified = [], {e: composed_epsilon([history_at(e)], DELTA) for e in SIGMA}
+    each run reports twice the ε its history certifies; ``rdp_era``: runs of ``auto`` from when
+    it was Opacus's RDP for unsampled releases (the library named in the summary)."""
+    mechanism = "rdp" if rdp_era else "auto"
+    runs = []
+    certified = {e: composed_epsilon([history_at(e)], DELTA, mechanism) for e in SIGMA}
     certified = {e: v * (2 if misreported else 1) for e, v in certified.items()}
     for eps in SIGMA:
         for step in (0.1, 1.0):
@@ -117,6 +122,8 @@ def sweep_with_histories(root, legacy=False, legacy_shuffled=False, misreported=
                               "releases": 20}  # fmt: skip
                 if not (legacy or legacy_shuffled):
                     accounting["history"] = history_at(eps)
+                if rdp_era:
+                    accounting["accountant"] = "Opacus RDP"
                 runs.append(({"seed": seed, EPS: eps, STEP: step},
                               {"final_val_accuracy": val, "final_test_accuracy": val - 0.01,
                                "epsilon": certified[eps],
@@ -175,3 +182,15 @@ def test_a_summary_without_a_usable_history_leaves_the_column_empty_with_a_warni
     with pytest.warns(UserWarning, match=f"no ε with selection: {message}"):
         points = frontier_points([sweep_with_histories(tmp_path, **{kind: True})])
     assert all(math.isnan(p.cost.composed) and p.cost.runs == 4 for p in points)
+
+
+def test_runs_of_auto_from_its_rdp_days_are_composed_with_rdp(tmp_path):
+    """Summaries of ``accountant: auto`` written while auto meant Opacus RDP for unsampled
+    releases (their ``accounting.accountant`` says so) are composed with RDP, which gives back
+    their reported ε; composed with today's PLD they would be dropped (7-9 % below)."""
+    points = frontier_points([sweep_with_histories(tmp_path, rdp_era=True)])
+    for point, eps in zip(points, SIGMA, strict=True):
+        assert point.cost.note == "" and point.cost.runs == 4
+        rdp = accountant_of(history_at(eps), times=4, mechanism="rdp").get_epsilon(DELTA)
+        assert point.cost.composed == pytest.approx(rdp)
+        assert point.cost.composed > accountant_of(history_at(eps), times=4).get_epsilon(DELTA)

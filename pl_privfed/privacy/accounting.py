@@ -8,18 +8,20 @@ without replacement, which Opacus does not analyse, and from ``dp_accounting``'s
 distributions (:mod:`pl_privfed.privacy.pld`: the tight dominating pairs, Zhu, Dong & Wang 2022
 for sampling without replacement) for the PLD accountant.
 
-Which accountant (``accountant:``, :data:`AccountantName`): ``"auto"`` (the default) is the PLD
-accountant for a history with releases sampled without replacement, where the RDP bound is
-loose by a factor of two or more (ε = 7.995 by RDP is 3.8 by PLD for the record-level MNIST
-configurations' noise), and Opacus RDP otherwise, where PLD is 7–9 % tighter and the shipped,
-measured configurations keep the noise they were measured with; ``"pld"`` is the PLD accountant
-for every history; ``"rdp"`` and ``"prv"`` as before (RDP for releases sampled without
-replacement). Wherever the ε is not RDP's, the RDP bound is reported beside it
-(:meth:`PrivacyAccountant.get_epsilon_rdp`). Opacus stays the RDP library because it is
-PyTorch-native (the same library users reach for to privatize a plain Lightning module with
-per-example clipping), its accountants expose the small ``step(noise_multiplier=, sample_rate=)``
-/ ``get_epsilon(delta)`` interface this package needs, and their state is a plain history list
-that checkpoints cleanly.
+Which accountant (``accountant:``, :data:`AccountantName`): ``"auto"`` (the default) and
+``"pld"`` are the PLD accountant for every history: releases sampled without replacement, where
+the RDP bound is loose by a factor of two or more (ε = 7.995 by RDP is 3.8 by PLD for the
+record-level MNIST configurations' noise), and Poisson-sampled or unsampled releases, where PLD
+is 7–9 % tighter than RDP at the same noise (a calibration to the same ε needs that much less
+noise). ``"rdp"`` and ``"prv"`` as before (RDP for releases sampled without replacement); the
+configurations whose published numbers were measured under the RDP calibration name
+``accountant: rdp``. Wherever the ε is not RDP's, the RDP bound is reported beside it
+(:meth:`PrivacyAccountant.get_epsilon_rdp`, ``epsilon_rdp`` in ``summary.json``). Opacus stays
+the RDP library because it is PyTorch-native (the same library users reach for to privatize a
+plain Lightning module with per-example clipping), its accountants expose the small
+``step(noise_multiplier=, sample_rate=)`` / ``get_epsilon(delta)`` interface this package needs,
+and their state is a plain history list that checkpoints cleanly (the PLD accountant composes
+the same history).
 
 Each call to :meth:`PrivacyAccountant.step` records one adaptive composition of a Gaussian
 mechanism with the given noise multiplier (noise std / sensitivity), sampled as stated.
@@ -58,8 +60,7 @@ class PrivacyAccountant:
     """Tracks the Gaussian mechanisms a run applied and reports ε for a given δ.
 
     Args:
-        mechanism: ``"auto"`` (default: ``"pld"`` for a history with releases sampled without
-            replacement, ``"rdp"`` otherwise), ``"pld"`` (dp-accounting's privacy loss
+        mechanism: ``"auto"`` (default: ``"pld"``), ``"pld"`` (dp-accounting's privacy loss
             distributions with the tight dominating pairs, :mod:`pl_privfed.privacy.pld`),
             ``"rdp"`` (Rényi DP, Mironov 2017; Opacus ``RDPAccountant``) or ``"prv"`` (privacy
             random variables, Gopi et al. 2021; Opacus ``PRVAccountant``). With ``"rdp"`` or
@@ -156,7 +157,7 @@ class PrivacyAccountant:
     def method(self) -> str:
         """The accountant that computes :meth:`get_epsilon` for the recorded history:
         ``"pld"``, ``"rdp"`` or ``"prv"`` (``"auto"`` resolved)."""
-        if self.mechanism == "pld" or (self.mechanism == "auto" and self._without_replacement):
+        if self.mechanism in ("pld", "auto"):
             return "pld"
         if self.mechanism == "prv" and not self._without_replacement:
             return "prv"

@@ -123,23 +123,35 @@ class PrivacyLedger:
         self.rounds_accounted += 1
 
     # ------------------------------------------------------------------ ε
-    def epsilon(self, delta: float | None = None, adversary: str | None = None) -> float:
+    def epsilon(
+        self, delta: float | None = None, adversary: str | None = None, upper: bool = False
+    ) -> float:
         """The defensible ε spent so far against ``adversary`` (default the headline), at
-        ``delta`` (default the run's δ)."""
+        ``delta`` (default the run's δ); with ``upper`` a cheaper upper bound on it
+        (:meth:`~pl_privfed.privacy.PrivacyAccountant.get_epsilon_upper`: the PLD at a coarse
+        discretization, what a round's log shows; the final round logs the exact ε)."""
         accountant = self.accountants[adversary or self.headline]
-        return accountant.get_epsilon(self.noise.delta if delta is None else delta)
+        delta = self.noise.delta if delta is None else delta
+        return accountant.get_epsilon_upper(delta) if upper else accountant.get_epsilon(delta)
 
-    def epsilon_paper(self, delta: float | None = None) -> float:
-        """ε under the papers' convention, at ``delta`` (default the run's δ)."""
-        return self.paper_accountant.get_epsilon(self.noise.delta if delta is None else delta)
+    def epsilon_paper(self, delta: float | None = None, upper: bool = False) -> float:
+        """ε under the papers' convention, at ``delta`` (default the run's δ); ``upper`` as
+        in :meth:`epsilon`."""
+        delta = self.noise.delta if delta is None else delta
+        acc = self.paper_accountant
+        return acc.get_epsilon_upper(delta) if upper else acc.get_epsilon(delta)
 
-    def epsilon_after(self, mechanisms: list[Mechanism], delta: float | None = None) -> float:
-        """The defensible ε if ``mechanisms`` were released next (the history is unchanged)."""
+    def epsilon_after(
+        self, mechanisms: list[Mechanism], delta: float | None = None, upper: bool = False
+    ) -> float:
+        """The defensible ε if ``mechanisms`` were released next (the history is unchanged);
+        ``upper`` as in :meth:`epsilon`."""
         probe = PrivacyAccountant(self.accountant.mechanism)
         probe.load_state_dict(self.accountant.state_dict())
         for mechanism in mechanisms:
             probe.step_mechanism(mechanism)
-        return probe.get_epsilon(self.noise.delta if delta is None else delta)
+        delta = self.noise.delta if delta is None else delta
+        return probe.get_epsilon_upper(delta) if upper else probe.get_epsilon(delta)
 
     # ------------------------------------------------------------------ reports
     def calibration_record(self) -> dict[str, Any]:
@@ -351,7 +363,25 @@ class PrivacyLedger:
                 f"({changes}), which give {current['noise_std']:.6g}: resume with the "
                 "checkpoint's noise settings, or start a new run for the new ones"
             )
-        self.warn(
+        if saved["rounds"] == current["rounds"]:  # same settings: an earlier version's solver
+            self.warn(
+                f"the checkpoint's noise std {saved['noise_std']:.6g} was calibrated by an "
+                f"earlier version of the accountant ({saved['accountant']!r}: RDP before PLD "
+                f"became the default), which now gives {current['noise_std']:.6g}: keeping "
+                f"{saved['noise_std']:.6g}; epsilon is this version's for the noise used"
+            )
+        else:
+            self.warn(self._rounds_changed(saved, current))
+        stds = [float(saved["noise_std"]), *(float(s) for s in saved.get("grid_noise_std", []))]
+        stds += self.noise_stds[len(stds) :]
+        self.noise_stds = stds
+        resumed = {"rounds": current["rounds"], "noise_std_not_used": current["noise_std"]}
+        self.calibration = {**saved, "resumed": resumed}  # summary.json shows both
+        return stds
+
+    @staticmethod
+    def _rounds_changed(saved: dict[str, Any], current: dict[str, Any]) -> str:
+        return (
             f"resuming a run whose noise was calibrated for {saved['rounds']} rounds "
             f"(noise std {saved['noise_std']:.6g}) with {current['rounds']} rounds: keeping "
             f"noise std {saved['noise_std']:.6g} (not {current['noise_std']:.6g}); epsilon "
@@ -359,12 +389,6 @@ class PrivacyLedger:
             f"after round {saved['rounds']}. To calibrate for {current['rounds']} rounds, start a "
             f"new run (or set noise.rounds: {current['rounds']} from the start)"
         )
-        stds = [float(saved["noise_std"]), *(float(s) for s in saved.get("grid_noise_std", []))]
-        stds += self.noise_stds[len(stds) :]
-        self.noise_stds = stds
-        resumed = {"rounds": current["rounds"], "noise_std_not_used": current["noise_std"]}
-        self.calibration = {**saved, "resumed": resumed}  # summary.json shows both
-        return stds
 
 
 def _warn(message: str) -> None:

@@ -29,6 +29,13 @@ noise multiplier ``σ``):
   replace-one an adaptive run can make one round behave like R and another like its reverse for
   the same pair of datasets, and a composition needs a pair dominating at every ``α``.
 
+A history of releases without sampling only is one Gaussian mechanism (``K_i`` releases at
+noise multiplier ``σ_i`` compose to ``μ² = Σ K_i/σ_i²``): its ε is the exact one of the
+analytic Gaussian mechanism (Balle & Wang 2018, Thm. 8), ``δ(ε)`` from dp-accounting's
+``GaussianPrivacyLoss.get_delta_for_epsilon`` solved for ε (no discretization, so no
+interval; the discretized PLD of the same pair is a hair above it, and building it at a fine
+interval for every new round count took a second per ε).
+
 R's PLD is dp-accounting's pessimistic connect-the-dots PMF
 (``from_gaussian_mechanism(standard_deviation=σ, sampling_prob=γ)``, remove direction), so the
 symmetric PLD built from it dominates the pair above at every ε, and the composed ε is an upper
@@ -47,11 +54,14 @@ from collections.abc import Iterable
 import numpy as np
 from dp_accounting.pld import pld_pmf
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
+from dp_accounting.pld.privacy_loss_mechanism import GaussianPrivacyLoss
+from scipy.optimize import brentq
 
 __all__ = [
     "PLD_INTERVAL",
     "composed_pld",
     "discretization_for",
+    "gaussian_epsilon",
     "pld_epsilon",
     "release_pld",
     "wor_pld",
@@ -175,11 +185,37 @@ def pld_epsilon(
     history = [(key, int(steps)) for key, steps in history if steps > 0]
     if not history:
         return 0.0
+    if all(sampling == "none" or rate >= 1 for (_, sampling, rate), _ in history):
+        mu_squared = sum(steps / sigma**2 for (sigma, _, _), steps in history)
+        return gaussian_epsilon(1.0 / math.sqrt(mu_squared), delta)
     coarse = _composed_epsilon(history, delta, COARSE_INTERVAL)
     interval = discretization_for(coarse)
     if coarse_only or interval >= COARSE_INTERVAL:
         return coarse
     return _composed_epsilon(history, delta, interval)
+
+
+def gaussian_epsilon(noise_multiplier: float, delta: float) -> float:
+    """The exact ε at ``delta`` of one Gaussian mechanism of sensitivity 1 and noise std
+    ``noise_multiplier`` (the analytic Gaussian mechanism, Balle & Wang 2018): the root of
+    dp-accounting's ``GaussianPrivacyLoss.get_delta_for_epsilon``, rounded up (the ε returned
+    always has ``δ(ε) ≤ delta``; 0 where δ(0) already is)."""
+    loss = GaussianPrivacyLoss(float(noise_multiplier), sensitivity=1.0)
+
+    def excess(epsilon: float) -> float:
+        return float(loss.get_delta_for_epsilon(epsilon)) - delta
+
+    if excess(0.0) <= 0:
+        return 0.0
+    hi = 1.0
+    while excess(hi) > 0:
+        hi *= 2.0
+        if hi > 1e8:
+            return math.inf
+    epsilon = float(brentq(excess, 0.0, hi, xtol=1e-12, rtol=1e-12))
+    while excess(epsilon) > 0:  # the root to the last digit, on the safe side
+        epsilon = math.nextafter(epsilon, math.inf) + 1e-12 * epsilon
+    return epsilon
 
 
 def _composed_epsilon(history: list[tuple[ReleaseKey, int]], delta: float, interval: float):

@@ -8,8 +8,8 @@ charges for it, both computed by the accountant libraries from the runs' recorde
 <pl_privfed.privacy.PrivacyAccountant.history>`), never by a formula of this package:
 
 * :func:`composed_epsilon` — every candidate run composed on the same data, by the package's
-  own :class:`~pl_privfed.privacy.PrivacyAccountant` (the accountant each run used: Opacus RDP,
-  or dp-accounting's PLD for releases sampled without replacement). Valid for any selection
+  own :class:`~pl_privfed.privacy.PrivacyAccountant` (the accountant each run used: `auto` is
+  dp-accounting's PLD for every history). Valid for any selection
   rule, a grid included: it charges releasing every candidate's whole output.
 * :func:`random_search_epsilon` — Papernot & Steinke, "Hyperparameter Tuning with Rényi
   Differential Privacy" (ICLR 2022, arXiv:2110.03620): if the number of candidates ``K`` is

@@ -62,6 +62,15 @@ def _key(history: list[dict]) -> tuple:
     return tuple(sorted(tuple(sorted((k, str(v)) for k, v in r.items())) for r in history))
 
 
+def _accountant(summary: dict) -> str:
+    """The accountant that computed a run's ε: the one it named, except that ``auto`` was
+    Opacus's RDP for releases without sampling or Poisson-sampled before 2026-11-26 (PLD since),
+    which the summary's ``privacy.accounting.accountant`` (the library) says."""
+    name = get(summary, "privacy", "accountant") or "auto"
+    library = str(get(summary, "privacy", "accounting", "accountant") or "")
+    return "rdp" if name == "auto" and "RDP" in library else name
+
+
 def _one(values: pd.Series, what: str) -> tuple[object, str]:
     """The one value of ``values``, else a note naming ``what`` differs."""
     distinct = {str(v) for v in values}
@@ -93,9 +102,7 @@ def selection_cost(
             return SelectionCost(runs, note=note)
         histories[directory] = history
     delta, note = _one(members["_summary"].map(lambda s: get(s, "privacy", "delta")), "δ")
-    accountant, note2 = _one(
-        members["_summary"].map(lambda s: get(s, "privacy", "accountant") or "auto"), "accountants"
-    )
+    accountant, note2 = _one(members["_summary"].map(_accountant), "accountants")
     if note or note2:
         return SelectionCost(runs, note=note or note2)
     checked: set[tuple] = set()
