@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any, Literal
 
 import numpy as np
@@ -96,7 +97,12 @@ class PrivacyAudit(pl.Callback):
     ``audit/*``): the method, the canaries inserted and held out, the statistic, the estimate or
     lower bound per threat model (``final_model``, ``every_round``), and the certified ε of the
     same adversary beside it (the run's ledger: whoever sees the models; the headline adversary's
-    too). A run whose audit exceeds its certified ε ends with a warning naming both numbers.
+    too). A run whose audit exceeds its certified ε ends with a warning naming both numbers:
+    flagged when the low end of an estimate's interval or a lower bound exceeds the certified ε,
+    each of the run's ``m`` tests (``alarm_tests``: the threat models' fits or bounds, the white
+    box's) read at ``1 − (1 − confidence)/m`` (``alarm_confidence``, Bonferroni), so that a run
+    of a correct mechanism is flagged with probability at most ``1 − confidence`` whatever
+    ``m``; the intervals reported stay at ``confidence``.
     Attached to another LightningModule (no ``algorithm`` and ``layout``) it warns once and
     audits nothing. An
     audit is never a certificate: a low value says the canaries were not found, not that the run
@@ -368,7 +374,8 @@ class PrivacyAudit(pl.Callback):
             **certified,
         }
         threats: dict[str, Any] = {}
-        values = []
+        #: the run's tests for the alarm: (where, its value at a confidence and a test count)
+        alarms: list[tuple[str, Callable[[float, int], float]]] = []
         if canaries.level == "client":
             entry["participation"] = canaries.participation
             entry["canary_input_norm"] = canaries.input_norm_used
@@ -382,7 +389,7 @@ class PrivacyAudit(pl.Callback):
                     **fit.as_dict(),
                     "epsilon_estimate": fit.epsilon,
                 }
-                values.append((fit.epsilon_low, name))  # beyond the canaries' sampling error
+                alarms.append((name, _fit_low(s[inserted], s[~inserted], delta)))
             head = threats["every_round"]
             entry["epsilon_estimate"] = head["epsilon_estimate"]
             entry["epsilon_interval"] = [head["epsilon_low"], head["epsilon_high"]]
@@ -407,16 +414,16 @@ class PrivacyAudit(pl.Callback):
                     "gaussian_fit": fit.as_dict(),
                     "epsilon_estimate": fit.epsilon,
                 }
-                values.append((bound.epsilon, name))
+                alarms.append((name, _bound(s, inserted, delta)))
             entry["epsilon_lower_bound"] = threats["every_round"]["epsilon_lower_bound"]
             entry["ceiling"] = threats["every_round"]["lower_bound_ceiling"]
         white = self._white_box(canaries, inserted, delta, certified["certified_adversary"])
         if white is not None:
             threats["white_box"] = white
-            values.append((white["epsilon_low"], "white_box"))
-            bound = white["epsilon_lower_bound"]
-            if bound is not None and white["relation"] == "add_remove":
-                values.append((bound, "white_box"))
+            scores = canaries.white.values(2.0 if white["relation"] == "replace_one" else 1.0)
+            alarms.append(("white_box", _fit_low(scores[inserted], scores[~inserted], delta)))
+            if white["epsilon_lower_bound"] is not None and white["relation"] == "add_remove":
+                alarms.append(("white_box", _bound(canaries.white.values(1.0), inserted, delta)))
             entry["white_box_epsilon_estimate"] = white["epsilon_estimate"]
             entry["white_box_epsilon_interval"] = [white["epsilon_low"], white["epsilon_high"]]
         entry["threat_models"] = threats
@@ -431,6 +438,12 @@ class PrivacyAudit(pl.Callback):
                 f"{reads}): the audit measured nothing; try the other level",
                 category=UserWarning,
             )
+        # the alarm's false-alarm rate is the run's, over its tests (Bonferroni): each test at
+        # 1 − (1 − confidence)/m, as the record level's lower bounds already are among themselves
+        tests = len(alarms)
+        entry["alarm_tests"] = tests
+        entry["alarm_confidence"] = 1.0 - (1.0 - self.confidence) / tests
+        values = [(value(self.confidence, tests), where) for where, value in alarms]
         cert = certified["certified_epsilon"]
         top, where = max(values)
         entry["exceeds_certified"] = bool(cert is not None and top > cert)
@@ -476,15 +489,15 @@ class PrivacyAudit(pl.Callback):
             fit = entry["threat_models"][where]
             what = (
                 f"white-box ε estimate {fit['epsilon_estimate']:.4g} ({value:.4g} at the low end "
-                f"of its {entry['confidence']:.0%} interval or its lower bound)"
+                f"of its {entry['alarm_confidence']:.2%} interval or its lower bound)"
             )
         elif entry["level"] == "record":
-            what = f"ε lower bound {value:.4g} ({entry['confidence']:.0%} confidence)"
+            what = f"ε lower bound {value:.4g} ({entry['alarm_confidence']:.2%} confidence)"
         else:
             fit = entry["threat_models"][where]
             what = (
                 f"ε estimate {fit['epsilon_estimate']:.4g} (Gaussian fit; {value:.4g} at the "
-                f"low end of its {entry['confidence']:.0%} interval)"
+                f"low end of its {entry['alarm_confidence']:.2%} interval)"
             )
         rank_zero_warn(
             f"PRIVACY AUDIT: the audit's {what} from {THREAT_MODELS[where]} EXCEEDS the certified "
@@ -555,3 +568,24 @@ class PrivacyAudit(pl.Callback):
         self._min = state_dict["min"].double().numpy().copy()
         self._rounds, self._alignment = int(state_dict["rounds"]), float(state_dict["alignment"])
         self._white_state = state_dict.get("white_box")  # applied when the canaries are planted
+
+
+def _fit_low(
+    inserted: np.ndarray, held_out: np.ndarray, delta: float
+) -> Callable[[float, int], float]:
+    """The low end of a Gaussian fit's ε interval at ``1 − (1 − confidence)/tests``."""
+
+    def low(confidence: float, tests: int) -> float:
+        level = 1.0 - (1.0 - confidence) / tests
+        return gaussian_estimate(inserted, held_out, delta, level).epsilon_low
+
+    return low
+
+
+def _bound(scores: np.ndarray, inserted: np.ndarray, delta: float) -> Callable[[float, int], float]:
+    """A one-run lower bound with ``tests`` audits sharing the confidence (Bonferroni)."""
+
+    def bound(confidence: float, tests: int) -> float:
+        return one_run_audit(scores, inserted, delta, confidence, tests=tests).epsilon
+
+    return bound
