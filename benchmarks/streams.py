@@ -32,6 +32,7 @@ import time
 import numpy as np
 import pytorch_lightning as pl
 import torch
+from noise_placement import RoundTimer  # benchmarks/ is the script's own folder
 
 from pl_privfed.datamodules import ClientStreams, ReferenceClientStreams
 
@@ -55,20 +56,6 @@ def time_indices(clients: int, size: int, batch: int, chunk: int, rounds: int) -
             times.append(time.perf_counter() - start)
         out[name] = statistics.median(times[1:])
     return out
-
-
-class RoundTimer(pl.Callback):
-    """Wall time of every round (CPU: nothing to synchronize)."""
-
-    def __init__(self) -> None:
-        self.times: list[float] = []
-        self._start = 0.0
-
-    def on_train_batch_start(self, *args) -> None:
-        self._start = time.perf_counter()
-
-    def on_train_batch_end(self, *args) -> None:
-        self.times.append(time.perf_counter() - self._start)
 
 
 def time_rounds(config: str, warmup: int, rounds: int, repeats: int) -> dict[str, object]:
