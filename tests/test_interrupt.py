@@ -270,7 +270,17 @@ def test_a_second_ctrl_c_aborts_at_once_in_one_line(tmp_path):
     assert err.rstrip().splitlines()[-1] == ABORT_LINE
 
 
-def test_the_handlers_by_phase_and_their_restoration():
+@pytest.fixture
+def python_sigint():
+    """SIGINT as an interactive Python session has it (``default_int_handler``): a job started
+    in the background (``nohup make test &``) inherits it ignored, and the test below checks
+    that a retired handler acts as the one found."""
+    found = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, found)
+
+
+def test_the_handlers_by_phase_and_their_restoration(python_sigint):
     """In-process, without a fit: before training a signal stops at once (``SIGTERMException``,
     exit status 143); during training it is recorded and the stop comes at the end of the
     round; a second Ctrl-C in a Python session is a ``KeyboardInterrupt`` (the command's own
