@@ -417,13 +417,9 @@ class PrivacyAudit(pl.Callback):
                 alarms.append((name, _bound(s, inserted, delta)))
             entry["epsilon_lower_bound"] = threats["every_round"]["epsilon_lower_bound"]
             entry["ceiling"] = threats["every_round"]["lower_bound_ceiling"]
-        white = self._white_box(canaries, inserted, delta, certified["certified_adversary"])
+        white = self._white_box(canaries, inserted, delta, certified["certified_adversary"], alarms)
         if white is not None:
             threats["white_box"] = white
-            scores = canaries.white.values(2.0 if white["relation"] == "replace_one" else 1.0)
-            alarms.append(("white_box", _fit_low(scores[inserted], scores[~inserted], delta)))
-            if white["epsilon_lower_bound"] is not None and white["relation"] == "add_remove":
-                alarms.append(("white_box", _bound(canaries.white.values(1.0), inserted, delta)))
             entry["white_box_epsilon_estimate"] = white["epsilon_estimate"]
             entry["white_box_epsilon_interval"] = [white["epsilon_low"], white["epsilon_high"]]
         entry["threat_models"] = threats
@@ -453,13 +449,19 @@ class PrivacyAudit(pl.Callback):
         return entry
 
     def _white_box(
-        self, canaries: Any, inserted: np.ndarray, delta: float, adversary: str | None
+        self,
+        canaries: Any,
+        inserted: np.ndarray,
+        delta: float,
+        adversary: str | None,
+        alarms: list[tuple[str, Callable[[float, int], float]]],
     ) -> dict[str, Any] | None:
         """The white-box threat model (:class:`~pl_privfed.privacy.audit.WhiteBox`): the
         Gaussian fit of its statistic read under the certificate's neighbouring relation (the
         inserted canary against its opposite under replace-one: twice its contribution), and
         the one-run lower bound of the same scores under add/remove of the canary (record
-        level, where each canary is inserted independently with probability 1/2)."""
+        level, where each canary is inserted independently with probability 1/2); the fit's
+        low end and, under add/remove, the bound join the run's ``alarms``."""
         relation = "add_remove"
         ledger = self._ledger
         if ledger is not None and adversary is not None:
@@ -469,9 +471,13 @@ class PrivacyAudit(pl.Callback):
         if scores is None or inserted.all() or not inserted.any():
             return None
         fit = gaussian_estimate(scores[inserted], scores[~inserted], delta, self.confidence)
+        alarms.append(("white_box", _fit_low(scores[inserted], scores[~inserted], delta)))
         bound = None
         if canaries.level == "record":
-            bound = one_run_audit(canaries.white.values(1.0), inserted, delta, self.confidence)
+            added = canaries.white.values(1.0)
+            bound = one_run_audit(added, inserted, delta, self.confidence)
+            if relation == "add_remove":
+                alarms.append(("white_box", _bound(added, inserted, delta)))
         return {
             "threat_model": THREAT_MODELS["white_box"],
             "statistic": WHITE_BOX_STATISTIC,
