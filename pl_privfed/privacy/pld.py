@@ -52,10 +52,10 @@ from collections import OrderedDict
 from collections.abc import Iterable
 
 import numpy as np
+from dp_accounting import gaussian_mechanism
 from dp_accounting.pld import pld_pmf
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
 from dp_accounting.pld.privacy_loss_mechanism import GaussianPrivacyLoss
-from scipy.optimize import brentq
 
 __all__ = [
     "PLD_INTERVAL",
@@ -197,23 +197,15 @@ def pld_epsilon(
 
 def gaussian_epsilon(noise_multiplier: float, delta: float) -> float:
     """The exact ε at ``delta`` of one Gaussian mechanism of sensitivity 1 and noise std
-    ``noise_multiplier`` (the analytic Gaussian mechanism, Balle & Wang 2018): the root of
-    dp-accounting's ``GaussianPrivacyLoss.get_delta_for_epsilon``, rounded up (the ε returned
-    always has ``δ(ε) ≤ delta``; 0 where δ(0) already is)."""
+    ``noise_multiplier`` (the analytic Gaussian mechanism, Balle & Wang 2018): dp-accounting's
+    ``get_epsilon_gaussian`` (as the audit's :func:`~pl_privfed.privacy.audit_estimates.
+    gaussian_epsilon`), rounded up so that the ε returned always has ``δ(ε) ≤ delta`` by
+    dp-accounting's ``GaussianPrivacyLoss`` (0 where δ(0) already is)."""
+    epsilon = float(gaussian_mechanism.get_epsilon_gaussian(float(noise_multiplier), delta))
+    if not math.isfinite(epsilon):
+        return math.inf
     loss = GaussianPrivacyLoss(float(noise_multiplier), sensitivity=1.0)
-
-    def excess(epsilon: float) -> float:
-        return float(loss.get_delta_for_epsilon(epsilon)) - delta
-
-    if excess(0.0) <= 0:
-        return 0.0
-    hi = 1.0
-    while excess(hi) > 0:
-        hi *= 2.0
-        if hi > 1e8:
-            return math.inf
-    epsilon = float(brentq(excess, 0.0, hi, xtol=1e-12, rtol=1e-12))
-    while excess(epsilon) > 0:  # the root to the last digit, on the safe side
+    while float(loss.get_delta_for_epsilon(epsilon)) > delta:  # to the last digit, safe side
         epsilon = math.nextafter(epsilon, math.inf) + 1e-12 * epsilon
     return epsilon
 
