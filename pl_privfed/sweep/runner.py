@@ -27,6 +27,7 @@ from pl_privfed.sweep.files import (
     sweep_lock,
     write_results,
 )
+from pl_privfed.sweep.wandb_runs import log_point_runs
 
 __all__ = ["run_sweep"]
 
@@ -181,8 +182,11 @@ class _Runner:
         folder.mkdir(parents=True)
         (folder / "command.txt").write_text(shlex.join(cmd) + "\n")
         start = time.perf_counter()
+        # the group's own W&B run would hold the grid, not a point: each point gets its own
+        # (log_point_runs, below), so the group's process logs nothing to W&B
+        env = {**self.env, "WANDB_MODE": "disabled"}
         with (folder / "output.log").open("w") as log:
-            code = subprocess.call(cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT)
+            code = subprocess.call(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
         seconds = time.perf_counter() - start
         summaries = point_summaries(group, folder, run_dirs, names, code, seconds)
         if summaries is None:
@@ -190,6 +194,7 @@ class _Runner:
             print(f"  the group failed before training ({lines[-1] if lines else code}): "
                   "running its points one by one", flush=True)  # fmt: skip
             return False
+        log_point_runs(summaries, run_dirs, names, self.sweep.name, self.env)
         for index, summary in zip(group.indices, summaries, strict=True):
             print(f"{self.label(index)}: ", end="")
             print(_outcome(summary, seconds, folder / "output.log", batched=True), flush=True)
