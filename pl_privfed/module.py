@@ -91,6 +91,8 @@ class FederatedModule(pl.LightningModule):
     #: whether ``fit --ckpt_path`` from a checkpoint with no rounds left tests its model as a
     #: finished fit does (a grid does not: it tests its configurations in its training loop)
     tests_finished_checkpoint = True
+    #: whether a run resumed between evaluations evaluates its first round (a grid does not)
+    evaluates_on_resume = True
     _no_rounds_left: tuple[int, int] | None = None  # (checkpoint round, run's rounds)
     _no_rounds_left_note: str | None = None
     _final_val: dict[str, Any] | None = None  # a finished checkpoint's last validation
@@ -269,10 +271,9 @@ class FederatedModule(pl.LightningModule):
 
     @override
     def on_train_start(self) -> None:
-        # a run resumed at round k evaluates round k unless its checkpoint was written after
-        # that evaluation; best-of values (RunSummary, a grid's results) ignore it
-        # (resume_evaluation): a killed and resumed run reports what the uninterrupted one does
-        if self.global_step > 0 and self._validated_round != self.global_step:
+        # resumed at round k, not saved right after k's evaluation: evaluate k; best-of values
+        # (RunSummary) ignore it (resume_evaluation), as the uninterrupted run never made it
+        if self.evaluates_on_resume and 0 < self.global_step != self._validated_round:
             self.resume_evaluation = True
             try:
                 trainer_rounds.validate_now(self.trainer)

@@ -62,12 +62,20 @@ def training_dtype(trainer: Any, module: nn.Module, model: nn.Module) -> torch.d
 def validate_now(trainer: Any) -> None:
     """Run the fit's validation loop now (callbacks and loggers see it as the evaluation of the
     current round), as the training loop itself runs it: a resumed run evaluates the round it
-    resumes at before training on."""
+    resumes at before training on, over the whole validation set.
+
+    A loop restored from a checkpoint is *restarting* until the first training batch clears it:
+    its run would continue the batch counters of the checkpoint's last (finished) evaluation,
+    count those batches as already fetched and stop after one batch, so the logged ``val/*``
+    would be the first batch's. The training loop clears the flag before it validates; so does
+    this evaluation, which starts a new one."""
     if not trainer.enable_validation:
         return
     connector = trainer._logger_connector
     first_loop_iter = connector._first_loop_iter
+    val_loop = trainer.fit_loop.epoch_loop.val_loop
+    val_loop.restarting = False
     trainer.validating = True
-    trainer.fit_loop.epoch_loop.val_loop.run()
+    val_loop.run()
     trainer.training = True
     connector._first_loop_iter = first_loop_iter

@@ -10,7 +10,7 @@ import torch
 import wandb
 from _resnet_grid import assert_grid_follows_single_runs
 from pytorch_lightning.callbacks import ModelCheckpoint
-from test_module import StopAt, trainer
+from test_module import StopAt, _Recorder, trainer
 
 from pl_privfed import FederatedModule, NonFiniteLossError
 from pl_privfed.algorithms import (
@@ -271,17 +271,19 @@ def test_a_grid_from_a_finished_checkpoint_only_warns(tmp_path):
 
 
 def test_a_killed_and_resumed_grid_reports_what_the_uninterrupted_grid_does(tmp_path):
-    """Checkpoint at round 4, evaluations every 3 rounds: the resumed run evaluates round 4
-    for its curves, but that extra evaluation enters neither the grid's history nor its best
-    accuracy (it did: a resumed grid could report another best configuration)."""
+    """Checkpoint at round 4, evaluations every 3 rounds: the resumed grid does not evaluate
+    round 4 (a single run does, for its curves; a grid would record nothing of it, at the cost
+    of a pass per configuration), so its history and best accuracy are the uninterrupted
+    grid's (an extra evaluation in them could make another configuration the best)."""
     evaluate = dict(limit_val_batches=None, val_check_interval=3, check_val_every_n_epoch=None)
+    validated = _Recorder()  # the rounds at which Lightning's validation loop ran
 
     def run(name, ckpt_path=None, callbacks=()):
         alg = AlphaNormEC(0.05, beta=0.1, alpha=0.01)
         module = GridModule(_model(dtype=torch.float32), alg,
                             grid={"beta": [0.1, 1.0], "alpha": [0.01, 1.0]})  # fmt: skip
-        _fit(module, tmp_path / name, 8, callbacks=list(callbacks), enable_checkpointing=True,
-             ckpt_path=ckpt_path, **evaluate)  # fmt: skip
+        _fit(module, tmp_path / name, 8, enable_checkpointing=True, ckpt_path=ckpt_path,
+             callbacks=[validated, *callbacks], **evaluate)  # fmt: skip
         return module
 
     full = run("full")
@@ -289,7 +291,9 @@ def test_a_killed_and_resumed_grid_reports_what_the_uninterrupted_grid_does(tmp_
                            save_on_train_epoch_end=False)  # fmt: skip
     run("first", callbacks=[ckpt, StopAt(4)])
     path = next(p for p in (tmp_path / "ckpt").glob("*.ckpt") if p.name == "round=000004.ckpt")
+    validated.rounds = []
     resumed = run("resumed", ckpt_path=str(path))
+    assert validated.rounds == [6, 8]
     rounds = sorted({r for h in full._grid_history for r, _ in h.get("val/acc", [])})
     assert rounds == [3, 6, 8]
     assert full._grid_history == resumed._grid_history  # results.csv is written from it

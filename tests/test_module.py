@@ -158,14 +158,17 @@ def test_summary_json_and_privacy_report(tmp_path):
 
 
 class _Recorder(pl.Callback):
-    """The rounds at which Lightning's validation loop ran (sanity checks excluded)."""
+    """The rounds at which Lightning's validation loop ran (sanity checks excluded) and, for
+    each, the logged ``val/acc`` and ``val/loss``."""
 
     def __init__(self):
-        self.rounds = []
+        self.rounds, self.metrics = [], []
 
     def on_validation_epoch_end(self, trainer, pl_module):
         if not trainer.sanity_checking:
             self.rounds.append(trainer.global_step)
+            logged = trainer.callback_metrics.items()
+            self.metrics.append({k: float(v) for k, v in logged if k in ("val/acc", "val/loss")})
 
 
 def _accuracy(module, dataset):
@@ -174,11 +177,12 @@ def _accuracy(module, dataset):
         return (module.model.eval()(x).argmax(-1) == y).float().mean().item()
 
 
-def _small_run(tmp_path, max_steps, val_every, ckpt_path=None, callbacks=(), **kwargs):
+def _small_run(tmp_path, max_steps, val_every, ckpt_path=None, callbacks=(), recorder=None,
+               eval_batch_size=1024, **kwargs):  # fmt: skip
     torch.manual_seed(0)
-    dm = DigitsDataModule(num_clients=4, batch_size=16)
+    dm = DigitsDataModule(num_clients=4, batch_size=16, eval_batch_size=eval_batch_size)
     module = FederatedModule(MLP(64, [8], 10), AlphaNormEC(0.1, 0.1, 0.01))
-    recorder = _Recorder()
+    recorder = recorder or _Recorder()
     summary = RunSummary(dirpath=str(tmp_path), verbose=False)
     t = trainer(tmp_path, max_steps=max_steps, limit_val_batches=None,
                 val_check_interval=val_every, check_val_every_n_epoch=None,
@@ -257,3 +261,36 @@ def test_resume_evaluates_the_checkpoint_round_once(tmp_path):
     _, _, rounds, _ = _small_run(tmp_path / "again", 9, 3, ckpt_path=str(path),
                                  enable_checkpointing=True)  # fmt: skip
     assert rounds == [9]
+
+
+@pytest.mark.parametrize("saved_at", [4, 6])
+def test_the_resume_evaluation_covers_the_whole_validation_set(tmp_path, saved_at):
+    """The validation set in five batches (144 examples, eval_batch_size 32) and a checkpoint
+    written after the evaluation of round 3, at round 4 (between evaluations) or at round 6
+    (before that round's evaluation): the resumed run's first val/acc is the accuracy of the
+    checkpoint's model on the whole validation set, and every evaluation it shares with the
+    uninterrupted run logs the same val/acc and val/loss. (Restored, Lightning's validation
+    loop went on from the counters of the checkpoint's last evaluation and stopped after one
+    batch: the first val/acc was 3/32.)"""
+    from types import SimpleNamespace
+
+    saving = ModelCheckpoint(dirpath=tmp_path / "c", every_n_train_steps=saved_at,
+                             save_top_k=-1, save_on_train_epoch_end=False)  # fmt: skip
+    full = _Recorder()
+    _small_run(tmp_path / "full", 9, 3, callbacks=[saving], recorder=full, eval_batch_size=32,
+               enable_checkpointing=True)  # fmt: skip
+    path = tmp_path / "c" / f"round={saved_at:06d}.ckpt"
+    checkpoint = torch.load(path, weights_only=False)
+    assert checkpoint["validated_round"] == 3
+    saved = SimpleNamespace(model=MLP(64, [8], 10))  # the checkpoint's model, as _accuracy reads
+    weights = checkpoint["state_dict"].items()
+    saved.model.load_state_dict(
+        {k.removeprefix("model."): v for k, v in weights if k.startswith("model.")}
+    )
+    resumed = _Recorder()
+    _, dm, rounds, _ = _small_run(tmp_path / "resumed", 9, 3, ckpt_path=str(path),
+                                  recorder=resumed, eval_batch_size=32)  # fmt: skip
+    assert len(dm.val_dataloader()) == 5 and rounds == sorted({saved_at, 6, 9})
+    assert resumed.metrics[0]["val/acc"] == pytest.approx(_accuracy(saved, dm.val_dataset))
+    by_round = dict(zip(rounds, resumed.metrics))
+    assert [by_round[r] for r in (6, 9)] == full.metrics[1:]  # full: rounds 3, 6, 9

@@ -68,6 +68,9 @@ class GridModule(FederatedModule):
 
     logs_train_loss = False
     tests_finished_checkpoint = False  # its configurations are tested in its training loop
+    # the evaluation at the round a run resumes at is not one of the uninterrupted grid's: it
+    # would enter neither the history nor results.csv, and costs a pass per configuration
+    evaluates_on_resume = False
 
     def __init__(
         self,
@@ -326,9 +329,6 @@ class GridModule(FederatedModule):
         ``log`` (inside Lightning's evaluation loops) also log the best accuracy."""
         if self._grid_eval is None:
             return
-        if stage == "val" and self.resume_evaluation:  # not one of the run's evaluations: the
-            self._grid_eval = None  # results of a killed and resumed grid are the uninterrupted
-            return  # grid's
         stats, self._grid_eval = self._grid_eval.tolist(), None
         accuracies = []
         for k, (loss_sum, correct, count) in enumerate(stats):
