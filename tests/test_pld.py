@@ -216,3 +216,42 @@ def test_a_checkpoint_calibrated_by_rdp_under_auto_resumes_with_its_noise():
     assert len(said) == 1 and "earlier version of the accountant" in said[0]
     assert "22.1094" in said[0] and f"{alg.noise_std:.6g}" in said[0]
     assert ledger.calibration["resumed"]["noise_std_not_used"] == pytest.approx(alg.noise_std)
+
+
+def test_the_epsilon_memo_returns_what_a_fresh_computation_returns(monkeypatch):
+    """pld_epsilon keeps each history's ε (reports ask for the same history once per adversary
+    and evaluation, and a grid's configurations with the same noise share it): a repeated
+    question composes nothing and returns what a fresh computation does, for the coarse bound
+    and the exact ε alike."""
+    from pl_privfed.privacy import pld
+
+    history = [((1.2863, "poisson", 0.1), 300), ((2.0, "poisson", 0.1), 10)]
+    monkeypatch.setattr(pld, "_EPSILON", type(pld._EPSILON)())
+    exact, coarse = pld.pld_epsilon(history, DELTA), pld.pld_epsilon(history, DELTA, True)
+    composed = []
+    real = pld._composed_epsilon
+    monkeypatch.setattr(pld, "_composed_epsilon", lambda *a: composed.append(a) or real(*a))
+    assert pld.pld_epsilon(history, DELTA) == exact and not composed  # remembered
+    assert pld.pld_epsilon(history, DELTA, coarse_only=True) == coarse and not composed
+    assert pld.pld_epsilon(history, 1e-6) > exact and composed  # another δ is another question
+    monkeypatch.setattr(pld, "_EPSILON", type(pld._EPSILON)())  # forgotten: computed again
+    assert pld.pld_epsilon(history, DELTA) == exact and coarse < exact * 1.02
+
+
+def test_configurations_that_differ_in_their_noise_seed_share_one_calibration(monkeypatch):
+    """calibration: target solves σ once per process for the same releases, noise settings and
+    rounds; the noise's seed keys the draws, not σ, so a sweep's seeds share the solution."""
+    from pl_privfed.privacy import plan
+
+    solved = []
+    monkeypatch.setattr(plan, "_CALIBRATED", {})
+    monkeypatch.setattr(plan, "calibrate_noise_std", lambda **kw: solved.append(kw) or
+                        calibrate_noise_std(**kw))  # fmt: skip
+    stds = []
+    for seed, epsilon in ((0, 8.0), (1, 8.0), (2, 8.0), (0, 4.0)):
+        noise = DPNoise(epsilon=epsilon, calibration="target", seed=seed)
+        alg = AlphaNormEC(0.1, beta=0.1, alpha=0.01, noise=noise)
+        alg.setup(dim=5, num_clients=10, num_rounds=20)
+        stds.append(plan.calibrate(alg.release(), noise, 20))  # remembered since setup
+    assert [kw["target_epsilon"] for kw in solved] == [8.0, 4.0]
+    assert stds[0] == stds[1] == stds[2] < stds[3]

@@ -27,6 +27,7 @@ No privacy mathematics lives here either: ε comes from the accountants of
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import Counter
 
@@ -252,9 +253,10 @@ def calibrate(release: Release, noise: DPNoise, rounds: int) -> float:
             sample_rate=release.paper_rate,
         )
     # the same releases, noise settings and rounds give the same σ: solved once per process
-    # (a grid's configurations that differ only in their step size share it); the key is the
-    # dataclasses' repr, which names every field (an object without one misses, never collides)
-    key = repr((release, noise, rounds))
+    # (a grid's configurations that differ only in their step size or their seed share it);
+    # the key is the dataclasses' repr, which names every field (an object without one
+    # misses, never collides), with the noise's seed set aside: it keys the draws, not σ
+    key = repr((release, dataclasses.replace(noise, seed=0), rounds))
     if key not in _CALIBRATED:
         _CALIBRATED[key] = calibrate_noise_std(
             target_epsilon=noise.epsilon,

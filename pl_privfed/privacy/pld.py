@@ -81,6 +81,8 @@ ReleaseKey = tuple[float, str, float]
 _ONE_STEP: OrderedDict = OrderedDict()  # (key, interval) -> one release's PLD
 _COMPOSED: OrderedDict = OrderedDict()  # (key, interval, steps) -> composed PLD
 _CACHE_SIZE = 16
+_EPSILON: OrderedDict = OrderedDict()  # (history, delta, coarse_only) -> ε (a float: many kept)
+_EPSILON_CACHE_SIZE = 4096
 
 
 def discretization_for(epsilon_scale: float) -> float:
@@ -188,11 +190,18 @@ def pld_epsilon(
     if all(sampling == "none" or rate >= 1 for (_, sampling, rate), _ in history):
         mu_squared = sum(steps / sigma**2 for (sigma, _, _), steps in history)
         return gaussian_epsilon(1.0 / math.sqrt(mu_squared), delta)
+    memo_key = (tuple(history), float(delta), bool(coarse_only))
+    if memo_key in _EPSILON:  # the same history asked again: another adversary with the same
+        _EPSILON.move_to_end(memo_key)  # releases, the next report, a grid's configurations
+        return _EPSILON[memo_key]  # that share their noise (a function of the history alone)
     coarse = _composed_epsilon(history, delta, COARSE_INTERVAL)
     interval = discretization_for(coarse)
     if coarse_only or interval >= COARSE_INTERVAL:
-        return coarse
-    return _composed_epsilon(history, delta, interval)
+        epsilon = coarse
+    else:
+        epsilon = _composed_epsilon(history, delta, interval)
+    _remember(_EPSILON, memo_key, epsilon, _EPSILON_CACHE_SIZE)
+    return epsilon
 
 
 def gaussian_epsilon(noise_multiplier: float, delta: float) -> float:
@@ -218,8 +227,8 @@ def _composed_epsilon(history: list[tuple[ReleaseKey, int]], delta: float, inter
     return float(total.get_epsilon_for_delta(delta))
 
 
-def _remember(cache: OrderedDict, key, value) -> None:
+def _remember(cache: OrderedDict, key, value, size: int = _CACHE_SIZE) -> None:
     cache[key] = value
     cache.move_to_end(key)
-    while len(cache) > _CACHE_SIZE:
+    while len(cache) > size:
         cache.popitem(last=False)
