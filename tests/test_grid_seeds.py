@@ -99,3 +99,19 @@ def test_seeds_in_a_grid_equal_their_separate_runs(family, tmp_path):
         )
     # the seeds did differ: initial models, data and noise
     assert not torch.equal(grid.grid_params[0], grid.grid_params[1])
+
+
+def test_a_seed_grid_sets_every_seed_and_refuses_what_it_cannot_reproduce():
+    """``"--seed"`` sets every seed argument of the algorithm and its objects, as ``--seed``
+    does; a model that is not its seed's initialization is refused before training (a batched
+    sweep then runs those points one by one)."""
+    grid = GridModule(_model(3), _decentralized(0, 0.1), grid={RUN_SEED: [3, 4]})
+    alg = grid.grid_algorithms[1]
+    assert (alg.seed, alg.noise.seed, alg.topology.seed) == (4, 4, 4)
+    assert grid.grid_algorithms[0].topology.seed == 3
+    assert torch.equal(grid.grid_params[0], grid.layout.flatten(_model(3)))
+    assert torch.equal(grid.grid_params[1], grid.layout.flatten(_model(4)))
+    with pytest.raises(ValueError, match=r"--seed.*not its initialization at the first point's"):
+        GridModule(_model(0), _client_level(0, 0.1), grid={RUN_SEED: [1, 2]})
+    with pytest.raises(ValueError, match="--seed must be a seed >= 0"):
+        GridModule(_model(0), _client_level(0, 0.1), grid={RUN_SEED: [0, -1]})

@@ -52,7 +52,11 @@ class GridModule(FederatedModule):
             like a ``pl-privfed sweep`` into ``grid_dir``. Or a list of points
             ``[{argument: value}, ...]``; ``noise.epsilon`` sets one field of the noise. Each
             private configuration has its own privacy ledger (its σ calibrated to its own ε, its
-            ε in its ``summary.json``); the run logs ``algorithm``'s.
+            ε in its ``summary.json``); the run logs ``algorithm``'s. ``"--seed"`` is the run's
+            seed (:mod:`pl_privfed.grid.seeds`): each configuration its separate run with
+            ``pl-privfed fit --seed s``, with its own initial model, data (validation split,
+            partition, minibatches), cohorts and noise; the model must be the first point's
+            seed's initialization.
         grid_dir: where the grid's ``results.csv`` and ``runs/<id>/`` go (default
             ``<log dir>/grid``).
         grid_chunk: compute the grid's gradients for at most this many configurations per
