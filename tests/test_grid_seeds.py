@@ -9,7 +9,7 @@ from test_module import trainer
 from pl_privfed import FederatedModule
 from pl_privfed.algorithms import DPFedAvg, FedAvgPerSampleClipping, LocalGD, LocalSGD
 from pl_privfed.algorithms.decentralized import PORTER
-from pl_privfed.datamodules import DigitsDataModule, DirichletPartitioner
+from pl_privfed.datamodules import DigitsDataModule, DirichletPartitioner, QuadraticDataModule
 from pl_privfed.graphs import Topology
 from pl_privfed.grid import GridModule
 from pl_privfed.grid.seeds import RUN_SEED
@@ -115,3 +115,24 @@ def test_a_seed_grid_sets_every_seed_and_refuses_what_it_cannot_reproduce():
         GridModule(_model(0), _client_level(0, 0.1), grid={RUN_SEED: [1, 2]})
     with pytest.raises(ValueError, match="--seed must be a seed >= 0"):
         GridModule(_model(0), _client_level(0, 0.1), grid={RUN_SEED: [0, -1]})
+
+
+def test_a_reseeded_datamodule_is_its_seeds_run_and_shares_what_it_can():
+    """A seed's view: the split, partition and streams of the datamodule built with that seed;
+    the loaded digits shared, generated data (the quadratic's centers) drawn again."""
+    base = _data(0)
+    base.setup("fit")
+    view = base.reseeded(1, DirichletPartitioner(concentration=0.5, seed=1))
+    fresh = _data(1)
+    fresh.setup("fit")
+    assert view._loaded is base._loaded  # the digits are not copied
+    assert view.val_indices.tolist() == fresh.val_indices.tolist() != base.val_indices.tolist()
+    assert [s.tolist() for s in view.shards] == [s.tolist() for s in fresh.shards]
+    assert torch.equal(view.round_indices(3), fresh.round_indices(3))
+    assert not torch.equal(view.round_indices(3), base.round_indices(3))
+    quadratic = QuadraticDataModule(num_clients=3, dim=2, seed=0)
+    quadratic.setup("fit")
+    other = QuadraticDataModule(num_clients=3, dim=2, seed=1)
+    other.setup("fit")
+    assert torch.equal(quadratic.reseeded(1).train_targets, other.train_targets)
+    assert not torch.equal(quadratic.train_targets, other.train_targets)

@@ -180,7 +180,7 @@ class FederatedDataModule(pl.LightningDataModule):
             view.partitioner = partitioner
         view.streams = view.train_dataset = view.test_dataset = view.val_dataset = None
         view.train_inputs = view.train_targets = view._partition_pool = None
-        view._loaded = None if self.datasets_use_seed else self._loaded
+        view._loaded = None if self.datasets_use_seed else getattr(self, "_loaded", None)
         view.setup("fit")
         return view
 
@@ -285,7 +285,7 @@ class FederatedDataModule(pl.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         if self.streams is not None:
             return
-        if self._loaded is None:
+        if getattr(self, "_loaded", None) is None:  # a view may share its parent's
             self._loaded = self.load_datasets()
         train, test = self._loaded
         self.train_dataset = random_subset(train, self.max_train_examples, self.seed)
