@@ -1,12 +1,13 @@
 """A small private sweep run batched (``pl-privfed sweep --batch``: one process per group of
-points that differ only in the algorithm's arguments) against the same sweep run as separate
+points that differ only in the algorithm's arguments and the seed) against the same sweep run as separate
 ``pl-privfed fit`` processes: wall time of each, their ratio, the machine's load average around
 each, and whether every batched row equals its separate run's (test accuracy, certified ε).
 
-The sweep is ``--config`` at every target ε in ``--epsilons`` × step size in ``--step-sizes``,
-one seed, ``--rounds`` rounds. Usage::
+The sweep is ``--config`` at every seed in ``--seeds`` × target ε in ``--epsilons`` × step size
+in ``--step-sizes``, ``--rounds`` rounds. Usage::
 
     python benchmarks/batched_sweep.py                        # DP-FedAvg, digits, 6 points
+    python benchmarks/batched_sweep.py --seeds 0 1 2 --epsilons 8   # 3 seeds × 2 step sizes
     python benchmarks/batched_sweep.py --config configs/private/mnist_dp_fedavg_clip.yaml \\
         --rounds 300 --epsilons 0.5 1 2 4 8 --step-sizes 0.17 0.5 1.5
 """
@@ -28,13 +29,15 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 
 
-def sweep_file(directory: Path, config: str, epsilons: list[float], steps: list[float]) -> Path:
+def sweep_file(
+    directory: Path, config: str, seeds: list[int], epsilons: list[float], steps: list[float]
+) -> Path:
     spec = {
         "name": "batched_sweep_benchmark",
         "method": "grid",
         "metric": {"name": "val/acc", "goal": "maximize"},
         "parameters": {
-            "seed": {"value": 0},
+            "seed": {"values": seeds},
             "model.algorithm.init_args.noise.epsilon": {"values": epsilons},
             "model.algorithm.init_args.step_size": {"values": steps},
         },
@@ -67,12 +70,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default=str(REPO / "configs/algorithms/dp_fedavg_clip.yaml"))
     parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--epsilons", type=float, nargs="+", default=[1.0, 2.0, 8.0])
     parser.add_argument("--step-sizes", type=float, nargs="+", default=[0.5, 1.0])
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         tmp_path = Path(tmp)
-        path = sweep_file(tmp_path, args.config, args.epsilons, args.step_sizes)
+        path = sweep_file(tmp_path, args.config, args.seeds, args.epsilons, args.step_sizes)
         times = {}
         for batch in (True, False):
             name = "batched" if batch else "separate"

@@ -143,7 +143,10 @@ def set_up(
         trainer: the Lightning trainer.
         module: the :class:`~pl_privfed.FederatedModule`; its ``algorithm``, ``model``,
             ``criterion``, ``layout`` and arguments (``grad_backend``, ``cuda_graphs``,
-            ``client_chunk``, ``client_state``, ``state_dir``) are read.
+            ``client_chunk``, ``client_state``, ``state_dir``) are read; a module with
+            ``algorithm_datamodule(prefix)`` (a grid over seeds) gives an algorithm its own
+            datamodule, whose rounds and shard sizes it is configured with (``None``: the
+            trainer's).
         stage: Lightning's stage; only ``"fit"`` needs the number of rounds of a noise
             calibrated to ε (evaluation draws no noise).
         saved_ledger: a loaded checkpoint's ledger entries: the rounds its noise was calibrated
@@ -172,8 +175,11 @@ def set_up(
     dtype = trainer_rounds.training_dtype(trainer, module, module.model)
     state_dir = module.state_dir or str(Path(trainer.default_root_dir) / "client_state")
     rounds = round_description(datamodule)
-    for _, algorithm in module.algorithms():
-        algorithm.configure_data(**rounds)  # before setup: the rates enter the noise
+    data_of = getattr(module, "algorithm_datamodule", None)  # a grid's per-seed data
+    for name, algorithm in module.algorithms():
+        own = data_of(name) if callable(data_of) else None
+        own_rounds = rounds if own is None or own is datamodule else round_description(own)
+        algorithm.configure_data(**own_rounds)  # before setup: the rates enter the noise
         algorithm.setup(
             num_clients=num_clients,
             dim=module.layout.dim,

@@ -19,18 +19,25 @@ FAST = ["--trainer.max_steps=3", "--trainer.val_check_interval=2", "--trainer.lo
 ALG = "model.algorithm.init_args."
 
 
-def test_groups_are_the_points_that_differ_only_in_algorithm_arguments():
+def test_groups_are_the_points_that_differ_only_in_algorithm_arguments_and_seed():
+    data = "data.init_args.batch_size"
     points = {
-        0: {"seed": 0, ALG + "noise.epsilon": 2.0, ALG + "step_size": 0.5},
-        1: {"seed": 0, ALG + "noise.epsilon": 8.0, ALG + "step_size": 0.5},
-        2: {"seed": 1, ALG + "noise.epsilon": 2.0, ALG + "step_size": 0.5},
-        3: {"seed": 1, ALG + "noise.epsilon": 8.0, ALG + "step_size": 0.5},
-        5: {"seed": 2, ALG + "noise.epsilon": 8.0, ALG + "step_size": 0.5},  # alone
+        0: {"seed": 0, ALG + "noise.epsilon": 2.0, data: 8},
+        1: {"seed": 0, ALG + "noise.epsilon": 8.0, data: 8},
+        2: {"seed": 1, ALG + "noise.epsilon": 2.0, data: 8},
+        3: {"seed": 1, ALG + "noise.epsilon": 8.0, data: 16},
+        5: {"seed": 2, ALG + "noise.epsilon": 8.0, data: 16},
+        6: {"seed": 2, ALG + "noise.epsilon": 8.0, data: 32},  # alone: its data
     }
     found = groups(points)
-    assert [g.indices for g in found] == [[0, 1], [2, 3], [5]]
-    assert found[0].varying == [ALG + "noise.epsilon"]
-    assert found[0].grid == [{"noise.epsilon": 2.0}, {"noise.epsilon": 8.0}]
+    assert [g.indices for g in found] == [[0, 1, 2], [3, 5], [6]]
+    assert found[0].varying == ["seed", ALG + "noise.epsilon"]
+    assert found[0].grid == [{"--seed": 0, "noise.epsilon": 2.0},
+                             {"--seed": 0, "noise.epsilon": 8.0},
+                             {"--seed": 1, "noise.epsilon": 2.0}]  # fmt: skip
+    assert found[1].grid == [{"--seed": 1}, {"--seed": 2}]
+    assert batch_parameter("seed", 3) == "--seed"
+    assert batch_parameter("seed", True) is None and batch_parameter("seed", -1) is None
     # what is not an algorithm's plain argument runs alone: the data, an object, a deep field
     assert batch_parameter("data.init_args.batch_size", 8) is None
     assert batch_parameter(ALG + "operator", {"class_path": "x"}) is None
@@ -54,10 +61,12 @@ def _f32(value):
 
 @pytest.fixture(scope="module")
 def both(tmp_path_factory):
-    """A client-level private sweep over the target ε and its non-private twin over the step
-    size (one step size diverges), each run batched and as separate processes."""
+    """A client-level private sweep over the seed and the target ε (each seed its own initial
+    model, validation split, partition, minibatches, cohorts and noise) and its non-private
+    twin over the step size (one step size diverges), each run batched and as separate
+    processes."""
     tmp = tmp_path_factory.mktemp("batch")
-    private = {"seed": {"value": 0}, ALG + "noise.epsilon": {"values": [2.0, 8.0]}}
+    private = {"seed": {"values": [0, 1]}, ALG + "noise.epsilon": {"values": [2.0, 8.0]}}
     twin = {"seed": {"value": 0}, ALG + "noise": {"value": None},
             ALG + "step_size": {"values": [0.5, 1.0e30]}}  # fmt: skip
     with pytest.MonkeyPatch.context() as mp:
@@ -100,12 +109,20 @@ def test_a_batched_point_writes_what_its_separate_run_writes(both, name):
             assert one["epsilon_paper_convention"] == two["epsilon_paper_convention"]
         init_args = one["config"]["model"]["algorithm"]["init_args"]
         assert init_args == two["config"]["model"]["algorithm"]["init_args"]
-        assert one["config"]["model"]["grid"] is None and one["batched"]["points"] == 2
+        assert one["config"]["model"]["grid"] is None
+        assert one["batched"]["points"] == (4 if name == "private" else 2)
+        assert one["seeds"] == two["seeds"] and one["data"] == two["data"]  # its seed's split
+        for key in ("seed", "seed_everything", "data"):  # the point's own seeds in its config
+            assert one["config"][key] == two["config"][key], key
         assert one["config"]["run_name"] == two["config"]["run_name"]
         assert (Path(b["run_dir"]) / "curves.csv").is_file()
-    if name == "private":  # each point calibrated to its own ε
+    if name == "private":  # each point calibrated to its own ε; the seeds did differ
         assert float(batched[0]["epsilon"]) == pytest.approx(2.0, rel=1e-2)
         assert float(batched[1]["epsilon"]) == pytest.approx(8.0, rel=1e-2)
+        assert batched[1]["final_train_loss"] != batched[3]["final_train_loss"]
+        sizes = [json.loads((Path(r["run_dir"]) / "summary.json").read_text())["data"]
+                 ["client_sizes"] for r in batched]  # fmt: skip
+        assert sizes[0] == sizes[1] != sizes[2] == sizes[3]  # each seed's own partition
 
 
 def test_a_batched_sweep_resumes_and_runs_a_lone_point_alone(both, capsys):
@@ -114,14 +131,15 @@ def test_a_batched_sweep_resumes_and_runs_a_lone_point_alone(both, capsys):
     stamps = [(Path(r["run_dir"]) / "summary.json").stat().st_mtime_ns for r in rows(path)]
     sweep = tmp / "private.yaml"
     run_sweep(sweep, path.parent, overrides=FAST, batch=True)  # everything finished
-    assert capsys.readouterr().out.count("finished before, skipped") == 2
+    assert capsys.readouterr().out.count("finished before, skipped") == 4
     assert [(Path(r["run_dir"]) / "summary.json").stat().st_mtime_ns for r in rows(path)] == stamps
     # one point left: a group of one runs as its separate run would (no grid)
     (Path(rows(path)[1]["run_dir"]) / "summary.json").unlink()
     run_sweep(sweep, path.parent, overrides=FAST, batch=True, dry_run=True)
     printed = capsys.readouterr().out.splitlines()
-    assert "skipped" in printed[0] and len(printed) == 2
-    assert "--model.grid" not in printed[1] and f"--{ALG}noise.epsilon=8.0" in printed[1]
+    assert sum("skipped" in line for line in printed) == 3 and len(printed) == 4
+    assert "--model.grid" not in printed[-1] and f"--{ALG}noise.epsilon=8.0" in printed[-1]
+    assert "--seed=0" in printed[-1]
 
 
 def test_a_bad_point_does_not_take_its_group_down(tmp_path, monkeypatch):

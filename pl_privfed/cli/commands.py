@@ -39,8 +39,8 @@ def sweep(
         dry_run: print the commands only
         rerun: run the points that finished before as well
         batch: train the points that differ only in the algorithm's arguments (step size,
-            target epsilon, ...) as one federation per group, each point still with its own
-            run folder, summary.json and results.csv row
+            target epsilon, ...) and in their seed as one federation per group, each point
+            still with its own run folder, summary.json and results.csv row
     """
     from pl_privfed.sweep import SweepLockedError, failed_runs, run_sweep
 

@@ -7,6 +7,7 @@ dataset helpers (:mod:`.datasets`); their public names are re-exported here as b
 
 from __future__ import annotations
 
+import copy
 import math
 from typing import Any, Literal
 
@@ -159,6 +160,29 @@ class FederatedDataModule(pl.LightningDataModule):
         self.client_sizes = np.zeros(0, dtype=np.int64)
         self.input_shape: tuple[int, ...] = ()
         self.streams: ClientStreams | None = None
+        self._loaded: tuple[Dataset, Dataset] | None = None  # load_datasets(), kept for views
+
+    #: Whether :meth:`load_datasets` reads ``seed`` (generated data): a :meth:`reseeded` copy
+    #: then loads its own data instead of sharing the loaded datasets.
+    datasets_use_seed = False
+
+    def reseeded(self, seed: int, partitioner: Partitioner | None = None) -> FederatedDataModule:
+        """This datamodule as its run with ``seed`` (and ``partitioner``, e.g. the same with its
+        seed replaced) would have it, set up: a shallow copy with its own validation split,
+        partition, client streams and augmentation seed, sharing the loaded datasets unless
+        they depend on the seed (:attr:`datasets_use_seed`). What a grid whose configurations
+        differ in the run's seed gives each of them (:mod:`pl_privfed.grid.seeds`)."""
+        if self.streams is None:
+            self.setup("fit")
+        view = copy.copy(self)
+        view.seed = seed
+        if partitioner is not None:
+            view.partitioner = partitioner
+        view.streams = view.train_dataset = view.test_dataset = view.val_dataset = None
+        view.train_inputs = view.train_targets = view._partition_pool = None
+        view._loaded = None if self.datasets_use_seed else getattr(self, "_loaded", None)
+        view.setup("fit")
+        return view
 
     # ------------------------------------------------------------------ from your own data
     @classmethod
@@ -261,7 +285,9 @@ class FederatedDataModule(pl.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         if self.streams is not None:
             return
-        train, test = self.load_datasets()
+        if getattr(self, "_loaded", None) is None:  # a view may share its parent's
+            self._loaded = self.load_datasets()
+        train, test = self._loaded
         self.train_dataset = random_subset(train, self.max_train_examples, self.seed)
         self.test_dataset = random_subset(test, self.max_test_examples, self.seed)
         tensors = getattr(self.train_dataset, "tensors", None)

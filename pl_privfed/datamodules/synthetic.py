@@ -30,6 +30,8 @@ class QuadraticDataModule(FederatedDataModule):
         seed: seed of the random centers.
     """
 
+    datasets_use_seed = True  # the data are drawn from the seed
+
     def __init__(
         self,
         centers: list[list[float]] | None = None,
@@ -88,6 +90,8 @@ class SyntheticLogisticDataModule(FederatedDataModule):
         val_fraction: share of every client's remaining examples held out for validation
             (:class:`FederatedDataModule`).
     """
+
+    datasets_use_seed = True  # the data are drawn from the seed
 
     def __init__(
         self,

@@ -3,6 +3,8 @@
 * :mod:`~pl_privfed.grid.module` — :class:`GridModule`, the LightningModule of a grid (a
   :class:`~pl_privfed.FederatedModule` with a configuration axis beside the client axis);
 * :mod:`~pl_privfed.grid.points` — the grid's points and each point's algorithm;
+* :mod:`~pl_privfed.grid.seeds` — the run's seed as a grid parameter (``"--seed"``): each
+  point's algorithm seeds and initial model; :mod:`~pl_privfed.grid.views` — each seed's data;
 * :mod:`~pl_privfed.grid.results` — the results, written like a ``pl-privfed sweep``.
 
 :func:`federation` is what ``pl-privfed fit`` builds from a config's ``model:`` section: a

@@ -31,6 +31,8 @@ from pl_privfed.evaluation import model_loss
 from pl_privfed.grads import RoundOracle, sum_client_buffers
 from pl_privfed.grid.points import grid_points, rebuild_algorithm
 from pl_privfed.grid.results import write_grid_results
+from pl_privfed.grid.seeds import RUN_SEED, check_initialization, initial_parameters
+from pl_privfed.grid.views import SeedViews
 from pl_privfed.logdir import local_log_dir, log_artifact
 from pl_privfed.module import FederatedModule, NonFiniteLossError
 from pl_privfed.privacy import PrivacyLedger
@@ -50,7 +52,11 @@ class GridModule(FederatedModule):
             like a ``pl-privfed sweep`` into ``grid_dir``. Or a list of points
             ``[{argument: value}, ...]``; ``noise.epsilon`` sets one field of the noise. Each
             private configuration has its own privacy ledger (its σ calibrated to its own ε, its
-            ε in its ``summary.json``); the run logs ``algorithm``'s.
+            ε in its ``summary.json``); the run logs ``algorithm``'s. ``"--seed"`` is the run's
+            seed (:mod:`pl_privfed.grid.seeds`): each configuration its separate run with
+            ``pl-privfed fit --seed s``, with its own initial model, data (validation split,
+            partition, minibatches), cohorts and noise; the model must be the first point's
+            seed's initialization.
         grid_dir: where the grid's ``results.csv`` and ``runs/<id>/`` go (default
             ``<log dir>/grid``).
         grid_chunk: compute the grid's gradients for at most this many configurations per
@@ -93,20 +99,52 @@ class GridModule(FederatedModule):
             rebuild_algorithm(self.algorithm, point) for point in self.grid_points
         )
         k = len(self.grid_points)
-        self.register_buffer("grid_params", self.layout.flatten(self.model).repeat(k, 1))
+        #: each configuration's run seed (``"--seed"`` points), else ``None``
+        self.grid_seeds = [p.get(RUN_SEED) for p in self.grid_points]
+        models = self._initial_models()
+        self.register_buffer("grid_params", torch.stack([self.layout.flatten(m) for m in models]))
         self._grid_buffer_names = {}
         for name, buf in self.model.named_buffers():
             if buf is None:
                 continue
             key = "grid_buffer__" + name.replace(".", "__")
             self._grid_buffer_names[name] = key
-            self.register_buffer(key, buf.detach().unsqueeze(0).repeat(k, *([1] * buf.dim())))
+            values = [dict(m.named_buffers())[name].detach() for m in models]
+            self.register_buffer(key, torch.stack(values))
+        self._grid_views = SeedViews(self.grid_seeds)  # each seed's data, built at setup
         self._grid_status = ["running"] * k
         self._grid_history: list[dict[str, list[tuple[int, float]]]] = [{} for _ in range(k)]
         self._grid_entries: list[dict[str, Any]] = [{} for _ in range(k)]
         self._grid_eval: Tensor | None = None  # per configuration: loss sum, correct, count
         self._grid_ledgers: list[PrivacyLedger | None] | None = None  # set up with the run's
         self._saved_grid_ledgers: list[dict[str, Any] | None] = []  # a checkpoint's, until then
+
+    def _initial_models(self) -> list[nn.Module]:
+        """Each configuration's initial model: the model, or for a grid over the run's seed
+        the model initialized from each point's seed (:mod:`pl_privfed.grid.seeds`; the model
+        must be the first point's initialization)."""
+        seeds = self.grid_seeds
+        if seeds[0] is None:
+            return [self.model] * len(seeds)
+        check_initialization(self.model, seeds[0])
+        built = {seeds[0]: self.model}
+        for seed in seeds:
+            if seed not in built:
+                built[seed] = initial_parameters(self.model, seed)
+        return [built[seed] for seed in seeds]
+
+    @override
+    def setup(self, stage: str) -> None:
+        if self.oracle is None:  # before the algorithms are configured with their data
+            self._grid_views.build(self.trainer)
+        super().setup(stage)
+
+    def algorithm_datamodule(self, prefix: str) -> Any:
+        """The datamodule of the algorithm with this ``state_dict`` prefix: its seed's
+        (``None``: the trainer's), what :func:`~pl_privfed.wiring.set_up` configures it with."""
+        if not prefix.startswith("grid_algorithms."):
+            return None
+        return self._grid_views.of(int(prefix.split(".")[1]))
 
     @override
     def algorithms(self) -> list[tuple[str, Any]]:
@@ -241,7 +279,8 @@ class GridModule(FederatedModule):
         rounds = {}
         for k in live:
             buffers = {name: v[k] for name, v in self._grid_buffers().items()} or None
-            own = RoundOracle(self.oracle, batch, self.local_batches, buffers)
+            data, steps = self._grid_views.batch(k, batch, self.local_batches)
+            own = RoundOracle(self.oracle, data, steps, buffers)
             x = self.grid_params[k]
             oracle = _GridConfigOracle(shared, k, x, own)
             rounds[k] = iter_round(
@@ -269,21 +308,18 @@ class GridModule(FederatedModule):
         """One oracle call for the clients ``ids`` of the configurations ``configs`` at their
         parameters: gradients ``[k, c, d]``, losses ``[k, c]`` and each configuration's sums
         over those clients of their updated buffers."""
-        oracle = RoundOracle(self.oracle, batch, self.local_batches)
-        inputs, targets = oracle.data(ids)
-        c, k = inputs.shape[0], len(configs)
+        inputs, targets = self._grid_views.data(
+            self.oracle, configs, ids, batch, self.local_batches
+        )
+        k = len(configs)
+        c = inputs.shape[0] // k
         rows = torch.tensor(configs, device=self.grid_params.device)
 
         def per_row(t: Tensor) -> Tensor:
             return t[rows].repeat_interleave(c, 0)
 
         buffers = {name: per_row(v) for name, v in self._grid_buffers().items()}
-        out = self.oracle(
-            per_row(self.grid_params),
-            inputs.repeat(k, *([1] * (inputs.dim() - 1))),
-            targets.repeat(k, *([1] * (targets.dim() - 1))),
-            buffers=buffers or None,
-        )
+        out = self.oracle(per_row(self.grid_params), inputs, targets, buffers=buffers or None)
         per_config = {
             name: v.view(k, c, *v.shape[1:])
             for name, v in (self.oracle.client_buffers or {}).items()
@@ -302,19 +338,23 @@ class GridModule(FederatedModule):
 
     @override
     def on_validation_epoch_end(self) -> None:
+        self._grid_views.evaluate(self, "val")  # the other seeds' own validation splits
         self._grid_record_evaluation("val")
         super().on_validation_epoch_end()
 
     @override
     def on_test_epoch_end(self) -> None:
+        self._grid_views.evaluate(self, "test")
         self._grid_record_evaluation("test")
 
-    def _grid_evaluate(self, inputs: Tensor, targets: Tensor) -> None:
-        """Loss and accuracy sums of every configuration that has not failed, on this batch."""
+    def _grid_evaluate(self, inputs: Tensor, targets: Tensor, configs: Any = None) -> None:
+        """Loss and accuracy sums of every configuration that has not failed, on this batch
+        (``configs``: of those; default, those evaluated on the trainer's datamodule)."""
         if self._grid_eval is None:
             self._grid_eval = torch.zeros(len(self.grid_points), 3, device=inputs.device)
+        chosen = self._grid_views.on_trainer_data() if configs is None else configs
         for k, status in enumerate(self._grid_status):
-            if status.startswith("failed"):
+            if status.startswith("failed") or k not in chosen:
                 continue
             self.load_grid_configuration(k)
             out, loss = model_loss(self.model, self.criterion, inputs, targets)
@@ -352,6 +392,7 @@ class GridModule(FederatedModule):
         self._grid_eval = None
         if self._test_metrics(batch_metrics=self._grid_evaluate) is None:
             return None
+        self._grid_views.evaluate(self, "test")
         self._grid_record_evaluation("test", log=False)
         return {"round": int(self.global_step)}
 
@@ -374,7 +415,10 @@ class GridModule(FederatedModule):
         """Write the grid's ``results.csv`` and ``runs/<id>/`` (:func:`write_grid_results`)."""
         if not self.trainer.is_global_zero:
             return None
-        extra = [self._grid_privacy(k) for k in range(len(self.grid_points))]
+        extra = [
+            {**self._grid_privacy(k), **self._grid_views.entries(k)}
+            for k in range(len(self.grid_points))
+        ]
         return write_grid_results(
             self._grid_results_dir(),
             list(self.grid_algorithms),
@@ -452,36 +496,52 @@ def _saved(ledger: PrivacyLedger | None) -> dict[str, Any] | None:
 
 class _GridBatch:
     """A grid round's shared gradient computations: for a chunk of clients, the gradients of
-    every live configuration at its current parameters, from one oracle call (in pieces of
+    the live configurations at their current parameters, from one oracle call (in pieces of
     ``grid_chunk`` configurations), each configuration's served once; :meth:`clear` after every
-    lockstep pass over the configurations bounds the memory to one chunk."""
+    lockstep pass over the configurations bounds the memory to one chunk.
+
+    A computation is keyed by the exact clients asked for, and made for the configurations not
+    yet served in this pass that will ask for the same clients: all of them, except that
+    configurations of different seeds with a client sampler draw different cohorts
+    (:meth:`~pl_privfed.grid.views.SeedViews.cohort_class`); one that asks for other clients
+    than expected gets a computation of its own."""
 
     def __init__(self, module: GridModule, batch: Any, live: list[int]) -> None:
         self.module, self.batch, self.live = module, batch, live
-        self.served: dict[tuple[int, int, int], dict[int, OracleOutput]] = {}
+        self.served: dict[bytes, dict[int, OracleOutput]] = {}
+        self.computed: dict[bytes, set[int]] = {}
+        self.taken: set[int] = set()
 
     def get(self, k: int, ids: Tensor) -> OracleOutput | None:
         if not ids.numel():
             return None
-        key = (int(ids[0]), int(ids[-1]), int(ids.numel()))
-        entry = self.served.get(key)
-        if entry is None:
-            entry = self.served[key] = self._compute(ids)
-        return entry.pop(k, None)
+        key = ids.detach().cpu().numpy().tobytes()
+        if k not in self.computed.get(key, ()):
+            views, algorithms = self.module._grid_views, self.module.grid_algorithms
+            same = views.cohort_class(k, algorithms)
+            configs = [
+                j
+                for j in self.live
+                if j == k or (j not in self.taken and views.cohort_class(j, algorithms) == same)
+            ]
+            self.served.setdefault(key, {}).update(self._compute(configs, ids))
+            self.computed.setdefault(key, set()).update(configs)
+        self.taken.add(k)
+        return self.served[key].pop(k, None)
 
-    def _compute(self, ids: Tensor) -> dict[int, OracleOutput]:
-        size = self.module.grid_chunk or len(self.live)
+    def _compute(self, configs: list[int], ids: Tensor) -> dict[int, OracleOutput]:
+        size = self.module.grid_chunk or len(configs)
         out: dict[int, OracleOutput] = {}
-        for lo in range(0, len(self.live), size):
-            configs = self.live[lo : lo + size]
-            grads, losses, buffers = self.module._grid_gradients(configs, ids, self.batch)
-            for pos, k in enumerate(configs):
+        for lo in range(0, len(configs), size):
+            part = configs[lo : lo + size]
+            grads, losses, buffers = self.module._grid_gradients(part, ids, self.batch)
+            for pos, k in enumerate(part):
                 sums = {name: v[pos] for name, v in buffers.items()} or None
                 out[k] = OracleOutput(grads=grads[pos], losses=losses[pos], buffer_sums=sums)
         return out
 
     def clear(self) -> None:
-        self.served = {}
+        self.served, self.computed, self.taken = {}, {}, set()
 
 
 class _GridConfigOracle(ChunkOracle):

@@ -10,6 +10,9 @@ A grid is ``{argument: [values]}`` (every combination) or a list of points
 points of a group it has not finished yet). An argument may name a field of an argument that is a
 dataclass, ``noise.epsilon``: the configuration's ``noise`` is the algorithm's with that field
 replaced (``dataclasses.replace``, which validates it), so points may differ in their target ε.
+``"--seed"`` is the run's seed (:mod:`pl_privfed.grid.seeds`): a point with ``"--seed": s`` is
+the configuration its separate run with ``pl-privfed fit --seed s`` trains (its algorithm's seed
+arguments here; its initial model and data in :class:`~pl_privfed.grid.GridModule`).
 """
 
 from __future__ import annotations
@@ -21,11 +24,18 @@ import itertools
 from typing import Any
 
 from pl_privfed.algorithms import FederatedAlgorithm
+from pl_privfed.grid.seeds import RUN_SEED, seed_overrides
 
-__all__ = ["GRID_PREFIX", "grid_points", "init_parameters", "rebuild_algorithm"]
+__all__ = ["GRID_PREFIX", "grid_points", "init_parameters", "rebuild_algorithm", "sweep_name"]
 
 #: How the grid's parameter names appear in run ids and results (as a sweep file names them).
 GRID_PREFIX = "model.algorithm.init_args."
+
+
+def sweep_name(parameter: str) -> str:
+    """A grid parameter as a sweep file names it: ``model.algorithm.init_args.step_size``, and
+    ``seed`` for the run's seed (``"--seed"``)."""
+    return "seed" if parameter == RUN_SEED else GRID_PREFIX + parameter
 
 
 def init_parameters(cls: type) -> dict[str, inspect.Parameter]:
@@ -71,6 +81,8 @@ def _check_names(algorithm: FederatedAlgorithm, names: Any) -> None:
     (``noise.epsilon``: its first part)."""
     known = init_parameters(type(algorithm))
     for name in names:
+        if name == RUN_SEED:
+            continue
         if not isinstance(name, str) or name.split(".", 1)[0] not in known:
             raise ValueError(
                 f"grid parameter {name!r} is not an argument of {type(algorithm).__name__} "
@@ -114,8 +126,13 @@ def rebuild_algorithm(
     The arguments are read back from the attributes of the same names (every algorithm of the
     package keeps them); values that are objects (operators, noise settings) are deep-copied, so
     that no state is shared. The constructor validates the new values (``ValueError`` naming
-    the parameter). ``noise.epsilon`` replaces one field of the algorithm's ``noise``.
+    the parameter). ``noise.epsilon`` replaces one field of the algorithm's ``noise``;
+    ``"--seed"`` sets every seed argument of the algorithm and of its objects
+    (:func:`~pl_privfed.grid.seeds.seed_overrides`), what ``pl-privfed fit --seed`` sets.
     """
+    overrides = dict(overrides)
+    if RUN_SEED in overrides:
+        overrides = {**seed_overrides(algorithm, overrides.pop(RUN_SEED)), **overrides}
     overrides = _nested(algorithm, overrides)
     kwargs = {}
     for name, param in init_parameters(type(algorithm)).items():

@@ -19,8 +19,8 @@ its own directory, its W&B run is named after its parameters (``--run_name``) an
 sweep's name (``WANDB_RUN_GROUP``).
 
 With ``batch`` (``pl-privfed sweep --batch``) the points that differ only in the algorithm's
-arguments (the step size, the target ε ``model.algorithm.init_args.noise.epsilon``, ...) train as
-one grid federation per group (:mod:`pl_privfed.sweep.batch`), each point still with its own run
+arguments (the step size, the target ε ``model.algorithm.init_args.noise.epsilon``, ...) and in
+their ``seed`` train as one grid federation per group (:mod:`pl_privfed.sweep.batch`), each point still with its own run
 folder, ``summary.json`` and ``results.csv`` row. The package: :mod:`~pl_privfed.sweep.files`
 (the sweep file, its points, ``results.csv``, the lock), :mod:`~pl_privfed.sweep.batch` and
 :mod:`~pl_privfed.sweep.runner` (the processes).

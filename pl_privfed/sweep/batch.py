@@ -2,19 +2,26 @@
 
 Points that differ only in arguments of the algorithm (``model.algorithm.init_args.<name>``:
 the step size, β, ... and the noise's fields, ``model.algorithm.init_args.noise.epsilon``, the
-target ε) and agree on everything else (the seed, the data, the config, the overrides) form a
-*group*. ``pl-privfed sweep --batch`` trains a group of two or more points as one
-``pl-privfed fit`` process whose model is a grid over exactly those points
-(``--model.grid='[{...}, ...]'``, :class:`pl_privfed.grid.GridModule`): every configuration sees
-the data, the initial model and the noise streams its separate run sees (the noise of client
-``i`` in round ``k`` is keyed by the noise seed, ``k`` and ``i``), and has its own privacy
-ledger (its σ calibrated to its own ε).
+target ε) and in the run's ``seed`` (``pl-privfed fit --seed``), and agree on everything else
+(the data, the config, the overrides) form a *group*. ``pl-privfed sweep --batch`` trains a
+group of two or more points as one ``pl-privfed fit`` process (seeded with its first point's
+``--seed``) whose model is a grid over exactly those points (``--model.grid='[{...}, ...]'``,
+:class:`pl_privfed.grid.GridModule`; the seed is its ``"--seed"`` parameter,
+:mod:`pl_privfed.grid.seeds`): every configuration sees the data, the initial model, the
+cohorts and the noise streams its separate run sees (the noise of client ``i`` in round ``k``
+is keyed by its noise seed, ``k`` and ``i``; a point of another seed gets its own initial
+model, validation split, partition and minibatch streams), and has its own privacy ledger (its
+σ calibrated to its own ε and its own shard sizes). Seeds the grid cannot reproduce (a model
+with its own initialization code or a seed argument, a datamodule seed other than its ``seed``
+and its partitioner's, a ``GradientNorm`` callback) make the group's process fail before
+training, and its points then run one by one.
 
 When the group's process ends, every point gets what its separate run writes into its own run
 folder (``<out>/runs/<index>-<hash>``, the folder its separate run would use): a
 ``summary.json`` with a separate run's keys, built from the group's ``summary.json`` (the run's
 data, its config with the point's values) and the configuration's own results (status, rounds,
-validation and test metrics, training loss, ε and privacy report), and its ``curves.csv``; plus
+validation and test metrics, training loss, ε and privacy report; for another seed its own
+``data`` and ``seeds``, and every seed of its config), and its ``curves.csv``; plus
 ``batched`` (the group's folder, the configuration's index, the group's size and wall time).
 ``wall_time_s`` is the point's share of the group's fit; ``operator_means`` (the grid's first
 live configuration's) is ``None``. A configuration whose loss turns
@@ -30,6 +37,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from pl_privfed.grid.seeds import RUN_SEED, is_seed_argument
 from pl_privfed.results import render_value, run_id, write_atomically
 from pl_privfed.sweep.files import read_summary
 
@@ -42,8 +50,9 @@ __all__ = [
     "point_summaries",
 ]
 
-#: the sweep parameters a group may vary: the algorithm's arguments
+#: the sweep parameters a group may vary: the algorithm's arguments, and the run's seed
 BATCHED_PREFIX = "model.algorithm.init_args."
+SEED = "seed"
 #: a configuration's entries of summary.json that replace the group's
 _OWN = (
     "status",
@@ -68,7 +77,11 @@ _PRIVACY = ("epsilon", "epsilon_paper_convention", "delta", "privacy")
 def batch_parameter(name: str, value: Any) -> str | None:
     """The grid parameter of the sweep parameter ``name`` when points that differ in it can
     share a federation (an argument of the algorithm, ``step_size``, or a field of its noise,
-    ``noise.epsilon``, with a plain value), else ``None``."""
+    ``noise.epsilon``, with a plain value; the run's ``seed``, an integer: ``"--seed"``), else
+    ``None``."""
+    if name == SEED:
+        plain = isinstance(value, int) and not isinstance(value, bool) and value >= 0
+        return RUN_SEED if plain else None
     if not name.startswith(BATCHED_PREFIX):
         return None
     if not (value is None or isinstance(value, bool | int | float | str)):
@@ -187,6 +200,10 @@ def point_summaries(
         for key in NOT_PER_POINT:
             if key in point:
                 point[key] = None
+        if "data" in own:  # another seed's data: its own split, partition and shard sizes
+            point["data"] = own["data"]
+        if SEED in group.varying and isinstance(point.get("seeds"), dict):
+            point["seeds"] = _point_seeds(point["seeds"], params[SEED])
         status = str(own.get("status", group_status))
         if status == "running" or (group_status != "finished" and status == "finished"):
             status = group_status  # the group stopped while this configuration ran
@@ -225,6 +242,12 @@ def _point_config(
             if key in model:
                 model[key] = None
     for parameter in group.varying:  # model.algorithm.init_args.noise.epsilon
+        if parameter == SEED:  # every seed --seed sets, as the point's own run's config
+            config[SEED] = params[SEED]
+            config["seed_everything"] = params[SEED]
+            for section in ("model", "data"):
+                _set_seeds(config.get(section), params[SEED])
+            continue
         *path, last = parameter.split(".")
         node: Any = config
         for part in path:
@@ -238,3 +261,28 @@ def _point_config(
     if isinstance(trainer, dict) and "default_root_dir" in trainer:
         trainer["default_root_dir"] = str(run_dir)
     return config
+
+
+def _set_seeds(node: Any, seed: int) -> None:
+    """Set every seed argument (``seed``, ``*_seed`` but ``split_seed``) under a resolved
+    config's section to ``seed``, in place: what ``--seed`` does to the point's own run."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if is_seed_argument(key, value):
+                node[key] = seed
+            else:
+                _set_seeds(value, seed)
+    elif isinstance(node, list):
+        for item in node:
+            _set_seeds(item, seed)
+
+
+def _point_seeds(seeds: dict[str, Any], seed: int) -> dict[str, Any]:
+    """The group's ``seeds`` entry (``{"set_by": ..., dotted path: value}``) as the point's run
+    with ``--seed seed`` lists them."""
+    out = dict(seeds)
+    for path, value in seeds.items():
+        last = path.rsplit(".", 1)[-1]
+        if path == "seed_everything" or is_seed_argument(last, value):
+            out[path] = seed
+    return out

@@ -56,7 +56,7 @@ def run_sweep(
     (:func:`sweep_lock`).
 
     With ``batch``, the points left to run that differ only in the algorithm's arguments (the
-    step size, the target ε, ...) run as one process each group
+    step size, the target ε, ...) and in their seed run as one process each group
     (:mod:`pl_privfed.sweep.batch`, in ``<out>/groups/``), and each point still gets its own
     run folder, ``summary.json`` and ``results.csv`` row, as its separate run would.
 
