@@ -61,6 +61,43 @@ def run(path: Path, out: Path, rounds: int, batch: bool) -> tuple[float, tuple, 
     return time.perf_counter() - start, before, os.getloadavg()
 
 
+def sampled(path: Path, tmp_path: Path, args: argparse.Namespace) -> None:
+    """The batched sweep against ``points ×`` the median of ``K`` separate runs of its point
+    (seed 0, the largest ε, the middle step size), whose row must equal the batched one."""
+    seconds, before, after = run(path, tmp_path / "batched", args.rounds, True)
+    print(f"batched: {seconds:.1f} s (load average {before[0]:.2f} before, {after[0]:.2f} "
+          "after)", flush=True)  # fmt: skip
+    batched = rows(tmp_path / "batched")
+    epsilon, step = max(args.epsilons), sorted(args.step_sizes)[len(args.step_sizes) // 2]
+    point = {"seed": {"value": 0}, "model.algorithm.init_args.noise.epsilon": {"value": epsilon},
+             "model.algorithm.init_args.step_size": {"value": step}}  # fmt: skip
+    spec = yaml.safe_load(path.read_text())
+    spec["parameters"] = point
+    one = tmp_path / "one.yaml"
+    one.write_text(yaml.safe_dump(spec, sort_keys=False))
+    times = []
+    for k in range(args.separate_sample):
+        t, b, a = run(one, tmp_path / f"separate{k}", args.rounds, False)
+        times.append(t)
+        print(f"separate run of one point ({k + 1}/{args.separate_sample}): {t:.1f} s (load "
+              f"average {b[0]:.2f} before, {a[0]:.2f} after)", flush=True)  # fmt: skip
+    (single,) = rows(tmp_path / "separate0")
+    (same,) = [
+        r for r in batched
+        if float(r["model.algorithm.init_args.noise.epsilon"]) == epsilon
+        and float(r["step_size"]) == step and int(r["seed"]) == 0
+    ]  # fmt: skip
+    equal = (np.float32(float(same["final_test_accuracy"]))
+             == np.float32(float(single["final_test_accuracy"]))
+             and same["epsilon"] == single["epsilon"])  # fmt: skip
+    median = float(np.median(times))
+    print(f"{len(batched)} points, {args.rounds} rounds: batched {seconds:.1f} s against "
+          f"{len(batched)} x {median:.1f} s = {len(batched) * median:.1f} s separate: "
+          f"{seconds / (len(batched) * median):.3f}x; its (seed 0, eps {epsilon}, step {step}) "
+          f"row equals the separate run (test accuracy {single['final_test_accuracy']}, "
+          f"certified eps {single['epsilon']}): {equal}")  # fmt: skip
+
+
 def rows(out: Path) -> list[dict[str, str]]:
     with (out / "results.csv").open(newline="") as f:
         return list(csv.DictReader(f))
@@ -73,10 +110,19 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--epsilons", type=float, nargs="+", default=[1.0, 2.0, 8.0])
     parser.add_argument("--step-sizes", type=float, nargs="+", default=[0.5, 1.0])
+    parser.add_argument(
+        "--separate-sample", type=int, default=0, metavar="K",
+        help="time K separate runs of one point (seed 0, the largest ε, the middle step size) "
+        "and take the points × their median as the separate time, instead of running every "
+        "point separately (the issue's baseline: N separate runs of one of its points)",
+    )  # fmt: skip
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         tmp_path = Path(tmp)
         path = sweep_file(tmp_path, args.config, args.seeds, args.epsilons, args.step_sizes)
+        if args.separate_sample:
+            sampled(path, tmp_path, args)
+            return
         times = {}
         for batch in (True, False):
             name = "batched" if batch else "separate"

@@ -17,6 +17,7 @@ from pl_privfed.algorithms import (
     AlphaNormEC,
     Clip21,
     DistributedDPSGD,
+    DPFedAvg,
     FedAvgPerUpdateClipping,
     LocalSGD,
 )
@@ -124,6 +125,39 @@ def test_private_clip21_grid_equals_separate_runs(tmp_path):
     _fit(module, tmp_path / "grid", 4)
     assert module.privacy_ledger.accountant.steps == 4
     _assert_equals_separate_runs(module, alg, "vmap", 4, tmp_path, True)
+
+
+ALG = "model.algorithm.init_args."
+
+
+def test_a_grid_over_an_operator_argument_rebuilds_the_operator(tmp_path):
+    """DP-FedAvg over its clipping threshold Φ (``operator.threshold``, an argument of the
+    ``Clip`` the config builds) and the target ε: each configuration's operator is a new
+    ``Clip`` with its Φ, its σ is calibrated to its own sensitivity and ε, and it ends as its
+    separate run; the grid's results name Φ as the sweep file does."""
+    from pl_privfed.operators import Clip
+    from pl_privfed.sampling import PoissonSampler
+
+    noise = DPNoise(epsilon=8.0, calibration="target", placement="central", seed=2)
+    alg = DPFedAvg(0.5, local_step_size=1.0, operator=Clip(1.0),
+                   sampler=PoissonSampler(0.5), sampling_seed=1, noise=noise)  # fmt: skip
+    grid = {"operator.threshold": [0.3, 3.0], "noise.epsilon": [2.0, 8.0]}
+    module = GridModule(_model(), alg, grad_backend="vmap", grid=grid, grid_dir=str(tmp_path / "g"))
+    with pytest.raises(ValueError, match="Clip has no argument 'nope'"):
+        GridModule(_model(), alg, grid={"operator.nope": [1.0]})
+    _fit(module, tmp_path / "grid", 3)
+    thresholds = [a.operator.threshold for a in module.grid_algorithms]
+    assert thresholds == [0.3, 0.3, 3.0, 3.0] and alg.operator.threshold == 1.0
+    assert module.grid_algorithms[0].operator is not module.grid_algorithms[1].operator
+    stds = [module.grid_ledger(k).noise_std for k in range(4)]
+    assert stds[2] == pytest.approx(10 * stds[0], rel=1e-2) and stds[0] > stds[1]  # σ ∝ Φ
+    _assert_equals_separate_runs(module, alg, "vmap", 3, tmp_path, True)
+    header = (tmp_path / "g" / "results.csv").read_text().splitlines()[0]
+    assert header.split(",")[2] == "threshold"
+    from pl_privfed.grid.points import sweep_name
+
+    assert sweep_name("operator.threshold", alg) == f"{ALG}operator.init_args.threshold"
+    assert sweep_name("noise.epsilon", alg) == f"{ALG}noise.epsilon"  # settings: no init_args
 
 
 def test_grid_with_local_steps_serves_other_requests_from_the_oracle(tmp_path):
@@ -357,6 +391,7 @@ def test_private_configurations_with_their_own_epsilon_keep_their_own_ledgers(
         ([], "non-empty list"),
         ({"noise.epsilon": [1.0]}, "noise"),  # the algorithm adds no noise
         ([{"nope.x": 1}], "'nope.x'"),
+        ([{"beta.x": 1.0}], "not settings or an object"),
     ],
 )
 def test_bad_points_and_nested_parameters_fail_at_construction(grid, message):

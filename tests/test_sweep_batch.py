@@ -41,7 +41,8 @@ def test_groups_are_the_points_that_differ_only_in_algorithm_arguments_and_seed(
     # what is not an algorithm's plain argument runs alone: the data, an object, a deep field
     assert batch_parameter("data.init_args.batch_size", 8) is None
     assert batch_parameter(ALG + "operator", {"class_path": "x"}) is None
-    assert batch_parameter(ALG + "operator.init_args.threshold", 1.0) is None
+    assert batch_parameter(ALG + "operator.init_args.threshold", 1.0) == "operator.threshold"
+    assert batch_parameter(ALG + "operator.init_args.inner.init_args.x", 1.0) is None
     assert batch_parameter(ALG + "noise", None) == "noise"
     assert batch_parameter(ALG + "noise.epsilon", None) is None
     mixed = {0: {ALG + "noise": None}, 1: {ALG + "noise": {"epsilon": 8.0}}}  # settings: the CLI's

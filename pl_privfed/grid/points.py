@@ -26,16 +26,32 @@ from typing import Any
 from pl_privfed.algorithms import FederatedAlgorithm
 from pl_privfed.grid.seeds import RUN_SEED, seed_overrides
 
-__all__ = ["GRID_PREFIX", "grid_points", "init_parameters", "rebuild_algorithm", "sweep_name"]
+__all__ = [
+    "GRID_PREFIX",
+    "grid_points",
+    "init_parameters",
+    "rebuild_algorithm",
+    "rebuilt",
+    "sweep_name",
+]
 
 #: How the grid's parameter names appear in run ids and results (as a sweep file names them).
 GRID_PREFIX = "model.algorithm.init_args."
 
 
-def sweep_name(parameter: str) -> str:
-    """A grid parameter as a sweep file names it: ``model.algorithm.init_args.step_size``, and
-    ``seed`` for the run's seed (``"--seed"``)."""
-    return "seed" if parameter == RUN_SEED else GRID_PREFIX + parameter
+def sweep_name(parameter: str, algorithm: Any = None) -> str:
+    """A grid parameter as a sweep file names it: ``model.algorithm.init_args.step_size``,
+    ``seed`` for the run's seed (``"--seed"``), ``...init_args.noise.epsilon`` for a field of
+    settings (a dataclass) and ``...init_args.operator.init_args.threshold`` for an argument of
+    an object the config builds from ``class_path`` / ``init_args`` (``algorithm``'s value of
+    the parameter's first part says which)."""
+    if parameter == RUN_SEED:
+        return "seed"
+    name, _, field = parameter.partition(".")
+    base = getattr(algorithm, name, None)
+    if field and base is not None and not dataclasses.is_dataclass(base):
+        return f"{GRID_PREFIX}{name}.init_args.{field}"
+    return GRID_PREFIX + parameter
 
 
 def init_parameters(cls: type) -> dict[str, inspect.Parameter]:
@@ -92,7 +108,9 @@ def _check_names(algorithm: FederatedAlgorithm, names: Any) -> None:
 
 def _nested(algorithm: FederatedAlgorithm, overrides: dict[str, Any]) -> dict[str, Any]:
     """``overrides`` with ``argument.field`` entries folded into their argument: the
-    algorithm's (or the point's own) dataclass value with those fields replaced."""
+    algorithm's (or the point's own) value with those fields replaced: a dataclass
+    (``noise.epsilon``) by ``dataclasses.replace``, an object (``operator.threshold``) rebuilt
+    by its class from its other arguments read back from its attributes (:func:`rebuilt`)."""
     plain = {k: v for k, v in overrides.items() if "." not in k}
     fields: dict[str, dict[str, Any]] = {}
     for key, value in overrides.items():
@@ -101,12 +119,15 @@ def _nested(algorithm: FederatedAlgorithm, overrides: dict[str, Any]) -> dict[st
             fields.setdefault(name, {})[field] = value
     for name, changes in fields.items():
         base = plain.get(name, getattr(algorithm, name, None))
-        if not dataclasses.is_dataclass(base) or isinstance(base, type):
+        if base is None or isinstance(base, type | bool | int | float | str | list | tuple | dict):
             raise ValueError(
                 f"grid parameters {sorted(f'{name}.{f}' for f in changes)}: "
-                f"{type(algorithm).__name__}'s {name} is {base!r}, not settings with fields "
-                f"(give {name} itself, or give the algorithm a {name})"
+                f"{type(algorithm).__name__}'s {name} is {base!r}, not settings or an object "
+                f"with arguments (give {name} itself, or give the algorithm a {name})"
             )
+        if not dataclasses.is_dataclass(base):
+            plain[name] = rebuilt(base, changes, name)
+            continue
         known = {f.name for f in dataclasses.fields(base)}
         for field in changes:
             if field not in known:
@@ -116,6 +137,33 @@ def _nested(algorithm: FederatedAlgorithm, overrides: dict[str, Any]) -> dict[st
                 )
         plain[name] = dataclasses.replace(copy.deepcopy(base), **changes)
     return plain
+
+
+def rebuilt(obj: Any, changes: dict[str, Any], what: str) -> Any:
+    """A fresh ``type(obj)`` with the same constructor arguments except ``changes``: the
+    others read back from the attributes of the same names (deep-copied, so no state is
+    shared); the constructor validates the new values. ``ValueError`` naming ``what`` for an
+    argument the class does not have or an attribute it does not keep (its argument would
+    silently fall back to the default)."""
+    params = init_parameters(type(obj))
+    for field in changes:
+        if field not in params:
+            raise ValueError(
+                f"grid parameter {what}.{field!r}: {type(obj).__name__} has no argument "
+                f"{field!r} (arguments: {', '.join(params) or 'none'})"
+            )
+    kwargs = {}
+    for name in params:
+        if name in changes:
+            kwargs[name] = changes[name]
+        elif hasattr(obj, name):
+            kwargs[name] = copy.deepcopy(getattr(obj, name))
+        else:
+            raise ValueError(
+                f"{type(obj).__name__} keeps no attribute {name!r}: it cannot be rebuilt for "
+                f"the grid parameter {what}.{next(iter(changes))}"
+            )
+    return type(obj)(**kwargs)
 
 
 def rebuild_algorithm(

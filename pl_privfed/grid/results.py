@@ -63,14 +63,14 @@ def write_grid_results(
     at its target) reports the rounds it ran.
     """
     out = Path(out_dir)
-    keys = [sweep_name(k) for k in points[0]]
+    keys = [sweep_name(k, algorithms[0]) for k in points[0]]
     names = column_names(keys)
     rows = []
     extra = extra if extra is not None else [{} for _ in points]
     for index, (alg, point, curves, status, entries) in enumerate(
         zip(algorithms, points, history, statuses, extra, strict=True)
     ):
-        params = {sweep_name(k): v for k, v in point.items()}
+        params = {sweep_name(k, alg): v for k, v in point.items()}
         run_dir = out / "runs" / run_id(index, params)
         run_dir.mkdir(parents=True, exist_ok=True)
         val_acc = sorted(curves.get("val/acc", []))

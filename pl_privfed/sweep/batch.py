@@ -76,9 +76,10 @@ _PRIVACY = ("epsilon", "epsilon_paper_convention", "delta", "privacy")
 
 def batch_parameter(name: str, value: Any) -> str | None:
     """The grid parameter of the sweep parameter ``name`` when points that differ in it can
-    share a federation (an argument of the algorithm, ``step_size``, or a field of its noise,
-    ``noise.epsilon``, with a plain value; the run's ``seed``, an integer: ``"--seed"``), else
-    ``None``."""
+    share a federation (an argument of the algorithm, ``step_size``, a field of its noise,
+    ``noise.epsilon``, or an argument of an object among its arguments,
+    ``operator.init_args.threshold`` → ``operator.threshold``, with a plain value; the run's
+    ``seed``, an integer: ``"--seed"``), else ``None``."""
     if name == SEED:
         plain = isinstance(value, int) and not isinstance(value, bool) and value >= 0
         return RUN_SEED if plain else None
@@ -89,6 +90,8 @@ def batch_parameter(name: str, value: Any) -> str | None:
     parts = name[len(BATCHED_PREFIX) :].split(".")
     if len(parts) == 1 or (len(parts) == 2 and parts[0] == "noise" and value is not None):
         return ".".join(parts)
+    if len(parts) == 3 and parts[1] == "init_args" and value is not None:
+        return f"{parts[0]}.{parts[2]}"  # operator.init_args.threshold: the object rebuilt
     return None
 
 
