@@ -176,6 +176,7 @@ def set_up(
     state_dir = module.state_dir or str(Path(trainer.default_root_dir) / "client_state")
     rounds = round_description(datamodule)
     data_of = getattr(module, "algorithm_datamodule", None)  # a grid's per-seed data
+    in_memory = 0  # client state the algorithms set up so far hold in memory (a grid's)
     for name, algorithm in module.algorithms():
         own = data_of(name) if callable(data_of) else None
         own_rounds = rounds if own is None or own is datamodule else round_description(own)
@@ -189,7 +190,9 @@ def set_up(
             shard=ClientShard.of_trainer(trainer, num_clients),
             client_state=module.client_state,
             state_dir=state_dir,
+            **({"state_in_memory": in_memory} if in_memory else {}),  # only a grid's later ones
         )
+        in_memory += algorithm.state.nbytes_in_memory()
     return Setup(
         oracle=_gradient_oracle(module, device),
         chunk_size=choose_chunk_size(

@@ -71,8 +71,10 @@ def _assert_equals_separate_runs(grid_module, algorithm, backend, rounds, tmp_pa
         for name, buf in single.model.named_buffers():
             key = grid_module._grid_buffer_names[name]
             torch.testing.assert_close(getattr(grid_module, key)[k], buf, rtol=1e-12, atol=1e-12)
-        for name, buf in single.algorithm.named_buffers():
-            other = dict(grid_module.grid_algorithms[k].named_buffers())[name]
+        config = grid_module.grid_algorithms[k]
+        for name, buf in single.algorithm.named_buffers():  # a client table may be on disk
+            other = config.state.table(name) if name in config.state.names else None
+            other = dict(config.named_buffers())[name] if other is None else other
             torch.testing.assert_close(other, buf, rtol=1e-12, atol=1e-12)
         own = grid_module.grid_ledger(k)
         assert (own is None) == (single.privacy_ledger is None)
@@ -158,6 +160,33 @@ def test_a_grid_over_an_operator_argument_rebuilds_the_operator(tmp_path):
 
     assert sweep_name("operator.threshold", alg) == f"{ALG}operator.init_args.threshold"
     assert sweep_name("noise.epsilon", alg) == f"{ALG}noise.epsilon"  # settings: no init_args
+
+
+def test_a_grid_whose_client_state_does_not_fit_in_memory_puts_the_rest_on_disk(
+    tmp_path, monkeypatch
+):
+    """``client_state: auto`` counts the configurations set up before against the machine's
+    memory quarter: with room for about two configurations' α-NormEC memories, the first ones
+    are held in memory and the later ones memory-mapped on disk (with one configuration's
+    worth each, every one would have fit alone), and every configuration still ends as its
+    separate run."""
+    from pl_privfed.engine import state
+
+    alg = AlphaNormEC(0.1, beta=0.1, alpha=0.01)
+    grid = {"beta": [0.1, 0.3, 1.0]}
+    probe = GridModule(_model(), alg, grad_backend="vmap", grid=grid)
+    _fit(probe, tmp_path / "probe", 1)
+    each = probe.grid_algorithms[0].state.nbytes()
+    assert each > 0 and all(a.state.placement == "device" for a in probe.grid_algorithms)
+    # the base algorithm and the first configuration fit in the quarter, the rest do not
+    monkeypatch.setattr(state, "_machine_memory", lambda: 4 * (2 * each + each // 2))
+    module = GridModule(_model(), alg, grad_backend="vmap", grid=grid)
+    _fit(module, tmp_path / "grid", 3)
+    placements = [module.algorithm.state.placement] + [
+        a.state.placement for a in module.grid_algorithms
+    ]
+    assert placements == ["device", "device", "disk", "disk"]
+    _assert_equals_separate_runs(module, alg, "vmap", 3, tmp_path, True)
 
 
 def test_grid_with_local_steps_serves_other_requests_from_the_oracle(tmp_path):

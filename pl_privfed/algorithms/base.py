@@ -98,6 +98,7 @@ class FederatedAlgorithm(nn.Module, metaclass=abc.ABCMeta):
         shard: ClientShard | None = None,
         client_state: str = "auto",
         state_dir: str | None = None,
+        state_in_memory: int = 0,
     ) -> None:
         """Allocate state for ``num_clients`` clients and ``d = dim`` parameters, and calibrate
         the noise (:func:`pl_privfed.privacy.plan.calibrate` of :meth:`release`).
@@ -109,6 +110,9 @@ class FederatedAlgorithm(nn.Module, metaclass=abc.ABCMeta):
             client_state: where the per-client state tables go (``"auto"``, ``"device"``,
                 ``"host"``, ``"disk"``; :mod:`pl_privfed.engine.state`).
             state_dir: directory of the memory-mapped tables (``"disk"``).
+            state_in_memory: bytes of client state the run's other algorithms (a grid's
+                configurations) already hold in memory: ``"auto"`` counts them
+                (:func:`~pl_privfed.engine.state.choose_placement`).
         """
         if num_clients < 1:
             raise ValueError(f"num_clients must be >= 1, got {num_clients}")
@@ -125,7 +129,7 @@ class FederatedAlgorithm(nn.Module, metaclass=abc.ABCMeta):
             self.noise_std = plan.calibrate(release, self.noise, rounds)
             plan.check(release, self.noise, self.noise_std, num_rounds or self.noise.rounds)
         self.allocate()
-        self.state.allocate(self.device, client_state, state_dir)
+        self.state.allocate(self.device, client_state, state_dir, state_in_memory)
 
     def allocate(self) -> None:
         """Register the state: server buffers with ``register_buffer``, per-client tables with

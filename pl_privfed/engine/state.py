@@ -73,14 +73,19 @@ def _machine_memory() -> int:
         return 8 * 2**30
 
 
-def choose_placement(total_bytes: int, device: torch.device, requested: str = "auto") -> str:
-    """Where ``total_bytes`` of per-client state go (module docstring)."""
+def choose_placement(
+    total_bytes: int, device: torch.device, requested: str = "auto", in_memory: int = 0
+) -> str:
+    """Where ``total_bytes`` of per-client state go (module docstring). ``in_memory``: the
+    bytes the run's other algorithms already hold in the machine's memory (a grid's earlier
+    configurations), counted against the same quarter of it, so that a grid of many
+    configurations goes to disk where their tables together would not fit."""
     check_choice("client_state", requested, PLACEMENTS)
     if requested != "auto":
         return requested
-    ram = _machine_memory() // 4
+    ram = _machine_memory() // 4 - max(0, int(in_memory))
     if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
+        free, _ = torch.cuda.mem_get_info(device)  # live: earlier configurations counted
         if total_bytes <= free // 4:
             return "device"
         return "host" if total_bytes <= ram else "disk"
@@ -112,15 +117,20 @@ class ClientStates:
         self._pending.append((name, tuple(shape), dtype))
 
     def allocate(
-        self, device: torch.device, requested: str = "auto", directory: str | None = None
+        self,
+        device: torch.device,
+        requested: str = "auto",
+        directory: str | None = None,
+        in_memory: int = 0,
     ) -> None:
-        """Place and allocate (zero) every declared table for this process's clients."""
+        """Place and allocate (zero) every declared table for this process's clients
+        (``in_memory``: see :func:`choose_placement`)."""
         rows = self.shard.size
         total = sum(
             rows * math.prod(shape) * torch.empty((), dtype=dtype).element_size()
             for _, shape, dtype in self._pending
         )
-        self.placement = choose_placement(total, device, requested)
+        self.placement = choose_placement(total, device, requested, in_memory)
         for name, shape, dtype in self._pending:
             self._allocate(name, (rows, *shape), dtype, device, directory)
             self.names.append(name)
@@ -262,6 +272,15 @@ class ClientStates:
     def nbytes(self) -> int:
         """Bytes of this process's per-client state."""
         return sum(self.table(n).numel() * self.table(n).element_size() for n in self.names)
+
+    def nbytes_in_memory(self) -> int:
+        """Bytes of it held in the machine's memory: host tables, and device tables on a CPU
+        (not memory-mapped ones, nor a GPU's)."""
+        on_cpu = self.placement == "host" or (
+            self.placement == "device" and getattr(self.module, "device", None) is not None
+            and torch.device(self.module.device).type == "cpu"
+        )  # fmt: skip
+        return self.nbytes() if on_cpu else 0
 
 
 def _rows_of(saved: dict[str, Any], start: int, stop: int, base: str | None = None) -> Tensor:
