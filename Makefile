@@ -38,7 +38,9 @@ benchmark: $(BIN)/.installed
 # error-compensation families, DP-FedAvg's clipping threshold) × 3 seeds
 # (configs/sweeps/frontier_<config>.yaml) and its non-private twin
 # (frontier_<config>_nonprivate.yaml), 1,134 runs of 300 rounds: many hours on a
-# CPU (resumable: run it again to go on). The configuration is selected on validation accuracy at
+# CPU, batched (`--batch`: the points of a sweep that differ only in ε, the step size, the knob
+# and the seed train as one federation, each point's results as its separate run's; resumable:
+# run it again to go on). The configuration is selected on validation accuracy at
 # each ε; the tables give the certified ε and the ε with selection (docs/privacy.md). A failed
 # run does not stop it; `compare --frontier` names and skips it. MNIST is read from $PL_PRIVFED_DATA (../shared/data on this project's machines).
 FRONTIER_CLIENT := mnist_dp_fedavg_clip mnist_dp_fedavg_per_update mnist_dpsgd \
@@ -51,7 +53,7 @@ frontier_results = $(foreach c,$(1),sweeps/frontier/frontier_$(c)/results.csv \
 frontier-mnist: $(BIN)/.installed
 	@for c in $(FRONTIER_CLIENT) $(FRONTIER_RECORD); do \
 	  for s in frontier_$$c frontier_$${c}_nonprivate; do \
-	    $(BIN)/pl-privfed sweep configs/sweeps/$$s.yaml --out sweeps/frontier/$$s \
+	    $(BIN)/pl-privfed sweep configs/sweeps/$$s.yaml --out sweeps/frontier/$$s --batch \
 	      || echo "frontier-mnist: some runs of $$s failed (see its results.csv)"; \
 	  done; \
 	done
