@@ -33,6 +33,7 @@ from pl_privfed.checks import check_choice, check_evaluation_interval
 from pl_privfed.datamodules.base import round_description
 from pl_privfed.engine import ClientShard, choose_chunk_size
 from pl_privfed.engine.distributed import adopt_strategy, check_strategy
+from pl_privfed.engine.state import GRID_MEMORY_REFUSAL, spills_to_disk
 from pl_privfed.grads import (
     GradientOracle,
     check_backend,
@@ -177,7 +178,20 @@ def set_up(
     rounds = round_description(datamodule)
     data_of = getattr(module, "algorithm_datamodule", None)  # a grid's per-seed data
     in_memory = 0  # client state the algorithms set up so far hold in memory (a grid's)
-    for name, algorithm in module.algorithms():
+    refuse = getattr(module, "grid_memory", "disk") == "refuse" and module.client_state == "auto"
+    algorithms = module.algorithms()
+    for index, (name, algorithm) in enumerate(algorithms):
+        if refuse and index >= 2:  # the run's own algorithm and a configuration are set up
+            each = algorithms[index - 1][1].state.nbytes()
+            if spills_to_disk(each, device, in_memory):
+                fit = max(1, index - 1)
+                at_most = GRID_MEMORY_REFUSAL.replace(r"(\d+)", str(fit))
+                raise ValueError(
+                    f"model.grid: the client state of its {len(algorithms) - 1} "
+                    f"configurations does not fit in memory together ({each / 1e9:.2f} GB "
+                    f"each; a quarter of the machine's memory holds {fit} beside the run's "
+                    f"own): {at_most} (or model.grid_memory: disk memory-maps the rest)"
+                )
         own = data_of(name) if callable(data_of) else None
         own_rounds = rounds if own is None or own is datamodule else round_description(own)
         algorithm.configure_data(**own_rounds)  # before setup: the rates enter the noise

@@ -189,6 +189,33 @@ def test_a_grid_whose_client_state_does_not_fit_in_memory_puts_the_rest_on_disk(
     _assert_equals_separate_runs(module, alg, "vmap", 3, tmp_path, True)
 
 
+def test_a_grid_told_to_refuse_names_how_many_configurations_fit(tmp_path, monkeypatch):
+    """``grid_memory: refuse`` (what a batched sweep asks): where a configuration's client
+    state would go to disk only because of the earlier ones', the run is refused before
+    training, naming how many configurations fit, which the sweep reads to split its group."""
+    from pl_privfed.engine import state
+    from pl_privfed.sweep.batch import Group, split
+
+    alg = AlphaNormEC(0.1, beta=0.1, alpha=0.01)
+    grid = {"beta": [0.1, 0.3, 1.0, 3.0]}
+    probe = GridModule(_model(), alg, grad_backend="vmap", grid=grid)
+    _fit(probe, tmp_path / "probe", 1)
+    each = probe.grid_algorithms[0].state.nbytes()
+    assert each == probe.algorithm.num_clients * probe.layout.dim * 8  # the g_i, float64
+    monkeypatch.setattr(state, "_machine_memory", lambda: 4 * (3 * each + each // 2))
+    module = GridModule(_model(), alg, grad_backend="vmap", grid=grid, grid_memory="refuse")
+    with pytest.raises(ValueError, match="at most 2 configurations at once") as refused:
+        _fit(module, tmp_path / "grid", 3)
+    assert int(module.algorithm.rounds_done) == 0  # refused before training
+    group = Group([0, 1, 2, 3], [{"b": v} for v in grid["beta"]], ["b"])
+    assert [g.indices for g in split(group, f"pl-privfed: error: {refused.value}")] == [
+        [0, 1], [2, 3]
+    ]  # fmt: skip
+    assert split(group, "pl-privfed: error: beta must be positive") is None
+    with pytest.raises(ValueError, match="grid_memory"):
+        GridModule(_model(), alg, grid=grid, grid_memory="swap")
+
+
 def test_grid_with_local_steps_serves_other_requests_from_the_oracle(tmp_path):
     """FedAvg with per-update clipping asks for gradients at per-client local iterates (not the
     batched request): those go to the oracle as in a single run, with the same results."""

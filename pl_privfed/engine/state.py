@@ -66,11 +66,35 @@ Placement = Literal["auto", "device", "host", "disk"]
 PLACEMENTS = ("auto", "device", "host", "disk")
 
 
+#: the memory, in bytes, that ``client_state: auto`` plans for instead of the machine's
+MEMORY_ENV = "PL_PRIVFED_MEMORY_BYTES"
+
+
 def _machine_memory() -> int:
+    if os.environ.get(MEMORY_ENV):
+        try:
+            return int(os.environ[MEMORY_ENV])
+        except ValueError:
+            raise ValueError(
+                f"{MEMORY_ENV}={os.environ[MEMORY_ENV]!r} is not a number of bytes"
+            ) from None
     try:
         return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
     except (ValueError, OSError, AttributeError):  # not a POSIX system
         return 8 * 2**30
+
+
+#: the message of a grid refused because its configurations' client state would not fit in
+#: memory together (``grid_memory: refuse``); group 1 is how many configurations fit
+GRID_MEMORY_REFUSAL = r"at most (\d+) configurations at once"
+
+
+def spills_to_disk(each_bytes: int, device: torch.device, in_memory: int) -> bool:
+    """Whether ``client_state: auto`` would memory-map a table set of ``each_bytes`` only
+    because ``in_memory`` bytes of other algorithms' state already take the memory it would
+    fit in alone (:func:`choose_placement`)."""
+    alone = choose_placement(each_bytes, device, "auto")
+    return alone != "disk" and choose_placement(each_bytes, device, "auto", in_memory) == "disk"
 
 
 def choose_placement(

@@ -39,6 +39,7 @@ def federation(
     grid: dict[str, list[Any]] | list[dict[str, Any]] | None = None,
     grid_dir: str | None = None,
     grid_chunk: int | None = None,
+    grid_memory: str | None = None,
     **kwargs: Any,
 ) -> FederatedModule:
     """A federation from a config's ``model:`` section: :class:`~pl_privfed.FederatedModule`'s
@@ -53,12 +54,26 @@ def federation(
         grid_dir: where a grid's ``results.csv`` and ``runs/<id>/`` go (default
             ``<log dir>/grid``).
         grid_chunk: a grid's gradients for at most this many configurations per oracle call.
+        grid_memory: where a grid's configurations go whose client state does not fit in
+            memory beside the others' (``"disk"``, the default, or ``"refuse"``; see
+            :class:`GridModule`).
     """
     if grid is None:
-        if grid_dir is not None or grid_chunk is not None:
-            given = "grid_dir" if grid_dir is not None else "grid_chunk"
+        if grid_dir is not None or grid_chunk is not None or grid_memory is not None:
+            named = (
+                ("grid_dir", grid_dir),
+                ("grid_chunk", grid_chunk),
+                ("grid_memory", grid_memory),
+            )
+            given = next(n for n, v in named if v is not None)
             raise ValueError(f"{given} is set but grid is not: give model.grid or drop {given}")
         return FederatedModule(model, algorithm, **kwargs)
     return GridModule(
-        model, algorithm, grid=grid, grid_dir=grid_dir, grid_chunk=grid_chunk, **kwargs
+        model,
+        algorithm,
+        grid=grid,
+        grid_dir=grid_dir,
+        grid_chunk=grid_chunk,
+        grid_memory=grid_memory or "disk",
+        **kwargs,
     )

@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from typing_extensions import override
 
 from pl_privfed import trainer_rounds, wiring
-from pl_privfed.checks import check_positive_int
+from pl_privfed.checks import check_choice, check_positive_int
 from pl_privfed.engine import ChunkOracle, OracleOutput, RoundResult, iter_round
 from pl_privfed.evaluation import model_loss
 from pl_privfed.grads import RoundOracle, sum_client_buffers
@@ -62,6 +62,12 @@ class GridModule(FederatedModule):
         grid_chunk: compute the grid's gradients for at most this many configurations per
             oracle call (default: all in one), to bound the memory of a large grid; the results
             do not depend on it.
+        grid_memory: with ``client_state: auto``, the configurations whose client state would
+            not fit in memory beside the earlier ones' (a quarter of the machine's, as for one
+            run) are memory-mapped on disk (``"disk"``), or the run is refused before training
+            with a ``ValueError`` naming how many configurations fit (``"refuse"``: what a
+            batched sweep asks, to split its group instead,
+            :data:`pl_privfed.engine.state.GRID_MEMORY_REFUSAL`).
 
     Evaluation measures every configuration that has not failed (``val/*`` every
     ``val_check_interval`` rounds, ``test/*`` at the end), into each configuration's history
@@ -86,12 +92,14 @@ class GridModule(FederatedModule):
         grid: dict[str, list[Any]] | list[dict[str, Any]],
         grid_dir: str | None = None,
         grid_chunk: int | None = None,
+        grid_memory: str = "disk",
         **kwargs: Any,
     ) -> None:
         super().__init__(model, algorithm, **kwargs)
         self.grid = grid
         self.grid_dir = grid_dir
         self.grid_chunk = grid_chunk
+        self.grid_memory = check_choice("grid_memory", grid_memory, ("disk", "refuse"))
         if grid_chunk is not None:
             check_positive_int("grid_chunk", grid_chunk)
         self.grid_points = grid_points(self.algorithm, grid)

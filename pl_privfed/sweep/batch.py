@@ -33,10 +33,12 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import shutil
 from pathlib import Path
 from typing import Any
 
+from pl_privfed.engine.state import GRID_MEMORY_REFUSAL
 from pl_privfed.grid.seeds import RUN_SEED, is_seed_argument
 from pl_privfed.results import render_value, run_id, write_atomically
 from pl_privfed.sweep.files import read_summary
@@ -48,6 +50,7 @@ __all__ = [
     "group_args",
     "groups",
     "point_summaries",
+    "split",
 ]
 
 #: the sweep parameters a group may vary: the algorithm's arguments, and the run's seed
@@ -140,12 +143,28 @@ def groups(points: dict[int, dict[str, Any]]) -> list[Group]:
 
 
 def group_args(group: Group, folder: Path) -> list[str]:
-    """What a group's command adds to its first point's: the grid of its points and where the
-    grid's results go."""
+    """What a group's command adds to its first point's: the grid of its points, where the
+    grid's results go, and ``grid_memory: refuse`` (a group whose configurations' client state
+    would not fit in memory together is refused before training, naming how many fit:
+    :func:`split`, rather than memory-mapped)."""
     return [
         f"--model.grid={json.dumps(group.grid)}",
         f"--model.grid_dir={folder / 'grid'}",
+        "--model.grid_memory=refuse",
     ]
+
+
+def split(group: Group, output: str) -> list[Group] | None:
+    """The group in consecutive groups of as many points as its refused process said fit in
+    memory (:data:`~pl_privfed.engine.state.GRID_MEMORY_REFUSAL` in its ``output``), or
+    ``None`` when it failed otherwise."""
+    found = re.findall(GRID_MEMORY_REFUSAL, output)
+    if not found:
+        return None
+    size = max(1, int(found[-1]))
+    parts = range(0, len(group.indices), size)
+    return [Group(group.indices[i : i + size], group.points[i : i + size], group.varying)
+            for i in parts]  # fmt: skip
 
 
 def _configurations(folder: Path, summary: dict[str, Any] | None) -> dict[int, Path]:

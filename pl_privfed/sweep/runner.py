@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pl_privfed.results import column_names, render_value, write_atomically
-from pl_privfed.sweep.batch import Group, group_args, groups, point_summaries
+from pl_privfed.sweep.batch import Group, group_args, groups, point_summaries, split
 from pl_privfed.sweep.files import (
     Sweep,
     grid,
@@ -188,9 +188,19 @@ class _Runner:
         with (folder / "output.log").open("w") as log:
             code = subprocess.call(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
         seconds = time.perf_counter() - start
+        output = (folder / "output.log").read_text(errors="replace")
+        parts = split(group, output) if code != 0 else None
+        if parts is not None:  # its configurations' client state would not fit together
+            print(f"  too many configurations for memory: {len(parts)} groups of at most "
+                  f"{len(parts[0].indices)}", flush=True)  # fmt: skip
+            for part in parts:
+                if len(part.indices) < 2 or not self.run_group(part):
+                    for index in part.indices:
+                        self.run_point(index)
+            return True
         summaries = point_summaries(group, folder, run_dirs, names, code, seconds)
         if summaries is None:
-            lines = (folder / "output.log").read_text(errors="replace").strip().splitlines()
+            lines = output.strip().splitlines()
             print(f"  the group failed before training ({lines[-1] if lines else code}): "
                   "running its points one by one", flush=True)  # fmt: skip
             return False
