@@ -218,16 +218,19 @@ def test_stderr_is_one_line_in_a_real_process(tmp_path):
     """The console script as a user runs it: nothing else on stderr (no Lightning or W&B lines
     before the error, no traceback), with the quickstart's CSV and W&B loggers on."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    for override, expected in [
+    cases = [
         (["--data.init_args.batch_size", "0"], "DigitsDataModule: batch_size must be"),
         (["--data.init_args.batch_size", "300"], "DigitsDataModule: batch_size=300 is larger"),
-    ]:
-        proc = subprocess.run(
-            [sys.executable, "-m", "pl_privfed.cli", "fit", "--config", QUICKSTART, *override],
-            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
-        assert proc.returncode == 2, proc.stderr
-        (line,) = proc.stderr.splitlines()
+    ]
+    command = [sys.executable, "-m", "pl_privfed.cli", "fit", "--config", QUICKSTART]
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+    # both at once: their start-ups (most of the time) overlap
+    procs = [subprocess.Popen([*command, *override], cwd=tmp_path, env=env, **pipes)
+             for override, _ in cases]  # fmt: skip
+    for proc, (_, expected) in zip(procs, cases):
+        _, stderr = proc.communicate(timeout=300)
+        assert proc.returncode == 2, stderr
+        (line,) = stderr.splitlines()
         assert line.startswith(f"pl-privfed: error: {expected}")
 
 
@@ -398,20 +401,33 @@ print(tuned, (before - rss()) // 2**20)
 """
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
-@pytest.mark.parametrize(
-    "env, tuned",
-    [({}, True), ({"PL_PRIVFED_MALLOC": "default"}, False),
-     ({"MALLOC_TRIM_THRESHOLD_": "131072"}, False)],
-)  # fmt: skip
-def test_the_command_keeps_freed_memory_for_reuse_unless_told_otherwise(env, tuned):
-    """``tune_allocator`` (called by ``main``): a freed 16 MiB block stays in the process (the
-    next round reuses it instead of faulting its pages in again); the user's own choice wins."""
+ALLOCATOR_ENVS = [({}, True), ({"PL_PRIVFED_MALLOC": "default"}, False),
+                  ({"MALLOC_TRIM_THRESHOLD_": "131072"}, False)]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def allocator_runs():
+    """``ALLOCATOR_SNIPPET`` in a fresh process under each environment of ``ALLOCATOR_ENVS``,
+    the three processes at once (their imports, most of their time, overlap; each measures its
+    own resident memory): each one's stdout, stderr and exit status, in that order."""
     clean = {k: v for k, v in os.environ.items()
              if k not in ("PL_PRIVFED_MALLOC", "MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_",
                           "LD_PRELOAD")}  # fmt: skip
-    out = subprocess.run([sys.executable, "-c", ALLOCATOR_SNIPPET], env={**clean, **env},
-                         capture_output=True, text=True, check=True).stdout.split()  # fmt: skip
+    procs = [subprocess.Popen([sys.executable, "-c", ALLOCATOR_SNIPPET], env={**clean, **env},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for env, _ in ALLOCATOR_ENVS]  # fmt: skip
+    return [(*proc.communicate(timeout=300), proc.returncode) for proc in procs]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
+@pytest.mark.parametrize("case", range(len(ALLOCATOR_ENVS)), ids=["tuned", "default", "user"])
+def test_the_command_keeps_freed_memory_for_reuse_unless_told_otherwise(case, allocator_runs):
+    """``tune_allocator`` (called by ``main``): a freed 16 MiB block stays in the process (the
+    next round reuses it instead of faulting its pages in again); the user's own choice wins."""
+    stdout, stderr, code = allocator_runs[case]
+    assert code == 0, stderr
+    out = stdout.split()
+    tuned = ALLOCATOR_ENVS[case][1]
     assert out[0] == str(tuned)
     returned_mib = int(out[1])
     assert returned_mib < 4 if tuned else returned_mib >= 12

@@ -58,14 +58,8 @@ def tiny_config(folder: Path) -> Path:
     return path
 
 
-def cli(folder: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    """``pl-privfed <args>`` in a subprocess, in ``folder``."""
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-m", "pl_privfed.cli", *args], cwd=folder, env=env,
-                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
-
-
 def start(folder: Path, *args: str) -> subprocess.Popen:
+    """``pl-privfed <args>`` started in a subprocess, in ``folder``."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     return subprocess.Popen([sys.executable, "-m", "pl_privfed.cli", *args], cwd=folder, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
@@ -125,14 +119,18 @@ def test_a_signal_saves_the_current_round_and_the_run_resumes_exactly(tmp_path, 
         return  # the same checkpoint as SIGTERM's (and DDP resumes are checked in
         # test_distributed.py): one resume comparison keeps the suite fast
     total = str(stopped + 3)
-    resumed = cli(tmp_path, "fit", "--config", str(config), "--trainer.max_steps", total,
-                  "--ckpt_path", str(saved[0]), *processes)  # fmt: skip
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    straight = cli(tmp_path, "fit", "--config", str(config), "--trainer.max_steps", total,
-                   *processes)  # fmt: skip
-    assert straight.returncode == 0, straight.stderr[-3000:]
+    # the resumed run and the straight one at the same time (their start-ups, most of their
+    # time, overlap), the straight one in a folder of its own
+    (tmp_path / "straight").mkdir()
+    runs = [start(tmp_path, "fit", "--config", str(config), "--trainer.max_steps", total,
+                  "--ckpt_path", str(saved[0])),
+            start(tmp_path / "straight", "fit", "--config", str(config), "--trainer.max_steps",
+                  total)]  # fmt: skip
+    for run_proc in runs:
+        _, run_err = run_proc.communicate(timeout=300)
+        assert run_proc.returncode == 0, run_err[-3000:]
     a = final_state(wait_for("logs/tiny/version_1/checkpoints/round=*.ckpt", tmp_path))
-    b = final_state(wait_for("logs/tiny/version_2/checkpoints/round=*.ckpt", tmp_path))
+    b = final_state(wait_for("logs/tiny/version_0/checkpoints/round=*.ckpt", tmp_path / "straight"))
     assert a.keys() == b.keys()
     for key in a:
         assert torch.equal(a[key], b[key]), key
@@ -221,21 +219,39 @@ def start_waiting(folder: Path, wait_at: str, *args: str) -> subprocess.Popen:
                             stderr=subprocess.PIPE, text=True)  # fmt: skip
 
 
-@pytest.mark.parametrize(
-    ("wait_at", "signum"),
-    [
-        ("setup", signal.SIGTERM),
-        ("train_dataloader", signal.SIGTERM),
-        ("train_dataloader", signal.SIGINT),
-    ],
-)
-def test_a_signal_before_training_ends_the_run_with_a_summary(tmp_path, wait_at, signum):
+#: where the waiting runs below wait and which signal their test sends (``round``: two Ctrl-C)
+WAITING_RUNS = [
+    ("setup", signal.SIGTERM),
+    ("train_dataloader", signal.SIGTERM),
+    ("train_dataloader", signal.SIGINT),
+    ("round", signal.SIGINT),
+]
+
+
+@pytest.fixture(scope="module")
+def waiting_runs(tmp_path_factory):
+    """The waiting runs of the tests below, started together, each in its own folder: each
+    waits a minute at its point for its test's signal, so their start-ups (importing the
+    package, setting up: most of each test's time) overlap instead of adding up."""
+    runs = {}
+    for wait_at, signum in WAITING_RUNS:
+        folder = tmp_path_factory.mktemp(f"waiting_{wait_at}_{signal.Signals(signum).name}")
+        runs[wait_at, signum] = (folder, start_waiting(folder, wait_at))
+    yield runs
+    for _, proc in runs.values():
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+@pytest.mark.parametrize(("wait_at", "signum"), WAITING_RUNS[:3])
+def test_a_signal_before_training_ends_the_run_with_a_summary(waiting_runs, wait_at, signum):
     """Before round 1 (set-up, the privacy calibration, after the privacy statement) a
     SIGTERM or Ctrl-C stops the run at once: exit 143/130, one line, no traceback, no
     checkpoint and a summary.json saying ``interrupted ... before training`` (before: SIGTERM
     killed the process without a word and left the run folder without a summary)."""
-    proc = start_waiting(tmp_path, wait_at)
-    wait_for("waiting", tmp_path)
+    tmp_path, proc = waiting_runs[wait_at, signum]
+    assert wait_for("waiting", tmp_path).read_text() == wait_at
     proc.send_signal(signum)
     _, err = proc.communicate(timeout=60)
     name = signal.Signals(signum).name
@@ -255,12 +271,12 @@ def test_a_signal_before_training_ends_the_run_with_a_summary(tmp_path, wait_at,
     assert not list(run.glob("checkpoints/*.ckpt"))
 
 
-def test_a_second_ctrl_c_aborts_at_once_in_one_line(tmp_path):
+def test_a_second_ctrl_c_aborts_at_once_in_one_line(waiting_runs):
     """A first Ctrl-C during a round asks for a stop after it; a second one, while the round
     still runs, ends the process at once: exit 130 and one line, not a traceback (before:
     108 lines)."""
-    proc = start_waiting(tmp_path, "round")
-    wait_for("waiting", tmp_path)  # round 1 holds for a minute
+    tmp_path, proc = waiting_runs["round", signal.SIGINT]
+    assert wait_for("waiting", tmp_path).read_text() == "round"  # round 1 holds for a minute
     proc.send_signal(signal.SIGINT)
     time.sleep(1.0)
     proc.send_signal(signal.SIGINT)
