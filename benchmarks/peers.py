@@ -362,7 +362,12 @@ def run_package(spec: dict) -> dict:
 
     dm = _data(spec)
     backend = BACKEND_SYSTEMS.get(spec["system"], "auto")
-    module = FederatedModule(_model(spec), _algorithm(spec), grad_backend=backend)
+    module = FederatedModule(
+        _model(spec),
+        _algorithm(spec),
+        grad_backend=backend,
+        client_chunk=spec.get("client_chunk", "auto"),
+    )
     timer = RoundTimer.build(split=True, sync=lambda: _sync(spec))
     accelerator = "gpu" if _device(spec).type == "cuda" else "cpu"
     trainer = pl.Trainer(accelerator=accelerator, devices=1, max_steps=spec["rounds"], logger=False,
@@ -646,6 +651,11 @@ def main() -> None:
     parser.add_argument("--systems", nargs="+", default=None, help="default: all that apply")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--pfl-python", default=None, help="a Python with pfl 0.6 installed")
+    parser.add_argument(
+        "--client-chunk",
+        default="auto",
+        help="the package's client_chunk (clients per chunk; 'auto' or 'all')",
+    )
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker is not None:
@@ -679,7 +689,7 @@ def main() -> None:
                     systems = [s for s in systems if s not in ("pfl", "fit")]
                 base = dict(workload=workload, n=n, T=steps, rounds=args.rounds,
                             warmup=args.warmup, cache=str(cache), model=args.model,
-                            device=args.device)  # fmt: skip
+                            device=args.device, client_chunk=_chunk_arg(args.client_chunk))  # fmt: skip
                 if "pfl" in systems:
                     path = tmp / f"pfl-{n}-{steps}.npz"
                     export_pfl_data(base, path)
@@ -695,6 +705,10 @@ def main() -> None:
                         if out is not None:
                             results.setdefault((workload, n, steps, system), []).append(out)
                 report(workload, n, steps, systems, results)
+
+
+def _chunk_arg(value: str) -> int | str:
+    return int(value) if value.isdigit() else value
 
 
 def report(workload: str, n: int, steps: int, systems: list[str], results: dict) -> None:
