@@ -255,3 +255,42 @@ def test_configurations_that_differ_in_their_noise_seed_share_one_calibration(mo
         stds.append(plan.calibrate(alg.release(), noise, 20))  # remembered since setup
     assert [kw["target_epsilon"] for kw in solved] == [8.0, 4.0]
     assert stds[0] == stds[1] == stds[2] < stds[3]
+
+
+@pytest.mark.parametrize(
+    "placement, sampler",
+    [("central", "poisson"), ("distributed", "fixed"), ("local", None)],
+)
+def test_configurations_that_differ_in_their_bound_share_one_calibration(
+    monkeypatch, placement, sampler
+):
+    """The accounting sees σ only through σ / sensitivity, and every sensitivity is a
+    multiple of Φ: calibration: target solves once for Φ = 1 and scales, so a frontier's
+    clipping thresholds share a solve, and every threshold's σ certifies the target."""
+    from pl_privfed.algorithms import DPFedAvg
+    from pl_privfed.operators import Clip
+    from pl_privfed.privacy import plan
+    from pl_privfed.sampling import FixedSizeSampler, PoissonSampler
+
+    solved = []
+    monkeypatch.setattr(plan, "_CALIBRATED", {})
+    monkeypatch.setattr(plan, "calibrate_noise_std", lambda **kw: solved.append(kw) or
+                        calibrate_noise_std(**kw))  # fmt: skip
+    stds, epsilons = {}, {}
+    for threshold in (0.3, 1.0, 3.0):
+        kind = {"poisson": lambda: PoissonSampler(0.2), "fixed": lambda: FixedSizeSampler(4)}
+        noise = DPNoise(epsilon=4.0, calibration="target", placement=placement,
+                        min_contributors=4 if placement == "distributed" else None)  # fmt: skip
+        alg = DPFedAvg(0.5, operator=Clip(threshold), noise=noise,
+                       sampler=kind[sampler]() if sampler else None)  # fmt: skip
+        alg.setup(dim=5, num_clients=20, num_rounds=30)
+        stds[threshold] = plan.calibrate(alg.release(), noise, 30)  # remembered since setup
+        ledger = PrivacyLedger(alg.release(), alg.noise, [alg.noise_std], 30)
+        for r in range(30):
+            ledger.account(r)
+        epsilons[threshold] = ledger.epsilon()
+    assert len(solved) == 1
+    assert stds[0.3] == pytest.approx(0.3 * stds[1.0], rel=1e-12)
+    assert stds[3.0] == pytest.approx(3.0 * stds[1.0], rel=1e-12)
+    for epsilon in epsilons.values():  # each certifies the target, to the solver's tolerance
+        assert epsilon == pytest.approx(epsilons[1.0], rel=1e-9) and epsilon <= 4.0 * 1.001

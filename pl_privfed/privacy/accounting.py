@@ -42,6 +42,21 @@ from pl_privfed.checks import check_choice
 from pl_privfed.privacy.mechanism import Mechanism, Sampling
 from pl_privfed.privacy.pld import pld_epsilon
 
+_RDP_CURVES_SIZE = 4096
+
+
+class _Curves(dict):
+    """A bounded memo of one-step RDP curves keyed by the release (``(σ, q)`` and the like):
+    emptied when full (a calibration's solver tries a few dozen σ; a run keeps a handful)."""
+
+    def __setitem__(self, key, value) -> None:
+        if len(self) >= _RDP_CURVES_SIZE:
+            self.clear()
+        super().__setitem__(key, value)
+
+
+_RDP_CURVES = _Curves()
+
 __all__ = ["ACCOUNTANTS", "AccountantName", "PrivacyAccountant"]
 
 AccountantName = Literal["auto", "rdp", "prv", "pld"]
@@ -84,7 +99,9 @@ class PrivacyAccountant:
         self._accountant = create_accountant("prv" if mechanism == "prv" else "rdp")
         # releases on samples drawn without replacement: [noise_multiplier, b, m, steps]
         self._without_replacement: list[list] = []
-        self._rdp_curves: dict[tuple, np.ndarray] = {}
+        # one-step RDP curves, a function of the release alone: shared by every accountant of
+        # the process (a grid's configurations, each adversary's accountant, every report)
+        self._rdp_curves = _RDP_CURVES
 
     def step(
         self,

@@ -252,10 +252,20 @@ def calibrate(release: Release, noise: DPNoise, rounds: int) -> float:
             constant=noise.constant,
             sample_rate=release.paper_rate,
         )
-    # the same releases, noise settings and rounds give the same σ: solved once per process
-    # (a grid's configurations that differ only in their step size or their seed share it);
-    # the key is the dataclasses' repr, which names every field (an object without one
-    # misses, never collides), with the noise's seed set aside: it keys the draws, not σ
+    # the accounting sees σ only through noise multipliers σ / sensitivity, and every
+    # sensitivity is a multiple of the bound Φ: σ is solved for the release at Φ = 1 and
+    # scaled, so configurations that differ only in Φ share one solve (where the round's
+    # multipliers confirm the scaling; else the release is solved as it is)
+    unit, scale = _unit_bound(release, noise, rounds)
+    return scale * _solved(unit, noise, rounds)
+
+
+def _solved(release: Release, noise: DPNoise, rounds: int) -> float:
+    """``calibration: target``'s σ for ``release``, solved once per process for the same
+    releases, noise settings and rounds (a grid's configurations that differ only in their
+    step size or their seed share it). The key is the dataclasses' repr, which names every
+    field (an object without one misses, never collides), with the noise's seed set aside:
+    it keys the draws, not σ."""
     key = repr((release, dataclasses.replace(noise, seed=0), rounds))
     if key not in _CALIBRATED:
         _CALIBRATED[key] = calibrate_noise_std(
@@ -265,6 +275,35 @@ def calibrate(release: Release, noise: DPNoise, rounds: int) -> float:
             accountant=noise.accountant,
         )
     return _CALIBRATED[key]
+
+
+def _unit_bound(release: Release, noise: DPNoise, rounds: int) -> tuple[Release, float]:
+    """``release`` with its bound and sensitivities divided by ``Φ`` and the factor ``Φ``;
+    ``(release, 1.0)`` where it has no positive bound or its mechanisms at ``σ = Φ`` do not
+    equal the unit release's at ``σ = 1`` (a sensitivity that is not a multiple of ``Φ``)."""
+    bound = release.bound
+    if not (isinstance(bound, (int, float)) and math.isfinite(bound) and bound > 0) or bound == 1:
+        return release, 1.0
+
+    def scaled(value: float | None) -> float | None:
+        return None if value is None else value / bound
+
+    unit = dataclasses.replace(
+        release,
+        bound=1.0,
+        sensitivity=scaled(release.sensitivity),
+        replace_one_sensitivity=scaled(release.replace_one_sensitivity),
+    )
+    probe = min(rounds, 2)  # round-dependent releases: the first rounds' mechanisms
+    mine = release_plan(release, noise, bound, probe)
+    theirs = release_plan(unit, noise, 1.0, probe)
+    same = len(mine) == len(theirs) and all(
+        count == other_count
+        and math.isclose(m.noise_multiplier, o.noise_multiplier, rel_tol=1e-12)
+        and m.key()[1:] == o.key()[1:]
+        for (m, count), (o, other_count) in zip(mine, theirs)
+    )
+    return (unit, bound) if same else (release, 1.0)
 
 
 def check_placement(release: Release, noise: DPNoise) -> None:
