@@ -10,6 +10,8 @@ in ``--step-sizes``, ``--rounds`` rounds. Usage::
     python benchmarks/batched_sweep.py --seeds 0 1 2 --epsilons 8   # 3 seeds × 2 step sizes
     python benchmarks/batched_sweep.py --config configs/private/mnist_dp_fedavg_clip.yaml \\
         --rounds 300 --epsilons 0.5 1 2 4 8 --step-sizes 0.17 0.5 1.5
+    python benchmarks/batched_sweep.py --separate-sample 3 \
+        --sweep configs/sweeps/frontier_mnist_dp_fedavg_clip.yaml   # a shipped file, as shipped
 """
 
 from __future__ import annotations
@@ -48,30 +50,32 @@ def sweep_file(
     return path
 
 
-def run(path: Path, out: Path, rounds: int, batch: bool) -> tuple[float, tuple, tuple]:
-    """Wall seconds of one sweep, with the load averages before and after."""
-    overrides = [f"--trainer.max_steps={rounds}", f"--trainer.val_check_interval={rounds}",
-                 "--trainer.logger=false", "--trainer.enable_progress_bar=false",
+def run(path: Path, out: Path, rounds: int | None, batch: bool) -> tuple[float, tuple, tuple]:
+    """Wall seconds of one sweep, with the load averages before and after (``rounds``
+    ``None``: the configs' own rounds and validation interval)."""
+    overrides = ["--trainer.logger=false", "--trainer.enable_progress_bar=false",
                  "--trainer.enable_checkpointing=false"]  # fmt: skip
+    if rounds is not None:
+        overrides += [f"--trainer.max_steps={rounds}", f"--trainer.val_check_interval={rounds}"]
     cmd = [sys.executable, "-m", "pl_privfed.cli", "sweep", str(path), "--out", str(out)]
     cmd += (["--batch"] if batch else []) + ["--", *overrides]
     before = os.getloadavg()
     start = time.perf_counter()
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, cwd=REPO)
     return time.perf_counter() - start, before, os.getloadavg()
 
 
 def sampled(path: Path, tmp_path: Path, args: argparse.Namespace) -> None:
     """The batched sweep against ``points ×`` the median of ``K`` separate runs of its point
-    (seed 0, the largest ε, the middle step size), whose row must equal the batched one."""
+    (seed 0, the largest ε, the middle value of every other axis), whose row must equal the
+    batched one."""
     seconds, before, after = run(path, tmp_path / "batched", args.rounds, True)
     print(f"batched: {seconds:.1f} s (load average {before[0]:.2f} before, {after[0]:.2f} "
           "after)", flush=True)  # fmt: skip
     batched = rows(tmp_path / "batched")
-    epsilon, step = max(args.epsilons), sorted(args.step_sizes)[len(args.step_sizes) // 2]
-    point = {"seed": {"value": 0}, "model.algorithm.init_args.noise.epsilon": {"value": epsilon},
-             "model.algorithm.init_args.step_size": {"value": step}}  # fmt: skip
     spec = yaml.safe_load(path.read_text())
+    point = {name: {"value": middle(name, axis["values"])}
+             for name, axis in spec["parameters"].items()}  # fmt: skip
     spec["parameters"] = point
     one = tmp_path / "one.yaml"
     one.write_text(yaml.safe_dump(spec, sort_keys=False))
@@ -82,20 +86,41 @@ def sampled(path: Path, tmp_path: Path, args: argparse.Namespace) -> None:
         print(f"separate run of one point ({k + 1}/{args.separate_sample}): {t:.1f} s (load "
               f"average {b[0]:.2f} before, {a[0]:.2f} after)", flush=True)  # fmt: skip
     (single,) = rows(tmp_path / "separate0")
-    (same,) = [
-        r for r in batched
-        if float(r["model.algorithm.init_args.noise.epsilon"]) == epsilon
-        and float(r["step_size"]) == step and int(r["seed"]) == 0
-    ]  # fmt: skip
+    (same,) = [r for r in batched if all(same_value(r[column(name)], v["value"])
+                                         for name, v in point.items())]  # fmt: skip
     equal = (np.float32(float(same["final_test_accuracy"]))
              == np.float32(float(single["final_test_accuracy"]))
              and same["epsilon"] == single["epsilon"])  # fmt: skip
     median = float(np.median(times))
-    print(f"{len(batched)} points, {args.rounds} rounds: batched {seconds:.1f} s against "
+    label = ", ".join(f"{column(name)} {v['value']}" for name, v in point.items())
+    print(f"{len(batched)} points: batched {seconds:.1f} s against "
           f"{len(batched)} x {median:.1f} s = {len(batched) * median:.1f} s separate: "
-          f"{seconds / (len(batched) * median):.3f}x; its (seed 0, eps {epsilon}, step {step}) "
+          f"{seconds / (len(batched) * median):.3f}x; its ({label}) "
           f"row equals the separate run (test accuracy {single['final_test_accuracy']}, "
           f"certified eps {single['epsilon']}): {equal}")  # fmt: skip
+
+
+def middle(name: str, values: list) -> object:
+    """The separate runs' point on one axis: seed 0, the largest ε, the middle value else."""
+    if name == "seed":
+        return 0 if 0 in values else values[0]
+    if name.endswith("noise.epsilon"):
+        return max(values)
+    return sorted(values)[len(values) // 2]
+
+
+def column(name: str) -> str:
+    """A sweep parameter's column in ``results.csv`` (the runner's names)."""
+    from pl_privfed.sweep.files import column_names
+
+    return column_names([name])[name]
+
+
+def same_value(cell: str, value: object) -> bool:
+    try:
+        return float(cell) == float(value)
+    except (TypeError, ValueError):
+        return cell == str(value)
 
 
 def rows(out: Path) -> list[dict[str, str]]:
@@ -106,7 +131,19 @@ def rows(out: Path) -> list[dict[str, str]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default=str(REPO / "configs/algorithms/dp_fedavg_clip.yaml"))
-    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help="rounds per run (default: 30, or the configs' own with --sweep)",
+    )
+    parser.add_argument(
+        "--sweep",
+        default=None,
+        help="a shipped sweep file (its parameters; the configs' own rounds and "
+        "validation unless --rounds): e.g. configs/sweeps/"
+        "frontier_mnist_dp_fedavg_clip.yaml with --separate-sample 3",
+    )
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--epsilons", type=float, nargs="+", default=[1.0, 2.0, 8.0])
     parser.add_argument("--step-sizes", type=float, nargs="+", default=[0.5, 1.0])
@@ -119,7 +156,12 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         tmp_path = Path(tmp)
-        path = sweep_file(tmp_path, args.config, args.seeds, args.epsilons, args.step_sizes)
+        if args.sweep:
+            path = tmp_path / "sweep.yaml"
+            path.write_text(Path(args.sweep).read_text())
+        else:
+            args.rounds = 30 if args.rounds is None else args.rounds
+            path = sweep_file(tmp_path, args.config, args.seeds, args.epsilons, args.step_sizes)
         if args.separate_sample:
             sampled(path, tmp_path, args)
             return
