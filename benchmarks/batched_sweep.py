@@ -153,9 +153,13 @@ def main() -> None:
         "and take the points × their median as the separate time, instead of running every "
         "point separately (the issue's baseline: N separate runs of one of its points)",
     )  # fmt: skip
+    parser.add_argument(
+        "--out", default=None, help="keep the sweeps' folders here (default: a temporary folder)"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        tmp_path = Path(tmp)
+        tmp_path = Path(args.out) if args.out else Path(tmp)
+        tmp_path.mkdir(parents=True, exist_ok=True)
         if args.sweep:
             path = tmp_path / "sweep.yaml"
             path.write_text(Path(args.sweep).read_text())
