@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from pl_privfed.datamodules import ClientStreams, ReferenceClientStreams
+from pl_privfed.datamodules import ClientStreams, ReferenceClientStreams, randperm
 from pl_privfed.datamodules.streams import seed_sequence_seeds
 
 
@@ -27,6 +27,8 @@ def shards_of(sizes, seed=0):
         ([1, 2, 3], 7, "epochs", True),  # a round spans three or more epochs of a client
         ([4, 9, 6, 11], 3, "epochs", False),  # the stored order (incremental gradient)
         ([6, 9, 4, 12, 5], 4, "without_replacement", True),
+        ([3, 300, 5, 227, 228, 1], 4, "epochs", True),  # shards past the twister's reach
+        ([300, 6, 250], 5, "without_replacement", True),
     ],
 )
 @pytest.mark.parametrize("seed", [0, 7, 2**40 + 3])  # a seed over 32 bits takes two words
@@ -89,3 +91,26 @@ def test_seed_sequence_seeds_are_numpys():
         seed_sequence_seeds(-1, clients)
     with pytest.raises(ValueError, match=r"in \[0, 2\*\*32\)"):
         seed_sequence_seeds(0, np.array([2**32]))
+
+
+@pytest.mark.parametrize("agrees", [True, False])
+def test_randperms_are_torchs_bit_for_bit(monkeypatch, agrees):
+    """The Mersenne Twister + Fisher–Yates computation of many ``randperm``s equals torch's own
+    call per ``(n, seed)``, for every shard size up to its reach and past it (torch's), seeds
+    above ``2**32`` included; a torch that disagrees on the probe gets its own calls."""
+    if not agrees:
+        monkeypatch.setattr(randperm, "_agrees", lambda: False)
+    rng = np.random.default_rng(3)
+    seeds = [int(s) for s in rng.integers(0, 2**63, 400, dtype=np.int64)]
+    seeds[:4] = [0, 2**32 - 1, 2**32, 2**64 - 1]
+    sizes = np.concatenate([np.arange(1, 231), rng.integers(1, 40, 170)])
+    gen = torch.Generator()
+    expected = torch.cat(
+        [torch.randperm(int(n), generator=gen.manual_seed(s)) for n, s in zip(sizes, seeds)]
+    ).numpy()
+    assert np.array_equal(randperm.randperms(sizes, seeds), expected)
+    assert np.array_equal(
+        randperm.randperms(sizes[:200], seeds[:200]), expected[: sizes[:200].sum()]
+    )
+    assert randperm.randperms(np.array([], dtype=np.int64), []).shape == (0,)
+    assert randperm._agrees() is agrees  # this torch's randperm is the algorithm written down

@@ -18,6 +18,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from pl_privfed.datamodules.randperm import randperms
+
 __all__ = ["ClientStreams", "ReferenceClientStreams", "seed_sequence_seeds"]
 
 #: The last key element of the ``without_replacement`` streams (keeps them apart from the
@@ -152,11 +154,9 @@ class ClientStreams:
         return self.shards[client][torch.randperm(self.sizes[client], generator=gen)]
 
     def _randperms(self, sizes: np.ndarray, seeds: list[int]) -> np.ndarray:
-        """``torch.randperm(n)`` for every ``(n, seed)``, concatenated: the one per-client
-        Python loop left."""
-        gen, randperm = torch.Generator(), torch.randperm  # one per call: nothing to pickle
-        perms = [randperm(n, generator=gen.manual_seed(s)) for n, s in zip(sizes.tolist(), seeds)]
-        return torch.cat(perms).numpy()
+        """``torch.randperm(n)`` for every ``(n, seed)``, concatenated, computed for all the
+        rows at once (:func:`~pl_privfed.datamodules.randperm.randperms`)."""
+        return randperms(sizes, seeds)
 
     def indices(self, round_index: int, clients: Tensor | None = None) -> Tensor:
         """``[c, batch_size]`` dataset indices of round ``round_index`` for the clients
