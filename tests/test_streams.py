@@ -32,7 +32,10 @@ def shards_of(sizes, seed=0):
     ],
 )
 @pytest.mark.parametrize("seed", [0, 7, 2**40 + 3])  # a seed over 32 bits takes two words
-def test_indices_equal_the_per_client_definition(sizes, batch, sampling, shuffle, seed):
+def test_indices_equal_the_per_client_definition(
+    monkeypatch, sizes, batch, sampling, shuffle, seed
+):
+    monkeypatch.setattr(randperm, "MIN_ROWS", 1)  # every miss drawn by the twister path
     shards = shards_of(sizes)
     new = ClientStreams(shards, batch, seed, shuffle, sampling)
     old = ReferenceClientStreams(shards, batch, seed, shuffle, sampling)
@@ -98,6 +101,7 @@ def test_randperms_are_torchs_bit_for_bit(monkeypatch, agrees):
     """The Mersenne Twister + Fisher–Yates computation of many ``randperm``s equals torch's own
     call per ``(n, seed)``, for every shard size up to its reach and past it (torch's), seeds
     above ``2**32`` included; a torch that disagrees on the probe gets its own calls."""
+    monkeypatch.setattr(randperm, "MIN_ROWS", 1)  # the twister path from one row up
     if not agrees:
         monkeypatch.setattr(randperm, "_agrees", lambda: False)
     rng = np.random.default_rng(3)

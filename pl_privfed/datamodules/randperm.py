@@ -3,7 +3,7 @@ once, bit for bit, in NumPy.
 
 The client streams (:mod:`pl_privfed.datamodules.streams`) draw every client's permutation of
 every local epoch from its own freshly seeded generator. One ``manual_seed`` + ``randperm``
-per client was the last per-client Python call of a round (about a sixth of the 10,000-client
+per client is the last per-client Python call of a round (about a sixth of the 10,000-client
 quickstart's round on this project's CPU, docs/performance.md). What torch computes there is
 fixed and small:
 
@@ -17,9 +17,12 @@ fixed and small:
 
 The first 226 outputs of a freshly seeded twister read only the initial state's words
 ``0..k+1`` and ``397..397+k`` (one regeneration of the state), so the permutations of shards of
-at most 227 examples are computed here for all the clients at once; larger shards, and any
-torch whose ``randperm`` disagrees with this on a probe (:func:`_agrees`, checked once per
-process), use torch itself. ``tests/test_streams.py`` holds the two equal.
+at most 227 examples are computed here for all the clients at once, when there are at least
+:data:`MIN_ROWS` of them (the recurrence's ~400 NumPy steps cost about 2 ms whatever the
+number of rows: a win from several hundred clients asked at once, e.g. ``client_chunk: all``
+or a GPU's chunk, a loss on the CPU's chunks of ~90); fewer rows, larger shards, and any torch
+whose ``randperm`` disagrees with this on a probe (:func:`_agrees`, checked once per process),
+use torch itself. ``tests/test_streams.py`` holds the two equal.
 """
 
 from __future__ import annotations
@@ -33,6 +36,9 @@ __all__ = ["randperms"]
 
 #: the largest shard whose permutation is computed here (227 needs 226 twister outputs)
 MAX_SIZE = 227
+#: the fewest permutations computed here at once: the seeding recurrence is ~400 NumPy steps
+#: whatever the number of rows (about 2 ms), where torch's own call costs 5–10 µs a row
+MIN_ROWS = 512
 
 _MULT = np.uint32(1812433253)
 _UPPER, _LOWER, _MATRIX = np.uint32(0x80000000), np.uint32(0x7FFFFFFF), np.uint32(0x9908B0DF)
@@ -46,7 +52,7 @@ def randperms(sizes: np.ndarray, seeds: list[int]) -> np.ndarray:
     if len(sizes) == 0:
         return np.empty(0, dtype=np.int64)
     small = sizes <= MAX_SIZE
-    if not small.any() or not _agrees():
+    if int(small.sum()) < MIN_ROWS or not _agrees():
         return _torch_randperms(sizes, seeds)
     if small.all():
         return _twister_randperms(sizes, seeds)
