@@ -123,7 +123,8 @@ def test_chunks_with_the_other_backends(backend):
 def test_chunk_size_choice_and_override(monkeypatch):
     monkeypatch.delenv(CHUNK_ENV, raising=False)  # the engine's own choice (the suite may set it)
     cpu = torch.device("cpu")
-    assert choose_chunk_size(100, 199_210, cpu) == 3  # three [c, d] float32 tensors in 8 MiB
+    assert choose_chunk_size(100, 199_210, cpu) == 7  # three [c, d] float32 tensors in 16 MiB
+    assert choose_chunk_size(10_000, 7_850, cpu) == 178  # the quickstart (docs/engine.md)
     assert choose_chunk_size(100, 2_410, cpu) == 100
     assert choose_chunk_size(5000, 10, cpu) == 256
     assert choose_chunk_size(100, 199_210, torch.device("cuda")) == 100  # a GPU takes all

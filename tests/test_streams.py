@@ -118,3 +118,29 @@ def test_randperms_are_torchs_bit_for_bit(monkeypatch, agrees):
     )
     assert randperm.randperms(np.array([], dtype=np.int64), []).shape == (0,)
     assert randperm._agrees() is agrees  # this torch's randperm is the algorithm written down
+
+
+def test_a_round_asked_chunk_by_chunk_is_drawn_at_once_and_unchanged(monkeypatch):
+    """After a round that asked every client, the next round's first request draws every
+    client's permutations in one call (full participation served in chunks); what each chunk
+    gets is still the per-client definition's, whatever is asked next (a cohort, a jump)."""
+    rng = np.random.default_rng(5)
+    sizes = rng.integers(1, 10, 1200).tolist()
+    shards = shards_of(sizes)
+    new = ClientStreams(shards, 4, 11)
+    old = ReferenceClientStreams(shards, 4, 11)
+    calls = []
+    real = new._randperms
+    monkeypatch.setattr(new, "_randperms", lambda n, s: calls.append(len(n)) or real(n, s))
+    chunks = torch.arange(len(sizes)).split(89)
+    for k in range(4):
+        calls.clear()
+        for ids in chunks:
+            assert torch.equal(new.indices(k, ids), old.indices(k, ids)), k
+        if k >= 1:  # the previous round asked everyone: one draw for the whole round
+            assert len(calls) == 1 and calls[0] > 500, (k, calls)
+        else:
+            assert len(calls) == len(chunks)
+    cohort = torch.as_tensor(np.sort(rng.choice(len(sizes), 100, replace=False)))
+    for k in (4, 9, 10, 2):  # a cohort after full rounds, a jump ahead, back
+        assert torch.equal(new.indices(k, cohort), old.indices(k, cohort)), k

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from pl_privfed.datamodules.randperm import randperms
+from pl_privfed.datamodules.randperm import MIN_ROWS, randperms
 
 __all__ = ["ClientStreams", "ReferenceClientStreams", "seed_sequence_seeds"]
 
@@ -141,6 +141,8 @@ class ClientStreams:
         # epoch each client's slot holds (-1: none); allocated at the first shuffled round
         self._slots: np.ndarray | None = None
         self._slot_epoch: np.ndarray | None = None
+        # clients asked in the current and the previous round (for the round's prefetch)
+        self._asked = {"round": -1, "count": 0}
 
     def permutation(self, client: int, epoch: int) -> Tensor:
         """Dataset indices of ``client``'s shard in the order of its local ``epoch``.
@@ -176,12 +178,39 @@ class ClientStreams:
             first = np.cumsum(size) - size  # where each client's permutation starts in perms
             local = perms[first[:, None] + np.arange(batch)]
             return torch.from_numpy(self._flat[start[:, None] + local])
-        pos = round_index * batch + np.arange(batch)  # stream positions, [B]
-        epoch = pos[None, :] // size[:, None]  # [c, B]
-        offset = pos[None, :] - epoch * size[:, None]  # position within the epoch
+        if self.shuffle and self._prefetches(round_index, len(ids)):
+            every = np.arange(len(self.shards))  # the whole round's permutations in one call
+            self._shuffled(every, self._size, *self._positions(round_index, self._size, every))
+        epoch, offset = self._positions(round_index, size)
         if self.shuffle:
             offset = self._shuffled(ids, size, start, epoch, offset)
         return torch.from_numpy(self._flat[start[:, None] + offset])
+
+    def _positions(
+        self, round_index: int, size: np.ndarray, ids: np.ndarray | None = None
+    ) -> tuple[np.ndarray, ...]:
+        """Each row's local epoch and position within it of round ``round_index``'s ``B``
+        stream positions (``[c, B]`` each); with ``ids``, ``(start, epoch, offset)`` of those
+        clients for :meth:`_shuffled`."""
+        pos = round_index * self.batch_size + np.arange(self.batch_size)  # stream positions
+        epoch = pos[None, :] // size[:, None]
+        offset = pos[None, :] - epoch * size[:, None]
+        return (epoch, offset) if ids is None else (self._offset[ids], epoch, offset)
+
+    def _prefetches(self, round_index: int, count: int) -> bool:
+        """Whether to draw every client's permutations of round ``round_index`` at once
+        before serving this request: on the round's first request, when the previous round
+        asked for at least half the clients and at least :data:`~pl_privfed.datamodules.
+        randperm.MIN_ROWS` (full participation served chunk by chunk: one vectorized draw
+        instead of one per chunk; it changes no draw, only when it is made)."""
+        asked = self._asked
+        if round_index == asked["round"]:
+            asked["count"] += count
+            return False
+        previous = asked["count"] if round_index == asked["round"] + 1 else 0
+        asked.update(round=round_index, count=count)
+        clients = len(self.shards)
+        return previous >= max(MIN_ROWS, clients / 2)
 
     def _shuffled(
         self,
