@@ -290,7 +290,26 @@ def test_configurations_that_differ_in_their_bound_share_one_calibration(
             ledger.account(r)
         epsilons[threshold] = ledger.epsilon()
     assert len(solved) == 1
+    start = solved[0]["start"]  # a power of two, at the unit release's sensitivity
+    assert math.log2(start) == round(math.log2(start)) and 0.5 <= start <= 4
     assert stds[0.3] == pytest.approx(0.3 * stds[1.0], rel=1e-12)
     assert stds[3.0] == pytest.approx(3.0 * stds[1.0], rel=1e-12)
     for epsilon in epsilons.values():  # each certifies the target, to the solver's tolerance
         assert epsilon == pytest.approx(epsilons[1.0], rel=1e-9) and epsilon <= 4.0 * 1.001
+
+
+def test_calibration_starts_near_the_sensitivity_and_any_power_of_two_start_agrees():
+    """The bisection's bracket (hence σ) is the same from any power-of-two start, and a start
+    at the sensitivity keeps it from probing tiny noise multipliers, whose PLDs are huge: a
+    record-level SoteriaFL run at ε = 0.5 (sensitivity 512× its start) ran out of 23 GB."""
+    probes = []
+
+    def plan(std):
+        probes.append(std / 512.0)  # the noise multiplier the accountant sees
+        return [(Mechanism(std / 512.0, 0.1), 50)]
+
+    near = calibrate_noise_std(target_epsilon=0.5, delta=DELTA, plan=plan, start=512.0)
+    assert min(probes) >= 0.5  # never below half the multiplier it started at
+    probes.clear()
+    far = calibrate_noise_std(target_epsilon=0.5, delta=DELTA, plan=plan, start=2.0**12)
+    assert far == near

@@ -105,6 +105,7 @@ def calibrate_noise_std(
     plan: ReleasePlan,
     accountant: AccountantName = "auto",
     epsilon_tolerance: float = 0.01,
+    start: float = 1.0,
 ) -> float:
     """The noise std at which the releases ``plan(std)`` spend ``target_epsilon`` at ``delta``.
 
@@ -123,6 +124,10 @@ def calibrate_noise_std(
             (:class:`~pl_privfed.privacy.PrivacyAccountant`): the run's calibration uses the
             accountant its ε is reported with.
         epsilon_tolerance: how far below the target the certified ε may be.
+        start: the first noise std tried (a power of two: the bracket, and so the result, is
+            then the same from any power-of-two start where ε falls with σ). Near the
+            sensitivity it keeps the search away from tiny noise multipliers, whose PLDs are
+            huge (a without-replacement release at multiplier 2⁻⁹ exhausted 23 GB).
 
     >>> from pl_privfed.privacy import Mechanism
     >>> std = calibrate_noise_std(target_epsilon=8.0, delta=1e-5,
@@ -143,8 +148,8 @@ def calibrate_noise_std(
     def eps(std: float) -> float:
         return accountant_at(std).get_epsilon(delta)
 
-    if accountant_at(1.0).method != "pld":
-        return _solve(eps, target_epsilon, delta, epsilon_tolerance)
+    if accountant_at(start).method != "pld":
+        return _solve(eps, target_epsilon, delta, epsilon_tolerance, start=start)
     # PLD: solve first for the cheap upper bound (a coarse discretization), whose σ certifies
     # the target; then refine with the exact ε from just below it (a few PLDs, not twenty)
     upper = _solve(
@@ -152,6 +157,7 @@ def calibrate_noise_std(
         target_epsilon,
         delta,
         epsilon_tolerance,
+        start=start,
     )
     return _solve(eps, target_epsilon, delta, epsilon_tolerance, start=upper, factor=1.005)
 

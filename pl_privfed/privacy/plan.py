@@ -268,11 +268,15 @@ def _solved(release: Release, noise: DPNoise, rounds: int) -> float:
     it keys the draws, not σ."""
     key = repr((release, dataclasses.replace(noise, seed=0), rounds))
     if key not in _CALIBRATED:
+        # start at the power of two nearest the sensitivity (a noise multiplier near 1)
+        scale = sensitivity(release, relation(release, noise))
+        start = 2.0 ** round(math.log2(scale)) if 0 < scale < math.inf else 1.0
         _CALIBRATED[key] = calibrate_noise_std(
             target_epsilon=noise.epsilon,
             delta=noise.delta,
             plan=lambda std: release_plan(release, noise, std, rounds),
             accountant=noise.accountant,
+            start=start,
         )
     return _CALIBRATED[key]
 
