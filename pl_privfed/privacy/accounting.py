@@ -29,6 +29,7 @@ mechanism with the given noise multiplier (noise std / sensitivity), sampled as 
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Literal
 
 import dp_accounting
@@ -40,22 +41,12 @@ from opacus.accountants.analysis import rdp as rdp_analysis
 
 from pl_privfed.checks import check_choice
 from pl_privfed.privacy.mechanism import Mechanism, Sampling
-from pl_privfed.privacy.pld import pld_epsilon
+from pl_privfed.privacy.pld import _remember, pld_epsilon
 
+#: one-step RDP curves by release, shared by every accountant of the process (bounded, least
+#: recently used first out, as pld's caches)
+_RDP_CURVES: OrderedDict = OrderedDict()
 _RDP_CURVES_SIZE = 4096
-
-
-class _Curves(dict):
-    """A bounded memo of one-step RDP curves keyed by the release (``(σ, q)`` and the like):
-    emptied when full (a calibration's solver tries a few dozen σ; a run keeps a handful)."""
-
-    def __setitem__(self, key, value) -> None:
-        if len(self) >= _RDP_CURVES_SIZE:
-            self.clear()
-        super().__setitem__(key, value)
-
-
-_RDP_CURVES = _Curves()
 
 __all__ = ["ACCOUNTANTS", "AccountantName", "PrivacyAccountant"]
 
@@ -99,9 +90,6 @@ class PrivacyAccountant:
         self._accountant = create_accountant("prv" if mechanism == "prv" else "rdp")
         # releases on samples drawn without replacement: [noise_multiplier, b, m, steps]
         self._without_replacement: list[list] = []
-        # one-step RDP curves, a function of the release alone: shared by every accountant of
-        # the process (a grid's configurations, each adversary's accountant, every report)
-        self._rdp_curves = _RDP_CURVES
 
     def step(
         self,
@@ -257,13 +245,13 @@ class PrivacyAccountant:
             )
             events.append((("dp-accounting", sigma, size, population), event, int(steps)))
         for key, event, steps in events:
-            if key not in self._rdp_curves:
+            if key not in _RDP_CURVES:
                 one = RdpAccountant(
                     neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE
                 )
                 one.compose(event)
-                self._rdp_curves[key] = one.rdp
-            curve = self._rdp_curves[key]
+                _remember(_RDP_CURVES, key, one.rdp, _RDP_CURVES_SIZE)
+            curve = _RDP_CURVES[key]
             total = steps * curve if total is None else total + steps * curve
         orders = RdpAccountant().orders  # the orders every curve above was computed at
         return float(compute_epsilon(orders, total, delta)[0])
@@ -302,14 +290,15 @@ class PrivacyAccountant:
         rdp = np.zeros(len(orders))
         for noise_multiplier, sample_rate, steps in self._accountant.history:
             key = (float(noise_multiplier), float(sample_rate))
-            if key not in self._rdp_curves:
-                self._rdp_curves[key] = np.asarray(
+            if key not in _RDP_CURVES:
+                curve = np.asarray(
                     rdp_analysis.compute_rdp(
                         q=sample_rate, noise_multiplier=noise_multiplier, steps=1, orders=orders
                     ),
                     dtype=np.float64,
                 )
-            rdp = rdp + steps * self._rdp_curves[key]
+                _remember(_RDP_CURVES, key, curve, _RDP_CURVES_SIZE)
+            rdp = rdp + steps * _RDP_CURVES[key]
         eps, _ = rdp_analysis.get_privacy_spent(orders=orders, rdp=rdp, delta=delta)
         return float(eps)
 
