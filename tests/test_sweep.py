@@ -25,6 +25,7 @@ from pl_privfed.sweep import (
     load_sweep,
     run_args,
     run_sweep,
+    selected,
     sweep_lock,
 )
 
@@ -225,6 +226,37 @@ def test_dry_run_writes_nothing(tmp_path, capsys):
     lines = [ln for ln in capsys.readouterr().out.splitlines() if "pl_privfed.cli" in ln]
     assert len(lines) == 2 and f"--{BETA}=0.2" in lines[1] and lines[1].endswith(FAST[-1])
     assert not (tmp_path / "out").exists()
+
+
+def test_where_runs_a_subset_in_the_folders_the_whole_sweep_gives_it(tmp_path, monkeypatch,
+                                                                    capsys):  # fmt: skip
+    """`--where` selects points by value (a parameter's full name or its end); they keep their
+    run folders, so the whole sweep afterwards runs only the others; bad conditions are
+    ValueErrors naming them, shown by the CLI as one line."""
+    monkeypatch.chdir(tmp_path)
+    python, log = fake_python(tmp_path)
+    sweep = write_sweep(tmp_path, {"seed": {"values": [0, 1]}, "a.noise.epsilon":
+                                   {"values": [0.5, 1.0, 8.0]}}, name="where")  # fmt: skip
+    spec = load_sweep(sweep)
+    assert selected(spec, ["noise.epsilon=1,8", "seed=1"]) == [4, 5]
+    assert selected(spec, ["epsilon=0.5", "a.noise.epsilon=0.5,1"]) == [0, 3]
+    assert selected(spec, []) == list(range(6))
+    for bad, message in [("eps=1", "names no parameter"), ("seed=2", "not a value of seed"),
+                         ("seed", "expected KEY=V1,V2"), ("=1", "expected KEY=V1,V2")]:  # fmt: skip
+        with pytest.raises(ValueError, match=message):
+            selected(spec, [bad])
+    subset = run_sweep(sweep, "out", python=python, where=["epsilon=8.0"])
+    assert [c["args"][5:7] for c in calls(log)] == [["--seed=0", "--a.noise.epsilon=8.0"],
+                                                    ["--seed=1", "--a.noise.epsilon=8.0"]]  # fmt: skip
+    assert "2 of the 6 points" in capsys.readouterr().out
+    assert [r["a.noise.epsilon"] for r in rows(subset)] == ["8.0", "8.0"]
+    whole = run_sweep(sweep, "out", python=python)
+    assert len(calls(log)) == 6 and len(rows(whole)) == 6  # the two finished runs were reused
+    with pytest.raises(SystemExit) as exit_info:
+        main(["sweep", str(sweep), "--out", "out", "--where", "seed=3"])
+    assert exit_info.value.code != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--where 'seed=3'" in err[0], err
 
 
 def test_a_shortened_run_is_never_taken_for_a_full_one(tmp_path, monkeypatch, capsys):

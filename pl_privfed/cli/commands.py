@@ -29,6 +29,7 @@ def sweep(
     dry_run: bool = False,
     rerun: bool = False,
     batch: bool = False,
+    where: list[str] | None = None,
 ) -> int:
     """Run a W&B grid sweep file locally (sequentially, resumable).
 
@@ -41,12 +42,20 @@ def sweep(
         batch: train the points that differ only in the algorithm's arguments (step size,
             target epsilon, ...) and in their seed as one federation per group, each point
             still with its own run folder, summary.json and results.csv row
+        where: run only the points with these values, KEY=V1,V2 each (a parameter's name or
+            the end of it: noise.epsilon=1.0,8.0 seed=0); each keeps its run folder
     """
     from pl_privfed.sweep import SweepLockedError, failed_runs, run_sweep
 
     try:
         path = run_sweep(
-            sweep, out, overrides=list(overrides), dry_run=dry_run, rerun=rerun, batch=batch
+            sweep,
+            out,
+            overrides=list(overrides),
+            dry_run=dry_run,
+            rerun=rerun,
+            batch=batch,
+            where=where or (),
         )
     except SweepLockedError as error:
         print(f"pl-privfed sweep: {error}", file=sys.stderr)

@@ -38,6 +38,7 @@ from pl_privfed.sweep.files import (
     load_sweep,
     run_args,
     run_name,
+    selected,
     sweep_lock,
     write_results,
 )
@@ -52,6 +53,7 @@ __all__ = [
     "run_args",
     "run_name",
     "run_sweep",
+    "selected",
     "sweep_lock",
     "write_results",
 ]

@@ -39,6 +39,7 @@ __all__ = [
     "read_summary",
     "run_args",
     "run_name",
+    "selected",
     "sweep_lock",
     "write_results",
 ]
@@ -147,6 +148,48 @@ def grid(sweep: Sweep) -> list[dict[str, Any]]:
     keys = list(sweep.parameters)
     combos = itertools.product(*(sweep.parameters[k] for k in keys))
     return [dict(zip(keys, combo, strict=True)) for combo in combos]
+
+
+def selected(sweep: Sweep, where: Sequence[str]) -> list[int]:
+    """The indices (in :func:`grid` order) of the points that satisfy every condition of ``where``.
+
+    Each condition is ``KEY=V1,V2,...``: the points whose parameter ``KEY`` takes one of the
+    listed values. ``KEY`` is a parameter's full name or a unique dotted suffix of it
+    (``noise.epsilon`` for ``model.algorithm.init_args.noise.epsilon``); each value is read as
+    YAML and must be one of the parameter's values in the file. A selected point keeps its
+    index, so its run folder is the one the whole sweep gives it: running a subset first and
+    the whole sweep later reuses the subset's finished runs.
+
+    Raises:
+        ValueError: naming the condition, when it is not ``KEY=VALUES``, its key names no
+            parameter (or several), or a value is not one of the parameter's values.
+    """
+    allowed: dict[str, list[Any]] = {}
+    for condition in where:
+        key, sep, text = condition.partition("=")
+        key = key.strip()
+        if not sep or not key or not text.strip():
+            raise ValueError(f"--where {condition!r}: expected KEY=V1,V2,... (e.g. seed=0,1)")
+        matches = [k for k in sweep.parameters if k == key or k.endswith("." + key)]
+        exact = [k for k in matches if k == key]
+        if len(matches) != 1 and not exact:
+            names = ", ".join(sweep.parameters)
+            what = "names no parameter" if not matches else f"is ambiguous ({', '.join(matches)})"
+            raise ValueError(f"--where {condition!r}: {key!r} {what} of the sweep ({names})")
+        name = (exact or matches)[0]
+        values = [yaml.safe_load(v.strip()) for v in text.split(",")]
+        for value in values:
+            if value not in sweep.parameters[name]:
+                raise ValueError(
+                    f"--where {condition!r}: {value!r} is not a value of {name} "
+                    f"{sweep.parameters[name]!r}"
+                )
+        allowed[name] = [v for v in allowed.get(name, values) if v in values]
+    return [
+        index
+        for index, point in enumerate(grid(sweep))
+        if all(point[name] in values for name, values in allowed.items())
+    ]
 
 
 def command_of(sweep: Sweep) -> list[str]:

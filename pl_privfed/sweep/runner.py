@@ -24,6 +24,7 @@ from pl_privfed.sweep.files import (
     read_summary,
     run_args,
     run_name,
+    selected,
     sweep_lock,
     write_results,
 )
@@ -41,6 +42,7 @@ def run_sweep(
     rerun: bool = False,
     python: str = sys.executable,
     batch: bool = False,
+    where: Sequence[str] = (),
 ) -> Path:
     """Run every point of a grid sweep file sequentially; return the path of ``results.csv``.
 
@@ -69,13 +71,17 @@ def run_sweep(
         rerun: run the points that finished before as well.
         python: the interpreter that runs the points.
         batch: train the points that can share a federation as one grid per group.
+        where: conditions ``KEY=V1,V2`` that select the points to run (:func:`selected`:
+            ``noise.epsilon=1.0,8.0``, ``seed=0``); the others are left as they are, and
+            ``results.csv`` still lists every point that has a ``summary.json``.
 
     Raises:
         SweepLockedError: when another sweep runs in ``out_dir``.
+        ValueError: when a condition of ``where`` names no parameter or value of the sweep.
     """
     sweep = load_sweep(path)
     out = Path(out_dir) if out_dir is not None else Path("sweeps") / sweep.name
-    runner = _Runner(sweep, out, overrides, dry_run, python)
+    runner = _Runner(sweep, out, overrides, dry_run, python, selected(sweep, where))
     if dry_run:
         runner.run(rerun, batch)
         return out / "results.csv"
@@ -88,7 +94,13 @@ class _Runner:
     """The processes of one sweep: its points one by one, or its groups as grids."""
 
     def __init__(
-        self, sweep: Sweep, out: Path, overrides: Sequence[str], dry_run: bool, python: str
+        self,
+        sweep: Sweep,
+        out: Path,
+        overrides: Sequence[str],
+        dry_run: bool,
+        python: str,
+        chosen: Sequence[int],
     ) -> None:
         self.sweep, self.out, self.overrides = sweep, out, list(overrides)
         self.dry_run, self.python = dry_run, python
@@ -102,6 +114,7 @@ class _Runner:
         self.points = grid(sweep)
         self.width = len(str(len(self.points)))
         self.identity = identity(sweep, overrides)
+        self.chosen = list(chosen)
 
     def run_dir(self, index: int) -> Path:
         return point_dir(self.out, index, self.points[index], self.identity)
@@ -115,7 +128,10 @@ class _Runner:
 
     def run(self, rerun: bool, batch: bool) -> None:
         todo: dict[int, dict] = {}
-        for index, params in enumerate(self.points):
+        if len(self.chosen) < len(self.points):
+            print(f"--where: {len(self.chosen)} of the {len(self.points)} points", flush=True)
+        for index in self.chosen:
+            params = self.points[index]
             summary = read_summary(self.run_dir(index))
             if summary is not None and summary.get("status") == "finished" and not rerun:
                 print(f"{self.label(index)}: finished before, skipped", flush=True)
