@@ -71,7 +71,8 @@ def test_the_done_when_configs_as_shipped_read_half_their_certificate_unflagged(
     The run takes the whole federation as one chunk (``--model.client_chunk all``): the
     iterates do not depend on the chunk size (tests/test_engine.py), and the audit read the
     same to 1e-7 (white box 11.3214, low end 8.0650, either way), but the engine's CPU chunks
-    of 89 clients cost 3-4x the time on a loaded 2-core machine (134 s against 45 s)."""
+    (then of 89 clients; 178 since 2026-11-27) cost 3-4x the time on a loaded 2-core machine
+    (134 s against 45 s)."""
     repo = Path(__file__).resolve().parents[1]
     main(["fit", "--config", str(repo / config), "--trainer.logger", "false",
           "--trainer.enable_progress_bar", "false", "--output_dir", str(tmp_path),

@@ -27,7 +27,7 @@ def test_there_is_a_private_config_per_family():
 def test_private_config_runs_and_names_its_adversary(config, tmp_path, monkeypatch, capsys):
     """Three rounds of each config, its whole federation as one chunk: the iterates do not
     depend on the chunk size (tests/test_engine.py), and the four 10,000-client configs took
-    21-27 s each in the engine's CPU chunks of 89 clients against 4-7 s as one chunk (2-core
+    21-27 s each in the engine's CPU chunks of 89 clients (then) against 4-7 s as one chunk (2-core
     machine shared with other jobs, load 2.3-2.6)."""
     monkeypatch.chdir(tmp_path)
     main(["fit", "--config", str(config), "--trainer.logger", "false",
