@@ -152,18 +152,28 @@ def rebuilt(obj: Any, changes: dict[str, Any], what: str) -> Any:
                 f"grid parameter {what}.{field!r}: {type(obj).__name__} has no argument "
                 f"{field!r} (arguments: {', '.join(params) or 'none'})"
             )
+    kwargs = _arguments(obj, changes, f"the grid parameter {what}.{next(iter(changes))}")
+    return type(obj)(**kwargs)
+
+
+def _arguments(obj: Any, changes: dict[str, Any], purpose: str) -> dict[str, Any]:
+    """``type(obj)``'s constructor arguments: ``changes``, and the others read back from the
+    attributes of the same names, deep-copied (no state shared). ``ValueError`` for an
+    argument ``obj`` keeps no attribute for (it would silently fall back to its default)."""
     kwargs = {}
-    for name in params:
+    for name, param in init_parameters(type(obj)).items():
         if name in changes:
             kwargs[name] = changes[name]
         elif hasattr(obj, name):
             kwargs[name] = copy.deepcopy(getattr(obj, name))
         else:
+            fallback = param.default is not inspect.Parameter.empty
+            why = " (its argument would silently fall back to the default)" if fallback else ""
             raise ValueError(
                 f"{type(obj).__name__} keeps no attribute {name!r}: it cannot be rebuilt for "
-                f"the grid parameter {what}.{next(iter(changes))}"
+                f"{purpose}{why}"
             )
-    return type(obj)(**kwargs)
+    return kwargs
 
 
 def rebuild_algorithm(
@@ -182,17 +192,5 @@ def rebuild_algorithm(
     if RUN_SEED in overrides:
         overrides = {**seed_overrides(algorithm, overrides.pop(RUN_SEED)), **overrides}
     overrides = _nested(algorithm, overrides)
-    kwargs = {}
-    for name, param in init_parameters(type(algorithm)).items():
-        if name in overrides:
-            kwargs[name] = overrides[name]
-        elif hasattr(algorithm, name):
-            kwargs[name] = copy.deepcopy(getattr(algorithm, name))
-        elif param.default is not inspect.Parameter.empty:
-            raise ValueError(
-                f"{type(algorithm).__name__} keeps no attribute {name!r}: it cannot be rebuilt "
-                "for a grid (its argument would silently fall back to the default)"
-            )
-        else:
-            raise ValueError(f"{type(algorithm).__name__} keeps no attribute {name!r}")
+    kwargs = _arguments(algorithm, overrides, "a grid")
     return type(algorithm)(**kwargs)
