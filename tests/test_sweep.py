@@ -259,6 +259,27 @@ def test_where_runs_a_subset_in_the_folders_the_whole_sweep_gives_it(tmp_path, m
     assert len(err) == 1 and "--where 'seed=3'" in err[0], err
 
 
+def test_a_sweep_that_gains_a_value_reuses_its_finished_runs(tmp_path, monkeypatch, capsys):
+    """A point is found by its hash under any index: a sweep file that gains a value renumbers
+    its points but runs only the new ones, and results.csv lists every point once."""
+    monkeypatch.chdir(tmp_path)
+    python, log = fake_python(tmp_path)
+    sweep = write_sweep(tmp_path, {"seed": {"values": [0, 1]}, "a.step_size":
+                                   {"values": [1.0, 3.0]}}, name="grow")  # fmt: skip
+    run_sweep(sweep, "out", python=python)
+    before = sorted(p.name for p in Path("out/runs").iterdir())
+    assert len(calls(log)) == 4 and [name[:4] for name in before] == [f"{i:04d}" for i in range(4)]
+    grown = write_sweep(tmp_path, {"seed": {"values": [0, 1]}, "a.step_size":
+                                   {"values": [0.3, 1.0, 3.0]}}, name="grow")  # fmt: skip
+    table = rows(run_sweep(grown, "out", python=python))
+    assert [c["args"][5:7] for c in calls(log)[4:]] == [["--seed=0", "--a.step_size=0.3"],
+                                                        ["--seed=1", "--a.step_size=0.3"]]  # fmt: skip
+    assert [(r["seed"], r["step_size"]) for r in table] == [
+        (s, g) for s in ("0", "1") for g in ("0.3", "1.0", "3.0")]  # fmt: skip
+    assert {r["run"] for r in table} >= set(before) and len({r["run"] for r in table}) == 6
+    assert "finished before, skipped" in capsys.readouterr().out
+
+
 def test_a_shortened_run_is_never_taken_for_a_full_one(tmp_path, monkeypatch, capsys):
     """The README's smoke run (`-- --trainer.max_steps=20`) and the full sweep afterwards use
     different run directories; `--rerun` runs finished points again."""

@@ -256,7 +256,16 @@ def read_summary(run_dir: Path) -> dict[str, Any] | None:
 
 
 def point_dir(out_dir: Path, index: int, params: dict[str, Any], args: Sequence[str]) -> Path:
-    return out_dir / "runs" / run_id(index, params, args)
+    """The run folder of a sweep's point: ``<out_dir>/runs/<index>-<hash>``
+    (:func:`~pl_privfed.results.run_id`), or the folder of that hash under another index where
+    one exists: a point's identity is its hash (its parameters, command and overrides), so that
+    a sweep file that gains a value (and renumbers its points) reuses the runs it finished."""
+    runs = out_dir / "runs"
+    name = run_id(index, params, args)
+    if (runs / name).exists() or not runs.is_dir():
+        return runs / name
+    earlier = sorted(runs.glob(f"[0-9][0-9][0-9][0-9]*-{name.rsplit('-', 1)[1]}"))
+    return earlier[0] if earlier else runs / name
 
 
 def _grid_rows(run_dir: Path, summary: dict[str, Any]) -> list[dict[str, str]] | None:
