@@ -58,6 +58,7 @@ __all__ = [
     "RoundOracle",
     "average_client_buffers",
     "check_backend",
+    "client_copies",
     "resolve_backend",
     "resolve_example_backend",
     "sum_client_buffers",
@@ -483,9 +484,7 @@ class RoundOracle(ChunkOracle):
 
     def client_buffers(self, count: int) -> dict[str, Tensor] | None:
         """``count`` copies of the configuration's buffers (``None`` without a configuration)."""
-        if self.buffers is None:
-            return None
-        return {k: v.unsqueeze(0).expand(count, *v.shape) for k, v in self.buffers.items()}
+        return None if self.buffers is None else client_copies(self.buffers, count)
 
     def __call__(
         self, params: Tensor, clients: Tensor, *, per_example: bool = False, step: int | None = None
@@ -502,6 +501,12 @@ class RoundOracle(ChunkOracle):
     ) -> OracleOutput:
         inputs, targets = self.data(clients, step)
         return self.oracle.clipped_mean(params, inputs, targets, scale)
+
+
+def client_copies(buffers: dict[str, Tensor], count: int) -> dict[str, Tensor]:
+    """``count`` clients' copies of one model's ``buffers`` (expanded views, no copy): what
+    each client of a chunk starts from."""
+    return {k: v.unsqueeze(0).expand(count, *v.shape) for k, v in buffers.items()}
 
 
 def sum_client_buffers(per_client: dict[str, Tensor], dim: int = 0) -> dict[str, Tensor]:

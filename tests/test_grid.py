@@ -26,6 +26,7 @@ from pl_privfed.cli import PrivFedCLI, main
 from pl_privfed.datamodules import DigitsDataModule, DirichletPartitioner
 from pl_privfed.grads import GradientOracle
 from pl_privfed.grid import GridModule, grid_points, rebuild_algorithm
+from pl_privfed.grid import module as grid_module
 from pl_privfed.models import MLP
 from pl_privfed.privacy import DPNoise, calibrate_noise_std, plan
 from pl_privfed.report import make_report
@@ -97,9 +98,10 @@ def test_resnet20_grid_equals_separate_runs(backend, tmp_path):
 
 @pytest.mark.parametrize("backend, batch_norm", [("vmap", True), ("loop", True),
                                                  ("analytic", False)])  # fmt: skip
-def test_alpha_normec_grid_equals_separate_runs(backend, batch_norm, tmp_path):
+def test_alpha_normec_grid_equals_separate_runs(backend, batch_norm, tmp_path, monkeypatch):
     """Paper 002's grid axes (γ, β, server normalization): each configuration's parameters,
-    BatchNorm running statistics and memories equal its own run's, in float64."""
+    BatchNorm running statistics and memories equal its own run's, in float64; its gradients
+    in chunks of configurations, or one configuration at a time, give the same iterates."""
     alg = AlphaNormEC(0.05, beta=0.1, alpha=0.01, memory_init="gradient")
     grid = {"step_size": [0.05, 0.5], "beta": [0.1, 1.0], "server_normalization": [True, False]}
     module = GridModule(_model(batch_norm), alg, grad_backend=backend, grid=grid)
@@ -108,9 +110,13 @@ def test_alpha_normec_grid_equals_separate_runs(backend, batch_norm, tmp_path):
     # gradients for 3 configurations per oracle call: the same iterates
     chunked = GridModule(_model(batch_norm), alg, grad_backend=backend, grid=grid, grid_chunk=3)
     _fit(chunked, tmp_path / "chunked", 5)
-    for a, b in zip(module.state_dict().values(), chunked.state_dict().values()):
-        if isinstance(a, torch.Tensor):
-            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    monkeypatch.setattr(grid_module, "STACKED_PARAMETER_BYTES", 0)  # one call per configuration
+    alone = GridModule(_model(batch_norm), alg, grad_backend=backend, grid=grid)
+    _fit(alone, tmp_path / "alone", 5)
+    for other in (chunked, alone):
+        for a, b in zip(module.state_dict().values(), other.state_dict().values(), strict=True):
+            if isinstance(a, torch.Tensor):
+                torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
     assert module.grid_points[1] == {"step_size": 0.05, "beta": 0.1, "server_normalization": False}
     assert module._grid_status == ["finished"] * 8
     _assert_equals_separate_runs(module, alg, backend, 5, tmp_path, batch_norm)

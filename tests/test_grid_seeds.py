@@ -12,6 +12,7 @@ from pl_privfed.algorithms.decentralized import PORTER
 from pl_privfed.datamodules import DigitsDataModule, DirichletPartitioner, QuadraticDataModule
 from pl_privfed.graphs import Topology
 from pl_privfed.grid import GridModule
+from pl_privfed.grid import module as grid_module
 from pl_privfed.grid.seeds import RUN_SEED
 from pl_privfed.models import MLP
 from pl_privfed.operators import Clip, RandKBiased
@@ -72,8 +73,13 @@ FAMILIES = {
 }
 
 
+@pytest.mark.parametrize("stacked", [True, False], ids=["stacked", "per-configuration"])
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_seeds_in_a_grid_equal_their_separate_runs(family, tmp_path):
+def test_seeds_in_a_grid_equal_their_separate_runs(family, stacked, tmp_path, monkeypatch):
+    """Either way the grid computes its gradients (one stacked call, or one call per
+    configuration on its seed's data: what it does at 10,000 clients)."""
+    if not stacked:
+        monkeypatch.setattr(grid_module, "STACKED_PARAMETER_BYTES", 0)
     make, data_args = FAMILIES[family]
     points = [{RUN_SEED: s, "step_size": g} for s, g in ((0, 0.1), (1, 0.1), (1, 0.3), (2, 0.3))]
     rounds, fit = 3, dict(limit_val_batches=1.0, val_check_interval=2, check_val_every_n_epoch=None)

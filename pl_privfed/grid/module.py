@@ -6,8 +6,11 @@ normalization). They train side by side: a *configuration axis* beside the clien
 round, the gradients of all ``K`` configurations' clients at their current parameters on the
 round's minibatches (the same minibatches a separate run with the same seed would draw) come
 from **one** call of the gradient oracle with per-client parameters ``[K·c, d]`` (and per-client
-BatchNorm buffers), which is where a GPU spends its time; each configuration's algorithm then
-runs its own round through the engine, the configurations in lockstep chunk by chunk.
+BatchNorm buffers), which is where a GPU spends its time, or, on the CPU where that call's
+parameter copy would exceed :data:`STACKED_PARAMETER_BYTES`, from one call per
+configuration at its own parameters, as its separate run makes it; each configuration's
+algorithm then runs its own round through the engine, the configurations in lockstep chunk by
+chunk.
 
 Each configuration's iterates are those of a separate run of the same configuration (tested:
 equal to the last bit in float64). A configuration whose training loss becomes non-finite is
@@ -28,7 +31,7 @@ from pl_privfed import trainer_rounds, wiring
 from pl_privfed.checks import check_choice, check_positive_int
 from pl_privfed.engine import ChunkOracle, OracleOutput, RoundResult, iter_round
 from pl_privfed.evaluation import model_loss
-from pl_privfed.grads import RoundOracle, sum_client_buffers
+from pl_privfed.grads import RoundOracle, client_copies, sum_client_buffers
 from pl_privfed.grid.points import grid_points, rebuild_algorithm
 from pl_privfed.grid.results import write_grid_results
 from pl_privfed.grid.seeds import RUN_SEED, check_initialization, initial_parameters
@@ -37,7 +40,12 @@ from pl_privfed.logdir import local_log_dir, log_artifact
 from pl_privfed.module import FederatedModule, NonFiniteLossError
 from pl_privfed.privacy import PrivacyLedger
 
-__all__ = ["GridModule"]
+__all__ = ["STACKED_PARAMETER_BYTES", "GridModule"]
+
+#: on the CPU, the largest per-client parameter copy ``[K·c, d]`` (bytes) a grid's stacked
+#: gradient call makes; larger calls are made one configuration at a time
+#: (:meth:`GridModule._stacks`; measured: ``benchmarks/grid_paths.py``, docs/performance.md)
+STACKED_PARAMETER_BYTES = 8 * 2**20
 
 
 class GridModule(FederatedModule):
@@ -310,12 +318,28 @@ class GridModule(FederatedModule):
             shared.clear()
         return outcomes
 
-    def _grid_gradients(
-        self, configs: list[int], ids: Tensor, batch: Any
-    ) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
-        """One oracle call for the clients ``ids`` of the configurations ``configs`` at their
-        parameters: gradients ``[k, c, d]``, losses ``[k, c]`` and each configuration's sums
-        over those clients of their updated buffers."""
+    def _grid_gradients(self, configs: list[int], ids: Tensor, batch: Any) -> list[OracleOutput]:
+        """The gradients of the clients ``ids`` of the configurations ``configs`` at their
+        parameters (each ``[c, d]``, with losses ``[c]`` and the sums over those clients of the
+        configuration's updated buffers).
+
+        Stacked (:meth:`_stacks`): one oracle call with per-client parameters ``[K·c, d]``, the
+        configurations' data along the client axis; else one call per configuration at its
+        parameters ``[d]`` shared by its clients, as its separate run makes it, on its seed's
+        data (fetched once per seed), which copies neither the parameters nor the data."""
+        if not self._stacks(len(configs), ids.numel()):
+            per_view = self._grid_views.data_of(
+                self.oracle, configs, ids, batch, self.local_batches
+            )
+            outs = []
+            for k, (inputs, targets) in zip(configs, per_view, strict=True):
+                own = {name: v[k] for name, v in self._grid_buffers().items()}
+                buffers = client_copies(own, len(inputs)) or None
+                out = self.oracle(self.grid_params[k], inputs, targets, buffers=buffers)
+                if buffers is not None:
+                    out.buffer_sums = sum_client_buffers(self.oracle.client_buffers)
+                outs.append(out)
+            return outs
         inputs, targets = self._grid_views.data(
             self.oracle, configs, ids, batch, self.local_batches
         )
@@ -333,7 +357,26 @@ class GridModule(FederatedModule):
             for name, v in (self.oracle.client_buffers or {}).items()
         }
         summed = sum_client_buffers(per_config, dim=1)
-        return out.grads.view(k, c, -1), out.losses.view(k, c), summed
+        grads, losses = out.grads.view(k, c, -1), out.losses.view(k, c)
+        return [
+            OracleOutput(
+                grads=grads[pos],
+                losses=losses[pos],
+                buffer_sums={name: v[pos] for name, v in summed.items()} or None,
+            )
+            for pos in range(k)
+        ]
+
+    def _stacks(self, configs: int, clients: int) -> bool:
+        """Whether the gradients of ``configs`` configurations for ``clients`` clients come
+        from one stacked call: always on an accelerator (one launch sequence for all), on the
+        CPU while its per-client parameters ``[K·c, d]`` take at most
+        :data:`STACKED_PARAMETER_BYTES` (there many small calls cost more than the copy, and
+        larger ones less than copying the parameters and data ``K`` times)."""
+        if self.grid_params.device.type != "cpu":
+            return True
+        size = self.grid_params.element_size() * configs * clients * self.grid_params.shape[1]
+        return size <= STACKED_PARAMETER_BYTES
 
     # ------------------------------------------------------------------ evaluation
     @override
@@ -542,10 +585,7 @@ class _GridBatch:
         out: dict[int, OracleOutput] = {}
         for lo in range(0, len(configs), size):
             part = configs[lo : lo + size]
-            grads, losses, buffers = self.module._grid_gradients(part, ids, self.batch)
-            for pos, k in enumerate(part):
-                sums = {name: v[pos] for name, v in buffers.items()} or None
-                out[k] = OracleOutput(grads=grads[pos], losses=losses[pos], buffer_sums=sums)
+            out.update(zip(part, self.module._grid_gradients(part, ids, self.batch), strict=True))
         return out
 
     def clear(self) -> None:

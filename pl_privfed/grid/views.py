@@ -87,20 +87,24 @@ class SeedViews:
         view = self.views[k]
         return (self.seeds[k] if sampled else None, view.local_batches if view else -1)
 
-    def data(
+    def data_of(
         self, oracle: Any, configs: list[int], ids: Tensor, batch: Any, local_batches: int
-    ) -> tuple[Tensor, Tensor]:
-        """The clients ``ids``' data of the round for every configuration of ``configs``,
-        stacked along the client axis (``[len(configs) · c, ...]``), each from its own view."""
+    ) -> list[tuple[Tensor, Tensor]]:
+        """The clients ``ids``' data of the round for every configuration of ``configs``, each
+        from its own view, fetched once per view (configurations of one seed share it)."""
         cached: dict[int, tuple[Tensor, Tensor]] = {}
-        inputs, targets = [], []
         for k in configs:
             key = id(self.views[k])
             if key not in cached:
                 data, steps = self.batch(k, batch, local_batches)
                 cached[key] = RoundOracle(oracle, data, steps).data(ids)
-            inputs.append(cached[key][0])
-            targets.append(cached[key][1])
+        return [cached[id(self.views[k])] for k in configs]
+
+    def data(
+        self, oracle: Any, configs: list[int], ids: Tensor, batch: Any, local_batches: int
+    ) -> tuple[Tensor, Tensor]:
+        """:meth:`data_of` stacked along the client axis (``[len(configs) · c, ...]``)."""
+        inputs, targets = zip(*self.data_of(oracle, configs, ids, batch, local_batches))
         return torch.cat(inputs), torch.cat(targets)
 
     def evaluate(self, module: Any, stage: str) -> None:
