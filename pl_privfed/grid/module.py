@@ -29,12 +29,13 @@ from typing_extensions import override
 
 from pl_privfed import trainer_rounds, wiring
 from pl_privfed.checks import check_choice, check_positive_int
-from pl_privfed.engine import ChunkOracle, OracleOutput, RoundResult, iter_round
+from pl_privfed.engine import OracleOutput, RoundResult, iter_round
 from pl_privfed.evaluation import model_loss
 from pl_privfed.grads import RoundOracle, client_copies, sum_client_buffers
 from pl_privfed.grid.points import grid_points, rebuild_algorithm
 from pl_privfed.grid.results import write_grid_results
 from pl_privfed.grid.seeds import RUN_SEED, check_initialization, initial_parameters
+from pl_privfed.grid.shared import GridBatch, GridConfigOracle
 from pl_privfed.grid.views import SeedViews
 from pl_privfed.logdir import local_log_dir, log_artifact
 from pl_privfed.module import FederatedModule, NonFiniteLossError
@@ -291,14 +292,14 @@ class GridModule(FederatedModule):
 
     def _lockstep(self, batch: Any, live: list[int]) -> dict[int, RoundResult]:
         """Every live configuration's round through the engine, one chunk of each per pass."""
-        shared = _GridBatch(self, batch, live)
+        shared = GridBatch(self, batch, live)
         rounds = {}
         for k in live:
             buffers = {name: v[k] for name, v in self._grid_buffers().items()} or None
             data, steps = self._grid_views.batch(k, batch, self.local_batches)
             own = RoundOracle(self.oracle, data, steps, buffers)
             x = self.grid_params[k]
-            oracle = _GridConfigOracle(shared, k, x, own)
+            oracle = GridConfigOracle(shared, k, x, own)
             rounds[k] = iter_round(
                 self.grid_algorithms[k],
                 x,
@@ -543,71 +544,3 @@ def _saved(ledger: PrivacyLedger | None) -> dict[str, Any] | None:
     entries: dict[str, Any] = {}
     ledger.save(entries)
     return entries
-
-
-class _GridBatch:
-    """A grid round's shared gradient computations: for a chunk of clients, the gradients of
-    the live configurations at their current parameters, from one oracle call (in pieces of
-    ``grid_chunk`` configurations), each configuration's served once; :meth:`clear` after every
-    lockstep pass over the configurations bounds the memory to one chunk.
-
-    A computation is keyed by the exact clients asked for, and made for the configurations not
-    yet served in this pass that will ask for the same clients: all of them, except that
-    configurations of different seeds with a client sampler draw different cohorts
-    (:meth:`~pl_privfed.grid.views.SeedViews.cohort_class`); one that asks for other clients
-    than expected gets a computation of its own."""
-
-    def __init__(self, module: GridModule, batch: Any, live: list[int]) -> None:
-        self.module, self.batch, self.live = module, batch, live
-        self.served: dict[bytes, dict[int, OracleOutput]] = {}
-        self.computed: dict[bytes, set[int]] = {}
-        self.taken: set[int] = set()
-
-    def get(self, k: int, ids: Tensor) -> OracleOutput | None:
-        if not ids.numel():
-            return None
-        key = ids.detach().cpu().numpy().tobytes()
-        if k not in self.computed.get(key, ()):
-            views, algorithms = self.module._grid_views, self.module.grid_algorithms
-            same = views.cohort_class(k, algorithms)
-            configs = [
-                j
-                for j in self.live
-                if j == k or (j not in self.taken and views.cohort_class(j, algorithms) == same)
-            ]
-            self.served.setdefault(key, {}).update(self._compute(configs, ids))
-            self.computed.setdefault(key, set()).update(configs)
-        self.taken.add(k)
-        return self.served[key].pop(k, None)
-
-    def _compute(self, configs: list[int], ids: Tensor) -> dict[int, OracleOutput]:
-        size = self.module.grid_chunk or len(configs)
-        out: dict[int, OracleOutput] = {}
-        for lo in range(0, len(configs), size):
-            part = configs[lo : lo + size]
-            out.update(zip(part, self.module._grid_gradients(part, ids, self.batch), strict=True))
-        return out
-
-    def clear(self) -> None:
-        self.served, self.computed, self.taken = {}, {}, set()
-
-
-class _GridConfigOracle(ChunkOracle):
-    """Configuration ``k``'s oracle in a grid round: its first request for a chunk's gradients
-    at its current parameters ``x`` comes from the shared batch, anything else from its own
-    :class:`~pl_privfed.grads.RoundOracle` (with its own BatchNorm buffers)."""
-
-    def __init__(self, shared: _GridBatch, k: int, x: Tensor, own: RoundOracle) -> None:
-        self.shared, self.k, self.x, self.own = shared, k, x, own
-
-    def __call__(
-        self, params: Tensor, clients: Tensor, *, per_example: bool = False, step: int | None = None
-    ) -> OracleOutput:
-        if params is self.x and not per_example and step is None:
-            out = self.shared.get(self.k, clients)
-            if out is not None:
-                return out
-        return self.own(params, clients, per_example=per_example, step=step)
-
-    def clipped_mean(self, params, clients, scale, *, step=None) -> OracleOutput:
-        return self.own.clipped_mean(params, clients, scale, step=step)
