@@ -57,6 +57,7 @@ __all__ = [
     "ParameterLayout",
     "RoundOracle",
     "average_client_buffers",
+    "call_from_buffers",
     "check_backend",
     "client_copies",
     "resolve_backend",
@@ -440,6 +441,24 @@ class GradientOracle:
         self._pending_buffers = None
 
 
+def call_from_buffers(
+    oracle: GradientOracle,
+    params: Tensor,
+    inputs: Tensor,
+    targets: Tensor,
+    buffers: dict[str, Tensor] | None,
+) -> OracleOutput:
+    """The clients' gradients (``oracle(params, inputs, targets)``) with every client starting
+    from its own copy of a grid configuration's model ``buffers`` (``None``: the model's own);
+    at shared parameters ``[d]`` the output carries the sums over the clients of their updated
+    buffers (``buffer_sums``), which per-client parameters ``[c, d]`` leave to the caller."""
+    copies = None if buffers is None else client_copies(buffers, inputs.shape[0])
+    out = oracle(params, inputs, targets, buffers=copies)
+    if copies is not None and params.dim() == 1:
+        out.buffer_sums = sum_client_buffers(oracle.client_buffers)
+    return out
+
+
 class RoundOracle(ChunkOracle):
     """The round's :class:`~pl_privfed.engine.ChunkOracle`: a :class:`GradientOracle` over the
     round's data (a :class:`~pl_privfed.datamodules.RoundBatch`), for the chunk of clients
@@ -482,19 +501,13 @@ class RoundOracle(ChunkOracle):
             return (inputs[:, step], targets[:, step]) if stacked else (inputs, targets)
         return (inputs.flatten(1, 2), targets.flatten(1, 2)) if stacked else (inputs, targets)
 
-    def client_buffers(self, count: int) -> dict[str, Tensor] | None:
-        """``count`` copies of the configuration's buffers (``None`` without a configuration)."""
-        return None if self.buffers is None else client_copies(self.buffers, count)
-
     def __call__(
         self, params: Tensor, clients: Tensor, *, per_example: bool = False, step: int | None = None
     ) -> OracleOutput:
         inputs, targets = self.data(clients, step)
-        buffers = None if per_example else self.client_buffers(inputs.shape[0])
-        out = self.oracle(params, inputs, targets, per_example=per_example, buffers=buffers)
-        if buffers is not None and params.dim() == 1:
-            out.buffer_sums = sum_client_buffers(self.oracle.client_buffers)
-        return out
+        if per_example:
+            return self.oracle(params, inputs, targets, per_example=True)
+        return call_from_buffers(self.oracle, params, inputs, targets, self.buffers)
 
     def clipped_mean(
         self, params: Tensor, clients: Tensor, scale, *, step: int | None = None

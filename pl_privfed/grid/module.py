@@ -31,7 +31,7 @@ from pl_privfed import trainer_rounds, wiring
 from pl_privfed.checks import check_choice, check_positive_int
 from pl_privfed.engine import OracleOutput, RoundResult, iter_round
 from pl_privfed.evaluation import model_loss
-from pl_privfed.grads import RoundOracle, client_copies, sum_client_buffers
+from pl_privfed.grads import RoundOracle, call_from_buffers, sum_client_buffers
 from pl_privfed.grid.points import grid_points, rebuild_algorithm
 from pl_privfed.grid.results import write_grid_results
 from pl_privfed.grid.seeds import RUN_SEED, check_initialization, initial_parameters
@@ -335,11 +335,11 @@ class GridModule(FederatedModule):
             outs = []
             for k, (inputs, targets) in zip(configs, per_view, strict=True):
                 own = {name: v[k] for name, v in self._grid_buffers().items()}
-                buffers = client_copies(own, len(inputs)) or None
-                out = self.oracle(self.grid_params[k], inputs, targets, buffers=buffers)
-                if buffers is not None:
-                    out.buffer_sums = sum_client_buffers(self.oracle.client_buffers)
-                outs.append(out)
+                outs.append(
+                    call_from_buffers(
+                        self.oracle, self.grid_params[k], inputs, targets, own or None
+                    )
+                )
             return outs
         inputs, targets = self._grid_views.data(
             self.oracle, configs, ids, batch, self.local_batches
