@@ -11,7 +11,7 @@ from pl_privfed.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
 PRIVATE = sorted((REPO / "configs/private").glob("*.yaml"))
-RECORD_LEVEL = {"mnist_dp_fedavg_per_sample", "mnist_porter_dp", "mnist_soteriafl"}
+RECORD_LEVEL = {"mnist_dp_fedavg_per_sample", "mnist_porter_dp", "mnist_soteriafl", "a9a_soteriafl"}
 
 
 def test_there_is_a_private_config_per_family():
