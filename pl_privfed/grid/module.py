@@ -208,6 +208,10 @@ class GridModule(FederatedModule):
         """The configurations' buffers ``{model buffer name: [K, ...]}``."""
         return {name: getattr(self, key) for name, key in self._grid_buffer_names.items()}
 
+    def _config_buffers(self, k: int) -> dict[str, Tensor] | None:
+        """Configuration ``k``'s buffers ``{model buffer name: tensor}`` (``None``: none)."""
+        return {name: v[k] for name, v in self._grid_buffers().items()} or None
+
     @torch.no_grad()
     def load_grid_configuration(self, k: int, params: bool = True) -> None:
         """Put configuration ``k``'s buffers (and parameters) into the model."""
@@ -295,7 +299,7 @@ class GridModule(FederatedModule):
         shared = GridBatch(self, batch, live)
         rounds = {}
         for k in live:
-            buffers = {name: v[k] for name, v in self._grid_buffers().items()} or None
+            buffers = self._config_buffers(k)
             data, steps = self._grid_views.batch(k, batch, self.local_batches)
             own = RoundOracle(self.oracle, data, steps, buffers)
             x = self.grid_params[k]
@@ -334,11 +338,9 @@ class GridModule(FederatedModule):
             )
             outs = []
             for k, (inputs, targets) in zip(configs, per_view, strict=True):
-                own = {name: v[k] for name, v in self._grid_buffers().items()}
+                own = self._config_buffers(k)
                 outs.append(
-                    call_from_buffers(
-                        self.oracle, self.grid_params[k], inputs, targets, own or None
-                    )
+                    call_from_buffers(self.oracle, self.grid_params[k], inputs, targets, own)
                 )
             return outs
         inputs, targets = self._grid_views.data(
