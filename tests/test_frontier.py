@@ -4,6 +4,7 @@ the frontier sweep files of ``configs/sweeps``."""
 
 import csv
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from test_sweep import wandb_agent_command
 
 from pl_privfed.cli import PrivFedCLI, agent_arguments, main
 from pl_privfed.report import FRONTIER_SELECTION, frontier, frontier_points, mean_interval
+from pl_privfed.report.frontier_record import keep_runs
 from pl_privfed.results import RESULT_COLUMNS, column_names, render_value, run_id, save_results
 from pl_privfed.sweep import grid, load_sweep
 
@@ -192,6 +194,37 @@ def test_the_target_of_a_sweep_without_an_epsilon_column_comes_from_the_runs(tmp
     assert [(p.method, p.target, p.selected) for p in points] == [
         ("clip21", "1", {"step_size": "1.0"}), ("clip21", "8", {"step_size": "1.0"})]  # fmt: skip
     assert [p.certified.mean for p in points] == [1.0, 8.0]
+
+
+def test_kept_runs_draw_the_same_frontier_without_the_sweeps_folders(tmp_path, capsys):
+    """--keep-runs copies each results file and its runs' summaries; the copy alone (the
+    sweeps' folders gone) gives the same frontier, and a later slice merges run by run."""
+    sweeps, record = tmp_path / "sweeps", tmp_path / "record"
+    a, b = private_sweep(sweeps), nonprivate_sweep(sweeps)
+    out = tmp_path / "report"
+    with pytest.raises(SystemExit) as exit_:
+        main(["compare", "--frontier", str(a), str(b.parent), "--out", str(out),
+              "--keep-runs", str(record)])  # fmt: skip
+    assert exit_.value.code == 0
+    assert str(record / "frontier_mnist_dpsgd" / "results.csv") in capsys.readouterr().out
+    before = read_csv(out / "frontier.csv")
+    shutil.rmtree(sweeps)
+    kept = sorted(record.glob("*/results.csv"))
+    assert all(r["run_dir"] == "" for f in kept for r in read_csv(f))
+    assert len(list(record.glob("*/runs/*/summary.json"))) == 12 + 6
+    assert read_csv(frontier(kept, tmp_path / "again")[1]) == before
+    # a slice with one more (failed) run: merged, the others' rows kept once
+    keep_runs([private_sweep(tmp_path / "later", failed=True)], record)
+    assert len(read_csv(record / "frontier_mnist_dpsgd" / "results.csv")) == 13
+    broken = private_sweep(tmp_path / "broken")
+    (broken.parent / "runs" / read_csv(broken)[0]["run"] / "summary.json").write_text("{")
+    with pytest.raises(ValueError, match=r"summary\.json: not JSON"):
+        keep_runs([broken], tmp_path / "x")
+    with pytest.raises(ValueError, match="no such results file"):
+        keep_runs([tmp_path / "nothing.csv"], tmp_path / "x")
+    with pytest.raises(SystemExit) as exit_:
+        main(["compare", str(a), "--out", str(out), "--keep-runs", str(record)])
+    assert exit_.value.code == 2 and "--keep-runs goes with --frontier" in capsys.readouterr().err
 
 
 # --------------------------------------------------------------------------- the sweep files

@@ -126,6 +126,7 @@ def compare(
     frontier: bool = False,
     labels: list[str] | None = None,
     random_search: str | None = None,
+    keep_runs: str | None = None,
 ) -> int:
     """The best run of each sweep side by side, against rounds and bits; with --frontier, test
     accuracy against certified ε per method.
@@ -146,6 +147,9 @@ def compare(
         random_search: with --frontier: also Papernot & Steinke's ε of random search over each
             point's configurations, the number of candidates drawn from this distribution
             (poisson, geometric, logarithmic, or a truncated negative binomial's shape η >= 0)
+        keep_runs: with --frontier: also copy each results.csv and its runs' summary.json into
+            this folder (one subfolder per sweep, merged with an earlier copy), which compare
+            --frontier reads again on any machine (docs/privacy.md keeps its frontiers' runs so)
     """
     from pl_privfed.report import compare_methods
     from pl_privfed.report import frontier as draw_frontier
@@ -154,7 +158,14 @@ def compare(
         raise ValueError("--labels goes with --frontier")
     if random_search is not None and not frontier:
         raise ValueError("--random-search goes with --frontier")
+    if keep_runs is not None and not frontier:
+        raise ValueError("--keep-runs goes with --frontier")
     if frontier:
+        if keep_runs is not None:
+            from pl_privfed.report.frontier_record import keep_runs as keep
+
+            for path in keep(results, keep_runs):
+                print(path)
         written = draw_frontier(
             results, out, select=metric, labels=labels, random_search=random_search
         )

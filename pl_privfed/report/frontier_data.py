@@ -102,8 +102,9 @@ def _adversary(row: pd.Series) -> str:
 
 def _default_label(path: Path) -> str:
     """A results file's method label: its sweep folder's name without ``frontier_`` and
-    ``_nonprivate`` (a private sweep and its non-private twin make one method)."""
-    name = path.parent.name or path.stem
+    ``_nonprivate`` (a private sweep and its non-private twin make one method); a folder given
+    for its ``results.csv`` is that sweep folder."""
+    name = (path if path.is_dir() else path.parent).name or path.stem
     return name.removeprefix("frontier_").removesuffix("_nonprivate") or name
 
 

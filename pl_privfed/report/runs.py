@@ -140,7 +140,7 @@ def load_results(
         runs[column] = values(runs, column)
     if finished:
         runs = _finished(runs)
-    runs["_dir"] = [str(_run_dir(r)) for r in runs.to_dict("records")]
+    runs["_dir"] = [str(run_dir_of(r, r["_csv"])) for r in runs.to_dict("records")]
     runs["_summary"] = [summary(d) for d in runs["_dir"]]
     named = [_method(r) for r in runs.to_dict("records")]
     runs["_algorithm"] = [a for a, _ in named]
@@ -165,12 +165,13 @@ def params(runs: pd.DataFrame) -> list[str]:
     return [c for c in runs.columns if c not in NON_PARAMETER_COLUMNS and not c.startswith("_")]
 
 
-def _run_dir(row: dict) -> Path:
-    """A run's directory: as recorded, else ``runs/<run>`` beside its results file."""
+def run_dir_of(row: dict, results: str | os.PathLike) -> Path:
+    """A run's directory: as recorded, else ``runs/<run>`` beside its results file ``results``
+    (where ``compare --frontier --keep-runs`` keeps a copy of its summary)."""
     recorded = Path(row.get("run_dir") or "")
     if row.get("run_dir") and recorded.is_dir():
         return recorded
-    return Path(row["_csv"]).parent / "runs" / (row.get("run") or "")
+    return Path(results).parent / "runs" / (row.get("run") or "")
 
 
 @cache

@@ -1,0 +1,85 @@
+"""A frontier's runs kept for the record (``pl-privfed compare --frontier ... --keep-runs DIR``).
+
+A sweep's ``results.csv`` names its runs' folders, and the frontier reads each run's
+``summary.json`` there (its adversary and its accounting, which the selection's cost composes).
+Those folders live where the sweep ran; this copies each results file and its runs' summaries
+into ``DIR/<sweep folder>/`` (``results.csv``, ``runs/<run>/summary.json``), the layout that
+:func:`~pl_privfed.report.runs.load_results` falls back to when a recorded ``run_dir`` is
+absent, so that ``compare --frontier DIR/*/results.csv`` draws the same frontier on any machine.
+A folder that holds an earlier record of the same sweep is merged with it run by run (a run
+recorded again replaces its row and its summary), so that slices of a sweep run at different
+times (``pl-privfed sweep --where``) make one record.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+
+from pl_privfed.report.runs import paths, run_dir_of
+from pl_privfed.results import write_atomically
+
+__all__ = ["keep_runs"]
+
+
+def _rows(path: Path) -> tuple[list[str], list[dict[str, str]]]:
+    """A results file's header and rows (none for a missing file)."""
+    if not path.is_file():
+        return [], []
+    with path.open(newline="") as f:
+        reader = csv.DictReader(f)
+        return list(reader.fieldnames or []), list(reader)
+
+
+def _keep_one(results: Path, dest: Path) -> Path:
+    """Copy one results file and its runs' summaries into ``dest/<its folder>/``."""
+    target = dest / results.parent.name
+    header, rows = _rows(results)
+    if not rows or "run" not in header:
+        raise ValueError(f"--keep-runs: {results}: no runs to keep (not a sweep's results.csv?)")
+    old_header, old_rows = _rows(target / "results.csv")
+    merged = {row["run"]: row for row in old_rows}
+    for row in rows:
+        summary = run_dir_of(row, results) / "summary.json"
+        if not summary.is_file():
+            raise ValueError(
+                f"--keep-runs: {results}: run {row['run']} has no summary.json at {summary}"
+            )
+        try:  # a corrupt summary is named here, not copied
+            json.loads(summary.read_text())
+        except ValueError:
+            raise ValueError(f"--keep-runs: {summary}: not JSON") from None
+        kept = target / "runs" / row["run"] / "summary.json"
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(summary, kept)
+        merged[row["run"]] = {**row, "run_dir": ""}  # the copy beside the file, on any machine
+    columns = old_header + [c for c in header if c not in old_header]
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=columns, restval="")
+    writer.writeheader()
+    writer.writerows(merged[run] for run in sorted(merged))
+    return write_atomically(target / "results.csv", text.getvalue())
+
+
+def keep_runs(results_paths: Sequence[str | os.PathLike], dest: str | os.PathLike) -> list[Path]:
+    """Copy every sweep's ``results.csv`` and its runs' ``summary.json`` into ``dest`` (one
+    folder per sweep, named as the sweep's; merged with an earlier record there); return the
+    written results files, which ``compare --frontier`` reads as it reads the originals.
+
+    Raises:
+        ValueError: naming the file, when a results file is missing or empty, or a run's
+            ``summary.json`` is missing or not JSON; two sweeps with the same folder name.
+    """
+    files = [p / "results.csv" if p.is_dir() else p for p in paths(results_paths)]
+    for f in files:
+        if not f.is_file():
+            raise ValueError(f"--keep-runs: {f}: no such results file")
+    names = [f.parent.name for f in files]
+    if len(set(names)) != len(names):
+        raise ValueError(f"--keep-runs: two results files in folders of the same name: {names}")
+    return [_keep_one(f, Path(dest)) for f in files]
