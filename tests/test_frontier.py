@@ -13,7 +13,7 @@ from test_sweep import wandb_agent_command
 
 from pl_privfed.cli import PrivFedCLI, agent_arguments, main
 from pl_privfed.report import FRONTIER_SELECTION, frontier, frontier_points, mean_interval
-from pl_privfed.report.frontier_record import keep_runs
+from pl_privfed.report.frontier_record import _slim, keep_runs
 from pl_privfed.results import RESULT_COLUMNS, column_names, render_value, run_id, save_results
 from pl_privfed.sweep import grid, load_sweep
 
@@ -212,6 +212,10 @@ def test_kept_runs_draw_the_same_frontier_without_the_sweeps_folders(tmp_path, c
     kept = sorted(record.glob("*/results.csv"))
     assert all(r["run_dir"] == "" for f in kept for r in read_csv(f))
     assert len(list(record.glob("*/runs/*/summary.json"))) == 12 + 6
+    sizes = {"client_sizes": [5] * 10_000, "shuffle": True}  # a long list kept as its summary
+    assert _slim({"data": sizes, "few": [1, 2]}) == {
+        "data": {"client_sizes": {"length": 10_000, "min": 5, "max": 5, "sum": 50_000},
+                 "shuffle": True}, "few": [1, 2]}  # fmt: skip
     assert read_csv(frontier(kept, tmp_path / "again")[1]) == before
     # a slice with one more (failed) run: merged, the others' rows kept once
     keep_runs([private_sweep(tmp_path / "later", failed=True)], record)

@@ -6,7 +6,9 @@ Those folders live where the sweep ran; this copies each results file and its ru
 into ``DIR/<sweep folder>/`` (``results.csv``, ``runs/<run>/summary.json``), the layout that
 :func:`~pl_privfed.report.runs.load_results` falls back to when a recorded ``run_dir`` is
 absent, so that ``compare --frontier DIR/*/results.csv`` draws the same frontier on any machine.
-A folder that holds an earlier record of the same sweep is merged with it run by run (a run
+Each kept ``summary.json`` is the run's, written compactly, with its long lists of numbers (a
+10,000-client partition's ``client_sizes``) reduced to their length, minimum, maximum and sum:
+a few kilobytes a run rather than a hundred. A folder that holds an earlier record of the same sweep is merged with it run by run (a run
 recorded again replaces its row and its summary), so that slices of a sweep run at different
 times (``pl-privfed sweep --where``) make one record.
 """
@@ -17,14 +19,30 @@ import csv
 import io
 import json
 import os
-import shutil
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from pl_privfed.report.runs import paths, run_dir_of
 from pl_privfed.results import write_atomically
 
 __all__ = ["keep_runs"]
+
+#: lists of numbers longer than this are kept as their length, minimum, maximum and sum
+LONG_LIST = 64
+
+
+def _slim(value: Any) -> Any:
+    """``value`` with every list of more than :data:`LONG_LIST` numbers reduced to
+    ``{"length", "min", "max", "sum"}``."""
+    if isinstance(value, dict):
+        return {k: _slim(v) for k, v in value.items()}
+    if isinstance(value, list):
+        numbers = all(isinstance(v, int | float) and not isinstance(v, bool) for v in value)
+        if numbers and len(value) > LONG_LIST:
+            return {"length": len(value), "min": min(value), "max": max(value), "sum": sum(value)}
+        return [_slim(v) for v in value]
+    return value
 
 
 def _rows(path: Path) -> tuple[list[str], list[dict[str, str]]]:
@@ -51,12 +69,12 @@ def _keep_one(results: Path, dest: Path) -> Path:
                 f"--keep-runs: {results}: run {row['run']} has no summary.json at {summary}"
             )
         try:  # a corrupt summary is named here, not copied
-            json.loads(summary.read_text())
+            data = json.loads(summary.read_text())
         except ValueError:
             raise ValueError(f"--keep-runs: {summary}: not JSON") from None
         kept = target / "runs" / row["run"] / "summary.json"
         kept.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(summary, kept)
+        write_atomically(kept, json.dumps(_slim(data), separators=(",", ":")) + "\n")
         merged[row["run"]] = {**row, "run_dir": ""}  # the copy beside the file, on any machine
     columns = old_header + [c for c in header if c not in old_header]
     text = io.StringIO(newline="")
