@@ -246,9 +246,18 @@ KNOBS = {
 }
 
 
-#: step sizes added below c/3 where the selection sat on the grid's edge (distributed DP-SGD at
-#: ε ≤ 1 selected 0.3 and then 0.3 again: docs/privacy.md)
-WIDENED = {"frontier_mnist_dpsgd_distributed": [0.1, 0.3]}
+#: values added below c/3 where the selection sat on the grid's edge (distributed DP-SGD at
+#: ε ≤ 1 selected 0.3 and then 0.3 again; DP-Fed-α-NormEC selected β = 0.017 at every ε:
+#: docs/privacy.md), per (sweep, parameter)
+WIDENED = {
+    ("frontier_mnist_dpsgd_distributed", "step_size"): [0.1, 0.3],
+    ("frontier_mnist_dp_fed_alpha_normec", "beta"): [0.006],
+}
+
+
+def widened(sweep: str, name: str) -> list[float]:
+    """The values added below c/3 to ``name`` (a sweep parameter) of ``sweep``."""
+    return WIDENED.get((sweep, name.removeprefix("model.algorithm.init_args.")), [])
 
 
 def around(values, centre, below=()):
@@ -272,8 +281,10 @@ def test_frontier_sweeps_cover_every_private_config():
         assert private.name == path.stem and nonprivate.name == twin.stem
         knob = KNOBS.get(path.stem)
         knobs = [f"model.algorithm.init_args.{knob}"] if knob else []
-        size = (3 if knob else 1) * (3 + len(WIDENED.get(path.stem, []))) / 3
-        assert len(grid(private)) == 45 * size and len(grid(nonprivate)) == 9 * size
+        size = 1  # configurations: each swept value (3 and the widened ones) of each knob
+        for name in [STEP, *knobs]:
+            size *= 3 + len(widened(path.stem, name))
+        assert len(grid(private)) == 15 * size and len(grid(nonprivate)) == 3 * size
         assert private.parameters["seed"] == nonprivate.parameters["seed"] == [0, 1, 2]
         assert private.parameters[EPS] == [0.5, 1.0, 2.0, 4.0, 8.0]
         assert nonprivate.parameters[NOISE] == [None]
@@ -287,7 +298,7 @@ def test_frontier_sweeps_cover_every_private_config():
             for part in name.removeprefix("model.algorithm.init_args.").split("."):
                 value = value[part]
             around(
-                private.parameters[name], value, WIDENED.get(path.stem, []) if name == STEP else ()
+                private.parameters[name], value, widened(path.stem, name)
             )
         for sweep in (private, nonprivate):
             command = sweep.command
