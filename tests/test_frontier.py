@@ -322,3 +322,19 @@ def test_a_frontier_point_parses_in_the_cli(name, tmp_path, monkeypatch):
     else:
         assert algorithm.noise is None
     assert not cli.trainer.checkpoint_callbacks
+
+
+def test_the_kept_10k_frontier_draws_the_docs_table(tmp_path):
+    """docs/privacy.md's 10,000-client error-feedback table is drawn from the runs kept in
+    docs/frontier_runs/: drawing it again gives the committed figure's data."""
+    record = REPO / "docs/frontier_runs"
+    clip = "DP-Clip21 (γ tuned, τ = 0.1), distributed, 10,000 clients"
+    no_sn = (
+        "DP-α-NormEC without server normalization (γ tuned, β = 0.01), distributed, 10,000 clients"
+    )
+    files = [record / f"frontier_mnist_{n}" for n in
+             ("dp_clip21", "dp_clip21_nonprivate", "dp_alpha_normec_no_sn", "dp_alpha_normec_no_sn_nonprivate")]  # fmt: skip
+    written = frontier(files, tmp_path, labels=[clip, clip, no_sn, no_sn])
+    assert read_csv(written[1]) == read_csv(
+        REPO / "docs/figures/frontier_mnist_client_10k_batched.csv"
+    )
