@@ -37,7 +37,7 @@ benchmark: $(BIN)/.installed
 # (5 for distributed DP-SGD) (× 3 values of the family's own knob where its paper tunes one: β or τ of the four paper-002/004
 # error-compensation families, DP-FedAvg's clipping threshold) × 3 seeds
 # (configs/sweeps/frontier_<config>.yaml) and its non-private twin
-# (frontier_<config>_nonprivate.yaml), 1,272 runs of 300 rounds: about 11.5 hours projected on the
+# (frontier_<config>_nonprivate.yaml), 1,272 runs of 300 rounds: about 12 hours projected on the
 # project's 2-core CPU, 10 of them the four 10,000-client families (docs/performance.md), batched (`--batch`: the points of a sweep that differ only in ε, the step size, the knob
 # and the seed train as one federation, each point's results as its separate run's; resumable:
 # run it again to go on). The configuration is selected on validation accuracy at
