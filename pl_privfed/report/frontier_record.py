@@ -16,7 +16,6 @@ times (``pl-privfed sweep --where``) make one record.
 from __future__ import annotations
 
 import csv
-import io
 import json
 import os
 from collections.abc import Sequence
@@ -24,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from pl_privfed.report.runs import paths, run_dir_of
-from pl_privfed.results import write_atomically
+from pl_privfed.results import NON_PARAMETER_COLUMNS, save_results, write_atomically
 
 __all__ = ["keep_runs"]
 
@@ -77,11 +76,8 @@ def _keep_one(results: Path, dest: Path) -> Path:
         write_atomically(kept, json.dumps(_slim(data), separators=(",", ":")) + "\n")
         merged[row["run"]] = {**row, "run_dir": ""}  # the copy beside the file, on any machine
     columns = old_header + [c for c in header if c not in old_header]
-    text = io.StringIO(newline="")
-    writer = csv.DictWriter(text, fieldnames=columns, restval="")
-    writer.writeheader()
-    writer.writerows(merged[run] for run in sorted(merged))
-    return write_atomically(target / "results.csv", text.getvalue())
+    names = {c: c for c in columns if c not in NON_PARAMETER_COLUMNS}  # the parameters
+    return save_results(target, names, [merged[run] for run in sorted(merged)])
 
 
 def keep_runs(results_paths: Sequence[str | os.PathLike], dest: str | os.PathLike) -> list[Path]:
