@@ -319,6 +319,27 @@ def test_grid_results_are_a_sweep_that_report_draws(tmp_path):
     assert {"heatmap.png", "curves.png", "table.md"} <= paths
 
 
+def test_a_grid_summary_reports_its_best_configuration_without_a_warning(tmp_path, recwarn):
+    """A grid's own summary.json reported no validation accuracy nor training loss and warned
+    "no metric 'val/acc' was logged" (RunSummary read the metrics before the grid logged them,
+    and read ``val/acc`` and ``train/loss``, which a grid does not log): it now reports the best
+    configuration's, named."""
+    module = GridModule(_model(dtype=torch.float32), Clip21(0.1, clip_threshold=1.0),
+                        grid={"step_size": [0.01, 0.5]}, grid_dir=str(tmp_path / "out"))  # fmt: skip
+    _fit(module, tmp_path / "grid", 4, callbacks=[RunSummary(dirpath=str(tmp_path))],
+         limit_val_batches=None, val_check_interval=2)  # fmt: skip
+    assert not [str(w.message) for w in recwarn if "no metric" in str(w.message)]
+    data = json.loads((tmp_path / "summary.json").read_text())
+    accuracies = [module._grid_history[k]["val/acc"] for k in range(2)]
+    assert data["val_accuracy_metric"] == "grid/best_val_acc"
+    assert data["train_loss_metric"] == "grid/min_train_loss"
+    assert data["final_train_loss"] == pytest.approx(
+        min(module._grid_history[k]["train/loss"][-1][1] for k in range(2))
+    )
+    assert data["final_val_accuracy"] == pytest.approx(max(a[-1][1] for a in accuracies))
+    assert data["best_val_accuracy"] == pytest.approx(max(v for a in accuracies for _, v in a))
+
+
 def test_grid_resume_is_bit_identical(tmp_path):
     def run(name, ckpt_path=None, callbacks=()):
         alg = AlphaNormEC(0.05, beta=0.1, alpha=0.01, noise=DPNoise(epsilon=8.0, seed=3))

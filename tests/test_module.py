@@ -237,10 +237,10 @@ def test_the_resume_evaluation_does_not_change_the_best_accuracy():
     module = SimpleNamespace(resume_evaluation=True)
     fake = SimpleNamespace(sanity_checking=False, global_step=4,
                            callback_metrics={"val/acc": 0.9, "val/loss": 0.1})  # fmt: skip
-    summary.on_validation_epoch_end(fake, module)
+    summary.on_validation_end(fake, module)
     assert (summary.best_accuracy, summary.best_round, summary.evaluated_round) == (0.5, 3, 3)
     module.resume_evaluation, fake.global_step = False, 6
-    summary.on_validation_epoch_end(fake, module)
+    summary.on_validation_end(fake, module)
     assert (summary.best_accuracy, summary.best_round, summary.evaluated_round) == (0.9, 6, 6)
 
 

@@ -35,8 +35,8 @@ def default_callbacks(
     *,
     progress_bar: bool = True,
     checkpoint: bool = True,
-    accuracy_key: str = "val/acc",
-    loss_key: str = "train/loss",
+    accuracy_key: str | None = None,
+    loss_key: str | None = None,
 ) -> list[Callback]:
     """The callbacks ``pl-privfed fit`` attaches to every run, for a ``pl.Trainer`` of your own.
 
@@ -50,8 +50,10 @@ def default_callbacks(
     Args:
         progress_bar: include :class:`RoundProgressBar`.
         checkpoint: include :class:`RoundCheckpoint`.
-        accuracy_key: the metric :class:`RunSummary` reports as validation accuracy.
-        loss_key: the metric :class:`RunSummary` reports as training loss.
+        accuracy_key: the metric :class:`RunSummary` reports as validation accuracy (default:
+            the module's ``validation_accuracy_key``, else ``val/acc``).
+        loss_key: the metric :class:`RunSummary` reports as training loss (default: the
+            module's ``training_loss_key``, else ``train/loss``).
 
     Example::
 

@@ -29,12 +29,23 @@ from pl_privfed.results import finite_float, write_atomically
 __all__ = ["RunSummary", "audit_line", "epsilon_line", "stop_entries"]
 
 
+#: role: (RunSummary's argument, the module's declaration, the default)
+_KEYS = {
+    "accuracy": ("accuracy_key", "validation_accuracy_key", "val/acc"),
+    "loss": ("loss_key", "training_loss_key", "train/loss"),
+}
+
+
 class RunSummary(pl.Callback):
     """Records the run's outcome in ``<log_dir>/summary.json`` and prints a one-line result.
 
-    Works with any LightningModule. After every validation it reads ``val/acc`` (or
-    ``accuracy_key``) and ``val/loss`` (``val_loss_key``) from the logged metrics, and
-    ``train/loss`` (``loss_key``) after every round. ``summary.json`` then holds
+    Works with any LightningModule. After every validation (``on_validation_end``, so that
+    what the module logs in its own ``on_validation_epoch_end`` counts) it reads ``val/acc``
+    (or ``accuracy_key``; by default a module's ``validation_accuracy_key`` where it declares
+    one, as a grid does: ``grid/best_val_acc``, its best configuration's) and ``val/loss``
+    (``val_loss_key``) from the logged metrics, and ``train/loss`` (``loss_key``; by default a
+    module's ``training_loss_key``: a grid's ``grid/min_train_loss``) after every round.
+    ``summary.json`` then holds
 
     * ``final_val_accuracy``, ``final_val_loss`` and ``final_val_round``: the last validation,
       which :class:`~pl_privfed.FederatedModule` runs after the last round (so they are the final
@@ -45,6 +56,9 @@ class RunSummary(pl.Callback):
     * ``final_test_accuracy``, ``final_test_loss`` and ``final_test_round``: the held-out test set,
       evaluated once for the final model at the end of fit (from the module's
       ``summary_entries()``; ``None`` for a module that does not evaluate it).
+
+    A key other than ``val/acc`` or ``train/loss`` is named in ``summary.json`` as
+    ``val_accuracy_metric`` or ``train_loss_metric``.
 
     When an evaluation ends without ``accuracy_key`` among the logged metrics, or a fit ends
     without ``loss_key`` ever logged, it warns once, naming the metrics that were logged, instead
@@ -65,8 +79,10 @@ class RunSummary(pl.Callback):
     Args:
         dirpath: where to write; default ``trainer.log_dir``.
         filename: file name (default ``summary.json``).
-        accuracy_key: logged metric holding the validation accuracy.
-        loss_key: logged metric holding the training loss.
+        accuracy_key: logged metric holding the validation accuracy (default: the module's
+            ``validation_accuracy_key`` if it has one, else ``val/acc``).
+        loss_key: logged metric holding the training loss (default: the module's
+            ``training_loss_key`` if it has one, else ``train/loss``).
         val_loss_key: logged metric holding the validation loss.
         verbose: print the result line at the end of fit.
     """
@@ -75,8 +91,8 @@ class RunSummary(pl.Callback):
         self,
         dirpath: str | None = None,
         filename: str = "summary.json",
-        accuracy_key: str = "val/acc",
-        loss_key: str = "train/loss",
+        accuracy_key: str | None = None,
+        loss_key: str | None = None,
         verbose: bool = True,
         val_loss_key: str = "val/loss",
     ) -> None:
@@ -96,6 +112,15 @@ class RunSummary(pl.Callback):
         self.evaluated_round: int | None = None
         self.path: Path | None = None
         self.interrupted: dict[str, Any] | None = None
+
+    def key_of(self, pl_module: pl.LightningModule, role: str = "accuracy") -> str:
+        """The logged metric read as the validation accuracy (``role="accuracy"``:
+        ``accuracy_key``, else the module's ``validation_accuracy_key``, else ``val/acc``) or
+        the training loss (``"loss"``: ``loss_key``, ``training_loss_key``, ``train/loss``)."""
+        given, declared, default = _KEYS[role]
+        if getattr(self, given) is not None:
+            return getattr(self, given)
+        return getattr(pl_module, declared, None) or default
 
     def _warn_missing(self, trainer: pl.Trainer, key: str, role: str, argument: str) -> None:
         warn_once(
@@ -136,12 +161,13 @@ class RunSummary(pl.Callback):
         stop_if_signalled(trainer)  # SIGTERM or Ctrl-C: stop after this round
 
     @override
-    def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.sanity_checking or getattr(pl_module, "resume_evaluation", False):
             return  # a resumed run's evaluation of its first round: not a scheduled one
-        if self.accuracy_key not in trainer.callback_metrics:
-            self._warn_missing(trainer, self.accuracy_key, "validation accuracy", "accuracy_key")
-        acc = finite_float(trainer.callback_metrics.get(self.accuracy_key))
+        key = self.key_of(pl_module)
+        if key not in trainer.callback_metrics:
+            self._warn_missing(trainer, key, "validation accuracy", "accuracy_key")
+        acc = finite_float(trainer.callback_metrics.get(key))
         loss = finite_float(trainer.callback_metrics.get(self.val_loss_key))
         if acc is None and loss is None:
             return
@@ -152,12 +178,13 @@ class RunSummary(pl.Callback):
 
     @override
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        key = self.key_of(pl_module, "loss")
         if (
             self.final_loss is None
             and trainer.global_step > 0
-            and self.loss_key not in trainer.callback_metrics
+            and key not in trainer.callback_metrics
         ):
-            self._warn_missing(trainer, self.loss_key, "training loss", "loss_key")
+            self._warn_missing(trainer, key, "training loss", "loss_key")
         self._warn_if_diverged(trainer)
         self._write(trainer, pl_module, status="finished")
 
@@ -238,11 +265,14 @@ class RunSummary(pl.Callback):
             "final_test_round": None,
             "final_train_loss": self.final_loss
             if self.final_loss is not None
-            else finite_float(trainer.callback_metrics.get(self.loss_key)),
+            else finite_float(trainer.callback_metrics.get(self.key_of(pl_module, "loss"))),
             "rounds": trainer.global_step,
             "epochs": trainer.current_epoch,
             "wall_time_s": None if self._start is None else time.perf_counter() - self._start,
         }
+        for role, name in (("accuracy", "val_accuracy_metric"), ("loss", "train_loss_metric")):
+            if (key := self.key_of(pl_module, role)) != _KEYS[role][2]:
+                out[name] = key  # a module's own metric, e.g. a grid's best configuration's
         out.update(stop_entries(trainer, unexplained=self.interrupted is None))
         if self.interrupted is not None:
             out["interrupted"] = self.interrupted

@@ -88,6 +88,10 @@ class GridModule(FederatedModule):
     """
 
     logs_train_loss = False
+    #: what RunSummary reports as the group's validation accuracy and training loss: the best
+    #: configuration's (each configuration's own are in its summary.json and results.csv row)
+    validation_accuracy_key = "grid/best_val_acc"
+    training_loss_key = "grid/min_train_loss"
     tests_finished_checkpoint = False  # its configurations are tested in its training loop
     # the evaluation at the round a run resumes at is not one of the uninterrupted grid's: it
     # would enter neither the history nor results.csv, and costs a pass per configuration

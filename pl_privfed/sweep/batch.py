@@ -75,6 +75,8 @@ _OWN_IF_PRESENT = ("final_full_grad_norm", "rounds_to_target", "stopped_reason")
 #: the group's entries that are its first live configuration's, not each point's: ``None``
 NOT_PER_POINT = ("operator_means",)
 _PRIVACY = ("epsilon", "epsilon_paper_convention", "delta", "privacy")
+#: the group's own entries: its grid and the metrics its best configuration's values came from
+_GROUP_ONLY = ("grid", "val_accuracy_metric", "train_loss_metric")
 
 
 def batch_parameter(name: str, value: Any) -> str | None:
@@ -209,7 +211,7 @@ def point_summaries(
     for k, (params, run_dir, name) in enumerate(points):
         own_dir = configurations.get(k)
         own = (read_summary(own_dir) if own_dir is not None else None) or {}
-        point = {key: value for key, value in summary.items() if key != "grid"}
+        point = {key: value for key, value in summary.items() if key not in _GROUP_ONLY}
         for key in _PRIVACY:
             point.pop(key, None)
         point["private"] = False
