@@ -326,17 +326,41 @@ def test_a_frontier_point_parses_in_the_cli(name, tmp_path, monkeypatch):
     assert not cli.trainer.checkpoint_callbacks
 
 
-def test_the_kept_10k_frontier_draws_the_docs_table(tmp_path):
-    """docs/privacy.md's 10,000-client error-feedback table is drawn from the runs kept in
-    docs/frontier_runs/: drawing it again gives the committed figure's data."""
-    record = REPO / "docs/frontier_runs"
-    clip = "DP-Clip21 (γ tuned, τ = 0.1), distributed, 10,000 clients"
-    no_sn = (
+#: each family's label in docs/privacy.md's frontier tables (the sweep file's stem without
+#: ``frontier_mnist_``)
+LABELS = {
+    "dp_fedavg_clip": "DP-FedAvg, clipping (η × Φ tuned), central, 1,000 clients",
+    "dp_fedavg_per_update": "FedAvg, per-update clipping, central, 1,000 clients",
+    "dpsgd": "DP-SGD, central, 1,000 clients",
+    "dp_fed_alpha_normec": "DP-Fed-α-NormEC (η × β tuned), central, 1,000 clients",
+    "dpsgd_distributed": (
+        "distributed DP-SGD, noise shares under secure aggregation, 10,000 clients"
+    ),
+    "dp_alpha_normec": "DP-α-NormEC (γ tuned, β = 0.01), distributed, 10,000 clients",
+    "dp_alpha_normec_no_sn": (
         "DP-α-NormEC without server normalization (γ tuned, β = 0.01), distributed, 10,000 clients"
-    )
-    files = [record / f"frontier_mnist_{n}" for n in
-             ("dp_clip21", "dp_clip21_nonprivate", "dp_alpha_normec_no_sn", "dp_alpha_normec_no_sn_nonprivate")]  # fmt: skip
-    written = frontier(files, tmp_path, labels=[clip, clip, no_sn, no_sn])
-    assert read_csv(written[1]) == read_csv(
-        REPO / "docs/figures/frontier_mnist_client_10k_batched.csv"
-    )
+    ),
+    "dp_clip21": "DP-Clip21 (γ tuned, τ = 0.1), distributed, 10,000 clients",
+    "dp_fedavg_per_sample": "FedAvg, per-example clipping, local noise, 10 clients",
+    "porter_dp": "PORTER-DP, local noise, 10 agents (gossip)",
+    "soteriafl": "SoteriaFL, local noise, 10 clients",
+}
+#: docs/figures/<figure>.csv: the families drawn from the runs kept in docs/frontier_runs/
+KEPT_FIGURES = {
+    "frontier_mnist_record_batched": ["dp_fedavg_per_sample", "porter_dp", "soteriafl"],
+    "frontier_mnist_client_10k_batched": ["dp_clip21", "dp_alpha_normec_no_sn"],
+}
+
+
+@pytest.mark.parametrize("figure", sorted(KEPT_FIGURES))
+def test_a_kept_frontier_draws_its_docs_figure(figure, tmp_path):
+    """docs/privacy.md's frontier tables are drawn from the runs kept in docs/frontier_runs/:
+    drawing them again gives the committed figure's data."""
+    record = REPO / "docs/frontier_runs"
+    files, labels = [], []
+    for family in KEPT_FIGURES[figure]:
+        for stem in (f"frontier_mnist_{family}", f"frontier_mnist_{family}_nonprivate"):
+            files.append(record / stem)
+            labels.append(LABELS[family])
+    written = frontier(files, tmp_path, labels=labels)
+    assert read_csv(written[1]) == read_csv(REPO / "docs/figures" / f"{figure}.csv")
