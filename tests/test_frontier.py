@@ -249,12 +249,13 @@ KNOBS = {
 #: values added outside c/3 … 3c where the selection sat on the grid's edge (distributed DP-SGD at
 #: ε ≤ 1 selected 0.3 and then 0.3 again; DP-Clip21 selected γ = 0.01, below its grid, at ε = 1
 #: for claim D1; DP-α-NormEC without server normalization selected γ = 0.3 at ε ≤ 1 and 3 at
-#: ε = 8; DP-Fed-α-NormEC selected β = 0.017: docs/privacy.md), per (sweep, parameter)
+#: ε = 8; DP-Fed-α-NormEC selected β = 0.017, then 0.006: docs/privacy.md), per (sweep,
+#: parameter)
 WIDENED = {
     ("frontier_mnist_dpsgd_distributed", "step_size"): [0.1, 0.3],
     ("frontier_mnist_dp_clip21", "step_size"): [0.003, 0.01],
     ("frontier_mnist_dp_alpha_normec_no_sn", "step_size"): [0.1, 10.0],
-    ("frontier_mnist_dp_fed_alpha_normec", "beta"): [0.006],
+    ("frontier_mnist_dp_fed_alpha_normec", "beta"): [0.002, 0.006],
 }
 
 
