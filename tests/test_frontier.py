@@ -349,7 +349,15 @@ LABELS = {
 #: docs/figures/<figure>.csv: the families drawn from the runs kept in docs/frontier_runs/
 KEPT_FIGURES = {
     "frontier_mnist_record_batched": ["dp_fedavg_per_sample", "porter_dp", "soteriafl"],
-    "frontier_mnist_client_10k_batched": ["dp_clip21", "dp_alpha_normec_no_sn"],
+    "frontier_mnist_client_kept": [
+        "dp_fedavg_clip",
+        "dp_fedavg_per_update",
+        "dpsgd",
+        "dp_fed_alpha_normec",
+        "dp_alpha_normec",
+        "dp_alpha_normec_no_sn",
+        "dp_clip21",
+    ],
 }
 
 
