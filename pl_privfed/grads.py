@@ -46,7 +46,7 @@ from torch.func import functional_call, grad_and_value, vmap
 
 from pl_privfed.checks import check_choice
 from pl_privfed.engine.chunk import ChunkOracle, OracleOutput
-from pl_privfed.layer_rules import LayerGradients, ParameterLayout, layer_support
+from pl_privfed.layer_rules import ClientSpan, LayerGradients, ParameterLayout, layer_support
 
 __all__ = [
     "BACKENDS",
@@ -206,6 +206,24 @@ class GradientOracle:
         self.has_batchnorm = any(
             isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()
         )
+        self._span_rules: LayerGradients | None = rules
+
+    def span_rules(self) -> LayerGradients:
+        """The layer rules that write gradients in the clients' data span
+        (:meth:`coordinates`), whatever the backend."""
+        if self._span_rules is None:
+            self._span_rules = LayerGradients(self.model, self.criterion)
+        return self._span_rules
+
+    def coordinates(
+        self, params: Tensor, inputs: Tensor, targets: Tensor, span: ClientSpan, basis: Tensor
+    ) -> OracleOutput:
+        """The clients' gradients as coordinates ``[n, span.rank]`` in their basis rows
+        ``basis [n, r, in]`` (:mod:`pl_privfed.layer_rules.span`), with their losses."""
+        coords, losses = self.span_rules().span_coordinates(
+            params.detach(), inputs, targets, span, basis
+        )
+        return OracleOutput(grads=coords, losses=losses.detach())
 
     # ------------------------------------------------------------------ helpers
     def _loss(self, flat: Tensor, buffers: dict[str, Tensor], x: Tensor, y: Tensor) -> Tensor:
@@ -470,6 +488,8 @@ class RoundOracle(ChunkOracle):
         local_batches: ``T``, the minibatches per client and round (``[c, T, B, ...]`` data).
         buffers: for a grid configuration, its own model buffers ``{name: tensor}``, which each
             client of a chunk starts from (instead of the model's).
+        span: the clients' data span (:mod:`pl_privfed.layer_rules.span`): the gradients are
+            then its coordinates ``[c, span.rank]``; ``None``: ``[c, d]``.
     """
 
     def __init__(
@@ -478,11 +498,13 @@ class RoundOracle(ChunkOracle):
         batch,
         local_batches: int = 1,
         buffers: dict[str, Tensor] | None = None,
+        span: ClientSpan | None = None,
     ) -> None:
         self.oracle = oracle
         self.batch = batch
         self.local_batches = local_batches
         self.buffers = buffers
+        self.span = span
         self._cached: tuple[Tensor, Tensor, Tensor] | None = None
 
     def data(self, clients: Tensor, step: int | None = None) -> tuple[Tensor, Tensor]:
@@ -506,12 +528,24 @@ class RoundOracle(ChunkOracle):
     ) -> OracleOutput:
         inputs, targets = self.data(clients, step)
         if per_example:
+            self._no_span("per-example gradients")
             return self.oracle(params, inputs, targets, per_example=True)
+        if self.span is not None:
+            basis = self.span.rows(clients)
+            return self.oracle.coordinates(params, inputs, targets, self.span, basis)
         return call_from_buffers(self.oracle, params, inputs, targets, self.buffers)
+
+    def _no_span(self, what: str) -> None:
+        if self.span is not None:
+            raise ValueError(
+                f"client_span: {what} are not in the clients' data span; set "
+                "model.client_span: off for this algorithm"
+            )
 
     def clipped_mean(
         self, params: Tensor, clients: Tensor, scale, *, step: int | None = None
     ) -> OracleOutput:
+        self._no_span("per-example clipped means")
         inputs, targets = self.data(clients, step)
         return self.oracle.clipped_mean(params, inputs, targets, scale)
 

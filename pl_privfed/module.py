@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Any
+from typing import Any, Literal
 
 import pytorch_lightning as pl
 import torch
@@ -71,6 +71,7 @@ class FederatedModule(pl.LightningModule):
             keeps them on the training device while they fit in a quarter of its memory, then
             in host memory (GPU runs), then memory-mapped on disk.
         state_dir: directory of memory-mapped state (default ``<default_root_dir>/client_state``).
+        client_span: clients in their data's span (:func:`~pl_privfed.wiring.client_span`).
 
     Several processes (``Trainer(strategy="ddp", devices=N)``, CPU with gloo or CUDA with NCCL,
     several nodes through Lightning's cluster environments) shard the clients: each process
@@ -109,11 +110,11 @@ class FederatedModule(pl.LightningModule):
         client_chunk: int | str = "auto",
         client_state: Placement = "auto",
         state_dir: str | None = None,
+        client_span: Literal["auto", "on", "off"] = "auto",
     ) -> None:
         super().__init__()
-        wiring.check_arguments(
-            model, algorithm, grad_backend, epsilon_every, cuda_graphs, client_chunk, client_state
-        )
+        wiring.check_arguments(model, algorithm, grad_backend, epsilon_every, cuda_graphs,
+                               client_chunk, client_state, client_span)  # fmt: skip
         # Hyperparameters: under LightningCLI, the config's model section (the model's and the
         # algorithm's class_path and init_args, which Lightning hands over while it builds the
         # module), so that ``load_from_checkpoint(path)`` rebuilds both; in Python the arguments
@@ -128,12 +129,10 @@ class FederatedModule(pl.LightningModule):
         self.model = model
         self.algorithm = algorithm
         self.criterion = criterion if criterion is not None else nn.CrossEntropyLoss()
-        self.grad_backend = grad_backend
-        self.cuda_graphs = cuda_graphs
+        self.grad_backend, self.cuda_graphs = grad_backend, cuda_graphs
         self.epsilon_every = epsilon_every
-        self.client_chunk = client_chunk
-        self.client_state = client_state
-        self.state_dir = state_dir
+        self.client_chunk, self.client_state, self.state_dir = client_chunk, client_state, state_dir
+        self.client_span = client_span
         self.layout = ParameterLayout(model)
         self.oracle: GradientOracle | None = None
         self.privacy_ledger: PrivacyLedger | None = None
@@ -206,7 +205,7 @@ class FederatedModule(pl.LightningModule):
     def run_round(self, batch: Any, round_index: int) -> Tensor | None:
         """Round ``round_index`` on the round's data: the engine's round from the global
         model, then the new parameters (and buffers) written into it."""
-        oracle = RoundOracle(self.oracle, batch, self.local_batches)
+        oracle = RoundOracle(self.oracle, batch, self.local_batches, span=self.algorithm.span)
         x, logs = self.layout.flatten(self.model), self._logging_round
         result = run_round(self.algorithm, x, oracle, chunk_size=self._chunk_size, statistics=logs)
         # mean over the (computing) clients of the minibatch loss at x^k; None when no client

@@ -9,7 +9,8 @@ of is decided here, once:
   interval), its ``ModelCheckpoint`` file names and its W&B step axis in rounds;
 * :func:`set_up` — at the first ``setup``: the algorithms set up on the trainer's data, device, precision
   and processes, the gradient oracle, the chunk size (:func:`~pl_privfed.engine.choose_chunk_size`,
-  decided here and handed to every round), the number of rounds (a :class:`Setup`);
+  decided here and handed to every round), the number of rounds, and whether each algorithm's
+  clients run in the span of their data (:func:`client_span`) (a :class:`Setup`);
 * :func:`privacy_ledger` — a private run's ledger;
 * :class:`RoundOptimizer` — the optimizer Lightning steps once per round (it does nothing but
   show the algorithms' step sizes as its learning rates);
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from pytorch_lightning.utilities import rank_zero_warn
+from pytorch_lightning.utilities import rank_zero_info, rank_zero_warn
 from torch import nn
 
 from pl_privfed import trainer_rounds
@@ -40,6 +41,7 @@ from pl_privfed.grads import (
     resolve_backend,
     resolve_example_backend,
 )
+from pl_privfed.layer_rules import ClientSpan
 from pl_privfed.logdir import round_step_on_wandb
 from pl_privfed.privacy import PrivacyLedger, plan
 
@@ -48,6 +50,7 @@ __all__ = [
     "Setup",
     "adopt_trainer",
     "check_arguments",
+    "client_span",
     "name_checkpoints_by_round",
     "privacy_ledger",
     "restore_ledger",
@@ -180,6 +183,8 @@ def set_up(
     in_memory = 0  # client state the algorithms set up so far hold in memory (a grid's)
     refuse = getattr(module, "grid_memory", "disk") == "refuse" and module.client_state == "auto"
     algorithms = module.algorithms()
+    oracle = _gradient_oracle(module, device)
+    bases: dict[int, ClientSpan | None] = {}  # one span per datamodule (a grid's seeds)
     for index, (name, algorithm) in enumerate(algorithms):
         if refuse and index >= 2:  # the run's own algorithm and a configuration are set up
             each = algorithms[index - 1][1].state.nbytes()
@@ -195,6 +200,7 @@ def set_up(
         own = data_of(name) if callable(data_of) else None
         own_rounds = rounds if own is None or own is datamodule else round_description(own)
         algorithm.configure_data(**own_rounds)  # before setup: the rates enter the noise
+        span = client_span(module, algorithm, own or datamodule, oracle, bases, device, dtype)
         algorithm.setup(
             num_clients=num_clients,
             dim=module.layout.dim,
@@ -205,10 +211,16 @@ def set_up(
             client_state=module.client_state,
             state_dir=state_dir,
             **({"state_in_memory": in_memory} if in_memory else {}),  # only a grid's later ones
+            **({"span": span} if span is not None else {}),
         )
         in_memory += algorithm.state.nbytes_in_memory()
+    for span in {id(s): s for s in bases.values() if s is not None}.values():
+        rank_zero_info(
+            f"[pl-privfed] clients run in the span of their data (client_span): "
+            f"{span.rank:,} coordinates per client instead of {span.dim:,} parameters"
+        )
     return Setup(
-        oracle=_gradient_oracle(module, device),
+        oracle=oracle,
         chunk_size=choose_chunk_size(
             num_clients, module.layout.dim, device, module.client_chunk, dtype.itemsize
         ),
@@ -216,6 +228,90 @@ def set_up(
         local_batches=rounds["local_batches"],
         num_classes=getattr(datamodule, "num_classes", None),
     )
+
+
+def client_span(
+    module: Any,
+    algorithm: FederatedAlgorithm,
+    datamodule: Any,
+    oracle: GradientOracle,
+    made: dict[int, ClientSpan | None] | None = None,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> ClientSpan | None:
+    """The span of the clients' data that ``algorithm``'s clients run in
+    (:mod:`pl_privfed.layer_rules.span`), or ``None`` (rows of ``d``).
+
+    ``module.client_span``: ``"off"``; ``"auto"``: the span wherever it is exact and saves
+    memory (coordinates per client at most half of ``d``); ``"on"``: the span, or
+    ``ValueError`` saying why not. It is exact when the algorithm declares its client lines
+    linear in its gradients (:meth:`~pl_privfed.algorithms.FederatedAlgorithm.runs_in_span`),
+    the model is one ``Linear`` layer under the cross-entropy without a regularizer, and the
+    datamodule serves its examples unpreprocessed (:meth:`~pl_privfed.datamodules.
+    FederatedDataModule.client_examples`). ``made``: the spans made so far, by datamodule;
+    the basis is made on the training ``device`` in its ``dtype``."""
+    requested = getattr(module, "client_span", "off")
+    if requested == "off":
+        return None
+    reason = _span_refusal(module, algorithm, datamodule, oracle)
+    trainer = getattr(module, "_trainer", None)
+    for callback in getattr(trainer, "callbacks", None) or []:
+        if reason is None and getattr(callback, "needs_client_rows", False):
+            reason = f"{type(callback).__name__} reads the clients' d-dimensional rows"
+
+    span = None
+    if reason is None:
+        made = {} if made is None else made
+        if id(datamodule) not in made:
+            made[id(datamodule)] = _make_span(datamodule, oracle, module.layout.dim, device, dtype)
+        span = made[id(datamodule)]
+        if span is None:
+            reason = "its coordinates per client would not be fewer than half the parameters"
+    if reason is not None and requested == "on":
+        raise ValueError(f"client_span='on' but {reason}; set client_span: auto or off")
+    return span
+
+
+def _span_refusal(
+    module: Any, algorithm: FederatedAlgorithm, datamodule: Any, oracle: GradientOracle
+) -> str | None:
+    """Why the clients cannot run in their data span (:func:`client_span`), or ``None``."""
+    if not algorithm.runs_in_span():
+        return (
+            f"{type(algorithm).__name__}'s client lines are not linear combinations of its "
+            "gradients through norm-based operators, or its messages are formed per client"
+        )
+    if callable(getattr(module.model, "regularizer", None)):
+        return "the model's regularizer is not in the span of the data"
+    if not callable(getattr(datamodule, "client_examples", None)):
+        return f"{type(datamodule).__name__} does not give its clients' examples"
+    try:
+        reason = oracle.span_rules().span_refusal()
+    except ValueError as error:  # the layer rules do not cover the model
+        return str(error)
+    return reason
+
+
+def _make_span(
+    datamodule: Any, oracle: GradientOracle, dim: int, device: Any, dtype: torch.dtype
+) -> ClientSpan | None:
+    """The span of ``datamodule``'s clients, or ``None`` when the datamodule preprocesses
+    its examples or the coordinates would not be fewer than ``dim / 2``."""
+    rules = oracle.span_rules()
+    layer = rules.layers[0]
+    in_features = int(layer.slots["weight"][1][1])
+    examples = datamodule.client_examples()
+    if examples is None:
+        return None
+    inputs, _ = examples
+    flat = inputs.reshape(inputs.shape[0], inputs.shape[1], -1).to(torch.float64)
+    if flat.shape[-1] != in_features:
+        return None
+    out = int(layer.slots["weight"][1][0])
+    rank = min(flat.shape[1], in_features) * out + out
+    if 2 * rank > dim:
+        return None
+    return rules.span(ClientSpan.orthonormal(flat).to(device, dtype))
 
 
 def _gradient_oracle(module: Any, device: torch.device) -> GradientOracle:
@@ -254,7 +350,14 @@ def privacy_ledger(
 
 
 def check_arguments(
-    model, algorithm, grad_backend, epsilon_every, cuda_graphs, client_chunk, client_state
+    model,
+    algorithm,
+    grad_backend,
+    epsilon_every,
+    cuda_graphs,
+    client_chunk,
+    client_state,
+    client_span="auto",
 ) -> None:
     """``ValueError`` naming the first bad argument of :class:`~pl_privfed.FederatedModule`."""
     if not isinstance(model, nn.Module):
@@ -274,3 +377,4 @@ def check_arguments(
             f"client_chunk must be 'auto', 'all' or a positive integer, got {client_chunk!r}"
         )
     check_choice("client_state", client_state, ("auto", "device", "host", "disk"))
+    check_choice("client_span", client_span, ("auto", "on", "off"))

@@ -34,6 +34,7 @@ from pl_privfed.engine import (
     RoundContext,
     RoundResult,
 )
+from pl_privfed.layer_rules import ClientSpan
 from pl_privfed.operators import Operator
 from pl_privfed.privacy import DPNoise, Release, plan
 from pl_privfed.rng import KeyedGenerator
@@ -80,6 +81,9 @@ class FederatedAlgorithm(nn.Module, metaclass=abc.ABCMeta):
         self.dim = 0
         self.num_rounds = 0
         self.noise_std = 0.0
+        #: the clients' data span their rounds run in (:mod:`pl_privfed.layer_rules.span`),
+        #: chosen at :meth:`setup`; ``None``: client rows of ``d``
+        self.span: ClientSpan | None = None
         self.state = ClientStates(self)
         self.shard = ClientShard(0)
         self.keyed = KeyedGenerator()
@@ -99,6 +103,7 @@ class FederatedAlgorithm(nn.Module, metaclass=abc.ABCMeta):
         client_state: str = "auto",
         state_dir: str | None = None,
         state_in_memory: int = 0,
+        span: ClientSpan | None = None,
     ) -> None:
         """Allocate state for ``num_clients`` clients and ``d = dim`` parameters, and calibrate
         the noise (:func:`pl_privfed.privacy.plan.calibrate` of :meth:`release`).
@@ -113,11 +118,19 @@ class FederatedAlgorithm(nn.Module, metaclass=abc.ABCMeta):
             state_in_memory: bytes of client state the run's other algorithms (a grid's
                 configurations) already hold in memory: ``"auto"`` counts them
                 (:func:`~pl_privfed.engine.state.choose_placement`).
+            span: the clients' data span when they run there
+                (:mod:`pl_privfed.layer_rules.span`; only for an algorithm that
+                :meth:`runs_in_span`): the states :meth:`span_states` names get rows of
+                ``span.rank`` coordinates instead of ``d``, and the engine's rounds run there
+                (:attr:`span`).
         """
         if num_clients < 1:
             raise ValueError(f"num_clients must be >= 1, got {num_clients}")
         self.num_clients, self.dim, self.num_rounds = num_clients, dim, max(1, num_rounds)
         self.device, self.dtype = torch.device(device), dtype
+        if span is not None and not self.runs_in_span():
+            raise ValueError(f"{type(self).__name__} cannot run in the clients' data span")
+        self.span = span
         self.shard = shard if shard is not None else ClientShard(num_clients)
         self.state = ClientStates(self, self.shard)
         self.keyed = KeyedGenerator(self.device)
@@ -139,8 +152,32 @@ class FederatedAlgorithm(nn.Module, metaclass=abc.ABCMeta):
         """A per-client state table ``name``: one row of shape ``shape`` per client (zeros),
         placed by :mod:`pl_privfed.engine.state` and read by chunks through
         :meth:`~pl_privfed.engine.ClientChunk.rows`; on the device it is the buffer
-        ``self.<name>`` of this process's clients."""
+        ``self.<name>`` of this process's clients. In the clients' data span (:attr:`span`,
+        set at :meth:`setup`) a state of :meth:`span_states` has rows of ``span.rank``
+        coordinates."""
+        if self.span is not None and name in (self.span_states() or ()):
+            shape = (self.span.rank,)
         self.state.declare(name, shape, self.dtype)
+
+    def span_states(self) -> tuple[str, ...] | None:
+        """The algorithm's declaration for the clients' data span
+        (:mod:`pl_privfed.layer_rules.span`): the per-client states that stay linear
+        combinations of the client's gradients, when every client line is such a combination
+        through norm-based operators (``Ψ(v) = s(||v||) v``) and nothing else (``()`` for a
+        stateless one); ``None`` (default): the clients cannot run there."""
+        return None
+
+    def runs_in_span(self) -> bool:
+        """Whether the clients can run in their data span: the algorithm declares it
+        (:meth:`span_states`) and its messages are never formed per client (no per-client
+        noise draws, no secure aggregation, no audit canaries)."""
+        noise = self.noise
+        return (
+            self.span_states() is not None
+            and self.secure_aggregation is None
+            and self.canaries is None
+            and (noise is None or noise.draws != "per_client")
+        )
 
     def operators(self) -> list[Operator]:
         """Operators whose ``setup(dim)`` must run (override)."""

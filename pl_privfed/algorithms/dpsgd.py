@@ -88,6 +88,11 @@ class DistributedDPSGD(FederatedAlgorithm):
         bound = None if bound is None else self.scale * bound
         return Release(CLIENT_LEVEL_DP, bound, clients=self.num_clients)
 
+    def span_states(self) -> tuple[str, ...] | None:
+        """Stateless; ``β Ψ(∇f_i)`` with a norm-based Ψ stays in the span of the client's
+        gradient (:mod:`pl_privfed.layer_rules.span`)."""
+        return () if self.operator.norm_based else None
+
     def client_update(self, chunk: ClientChunk) -> None:
         grads = chunk.grad(chunk.x)  # line 73: ∇f_i(x^k)
         chunk.transmit(grads, self.operator, factor=self.scale)  # β Ψ(∇f_i) (+ z_i or a share)

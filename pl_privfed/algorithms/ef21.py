@@ -101,6 +101,14 @@ class ErrorFeedback(FederatedAlgorithm):
     def operators(self) -> list[Operator]:
         return [self.operator]
 
+    def span_states(self) -> tuple[str, ...] | None:
+        """Lines 4-6 combine gradients and memories linearly through Ψ: with a norm-based Ψ
+        (smoothed normalization, clipping) ``g_i`` stays in the span of client ``i``'s
+        gradients, unless the offset initialization adds ``e`` (:mod:`pl_privfed.layer_rules.span`)."""
+        if not self.operator.norm_based or self.memory_init == "gradient_offset":
+            return None
+        return ("client_memory",)
+
     def release(self) -> Release:
         """Line 8: every client sends ``Δ_i`` with ``||Δ_i|| <= bound(Ψ)``, every round; its
         noise ``z_i`` is its own (local), a share of the sum's (distributed) or the trusted

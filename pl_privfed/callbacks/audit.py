@@ -238,6 +238,9 @@ class PrivacyAudit(pl.Callback):
             minibatch_norm=minibatch_norm,
         )
 
+    #: canaries join the clients' d-dimensional rows: no data span (wiring.client_span)
+    needs_client_rows = True
+
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         algorithm = getattr(pl_module, "algorithm", None)

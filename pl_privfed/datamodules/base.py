@@ -354,6 +354,30 @@ class FederatedDataModule(pl.LightningDataModule):
         lead = tuple(idx.shape)
         return inputs.view(*lead, *inputs.shape[1:]), targets.view(*lead, *targets.shape[1:])
 
+    def client_examples(self) -> tuple[Tensor, Tensor] | None:
+        """Every client's training examples as its rounds serve them, ``[N, m, ...]`` padded
+        with zeros to the largest shard (``m`` examples), and the shard sizes ``[N]``: what
+        the clients' data span is made of (:mod:`pl_privfed.layer_rules.span`). ``None`` when
+        the rounds preprocess the examples (a subclass's ``preprocess``: augmentation or
+        normalization on the device), so that a round's inputs are not these."""
+        base = FederatedDataModule
+        if type(self).preprocess is not base.preprocess:
+            return None
+        if type(self).preprocess_clients is not base.preprocess_clients:
+            return None
+        if self.streams is None:
+            self.setup("fit")
+        sizes = torch.as_tensor(self.client_sizes, dtype=torch.int64)
+        most = int(sizes.max()) if len(sizes) else 0
+        slots = torch.arange(most).unsqueeze(0)
+        mask = slots < sizes.unsqueeze(1)  # [N, m]: a real example
+        idx = torch.zeros(len(sizes), most, dtype=torch.int64)
+        idx[mask] = torch.from_numpy(np.concatenate(self.shards).astype(np.int64))
+        inputs, _ = self.gather(idx)
+        inputs = inputs.clone()
+        inputs[~mask] = 0
+        return inputs, sizes
+
     def round_batch(self, round_index: int) -> tuple[Tensor, Tensor]:
         """The stacked minibatches ``(inputs [n, B, ...], targets [n, B, ...])`` of a round
         (``[n, T, B, ...]`` with ``local_batches: T > 1``), before preprocessing. Training

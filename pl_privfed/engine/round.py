@@ -101,6 +101,8 @@ class RoundAlgorithm(Protocol):
     keyed: KeyedGenerator
     initialized: Tensor
     rounds_done: Tensor
+    #: the clients' data span their rounds run in, or ``None`` (client rows of ``d``)
+    span: Any
 
     def message_stage(self) -> MessageStage: ...
 
@@ -206,6 +208,10 @@ def run_round(
             yet): decided here by :func:`choose_chunk_size` (:data:`CHUNK_ENV` included). The
             iterates do not depend on it.
         statistics: compute the statistics that cost a pass over client rows.
+
+    When the algorithm's clients run in the span of their data (its ``span``,
+    :class:`~pl_privfed.layer_rules.ClientSpan`), the oracle gives their coordinates there
+    and the chunks' sums are expanded to ``[d]`` (:meth:`ClientChunk.add`).
     """
     rounds = iter_round(algorithm, x, oracle, chunk_size=chunk_size, statistics=statistics)
     while True:
@@ -286,6 +292,7 @@ def _map(
         statistics=statistics,
         stage=stage,
         participants=participants,
+        span=getattr(algorithm, "span", None),
     )
     pieces = chunk_ids(algorithm.shard.owned(participants), chunk_size)
     for p, phase in enumerate(phases):

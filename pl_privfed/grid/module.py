@@ -305,7 +305,8 @@ class GridModule(FederatedModule):
         for k in live:
             buffers = self._config_buffers(k)
             data, steps = self._grid_views.batch(k, batch, self.local_batches)
-            own = RoundOracle(self.oracle, data, steps, buffers)
+            span = self.grid_span(k)
+            own = RoundOracle(self.oracle, data, steps, buffers, span=span)
             x = self.grid_params[k]
             oracle = GridConfigOracle(shared, k, x, own)
             rounds[k] = iter_round(
@@ -335,17 +336,22 @@ class GridModule(FederatedModule):
         Stacked (:meth:`_stacks`): one oracle call with per-client parameters ``[K·c, d]``, the
         configurations' data along the client axis; else one call per configuration at its
         parameters ``[d]`` shared by its clients, as its separate run makes it, on its seed's
-        data (fetched once per seed), which copies neither the parameters nor the data."""
-        if not self._stacks(len(configs), ids.numel()):
+        data (fetched once per seed), which copies neither the parameters nor the data.
+        Configurations whose clients run in their data span (:meth:`grid_span`) get their
+        coordinates, one call each."""
+        spans = [self.grid_span(k) for k in configs]
+        if any(span is not None for span in spans) or not self._stacks(len(configs), ids.numel()):
             per_view = self._grid_views.data_of(
                 self.oracle, configs, ids, batch, self.local_batches
             )
             outs = []
-            for k, (inputs, targets) in zip(configs, per_view, strict=True):
+            for k, span, (inputs, targets) in zip(configs, spans, per_view, strict=True):
+                x = self.grid_params[k]
+                if span is not None:
+                    outs.append(self.oracle.coordinates(x, inputs, targets, span, span.rows(ids)))
+                    continue
                 own = self._config_buffers(k)
-                outs.append(
-                    call_from_buffers(self.oracle, self.grid_params[k], inputs, targets, own)
-                )
+                outs.append(call_from_buffers(self.oracle, x, inputs, targets, own))
             return outs
         inputs, targets = self._grid_views.data(
             self.oracle, configs, ids, batch, self.local_batches
@@ -373,6 +379,11 @@ class GridModule(FederatedModule):
             )
             for pos in range(k)
         ]
+
+    def grid_span(self, k: int) -> Any:
+        """Configuration ``k``'s clients' data span (``None``: rows of ``d``), decided at
+        setup (:func:`~pl_privfed.wiring.client_span`)."""
+        return self.grid_algorithms[k].span
 
     def _stacks(self, configs: int, clients: int) -> bool:
         """Whether the gradients of ``configs`` configurations for ``clients`` clients come

@@ -13,7 +13,9 @@ rule"); :func:`supported_layers` and :func:`rule_table` read the registry.
 * :mod:`~pl_privfed.layer_rules.support`: :func:`layer_support`, which models are covered;
 * :mod:`~pl_privfed.layer_rules.capture`, :mod:`~pl_privfed.layer_rules.chain`: the passes
   that give every layer's input and output gradient;
-* :mod:`~pl_privfed.layer_rules.gradients`: :class:`LayerGradients`, the entry points.
+* :mod:`~pl_privfed.layer_rules.gradients`: :class:`LayerGradients`, the entry points;
+* :mod:`~pl_privfed.layer_rules.span`: :class:`ClientSpan`, a linear model's client gradients
+  as coordinates in the span of each client's data.
 """
 
 from __future__ import annotations
@@ -34,9 +36,11 @@ from pl_privfed.layer_rules.registry import (
     rule_table,
     supported_layers,
 )
+from pl_privfed.layer_rules.span import ClientSpan
 from pl_privfed.layer_rules.support import layer_support
 
 __all__ = [
+    "ClientSpan",
     "ConvRule",
     "EmbeddingRule",
     "GroupNormRule",

@@ -44,7 +44,9 @@ from pl_privfed.layer_rules.capture import (
 )
 from pl_privfed.layer_rules.chain import chain_pass, linear_chain
 from pl_privfed.layer_rules.layout import ParameterLayout
+from pl_privfed.layer_rules.linear import LinearRule
 from pl_privfed.layer_rules.registry import NormMode, Rule
+from pl_privfed.layer_rules.span import ClientSpan
 from pl_privfed.layer_rules.support import layer_support
 
 __all__ = ["LayerGradients"]
@@ -187,6 +189,45 @@ class LayerGradients:
                     sums = layer.rule.client_sums(a, g, n, layer.want(), layer.views(out))
                 layer.write(out, sums)
         return out, losses, norms.view(n, batch)
+
+    # ------------------------------------------------------------------ the clients' data span
+    def span_refusal(self) -> str | None:
+        """Why the clients' gradients cannot run in the span of their data
+        (:mod:`~pl_privfed.layer_rules.span`), or ``None``: the model must be one ``Linear``
+        layer on the flattened input, trained in full, under the plain cross-entropy."""
+        if self._chain is None or len(self.layers) != 1:
+            return "the model is not one Linear layer under the cross-entropy"
+        layer = self.layers[0]
+        if not isinstance(layer.rule, LinearRule) or layer.slots.get("weight") is None:
+            return "the model's layer is not a trained Linear layer"
+        if self.dim != sum(
+            int(torch.Size(s).numel()) for _, s in filter(None, layer.slots.values())
+        ):
+            return "the model has parameters outside its Linear layer"
+        return None
+
+    def span(self, basis: Tensor) -> ClientSpan:
+        """The :class:`~pl_privfed.layer_rules.span.ClientSpan` of the clients' orthonormal
+        ``basis [N, r, in]`` for this model (:meth:`span_refusal` must be ``None``)."""
+        reason = self.span_refusal()
+        if reason is not None:
+            raise ValueError(f"client_span: {reason}")
+        slots = self.layers[0].slots
+        start, (out, _) = slots["weight"]
+        bias = slots.get("bias")
+        return ClientSpan(basis, (start, out), None if bias is None else (bias[0], out), self.dim)
+
+    def span_coordinates(
+        self, params: Tensor, inputs: Tensor, targets: Tensor, span: ClientSpan, basis: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """Every client's gradient of its mean minibatch loss as coordinates ``[n, rank]`` in
+        its basis rows ``basis [n, r, in]`` (:meth:`ClientSpan.coordinates`), and the losses
+        ``[n]``: the forward and the output gradients of :meth:`__call__`, never the ``[n, d]``
+        gradients."""
+        n, batch = inputs.shape[:2]
+        ((_, a, g),), losses = self._pass(params, inputs, targets, factor=1.0 / batch)
+        coords = span.coordinates(basis, a.view(n, batch, -1), g.view(n, batch, -1))
+        return coords, losses.mean(1)
 
     def modes(self) -> dict[str, NormMode | None]:
         """Each layer's per-example norm rule of the last :meth:`clipped_mean` (``ghost`` or

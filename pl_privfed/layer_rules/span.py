@@ -1,0 +1,115 @@
+"""Client gradients in the span of each client's own data: :class:`ClientSpan`.
+
+For a model whose parameters are one ``Linear`` layer reading the input (multinomial logistic
+regression, linear regression: the generalized linear models of papers 001 and 002), client
+``i``'s gradient of any loss of its examples ``a_1, …, a_m`` is ``Σ_b g_b a_bᵀ`` for the weight
+and ``Σ_b g_b`` for the bias (``g_b`` the gradient of the loss at the layer's output): whatever
+the parameters, its weight part lies in ``R^out ⊗ span(a_1, …, a_m)``. With ``Q_i`` an
+orthonormal basis of that span (``[in, r]``, ``r <= m``), the map
+
+    ``(C, b) ↦ (weight C ᵀ Q_iᵀ, bias b)``,  ``C ∈ R^{r×out}``, ``b ∈ R^out``
+
+is an isometry from ``R^{r·out + out}`` onto a subspace of the parameter space that holds every
+gradient the client can compute, and every linear combination of them. An algorithm whose
+client lines are linear combinations of gradients and of such combinations, through operators
+of the form ``Ψ(v) = s(||v||) v`` (clipping, smoothed normalization: they commute with an
+isometry), computes exactly the same messages and memories on the coordinates ``(C, b)`` as on
+the ``d``-dimensional vectors, in real arithmetic; the server needs only their weighted sums,
+``Σ_i w_i (C_iᵀ Q_iᵀ, b_i)``, one matrix product per chunk of clients.
+
+So a client's state costs ``r·out + out`` numbers instead of ``d = in·out + out`` (MNIST split
+into clients of 5 images: 60 instead of 7,850), and a round never forms a ``[c, d]`` gradient.
+The engine runs an algorithm there when the algorithm says it can
+(:meth:`~pl_privfed.algorithms.FederatedAlgorithm.span_states`), the model and data allow it and
+it saves memory (:func:`pl_privfed.wiring.client_span`; ``client_span: off`` turns it off);
+docs/engine.md, "Clients in the span of their data".
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+__all__ = ["ClientSpan"]
+
+
+class ClientSpan:
+    """Every client's orthonormal basis of its examples, and its gradients' coordinates in it
+    (module docstring).
+
+    Args:
+        basis: ``[N, r, in]``: row ``j`` of client ``i`` is its basis vector ``q_ij``
+            (orthonormal rows per client; :meth:`orthonormal` makes them from the examples).
+        weight: ``(offset, out)`` of the layer's weight ``[out, in]`` in the flat parameter
+            vector.
+        bias: ``(offset, out)`` of its bias, or ``None`` (``bias=False``).
+        dim: ``d``, the length of the flat parameter vector.
+    """
+
+    def __init__(
+        self,
+        basis: Tensor,
+        weight: tuple[int, int],
+        bias: tuple[int, int] | None,
+        dim: int,
+    ) -> None:
+        if basis.dim() != 3:
+            raise ValueError(f"basis must be [clients, r, in], got {tuple(basis.shape)}")
+        self.basis = basis
+        self.clients, self.r, self.in_features = (int(s) for s in basis.shape)
+        self.weight, self.bias, self.dim = weight, bias, int(dim)
+        self.out_features = int(weight[1])
+        if bias is not None and bias[1] != self.out_features:
+            raise ValueError(f"bias has {bias[1]} outputs, the weight {self.out_features}")
+        #: coordinates per client: ``r·out`` (weight) then ``out`` (bias)
+        self.rank = self.r * self.out_features + (self.out_features if bias is not None else 0)
+
+    @staticmethod
+    def orthonormal(examples: Tensor) -> Tensor:
+        """``[N, r, in]`` orthonormal rows spanning each client's examples ``[N, m, in]``
+        (zero rows pad a client with fewer than ``m``), ``r = min(m, in)``: a reduced QR
+        factorization in float64 (Householder: orthonormal whatever the examples' rank)."""
+        q = torch.linalg.qr(examples.to(torch.float64).transpose(1, 2), mode="reduced").Q
+        return q.transpose(1, 2).to(examples.dtype).contiguous()
+
+    def rows(self, ids: Tensor) -> Tensor:
+        """The basis rows ``[c, r, in]`` of the clients ``ids`` (sorted; consecutive clients:
+        a view, no copy)."""
+        if ids.numel() and int(ids[-1]) - int(ids[0]) + 1 == ids.numel():
+            return self.basis[int(ids[0]) : int(ids[-1]) + 1]
+        return self.basis.index_select(0, ids.to(self.basis.device))
+
+    def coordinates(self, basis: Tensor, a: Tensor, g: Tensor) -> Tensor:
+        """``[c, rank]``: the coordinates of ``Σ_b g_b a_bᵀ`` (weight) and ``Σ_b g_b`` (bias)
+        of every client, from its basis rows ``basis [c, r, in]``, the layer's inputs
+        ``a [c, B, in]`` and output gradients ``g [c, B, out]``."""
+        c = a.shape[0]
+        projected = torch.bmm(a, basis.transpose(1, 2))  # a_b · q_j: [c, B, r]
+        weight = torch.bmm(projected.transpose(1, 2), g)  # C[j, o] = Σ_b (a_b·q_j) g_bo
+        parts = [weight.reshape(c, -1)]
+        if self.bias is not None:
+            parts.append(g.sum(1))
+        return torch.cat(parts, dim=1)
+
+    def expand(self, basis: Tensor, rows: Tensor, weights: Tensor | None = None) -> Tensor:
+        """``Σ_i w_i x_i`` ``[d]`` of the vectors ``x_i`` whose coordinates are ``rows [c,
+        rank]`` (``w = 1`` without ``weights``), the clients' basis rows ``basis [c, r, in]``:
+        one matrix product for the weights, one for the biases."""
+        c, out = rows.shape[0], self.out_features
+        if weights is not None:
+            rows = rows * weights.to(rows.dtype).unsqueeze(1)
+        flat = rows.new_zeros(self.dim)
+        coeff = rows[:, : self.r * out].reshape(c * self.r, out)
+        start = self.weight[0]
+        matrix = flat[start : start + out * self.in_features].view(out, self.in_features)
+        torch.mm(coeff.T, basis.reshape(c * self.r, self.in_features), out=matrix)
+        if self.bias is not None:
+            flat[self.bias[0] : self.bias[0] + out] = rows[:, self.r * out :].sum(0)
+        return flat
+
+    def lift(self, basis: Tensor, rows: Tensor) -> Tensor:
+        """Every client's vector ``[c, d]`` from its coordinates (checks and tests; the rounds
+        only need :meth:`expand`)."""
+        return torch.stack(
+            [self.expand(basis[i : i + 1], rows[i : i + 1]) for i in range(len(rows))]
+        )

@@ -1,0 +1,156 @@
+"""Clients in the span of their data (``client_span``, :mod:`pl_privfed.layer_rules.span`): the
+coordinates are an isometry of the gradients (unit), and a run whose clients compute there has
+the iterates of the run that forms every ``[c, d]`` gradient, for every algorithm that declares
+it can (α-NormEC with and without noise or server normalization, Clip21, distributed DP-SGD),
+in a single run and in a grid over step sizes and seeds; anything else is refused or left in
+``d`` dimensions."""
+
+import pytest
+import torch
+from test_module import trainer
+
+from pl_privfed import FederatedModule
+from pl_privfed.algorithms import EF21, AlphaNormEC, Clip21, DistributedDPSGD
+from pl_privfed.callbacks import PrivacyAudit
+from pl_privfed.datamodules import DigitsDataModule, IIDPartitioner
+from pl_privfed.grid import GridModule
+from pl_privfed.grid.seeds import RUN_SEED
+from pl_privfed.layer_rules import ClientSpan
+from pl_privfed.models import MLP, LogisticRegression
+from pl_privfed.operators import Clip
+from pl_privfed.privacy import DPNoise
+
+
+def test_coordinates_are_an_isometry_of_the_gradients():
+    torch.manual_seed(0)
+    n, m, din, out = 6, 5, 12, 3
+    examples = torch.randn(n, m, din, dtype=torch.float64)
+    examples[1, 3:] = 0  # a client with 3 examples (padded)
+    examples[2, 1] = examples[2, 0]  # a repeated example: a rank-deficient client
+    basis = ClientSpan.orthonormal(examples)
+    assert torch.allclose(basis @ basis.mT, torch.eye(m, dtype=torch.float64).expand(n, m, m))
+    d = out * din + out
+    span = ClientSpan(basis, (0, out), (out * din, out), d)
+    assert span.rank == m * out + out
+    g = torch.randn(n, m, out, dtype=torch.float64)
+    coords = span.coordinates(basis, examples, g)
+    dense = torch.cat([torch.einsum("nbo,nbi->noi", g, examples).flatten(1), g.sum(1)], 1)
+    assert torch.allclose(span.lift(basis, coords), dense)  # plain loop: one client at a time
+    assert torch.allclose(coords.norm(dim=1), dense.norm(dim=1))  # norms, so Ψ, are the same
+    weights = torch.rand(n, dtype=torch.float64)
+    assert torch.allclose(span.expand(basis, coords, weights), weights @ dense)
+    assert span.rows(torch.tensor([2, 3, 4])).data_ptr() == basis[2].data_ptr()  # a view
+
+
+def _data():
+    # ~8 examples a client, minibatches of 4: a round's examples are a subset of the span
+    return DigitsDataModule(num_clients=180, batch_size=4, partitioner=IIDPartitioner(seed=1))
+
+
+def _fit(tmp_path, algorithm, span, model=None, rounds=5, **kwargs):
+    torch.manual_seed(0)
+    model = model or LogisticRegression(64, 10)
+    module = FederatedModule(model, algorithm, client_span=span, client_chunk=50, **kwargs)
+    trainer(tmp_path / span, max_steps=rounds).fit(module, datamodule=_data())
+    return module
+
+
+FAMILIES = {
+    "alpha_normec": lambda: AlphaNormEC(0.1, beta=0.1, alpha=0.01),
+    "alpha_normec_gradient_init": lambda: AlphaNormEC(
+        0.1, beta=0.1, alpha=0.01, memory_init="gradient"
+    ),
+    "dp_alpha_normec_distributed": lambda: AlphaNormEC(
+        0.1,
+        beta=0.1,
+        alpha=0.01,
+        noise=DPNoise(noise_multiplier=1.0, seed=3, placement="distributed", min_contributors=90),
+    ),
+    "dp_alpha_normec_no_sn_central": lambda: AlphaNormEC(
+        1.0,
+        beta=0.1,
+        alpha=0.01,
+        server_normalization=False,
+        noise=DPNoise(noise_multiplier=1.0, seed=3, placement="central"),
+    ),
+    "dp_clip21": lambda: Clip21(0.5, clip_threshold=0.3, noise=DPNoise(noise_multiplier=1.0)),
+    "dp_sgd_distributed": lambda: DistributedDPSGD(
+        0.5, Clip(1.0), noise=DPNoise(noise_multiplier=1.0, seed=5)
+    ),
+}
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_a_run_in_the_span_has_the_iterates_of_the_dense_run(family, tmp_path):
+    dense = _fit(tmp_path, FAMILIES[family](), "off")
+    spanned = _fit(tmp_path, FAMILIES[family](), "on")
+    span = spanned.algorithm.span
+    assert span is not None and dense.algorithm.span is None
+    for name in spanned.algorithm.state.names:  # [N, r·out + out], never [N, d]
+        assert spanned.algorithm.state.table(name).shape[-1] == span.rank, name
+    for a, b in zip(dense.model.parameters(), spanned.model.parameters(), strict=True):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-5), family
+    torch.manual_seed(0)
+    start = LogisticRegression(64, 10)
+    moved = [not torch.allclose(a, b) for a, b in zip(start.parameters(), dense.parameters())]
+    assert any(moved)  # it trained
+
+
+def test_auto_chooses_the_span_only_where_it_is_exact(tmp_path):
+    assert _fit(tmp_path, AlphaNormEC(0.1, beta=0.1, alpha=0.01), "auto").algorithm.span
+    ef21 = _fit(tmp_path / "ef21", EF21(0.1), "auto")  # top-k is not norm-based
+    assert ef21.algorithm.span is None
+    per_client = DPNoise(noise_multiplier=1.0, draws="per_client")
+    alg = AlphaNormEC(0.1, beta=0.1, alpha=0.01, noise=per_client)
+    assert _fit(tmp_path / "pc", alg, "auto").algorithm.span is None
+    mlp = _fit(tmp_path / "mlp", AlphaNormEC(0.1, beta=0.1, alpha=0.01), "auto", MLP(64, [8], 10))
+    assert mlp.algorithm.span is None
+
+
+@pytest.mark.parametrize(
+    ("make", "model", "match"),
+    [
+        (lambda: EF21(0.1), None, "EF21's client lines"),
+        (lambda: AlphaNormEC(0.1, 0.1, 0.01), MLP(64, [8], 10), "not one Linear layer"),
+        (
+            lambda: AlphaNormEC(0.1, 0.1, 0.01, memory_init="gradient_offset"),
+            None,
+            "AlphaNormEC's client lines",
+        ),
+    ],
+)
+def test_on_says_why_a_run_cannot_be_in_the_span(make, model, match, tmp_path):
+    with pytest.raises(ValueError, match=match):
+        _fit(tmp_path, make(), "on", model)
+
+
+def test_client_span_is_checked():
+    with pytest.raises(ValueError, match="client_span"):
+        FederatedModule(LogisticRegression(64, 10), AlphaNormEC(0.1, 0.1, 0.01), client_span="yes")
+
+
+@pytest.mark.parametrize("seeds", [False, True])
+def test_a_grid_in_the_span_equals_the_dense_grid(seeds, tmp_path):
+    noise = DPNoise(noise_multiplier=1.0, seed=3, placement="distributed", min_contributors=90)
+    grid = [{"step_size": 0.1}, {"step_size": 0.3}]
+    if seeds:
+        grid = [{**point, RUN_SEED: s} for point in grid for s in (0, 1)]
+    runs = {}
+    for span in ("off", "on"):
+        torch.manual_seed(0)
+        alg = AlphaNormEC(0.1, beta=0.1, alpha=0.01, noise=noise)
+        module = GridModule(LogisticRegression(64, 10), alg, grid=grid, client_span=span)
+        trainer(tmp_path / span, max_steps=4).fit(module, datamodule=_data())
+        runs[span] = module
+    assert all(runs["on"].grid_span(k) is not None for k in range(len(grid)))
+    assert torch.allclose(runs["off"].grid_params, runs["on"].grid_params, rtol=1e-4, atol=1e-5)
+
+
+def test_an_audited_run_keeps_its_clients_in_d_dimensions(tmp_path):
+    """The audit's canaries join the clients' d-dimensional gradients and messages."""
+    torch.manual_seed(0)
+    alg = DistributedDPSGD(0.5, Clip(1.0), noise=DPNoise(noise_multiplier=1.0, seed=5))
+    module = FederatedModule(LogisticRegression(64, 10), alg, client_chunk=50)
+    audit = PrivacyAudit()
+    trainer(tmp_path, max_steps=2, callbacks=[audit]).fit(module, datamodule=_data())
+    assert module.algorithm.span is None and audit.report() is not None
