@@ -62,6 +62,7 @@ __all__ = [
     "client_copies",
     "resolve_backend",
     "resolve_example_backend",
+    "span_gradients",
     "sum_client_buffers",
 ]
 
@@ -209,21 +210,11 @@ class GradientOracle:
         self._span_rules: LayerGradients | None = rules
 
     def span_rules(self) -> LayerGradients:
-        """The layer rules that write gradients in the clients' data span
-        (:meth:`coordinates`), whatever the backend."""
+        """The layer rules that say whether the clients' gradients can be written in their
+        data span and make it (:func:`pl_privfed.wiring.client_span`), whatever the backend."""
         if self._span_rules is None:
             self._span_rules = LayerGradients(self.model, self.criterion)
         return self._span_rules
-
-    def coordinates(
-        self, params: Tensor, inputs: Tensor, targets: Tensor, span: ClientSpan, basis: Tensor
-    ) -> OracleOutput:
-        """The clients' gradients as coordinates ``[n, span.rank]`` in their basis rows
-        ``basis [n, r, in]`` (:mod:`pl_privfed.layer_rules.span`), with their losses."""
-        coords, losses = self.span_rules().span_coordinates(
-            params.detach(), inputs, targets, span, basis
-        )
-        return OracleOutput(grads=coords, losses=losses.detach())
 
     # ------------------------------------------------------------------ helpers
     def _loss(self, flat: Tensor, buffers: dict[str, Tensor], x: Tensor, y: Tensor) -> Tensor:
@@ -526,13 +517,14 @@ class RoundOracle(ChunkOracle):
     def __call__(
         self, params: Tensor, clients: Tensor, *, per_example: bool = False, step: int | None = None
     ) -> OracleOutput:
+        if self.span is not None and not per_example:  # their coordinates, no inputs
+            return span_gradients(self.span, params[None], clients, *self.batch.examples(clients))[
+                0
+            ]
         inputs, targets = self.data(clients, step)
         if per_example:
             self._no_span("per-example gradients")
             return self.oracle(params, inputs, targets, per_example=True)
-        if self.span is not None:
-            basis = self.span.rows(clients)
-            return self.oracle.coordinates(params, inputs, targets, self.span, basis)
         return call_from_buffers(self.oracle, params, inputs, targets, self.buffers)
 
     def _no_span(self, what: str) -> None:
@@ -563,3 +555,14 @@ def sum_client_buffers(per_client: dict[str, Tensor], dim: int = 0) -> dict[str,
     return {
         k: v.sum(dim) if v.is_floating_point() else v.select(dim, 0) for k, v in per_client.items()
     }
+
+
+def span_gradients(
+    span: ClientSpan, params: Tensor, clients: Tensor, indices: Tensor, targets: Tensor
+) -> list[OracleOutput]:
+    """The gradients of the clients ``clients`` in their data span
+    (:meth:`~pl_privfed.layer_rules.ClientSpan.gradients`) at each of the parameter vectors
+    ``params [K, d]`` that share their minibatches (``indices``, ``targets``): one
+    :class:`OracleOutput` of coordinates ``[c, rank]`` and losses ``[c]`` per vector."""
+    coords, losses = span.gradients(params.detach(), clients, indices, targets)
+    return [OracleOutput(grads=g, losses=loss) for g, loss in zip(coords, losses, strict=True)]

@@ -214,15 +214,17 @@ def set_up(
             **({"span": span} if span is not None else {}),
         )
         in_memory += algorithm.state.nbytes_in_memory()
+    width = module.layout.dim  # a client's row in a chunk's working set
     for span in {id(s): s for s in bases.values() if s is not None}.values():
         rank_zero_info(
             f"[pl-privfed] clients run in the span of their data (client_span): "
             f"{span.rank:,} coordinates per client instead of {span.dim:,} parameters"
         )
+        width = min(width, span.width)
     return Setup(
         oracle=oracle,
         chunk_size=choose_chunk_size(
-            num_clients, module.layout.dim, device, module.client_chunk, dtype.itemsize
+            num_clients, width, device, module.client_chunk, dtype.itemsize
         ),
         num_rounds=num_rounds,
         local_batches=rounds["local_batches"],
@@ -303,7 +305,7 @@ def _make_span(
     examples = datamodule.client_examples()
     if examples is None:
         return None
-    inputs, _ = examples
+    inputs, members = examples
     flat = inputs.reshape(inputs.shape[0], inputs.shape[1], -1).to(torch.float64)
     if flat.shape[-1] != in_features:
         return None
@@ -311,7 +313,7 @@ def _make_span(
     rank = min(flat.shape[1], in_features) * out + out
     if 2 * rank > dim:
         return None
-    return rules.span(ClientSpan.orthonormal(flat).to(device, dtype))
+    return rules.span(flat, members).to(device, dtype)
 
 
 def _gradient_oracle(module: Any, device: torch.device) -> GradientOracle:

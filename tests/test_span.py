@@ -12,7 +12,8 @@ from test_module import trainer
 from pl_privfed import FederatedModule
 from pl_privfed.algorithms import EF21, AlphaNormEC, Clip21, DistributedDPSGD
 from pl_privfed.callbacks import PrivacyAudit
-from pl_privfed.datamodules import DigitsDataModule, IIDPartitioner
+from pl_privfed.datamodules import DigitsDataModule, FixedSizePartitioner
+from pl_privfed.grads import GradientOracle
 from pl_privfed.grid import GridModule
 from pl_privfed.grid.seeds import RUN_SEED
 from pl_privfed.layer_rules import ClientSpan
@@ -43,8 +44,10 @@ def test_coordinates_are_an_isometry_of_the_gradients():
 
 
 def _data():
-    # ~8 examples a client, minibatches of 4: a round's examples are a subset of the span
-    return DigitsDataModule(num_clients=180, batch_size=4, partitioner=IIDPartitioner(seed=1))
+    # 6 examples a client, minibatches of 4 (a round's examples are a subset of the shard), and
+    # shards that share examples (FixedSizePartitioner draws each client's from its classes)
+    partitioner = FixedSizePartitioner(examples_per_client=6, concentration=1.0, seed=0)
+    return DigitsDataModule(num_clients=300, batch_size=4, partitioner=partitioner)
 
 
 def _fit(tmp_path, algorithm, span, model=None, rounds=5, **kwargs):
@@ -154,3 +157,36 @@ def test_an_audited_run_keeps_its_clients_in_d_dimensions(tmp_path):
     audit = PrivacyAudit()
     trainer(tmp_path, max_steps=2, callbacks=[audit]).fit(module, datamodule=_data())
     assert module.algorithm.span is None and audit.report() is not None
+
+
+def test_the_basis_forward_gives_the_cross_entropy_gradients_of_a_plain_loop():
+    """Logits from the examples' coordinates, minibatches that are subsets of a shard in any
+    order, shards of different sizes that share examples (as FixedSizePartitioner's may), and
+    several parameter vectors at once: against autograd, one client at a time."""
+    torch.manual_seed(1)
+    n, m, din, out, k = 4, 6, 9, 3, 2
+    pool = torch.randn(20, din, dtype=torch.float64)
+    shards = [torch.tensor(s) for s in ([0, 1, 2, 3, 4, 5], [6, 7, 8, 9], [10, 11, 0, 12, 13, 14],
+                                        [15, 16, 17, 18, 1])]  # fmt: skip
+    examples = torch.zeros(n, m, din, dtype=torch.float64)
+    members = torch.full((n, m), -1)
+    for i, shard in enumerate(shards):
+        examples[i, : len(shard)], members[i, : len(shard)] = pool[shard], shard
+    model = LogisticRegression(din, out).double()
+    span = GradientOracle(model, torch.nn.CrossEntropyLoss()).span_rules().span(examples, members)
+    labels = torch.randint(0, out, (len(pool),))
+    batch = torch.stack([shard[torch.randperm(len(shard))[:3]] for shard in shards])  # [n, 3]
+    params = torch.randn(k, span.dim, dtype=torch.float64)
+    coords, losses = span.gradients(params, torch.arange(n), batch, labels[batch])
+    for j in range(k):
+        lifted = span.lift(span.basis, coords[j])
+        for i in range(n):
+            w = params[j, : out * din].view(out, din).clone().requires_grad_()
+            b = params[j, out * din :].clone().requires_grad_()
+            logits = pool[batch[i]] @ w.T + b
+            loss = torch.nn.functional.cross_entropy(logits, labels[batch[i]])
+            gw, gb = torch.autograd.grad(loss, (w, b))
+            assert torch.allclose(lifted[i], torch.cat([gw.flatten(), gb]))
+            assert torch.allclose(losses[j, i], loss.detach())
+    with pytest.raises(ValueError, match="outside its client's shard"):
+        span.gradients(params, torch.arange(n), batch.roll(1, 0), labels[batch])

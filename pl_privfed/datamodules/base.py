@@ -355,8 +355,9 @@ class FederatedDataModule(pl.LightningDataModule):
         return inputs.view(*lead, *inputs.shape[1:]), targets.view(*lead, *targets.shape[1:])
 
     def client_examples(self) -> tuple[Tensor, Tensor] | None:
-        """Every client's training examples as its rounds serve them, ``[N, m, ...]`` padded
-        with zeros to the largest shard (``m`` examples), and the shard sizes ``[N]``: what
+        """Every client's training examples as its rounds serve them, ``[N, m, ...]`` in its
+        shard's order, padded with zeros to the largest shard (``m`` examples), and their
+        dataset indices ``[N, m]`` (``-1`` where padded; shards may share examples): what
         the clients' data span is made of (:mod:`pl_privfed.layer_rules.span`). ``None`` when
         the rounds preprocess the examples (a subclass's ``preprocess``: augmentation or
         normalization on the device), so that a round's inputs are not these."""
@@ -372,11 +373,22 @@ class FederatedDataModule(pl.LightningDataModule):
         slots = torch.arange(most).unsqueeze(0)
         mask = slots < sizes.unsqueeze(1)  # [N, m]: a real example
         idx = torch.zeros(len(sizes), most, dtype=torch.int64)
-        idx[mask] = torch.from_numpy(np.concatenate(self.shards).astype(np.int64))
+        flat = torch.from_numpy(np.concatenate(self.shards).astype(np.int64))
+        idx[mask] = flat
         inputs, _ = self.gather(idx)
         inputs = inputs.clone()
         inputs[~mask] = 0
-        return inputs, sizes
+        idx[~mask] = -1
+        return inputs, idx
+
+    def round_examples(self, round_index: int, clients: Tensor) -> tuple[Tensor, Tensor]:
+        """The dataset indices ``[c, B]`` of the clients' minibatches of round ``round_index``
+        (local steps folded: ``[c, T·B]``) and their targets, without their inputs (for
+        clients in their data span, which know their examples already)."""
+        idx = self.round_indices(round_index, clients).flatten(1)
+        if self.train_targets is not None:
+            return idx, self.train_targets.index_select(0, idx.reshape(-1)).view(idx.shape)
+        return idx, self.gather(idx)[1]
 
     def round_batch(self, round_index: int) -> tuple[Tensor, Tensor]:
         """The stacked minibatches ``(inputs [n, B, ...], targets [n, B, ...])`` of a round

@@ -26,6 +26,8 @@ class RoundSource(Protocol):
 
     def gather(self, idx: Tensor) -> tuple[Tensor, Tensor]: ...
 
+    def round_examples(self, round_index: int, clients: Tensor) -> tuple[Tensor, Tensor]: ...
+
     def preprocess_clients(self, inputs: Tensor, round_index: int, clients: Tensor) -> Tensor: ...
 
 
@@ -61,6 +63,14 @@ class RoundBatch:
         if self.device is not None:
             inputs, targets = inputs.to(self.device), targets.to(self.device)
         return dm.preprocess_clients(inputs, self.round_index, ids), targets
+
+    def examples(self, ids: Tensor) -> tuple[Tensor, Tensor]:
+        """The dataset indices ``[c, B]`` of the clients' minibatches and their targets (on
+        the training device), without their inputs (clients in their data span)."""
+        idx, targets = self.datamodule.round_examples(self.round_index, ids)
+        if self.device is not None:
+            idx, targets = idx.to(self.device), targets.to(self.device)
+        return idx, targets
 
     def dense(self) -> tuple[Tensor, Tensor]:
         """Every client's minibatches at once (``[n, B, ...]``), preprocessed: what a module

@@ -31,7 +31,7 @@ from pl_privfed import trainer_rounds, wiring
 from pl_privfed.checks import check_choice, check_positive_int
 from pl_privfed.engine import OracleOutput, RoundResult, iter_round
 from pl_privfed.evaluation import model_loss
-from pl_privfed.grads import RoundOracle, call_from_buffers, sum_client_buffers
+from pl_privfed.grads import RoundOracle, call_from_buffers, span_gradients, sum_client_buffers
 from pl_privfed.grid.points import grid_points, rebuild_algorithm
 from pl_privfed.grid.results import write_grid_results
 from pl_privfed.grid.seeds import RUN_SEED, check_initialization, initial_parameters
@@ -338,20 +338,23 @@ class GridModule(FederatedModule):
         parameters ``[d]`` shared by its clients, as its separate run makes it, on its seed's
         data (fetched once per seed), which copies neither the parameters nor the data.
         Configurations whose clients run in their data span (:meth:`grid_span`) get their
-        coordinates, one call each."""
-        spans = [self.grid_span(k) for k in configs]
-        if any(span is not None for span in spans) or not self._stacks(len(configs), ids.numel()):
+        coordinates, those of one seed from one call (:func:`~pl_privfed.grads.span_gradients`)."""
+        spanned = [k for k in configs if self.grid_span(k) is not None]
+        if spanned:
+            got = dict(zip(spanned, self._span_gradients(spanned, ids, batch), strict=True))
+            rest = [k for k in configs if k not in got]
+            got.update(zip(rest, self._grid_gradients(rest, ids, batch) if rest else []))
+            return [got[k] for k in configs]
+        if not self._stacks(len(configs), ids.numel()):
             per_view = self._grid_views.data_of(
                 self.oracle, configs, ids, batch, self.local_batches
             )
             outs = []
-            for k, span, (inputs, targets) in zip(configs, spans, per_view, strict=True):
+            for k, (inputs, targets) in zip(configs, per_view, strict=True):
                 x = self.grid_params[k]
-                if span is not None:
-                    outs.append(self.oracle.coordinates(x, inputs, targets, span, span.rows(ids)))
-                    continue
-                own = self._config_buffers(k)
-                outs.append(call_from_buffers(self.oracle, x, inputs, targets, own))
+                outs.append(
+                    call_from_buffers(self.oracle, x, inputs, targets, self._config_buffers(k))
+                )
             return outs
         inputs, targets = self._grid_views.data(
             self.oracle, configs, ids, batch, self.local_batches
@@ -379,6 +382,20 @@ class GridModule(FederatedModule):
             )
             for pos in range(k)
         ]
+
+    def _span_gradients(self, configs: list[int], ids: Tensor, batch: Any) -> list[OracleOutput]:
+        """:meth:`_grid_gradients` for configurations in their data span: per seed (one span
+        each), the minibatches' indices once and one call at all its configurations' parameters."""
+        by_view: dict[int, list[int]] = {}
+        for k in configs:
+            by_view.setdefault(id(self.grid_span(k)), []).append(k)
+        out: dict[int, OracleOutput] = {}
+        for group in by_view.values():
+            data, _ = self._grid_views.batch(group[0], batch, self.local_batches)
+            params = self.grid_params[torch.tensor(group, device=self.grid_params.device)]
+            outs = span_gradients(self.grid_span(group[0]), params, ids, *data.examples(ids))
+            out.update(zip(group, outs, strict=True))
+        return [out[k] for k in configs]
 
     def grid_span(self, k: int) -> Any:
         """Configuration ``k``'s clients' data span (``None``: rows of ``d``), decided at

@@ -206,28 +206,22 @@ class LayerGradients:
             return "the model has parameters outside its Linear layer"
         return None
 
-    def span(self, basis: Tensor) -> ClientSpan:
-        """The :class:`~pl_privfed.layer_rules.span.ClientSpan` of the clients' orthonormal
-        ``basis [N, r, in]`` for this model (:meth:`span_refusal` must be ``None``)."""
+    def span(self, examples: Tensor, members: Tensor) -> ClientSpan:
+        """The :class:`~pl_privfed.layer_rules.span.ClientSpan` of the clients' examples
+        ``[N, m, in]`` (float64, zero rows padding a short shard) for this model, with their
+        dataset indices ``members [N, m]`` (:class:`ClientSpan`); :meth:`span_refusal` must be
+        ``None``."""
         reason = self.span_refusal()
         if reason is not None:
             raise ValueError(f"client_span: {reason}")
-        slots = self.layers[0].slots
-        start, (out, _) = slots["weight"]
-        bias = slots.get("bias")
-        return ClientSpan(basis, (start, out), None if bias is None else (bias[0], out), self.dim)
-
-    def span_coordinates(
-        self, params: Tensor, inputs: Tensor, targets: Tensor, span: ClientSpan, basis: Tensor
-    ) -> tuple[Tensor, Tensor]:
-        """Every client's gradient of its mean minibatch loss as coordinates ``[n, rank]`` in
-        its basis rows ``basis [n, r, in]`` (:meth:`ClientSpan.coordinates`), and the losses
-        ``[n]``: the forward and the output gradients of :meth:`__call__`, never the ``[n, d]``
-        gradients."""
-        n, batch = inputs.shape[:2]
-        ((_, a, g),), losses = self._pass(params, inputs, targets, factor=1.0 / batch)
-        coords = span.coordinates(basis, a.view(n, batch, -1), g.view(n, batch, -1))
-        return coords, losses.mean(1)
+        basis = ClientSpan.orthonormal(examples)  # float64
+        coords = torch.bmm(examples, basis.transpose(1, 2))  # p_bj = a_b · q_j
+        layer = self.layers[0].slots
+        start, (out, _) = layer["weight"]
+        bias = layer.get("bias")
+        return ClientSpan(
+            basis, (start, out), None if bias is None else (bias[0], out), self.dim, coords, members
+        )
 
     def modes(self) -> dict[str, NormMode | None]:
         """Each layer's per-example norm rule of the last :meth:`clipped_mean` (``ghost`` or

@@ -19,6 +19,10 @@ the ``d``-dimensional vectors, in real arithmetic; the server needs only their w
 
 So a client's state costs ``r·out + out`` numbers instead of ``d = in·out + out`` (MNIST split
 into clients of 5 images: 60 instead of 7,850), and a round never forms a ``[c, d]`` gradient.
+Under the softmax cross-entropy a round does not even gather its examples: example ``b`` of
+client ``i`` is ``a_b = Σ_j p_bj q_ij`` (``p_b`` its coordinates, computed once), so its logits
+are ``p_b · (Q_iᵀ Wᵀ) + bias`` and one product of the clients' basis rows with the weights of
+every configuration that shares the data (a grid's) gives them all (:meth:`ClientSpan.gradients`).
 The engine runs an algorithm there when the algorithm says it can
 (:meth:`~pl_privfed.algorithms.FederatedAlgorithm.span_states`), the model and data allow it and
 it saves memory (:func:`pl_privfed.wiring.client_span`; ``client_span: off`` turns it off);
@@ -44,6 +48,10 @@ class ClientSpan:
             vector.
         bias: ``(offset, out)`` of its bias, or ``None`` (``bias=False``).
         dim: ``d``, the length of the flat parameter vector.
+        examples: ``[N, m, r]``: every client's examples' coordinates in its basis (its
+            ``m`` examples in its shard's order), for :meth:`gradients`.
+        members: ``[N, m]``: the dataset indices of every client's examples (``-1`` pads a
+            short shard), for :meth:`gradients`.
     """
 
     def __init__(
@@ -52,6 +60,8 @@ class ClientSpan:
         weight: tuple[int, int],
         bias: tuple[int, int] | None,
         dim: int,
+        examples: Tensor | None = None,
+        members: Tensor | None = None,
     ) -> None:
         if basis.dim() != 3:
             raise ValueError(f"basis must be [clients, r, in], got {tuple(basis.shape)}")
@@ -63,6 +73,21 @@ class ClientSpan:
             raise ValueError(f"bias has {bias[1]} outputs, the weight {self.out_features}")
         #: coordinates per client: ``r·out`` (weight) then ``out`` (bias)
         self.rank = self.r * self.out_features + (self.out_features if bias is not None else 0)
+        self.examples, self.members = examples, members
+
+    def to(self, device: torch.device | str, dtype: torch.dtype) -> ClientSpan:
+        """This span on ``device`` with its bases and coordinates in ``dtype``."""
+        examples = None if self.examples is None else self.examples.to(device, dtype)
+        members = None if self.members is None else self.members.to(device)
+        basis = self.basis.to(device, dtype)
+        return ClientSpan(basis, self.weight, self.bias, self.dim, examples, members)
+
+    @property
+    def width(self) -> int:
+        """A client's share of a chunk's working set, in the unit of
+        :func:`~pl_privfed.engine.choose_chunk_size` (a third of its numbers): its basis rows
+        and as many inputs, and three rows of coordinates."""
+        return self.rank + (2 * self.r * self.in_features) // 3
 
     @staticmethod
     def orthonormal(examples: Tensor) -> Tensor:
@@ -90,6 +115,42 @@ class ClientSpan:
         if self.bias is not None:
             parts.append(g.sum(1))
         return torch.cat(parts, dim=1)
+
+    def gradients(
+        self, params: Tensor, ids: Tensor, indices: Tensor, targets: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """Under the softmax cross-entropy (mean over each minibatch), the coordinates
+        ``[K, c, rank]`` of the gradients of the clients ``ids`` at each of ``K`` parameter
+        vectors ``params [K, d]`` (configurations sharing the data), and the mean losses
+        ``[K, c]``, from the dataset ``indices [c, B]`` of their minibatches and the
+        ``targets [c, B]``: the logits from the examples' coordinates (module docstring), the
+        output gradients ``g_b = (softmax − onehot)/B``, then ``C = Pᵀ G`` and ``Σ_b g_b``."""
+        k, (c, batch), out, r = params.shape[0], indices.shape, self.out_features, self.r
+        basis = self.rows(ids)
+        start = self.weight[0]
+        weights = params[:, start : start + out * self.in_features].reshape(k * out, -1)
+        products = torch.mm(basis.reshape(c * r, -1), weights.T).view(c, r, k * out)
+        ids = ids.to(self.examples.device)
+        members = self.members.index_select(0, ids)  # [c, m]
+        found = members.unsqueeze(1) == indices.to(members.device).unsqueeze(2)  # [c, B, m]
+        if not bool(found.any(-1).all()):
+            raise ValueError("client_span: a minibatch holds an example outside its client's shard")
+        local = found.to(torch.uint8).argmax(-1)  # [c, B]: each example's place in its shard
+        rows = self.examples.index_select(0, ids)  # [c, m, r]
+        coords = torch.gather(rows, 1, local.unsqueeze(-1).expand(c, batch, r))  # [c, B, r]
+        logits = torch.bmm(coords, products).view(c, batch, k, out)
+        if self.bias is not None:
+            logits = logits + params[:, self.bias[0] : self.bias[0] + out]
+        logp = logits.log_softmax(-1)
+        index = targets.reshape(c, batch, 1, 1).long().expand(c, batch, k, 1)
+        losses = -logp.gather(-1, index).squeeze(-1)  # [c, B, K]
+        delta = logp.exp_()
+        delta.scatter_add_(-1, index, delta.new_full(index.shape, -1.0)).div_(batch)
+        weight = torch.bmm(coords.transpose(1, 2), delta.view(c, batch, k * out))  # [c, r, K·out]
+        parts = [weight.view(c, r, k, out).permute(2, 0, 1, 3).reshape(k, c, r * out)]
+        if self.bias is not None:
+            parts.append(delta.sum(1).transpose(0, 1))
+        return torch.cat(parts, dim=2), losses.mean(1).T
 
     def expand(self, basis: Tensor, rows: Tensor, weights: Tensor | None = None) -> Tensor:
         """``Σ_i w_i x_i`` ``[d]`` of the vectors ``x_i`` whose coordinates are ``rows [c,
