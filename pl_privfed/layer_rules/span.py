@@ -104,18 +104,6 @@ class ClientSpan:
             return self.basis[int(ids[0]) : int(ids[-1]) + 1]
         return self.basis.index_select(0, ids.to(self.basis.device))
 
-    def coordinates(self, basis: Tensor, a: Tensor, g: Tensor) -> Tensor:
-        """``[c, rank]``: the coordinates of ``Σ_b g_b a_bᵀ`` (weight) and ``Σ_b g_b`` (bias)
-        of every client, from its basis rows ``basis [c, r, in]``, the layer's inputs
-        ``a [c, B, in]`` and output gradients ``g [c, B, out]``."""
-        c = a.shape[0]
-        projected = torch.bmm(a, basis.transpose(1, 2))  # a_b · q_j: [c, B, r]
-        weight = torch.bmm(projected.transpose(1, 2), g)  # C[j, o] = Σ_b (a_b·q_j) g_bo
-        parts = [weight.reshape(c, -1)]
-        if self.bias is not None:
-            parts.append(g.sum(1))
-        return torch.cat(parts, dim=1)
-
     def gradients(
         self, params: Tensor, ids: Tensor, indices: Tensor, targets: Tensor
     ) -> tuple[Tensor, Tensor]:
