@@ -517,17 +517,18 @@ class RoundOracle(ChunkOracle):
     def __call__(
         self, params: Tensor, clients: Tensor, *, per_example: bool = False, step: int | None = None
     ) -> OracleOutput:
-        if self.span is not None and not per_example:  # their coordinates, no inputs
-            return span_gradients(self.span, params[None], clients, *self.batch.examples(clients))[
-                0
-            ]
+        if self.span is not None:  # their coordinates at the broadcast, no inputs gathered
+            if per_example or step is not None or params.dim() != 1:
+                self._no_span("per-example gradients, local steps and per-client parameters")
+            (out,) = span_gradients(self.span, params[None], clients, *self.batch.examples(clients))
+            return out
         inputs, targets = self.data(clients, step)
         if per_example:
-            self._no_span("per-example gradients")
             return self.oracle(params, inputs, targets, per_example=True)
         return call_from_buffers(self.oracle, params, inputs, targets, self.buffers)
 
     def _no_span(self, what: str) -> None:
+        """``ValueError``: ``what`` is asked of clients in their data span."""
         if self.span is not None:
             raise ValueError(
                 f"client_span: {what} are not in the clients' data span; set "

@@ -7,7 +7,7 @@ and ``Σ_b g_b`` for the bias (``g_b`` the gradient of the loss at the layer's o
 the parameters, its weight part lies in ``R^out ⊗ span(a_1, …, a_m)``. With ``Q_i`` an
 orthonormal basis of that span (``[in, r]``, ``r <= m``), the map
 
-    ``(C, b) ↦ (weight C ᵀ Q_iᵀ, bias b)``,  ``C ∈ R^{r×out}``, ``b ∈ R^out``
+    ``(C, b) ↦ (weight Cᵀ Q_iᵀ, bias b)``,  ``C ∈ R^{r×out}``, ``b ∈ R^out``
 
 is an isometry from ``R^{r·out + out}`` onto a subspace of the parameter space that holds every
 gradient the client can compute, and every linear combination of them. An algorithm whose
