@@ -22,7 +22,7 @@ from pl_privfed.engine.message import (
     NoisePlacement,
     noise_to_signal,
 )
-from pl_privfed.engine.reduce import Reduction
+from pl_privfed.engine.reduce import Reduction, expand_together
 from pl_privfed.engine.round import (
     CHUNK_ENV,
     FunctionOracle,
@@ -64,6 +64,7 @@ __all__ = [
     "choose_chunk_size",
     "choose_placement",
     "chunk_ids",
+    "expand_together",
     "iter_round",
     "noise_to_signal",
     "run_round",

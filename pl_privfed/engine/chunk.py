@@ -375,9 +375,10 @@ class ClientChunk:
         clients' data span, rows ``[c, rank]`` are coordinates: their sum is expanded to
         ``[d]``)."""
         span = self.ctx.span
-        if span is not None and rows.dim() == 2:
+        if span is not None and rows.dim() == 2:  # expanded once the round's map is done
             if rows.shape[0]:
-                self.reduction.add(name, span.expand(span.rows(self.ids), rows, weights))
+                rows = rows.clone() if weights is None else rows * weights.unsqueeze(1)
+                self.reduction.add_coordinates(name, span, self.ids, rows)
             return
         self.reduction.add_rows(name, rows, weights)
 

@@ -27,7 +27,7 @@ from pl_privfed.communication import Messages
 from pl_privfed.engine.message import MessageStage, noise_to_signal
 from pl_privfed.rng import KeyedGenerator
 
-__all__ = ["Reduction"]
+__all__ = ["Reduction", "expand_together"]
 
 
 class Reduction:
@@ -73,6 +73,10 @@ class Reduction:
         #: the operator and factor the clients' ``transmit`` applied, per sum (the stage hook's
         #: messages go through the same)
         self.message_operators: dict[str, tuple[object, float]] = {}
+        #: sums whose clients run in their data span, per name: the chunks' ``(ids, rows)`` of
+        #: coordinates, expanded into :attr:`sums` by :meth:`flush` (or :func:`expand_together`)
+        self.pending: dict[str, list[tuple[Tensor, Tensor]]] = {}
+        self.span = None
 
     # ------------------------------------------------------------------ accumulate
     def add(self, name: str, value: Tensor) -> None:
@@ -97,6 +101,31 @@ class Reduction:
         else:  # Σ_i w_i rows_i as one matrix-vector product: one pass, no [d] temporary
             weights = rows.new_ones(rows.shape[0]) if weights is None else weights.to(rows.dtype)
             current.view(-1).addmv_(rows.reshape(rows.shape[0], -1).T, weights)
+
+    def add_coordinates(self, name: str, span, ids: Tensor, rows: Tensor) -> None:
+        """Coordinates ``rows [c, rank]`` of the clients ``ids`` in their data span ``span``
+        (:class:`~pl_privfed.layer_rules.ClientSpan`), to be added to ``sums[name]`` by
+        :meth:`flush`: one product per sum over the round's clients, or one for several
+        configurations' sums (:func:`expand_together`), instead of one per chunk."""
+        self.span = span
+        self.pending.setdefault(name, []).append((ids, rows))
+
+    def _pending_rows(self) -> tuple[Tensor, list[tuple[str, Tensor]]]:
+        """The pending sums' clients and, per name, their rows over those clients."""
+        ids = None
+        out = []
+        for name, parts in self.pending.items():
+            got = torch.cat([i for i, _ in parts])
+            if ids is not None and not torch.equal(got, ids):
+                raise ValueError(f"pending sum {name!r} has other clients than the round's")
+            ids = got
+            out.append((name, torch.cat([r for _, r in parts])))
+        return ids, out
+
+    def flush(self) -> None:
+        """Expand the pending sums of clients in their data span into :attr:`sums`."""
+        if self.pending:
+            expand_together([self])
 
     def stat(self, name: str, values: Tensor) -> None:
         """Add every element of ``values`` (one per client) to statistic ``name``."""
@@ -247,3 +276,25 @@ class Reduction:
             if self.count(key):
                 out[key] = self.mean(key)
         return out
+
+
+def expand_together(reductions: list[Reduction]) -> None:
+    """Expand the pending span sums (:meth:`Reduction.add_coordinates`) of several reductions,
+    e.g. the configurations of a grid that share a seed's data: those with the same span and
+    clients in one product (:meth:`~pl_privfed.layer_rules.ClientSpan.expand_many`), which reads
+    the clients' bases once for all of them."""
+    groups: dict[tuple[int, bytes], list[tuple[Reduction, Tensor, list]]] = {}
+    for reduction in reductions:
+        if not reduction.pending:
+            continue
+        ids, rows = reduction._pending_rows()
+        key = (id(reduction.span), ids.cpu().numpy().tobytes())
+        groups.setdefault(key, []).append((reduction, ids, rows))
+    for members in groups.values():
+        span, ids = members[0][0].span, members[0][1]
+        every = [rows for _, _, named in members for _, rows in named]
+        sums = iter(span.expand_many(span.rows(ids), every))
+        for reduction, _, named in members:
+            for name, _ in named:
+                reduction.add(name, next(sums))
+            reduction.pending = {}

@@ -230,7 +230,11 @@ def iter_round(
     statistics: bool = True,
 ) -> Generator[None, None, RoundResult]:
     """:func:`run_round` as a generator that yields after every chunk and returns the round's
-    :class:`RoundResult` (a grid advances its configurations' rounds chunk by chunk)."""
+    :class:`RoundResult` (a grid advances its configurations' rounds chunk by chunk). When the
+    clients run in their data span it yields once more, the round's :class:`Reduction`, before
+    expanding its sums: a grid expands those of several configurations in one product
+    (:func:`~pl_privfed.engine.reduce.expand_together`). Then the reduce across processes and
+    the server's lines."""
     if not isinstance(oracle, ChunkOracle):
         oracle = FunctionOracle(oracle)
     if not isinstance(chunk_size, int) or isinstance(chunk_size, bool):  # not decided yet
@@ -243,12 +247,18 @@ def iter_round(
         if algorithm.initializes_clients():
             init = [algorithm.client_init]
             reduced = yield from _map(algorithm, x, oracle, -1, None, init, chunk_size, statistics)
+            reduced.flush()
+            algorithm.shard.all_reduce_reduction(reduced)
         algorithm.server_init(x, reduced)
         algorithm.initialized.fill_(True)
     k = int(algorithm.rounds_done)
     participants = algorithm.begin_round(k)
     phases = algorithm.client_phases()
     reduced = yield from _map(algorithm, x, oracle, k, participants, phases, chunk_size, statistics)
+    if reduced.pending:  # clients in their data span: their sums are still coordinates
+        yield reduced  # (a grid expands several configurations' at once: expand_together)
+        reduced.flush()
+    algorithm.shard.all_reduce_reduction(reduced)
     result = algorithm.server_update(x, reduced)
     result.loss = reduced.loss()
     result.buffers = reduced.buffers()
@@ -267,8 +277,8 @@ def _map(
     chunk_size: int,
     statistics: bool,
 ) -> Generator[None, None, Reduction]:
-    """The map over this process's participating clients, phase by phase and chunk by chunk,
-    then the reduce across processes."""
+    """The map over this process's participating clients, phase by phase and chunk by chunk
+    (the reduce across processes follows in :func:`iter_round`)."""
     if participants is None:
         participants = torch.arange(algorithm.num_clients)
     stage = algorithm.message_stage()  # with its hook (an audit's canaries), if any
@@ -302,5 +312,4 @@ def _map(
             chunk.close()
             yield
         algorithm.between_phases(p, ctx)
-    algorithm.shard.all_reduce_reduction(reduction)
     return reduction

@@ -29,7 +29,7 @@ from typing_extensions import override
 
 from pl_privfed import trainer_rounds, wiring
 from pl_privfed.checks import check_choice, check_positive_int
-from pl_privfed.engine import OracleOutput, RoundResult, iter_round
+from pl_privfed.engine import OracleOutput, Reduction, RoundResult, expand_together, iter_round
 from pl_privfed.evaluation import model_loss
 from pl_privfed.grads import RoundOracle, call_from_buffers, span_gradients, sum_client_buffers
 from pl_privfed.grid.points import grid_points, rebuild_algorithm
@@ -318,14 +318,21 @@ class GridModule(FederatedModule):
             )
         outcomes: dict[int, RoundResult] = {}
         pending = list(live)
+        mapped: dict[int, Reduction] = {}  # configurations in their data span, map done
         while pending:  # one chunk of every configuration per pass
-            for k in list(pending):
+            for k in [k for k in pending if k not in mapped]:
                 try:
-                    next(rounds[k])
+                    step = next(rounds[k])
                 except StopIteration as done:
                     outcomes[k] = done.value
                     pending.remove(k)
+                else:
+                    if isinstance(step, Reduction):
+                        mapped[k] = step
             shared.clear()
+            if mapped and len(mapped) == len(pending):  # their sums in one product per seed
+                expand_together(list(mapped.values()))
+                mapped.clear()
         return outcomes
 
     def _grid_gradients(self, configs: list[int], ids: Tensor, batch: Any) -> list[OracleOutput]:

@@ -156,6 +156,25 @@ class ClientSpan:
             flat[self.bias[0] : self.bias[0] + out] = rows[:, self.r * out :].sum(0)
         return flat
 
+    def expand_many(self, basis: Tensor, rows: list[Tensor]) -> list[Tensor]:
+        """:meth:`expand` (unweighted) of several coordinate tables ``[c, rank]`` of the same
+        clients (basis rows ``basis [c, r, in]``), with one product for all their weights: the
+        bases are read once."""
+        c, out, r = basis.shape[0], self.out_features, self.r
+        coeff = torch.cat([t[:, : r * out].reshape(c * r, out) for t in rows], dim=1)
+        matrices = torch.mm(coeff.T, basis.reshape(c * r, self.in_features))  # [K·out, in]
+        sums = []
+        for j, t in enumerate(rows):
+            flat = t.new_zeros(self.dim)
+            start = self.weight[0]
+            flat[start : start + out * self.in_features] = matrices[
+                j * out : (j + 1) * out
+            ].reshape(-1)
+            if self.bias is not None:
+                flat[self.bias[0] : self.bias[0] + out] = t[:, r * out :].sum(0)
+            sums.append(flat)
+        return sums
+
     def lift(self, basis: Tensor, rows: Tensor) -> Tensor:
         """Every client's vector ``[c, d]`` from its coordinates (checks and tests; the rounds
         only need :meth:`expand`)."""
