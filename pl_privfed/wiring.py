@@ -300,18 +300,17 @@ def _make_span(
     """The span of ``datamodule``'s clients, or ``None`` when the datamodule preprocesses
     its examples or the coordinates would not be fewer than ``dim / 2``."""
     rules = oracle.span_rules()
-    layer = rules.layers[0]
-    in_features = int(layer.slots["weight"][1][1])
+    out, in_features = (int(s) for s in rules.layers[0].slots["weight"][1])
+    sizes = getattr(datamodule, "client_sizes", None)
+    if sizes is not None and len(sizes):  # before gathering every client's examples
+        if 2 * (min(int(max(sizes)), in_features) * out + out) > dim:
+            return None
     examples = datamodule.client_examples()
     if examples is None:
         return None
     inputs, members = examples
     flat = inputs.reshape(inputs.shape[0], inputs.shape[1], -1).to(torch.float64)
-    if flat.shape[-1] != in_features:
-        return None
-    out = int(layer.slots["weight"][1][0])
-    rank = min(flat.shape[1], in_features) * out + out
-    if 2 * rank > dim:
+    if flat.shape[-1] != in_features or 2 * (min(flat.shape[1], in_features) * out + out) > dim:
         return None
     return rules.span(flat, members).to(device, dtype)
 

@@ -41,6 +41,9 @@ def test_coordinates_are_an_isometry_of_the_gradients():
     assert torch.allclose(coords.norm(dim=1), dense.norm(dim=1))  # norms, so Ψ, are the same
     weights = torch.rand(n, dtype=torch.float64)
     assert torch.allclose(span.expand(basis, coords, weights), weights @ dense)
+    together = span.expand_many(basis, [coords, weights[:, None] * coords])  # one product
+    assert torch.allclose(together[0], dense.sum(0))
+    assert torch.allclose(together[1], weights @ dense)
     assert span.rows(torch.tensor([2, 3, 4])).data_ptr() == basis[2].data_ptr()  # a view
 
 
