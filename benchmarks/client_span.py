@@ -14,7 +14,6 @@ Each ``--config`` needs its data (``$PL_PRIVFED_DATA``, the MNIST copy).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -23,11 +22,9 @@ from pathlib import Path
 
 import torch
 from engine_rounds import RoundTimer
-from grid_paths import NINE
+from grid_paths import NINE, round_arguments
 
 from pl_privfed.cli import PrivFedCLI
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def run(args, span: str) -> tuple[float, torch.Tensor]:
@@ -53,19 +50,9 @@ def run(args, span: str) -> tuple[float, torch.Tensor]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--config", default=str(REPO / "configs/private/mnist_dp_alpha_normec.yaml")
-    )
-    parser.add_argument("--grid", default=None, help="a --model.grid list, or 'nine'")
-    parser.add_argument("--rounds", type=int, default=12)
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--trials", type=int, default=2, help="(span, dense) pairs")
-    args = parser.parse_args()
+    args = round_arguments(__doc__, None, "(span, dense) pairs")
     if args.grid == "nine":
         args.grid = json.dumps(NINE)
-    if args.rounds <= args.warmup:
-        raise ValueError(f"--rounds must exceed --warmup, got {args.rounds} <= {args.warmup}")
     points = len(json.loads(args.grid)) if args.grid else 1
     print(f"# {Path(args.config).name}, {points} configuration(s), torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads, load {os.getloadavg()[0]:.2f}")  # fmt: skip

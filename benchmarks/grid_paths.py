@@ -56,18 +56,26 @@ def round_ms(args, stacked: bool) -> float:
     return 1e3 * steady[len(steady) // 2]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def round_arguments(doc: str, grid: str | None, pairs: str) -> argparse.Namespace:
+    """The arguments of a benchmark that times rounds of a shipped config (and a grid)
+    back to back: ``--config``, ``--grid`` (default ``grid``), ``--rounds``, ``--warmup``,
+    ``--trials`` (``pairs``: what a trial times); ``--rounds`` must exceed ``--warmup``."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument(
         "--config", default=str(REPO / "configs/private/mnist_dp_alpha_normec.yaml")
     )
-    parser.add_argument("--grid", default=json.dumps(NINE), help="a --model.grid list of points")
+    parser.add_argument("--grid", default=grid, help="a --model.grid list of points")
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--trials", type=int, default=2, help="(stacked, per-configuration) pairs")
+    parser.add_argument("--trials", type=int, default=2, help=pairs)
     args = parser.parse_args()
     if args.rounds <= args.warmup:
         raise ValueError(f"--rounds must exceed --warmup, got {args.rounds} <= {args.warmup}")
+    return args
+
+
+def main() -> None:
+    args = round_arguments(__doc__, json.dumps(NINE), "(stacked, per-configuration) pairs")
     points = len(json.loads(args.grid))
     print(f"# {Path(args.config).name}, {points} configurations, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads, load {os.getloadavg()[0]:.2f}")  # fmt: skip
