@@ -337,7 +337,7 @@ LABELS = {
     "dpsgd_distributed": (
         "distributed DP-SGD, noise shares under secure aggregation, 10,000 clients"
     ),
-    "dp_alpha_normec": "DP-α-NormEC (γ tuned, β = 0.01), distributed, 10,000 clients",
+    "dp_alpha_normec": "DP-α-NormEC (γ × β tuned), distributed, 10,000 clients",
     "dp_alpha_normec_no_sn": (
         "DP-α-NormEC without server normalization (γ tuned, β = 0.01), distributed, 10,000 clients"
     ),
@@ -354,6 +354,7 @@ KEPT_FIGURES = {
         "dp_fedavg_per_update",
         "dpsgd",
         "dp_fed_alpha_normec",
+        "dpsgd_distributed",
         "dp_alpha_normec",
         "dp_alpha_normec_no_sn",
         "dp_clip21",
