@@ -200,7 +200,9 @@ def set_up(
         own = data_of(name) if callable(data_of) else None
         own_rounds = rounds if own is None or own is datamodule else round_description(own)
         algorithm.configure_data(**own_rounds)  # before setup: the rates enter the noise
-        span = client_span(module, algorithm, own or datamodule, oracle, bases, device, dtype)
+        span = client_span(
+            module, algorithm, own or datamodule, oracle, bases, device, dtype, trainer.callbacks
+        )
         algorithm.setup(
             num_clients=num_clients,
             dim=module.layout.dim,
@@ -240,6 +242,7 @@ def client_span(
     made: dict[int, ClientSpan | None] | None = None,
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
+    callbacks: list[Any] | None = None,
 ) -> ClientSpan | None:
     """The span of the clients' data that ``algorithm``'s clients run in
     (:mod:`pl_privfed.layer_rules.span`), or ``None`` (rows of ``d``).
@@ -250,14 +253,14 @@ def client_span(
     linear in its gradients (:meth:`~pl_privfed.algorithms.FederatedAlgorithm.runs_in_span`),
     the model is one ``Linear`` layer under the cross-entropy without a regularizer, and the
     datamodule serves its examples unpreprocessed (:meth:`~pl_privfed.datamodules.
-    FederatedDataModule.client_examples`). ``made``: the spans made so far, by datamodule;
-    the basis is made on the training ``device`` in its ``dtype``."""
+    FederatedDataModule.client_examples`), and no trainer callback reads the clients'
+    d-dimensional rows (``needs_client_rows``: an audit's canaries). ``made``: the spans made
+    so far, by datamodule; the basis is made on the training ``device`` in its ``dtype``."""
     requested = getattr(module, "client_span", "off")
     if requested == "off":
         return None
     reason = _span_refusal(module, algorithm, datamodule, oracle)
-    trainer = getattr(module, "_trainer", None)
-    for callback in getattr(trainer, "callbacks", None) or []:
+    for callback in callbacks or []:
         if reason is None and getattr(callback, "needs_client_rows", False):
             reason = f"{type(callback).__name__} reads the clients' d-dimensional rows"
 
