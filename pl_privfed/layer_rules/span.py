@@ -142,19 +142,11 @@ class ClientSpan:
 
     def expand(self, basis: Tensor, rows: Tensor, weights: Tensor | None = None) -> Tensor:
         """``Σ_i w_i x_i`` ``[d]`` of the vectors ``x_i`` whose coordinates are ``rows [c,
-        rank]`` (``w = 1`` without ``weights``), the clients' basis rows ``basis [c, r, in]``:
-        one matrix product for the weights, one for the biases."""
-        c, out = rows.shape[0], self.out_features
+        rank]`` (``w = 1`` without ``weights``), the clients' basis rows ``basis [c, r, in]``
+        (:meth:`expand_many` of one table)."""
         if weights is not None:
             rows = rows * weights.to(rows.dtype).unsqueeze(1)
-        flat = rows.new_zeros(self.dim)
-        coeff = rows[:, : self.r * out].reshape(c * self.r, out)
-        start = self.weight[0]
-        matrix = flat[start : start + out * self.in_features].view(out, self.in_features)
-        torch.mm(coeff.T, basis.reshape(c * self.r, self.in_features), out=matrix)
-        if self.bias is not None:
-            flat[self.bias[0] : self.bias[0] + out] = rows[:, self.r * out :].sum(0)
-        return flat
+        return self.expand_many(basis, [rows])[0]
 
     def expand_many(self, basis: Tensor, rows: list[Tensor]) -> list[Tensor]:
         """:meth:`expand` (unweighted) of several coordinate tables ``[c, rank]`` of the same
