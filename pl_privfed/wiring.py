@@ -46,6 +46,7 @@ from pl_privfed.logdir import round_step_on_wandb
 from pl_privfed.privacy import PrivacyLedger, plan
 
 __all__ = [
+    "SPAN_WIDEST_BASIS",
     "RoundOptimizer",
     "Setup",
     "adopt_trainer",
@@ -56,6 +57,10 @@ __all__ = [
     "restore_ledger",
     "set_up",
 ]
+
+#: ``client_span: auto`` keeps rows of ``d`` where a client's basis is wider than this many
+#: minibatches (:func:`client_span`).
+SPAN_WIDEST_BASIS = 2
 
 
 class RoundOptimizer(torch.optim.Optimizer):
@@ -247,8 +252,11 @@ def client_span(
     """The span of the clients' data that ``algorithm``'s clients run in
     (:mod:`pl_privfed.layer_rules.span`), or ``None`` (rows of ``d``).
 
-    ``module.client_span``: ``"off"``; ``"auto"``: the span wherever it is exact and saves
-    memory (coordinates per client at most half of ``d``); ``"on"``: the span, or
+    ``module.client_span``: ``"off"``; ``"auto"``: the span wherever it is exact, saves
+    memory (coordinates per client at most half of ``d``) and costs less (a client's basis, as
+    wide as the largest shard, at most :data:`SPAN_WIDEST_BASIS` minibatches: the span's two
+    products cost ``2·r·d`` a client and configuration against the d-dimensional path's
+    ``2·B·d`` and its passes over ``[c, d]`` rows); ``"on"``: the span, or
     ``ValueError`` saying why not. It is exact when the algorithm declares its client lines
     linear in its gradients (:meth:`~pl_privfed.algorithms.FederatedAlgorithm.runs_in_span`),
     the model is one ``Linear`` layer under the cross-entropy without a regularizer, and the
@@ -265,6 +273,8 @@ def client_span(
             reason = f"{type(callback).__name__} reads the clients' d-dimensional rows"
 
     span = None
+    if reason is None and requested == "auto" and _span_costs_more(datamodule, oracle):
+        return None
     if reason is None:
         made = {} if made is None else made
         if id(datamodule) not in made:
@@ -295,6 +305,19 @@ def _span_refusal(
     except ValueError as error:  # the layer rules do not cover the model
         return str(error)
     return reason
+
+
+def _span_costs_more(datamodule: Any, oracle: GradientOracle) -> bool:
+    """Whether the clients' basis (``r`` rows each: the largest shard, at most the inputs'
+    width) is wider than :data:`SPAN_WIDEST_BASIS` minibatches of ``B`` examples, where
+    ``client_span: auto`` keeps rows of ``d`` (docs/engine.md: 10,000 clients of 5 examples
+    at ``B = 5`` ran a round 0.36-0.44x in the span; 1,000 Dirichlet shards of up to 154-188
+    examples at ``B = 16`` about 2x slower)."""
+    sizes, batch = getattr(datamodule, "client_sizes", None), getattr(datamodule, "batch_size", 0)
+    if sizes is None or not len(sizes) or not batch:
+        return False
+    in_features = int(oracle.span_rules().layers[0].slots["weight"][1][1])
+    return min(int(max(sizes)), in_features) > SPAN_WIDEST_BASIS * int(batch)
 
 
 def _make_span(

@@ -54,11 +54,11 @@ def _data():
     return DigitsDataModule(num_clients=300, batch_size=4, partitioner=partitioner)
 
 
-def _fit(tmp_path, algorithm, span, model=None, rounds=5, **kwargs):
+def _fit(tmp_path, algorithm, span, model=None, rounds=5, data=None, **kwargs):
     torch.manual_seed(0)
     model = model or LogisticRegression(64, 10)
     module = FederatedModule(model, algorithm, client_span=span, client_chunk=50, **kwargs)
-    trainer(tmp_path / span, max_steps=rounds).fit(module, datamodule=_data())
+    trainer(tmp_path / span, max_steps=rounds).fit(module, datamodule=data or _data())
     return module
 
 
@@ -112,6 +112,22 @@ def test_auto_chooses_the_span_only_where_it_is_exact(tmp_path):
     assert _fit(tmp_path / "pc", alg, "auto").algorithm.span is None
     mlp = _fit(tmp_path / "mlp", AlphaNormEC(0.1, beta=0.1, alpha=0.01), "auto", MLP(64, [8], 10))
     assert mlp.algorithm.span is None
+
+
+def test_auto_keeps_d_dimensions_where_the_basis_is_wider_than_two_minibatches(tmp_path):
+    """Shards of 6 with minibatches of 2: a basis of 6 rows costs more than the d-dimensional
+    gradients of 2 examples (wiring.SPAN_WIDEST_BASIS); ``on`` still runs it, exactly."""
+
+    def narrow():
+        partitioner = FixedSizePartitioner(examples_per_client=6, concentration=1.0, seed=0)
+        return DigitsDataModule(num_clients=300, batch_size=2, partitioner=partitioner)
+
+    auto = _fit(tmp_path, AlphaNormEC(0.1, beta=0.1, alpha=0.01), "auto", data=narrow())
+    assert auto.algorithm.span is None
+    forced = _fit(tmp_path, AlphaNormEC(0.1, beta=0.1, alpha=0.01), "on", data=narrow())
+    assert forced.algorithm.span is not None
+    for a, b in zip(auto.model.parameters(), forced.model.parameters(), strict=True):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize(
