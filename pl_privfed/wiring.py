@@ -307,17 +307,24 @@ def _span_refusal(
     return reason
 
 
-def _span_costs_more(datamodule: Any, oracle: GradientOracle) -> bool:
-    """Whether the clients' basis (``r`` rows each: the largest shard, at most the inputs'
-    width) is wider than :data:`SPAN_WIDEST_BASIS` minibatches of ``B`` examples, where
-    ``client_span: auto`` keeps rows of ``d`` (docs/engine.md: 10,000 clients of 5 examples
-    at ``B = 5`` ran a round 0.36-0.44x in the span; 1,000 Dirichlet shards of up to 154-188
-    examples at ``B = 16``: its 9-point grid 2.9x slower, docs/performance.md)."""
-    sizes, batch = getattr(datamodule, "client_sizes", None), getattr(datamodule, "batch_size", 0)
-    if sizes is None or not len(sizes) or not batch:
-        return False
+def _basis_rows(datamodule: Any, oracle: GradientOracle) -> int | None:
+    """A client's basis rows ``r`` from the datamodule's client sizes (the largest shard, at
+    most the inputs' width), before any example is gathered; ``None`` without sizes."""
+    sizes = getattr(datamodule, "client_sizes", None)
+    if sizes is None or not len(sizes):
+        return None
     in_features = int(oracle.span_rules().layers[0].slots["weight"][1][1])
-    return min(int(max(sizes)), in_features) > SPAN_WIDEST_BASIS * int(batch)
+    return min(int(max(sizes)), in_features)
+
+
+def _span_costs_more(datamodule: Any, oracle: GradientOracle) -> bool:
+    """Whether the clients' basis (:func:`_basis_rows`) is wider than
+    :data:`SPAN_WIDEST_BASIS` minibatches of ``B`` examples, where ``client_span: auto`` keeps
+    rows of ``d`` (docs/engine.md: 10,000 clients of 5 examples at ``B = 5`` ran a round
+    0.36-0.44x in the span; 1,000 Dirichlet shards of up to 154-188 examples at ``B = 16``:
+    its 9-point grid 2.9x slower, docs/performance.md)."""
+    rows, batch = _basis_rows(datamodule, oracle), getattr(datamodule, "batch_size", 0)
+    return rows is not None and bool(batch) and rows > SPAN_WIDEST_BASIS * int(batch)
 
 
 def _make_span(
@@ -327,10 +334,9 @@ def _make_span(
     its examples or the coordinates would not be fewer than ``dim / 2``."""
     rules = oracle.span_rules()
     out, in_features = (int(s) for s in rules.layers[0].slots["weight"][1])
-    sizes = getattr(datamodule, "client_sizes", None)
-    if sizes is not None and len(sizes):  # before gathering every client's examples
-        if 2 * (min(int(max(sizes)), in_features) * out + out) > dim:
-            return None
+    rows = _basis_rows(datamodule, oracle)  # before gathering every client's examples
+    if rows is not None and 2 * (rows * out + out) > dim:
+        return None
     examples = datamodule.client_examples()
     if examples is None:
         return None
