@@ -339,9 +339,9 @@ LABELS = {
     ),
     "dp_alpha_normec": "DP-α-NormEC (γ × β tuned), distributed, 10,000 clients",
     "dp_alpha_normec_no_sn": (
-        "DP-α-NormEC without server normalization (γ tuned, β = 0.01), distributed, 10,000 clients"
+        "DP-α-NormEC without server normalization (γ × β tuned), distributed, 10,000 clients"
     ),
-    "dp_clip21": "DP-Clip21 (γ tuned, τ = 0.1), distributed, 10,000 clients",
+    "dp_clip21": "DP-Clip21 (γ × τ tuned), distributed, 10,000 clients",
     "dp_fedavg_per_sample": "FedAvg, per-example clipping, local noise, 10 clients",
     "porter_dp": "PORTER-DP, local noise, 10 agents (gossip)",
     "soteriafl": "SoteriaFL, local noise, 10 clients",
