@@ -253,7 +253,8 @@ KNOBS = {
 #: parameter)
 WIDENED = {
     ("frontier_mnist_dpsgd_distributed", "step_size"): [0.1, 0.3],
-    ("frontier_mnist_dp_clip21", "step_size"): [0.003, 0.01],
+    ("frontier_mnist_dp_clip21", "step_size"): [0.003, 0.01, 1.0],
+    ("frontier_mnist_dp_clip21", "clip_threshold"): [0.01],
     ("frontier_mnist_dp_alpha_normec_no_sn", "step_size"): [0.1, 10.0],
     ("frontier_mnist_dp_fed_alpha_normec", "beta"): [0.002, 0.006],
 }
