@@ -34,12 +34,12 @@ benchmark: $(BIN)/.installed
 
 # The privacy–utility frontier on MNIST (test accuracy against certified ε, one curve per
 # algorithm): every private config of configs/private/ at ε ∈ {0.5, 1, 2, 4, 8} × 3 step sizes
-# (5 for distributed DP-SGD, DP-Clip21 and DP-α-NormEC without server normalization, whose
-# selections sat on the grid's edge) (× 3 values (5 for DP-Fed-α-NormEC's β) of the family's own knob where its paper tunes one: β or τ of the four paper-002/004
+# (5 for distributed DP-SGD and DP-α-NormEC without server normalization, 6 for DP-Clip21, whose
+# selections sat on the grid's edge) (× 3 values (5 for DP-Fed-α-NormEC's β, 4 for DP-Clip21's τ) of the family's own knob where its paper tunes one: β or τ of the four paper-002/004
 # error-compensation families, DP-FedAvg's clipping threshold) × 3 seeds
 # (configs/sweeps/frontier_<config>.yaml) and its non-private twin
-# (frontier_<config>_nonprivate.yaml), 1,494 runs of 300 rounds: 2 h 05 min measured in one sitting on the
-# project's 2-core CPU (load 1.3-2.6; docs/performance.md), three quarters of it the four 10,000-client families, whose clients run in the span of
+# (frontier_<config>_nonprivate.yaml), 1,656 runs of 300 rounds: about 2 h 23 min on the project's 2-core
+# CPU (its first 1,494 measured in one sitting in 2 h 05 min, load 1.3-2.6; docs/performance.md), three quarters of it the four 10,000-client families, whose clients run in the span of
 # their data (client_span; docs/performance.md), batched (`--batch`: the points of a sweep that differ only in ε, the step size, the knob
 # and the seed train as one federation, each point's results as its separate run's; resumable:
 # run it again to go on). The configuration is selected on validation accuracy at
