@@ -118,6 +118,16 @@ def test_selection_on_validation_interval_and_the_non_private_point(tmp_path):
         frontier_points([nonprivate_sweep(tmp_path / "x")], select="final_test_accuracy")
 
 
+def test_one_configuration_and_seed_run_twice_is_refused_not_pooled(tmp_path):
+    """The same point in two files of one method (two records of one sweep, or a run repeated
+    with an argument outside the sweep's parameters) would count as two seeds: refused."""
+    a = private_sweep(tmp_path / "a")
+    b = private_sweep(tmp_path / "b")
+    with pytest.raises(ValueError, match=r"mnist_dpsgd: runs \S+ and \S+ have the same .*seed=0"):
+        frontier_points([a, b])
+    assert len(frontier_points([a, b], labels=["first", "second"])) == 4  # two methods: fine
+
+
 def test_files_figure_and_caption(tmp_path):
     a = private_sweep(tmp_path)
     b = private_sweep(tmp_path, name="frontier_mnist_dp_clip21")

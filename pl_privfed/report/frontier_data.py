@@ -160,7 +160,28 @@ def _frontier_runs(paths: Sequence[Path], labels: Sequence[str] | None) -> pd.Da
         frames.append(_method_runs(path, labels[i] if labels else None))
     runs = pd.concat(frames, ignore_index=True)
     text = [c for c in params(runs) if c not in RESULT_COLUMNS]
-    return runs.fillna(dict.fromkeys(text, ""))
+    runs = runs.fillna(dict.fromkeys(text, ""))
+    _refuse_repeats(runs)
+    return runs
+
+
+def _refuse_repeats(runs: pd.DataFrame) -> None:
+    """Two finished runs of one method at one target with the same parameters and seed would
+    be pooled as two seeds (a narrower interval than the runs support): refuse, naming them.
+    They differ only outside the sweep's parameters, e.g. in arguments after ``--`` (which are
+    part of a run's identity), or come from two records of the same sweep."""
+    key = ["_label", "_target", *params(runs)]
+    repeated = runs[runs.duplicated(key, keep=False)]
+    if repeated.empty:
+        return
+    first = repeated[(repeated[key] == repeated[key].iloc[0]).all(axis=1)]
+    names = [str(r.get("run") or r["_dir"]) for _, r in first.iterrows()]
+    setting = ", ".join(f"{c}={first.iloc[0][c]}" for c in params(runs))
+    raise ValueError(
+        f"{first.iloc[0]['_label']}: runs {' and '.join(names)} have the same parameters and "
+        f"seed ({setting}) and would be pooled as two seeds: they differ only outside the "
+        "sweep's parameters (arguments after `--`, or two records of one sweep); keep one"
+    )
 
 
 def _point(
