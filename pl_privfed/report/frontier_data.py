@@ -174,7 +174,7 @@ def _refuse_repeats(runs: pd.DataFrame) -> None:
     repeated = runs[runs.duplicated(key, keep=False)]
     if repeated.empty:
         return
-    first = repeated[(repeated[key] == repeated[key].iloc[0]).all(axis=1)]
+    _, first = next(iter(repeated.groupby(key, sort=False, dropna=False)))
     names = [str(r.get("run") or r["_dir"]) for _, r in first.iterrows()]
     setting = ", ".join(f"{c}={first.iloc[0][c]}" for c in params(runs))
     raise ValueError(
