@@ -229,7 +229,7 @@ class FederatedModule(pl.LightningModule):
         """What every round ends with: the round counted, its messages and privacy accounted."""
         self.optimizers().step()
         self._last_round = result
-        sent = sum(m.rows * m.copies for m in result.messages if m.channel == "client_to_server")
+        sent = result.client_transmissions
         self.client_transmissions += sent  # paper 004 Fig. 2's x-axis, k · p · M
         if self._logging_round:
             total = float(self.client_transmissions)

@@ -3,11 +3,13 @@
 A sweep (:mod:`pl_privfed.sweep`), a run that trains a grid of configurations
 (:mod:`pl_privfed.grid`) and the report (:mod:`pl_privfed.report`) read and write the same files;
 their shape is defined here, once. ``results.csv`` has one row per run: ``run, status,
-<parameters>,`` :data:`RESULT_COLUMNS` ``, run_dir``, the parameters under the column names
+<parameters>, <results>, run_dir``, the results being the run record's result columns
+(:func:`pl_privfed.record.result_columns`), the parameters under the column names
 :func:`column_names` gives them and their values as :func:`render_value` writes them.
 ``curves.csv`` holds a run's curves as ``metric,round,value`` rows (:func:`curves_csv`).
 
-This module is on the ground floor: it imports nothing of ``pl_privfed``.
+This module is on the ground floor: it imports nothing of ``pl_privfed`` but the run record
+(:mod:`pl_privfed.record`), which declares the result columns.
 """
 
 from __future__ import annotations
@@ -23,39 +25,30 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from pl_privfed.record import result_columns
+
 __all__ = [
-    "NON_PARAMETER_COLUMNS",
-    "RESULT_COLUMNS",
     "SEED_PARAMETERS",
     "column_names",
     "curves_csv",
     "finite_float",
+    "non_parameter_columns",
     "render_value",
+    "result_columns",
     "result_row",
     "run_id",
     "save_results",
     "write_atomically",
 ]
 
-#: Columns of ``results.csv`` taken from each run's ``summary.json``.
-RESULT_COLUMNS = (
-    "final_val_accuracy",
-    "best_val_accuracy",
-    "best_val_round",
-    "final_test_accuracy",
-    "final_val_loss",
-    "final_train_loss",
-    "epsilon",
-    "rounds",
-    "wall_time_s",
-    "rounds_to_target",
-    "final_full_grad_norm",
-    "client_transmissions",
-)
 #: Parameters that are seeds: ``report`` and ``compare`` aggregate over them.
 SEED_PARAMETERS = ("seed", "seed_everything")
-#: The columns of ``results.csv`` that are not parameters: a parameter never takes their names.
-NON_PARAMETER_COLUMNS = frozenset({"run", "status", "run_dir", *RESULT_COLUMNS})
+
+
+def non_parameter_columns() -> frozenset[str]:
+    """The columns of ``results.csv`` that are not parameters (a parameter never takes their
+    names): ``run``, ``status``, ``run_dir`` and the record's result columns."""
+    return frozenset({"run", "status", "run_dir", *result_columns()})
 
 
 def render_value(value: Any) -> str:
@@ -99,7 +92,7 @@ def column_names(keys: Sequence[str]) -> dict[str, str]:
     for name in short.values():
         counts[name] = counts.get(name, 0) + 1
     return {
-        k: s if counts[s] == 1 and s not in NON_PARAMETER_COLUMNS else k for k, s in short.items()
+        k: s if counts[s] == 1 and s not in non_parameter_columns() else k for k, s in short.items()
     }
 
 
@@ -107,10 +100,11 @@ def result_row(
     run_dir: Path, summary: dict[str, Any], params: dict[str, Any], names: dict[str, str]
 ) -> dict[str, Any]:
     """One ``results.csv`` row: the run, its status, its parameters (columns ``names``), the
-    :data:`RESULT_COLUMNS` of its ``summary`` and its directory."""
+    result columns of its ``summary`` (:func:`~pl_privfed.record.result_columns`) and its
+    directory."""
     row: dict[str, Any] = {"run": run_dir.name, "status": summary.get("status")}
     row.update({names[k]: render_value(v) for k, v in params.items()})
-    row.update({c: summary.get(c) for c in RESULT_COLUMNS})
+    row.update({c: summary.get(c) for c in result_columns()})
     row["run_dir"] = str(run_dir)
     return row
 
@@ -142,7 +136,7 @@ def write_atomically(path: str | os.PathLike, content: str | bytes) -> Path:
 
 def save_results(out_dir: Path, names: dict[str, str], rows: list[dict[str, Any]]) -> Path:
     """Write ``<out_dir>/results.csv`` atomically (through a temporary file); return its path."""
-    header = ["run", "status", *names.values(), *RESULT_COLUMNS, "run_dir"]
+    header = ["run", "status", *names.values(), *result_columns(), "run_dir"]
     path = out_dir / "results.csv"
     path.parent.mkdir(parents=True, exist_ok=True)
     text = io.StringIO(newline="")

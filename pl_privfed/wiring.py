@@ -34,7 +34,7 @@ from pl_privfed.checks import check_choice, check_evaluation_interval
 from pl_privfed.datamodules.base import round_description
 from pl_privfed.engine import ClientShard, choose_chunk_size
 from pl_privfed.engine.distributed import adopt_strategy, check_strategy
-from pl_privfed.engine.state import GRID_MEMORY_REFUSAL, spills_to_disk
+from pl_privfed.engine.state import GridMemoryRefused, spills_to_disk
 from pl_privfed.grads import (
     GradientOracle,
     check_backend,
@@ -195,12 +195,13 @@ def set_up(
             each = algorithms[index - 1][1].state.nbytes()
             if spills_to_disk(each, device, in_memory):
                 fit = max(1, index - 1)
-                at_most = GRID_MEMORY_REFUSAL.replace(r"(\d+)", str(fit))
-                raise ValueError(
+                raise GridMemoryRefused(
                     f"model.grid: the client state of its {len(algorithms) - 1} "
                     f"configurations does not fit in memory together ({each / 1e9:.2f} GB "
                     f"each; a quarter of the machine's memory holds {fit} beside the run's "
-                    f"own): {at_most} (or model.grid_memory: disk memory-maps the rest)"
+                    f"own): at most {fit} configurations at once (or model.grid_memory: disk "
+                    "memory-maps the rest)",
+                    fit,
                 )
         own = data_of(name) if callable(data_of) else None
         own_rounds = rounds if own is None or own is datamodule else round_description(own)

@@ -14,7 +14,7 @@ from test_sweep import wandb_agent_command
 from pl_privfed.cli import PrivFedCLI, agent_arguments, main
 from pl_privfed.report import FRONTIER_SELECTION, frontier, frontier_points, mean_interval
 from pl_privfed.report.frontier_record import _slim, keep_runs
-from pl_privfed.results import RESULT_COLUMNS, column_names, render_value, run_id, save_results
+from pl_privfed.results import column_names, render_value, result_columns, run_id, save_results
 from pl_privfed.sweep import grid, load_sweep
 
 REPO = Path(__file__).resolve().parents[1]
@@ -40,7 +40,7 @@ def write_sweep_results(root, name, runs, adversary="server", config_epsilon=Non
         run_dir.mkdir(parents=True)
         private = params.get(NOISE, "on") is not None
         summary = {"status": result.get("status", "finished"), "private": private,
-                   **{c: result.get(c) for c in RESULT_COLUMNS},
+                   **{c: result.get(c) for c in result_columns()},
                    "config": {"model": {"algorithm": {
                        "class_path": "pl_privfed.algorithms.DistributedDPSGD",
                        "init_args": {"noise": {"epsilon": params.get(EPS, config_epsilon)}
@@ -51,7 +51,7 @@ def write_sweep_results(root, name, runs, adversary="server", config_epsilon=Non
         (run_dir / "summary.json").write_text(json.dumps(summary))
         row = {"run": run_dir.name, "status": summary["status"], "run_dir": str(run_dir)}
         row.update({names[k]: render_value(v) for k, v in params.items()})
-        row.update({c: result.get(c) for c in RESULT_COLUMNS})
+        row.update({c: result.get(c) for c in result_columns()})
         rows.append(row)
     return save_results(out, names, rows)
 

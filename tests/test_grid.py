@@ -118,7 +118,7 @@ def test_alpha_normec_grid_equals_separate_runs(backend, batch_norm, tmp_path, m
             if isinstance(a, torch.Tensor):
                 torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
     assert module.grid_points[1] == {"step_size": 0.05, "beta": 0.1, "server_normalization": False}
-    assert module._grid_status == ["finished"] * 8
+    assert [c.status for c in module.configurations] == ["finished"] * 8
     _assert_equals_separate_runs(module, alg, backend, 5, tmp_path, batch_norm)
     # the configurations did move apart
     assert not torch.equal(module.grid_params[0], module.grid_params[7])
@@ -210,14 +210,20 @@ def test_a_grid_told_to_refuse_names_how_many_configurations_fit(tmp_path, monke
     assert each == probe.algorithm.num_clients * probe.layout.dim * 8  # the g_i, float64
     monkeypatch.setattr(state, "_machine_memory", lambda: 4 * (3 * each + each // 2))
     module = GridModule(_model(), alg, grad_backend="vmap", grid=grid, grid_memory="refuse")
-    with pytest.raises(ValueError, match="at most 2 configurations at once") as refused:
-        _fit(module, tmp_path / "grid", 3)
+    summary = RunSummary(dirpath=str(tmp_path / "grid"), verbose=False)
+    with pytest.raises(
+        state.GridMemoryRefused, match="at most 2 configurations at once"
+    ) as refused:
+        _fit(module, tmp_path / "grid", 3, callbacks=[summary])
+    assert refused.value.fit == 2
     assert int(module.algorithm.rounds_done) == 0  # refused before training
+    # the typed failure reaches the sweep through summary.json, not through the message's text
+    written = json.loads((tmp_path / "grid" / "summary.json").read_text())
+    assert written["error"] == {"type": "grid_memory_refused", "fit": 2}
     group = Group([0, 1, 2, 3], [{"b": v} for v in grid["beta"]], ["b"])
-    assert [g.indices for g in split(group, f"pl-privfed: error: {refused.value}")] == [
-        [0, 1], [2, 3]
-    ]  # fmt: skip
-    assert split(group, "pl-privfed: error: beta must be positive") is None
+    assert [g.indices for g in split(group, written)] == [[0, 1], [2, 3]]
+    other = {"status": "failed: ValueError: beta must be positive", "error": {"type": "ValueError"}}
+    assert split(group, other) is None and split(group, None) is None
     with pytest.raises(ValueError, match="grid_memory"):
         GridModule(_model(), alg, grid=grid, grid_memory="swap")
 
@@ -243,7 +249,7 @@ def test_diverging_configuration_is_frozen_and_the_others_go_on(tmp_path):
     module = GridModule(_model(batch_norm=False, dtype=torch.float32), alg,
                              grid={"step_size": [0.1, 3e38]})  # fmt: skip
     _fit(module, tmp_path / "grid", 6)
-    ok, failed = module._grid_status
+    ok, failed = [c.status for c in module.configurations]
     assert ok == "finished"
     assert failed.startswith("failed: non-finite training loss at round ")
     # it completed the rounds before that one, as its separate run reports
@@ -294,13 +300,13 @@ def test_grid_results_are_a_sweep_that_report_draws(tmp_path):
         summary = json.loads((tmp_path / "out" / "runs" / row["run"] / "summary.json").read_text())
         assert summary["config"]["model"]["algorithm"]["class_path"].endswith("AlphaNormEC")
         assert summary["config"]["model"]["algorithm"]["init_args"]["beta"] == float(row["beta"])
-        accuracy = module._grid_history[k]["val/acc"]
+        accuracy = module.configurations[k].curves["val/acc"]
         assert [r for r, _ in accuracy] == [3, 6]
         assert float(row["final_val_accuracy"]) == accuracy[-1][1]
         best = max(accuracy, key=lambda p: p[1])
         assert (float(row["best_val_accuracy"]), int(row["best_val_round"])) == (best[1], best[0])
         # the test set is evaluated once, at the end, for every configuration's final model
-        (test,) = module._grid_history[k]["test/acc"]
+        (test,) = module.configurations[k].curves["test/acc"]
         assert test[0] == 6 and float(row["final_test_accuracy"]) == test[1]
         # the accuracy is that of the configuration's own model
         module.load_grid_configuration(k)
@@ -314,7 +320,7 @@ def test_grid_results_are_a_sweep_that_report_draws(tmp_path):
         assert correct / total == pytest.approx(accuracy[-1][1])
         correct = sum(int((module.model(x).argmax(-1) == y).sum()) for x, y in dm.test_dataloader())
         assert correct / len(dm.test_dataset) == pytest.approx(test[1])
-        assert [r for r, _ in module._grid_history[k]["train/loss"]] == [1, 3, 5, 6]
+        assert [r for r, _ in module.configurations[k].curves["train/loss"]] == [1, 3, 5, 6]
     paths = {p.name for p in make_report(tmp_path / "out" / "results.csv", tmp_path / "report")}
     assert {"heatmap.png", "curves.png", "table.md"} <= paths
 
@@ -330,11 +336,11 @@ def test_a_grid_summary_reports_its_best_configuration_without_a_warning(tmp_pat
          limit_val_batches=None, val_check_interval=2)  # fmt: skip
     assert not [str(w.message) for w in recwarn if "no metric" in str(w.message)]
     data = json.loads((tmp_path / "summary.json").read_text())
-    accuracies = [module._grid_history[k]["val/acc"] for k in range(2)]
+    accuracies = [module.configurations[k].curves["val/acc"] for k in range(2)]
     assert data["val_accuracy_metric"] == "grid/best_val_acc"
     assert data["train_loss_metric"] == "grid/min_train_loss"
     assert data["final_train_loss"] == pytest.approx(
-        min(module._grid_history[k]["train/loss"][-1][1] for k in range(2))
+        min(module.configurations[k].curves["train/loss"][-1][1] for k in range(2))
     )
     assert data["final_val_accuracy"] == pytest.approx(max(a[-1][1] for a in accuracies))
     assert data["best_val_accuracy"] == pytest.approx(max(v for a in accuracies for _, v in a))
@@ -359,7 +365,7 @@ def test_grid_resume_is_bit_identical(tmp_path):
             assert torch.equal(a, b), k
     for a, b in zip(full.grid_algorithms, resumed.grid_algorithms):  # the streams' key
         assert int(a.rounds_done) == int(b.rounds_done) == 8
-    assert full._grid_history == resumed._grid_history
+    assert [c.curves for c in full.configurations] == [c.curves for c in resumed.configurations]
     assert full.privacy_ledger.accountant.steps == resumed.privacy_ledger.accountant.steps == 8
     for k in range(4):  # every configuration's own ledger went on from the checkpoint's
         a, b = full.grid_ledger(k), resumed.grid_ledger(k)
@@ -411,9 +417,11 @@ def test_a_killed_and_resumed_grid_reports_what_the_uninterrupted_grid_does(tmp_
     validated.rounds = []
     resumed = run("resumed", ckpt_path=str(path))
     assert validated.rounds == [6, 8]
-    rounds = sorted({r for h in full._grid_history for r, _ in h.get("val/acc", [])})
+    rounds = sorted({r for c in full.configurations for r, _ in c.curves.get("val/acc", [])})
     assert rounds == [3, 6, 8]
-    assert full._grid_history == resumed._grid_history  # results.csv is written from it
+    assert [c.curves for c in full.configurations] == [
+        c.curves for c in resumed.configurations
+    ]  # results.csv is written from it
 
 
 @pytest.mark.parametrize(
@@ -590,12 +598,12 @@ def test_gradient_norm_measures_and_stops_each_configuration(tmp_path):
             norm_callback(),
         )
         _fit(single, tmp_path / f"s{k}", 30, data=_data(**data), callbacks=[callback])
-        curve = module._grid_history[k]["train/full_grad_norm"]
+        curve = module.configurations[k].curves["train/full_grad_norm"]
         assert [r for r, _ in curve] == [r for r, _ in callback.history]
         torch.testing.assert_close(torch.tensor([v for _, v in curve]),
                                    torch.tensor([v for _, v in callback.history]))  # fmt: skip
         assert module.grid_entries(k)["rounds_to_target"] == callback.rounds_to_target
-        assert module._grid_status[k] == "finished"  # what report.py keeps, as for a sweep
+        assert module.configurations[k].status == "finished"  # what report.py keeps, as for a sweep
         if callback.rounds_to_target is None:
             assert "stopped_reason" not in module.grid_entries(k)
         else:
@@ -655,7 +663,7 @@ def test_every_algorithm_family_in_a_grid_equals_its_separate_runs(name, tmp_pat
         if field == "epsilon":
             points[1]["noise.epsilon"] = value / 2
     grid = fit("--model.grid", json.dumps(points))
-    assert grid._grid_status == ["finished", "finished"]
+    assert [c.status for c in grid.configurations] == ["finished", "finished"]
     assert not torch.equal(grid.grid_params[0], grid.grid_params[1])
     for k, point in enumerate(points):
         args = [a for key, v in point.items()

@@ -85,7 +85,7 @@ def test_seeds_in_a_grid_equal_their_separate_runs(family, stacked, tmp_path, mo
     rounds, fit = 3, dict(limit_val_batches=1.0, val_check_interval=2, check_val_every_n_epoch=None)
     grid = GridModule(_model(0), make(0, 0.1), grid=points, grid_dir=str(tmp_path / "grid"))
     trainer(tmp_path / "grid", max_steps=rounds, **fit).fit(grid, datamodule=_data(0, **data_args))
-    assert grid._grid_status == ["finished"] * len(points)
+    assert [c.status for c in grid.configurations] == ["finished"] * len(points)
     for k, point in enumerate(points):
         seed = point[RUN_SEED]
         single = FederatedModule(_model(seed), make(seed, point["step_size"]))
@@ -97,7 +97,7 @@ def test_seeds_in_a_grid_equal_their_separate_runs(family, stacked, tmp_path, mo
         own = grid.grid_ledger(k)
         assert own.noise_std == single.privacy_ledger.noise_std  # its own shards' rates
         assert own.report()["epsilon"] == single.privacy_report()["epsilon"]
-        history = grid._grid_history[k]  # the grid sums its evaluations in float32
+        history = grid.configurations[k].curves  # the grid sums its evaluations in float32
         assert history["test/acc"][-1][1] == pytest.approx(single._final_test["accuracy"])
         assert history["test/loss"][-1][1] == pytest.approx(single._final_test["loss"], rel=1e-6)
         assert history["val/loss"][-1][1] == pytest.approx(

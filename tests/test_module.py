@@ -232,8 +232,7 @@ def test_the_resume_evaluation_does_not_change_the_best_accuracy():
     from types import SimpleNamespace
 
     summary = RunSummary(verbose=False)
-    summary.load_state_dict({"best_accuracy": 0.5, "best_round": 3, "final_accuracy": 0.5,
-                             "final_val_loss": 1.0, "evaluated_round": 3})  # fmt: skip
+    summary.load_state_dict({"curves": {"val/acc": [[3, 0.5]], "val/loss": [[3, 1.0]]}})
     module = SimpleNamespace(resume_evaluation=True)
     fake = SimpleNamespace(sanity_checking=False, global_step=4,
                            callback_metrics={"val/acc": 0.9, "val/loss": 0.1})  # fmt: skip

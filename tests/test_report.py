@@ -16,7 +16,7 @@ from test_architecture import PACKAGE_DIR, all_imports, module_name, top_level
 from pl_privfed import algorithms, report
 from pl_privfed.cli import main
 from pl_privfed.report.symbols import SYMBOLS, symbol
-from pl_privfed.results import RESULT_COLUMNS, column_names, render_value, run_id, save_results
+from pl_privfed.results import column_names, render_value, result_columns, run_id, save_results
 
 #: t_{0.975, 2}, from a table of Student's t distribution (two-sided 95 %, 2 degrees of freedom)
 T_975_2 = 4.302652729911275
@@ -46,7 +46,7 @@ def write_results(root, algorithm, grid, result, curves=None, summary=None, seed
         (run_dir / "curves.csv").write_text("\n".join(lines) + "\n")
         row = {"run": run_dir.name, "status": res["status"], "run_dir": str(run_dir)}
         row.update({names[k]: render_value(v) for k, v in params.items()})
-        row.update({c: res.get(c) for c in RESULT_COLUMNS})
+        row.update({c: res.get(c) for c in result_columns()})
         rows.append(row)
     return save_results(root, names, rows)
 

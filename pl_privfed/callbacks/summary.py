@@ -24,6 +24,7 @@ from pl_privfed.callbacks.interrupt import (
     watch_signals,
 )
 from pl_privfed.logdir import local_log_dir, log_artifact, wandb_loggers
+from pl_privfed.record import FIELDS, make_record, privacy_entries, wandb_summary
 from pl_privfed.results import finite_float, write_atomically
 
 __all__ = ["RunSummary", "audit_line", "epsilon_line", "stop_entries"]
@@ -103,15 +104,33 @@ class RunSummary(pl.Callback):
         self.val_loss_key = val_loss_key
         self.verbose = verbose
         self._start: float | None = None
-        self.final_accuracy: float | None = None
-        self.final_val_loss: float | None = None
-        self.best_accuracy: float | None = None
-        self.best_round: int | None = None
-        self.final_loss: float | None = None
+        #: the run's curves the record reads (:mod:`pl_privfed.record`): every scheduled
+        #: validation's accuracy and loss, and the last round's training loss
+        self.curves: dict[str, list[tuple[int, float]]] = {}
         self.first_loss: tuple[int, float] | None = None  # (round, training loss) of this fit
-        self.evaluated_round: int | None = None
         self.path: Path | None = None
         self.interrupted: dict[str, Any] | None = None
+        self.error: dict[str, Any] | None = None  # a failed fit's typed failure
+
+    @property
+    def best_accuracy(self) -> float | None:
+        """The highest validation accuracy so far (``None`` before the first)."""
+        return _read(self.curves, "best_val_accuracy")
+
+    @property
+    def best_round(self) -> int | None:
+        """The round of :attr:`best_accuracy`."""
+        return _read(self.curves, "best_val_round")
+
+    @property
+    def evaluated_round(self) -> int | None:
+        """The round of the last scheduled validation."""
+        return _read(self.curves, "final_val_round")
+
+    @property
+    def final_loss(self) -> float | None:
+        """The last round's training loss."""
+        return _read(self.curves, "final_train_loss")
 
     def key_of(self, pl_module: pl.LightningModule, role: str = "accuracy") -> str:
         """The logged metric read as the validation accuracy (``role="accuracy"``:
@@ -155,9 +174,11 @@ class RunSummary(pl.Callback):
     @override
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
-        self.final_loss = finite_float(loss) if loss is not None else self.final_loss
-        if self.first_loss is None and self.final_loss is not None:
-            self.first_loss = (trainer.global_step, self.final_loss)
+        loss = finite_float(loss) if loss is not None else None
+        if loss is not None:
+            self.curves["train/loss"] = [(trainer.global_step, loss)]  # the last round's
+            if self.first_loss is None:
+                self.first_loss = (trainer.global_step, loss)
         stop_if_signalled(trainer)  # SIGTERM or Ctrl-C: stop after this round
 
     @override
@@ -171,10 +192,11 @@ class RunSummary(pl.Callback):
         loss = finite_float(trainer.callback_metrics.get(self.val_loss_key))
         if acc is None and loss is None:
             return
-        self.final_accuracy, self.final_val_loss = acc, loss
-        self.evaluated_round = trainer.global_step
-        if acc is not None and (self.best_accuracy is None or acc > self.best_accuracy):
-            self.best_accuracy, self.best_round = acc, trainer.global_step
+        for metric, value in (("val/acc", acc), ("val/loss", loss)):
+            points = [p for p in self.curves.get(metric, []) if p[0] != trainer.global_step]
+            self.curves[metric] = points + (
+                [(trainer.global_step, value)] if value is not None else []
+            )
 
     @override
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -215,11 +237,17 @@ class RunSummary(pl.Callback):
         name = stop_signal(trainer, exception)
         if name is None:
             status = f"failed: {type(exception).__name__}: {exception}"
+            describe = getattr(exception, "record", None)  # a typed failure's own description
+            self.error = describe() if callable(describe) else {"type": type(exception).__name__}
             self._write(trainer, pl_module, status=status)
             return
         if stopped_before_training(trainer):  # set-up, calibration, a checkpoint's restore
-            self.interrupted = {"signal": name, "round": trainer.global_step, "checkpoint": None,
-                                "before_training": True}  # fmt: skip
+            self.interrupted = {
+                "signal": name,
+                "round": trainer.global_step,
+                "checkpoint": None,
+                "before_training": True,
+            }
             self._write(trainer, pl_module, status=f"interrupted: {name} before training")
             return
         # stopped on SIGTERM or Ctrl-C after a complete round: the checkpoint callbacks save it
@@ -229,93 +257,74 @@ class RunSummary(pl.Callback):
             for cb in trainer.checkpoint_callbacks
         ]
         checkpoint = next((path for path in saved if path), None)
-        self.interrupted = {"signal": name, "round": trainer.global_step, "checkpoint": checkpoint,
-                            "before_training": False}  # fmt: skip
+        self.interrupted = {
+            "signal": name,
+            "round": trainer.global_step,
+            "checkpoint": checkpoint,
+            "before_training": False,
+        }
         self._write(
             trainer, pl_module, status=f"interrupted: {name} after round {trainer.global_step}"
         )
 
     def state_dict(self) -> dict[str, Any]:
-        return {
-            "best_accuracy": self.best_accuracy,
-            "best_round": self.best_round,
-            "final_accuracy": self.final_accuracy,
-            "final_val_loss": self.final_val_loss,
-            "evaluated_round": self.evaluated_round,
-        }
+        return {"curves": {k: [list(p) for p in v] for k, v in self.curves.items()}}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.best_accuracy = state_dict.get("best_accuracy")
-        self.best_round = state_dict.get("best_round")
-        self.final_accuracy = state_dict.get("final_accuracy")
-        self.final_val_loss = state_dict.get("final_val_loss")
-        self.evaluated_round = state_dict.get("evaluated_round")
+        curves = state_dict.get("curves") or {}
+        self.curves = {k: [(int(r), float(v)) for r, v in pts] for k, pts in curves.items()}
 
     def summary(self, trainer: pl.Trainer, pl_module: pl.LightningModule, status: str) -> dict:
-        """The dictionary written to ``summary.json``."""
-        out: dict[str, Any] = {
-            "status": status,
-            "final_val_accuracy": self.final_accuracy,
-            "final_val_loss": self.final_val_loss,
-            "final_val_round": self.evaluated_round,
-            "best_val_accuracy": self.best_accuracy,
-            "best_val_round": self.best_round,
-            "final_test_accuracy": None,  # the module's end-of-fit evaluation fills these
-            "final_test_loss": None,
-            "final_test_round": None,
-            "final_train_loss": self.final_loss
-            if self.final_loss is not None
-            else finite_float(trainer.callback_metrics.get(self.key_of(pl_module, "loss"))),
-            "rounds": trainer.global_step,
+        """The dictionary written to ``summary.json``: the run record
+        (:func:`pl_privfed.record.make_record`) from this run's curves and entries."""
+        curves = {k: list(v) for k, v in self.curves.items()}
+        if "train/loss" not in curves:  # a module that logs its loss but returns none
+            loss = finite_float(trainer.callback_metrics.get(self.key_of(pl_module, "loss")))
+            curves["train/loss"] = [(trainer.global_step, loss)] if loss is not None else []
+        entries: dict[str, Any] = {
             "epochs": trainer.current_epoch,
             "wall_time_s": None if self._start is None else time.perf_counter() - self._start,
         }
         for role, name in (("accuracy", "val_accuracy_metric"), ("loss", "train_loss_metric")):
             if (key := self.key_of(pl_module, role)) != _KEYS[role][2]:
-                out[name] = key  # a module's own metric, e.g. a grid's best configuration's
-        out.update(stop_entries(trainer, unexplained=self.interrupted is None))
+                entries[name] = key  # a module's own metric, e.g. a grid's best configuration's
+        entries.update(stop_entries(trainer, unexplained=self.interrupted is None))
         if self.interrupted is not None:
-            out["interrupted"] = self.interrupted
+            entries["interrupted"] = self.interrupted
+        entries["error"] = self.error
         nested: dict[str, Any] = {}  # entries for the privacy report (e.g. an audit's)
         for source in (pl_module, *trainer.callbacks):  # the module's entries, then callbacks'
-            entries = getattr(source, "summary_entries", None)
-            if callable(entries) and source is not self:
-                values = dict(entries())
+            method = getattr(source, "summary_entries", None)
+            if callable(method) and source is not self:
+                values = dict(method())
                 extra = values.pop("privacy", None)
                 if isinstance(extra, dict):
                     nested.update(extra)
-                out.update(values)
-        final, best = out.get("final_val_accuracy"), out.get("best_val_accuracy")
-        if final is not None and (best is None or final > best):  # e.g. a finished checkpoint's
-            out["best_val_accuracy"], out["best_val_round"] = final, out["final_val_round"]
+                entries.update(values)
+        _final_evaluations(entries, curves)
         report = getattr(pl_module, "privacy_report", None)
         privacy = report() if callable(report) else None
-        budget = out.get("privacy_budget")
-        budget_private = isinstance(budget, dict) and budget.get("private", True) is not False
-        out["private"] = privacy is not None or budget_private
-        if privacy is None and budget_private:
-            out["epsilon"] = out["privacy_budget"]["epsilon_spent"]
-            out["delta"] = out["privacy_budget"]["delta"]
-        if privacy is not None:
-            out["epsilon"] = privacy.get("epsilon")
-            if "epsilon_paper_convention" in privacy:
-                out["epsilon_paper_convention"] = privacy["epsilon_paper_convention"]
-            out["delta"] = privacy.get("delta")
-            out["privacy"] = {**privacy, **nested}
-        elif nested:
-            out["privacy"] = nested
+        entries.update(
+            privacy_entries(
+                None if privacy is None else {**privacy, **nested}, entries.get("privacy_budget")
+            )
+        )
+        if privacy is None and nested:
+            entries["privacy"] = nested
         describe = getattr(trainer.datamodule, "describe", None)
         if callable(describe):
-            out["data"] = describe()
+            entries["data"] = describe()
         algorithm = getattr(pl_module, "algorithm", None)
         if algorithm is not None:
-            out["algorithm"] = repr(algorithm)
+            entries["algorithm"] = repr(algorithm)
         for directory in (self._dir(trainer), local_log_dir(trainer)):
             config_path = Path(directory or ".") / "config.yaml"
             if config_path.is_file():
-                out["config"] = yaml.safe_load(config_path.read_text())
+                entries["config"] = yaml.safe_load(config_path.read_text())
                 break
-        return out
+        return make_record(
+            status=status, rounds=trainer.global_step, curves=curves, entries=entries
+        )
 
     def _dir(self, trainer: pl.Trainer) -> str | None:
         return self.dirpath or local_log_dir(trainer)
@@ -336,9 +345,8 @@ class RunSummary(pl.Callback):
             # while a run fails or is interrupted: say so, without hiding why it stopped
             rank_zero_warn(f"RunSummary: could not write {self.path}: {exc}")
             return
-        scalars = {k: v for k, v in data.items() if isinstance(v, int | float) and v is not None}
         for logger in wandb_loggers(trainer):
-            logger.experiment.summary.update(scalars)
+            logger.experiment.summary.update(wandb_summary(data))
         log_artifact(trainer, self.path, "run-summary")
         if self.verbose and self.interrupted is not None and status.startswith("interrupted"):
             where = self.interrupted["checkpoint"]
@@ -364,6 +372,30 @@ class RunSummary(pl.Callback):
             if data.get("stopped_by"):
                 parts.append(f"stopped by {data['stopped_by']}: {data['stopped_reason']}")
             print(f"[pl-privfed] {', '.join(parts)}  (summary: {self.path})")
+
+
+def _read(curves: dict[str, list[tuple[int, float]]], name: str) -> Any:
+    """The record field ``name`` as read from ``curves`` (``None`` without its curve)."""
+    field = next(f for f in FIELDS if f.name == name)
+    return field.read(curves)[1]
+
+
+def _final_evaluations(entries: dict[str, Any], curves: dict[str, list]) -> None:
+    """Move the module's end-of-fit evaluations (``final_val_*``, ``final_test_*`` in its
+    ``summary_entries()``) from ``entries`` into the run's curves, where the record reads them:
+    the test set's, and a validation of the final model that the curves lack (a fit from a
+    finished checkpoint), which then also counts for the best."""
+    for split in ("val", "test"):
+        values = {
+            key: entries.pop(f"final_{split}_{key}", None) for key in ("accuracy", "loss", "round")
+        }
+        if values["round"] is None:
+            continue
+        for metric, key in (("acc", "accuracy"), ("loss", "loss")):
+            if values[key] is None:
+                continue
+            points = [p for p in curves.get(f"{split}/{metric}", []) if p[0] != values["round"]]
+            curves[f"{split}/{metric}"] = [*points, (int(values["round"]), float(values[key]))]
 
 
 #: how the result line names an adversary (:data:`pl_privfed.privacy.plan.ADVERSARIES`)

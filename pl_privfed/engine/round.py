@@ -88,6 +88,12 @@ class RoundResult:
     buffers: dict[str, Tensor] | None = None
     released: bool = True
 
+    @property
+    def client_transmissions(self) -> int:
+        """The client-to-server messages the round sent (rows × copies; paper 004 Fig. 2's
+        x-axis sums them over the rounds: ``k · p · M``)."""
+        return sum(m.rows * m.copies for m in self.messages if m.channel == "client_to_server")
+
 
 class RoundAlgorithm(Protocol):
     """What the engine needs of an algorithm (:class:`~pl_privfed.algorithms.FederatedAlgorithm`

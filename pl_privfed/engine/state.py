@@ -49,7 +49,14 @@ from torch import Tensor, nn
 from pl_privfed.checks import check_choice
 from pl_privfed.engine.distributed import ClientShard
 
-__all__ = ["SNAPSHOT_DIR_KEY", "ClientStateError", "ClientStates", "Placement", "choose_placement"]
+__all__ = [
+    "SNAPSHOT_DIR_KEY",
+    "ClientStateError",
+    "ClientStates",
+    "GridMemoryRefused",
+    "Placement",
+    "choose_placement",
+]
 
 #: key of a Lightning checkpoint under which a checkpoint callback names the folder that is to
 #: hold the snapshots of memory-mapped state (beside the checkpoint file)
@@ -84,9 +91,22 @@ def _machine_memory() -> int:
         return 8 * 2**30
 
 
-#: the message of a grid refused because its configurations' client state would not fit in
-#: memory together (``grid_memory: refuse``); group 1 is how many configurations fit
-GRID_MEMORY_REFUSAL = r"at most (\d+) configurations at once"
+class GridMemoryRefused(ValueError):
+    """A grid refused before training because its configurations' client state would not fit
+    in memory together (``grid_memory: refuse``).
+
+    Attributes:
+        fit: how many configurations fit in memory at once (at least 1).
+    """
+
+    def __init__(self, message: str, fit: int) -> None:
+        super().__init__(message)
+        self.fit = int(fit)
+
+    def record(self) -> dict[str, Any]:
+        """The failure as the run record's ``error`` (``summary.json``), which a batched sweep
+        reads to split the group into groups of :attr:`fit` points."""
+        return {"type": "grid_memory_refused", "fit": self.fit}
 
 
 def spills_to_disk(each_bytes: int, device: torch.device, in_memory: int) -> bool:

@@ -32,6 +32,7 @@ from pl_privfed.checks import check_choice, check_positive_int
 from pl_privfed.engine import OracleOutput, Reduction, RoundResult, expand_together, iter_round
 from pl_privfed.evaluation import model_loss
 from pl_privfed.grads import RoundOracle, call_from_buffers, span_gradients, sum_client_buffers
+from pl_privfed.grid.configuration import Configuration
 from pl_privfed.grid.points import grid_points, rebuild_algorithm
 from pl_privfed.grid.results import write_grid_results
 from pl_privfed.grid.seeds import RUN_SEED, check_initialization, initial_parameters
@@ -76,7 +77,7 @@ class GridModule(FederatedModule):
             run) are memory-mapped on disk (``"disk"``), or the run is refused before training
             with a ``ValueError`` naming how many configurations fit (``"refuse"``: what a
             batched sweep asks, to split its group instead,
-            :data:`pl_privfed.engine.state.GRID_MEMORY_REFUSAL`).
+            :class:`pl_privfed.engine.state.GridMemoryRefused`).
 
     Evaluation measures every configuration that has not failed (``val/*`` every
     ``val_check_interval`` rounds, ``test/*`` at the end), into each configuration's history
@@ -115,13 +116,15 @@ class GridModule(FederatedModule):
         self.grid_memory = check_choice("grid_memory", grid_memory, ("disk", "refuse"))
         if grid_chunk is not None:
             check_positive_int("grid_chunk", grid_chunk)
-        self.grid_points = grid_points(self.algorithm, grid)
+        points = grid_points(self.algorithm, grid)
         self.grid_algorithms = nn.ModuleList(
-            rebuild_algorithm(self.algorithm, point) for point in self.grid_points
+            rebuild_algorithm(self.algorithm, point) for point in points
         )
-        k = len(self.grid_points)
-        #: each configuration's run seed (``"--seed"`` points), else ``None``
-        self.grid_seeds = [p.get(RUN_SEED) for p in self.grid_points]
+        #: the configurations, each a run of its own (:class:`Configuration`)
+        self.configurations = [
+            Configuration(k, point, algorithm, point.get(RUN_SEED))
+            for k, (point, algorithm) in enumerate(zip(points, self.grid_algorithms))
+        ]
         models = self._initial_models()
         self.register_buffer("grid_params", torch.stack([self.layout.flatten(m) for m in models]))
         self._grid_buffer_names = {}
@@ -132,13 +135,18 @@ class GridModule(FederatedModule):
             self._grid_buffer_names[name] = key
             values = [dict(m.named_buffers())[name].detach() for m in models]
             self.register_buffer(key, torch.stack(values))
-        self._grid_views = SeedViews(self.grid_seeds)  # each seed's data, built at setup
-        self._grid_status = ["running"] * k
-        self._grid_history: list[dict[str, list[tuple[int, float]]]] = [{} for _ in range(k)]
-        self._grid_entries: list[dict[str, Any]] = [{} for _ in range(k)]
+        self.seed_views = SeedViews(self.grid_seeds)  # each seed's data, built at setup
         self._grid_eval: Tensor | None = None  # per configuration: loss sum, correct, count
-        self._grid_ledgers: list[PrivacyLedger | None] | None = None  # set up with the run's
-        self._saved_grid_ledgers: list[dict[str, Any] | None] = []  # a checkpoint's, until then
+
+    @property
+    def grid_points(self) -> list[dict[str, Any]]:
+        """Each configuration's point (its values of the grid's parameters)."""
+        return [c.point for c in self.configurations]
+
+    @property
+    def grid_seeds(self) -> list[int | None]:
+        """Each configuration's run seed (``"--seed"`` points), else ``None``."""
+        return [c.seed for c in self.configurations]
 
     def _initial_models(self) -> list[nn.Module]:
         """Each configuration's initial model: the model, or for a grid over the run's seed
@@ -157,7 +165,7 @@ class GridModule(FederatedModule):
     @override
     def setup(self, stage: str) -> None:
         if self.oracle is None:  # before the algorithms are configured with their data
-            self._grid_views.build(self.trainer)
+            self.seed_views.build(self.trainer)
         super().setup(stage)
 
     def algorithm_datamodule(self, prefix: str) -> Any:
@@ -165,7 +173,7 @@ class GridModule(FederatedModule):
         (``None``: the trainer's), what :func:`~pl_privfed.wiring.set_up` configures it with."""
         if not prefix.startswith("grid_algorithms."):
             return None
-        return self._grid_views.of(int(prefix.split(".")[1]))
+        return self.seed_views.of(int(prefix.split(".")[1]))
 
     @override
     def algorithms(self) -> list[tuple[str, Any]]:
@@ -185,27 +193,16 @@ class GridModule(FederatedModule):
         separate run's (its ε, its ``privacy`` report in its ``summary.json``), so that the
         configurations may differ in their target ε or noise."""
         ledger = super()._privacy_ledger(num_rounds)
-        self._grid_ledgers = [
-            None if alg.noise is None else wiring.privacy_ledger(alg, [alg.noise_std], num_rounds)
-            for alg in self.grid_algorithms
-        ]
-        if self._saved_grid_ledgers:  # load_from_checkpoint before setup
-            self._load_grid_ledgers(self._saved_grid_ledgers)
+        for c in self.configurations:
+            alg = c.algorithm
+            if alg.noise is not None:
+                c.ledger = wiring.privacy_ledger(alg, [alg.noise_std], num_rounds)
+                c.load_ledger()  # load_from_checkpoint before setup
         return ledger
 
     def grid_ledger(self, k: int) -> PrivacyLedger | None:
         """Configuration ``k``'s privacy ledger (``None`` when it adds no noise)."""
-        return self._grid_ledgers[k] if self._grid_ledgers else None
-
-    def _load_grid_ledgers(self, saved: list[dict[str, Any] | None]) -> None:
-        """Each configuration's ledger from a checkpoint, and the noise its run started with."""
-        for k, entries in enumerate(saved):
-            ledger = self.grid_ledger(k)
-            if ledger is None or not entries:
-                continue
-            stds = ledger.load(entries)
-            if stds:
-                self.grid_algorithms[k].noise_std = stds[0]
+        return self.configurations[k].ledger
 
     # ------------------------------------------------------------------ what callbacks use
     def _grid_buffers(self) -> dict[str, Tensor]:
@@ -227,23 +224,22 @@ class GridModule(FederatedModule):
 
     def grid_running(self) -> list[int]:
         """Indices of the grid's configurations still training (not failed, not done)."""
-        return [k for k, status in enumerate(self._grid_status) if status == "running"]
+        return [c.index for c in self.configurations if c.running]
 
     def grid_record(self, k: int, metric: str, round_index: int, value: float) -> None:
         """Add a point to configuration ``k``'s curve ``metric`` (its ``curves.csv``)."""
-        self._grid_history[k].setdefault(metric, []).append((int(round_index), float(value)))
+        self.configurations[k].add(metric, round_index, value)
 
     def grid_entries(self, k: int) -> dict[str, Any]:
         """Configuration ``k``'s extra ``summary.json`` entries (e.g. ``rounds_to_target``),
         which callbacks may fill; kept in checkpoints."""
-        return self._grid_entries[k]
+        return self.configurations[k].entries
 
     def grid_finish(self, k: int, reason: str) -> None:
         """Stop training configuration ``k``: its status is ``finished`` and its
         ``summary.json`` says why in ``stopped_reason``, as a single run's does; the run stops
         when no configuration is left training."""
-        self._grid_status[k] = "finished"
-        self._grid_entries[k]["stopped_reason"] = reason
+        self.configurations[k].finish(reason)
         if not self.grid_running():
             self.trainer.should_stop = True
 
@@ -268,11 +264,12 @@ class GridModule(FederatedModule):
         )
         for k in live:
             result, loss = outcomes[k], loss_of.get(k)
+            configuration = self.configurations[k]
             if loss is not None and not math.isfinite(loss):
-                self._grid_status[k] = f"failed: non-finite training loss at round {round_index}"
-                self._grid_entries[k]["rounds"] = round_index  # completed, as its separate run's
+                configuration.fail(round_index)  # frozen at the rounds it completed
                 continue
             self.grid_params[k] = result.params  # every round has run: x^k is no longer read
+            configuration.sent(result.client_transmissions)
             ledger = self.grid_ledger(k)
             if ledger is not None:  # what its separate run accounts after this round
                 ledger.account(round_index, released=result.released)
@@ -281,7 +278,7 @@ class GridModule(FederatedModule):
             if loss is not None and record:
                 self.grid_record(k, "train/loss", round_index + 1, loss)
         running = self.grid_running()
-        if not running and not any(s.startswith("finished") for s in self._grid_status):
+        if not running and not any(c.status == "finished" for c in self.configurations):
             self.write_grid_results()  # every configuration failed: the table still says how
             raise NonFiniteLossError(
                 f"every configuration of the grid has a non-finite training loss by round "
@@ -304,7 +301,7 @@ class GridModule(FederatedModule):
         rounds = {}
         for k in live:
             buffers = self._config_buffers(k)
-            data, steps = self._grid_views.batch(k, batch, self.local_batches)
+            data, steps = self.seed_views.batch(k, batch, self.local_batches)
             span = self.grid_span(k)
             own = RoundOracle(self.oracle, data, steps, buffers, span=span)
             x = self.grid_params[k]
@@ -335,7 +332,9 @@ class GridModule(FederatedModule):
                 mapped.clear()
         return outcomes
 
-    def _grid_gradients(self, configs: list[int], ids: Tensor, batch: Any) -> list[OracleOutput]:
+    def configuration_gradients(
+        self, configs: list[int], ids: Tensor, batch: Any
+    ) -> list[OracleOutput]:
         """The gradients of the clients ``ids`` of the configurations ``configs`` at their
         parameters (each ``[c, d]``, with losses ``[c]`` and the sums over those clients of the
         configuration's updated buffers).
@@ -350,12 +349,10 @@ class GridModule(FederatedModule):
         if spanned:
             got = dict(zip(spanned, self._span_gradients(spanned, ids, batch), strict=True))
             rest = [k for k in configs if k not in got]
-            got.update(zip(rest, self._grid_gradients(rest, ids, batch) if rest else []))
+            got.update(zip(rest, self.configuration_gradients(rest, ids, batch) if rest else []))
             return [got[k] for k in configs]
         if not self._stacks(len(configs), ids.numel()):
-            per_view = self._grid_views.data_of(
-                self.oracle, configs, ids, batch, self.local_batches
-            )
+            per_view = self.seed_views.data_of(self.oracle, configs, ids, batch, self.local_batches)
             outs = []
             for k, (inputs, targets) in zip(configs, per_view, strict=True):
                 x = self.grid_params[k]
@@ -363,9 +360,7 @@ class GridModule(FederatedModule):
                     call_from_buffers(self.oracle, x, inputs, targets, self._config_buffers(k))
                 )
             return outs
-        inputs, targets = self._grid_views.data(
-            self.oracle, configs, ids, batch, self.local_batches
-        )
+        inputs, targets = self.seed_views.data(self.oracle, configs, ids, batch, self.local_batches)
         k = len(configs)
         c = inputs.shape[0] // k
         rows = torch.tensor(configs, device=self.grid_params.device)
@@ -391,14 +386,14 @@ class GridModule(FederatedModule):
         ]
 
     def _span_gradients(self, configs: list[int], ids: Tensor, batch: Any) -> list[OracleOutput]:
-        """:meth:`_grid_gradients` for configurations in their data span: per seed (one span
+        """:meth:`configuration_gradients` for configurations in their data span: per seed (one span
         each), the minibatches' indices once and one call at all its configurations' parameters."""
         by_view: dict[int, list[int]] = {}
         for k in configs:
             by_view.setdefault(id(self.grid_span(k)), []).append(k)
         out: dict[int, OracleOutput] = {}
         for group in by_view.values():
-            data, _ = self._grid_views.batch(group[0], batch, self.local_batches)
+            data, _ = self.seed_views.batch(group[0], batch, self.local_batches)
             params = self.grid_params[torch.tensor(group, device=self.grid_params.device)]
             outs = span_gradients(self.grid_span(group[0]), params, ids, *data.examples(ids))
             out.update(zip(group, outs, strict=True))
@@ -423,31 +418,31 @@ class GridModule(FederatedModule):
     # ------------------------------------------------------------------ evaluation
     @override
     def validation_step(self, batch: Any, batch_idx: int) -> None:
-        self._grid_evaluate(*batch)
+        self.evaluate_configurations(*batch)
 
     @override
     def test_step(self, batch: Any, batch_idx: int) -> None:
-        self._grid_evaluate(*batch)
+        self.evaluate_configurations(*batch)
 
     @override
     def on_validation_epoch_end(self) -> None:
-        self._grid_views.evaluate(self, "val")  # the other seeds' own validation splits
+        self.seed_views.evaluate(self, "val")  # the other seeds' own validation splits
         self._grid_record_evaluation("val")
         super().on_validation_epoch_end()
 
     @override
     def on_test_epoch_end(self) -> None:
-        self._grid_views.evaluate(self, "test")
+        self.seed_views.evaluate(self, "test")
         self._grid_record_evaluation("test")
 
-    def _grid_evaluate(self, inputs: Tensor, targets: Tensor, configs: Any = None) -> None:
+    def evaluate_configurations(self, inputs: Tensor, targets: Tensor, configs: Any = None) -> None:
         """Loss and accuracy sums of every configuration that has not failed, on this batch
         (``configs``: of those; default, those evaluated on the trainer's datamodule)."""
         if self._grid_eval is None:
             self._grid_eval = torch.zeros(len(self.grid_points), 3, device=inputs.device)
-        chosen = self._grid_views.on_trainer_data() if configs is None else configs
-        for k, status in enumerate(self._grid_status):
-            if status.startswith("failed") or k not in chosen:
+        chosen = self.seed_views.on_trainer_data() if configs is None else configs
+        for k, configuration in enumerate(self.configurations):
+            if configuration.failed or k not in chosen:
                 continue
             self.load_grid_configuration(k)
             out, loss = model_loss(self.model, self.criterion, inputs, targets)
@@ -483,16 +478,18 @@ class GridModule(FederatedModule):
         if self.oracle is None:
             return None
         self._grid_eval = None
-        if self._test_metrics(batch_metrics=self._grid_evaluate) is None:
+        if self._test_metrics(batch_metrics=self.evaluate_configurations) is None:
             return None
-        self._grid_views.evaluate(self, "test")
+        self.seed_views.evaluate(self, "test")
         self._grid_record_evaluation("test", log=False)
         return {"round": int(self.global_step)}
 
     @override
     def on_train_end(self) -> None:
         self._final_test = self.evaluate_test_set()  # before the results are written
-        self._grid_status = ["finished" if s == "running" else s for s in self._grid_status]
+        for configuration in self.configurations:
+            if configuration.running:
+                configuration.finish()
         results = self.write_grid_results()
         if results is not None:  # on a W&B logger, the table as an artifact
             log_artifact(self.trainer, results, "grid-results")
@@ -508,43 +505,20 @@ class GridModule(FederatedModule):
         """Write the grid's ``results.csv`` and ``runs/<id>/`` (:func:`write_grid_results`)."""
         if not self.trainer.is_global_zero:
             return None
-        extra = [
-            {**self._grid_privacy(k), **self._grid_views.entries(k)}
-            for k in range(len(self.grid_points))
-        ]
         return write_grid_results(
             self._grid_results_dir(),
-            list(self.grid_algorithms),
-            self.grid_points,
-            self._grid_history,
-            self._grid_status,
+            self.configurations,
             int(self.global_step),
-            [{**own, **entries} for own, entries in zip(extra, self._grid_entries)],
+            [self.seed_views.entries(k) for k in range(len(self.configurations))],
         )
-
-    def _grid_privacy(self, k: int) -> dict[str, Any]:
-        """Configuration ``k``'s privacy entries of ``summary.json``, its own ledger's, as a
-        separate run's: ``private``, and with noise ``epsilon``, ``epsilon_paper_convention``,
-        ``delta`` and the ``privacy`` report."""
-        ledger = self.grid_ledger(k)
-        if ledger is None:
-            return {"private": False}
-        report = ledger.report()
-        return {
-            "private": True,
-            "epsilon": report["epsilon"],
-            "epsilon_paper_convention": report["epsilon_paper_convention"],
-            "delta": report["delta"],
-            "privacy": report,
-        }
 
     @override
     def summary_entries(self) -> dict[str, Any]:
         entries = super().summary_entries()
         entries["grid"] = {
             "configurations": len(self.grid_points),
-            "finished": sum(s.startswith("finished") for s in self._grid_status),
-            "failed": sum(s.startswith("failed") for s in self._grid_status),
+            "finished": sum(c.status == "finished" for c in self.configurations),
+            "failed": sum(c.failed for c in self.configurations),
             "results": str(self._grid_results_dir() / "results.csv"),  # written by the module
         }
         return entries
@@ -553,35 +527,19 @@ class GridModule(FederatedModule):
     @override
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_save_checkpoint(checkpoint)
-        checkpoint["grid"] = {
-            "status": self._grid_status,
-            "history": self._grid_history,
-            "entries": self._grid_entries,
-            "ledgers": [_saved(ledger) for ledger in self._grid_ledgers or []],
-        }
+        checkpoint["grid"] = {"configurations": [c.state_dict() for c in self.configurations]}
 
     @override
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_load_checkpoint(checkpoint)
         if "grid" not in checkpoint:
             return
-        self._grid_status = list(checkpoint["grid"]["status"])
-        self._grid_history = [
-            {m: [tuple(p) for p in pts] for m, pts in h.items()}
-            for h in checkpoint["grid"]["history"]
-        ]
-        self._grid_entries = [dict(e) for e in checkpoint["grid"].get("entries", [])] or [
-            {} for _ in self.grid_points
-        ]
-        self._saved_grid_ledgers = list(checkpoint["grid"].get("ledgers") or [])
-        if self._grid_ledgers is not None:  # fit --ckpt_path: set up before the restore
-            self._load_grid_ledgers(self._saved_grid_ledgers)
-
-
-def _saved(ledger: PrivacyLedger | None) -> dict[str, Any] | None:
-    """A configuration's ledger as checkpoint entries."""
-    if ledger is None:
-        return None
-    entries: dict[str, Any] = {}
-    ledger.save(entries)
-    return entries
+        saved = checkpoint["grid"].get("configurations")
+        if saved is None:
+            raise ValueError(
+                "this grid checkpoint was written by an older pl-privfed (its configurations "
+                "kept as parallel lists): resume it with the version that wrote it, or start "
+                "the grid again"
+            )
+        for configuration, state in zip(self.configurations, saved, strict=True):
+            configuration.load_state_dict(state)

@@ -16,7 +16,7 @@ __all__ = ["GridBatch", "GridConfigOracle"]
 class GridBatch:
     """A grid round's shared gradient computations: for a chunk of clients, the gradients of
     the live configurations at their current parameters, from the grid's gradient calls
-    (``GridModule._grid_gradients``: stacked, in pieces of ``grid_chunk`` configurations, or one
+    (``GridModule.configuration_gradients``: stacked, in pieces of ``grid_chunk`` configurations, or one
     per configuration), each configuration's served once; :meth:`clear` after every
     lockstep pass over the configurations bounds the memory to one chunk.
 
@@ -38,7 +38,7 @@ class GridBatch:
             return None
         key = ids.detach().cpu().numpy().tobytes()
         if k not in self.computed.get(key, ()):
-            views, algorithms = self.module._grid_views, self.module.grid_algorithms
+            views, algorithms = self.module.seed_views, self.module.grid_algorithms
             same = views.cohort_class(k, algorithms)
             configs = [
                 j
@@ -55,7 +55,9 @@ class GridBatch:
         out: dict[int, OracleOutput] = {}
         for lo in range(0, len(configs), size):
             part = configs[lo : lo + size]
-            out.update(zip(part, self.module._grid_gradients(part, ids, self.batch), strict=True))
+            out.update(
+                zip(part, self.module.configuration_gradients(part, ids, self.batch), strict=True)
+            )
         return out
 
     def clear(self) -> None:

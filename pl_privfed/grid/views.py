@@ -124,7 +124,7 @@ class SeedViews:
                 device=next(module.model.parameters()).device,
                 preprocess=view.preprocess,
                 classification=module.test_accuracy is not None,
-                batch_metrics=functools.partial(module._grid_evaluate, configs=configs),
+                batch_metrics=functools.partial(module.evaluate_configurations, configs=configs),
             )
 
     def entries(self, k: int) -> dict[str, Any]:

@@ -11,7 +11,7 @@ import pandas as pd
 from pl_privfed.report.runs import values
 from pl_privfed.report.stats import interval_table
 from pl_privfed.report.text import fmt_names
-from pl_privfed.results import RESULT_COLUMNS, SEED_PARAMETERS
+from pl_privfed.results import SEED_PARAMETERS, result_columns
 
 __all__ = ["aggregate", "best", "check_selection_metric", "warn_missing"]
 
@@ -34,7 +34,7 @@ def aggregate(
         ``m:high`` over the seeds.
     """
     keys = [c for c in params if c not in SEED_PARAMETERS] or ["_all"]
-    metrics = list(dict.fromkeys([*RESULT_COLUMNS, *metrics]))
+    metrics = list(dict.fromkeys([*result_columns(), *metrics]))
     runs = runs.assign(_all="", **{m: values(runs, m) for m in metrics})
     grouped = runs.groupby(keys, sort=False, dropna=False)
     table = grouped.agg(
@@ -95,7 +95,7 @@ def warn_missing(runs: pd.DataFrame, metric: str, where: str, stacklevel: int = 
         for column in (c for c in cells if c != metric):
             others.setdefault(column, []).append(f"{run} ({cells[column]!r})")
     listed = "; ".join(f"{column} of {fmt_names(names)}" for column, names in others.items())
-    if len(runs) and all(values(runs, c).isna().all() for c in RESULT_COLUMNS):
+    if len(runs) and all(values(runs, c).isna().all() for c in result_columns()):
         found = "; ".join([*parts, *([f"not finite numbers: {listed}"] if listed else [])])
         raise ValueError(
             f"{where}: none of its {len(runs)} finished runs has a numeric result ({found}): "

@@ -26,7 +26,7 @@ from pl_privfed.report.runs import (
 from pl_privfed.report.selection_cost import SelectionCost, selection_cost, warn_note
 from pl_privfed.report.stats import Interval
 from pl_privfed.report.text import fmt_names
-from pl_privfed.results import RESULT_COLUMNS, SEED_PARAMETERS, finite_float
+from pl_privfed.results import SEED_PARAMETERS, finite_float, result_columns
 
 __all__ = ["FRONTIER_EPSILONS", "FRONTIER_SELECTION", "FrontierPoint", "frontier_points"]
 
@@ -159,7 +159,7 @@ def _frontier_runs(paths: Sequence[Path], labels: Sequence[str] | None) -> pd.Da
     for i, path in enumerate(paths):  # a loop, not a comprehension: the warnings' stack level
         frames.append(_method_runs(path, labels[i] if labels else None))
     runs = pd.concat(frames, ignore_index=True)
-    text = [c for c in params(runs) if c not in RESULT_COLUMNS]
+    text = [c for c in params(runs) if c not in result_columns()]
     runs = runs.fillna(dict.fromkeys(text, ""))
     _refuse_repeats(runs)
     return runs

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from pl_privfed.report.runs import paths, run_dir_of
-from pl_privfed.results import NON_PARAMETER_COLUMNS, save_results, write_atomically
+from pl_privfed.results import non_parameter_columns, save_results, write_atomically
 
 __all__ = ["keep_runs"]
 
@@ -76,7 +76,7 @@ def _keep_one(results: Path, dest: Path) -> Path:
         write_atomically(kept, json.dumps(_slim(data), separators=(",", ":")) + "\n")
         merged[row["run"]] = {**row, "run_dir": ""}  # the copy beside the file, on any machine
     columns = old_header + [c for c in header if c not in old_header]
-    names = {c: c for c in columns if c not in NON_PARAMETER_COLUMNS}  # the parameters
+    names = {c: c for c in columns if c not in non_parameter_columns()}  # the parameters
     return save_results(target, names, [merged[run] for run in sorted(merged)])
 
 

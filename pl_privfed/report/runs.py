@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from pl_privfed.report.stats import interval_table
-from pl_privfed.results import NON_PARAMETER_COLUMNS, RESULT_COLUMNS, finite_float
+from pl_privfed.results import finite_float, non_parameter_columns, result_columns
 
 __all__ = [
     "DEFAULT_METRIC",
@@ -109,7 +109,7 @@ def load_results(
     """The runs of one or more ``results.csv`` (:func:`pl_privfed.sweep.run_sweep`), read as one.
 
     Parameter columns stay text (as written, ``0.1`` and ``true``); the
-    :data:`~pl_privfed.results.RESULT_COLUMNS` are numbers (``nan`` where missing or not
+    :func:`~pl_privfed.record.result_columns` are numbers (``nan`` where missing or not
     finite; a value written but not as a finite number, e.g. ``nan`` or ``abc``, is kept as
     written in ``_unreadable``, ``{column: text}``, which
     :func:`~pl_privfed.report.configs.warn_missing` names). Added columns: ``_csv`` (the file), ``_dir`` (the run directory: as recorded, else
@@ -136,7 +136,7 @@ def load_results(
         raise ValueError("no results.csv given")
     runs = pd.concat(frames, ignore_index=True).fillna("")
     runs["_unreadable"] = _unreadable(runs)
-    for column in RESULT_COLUMNS:
+    for column in result_columns():
         runs[column] = values(runs, column)
     if finished:
         runs = _finished(runs)
@@ -152,7 +152,7 @@ def _unreadable(runs: pd.DataFrame) -> list[dict[str, str]]:
     """Per run, its result columns written but not as a finite number (``nan``, ``inf``,
     ``abc``): ``{column: text}``; an empty cell or :data:`NULL` is no value, not unreadable."""
     out: list[dict[str, str]] = [{} for _ in range(len(runs))]
-    for column in (c for c in RESULT_COLUMNS if c in runs):
+    for column in (c for c in result_columns() if c in runs):
         text = runs[column].astype(str).str.strip()
         bad = values(runs, column).isna() & (text != "") & ~text.isin(NULL)
         for i in np.flatnonzero(bad.to_numpy()):
@@ -162,7 +162,7 @@ def _unreadable(runs: pd.DataFrame) -> list[dict[str, str]]:
 
 def params(runs: pd.DataFrame) -> list[str]:
     """The parameter columns of the results (seeds included)."""
-    return [c for c in runs.columns if c not in NON_PARAMETER_COLUMNS and not c.startswith("_")]
+    return [c for c in runs.columns if c not in non_parameter_columns() and not c.startswith("_")]
 
 
 def run_dir_of(row: dict, results: str | os.PathLike) -> Path:

@@ -17,29 +17,33 @@ and its partitioner's, a ``GradientNorm`` callback) make the group's process fai
 training, and its points then run one by one.
 
 When the group's process ends, every point gets what its separate run writes into its own run
-folder (``<out>/runs/<index>-<hash>``, the folder its separate run would use): a
-``summary.json`` with a separate run's keys, built from the group's ``summary.json`` (the run's
-data, its config with the point's values) and the configuration's own results (status, rounds,
-validation and test metrics, training loss, ε and privacy report; for another seed its own
-``data`` and ``seeds``, and every seed of its config), and its ``curves.csv``; plus
-``batched`` (the group's folder, the configuration's index, the group's size and wall time).
-``wall_time_s`` is the point's share of the group's fit; ``operator_means`` (the grid's first
-live configuration's) is ``None``. A configuration whose loss turns
-non-finite is failed alone (the grid freezes it); a group whose process fails before training
-(a configuration error) is run again point by point, so that each point reports its own error.
+folder (``<out>/runs/<index>-<hash>``, the folder its separate run would use): its run record
+(:mod:`pl_privfed.record`, made by the same function as a separate run's) as ``summary.json``,
+and its ``curves.csv``. Each field of the record comes from where its declaration's ``scope``
+says: the point's grid configuration (status, rounds, validation and test metrics, training
+loss, ε and privacy report, transmissions, ...), or the group's run (its ``data``, ``seeds``
+and ``config``, rewritten with the point's values and seed; for another seed its own
+``data``). An entry of the group's ``summary.json`` that no field declares (a callback's, e.g.
+``operator_means``, the grid's first live configuration's) is ``None`` in the point and named
+in ``batched.not_per_point``; ``batched`` also gives the group's folder, the configuration's
+index, the group's size and wall time. ``wall_time_s`` is the point's share of the group's
+fit. A configuration whose loss turns non-finite is failed alone (the grid freezes it); a
+group refused for memory (its ``summary.json``'s ``error``,
+:class:`~pl_privfed.engine.state.GridMemoryRefused`) is split into groups that fit; a group
+whose process fails otherwise before training (a configuration error) is run again point by
+point, so that each point reports its own error.
 """
 
 from __future__ import annotations
 
 import copy
 import json
-import re
 import shutil
 from pathlib import Path
 from typing import Any
 
-from pl_privfed.engine.state import GRID_MEMORY_REFUSAL
 from pl_privfed.grid.seeds import RUN_SEED, is_seed_argument
+from pl_privfed.record import make_record, point_entries
 from pl_privfed.results import render_value, run_id, write_atomically
 from pl_privfed.sweep.files import read_summary
 
@@ -49,34 +53,13 @@ __all__ = [
     "batch_parameter",
     "group_args",
     "groups",
-    "point_summaries",
     "split",
+    "write_point_records",
 ]
 
 #: the sweep parameters a group may vary: the algorithm's arguments, and the run's seed
 BATCHED_PREFIX = "model.algorithm.init_args."
 SEED = "seed"
-#: a configuration's entries of summary.json that replace the group's
-_OWN = (
-    "status",
-    "rounds",
-    "final_val_accuracy",
-    "final_val_loss",
-    "final_val_round",
-    "best_val_accuracy",
-    "best_val_round",
-    "final_test_accuracy",
-    "final_test_loss",
-    "final_test_round",
-    "final_train_loss",
-)
-#: entries only a configuration that reached them has (a gradient-norm target)
-_OWN_IF_PRESENT = ("final_full_grad_norm", "rounds_to_target", "stopped_reason")
-#: the group's entries that are its first live configuration's, not each point's: ``None``
-NOT_PER_POINT = ("operator_means",)
-_PRIVACY = ("epsilon", "epsilon_paper_convention", "delta", "privacy")
-#: the group's own entries: its grid and the metrics its best configuration's values came from
-_GROUP_ONLY = ("grid", "val_accuracy_metric", "train_loss_metric")
 
 
 def batch_parameter(name: str, value: Any) -> str | None:
@@ -156,14 +139,14 @@ def group_args(group: Group, folder: Path) -> list[str]:
     ]
 
 
-def split(group: Group, output: str) -> list[Group] | None:
+def split(group: Group, summary: dict[str, Any] | None) -> list[Group] | None:
     """The group in consecutive groups of as many points as its refused process said fit in
-    memory (:data:`~pl_privfed.engine.state.GRID_MEMORY_REFUSAL` in its ``output``), or
-    ``None`` when it failed otherwise."""
-    found = re.findall(GRID_MEMORY_REFUSAL, output)
-    if not found:
+    memory (its ``summary.json``'s ``error``: ``{"type": "grid_memory_refused", "fit": n}``,
+    :class:`~pl_privfed.engine.state.GridMemoryRefused`), or ``None`` when it did not fail so."""
+    error = (summary or {}).get("error")
+    if not isinstance(error, dict) or error.get("type") != "grid_memory_refused":
         return None
-    size = max(1, int(found[-1]))
+    size = max(1, int(error["fit"]))
     parts = range(0, len(group.indices), size)
     return [Group(group.indices[i : i + size], group.points[i : i + size], group.varying)
             for i in parts]  # fmt: skip
@@ -184,7 +167,7 @@ def _configurations(folder: Path, summary: dict[str, Any] | None) -> dict[int, P
     return found
 
 
-def point_summaries(
+def write_point_records(
     group: Group,
     folder: Path,
     run_dirs: list[Path],
@@ -211,39 +194,25 @@ def point_summaries(
     for k, (params, run_dir, name) in enumerate(points):
         own_dir = configurations.get(k)
         own = (read_summary(own_dir) if own_dir is not None else None) or {}
-        point = {key: value for key, value in summary.items() if key not in _GROUP_ONLY}
-        for key in _PRIVACY:
-            point.pop(key, None)
-        point["private"] = False
-        for key in (*_OWN, *_PRIVACY, "private"):
-            if key in own:
-                point[key] = own[key]
-        for key in _OWN_IF_PRESENT:
-            if own.get(key) is not None or key in point:
-                point[key] = own.get(key)
-        for key in NOT_PER_POINT:
-            if key in point:
-                point[key] = None
-        if "data" in own:  # another seed's data: its own split, partition and shard sizes
-            point["data"] = own["data"]
-        if SEED in group.varying and isinstance(point.get("seeds"), dict):
-            point["seeds"] = _point_seeds(point["seeds"], params[SEED])
-        status = str(own.get("status", group_status))
-        if status == "running" or (group_status != "finished" and status == "finished"):
-            status = group_status  # the group stopped while this configuration ran
-        point["status"] = status
-        point["wall_time_s"] = share  # the fit's, as a separate run's (no start-up)
-        point["config"] = _point_config(summary.get("config"), params, group, run_dir, name)
-        point["batched"] = {
+        entries, not_per_point = point_entries(summary, own)
+        if SEED in group.varying and isinstance(entries.get("seeds"), dict):
+            entries["seeds"] = _point_seeds(entries["seeds"], params[SEED])
+        entries["wall_time_s"] = share  # the fit's, as a separate run's (no start-up)
+        entries["config"] = _point_config(summary.get("config"), params, group, run_dir, name)
+        entries["batched"] = {
             "group": str(folder),
             "configuration": k,
             "points": len(group.points),
             "group_wall_time_s": fit_seconds,
             "group_process_s": seconds,
-            "not_per_point": [key for key in NOT_PER_POINT if key in summary],
+            "not_per_point": not_per_point,
             "command": str(folder / "command.txt"),
             "output": str(folder / "output.log"),
         }
+        status = str(own.get("status", group_status))
+        if status == "running" or (group_status != "finished" and status == "finished"):
+            status = group_status  # the group stopped while this configuration ran
+        point = make_record(status=status, rounds=own.get("rounds"), entries=entries)
         run_dir.mkdir(parents=True, exist_ok=True)
         write_atomically(run_dir / "summary.json", json.dumps(point, indent=2, default=str))
         if own_dir is not None and (own_dir / "curves.csv").is_file():

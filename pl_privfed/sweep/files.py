@@ -19,8 +19,8 @@ from typing import Any
 import yaml
 
 from pl_privfed.results import (
-    NON_PARAMETER_COLUMNS,
     column_names,
+    non_parameter_columns,
     render_value,
     result_row,
     run_id,
@@ -287,7 +287,7 @@ def write_results(sweep: Sweep, out_dir: str | os.PathLike, overrides: Sequence[
 
     One row per grid point whose run directory (for these ``overrides``) holds a
     ``summary.json``, in grid order, with the columns ``run, status, <parameters>,``
-    :data:`~pl_privfed.results.RESULT_COLUMNS` ``, run_dir`` (missing values empty), written by
+    :func:`~pl_privfed.record.result_columns` ``, run_dir`` (missing values empty), written by
     :func:`~pl_privfed.results.save_results`. A run that trained a grid of configurations
     (``FederatedModule(grid=...)``) gives one row per configuration, with the sweep's parameters
     (e.g. its seed) and the configuration's own.
@@ -310,7 +310,7 @@ def write_results(sweep: Sweep, out_dir: str | os.PathLike, overrides: Sequence[
             rows.append({**row, **own, "run": f"{run_dir.name}/{row.get('run', '')}"})
     extra = []
     for row in rows:
-        extra += [c for c in row if c not in extra and c not in NON_PARAMETER_COLUMNS]
+        extra += [c for c in row if c not in extra and c not in non_parameter_columns()]
     extra = [c for c in extra if c not in names.values()]
     return save_results(out_dir, {**names, **{c: c for c in extra}}, rows)
 

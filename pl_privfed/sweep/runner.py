@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pl_privfed.results import column_names, render_value, write_atomically
-from pl_privfed.sweep.batch import Group, group_args, groups, point_summaries, split
+from pl_privfed.sweep.batch import Group, group_args, groups, split, write_point_records
 from pl_privfed.sweep.files import (
     Sweep,
     grid,
@@ -205,7 +205,7 @@ class _Runner:
             code = subprocess.call(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
         seconds = time.perf_counter() - start
         output = (folder / "output.log").read_text(errors="replace")
-        parts = split(group, output) if code != 0 else None
+        parts = split(group, read_summary(folder)) if code != 0 else None
         if parts is not None:  # its configurations' client state would not fit together
             print(f"  too many configurations for memory: {len(parts)} groups of at most "
                   f"{len(parts[0].indices)}", flush=True)  # fmt: skip
@@ -214,7 +214,7 @@ class _Runner:
                     for index in part.indices:
                         self.run_point(index)
             return True
-        summaries = point_summaries(group, folder, run_dirs, names, code, seconds)
+        summaries = write_point_records(group, folder, run_dirs, names, code, seconds)
         if summaries is None:
             lines = output.strip().splitlines()
             print(f"  the group failed before training ({lines[-1] if lines else code}): "

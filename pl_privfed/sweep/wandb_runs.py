@@ -11,7 +11,8 @@ as its separate run (``--run_name``, the sweep's name as group), in its own run 
   the run config;
 * its curves (``curves.csv``: validation and test accuracy and loss, training loss, ε, ...)
   logged against ``round``, the step metric every run of the package plots against;
-* its results (status, final and best accuracies, ε, rounds, wall time) as the run summary;
+* its run record's W&B fields (:func:`pl_privfed.record.wandb_summary`: status, final and
+  best accuracies, ε, rounds, wall time, ...) as the run summary, as a separate run's;
 * its ``summary.json`` and ``curves.csv`` as the ``run-summary`` and ``training-curves``
   artifacts, as :class:`~pl_privfed.callbacks.RunSummary` and the curves callback log them.
 
@@ -28,23 +29,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["SUMMARY_KEYS", "log_point_runs", "wandb_logger_args"]
+from pl_privfed.record import wandb_summary
 
-#: the entries of a point's summary.json that go into its W&B run summary
-SUMMARY_KEYS = (
-    "status",
-    "rounds",
-    "final_val_accuracy",
-    "best_val_accuracy",
-    "best_val_round",
-    "final_test_accuracy",
-    "final_val_loss",
-    "final_test_loss",
-    "final_train_loss",
-    "epsilon",
-    "delta",
-    "wall_time_s",
-)
+__all__ = ["log_point_runs", "wandb_logger_args"]
 
 
 def wandb_logger_args(config: Any) -> dict[str, Any] | None:
@@ -107,7 +94,7 @@ def log_point_runs(
             run.define_metric("*", step_metric="round", step_sync=True)
             for round_, values in _curves(run_dir / "curves.csv").items():
                 run.log({**values, "round": round_})
-            run.summary.update({k: summary[k] for k in SUMMARY_KEYS if k in summary})
+            run.summary.update(wandb_summary(summary))
             for file, kind in (("summary.json", "run-summary"), ("curves.csv", "training-curves")):
                 if (run_dir / file).is_file():
                     artifact = wandb.Artifact(name=f"{kind}-{run.id}", type=kind)
