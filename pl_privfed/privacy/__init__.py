@@ -33,7 +33,7 @@ from pl_privfed.privacy.calibration import (
 )
 from pl_privfed.privacy.ledger import PrivacyLedger
 from pl_privfed.privacy.levels import ClientLevel, PrivacyLevel, RecordLevel, level_of
-from pl_privfed.privacy.mechanism import AccountingBasis, Mechanism, Sampling
+from pl_privfed.privacy.mechanism import AccountingBasis, Mechanism, ReleaseKey, Sampling
 from pl_privfed.privacy.noise import Calibration, DPNoise, Neighbouring, Placement, relation_factor
 from pl_privfed.privacy.placement import (
     MAX_ABORT_PROBABILITY,
@@ -74,6 +74,7 @@ __all__ = [
     "RecordLevel",
     "RecordUse",
     "Release",
+    "ReleaseKey",
     "Sampling",
     "SecureAggregation",
     "abort_probability",

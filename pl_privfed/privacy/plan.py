@@ -28,6 +28,7 @@ No privacy mathematics lives here either: ε comes from the accountants of
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections import Counter
 
@@ -177,8 +178,8 @@ def release_plan(
     return [(kinds[key], count) for key, count in counts.items()]
 
 
-#: σ of ``calibration: target`` by its releases, noise settings and rounds (:func:`calibrate`)
-_CALIBRATED: dict[str, float] = {}
+#: ``calibration: target``'s σ kept per process (a float each), least recently used first out
+CALIBRATION_CACHE_SIZE = 4096
 
 
 def calibration_rounds(noise: DPNoise, num_rounds: int) -> int:
@@ -226,22 +227,39 @@ def calibrate(release: Release, noise: DPNoise, rounds: int) -> float:
 def _solved(release: Release, noise: DPNoise, rounds: int) -> float:
     """``calibration: target``'s σ for ``release``, solved once per process for the same
     releases, noise settings and rounds (a grid's configurations that differ only in their
-    step size or their seed share it). The key is the dataclasses' repr, which names every
-    field (an object without one misses, never collides), with the noise's seed set aside:
-    it keys the draws, not σ."""
-    key = repr((release, dataclasses.replace(noise, seed=0), rounds))
-    if key not in _CALIBRATED:
-        # start at the power of two nearest the sensitivity (a noise multiplier near 1)
-        scale = sensitivity(release, relation(release, noise))
-        start = 2.0 ** round(math.log2(scale)) if 0 < scale < math.inf else 1.0
-        _CALIBRATED[key] = calibrate_noise_std(
-            target_epsilon=noise.epsilon,
-            delta=noise.delta,
-            plan=lambda std: release_plan(release, noise, std, rounds),
-            accountant=noise.accountant,
-            start=start,
-        )
-    return _CALIBRATED[key]
+    step size or their seed share it): keyed by the declaration and every noise setting but
+    the seed, which keys the draws, not σ. A declaration or placement that cannot be hashed
+    (not a frozen dataclass) is solved every time."""
+    settings = tuple(
+        (field.name, getattr(noise, field.name))
+        for field in dataclasses.fields(noise)
+        if field.name != "seed"
+    )
+    try:
+        hash((release, settings))
+    except TypeError:
+        return _solve(release, noise, rounds)
+    return _solve_once(release, type(noise), settings, rounds)
+
+
+@functools.lru_cache(maxsize=CALIBRATION_CACHE_SIZE)
+def _solve_once(release: Release, kind: type[DPNoise], settings: tuple, rounds: int) -> float:
+    """:func:`_solve` for the noise settings ``settings`` (name, value pairs of ``kind``)."""
+    return _solve(release, kind(**dict(settings)), rounds)
+
+
+def _solve(release: Release, noise: DPNoise, rounds: int) -> float:
+    """The σ at which the accounting of ``release_plan`` certifies ``noise.epsilon``."""
+    # start at the power of two nearest the sensitivity (a noise multiplier near 1)
+    scale = sensitivity(release, relation(release, noise))
+    start = 2.0 ** round(math.log2(scale)) if 0 < scale < math.inf else 1.0
+    return calibrate_noise_std(
+        target_epsilon=noise.epsilon,
+        delta=noise.delta,
+        plan=lambda std: release_plan(release, noise, std, rounds),
+        accountant=noise.accountant,
+        start=start,
+    )
 
 
 def _unit_bound(release: Release, noise: DPNoise, rounds: int) -> tuple[Release, float]:

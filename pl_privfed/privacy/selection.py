@@ -31,6 +31,7 @@ from dp_accounting import dp_event
 from dp_accounting.rdp import RdpAccountant
 
 from pl_privfed.privacy.accounting import AccountantName, PrivacyAccountant
+from pl_privfed.privacy.mechanism import Mechanism, ReleaseKey
 
 __all__ = ["SHAPES", "composed_epsilon", "random_search_epsilon", "repetition_shape"]
 
@@ -49,18 +50,13 @@ SHAPES = {"poisson": math.inf, "geometric": 1.0, "logarithmic": 0.0}
 _ORDERS = [order for order in RdpAccountant().orders if order >= 1.5]
 
 
-def _merged(histories: Iterable[History]) -> dict[tuple, int]:
-    """The releases of every history, counted per distinct release."""
-    counts: dict[tuple, int] = {}
+def _merged(histories: Iterable[History]) -> dict[ReleaseKey, int]:
+    """The releases of every history, counted per distinct release
+    (:meth:`~pl_privfed.privacy.Mechanism.key`)."""
+    counts: dict[ReleaseKey, int] = {}
     for history in histories:
         for record in history:
-            population = record.get("population")
-            key = (
-                float(record["noise_multiplier"]),
-                float(record["sample_rate"]),
-                str(record.get("sampling") or "poisson"),
-                None if population is None else int(population),
-            )
+            key = Mechanism.from_record(record).key()
             counts[key] = counts.get(key, 0) + int(record["releases"])
     return counts
 
