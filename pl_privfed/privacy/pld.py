@@ -195,13 +195,20 @@ def _history_epsilon(
 
 def gaussian_epsilon(noise_multiplier: float, delta: float) -> float:
     """The exact ε at ``delta`` of one Gaussian mechanism of sensitivity 1 and noise std
-    ``noise_multiplier`` (the analytic Gaussian mechanism, Balle & Wang 2018): dp-accounting's
-    ``get_epsilon_gaussian`` (as the audit's :func:`~pl_privfed.privacy.audit_estimates.
-    gaussian_epsilon`), rounded up so that the ε returned always has ``δ(ε) ≤ delta`` by
-    dp-accounting's ``GaussianPrivacyLoss`` (0 where δ(0) already is)."""
+    ``noise_multiplier`` (the analytic Gaussian mechanism, Balle & Wang 2018, Thm. 8), the one
+    exact-Gaussian ε of the package: the certified ε of a history without sampling
+    (:func:`pld_epsilon`) and, with ``noise_multiplier = 1/μ``, ε of μ-GDP (Dong, Roth & Su),
+    the audit's estimate (:func:`~pl_privfed.privacy.audit.gaussian_estimate`).
+
+    dp-accounting's ``get_epsilon_gaussian`` (a root of its δ(ε) to 1e-12), rounded up so that
+    the ε returned always has ``δ(ε) ≤ delta`` by dp-accounting's ``GaussianPrivacyLoss``; 0
+    where dp-accounting's δ(0) is already at most ``delta`` (no root is searched), ``inf`` at
+    ``noise_multiplier = 0``."""
     epsilon = float(gaussian_mechanism.get_epsilon_gaussian(float(noise_multiplier), delta))
     if not math.isfinite(epsilon):
         return math.inf
+    if epsilon == 0.0:
+        return 0.0
     loss = GaussianPrivacyLoss(float(noise_multiplier), sensitivity=1.0)
     while float(loss.get_delta_for_epsilon(epsilon)) > delta:  # to the last digit, safe side
         epsilon = math.nextafter(epsilon, math.inf) + 1e-12 * epsilon
