@@ -21,8 +21,11 @@ settings (:class:`~pl_privfed.privacy.DPNoise`):
   at which the accountant certifies a target ε), :func:`check` — whether the accountant can
   compose the run's releases.
 
-No privacy mathematics lives here either: ε comes from the accountants of
-:mod:`pl_privfed.privacy.accounting` (Opacus, dp-accounting).
+What differs between a client-level and a record-level release is asked of the release's
+kind (:func:`~pl_privfed.privacy.level_of`: :class:`~pl_privfed.privacy.ClientLevel` or
+:class:`~pl_privfed.privacy.RecordLevel`), never branched on here. No privacy mathematics
+lives here either: ε comes from the accountants of :mod:`pl_privfed.privacy.accounting`
+(Opacus, dp-accounting).
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from collections import Counter
 from pl_privfed.privacy.accounting import PrivacyAccountant
 from pl_privfed.privacy.calibration import calibrate_noise_std, paper_noise_std
 from pl_privfed.privacy.levels import level_of
-from pl_privfed.privacy.mechanism import AccountingBasis, Mechanism
+from pl_privfed.privacy.mechanism import AccountingBasis, Mechanism, ReleaseKey
 from pl_privfed.privacy.noise import DPNoise, Neighbouring, relation_factor
 from pl_privfed.privacy.placement import ADVERSARIES, Adversary, LocalNoise
 from pl_privfed.privacy.release import Release
@@ -169,8 +172,8 @@ def release_plan(
     if not level_of(release).round_dependent:
         mechs = round_mechanisms(release, noise, noise_std, 0, adversary)
         return [(m, rounds) for m in mechs]
-    counts: Counter = Counter()
-    kinds: dict[tuple, Mechanism] = {}
+    counts: Counter[ReleaseKey] = Counter()
+    kinds: dict[ReleaseKey, Mechanism] = {}
     for k in range(rounds):
         for m in round_mechanisms(release, noise, noise_std, k, adversary):
             counts[m.key()] += 1
