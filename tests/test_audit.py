@@ -42,13 +42,13 @@ from pl_privfed.privacy.audit import (
     canary_directions,
     canary_membership,
     canary_participation,
-    gaussian_epsilon,
     gaussian_estimate,
     guess_counts,
     one_run_audit,
     one_run_lower_bound,
     one_run_p_value,
 )
+from pl_privfed.privacy.pld import gaussian_epsilon
 from pl_privfed.rng import (
     AUDIT_COLLUSION,
     AUDIT_NOISE,
@@ -72,17 +72,27 @@ def gdp_delta(eps, mu):
 
 
 @pytest.mark.parametrize("mu", [0.3, 1.0, 2.0, 5.0])
-def test_gaussian_epsilon_lies_on_the_gdp_curve(mu):
-    eps = gaussian_epsilon(mu, 1e-5)
+def test_the_estimate_reads_mu_on_the_gdp_curve(mu):
+    """The estimate's ε of μ is the Gaussian mechanism's at noise multiplier 1/μ."""
+    eps = gaussian_epsilon(1 / mu, 1e-5)
     assert gdp_delta(eps, mu) == pytest.approx(1e-5, rel=1e-6)
-    assert gaussian_epsilon(mu * 1.1, 1e-5) > eps  # more separation, more ε
-    assert gaussian_epsilon(mu, 1e-3) < eps  # a larger δ, a smaller ε
+    assert gaussian_epsilon(1 / (mu * 1.1), 1e-5) > eps  # more separation, more ε
+    assert gaussian_epsilon(1 / mu, 1e-3) < eps  # a larger δ, a smaller ε
+    rng = np.random.default_rng(0)
+    held_out = rng.normal(0.0, 1.0, 200)
+    jitter = rng.normal(0.0, 0.1, 200)
+    shifted = held_out.mean() + mu * held_out.std(ddof=1) + (jitter - jitter.mean())  # μ apart
+    estimate = gaussian_estimate(shifted, held_out, 1e-5)
+    assert estimate.mu == pytest.approx(mu, rel=1e-12)
+    assert estimate.epsilon == gaussian_epsilon(1 / estimate.mu, 1e-5)
 
 
-def test_gaussian_epsilon_of_no_separation_is_zero():
-    assert gaussian_epsilon(0.0, 1e-5) == 0.0
-    assert gaussian_epsilon(-1.0, 1e-5) == 0.0
-    assert gaussian_epsilon(math.inf, 1e-5) == math.inf
+def test_no_separation_estimates_zero_and_full_separation_infinity():
+    held_out = [0.0, 1.0, 2.0, 3.0]
+    assert gaussian_estimate([0.0, 1.0], held_out, 1e-5).epsilon == 0.0  # μ < 0
+    assert gaussian_estimate([1.0, 2.0], held_out, 1e-5).epsilon == 0.0  # μ = 1.5 - 1.5 = 0
+    flat = gaussian_estimate([2.0, 2.0], [1.0, 1.0], 1e-5)  # held-out spread 0, a shift
+    assert flat.mu == math.inf and flat.epsilon == math.inf
 
 
 def test_gaussian_estimate_recovers_mu_from_synthetic_cosines():
@@ -93,7 +103,7 @@ def test_gaussian_estimate_recovers_mu_from_synthetic_cosines():
     s = 1 / math.sqrt(d)
     many = gaussian_estimate(rng.normal(mu * s, s, 20_000), rng.normal(0, s, 20_000), 1e-5)
     assert many.mu == pytest.approx(mu, abs=0.05)
-    assert many.epsilon == pytest.approx(gaussian_epsilon(many.mu, 1e-5))
+    assert many.epsilon == gaussian_epsilon(1 / many.mu, 1e-5)
     assert many.epsilon_low < many.epsilon < many.epsilon_high
     # 50 and 50 canaries (the default audit): the estimate is noisy, its interval says how much
     # (measured over 1,000 such audits: μ̂ is 1.53 ± 0.26, and μ_low <= μ in 93.4 % of them)

@@ -22,7 +22,7 @@ from pl_privfed.algorithms.soteria import SoteriaFL
 from pl_privfed.engine import run_round
 from pl_privfed.graphs import Topology
 from pl_privfed.operators import Identity, RandKBiased, TopK
-from pl_privfed.privacy import DPNoise
+from pl_privfed.privacy import DPNoise, level_of
 from pl_privfed.rng import STREAM_COMPRESSION, STREAM_OUTPUT, keyed_generator
 
 DT = torch.float64
@@ -449,7 +449,9 @@ def test_record_sampling_takes_m_from_the_data_and_checks_b(name):
     alg = make(batch_size=2)
     alg.configure_data(**data)
     alg.setup(num_clients=3, dim=D, num_rounds=10, dtype=DT)
-    assert alg.local_dataset_size == 37 and alg.release().paper_rate == pytest.approx(2 / 37)
+    assert alg.local_dataset_size == 37 and level_of(alg.release()).paper_rate == pytest.approx(
+        2 / 37
+    )
     assert paper_mechanisms(alg)[0].sample_rate == pytest.approx(2 / 37)
     # by round k an example has been used ⌈2(k+1)/37⌉ times: rounds 0 and 18 (positions 36, 37)
     assert [len(mechanisms(alg, k)) for k in range(20)] == [1] + [0] * 17 + [1, 0]

@@ -458,7 +458,7 @@ def test_private_configurations_with_their_own_epsilon_keep_their_own_ledgers(
     grid = {"noise.epsilon": [2.0, 8.0], "step_size": [0.1, 0.05]}
     module = GridModule(_model(), alg, grad_backend="vmap", grid=grid, grid_dir=str(tmp_path / "g"))
     solved = []  # σ is solved once per target ε: the step size does not enter the calibration
-    monkeypatch.setattr(plan, "_CALIBRATED", {})
+    plan._solve_once.cache_clear()
     monkeypatch.setattr(plan, "calibrate_noise_std", lambda **kw: solved.append(kw) or
                         calibrate_noise_std(**kw))  # fmt: skip
     _fit(module, tmp_path / "grid", 3)

@@ -15,6 +15,7 @@ from pl_privfed.privacy import (
     Mechanism,
     PrivacyAccountant,
     PrivacyLedger,
+    ReleaseKey,
     calibrate_noise_multiplier,
     calibrate_noise_std,
 )
@@ -225,8 +226,11 @@ def test_the_epsilon_memo_returns_what_a_fresh_computation_returns(monkeypatch):
     and the exact ε alike."""
     from pl_privfed.privacy import pld
 
-    history = [((1.2863, "poisson", 0.1), 300), ((2.0, "poisson", 0.1), 10)]
-    monkeypatch.setattr(pld, "_EPSILON", type(pld._EPSILON)())
+    history = [
+        (ReleaseKey(1.2863, 0.1, "poisson", None), 300),
+        (ReleaseKey(2.0, 0.1, "poisson", None), 10),
+    ]
+    pld._history_epsilon.cache_clear()
     exact, coarse = pld.pld_epsilon(history, DELTA), pld.pld_epsilon(history, DELTA, True)
     composed = []
     real = pld._composed_epsilon
@@ -234,7 +238,7 @@ def test_the_epsilon_memo_returns_what_a_fresh_computation_returns(monkeypatch):
     assert pld.pld_epsilon(history, DELTA) == exact and not composed  # remembered
     assert pld.pld_epsilon(history, DELTA, coarse_only=True) == coarse and not composed
     assert pld.pld_epsilon(history, 1e-6) > exact and composed  # another δ is another question
-    monkeypatch.setattr(pld, "_EPSILON", type(pld._EPSILON)())  # forgotten: computed again
+    pld._history_epsilon.cache_clear()  # forgotten: computed again
     assert pld.pld_epsilon(history, DELTA) == exact and coarse < exact * 1.02
 
 
@@ -244,7 +248,7 @@ def test_configurations_that_differ_in_their_noise_seed_share_one_calibration(mo
     from pl_privfed.privacy import plan
 
     solved = []
-    monkeypatch.setattr(plan, "_CALIBRATED", {})
+    plan._solve_once.cache_clear()
     monkeypatch.setattr(plan, "calibrate_noise_std", lambda **kw: solved.append(kw) or
                         calibrate_noise_std(**kw))  # fmt: skip
     stds = []
@@ -273,7 +277,7 @@ def test_configurations_that_differ_in_their_bound_share_one_calibration(
     from pl_privfed.sampling import FixedSizeSampler, PoissonSampler
 
     solved = []
-    monkeypatch.setattr(plan, "_CALIBRATED", {})
+    plan._solve_once.cache_clear()
     monkeypatch.setattr(plan, "calibrate_noise_std", lambda **kw: solved.append(kw) or
                         calibrate_noise_std(**kw))  # fmt: skip
     stds, epsilons = {}, {}

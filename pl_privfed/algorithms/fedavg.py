@@ -249,7 +249,7 @@ class FedAvgPerSampleClipping(LocalUpdateAlgorithm):
     in the round's batch that all ``τ`` steps of :class:`~pl_privfed.algorithms.LocalGD` reuse
     (one use is then ``τ`` Gaussians on the same sample: multiplier ``σ/(sens·√τ)``). The
     defensible ε composes a record's uses as the data draws them
-    (:func:`~pl_privfed.privacy.plan.record_round_mechanisms`): with the datamodule's
+    (:meth:`~pl_privfed.privacy.RecordLevel.uses`): with the datamodule's
     ``batch_sampling: without_replacement`` one release per round on a sample of the round's
     ``L = B·T`` positions of the ``N`` records of the smallest shard (a record is in at most one
     step of a round), amplified as sampling without replacement (dp-accounting); with

@@ -15,7 +15,7 @@ from typing_extensions import override
 
 from pl_privfed.callbacks._logging import warn_once
 from pl_privfed.checks import check_choice
-from pl_privfed.privacy import plan
+from pl_privfed.privacy import level_of, plan
 from pl_privfed.privacy.audit import (
     ClientCanaries,
     RecordCanaries,
@@ -191,7 +191,7 @@ class PrivacyAudit(pl.Callback):
                 "PrivacyAudit: the algorithm declares no release, so the privacy unit is "
                 "unknown; give PrivacyAudit(level='client') or level='record'"
             )
-        return "record" if release.records is not None else "client"
+        return level_of(release).name
 
     def _plant(self, algorithm: Any, x: Tensor) -> ClientCanaries | RecordCanaries:
         release = self._release(algorithm)

@@ -2,6 +2,9 @@
 calibration, a run's ledger and secure aggregation.
 
 * :mod:`~pl_privfed.privacy.release` — :class:`Release`, what an algorithm declares it releases;
+* :mod:`~pl_privfed.privacy.levels` — the kinds of privacy unit as types: :class:`ClientLevel`
+  and :class:`RecordLevel` (:func:`level_of` a release), each owning its adversaries, relation,
+  releases per round and what its ε assumes;
 * :mod:`~pl_privfed.privacy.placement` — where the noise goes: :class:`LocalNoise`,
   :class:`CentralNoise`, :class:`DistributedNoise` and their registry
   (:func:`register_placement`);
@@ -29,7 +32,8 @@ from pl_privfed.privacy.calibration import (
     paper_noise_std,
 )
 from pl_privfed.privacy.ledger import PrivacyLedger
-from pl_privfed.privacy.mechanism import AccountingBasis, Mechanism, Sampling
+from pl_privfed.privacy.levels import ClientLevel, PrivacyLevel, RecordLevel, level_of
+from pl_privfed.privacy.mechanism import AccountingBasis, Mechanism, ReleaseKey, Sampling
 from pl_privfed.privacy.noise import Calibration, DPNoise, Neighbouring, Placement, relation_factor
 from pl_privfed.privacy.placement import (
     MAX_ABORT_PROBABILITY,
@@ -55,6 +59,7 @@ __all__ = [
     "BatchSampling",
     "Calibration",
     "CentralNoise",
+    "ClientLevel",
     "Cohort",
     "DPNoise",
     "DistributedNoise",
@@ -65,8 +70,11 @@ __all__ = [
     "Placement",
     "PrivacyAccountant",
     "PrivacyLedger",
+    "PrivacyLevel",
+    "RecordLevel",
     "RecordUse",
     "Release",
+    "ReleaseKey",
     "Sampling",
     "SecureAggregation",
     "abort_probability",
@@ -75,6 +83,7 @@ __all__ = [
     "calibrate_noise_std",
     "epsilon_of_plan",
     "largest_min_contributors",
+    "level_of",
     "paper_noise_std",
     "plan",
     "register_placement",

@@ -29,7 +29,7 @@ mechanism with the given noise multiplier (noise std / sensitivity), sampled as 
 
 from __future__ import annotations
 
-from collections import OrderedDict
+import functools
 from typing import Literal
 
 import dp_accounting
@@ -40,13 +40,12 @@ from opacus.accountants import RDPAccountant, create_accountant
 from opacus.accountants.analysis import rdp as rdp_analysis
 
 from pl_privfed.checks import check_choice
-from pl_privfed.privacy.mechanism import Mechanism, Sampling
-from pl_privfed.privacy.pld import _remember, pld_epsilon
+from pl_privfed.privacy.mechanism import Mechanism, ReleaseKey, Sampling
+from pl_privfed.privacy.pld import pld_epsilon
 
-#: one-step RDP curves by release, shared by every accountant of the process (bounded, least
-#: recently used first out, as pld's caches)
-_RDP_CURVES: OrderedDict = OrderedDict()
-_RDP_CURVES_SIZE = 4096
+#: one-step RDP curves kept per library (a release's curve, shared by every accountant of the
+#: process), least recently used first out
+RDP_CURVE_CACHE_SIZE = 4096
 
 __all__ = ["ACCOUNTANTS", "AccountantName", "PrivacyAccountant"]
 
@@ -220,14 +219,7 @@ class PrivacyAccountant:
         """dp-accounting's PLD ε for the recorded history (:mod:`pl_privfed.privacy.pld`)."""
         if not self.steps:
             return 0.0
-        counts: dict[tuple, int] = {}
-        for sigma, rate, steps in self._accountant.history:
-            key = (float(sigma), "poisson" if rate < 1 else "none", float(rate))
-            counts[key] = counts.get(key, 0) + int(steps)
-        for sigma, size, population, steps in self._without_replacement:
-            key = (float(sigma), "without_replacement", int(size) / int(population))
-            counts[key] = counts.get(key, 0) + int(steps)
-        return pld_epsilon(counts.items(), delta, coarse_only=coarse_only)
+        return pld_epsilon(self.releases().items(), delta, coarse_only=coarse_only)
 
     def _dp_accounting_epsilon(self, delta: float) -> float:
         """dp-accounting's RDP ε (replace-one) for a history with releases sampled without
@@ -235,24 +227,15 @@ class PrivacyAccountant:
         curve is computed once (by composing that one event into a fresh
         ``dp_accounting.rdp.RdpAccountant``) and the curves are summed, as RDP composes."""
         total = None
-        events: list[tuple[tuple, object, int]] = [
-            (("dp-accounting", sigma), dp_accounting.GaussianDpEvent(sigma), int(steps))
-            for sigma, _, steps in self._accountant.history
+        curves = [
+            (_replace_one_curve(sigma), steps) for sigma, _, steps in self._accountant.history
         ]
-        for sigma, size, population, steps in self._without_replacement:
-            event = dp_accounting.SampledWithoutReplacementDpEvent(
-                int(population), int(size), dp_accounting.GaussianDpEvent(sigma)
-            )
-            events.append((("dp-accounting", sigma, size, population), event, int(steps)))
-        for key, event, steps in events:
-            if key not in _RDP_CURVES:
-                one = RdpAccountant(
-                    neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE
-                )
-                one.compose(event)
-                _remember(_RDP_CURVES, key, one.rdp, _RDP_CURVES_SIZE)
-            curve = _RDP_CURVES[key]
-            total = steps * curve if total is None else total + steps * curve
+        curves += [
+            (_replace_one_curve(sigma, int(size), int(population)), steps)
+            for sigma, size, population, steps in self._without_replacement
+        ]
+        for curve, steps in curves:
+            total = int(steps) * curve if total is None else total + int(steps) * curve
         orders = RdpAccountant().orders  # the orders every curve above was computed at
         return float(compute_epsilon(orders, total, delta)[0])
 
@@ -289,34 +272,35 @@ class PrivacyAccountant:
         orders = RDPAccountant.DEFAULT_ALPHAS
         rdp = np.zeros(len(orders))
         for noise_multiplier, sample_rate, steps in self._accountant.history:
-            key = (float(noise_multiplier), float(sample_rate))
-            if key not in _RDP_CURVES:
-                curve = np.asarray(
-                    rdp_analysis.compute_rdp(
-                        q=sample_rate, noise_multiplier=noise_multiplier, steps=1, orders=orders
-                    ),
-                    dtype=np.float64,
-                )
-                _remember(_RDP_CURVES, key, curve, _RDP_CURVES_SIZE)
-            rdp = rdp + steps * _RDP_CURVES[key]
+            rdp = rdp + steps * _opacus_curve(float(noise_multiplier), float(sample_rate))
         eps, _ = rdp_analysis.get_privacy_spent(orders=orders, rdp=rdp, delta=delta)
         return float(eps)
+
+    def releases(self) -> dict[ReleaseKey, int]:
+        """How many times each distinct release was applied, by its key
+        (:meth:`~pl_privfed.privacy.Mechanism.key`), in the order first recorded: the releases
+        without sampling or Poisson-sampled, then those sampled without replacement."""
+        counts: dict[ReleaseKey, int] = {}
+        for sigma, rate, steps in self._accountant.history:
+            sampling = "poisson" if rate < 1 else "none"
+            key = Mechanism(float(sigma), float(rate), sampling=sampling).key()
+            counts[key] = counts.get(key, 0) + int(steps)
+        for sigma, size, population, steps in self._without_replacement:
+            m = int(population)
+            mech = Mechanism(
+                float(sigma), int(size) / m, sampling="without_replacement", population=m
+            )
+            counts[mech.key()] = counts.get(mech.key(), 0) + int(steps)
+        return counts
 
     def history(self) -> list[dict]:
         """The recorded releases as plain records, one per distinct release (``summary.json``
         keeps them so that a report can compose runs again: the cost of selecting among
-        them, :mod:`pl_privfed.privacy.selection`): ``noise_multiplier``, ``sample_rate``,
-        ``sampling``, ``population`` (``None`` unless sampled without replacement) and
-        ``releases`` (how many times it was applied)."""
-        counts: dict[tuple, int] = {}
-        for sigma, rate, steps in self._accountant.history:
-            key = (float(sigma), float(rate), "poisson" if rate < 1 else "none", None)
-            counts[key] = counts.get(key, 0) + int(steps)
-        for sigma, size, population, steps in self._without_replacement:
-            key = (float(sigma), int(size) / int(population), "without_replacement", population)
-            counts[key] = counts.get(key, 0) + int(steps)
-        names = ("noise_multiplier", "sample_rate", "sampling", "population")
-        return [{**dict(zip(names, key, strict=True)), "releases": n} for key, n in counts.items()]
+        them, :mod:`pl_privfed.privacy.selection`): the fields of its
+        :class:`~pl_privfed.privacy.mechanism.ReleaseKey` (``noise_multiplier``,
+        ``sample_rate``, ``sampling``, ``population``: ``None`` unless sampled without
+        replacement) and ``releases`` (how many times it was applied)."""
+        return [{**key._asdict(), "releases": n} for key, n in self.releases().items()]
 
     def state_dict(self) -> dict:
         state = dict(self._accountant.state_dict())
@@ -327,3 +311,37 @@ class PrivacyAccountant:
         state = dict(state)
         self._without_replacement = [list(e) for e in state.pop("without_replacement", [])]
         self._accountant.load_state_dict(state)
+
+
+@functools.lru_cache(maxsize=RDP_CURVE_CACHE_SIZE)
+def _opacus_curve(noise_multiplier: float, sample_rate: float) -> np.ndarray:
+    """Opacus's one-step RDP curve of a Gaussian release (Poisson-subsampled at
+    ``sample_rate``) at ``RDPAccountant.DEFAULT_ALPHAS`` (read-only: it is shared)."""
+    curve = np.asarray(
+        rdp_analysis.compute_rdp(
+            q=sample_rate,
+            noise_multiplier=noise_multiplier,
+            steps=1,
+            orders=RDPAccountant.DEFAULT_ALPHAS,
+        ),
+        dtype=np.float64,
+    )
+    curve.setflags(write=False)
+    return curve
+
+
+@functools.lru_cache(maxsize=RDP_CURVE_CACHE_SIZE)
+def _replace_one_curve(
+    noise_multiplier: float, size: int | None = None, population: int | None = None
+) -> np.ndarray:
+    """dp-accounting's one-step RDP curve (replace-one, its default orders) of a Gaussian
+    release, sampled without replacement of ``size`` of ``population`` where given
+    (read-only: it is shared)."""
+    event = dp_accounting.GaussianDpEvent(noise_multiplier)
+    if size is not None:
+        event = dp_accounting.SampledWithoutReplacementDpEvent(population, size, event)
+    one = RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
+    one.compose(event)
+    curve = np.asarray(one.rdp, dtype=np.float64)
+    curve.setflags(write=False)
+    return curve

@@ -73,7 +73,6 @@ from torch import Tensor
 from pl_privfed.privacy.audit_estimates import (
     GaussianEstimate,
     OneRunAudit,
-    gaussian_epsilon,
     gaussian_estimate,
     guess_counts,
     one_run_audit,
@@ -97,7 +96,6 @@ __all__ = [
     "canary_directions",
     "canary_membership",
     "canary_participation",
-    "gaussian_epsilon",
     "gaussian_estimate",
     "guess_counts",
     "one_run_audit",

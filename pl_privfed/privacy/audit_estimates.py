@@ -13,12 +13,12 @@ import numpy as np
 import scipy.optimize
 import scipy.special
 import scipy.stats
-from dp_accounting import gaussian_mechanism
+
+from pl_privfed.privacy.pld import gaussian_epsilon
 
 __all__ = [
     "GaussianEstimate",
     "OneRunAudit",
-    "gaussian_epsilon",
     "gaussian_estimate",
     "guess_counts",
     "one_run_audit",
@@ -28,24 +28,15 @@ __all__ = [
 
 
 # ---------------------------------------------------------------------------- Gaussian fit
-def gaussian_epsilon(mu: float, delta: float) -> float:
-    """ε of μ-GDP at ``delta``: the Gaussian mechanism of sensitivity 1 and noise std ``1/μ``
-    (Dong, Roth & Su), by dp-accounting's exact conversion (``get_epsilon_gaussian``, Balle &
-    Wang's analytic Gaussian mechanism); 0 for ``μ <= 0``."""
-    if not mu > 0:
-        return 0.0
-    if not math.isfinite(mu):
-        return math.inf
-    return float(gaussian_mechanism.get_epsilon_gaussian(1.0 / mu, delta))
-
-
 @dataclass(frozen=True)
 class GaussianEstimate:
     """The Gaussian fit of an audit statistic (Andrew et al. 2024).
 
     Attributes:
         mu: ``(mean_in − mean_out)/std_out``.
-        epsilon: ε of μ-GDP at ``delta`` (0 when ``mu <= 0``): the estimate.
+        epsilon: ε of μ-GDP at ``delta``: the Gaussian mechanism of noise multiplier
+            ``1/mu`` (:func:`~pl_privfed.privacy.pld.gaussian_epsilon`; 0 when ``mu <= 0``):
+            the estimate.
         delta: the δ of ``epsilon``.
         confidence: the one-sided level of ``mu_low`` and ``mu_high``.
         mu_low, mu_high: ``mu`` minus and plus ``z_confidence`` standard errors of its sampling
@@ -85,8 +76,9 @@ def gaussian_estimate(
 ) -> GaussianEstimate:
     """Andrew et al.'s ε estimate: fit a Gaussian to the held-out canaries' statistic, measure
     the inserted canaries' mean shift in its standard deviations, ``μ``, and read ``μ`` as
-    μ-GDP at ``delta`` (:func:`gaussian_epsilon`), with ``μ``'s sampling error across canaries
-    (:class:`GaussianEstimate`). An estimate, not a bound."""
+    μ-GDP at ``delta`` (the Gaussian mechanism of noise multiplier ``1/μ``,
+    :func:`~pl_privfed.privacy.pld.gaussian_epsilon`), with ``μ``'s sampling error across
+    canaries (:class:`GaussianEstimate`). An estimate, not a bound."""
     a = np.asarray(inserted, dtype=np.float64)
     b = np.asarray(held_out, dtype=np.float64)
     if a.size < 2 or b.size < 2:
@@ -108,15 +100,19 @@ def gaussian_estimate(
         mu, spread = (math.inf if shift > 0 else 0.0), 0.0
     z = float(scipy.stats.norm.ppf(confidence))
     low, high = mu - z * spread, mu + z * spread
+
+    def epsilon(separation: float) -> float:  # μ-GDP: noise multiplier 1/μ; none below 0
+        return gaussian_epsilon(1.0 / separation, delta) if separation > 0 else 0.0
+
     return GaussianEstimate(
         mu,
-        gaussian_epsilon(mu, delta),
+        epsilon(mu),
         delta,
         confidence,
         low,
         high,
-        gaussian_epsilon(low, delta),
-        gaussian_epsilon(high, delta),
+        epsilon(low),
+        epsilon(high),
         mean_in,
         std_in,
         mean_out,

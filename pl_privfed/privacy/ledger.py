@@ -19,6 +19,7 @@ from typing import Any
 
 from pl_privfed.privacy import plan
 from pl_privfed.privacy.accounting import PrivacyAccountant
+from pl_privfed.privacy.levels import level_of
 from pl_privfed.privacy.mechanism import Mechanism
 from pl_privfed.privacy.noise import DPNoise
 from pl_privfed.privacy.release import Release
@@ -170,7 +171,7 @@ class PrivacyLedger:
             "neighbouring_relation": rel,
             "sensitivity": plan.sensitivity(release, rel),
             "message_bound": release.bound,
-            "sample_rate": release.paper_rate,
+            "sample_rate": level_of(release).paper_rate,
             "accountant": noise.accountant,
             **noise.where.record(),
         }

@@ -11,12 +11,13 @@ than a certificate.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from pl_privfed.checks import check_choice
 
-__all__ = ["AccountingBasis", "Mechanism", "Sampling"]
+__all__ = ["AccountingBasis", "Mechanism", "ReleaseKey", "Sampling"]
 
 #: How the privacy unit enters a release: ``"none"`` (always, no amplification), ``"poisson"``
 #: (independently with probability ``sample_rate``: Opacus's subsampled Gaussian, add/remove),
@@ -24,6 +25,18 @@ __all__ = ["AccountingBasis", "Mechanism", "Sampling"]
 #: population`` of the ``population`` units: dp-accounting's ``SampledWithoutReplacementDpEvent``,
 #: replace-one).
 Sampling = Literal["none", "poisson", "without_replacement"]
+
+
+class ReleaseKey(NamedTuple):
+    """What identifies a Gaussian release for composition (:meth:`Mechanism.key`): the one key
+    the accountants count releases by, the PLDs and RDP curves are cached by, and a run's
+    ``history`` records (``summary.json``) are written and read back with. An unamplified
+    release is always ``(σ, 1.0, "none", None)``."""
+
+    noise_multiplier: float
+    sample_rate: float
+    sampling: Sampling
+    population: int | None
 
 
 @dataclass(frozen=True)
@@ -80,15 +93,28 @@ class Mechanism:
             return None
         return round(self.sample_rate * self.population)
 
-    def key(self) -> tuple:
+    def key(self) -> ReleaseKey:
         """What identifies the release for composition (the privacy unit is a label only)."""
         if not self.amplified:
-            return (float(self.noise_multiplier), 1.0, "none", None)
-        return (
+            return ReleaseKey(float(self.noise_multiplier), 1.0, "none", None)
+        return ReleaseKey(
             float(self.noise_multiplier),
             float(self.sample_rate),
             self.sampling,
             self.population,
+        )
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> Mechanism:
+        """The release of a ``history`` record (:meth:`~pl_privfed.privacy.PrivacyAccountant.
+        history`: ``noise_multiplier``, ``sample_rate``, ``sampling`` (default ``"poisson"``)
+        and ``population``), checked as any release."""
+        population = record.get("population")
+        return cls(
+            float(record["noise_multiplier"]),
+            float(record["sample_rate"]),
+            sampling=str(record.get("sampling") or "poisson"),  # type: ignore[arg-type]
+            population=None if population is None else int(population),
         )
 
 

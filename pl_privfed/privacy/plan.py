@@ -21,23 +21,27 @@ settings (:class:`~pl_privfed.privacy.DPNoise`):
   at which the accountant certifies a target ε), :func:`check` — whether the accountant can
   compose the run's releases.
 
-No privacy mathematics lives here either: ε comes from the accountants of
-:mod:`pl_privfed.privacy.accounting` (Opacus, dp-accounting).
+What differs between a client-level and a record-level release is asked of the release's
+kind (:func:`~pl_privfed.privacy.level_of`: :class:`~pl_privfed.privacy.ClientLevel` or
+:class:`~pl_privfed.privacy.RecordLevel`), never branched on here. No privacy mathematics
+lives here either: ε comes from the accountants of :mod:`pl_privfed.privacy.accounting`
+(Opacus, dp-accounting).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections import Counter
 
-from pl_privfed.checks import check_choice
 from pl_privfed.privacy.accounting import PrivacyAccountant
 from pl_privfed.privacy.calibration import calibrate_noise_std, paper_noise_std
-from pl_privfed.privacy.mechanism import AccountingBasis, Mechanism
+from pl_privfed.privacy.levels import level_of
+from pl_privfed.privacy.mechanism import AccountingBasis, Mechanism, ReleaseKey
 from pl_privfed.privacy.noise import DPNoise, Neighbouring, relation_factor
 from pl_privfed.privacy.placement import ADVERSARIES, Adversary, LocalNoise
-from pl_privfed.privacy.release import BatchSampling, Release
+from pl_privfed.privacy.release import Release
 
 __all__ = [
     "ADVERSARIES",
@@ -48,12 +52,10 @@ __all__ = [
     "calibration_rounds",
     "check",
     "check_placement",
-    "check_record_sampling",
     "describe",
     "not_charged",
     "paper_accounting_basis",
     "paper_mechanisms",
-    "record_round_mechanisms",
     "relation",
     "release_plan",
     "round_mechanisms",
@@ -66,44 +68,32 @@ __all__ = [
 def adversaries(release: Release, noise: DPNoise) -> list[Adversary]:
     """The adversaries a run reports an ε against, the headline first: the server for local
     and distributed noise (it sees the most), whoever sees the models for central noise (the
-    aggregator is trusted: no guarantee against it, :func:`trusted`)."""
-    if release.records is not None:
-        return list(ADVERSARIES)
-    return list(noise.where.adversaries)
+    aggregator is trusted: no guarantee against it, :func:`trusted`); both for a record-level
+    release (:class:`~pl_privfed.privacy.PrivacyLevel`)."""
+    return level_of(release).adversaries(noise)
 
 
 def trusted(release: Release, noise: DPNoise) -> str | None:
     """What the run assumes it can trust, or ``None``."""
-    return noise.where.trusted() if release.records is None else None
+    return level_of(release).trusted(noise)
 
 
 def describe(release: Release, noise: DPNoise, adversary: Adversary) -> str:
     """Who the adversary is and what it sees, in words."""
-    if adversary == "models":
-        if release.records is not None:
-            return (
-                "whoever sees the released models (a post-processing of what "
-                f"{release.observer} sees: no smaller ε is claimed)"
-            )
-        return "whoever sees the released models, but not who took part in a round"
-    if release.records is not None:
-        return LocalNoise().server_view(release.observer)
-    return noise.where.server_view(release.observer)
+    return level_of(release).sees(noise, adversary)
 
 
 def not_charged(release: Release, noise: DPNoise, rounds: int | None) -> str | None:
     """What a run of ``rounds`` rounds reveals that its ε does not charge, or ``None``
     (:meth:`~pl_privfed.privacy.NoisePlacement.not_charged`: the abort pattern of distributed
     noise run with ``allow_aborts``)."""
-    return noise.where.not_charged(release, rounds) if release.records is None else None
+    return level_of(release).not_charged(noise, rounds)
 
 
 def unit(release: Release, noise: DPNoise) -> str:
     """The privacy unit with where the noise goes, e.g. ``"client-level DP, central noise (a
     trusted aggregator noises the sum)"``."""
-    if release.records is not None:
-        return release.unit
-    return f"{release.unit}, {noise.where.phrase()}"
+    return level_of(release).unit(noise)
 
 
 def relation(release: Release, noise: DPNoise, adversary: Adversary | None = None) -> Neighbouring:
@@ -116,13 +106,8 @@ def relation(release: Release, noise: DPNoise, adversary: Adversary | None = Non
     without replacement is analysed under replace-one). Record-level: the server's relation
     for both (the models are post-processing of its view).
     """
-    headline = adversaries(release, noise)[0]
-    adversary = headline if adversary is None else adversary
-    if noise.neighbouring is not None and (adversary == headline or release.records is not None):
-        return noise.neighbouring
-    if adversary == "server" or release.records is not None:
-        return "replace_one"
-    return "replace_one" if release.cohort == "fixed" else "add_remove"
+    level = level_of(release)
+    return level.relation(noise, level.adversaries(noise)[0] if adversary is None else adversary)
 
 
 def sensitivity(release: Release, relation: Neighbouring) -> float:
@@ -157,39 +142,21 @@ def round_mechanisms(
     cohort at its rate, or by a fixed-size cohort as sampling without replacement of ``B`` of
     the ``N`` clients; no amplification when every client takes part or the server averages
     over the realized cohort. Record-level: a record's releases as the data draws it
-    (:func:`record_round_mechanisms`), for both adversaries.
+    (:meth:`~pl_privfed.privacy.RecordLevel.uses`), for both adversaries.
     """
-    adversary = adversaries(release, noise)[0] if adversary is None else adversary
-    sens = sensitivity(release, relation(release, noise, adversary))
-    records = release.records
-    label = unit(release, noise)
-    if records is not None:
-        return record_round_mechanisms(
-            noise_std / (sens * math.sqrt(records.gaussians_per_use)),
-            positions=records.positions,
-            population=records.population,
-            batch_sampling=records.batch_sampling,
-            round_index=round_index,
-            privacy_unit=label,
-        )
-    multiplier = noise_std / sens
-    if adversary == "models" and release.participation < 1:
-        if release.cohort == "poisson":
-            return [Mechanism(multiplier, release.participation, label, sampling="poisson")]
-        if release.cohort == "fixed":
-            n, b = int(release.clients), int(release.cohort_size)
-            return [Mechanism(multiplier, b / n, label, "without_replacement", population=n)]
-    return [Mechanism(multiplier, 1.0, label, sampling="none")]
+    level = level_of(release)
+    adversary = level.adversaries(noise)[0] if adversary is None else adversary
+    sens = sensitivity(release, level.relation(noise, adversary))
+    return level.mechanisms(noise, noise_std, sens, round_index, adversary)
 
 
 def paper_mechanisms(release: Release, noise_std: float) -> list[Mechanism]:
     """The releases of one round as the papers account them: add/remove, and Poisson
     amplification at the nominal rate (reported beside the defensible ε)."""
-    records = release.records
-    gaussians = 1 if records is None else records.paper_gaussians_per_release
-    count = 1 if records is None else records.paper_releases_per_round
+    level = level_of(release)
+    gaussians = level.paper_gaussians_per_release
     multiplier = noise_std / (sensitivity(release, "add_remove") * math.sqrt(gaussians))
-    return [Mechanism(multiplier, release.paper_rate, release.unit)] * count
+    return [Mechanism(multiplier, level.paper_rate, release.unit)] * level.paper_releases_per_round
 
 
 def release_plan(
@@ -202,11 +169,11 @@ def release_plan(
     """Every release of ``rounds`` rounds at noise std ``noise_std`` against ``adversary``
     (default the headline), as ``(mechanism, count)`` pairs: what ``calibration: target``
     solves over."""
-    if not release.round_dependent:
+    if not level_of(release).round_dependent:
         mechs = round_mechanisms(release, noise, noise_std, 0, adversary)
         return [(m, rounds) for m in mechs]
-    counts: Counter = Counter()
-    kinds: dict[tuple, Mechanism] = {}
+    counts: Counter[ReleaseKey] = Counter()
+    kinds: dict[ReleaseKey, Mechanism] = {}
     for k in range(rounds):
         for m in round_mechanisms(release, noise, noise_std, k, adversary):
             counts[m.key()] += 1
@@ -214,8 +181,8 @@ def release_plan(
     return [(kinds[key], count) for key, count in counts.items()]
 
 
-#: σ of ``calibration: target`` by its releases, noise settings and rounds (:func:`calibrate`)
-_CALIBRATED: dict[str, float] = {}
+#: ``calibration: target``'s σ kept per process (a float each), least recently used first out
+CALIBRATION_CACHE_SIZE = 4096
 
 
 def calibration_rounds(noise: DPNoise, num_rounds: int) -> int:
@@ -250,7 +217,7 @@ def calibrate(release: Release, noise: DPNoise, rounds: int) -> float:
             delta=noise.delta,
             rounds=rounds * release.paper_steps_per_round,
             constant=noise.constant,
-            sample_rate=release.paper_rate,
+            sample_rate=level_of(release).paper_rate,
         )
     # the accounting sees σ only through noise multipliers σ / sensitivity, and every
     # sensitivity is a multiple of the bound Φ: σ is solved for the release at Φ = 1 and
@@ -263,22 +230,39 @@ def calibrate(release: Release, noise: DPNoise, rounds: int) -> float:
 def _solved(release: Release, noise: DPNoise, rounds: int) -> float:
     """``calibration: target``'s σ for ``release``, solved once per process for the same
     releases, noise settings and rounds (a grid's configurations that differ only in their
-    step size or their seed share it). The key is the dataclasses' repr, which names every
-    field (an object without one misses, never collides), with the noise's seed set aside:
-    it keys the draws, not σ."""
-    key = repr((release, dataclasses.replace(noise, seed=0), rounds))
-    if key not in _CALIBRATED:
-        # start at the power of two nearest the sensitivity (a noise multiplier near 1)
-        scale = sensitivity(release, relation(release, noise))
-        start = 2.0 ** round(math.log2(scale)) if 0 < scale < math.inf else 1.0
-        _CALIBRATED[key] = calibrate_noise_std(
-            target_epsilon=noise.epsilon,
-            delta=noise.delta,
-            plan=lambda std: release_plan(release, noise, std, rounds),
-            accountant=noise.accountant,
-            start=start,
-        )
-    return _CALIBRATED[key]
+    step size or their seed share it): keyed by the declaration and every noise setting but
+    the seed, which keys the draws, not σ. A declaration or placement that cannot be hashed
+    (not a frozen dataclass) is solved every time."""
+    settings = tuple(
+        (field.name, getattr(noise, field.name))
+        for field in dataclasses.fields(noise)
+        if field.name != "seed"
+    )
+    try:
+        hash((release, settings))
+    except TypeError:
+        return _solve(release, noise, rounds)
+    return _solve_once(release, type(noise), settings, rounds)
+
+
+@functools.lru_cache(maxsize=CALIBRATION_CACHE_SIZE)
+def _solve_once(release: Release, kind: type[DPNoise], settings: tuple, rounds: int) -> float:
+    """:func:`_solve` for the noise settings ``settings`` (name, value pairs of ``kind``)."""
+    return _solve(release, kind(**dict(settings)), rounds)
+
+
+def _solve(release: Release, noise: DPNoise, rounds: int) -> float:
+    """The σ at which the accounting of ``release_plan`` certifies ``noise.epsilon``."""
+    # start at the power of two nearest the sensitivity (a noise multiplier near 1)
+    scale = sensitivity(release, relation(release, noise))
+    start = 2.0 ** round(math.log2(scale)) if 0 < scale < math.inf else 1.0
+    return calibrate_noise_std(
+        target_epsilon=noise.epsilon,
+        delta=noise.delta,
+        plan=lambda std: release_plan(release, noise, std, rounds),
+        accountant=noise.accountant,
+        start=start,
+    )
 
 
 def _unit_bound(release: Release, noise: DPNoise, rounds: int) -> tuple[Release, float]:
@@ -314,36 +298,10 @@ def check_placement(release: Release, noise: DPNoise) -> None:
     """``ValueError`` before training where the noise placement's accounting does not hold:
     the noise of a sum (central, distributed) needs a client-level release, a fixed
     denominator and the relation its cohort is analysed under; then the placement's own rule
-    (:meth:`~pl_privfed.privacy.NoisePlacement.check`)."""
-    where = noise.where
-    if not where.noises_sum:
-        return
-    name = where.name
-    if release.records is not None:
-        raise ValueError(
-            f"noise.placement={name!r}: {release.unit} is noised inside each client "
-            "(record-level DP), where only placement: local applies"
-        )
-    if release.cohort == "realized":
-        raise ValueError(
-            f"noise.placement={name!r} needs a fixed denominator, but the sampler "
-            "averages over the clients that took part (BernoulliSampler): one client would "
-            "change every other's weight, so the sensitivity of the noised average is not "
-            "bounded; use PoissonSampler (divides by the expected cohort) or FixedSizeSampler"
-        )
-    models = relation(release, noise, "models")
-    if release.cohort == "poisson" and release.participation < 1 and models != "add_remove":
-        raise ValueError(
-            f"noise.neighbouring={noise.neighbouring!r}: amplification by a Poisson cohort is "
-            "analysed under add/remove (Opacus); set neighbouring: add_remove or null"
-        )
-    if release.cohort == "fixed" and release.participation < 1 and models != "replace_one":
-        raise ValueError(
-            f"noise.neighbouring={noise.neighbouring!r}: a fixed-size cohort is sampled "
-            "without replacement, analysed under replace-one (dp-accounting); set "
-            "neighbouring: replace_one or null"
-        )
-    where.check(release)
+    (:meth:`~pl_privfed.privacy.PrivacyLevel.check_sum_noise`,
+    :meth:`~pl_privfed.privacy.NoisePlacement.check`)."""
+    if noise.where.noises_sum:
+        level_of(release).check_sum_noise(noise)
 
 
 def check(release: Release, noise: DPNoise, noise_std: float, rounds: int | None = None) -> None:
@@ -356,10 +314,7 @@ def check(release: Release, noise: DPNoise, noise_std: float, rounds: int | None
     without replacement with Poisson-subsampled releases)."""
     check_placement(release, noise)
     noise.where.check_rounds(release, rounds)
-    records = release.records
-    if records is not None:
-        rel = relation(release, noise)
-        check_record_sampling(records.batch_sampling, rel, records.release_size, records.population)
+    level_of(release).check_data(noise)
     plans = [
         *(round_mechanisms(release, noise, noise_std, 0, a) for a in adversaries(release, noise)),
         paper_mechanisms(release, noise_std),
@@ -376,162 +331,21 @@ def accounting_basis(
     release: Release, noise: DPNoise, adversary: Adversary | None = None
 ) -> AccountingBasis:
     """What the defensible ε against ``adversary`` (default the headline) assumes."""
-    adversary = adversaries(release, noise)[0] if adversary is None else adversary
-    rel = relation(release, noise, adversary)
-    sens = sensitivity(release, rel)
-    records = release.records
-    if records is not None:
-        amplification, composition = record_sampling_basis(
-            records.batch_sampling, records.positions, records.population, rel, release.observer
-        )
-        if release.cohorts:
-            amplification += "; none from client sampling (the server sees who takes part)"
-        return AccountingBasis(rel, sens, amplification, composition=composition)
-    rate, where = release.participation, noise.where
-    if adversary == "server":
-        seen = where.server_sees()
-        if rate < 1:
-            amplification = (
-                f"none: {release.observer} sees which clients transmit (and {seen}), so "
-                f"client sampling (rate {rate:g}) does not amplify against it"
-            )
-        else:
-            amplification = f"none: every client sends every round ({release.observer} sees {seen})"
-        amplification += where.server_note()
-    elif release.cohort == "poisson" and rate < 1:
-        amplification = (
-            f"Poisson sampling of clients at rate {rate:g}, secret from whoever sees only the "
-            "models; the server divides by a fixed number"
-        )
-    elif release.cohort == "fixed" and rate < 1:
-        amplification = (
-            f"sampling without replacement of {int(release.cohort_size)} of the "
-            f"{release.clients} clients each round, secret from whoever sees only the models "
-            "(dp-accounting, replace-one)"
-        )
-    elif release.cohort == "realized" and rate < 1:
-        amplification = (
-            "none: the server averages over the clients that took part, so the model depends "
-            "on how many did"
-        )
-    else:
-        amplification = "none: every client takes part in every round"
-    if adversary == "models":
-        amplification += where.models_note()
-    composition = "every round of the run (a client may take part in any)"
-    return AccountingBasis(rel, sens, amplification, composition=composition)
+    level = level_of(release)
+    adversary = level.adversaries(noise)[0] if adversary is None else adversary
+    rel = level.relation(noise, adversary)
+    amplification, composition = level.amplification(noise, adversary, rel)
+    return AccountingBasis(rel, sensitivity(release, rel), amplification, composition=composition)
 
 
 def paper_accounting_basis(release: Release, noise: DPNoise | None = None) -> AccountingBasis:
     """What the papers' ε assumes, and where that fails for this mechanism."""
-    rate = release.paper_rate
-    where = LocalNoise() if noise is None else noise.where
-    problems = []
-    if release.records is not None:
-        problems.append("add/remove, although the minibatches have a fixed size")
-        if rate < 1:
-            what = {
-                "epochs": "reshuffled each local epoch (every record once per epoch)",
-                "without_replacement": "fixed-size samples drawn without replacement",
-            }[release.records.batch_sampling]
-            problems.append(
-                f"the minibatches are not Poisson samples but {what}"
-                + (" and the server sees which clients take part" if release.cohorts else "")
-            )
-    elif "server" in where.adversaries:
-        if release.participation < 1:
-            problems.append(
-                "Poisson amplification at the client rate does not hold against the server, "
-                "which sees who transmits"
-            )
-        problems.append(
-            "add/remove understates what one client can change in its own message "
-            "(replace-one: twice the bound)"
-        )
-    elif release.participation < 1 and release.cohort != "poisson":
-        problems.append(f"the cohort is not a Poisson sample ({release.cohort})")
+    level = level_of(release)
+    rate = level.paper_rate
+    problems = level.paper_problems(LocalNoise() if noise is None else noise.where)
     return AccountingBasis(
         "add_remove",
         sensitivity(release, "add_remove"),
         f"Poisson sampling at rate {rate:.6g}" if rate < 1 else "none",
         "; ".join(problems) or None,
     )
-
-
-# ---------------------------------------------------------------------------- record level
-def record_round_mechanisms(
-    noise_multiplier: float,
-    *,
-    positions: int,
-    population: int,
-    batch_sampling: BatchSampling,
-    round_index: int,
-    privacy_unit: str,
-) -> list[Mechanism]:
-    """A record's releases in round ``round_index`` of a client drawing ``positions`` of its
-    ``population`` records per round (record-level local DP).
-
-    * ``"without_replacement"``: each round an independent uniform sample without replacement;
-      a record is in it with probability ``positions / population`` and then in one release
-      (whose noise multiplier is ``noise_multiplier``): one release sampled without replacement
-      (dp-accounting), unamplified when the sample is the whole shard.
-    * ``"epochs"``: the client walks per-epoch permutations of its shard (or its stored order),
-      ``positions`` stream positions per round, every record once per ``population`` positions;
-      by the end of round ``k`` a record has been used at most ``⌈(k+1)·positions/population⌉``
-      times, so the round adds that count's increment of unamplified releases (a certificate
-      for every record, no amplification by shuffling claimed).
-    """
-    if batch_sampling == "without_replacement":
-        if positions >= population:
-            return [Mechanism(noise_multiplier, 1.0, privacy_unit, sampling="none")]
-        return [
-            Mechanism(
-                noise_multiplier,
-                positions / population,
-                privacy_unit,
-                sampling="without_replacement",
-                population=int(population),
-            )
-        ]
-    uses = math.ceil((round_index + 1) * positions / population) - math.ceil(
-        round_index * positions / population
-    )
-    return [Mechanism(noise_multiplier, 1.0, privacy_unit, sampling="none")] * uses
-
-
-def record_sampling_basis(
-    batch_sampling: BatchSampling, positions: int, population: int, relation: str, observer: str
-) -> tuple[str, str]:
-    """``(amplification, composition)`` texts of a record-level accounting."""
-    if batch_sampling == "without_replacement":
-        if positions >= population:
-            return "none: every round uses the whole shard", "every round of the run"
-        return (
-            f"sampling without replacement of {positions} of the {population} records of the "
-            f"smallest shard each round, hidden from {observer} (dp-accounting, "
-            f"{relation})",
-            "every round of the run",
-        )
-    return (
-        "none: the minibatches walk per-epoch permutations of the shard (or its stored order); "
-        "no amplification by shuffling is claimed",
-        f"a record's uses: at most ⌈k·{positions}/{population}⌉ by round k",
-    )
-
-
-def check_record_sampling(
-    batch_sampling: str, relation: str, per_release: int, population: int
-) -> None:
-    """``ValueError`` unless the record-level accounting holds for this data."""
-    check_choice("batch_sampling", batch_sampling, ("epochs", "without_replacement"))
-    if per_release > population:
-        raise ValueError(
-            f"a release uses {per_release} examples but the smallest shard has {population}: a "
-            "record would enter one release more than once (its sensitivity would grow); lower "
-            "the batch size or give every client more data"
-        )
-    if batch_sampling == "without_replacement" and relation != "replace_one":
-        raise ValueError(
-            "sampling without replacement is analysed under the replace-one relation "
-            f"(dp-accounting), got noise.neighbouring={relation!r}: set it to replace_one or null"
-        )

@@ -47,8 +47,8 @@ Opacus's PRV did, :mod:`pl_privfed.privacy.accounting`).
 
 from __future__ import annotations
 
+import functools
 import math
-from collections import OrderedDict
 from collections.abc import Iterable
 
 import numpy as np
@@ -56,6 +56,8 @@ from dp_accounting import gaussian_mechanism
 from dp_accounting.pld import pld_pmf
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
 from dp_accounting.pld.privacy_loss_mechanism import GaussianPrivacyLoss
+
+from pl_privfed.privacy.mechanism import ReleaseKey
 
 __all__ = [
     "PLD_INTERVAL",
@@ -74,15 +76,11 @@ PLD_EXACT_UP_TO = 10.0
 #: the interval of the first pass that gives ε's scale
 COARSE_INTERVAL = 1e-2
 
-#: a release as the PLD composes it: (noise multiplier, sampling, rate); sampling is "none",
-#: "poisson" or "without_replacement"
-ReleaseKey = tuple[float, str, float]
-
-_ONE_STEP: OrderedDict = OrderedDict()  # (key, interval) -> one release's PLD
-_COMPOSED: OrderedDict = OrderedDict()  # (key, interval, steps) -> composed PLD
-_CACHE_SIZE = 16
-_EPSILON: OrderedDict = OrderedDict()  # (history, delta, coarse_only) -> ε (a float: many kept)
-_EPSILON_CACHE_SIZE = 4096
+#: PLDs kept (one release's, and its self-compositions): a run asks for the same history once
+#: per adversary, and a calibration for the same σ more than once; each can be megabytes
+PLD_CACHE_SIZE = 16
+#: ε of whole histories kept (a float each: many), least recently used first out
+EPSILON_CACHE_SIZE = 4096
 
 
 def discretization_for(epsilon_scale: float) -> float:
@@ -134,28 +132,23 @@ def wor_pld(
     )
 
 
+@functools.lru_cache(maxsize=PLD_CACHE_SIZE)
 def release_pld(key: ReleaseKey, interval: float = PLD_INTERVAL) -> pld_lib.PrivacyLossDistribution:
     """One release's PLD (cached): a Gaussian of noise multiplier ``σ`` without sampling, Poisson
     subsampled at rate ``q`` (add/remove), or sampled without replacement at rate ``q``
     (replace-one, :func:`wor_pld`)."""
-    cache_key = (key, interval)
-    if cache_key in _ONE_STEP:
-        _ONE_STEP.move_to_end(cache_key)
-        return _ONE_STEP[cache_key]
-    sigma, sampling, rate = key
+    sigma, rate, sampling, _ = key
     if sampling == "without_replacement" and rate < 1:
-        result = wor_pld(sigma, rate, interval)
-    else:
-        result = pld_lib.from_gaussian_mechanism(
-            standard_deviation=sigma,
-            sensitivity=1.0,
-            sampling_prob=rate if sampling == "poisson" else 1.0,
-            value_discretization_interval=interval,
-        )
-    _remember(_ONE_STEP, cache_key, result)
-    return result
+        return wor_pld(sigma, rate, interval)
+    return pld_lib.from_gaussian_mechanism(
+        standard_deviation=sigma,
+        sensitivity=1.0,
+        sampling_prob=rate if sampling == "poisson" else 1.0,
+        value_discretization_interval=interval,
+    )
 
 
+@functools.lru_cache(maxsize=PLD_CACHE_SIZE)
 def composed_pld(
     key: ReleaseKey, steps: int, interval: float = PLD_INTERVAL
 ) -> pld_lib.PrivacyLossDistribution:
@@ -163,17 +156,10 @@ def composed_pld(
     once per adversary, and a calibration for the same σ more than once). Always composed from
     the one-step PLD (dp-accounting's ``self_compose``), so a run's ε at round K is the ε its
     calibration solved for, to the last digit."""
-    cache_key = (key, interval, int(steps))
-    if cache_key in _COMPOSED:
-        _COMPOSED.move_to_end(cache_key)
-        return _COMPOSED[cache_key]
-    sigma, sampling, _ = key
+    sigma, _, sampling, _ = key
     if sampling == "none":  # K Gaussians are one with σ/√K (as dp-accounting's accountant)
-        result = release_pld((sigma / math.sqrt(int(steps)), "none", 1.0), interval)
-    else:
-        result = release_pld(key, interval).self_compose(int(steps))
-    _remember(_COMPOSED, cache_key, result)
-    return result
+        return release_pld(ReleaseKey(sigma / math.sqrt(int(steps)), 1.0, "none", None), interval)
+    return release_pld(key, interval).self_compose(int(steps))
 
 
 def pld_epsilon(
@@ -184,51 +170,54 @@ def pld_epsilon(
     A first pass at a coarse interval (``1e-2``, itself a valid upper bound, returned as it is
     with ``coarse_only``) gives ε's scale; the answer is computed at the interval
     :func:`discretization_for` gives for it."""
-    history = [(key, int(steps)) for key, steps in history if steps > 0]
+    history = tuple((ReleaseKey(*key), int(steps)) for key, steps in history if steps > 0)
     if not history:
         return 0.0
-    if all(sampling == "none" or rate >= 1 for (_, sampling, rate), _ in history):
-        mu_squared = sum(steps / sigma**2 for (sigma, _, _), steps in history)
+    if all(key.sampling == "none" or key.sample_rate >= 1 for key, _ in history):
+        mu_squared = sum(steps / key.noise_multiplier**2 for key, steps in history)
         return gaussian_epsilon(1.0 / math.sqrt(mu_squared), delta)
-    memo_key = (tuple(history), float(delta), bool(coarse_only))
-    if memo_key in _EPSILON:  # the same history asked again: another adversary with the same
-        _EPSILON.move_to_end(memo_key)  # releases, the next report, a grid's configurations
-        return _EPSILON[memo_key]  # that share their noise (a function of the history alone)
+    return _history_epsilon(history, float(delta), bool(coarse_only))
+
+
+@functools.lru_cache(maxsize=EPSILON_CACHE_SIZE)
+def _history_epsilon(
+    history: tuple[tuple[ReleaseKey, int], ...], delta: float, coarse_only: bool
+) -> float:
+    """:func:`pld_epsilon` of a history with sampled releases, kept: the same history is asked
+    again by another adversary with the same releases, the next report, a grid's
+    configurations that share their noise (a function of the history alone)."""
     coarse = _composed_epsilon(history, delta, COARSE_INTERVAL)
     interval = discretization_for(coarse)
     if coarse_only or interval >= COARSE_INTERVAL:
-        epsilon = coarse
-    else:
-        epsilon = _composed_epsilon(history, delta, interval)
-    _remember(_EPSILON, memo_key, epsilon, _EPSILON_CACHE_SIZE)
-    return epsilon
+        return coarse
+    return _composed_epsilon(history, delta, interval)
 
 
 def gaussian_epsilon(noise_multiplier: float, delta: float) -> float:
     """The exact ε at ``delta`` of one Gaussian mechanism of sensitivity 1 and noise std
-    ``noise_multiplier`` (the analytic Gaussian mechanism, Balle & Wang 2018): dp-accounting's
-    ``get_epsilon_gaussian`` (as the audit's :func:`~pl_privfed.privacy.audit_estimates.
-    gaussian_epsilon`), rounded up so that the ε returned always has ``δ(ε) ≤ delta`` by
-    dp-accounting's ``GaussianPrivacyLoss`` (0 where δ(0) already is)."""
+    ``noise_multiplier`` (the analytic Gaussian mechanism, Balle & Wang 2018, Thm. 8), the one
+    exact-Gaussian ε of the package: the certified ε of a history without sampling
+    (:func:`pld_epsilon`) and, with ``noise_multiplier = 1/μ``, ε of μ-GDP (Dong, Roth & Su),
+    the audit's estimate (:func:`~pl_privfed.privacy.audit.gaussian_estimate`).
+
+    dp-accounting's ``get_epsilon_gaussian`` (a root of its δ(ε) to 1e-12), rounded up so that
+    the ε returned always has ``δ(ε) ≤ delta`` by dp-accounting's ``GaussianPrivacyLoss``; 0
+    where dp-accounting's δ(0) is already at most ``delta`` (no root is searched), ``inf`` at
+    ``noise_multiplier = 0``."""
     epsilon = float(gaussian_mechanism.get_epsilon_gaussian(float(noise_multiplier), delta))
     if not math.isfinite(epsilon):
         return math.inf
+    if epsilon == 0.0:
+        return 0.0
     loss = GaussianPrivacyLoss(float(noise_multiplier), sensitivity=1.0)
     while float(loss.get_delta_for_epsilon(epsilon)) > delta:  # to the last digit, safe side
         epsilon = math.nextafter(epsilon, math.inf) + 1e-12 * epsilon
     return epsilon
 
 
-def _composed_epsilon(history: list[tuple[ReleaseKey, int]], delta: float, interval: float):
+def _composed_epsilon(history: Iterable[tuple[ReleaseKey, int]], delta: float, interval: float):
     total = None
     for key, steps in history:
         part = composed_pld(key, steps, interval)
         total = part if total is None else total.compose(part)
     return float(total.get_epsilon_for_delta(delta))
-
-
-def _remember(cache: OrderedDict, key, value, size: int = _CACHE_SIZE) -> None:
-    cache[key] = value
-    cache.move_to_end(key)
-    while len(cache) > size:
-        cache.popitem(last=False)

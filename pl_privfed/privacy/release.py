@@ -8,7 +8,9 @@ and, for record-level DP, how a client's records are drawn into its noised relea
 declaration's. Everything else — the adversaries, the sensitivity under each neighbouring
 relation, the Gaussian mechanisms of every round against each adversary and under the papers'
 convention, what each ε assumes, the noise calibration — is derived from it by the pure
-functions of :mod:`pl_privfed.privacy.plan`, and a run's accountants are kept by
+functions of :mod:`pl_privfed.privacy.plan`, which ask the release's kind
+(:func:`~pl_privfed.privacy.level_of`: :class:`~pl_privfed.privacy.ClientLevel` or
+:class:`~pl_privfed.privacy.RecordLevel`), and a run's accountants are kept by
 :class:`~pl_privfed.privacy.PrivacyLedger`.
 """
 
@@ -121,18 +123,6 @@ class Release:
         if self.cohort == "fixed":
             return int(self.cohort_size)
         return None
-
-    @property
-    def paper_rate(self) -> float:
-        """The rate the papers amplify by: client participation times a record's rate."""
-        if self.records is None:
-            return self.participation
-        return self.participation * self.records.paper_rate
-
-    @property
-    def round_dependent(self) -> bool:
-        """Whether the releases differ from round to round (a record's counted uses)."""
-        return self.records is not None and self.records.batch_sampling == "epochs"
 
 
 def check_record_arguments(batch_size: int, local_dataset_size: int | None) -> None:

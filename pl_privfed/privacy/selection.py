@@ -31,8 +31,15 @@ from dp_accounting import dp_event
 from dp_accounting.rdp import RdpAccountant
 
 from pl_privfed.privacy.accounting import AccountantName, PrivacyAccountant
+from pl_privfed.privacy.mechanism import Mechanism, ReleaseKey
 
-__all__ = ["SHAPES", "composed_epsilon", "random_search_epsilon", "repetition_shape"]
+__all__ = [
+    "SHAPES",
+    "composed_epsilon",
+    "merged_releases",
+    "random_search_epsilon",
+    "repetition_shape",
+]
 
 #: a record of :meth:`PrivacyAccountant.history`: noise_multiplier, sample_rate, sampling,
 #: population, releases
@@ -49,18 +56,14 @@ SHAPES = {"poisson": math.inf, "geometric": 1.0, "logarithmic": 0.0}
 _ORDERS = [order for order in RdpAccountant().orders if order >= 1.5]
 
 
-def _merged(histories: Iterable[History]) -> dict[tuple, int]:
-    """The releases of every history, counted per distinct release."""
-    counts: dict[tuple, int] = {}
+def merged_releases(histories: Iterable[History]) -> dict[ReleaseKey, int]:
+    """The releases of every history, counted per distinct release
+    (:meth:`~pl_privfed.privacy.Mechanism.key`, in the order first recorded); ``ValueError``
+    for a record that is not a release (as :class:`~pl_privfed.privacy.Mechanism`)."""
+    counts: dict[ReleaseKey, int] = {}
     for history in histories:
         for record in history:
-            population = record.get("population")
-            key = (
-                float(record["noise_multiplier"]),
-                float(record["sample_rate"]),
-                str(record.get("sampling") or "poisson"),
-                None if population is None else int(population),
-            )
+            key = Mechanism.from_record(record).key()
             counts[key] = counts.get(key, 0) + int(record["releases"])
     return counts
 
@@ -77,7 +80,7 @@ def composed_epsilon(
         ValueError: without any release, or for a bad record (as
             :class:`~pl_privfed.privacy.Mechanism`).
     """
-    counts = _merged(histories)
+    counts = merged_releases(histories)
     if not counts:
         raise ValueError("composed_epsilon needs at least one history with a release")
     acc = PrivacyAccountant(accountant)
@@ -113,7 +116,7 @@ def _event(history: History) -> tuple[dp_accounting.DpEvent, bool]:
     """The history as one dp-accounting event, and whether it needs the replace-one relation
     (releases sampled without replacement)."""
     events, replace_one = [], False
-    for (sigma, rate, sampling, population), releases in _merged([history]).items():
+    for (sigma, rate, sampling, population), releases in merged_releases([history]).items():
         gaussian = dp_accounting.GaussianDpEvent(sigma)
         if sampling == "without_replacement":
             replace_one = True

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from pl_privfed.privacy.selection import composed_epsilon, random_search_epsilon
+from pl_privfed.privacy.selection import composed_epsilon, merged_releases, random_search_epsilon
 from pl_privfed.report.runs import get
 from pl_privfed.results import finite_float
 
@@ -57,9 +57,10 @@ def _history(summary: dict) -> tuple[list[dict] | None, str]:
     return [{**record, "population": None, "releases": releases}], ""
 
 
-def _key(history: list[dict]) -> tuple:
-    """A history as a comparable value."""
-    return tuple(sorted(tuple(sorted((k, str(v)) for k, v in r.items())) for r in history))
+def _key(history: list[dict]) -> frozenset:
+    """A history as a comparable value: its releases counted by their key
+    (:func:`~pl_privfed.privacy.selection.merged_releases`)."""
+    return frozenset(merged_releases([history]).items())
 
 
 def _accountant(summary: dict) -> str:
@@ -105,7 +106,7 @@ def selection_cost(
     accountant, note2 = _one(members["_summary"].map(_accountant), "accountants")
     if note or note2:
         return SelectionCost(runs, note=note or note2)
-    checked: set[tuple] = set()
+    checked: set[frozenset] = set()
     for directory, summary in zip(members["_dir"], members["_summary"], strict=True):
         key = _key(histories[directory])
         if key in checked:
