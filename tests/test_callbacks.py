@@ -1,6 +1,8 @@
 """CommunicationCost and OperatorStatistics, in plain modules and in the FederatedModule."""
 
 import math
+import re
+from pathlib import Path
 
 import pytest
 import pytorch_lightning as pl
@@ -152,7 +154,6 @@ def test_docs_example_with_all_callbacks_in_a_plain_lightning_project(tmp_path):
     """examples/callbacks_in_plain_lightning.py (shown in docs/callbacks.md) runs and reports."""
     import json
     import runpy
-    from pathlib import Path
 
     path = Path(__file__).parents[1] / "examples" / "callbacks_in_plain_lightning.py"
     example = runpy.run_path(str(path))
@@ -166,6 +167,22 @@ def test_docs_example_with_all_callbacks_in_a_plain_lightning_project(tmp_path):
     assert summary["communication_total_bits"]["client_to_server"] == 32 * 2410 * summary["rounds"]
     assert 0 < summary["operator_means"]["clip_fraction"] < 1
     assert summary["final_val_accuracy"] > 0.5 and summary["final_test_accuracy"] is None
+    # docs/callbacks.md quotes this run: its numbers are the ones the run reports
+    doc = " ".join((Path(__file__).parents[1] / "docs" / "callbacks.md").read_text().split())
+    (quoted,) = re.findall(
+        r"That example stops after (\d+) steps because the (\d+)\w* would spend ε = ([\d.]+) > 3 "
+        r"\(ε = ([\d.]+) spent at δ = 1e-5\), with ([\d.]+) % validation accuracy; (\d+) % of",
+        doc,
+    )
+    would_spend = re.search(r"would spend epsilon=([\d.]+) >", summary["stopped_reason"])[1]
+    assert quoted == (
+        str(summary["rounds"]),
+        str(summary["rounds"] + 1),
+        would_spend,
+        f"{summary['epsilon']:.3f}",
+        f"{100 * summary['final_val_accuracy']:.1f}",
+        f"{100 * summary['operator_means']['clip_fraction']:.0f}",
+    )
 
 
 def test_log_artifact_without_wandb_logger_needs_no_wandb(tmp_path, monkeypatch):
