@@ -3,6 +3,7 @@
 the frontier sweep files of ``configs/sweeps``."""
 
 import csv
+import importlib.util
 import json
 import shutil
 from pathlib import Path
@@ -338,50 +339,24 @@ def test_a_frontier_point_parses_in_the_cli(name, tmp_path, monkeypatch):
     assert not cli.trainer.checkpoint_callbacks
 
 
-#: each family's label in docs/privacy.md's frontier tables (the sweep file's stem without
-#: ``frontier_mnist_``)
-LABELS = {
-    "dp_fedavg_clip": "DP-FedAvg, clipping (η × Φ tuned), central, 1,000 clients",
-    "dp_fedavg_per_update": "FedAvg, per-update clipping, central, 1,000 clients",
-    "dpsgd": "DP-SGD, central, 1,000 clients",
-    "dp_fed_alpha_normec": "DP-Fed-α-NormEC (η × β tuned), central, 1,000 clients",
-    "dpsgd_distributed": (
-        "distributed DP-SGD, noise shares under secure aggregation, 10,000 clients"
-    ),
-    "dp_alpha_normec": "DP-α-NormEC (γ × β tuned), distributed, 10,000 clients",
-    "dp_alpha_normec_no_sn": (
-        "DP-α-NormEC without server normalization (γ × β tuned), distributed, 10,000 clients"
-    ),
-    "dp_clip21": "DP-Clip21 (γ × τ tuned), distributed, 10,000 clients",
-    "dp_fedavg_per_sample": "FedAvg, per-example clipping, local noise, 10 clients",
-    "porter_dp": "PORTER-DP, local noise, 10 agents (gossip)",
-    "soteriafl": "SoteriaFL, local noise, 10 clients",
-}
-#: docs/figures/<figure>.csv: the families drawn from the runs kept in docs/frontier_runs/
-KEPT_FIGURES = {
-    "frontier_mnist_record_batched": ["dp_fedavg_per_sample", "porter_dp", "soteriafl"],
-    "frontier_mnist_client_kept": [
-        "dp_fedavg_clip",
-        "dp_fedavg_per_update",
-        "dpsgd",
-        "dp_fed_alpha_normec",
-        "dpsgd_distributed",
-        "dp_alpha_normec",
-        "dp_alpha_normec_no_sn",
-        "dp_clip21",
-    ],
-}
-
-
-@pytest.mark.parametrize("figure", sorted(KEPT_FIGURES))
-def test_a_kept_frontier_draws_its_docs_figure(figure, tmp_path):
-    """docs/privacy.md's frontier tables are drawn from the runs kept in docs/frontier_runs/:
-    drawing them again gives the committed figure's data."""
-    record = REPO / "docs/frontier_runs"
-    files, labels = [], []
-    for family in KEPT_FIGURES[figure]:
-        for stem in (f"frontier_mnist_{family}", f"frontier_mnist_{family}_nonprivate"):
-            files.append(record / stem)
-            labels.append(LABELS[family])
-    written = frontier(files, tmp_path, labels=labels)
-    assert read_csv(written[1]) == read_csv(REPO / "docs/figures" / f"{figure}.csv")
+def test_the_results_pages_are_what_the_kept_record_draws(tmp_path):
+    """``make results`` (benchmarks/results_pages.py) draws docs/results/ from the runs kept in
+    docs/frontier_runs/: drawing them again gives every kept table (the frontier tables and
+    their data, and the overview docs/privacy.md leads with), so a number cannot drift from
+    its record."""
+    spec = importlib.util.spec_from_file_location(
+        "results_pages", REPO / "benchmarks/results_pages.py"
+    )
+    pages = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pages)
+    block = pages.regenerate(tmp_path)
+    kept = REPO / "docs/results"
+    for name in pages.GROUPS:
+        assert read_csv(tmp_path / name / "frontier.csv") == read_csv(kept / name / "frontier.csv")
+        for page in (Path(name) / "frontier.md", Path(name) / "frontier.png"):
+            assert (kept / page).is_file(), f"docs/results/{page} missing: run make results"
+        assert (tmp_path / name / "frontier.md").read_text() == (
+            kept / name / "frontier.md"
+        ).read_text()
+    assert (tmp_path / "frontier.md").read_text() == (kept / "frontier.md").read_text()
+    assert pages.privacy_block() == block, "docs/privacy.md's frontier block: run make results"
