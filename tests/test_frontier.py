@@ -5,7 +5,9 @@ the frontier sweep files of ``configs/sweeps``."""
 import csv
 import importlib.util
 import json
+import re
 import shutil
+from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 
 import pytest
@@ -360,3 +362,61 @@ def test_the_results_pages_are_what_the_kept_record_draws(tmp_path):
         ).read_text()
     assert (tmp_path / "frontier.md").read_text() == (kept / "frontier.md").read_text()
     assert pages.privacy_block() == block, "docs/privacy.md's frontier block: run make results"
+
+
+def _config_value(config: dict, path: str):
+    """The value at a sweep parameter's dotted path in a config (``init_args`` may be implied)."""
+    node = config
+    for part in path.split("."):
+        if part not in node and part == "init_args":
+            continue
+        node = node[part] if part in node else node["init_args"][part]
+    return node
+
+
+def _kept_run(name: str, private: bool) -> dict[str, str]:
+    """The kept frontier run of ``configs/private/<name>.yaml`` as shipped: seed 0, its own step
+    size and knob, at ε = 8 (``private``) or in its non-private twin's sweep."""
+    stem = f"frontier_{name}" if private else f"frontier_{name}_nonprivate"
+    sweep = yaml.safe_load((REPO / "configs/sweeps" / f"{stem}.yaml").read_text())
+    config = yaml.safe_load((REPO / "configs/private" / f"{name}.yaml").read_text())
+    runs = read_csv(REPO / "docs/frontier_runs" / stem / "results.csv")
+    want = {}
+    for key, spec in sweep["parameters"].items():
+        if "values" in spec:
+            column = key if key in runs[0] else key.split(".")[-1]
+            value = 0 if key == "seed" else 8.0 if key == EPS else _config_value(config, key)
+            want[column] = float(value)
+    (run,) = [r for r in runs if all(float(r[c]) == v for c, v in want.items())]
+    return run
+
+
+def _pct(value: str) -> str:
+    """A recorded accuracy as the tables print it: percent, one decimal, halves rounded up."""
+    return str((Decimal(value) * 100).quantize(Decimal("0.1"), rounding=ROUND_HALF_UP))
+
+
+def test_the_private_configs_tables_are_their_kept_runs():
+    """README's and docs/configs.md's tables of configs/private/ (seed 0, ε = 8, the config as
+    shipped, and its non-private twin) quote the runs kept in docs/frontier_runs/ (a9a's runs
+    were not kept)."""
+    readme = (REPO / "README.md").read_text()
+    quoted = re.findall(r"^\| `(mnist_\w+)`.*\| ([\d.]+) % \| ([\d.]+) % \|$", readme, re.M)
+    configs = (REPO / "docs/configs.md").read_text()
+    detailed = re.findall(
+        r"^\| `(mnist_\w+)` \|[^|]*\|[^|]*\| \*\*([\d.]+) %\*\* \| ([^|]*) \| ([\d.]+) % \|",
+        configs,
+        re.M,
+    )
+    assert len(quoted) == len(detailed) == len(list((REPO / "configs/private").glob("mnist_*")))
+    for name, private, twin in quoted:
+        run, plain = _kept_run(name, True), _kept_run(name, False)
+        assert (private, twin) == (
+            _pct(run["final_test_accuracy"]),
+            _pct(plain["final_test_accuracy"]),
+        ), name
+    for name, private, epsilons, twin in detailed:
+        run, plain = _kept_run(name, True), _kept_run(name, False)
+        assert private == _pct(run["final_test_accuracy"]), name
+        assert twin == _pct(plain["final_test_accuracy"]), name
+        assert f"{float(run['epsilon']):.3f}" in epsilons, name
