@@ -1,8 +1,8 @@
 """Regenerate the results pages, ``docs/results/``, from the kept artefacts (``make results``).
 
 The frontier pages are drawn from the runs kept in ``docs/frontier_runs/`` (one folder per
-sweep, the runs' compact ``summary.json`` files; ``pl-privfed compare --frontier --keep-runs``
-writes it) by :func:`pl_privfed.report.frontier`, exactly as ``make frontier-mnist`` draws them
+sweep: its ``results.csv`` and its runs' summaries, ``summaries.jsonl``, as ``pl-privfed compare
+--frontier --keep-runs`` writes them) by :func:`pl_privfed.report.frontier`, exactly as ``make frontier-mnist`` draws them
 from a fresh sweep: one folder per group (``frontier.md``, ``frontier.csv``, ``frontier.png``)
 and ``docs/results/frontier.md``, one table per group with every method's selected test accuracy
 at each ε. That table is also written between the markers ``<!-- results:frontier begin -->``

@@ -224,7 +224,12 @@ def test_kept_runs_draw_the_same_frontier_without_the_sweeps_folders(tmp_path, c
     shutil.rmtree(sweeps)
     kept = sorted(record.glob("*/results.csv"))
     assert all(r["run_dir"] == "" for f in kept for r in read_csv(f))
-    assert len(list(record.glob("*/runs/*/summary.json"))) == 12 + 6
+    # compact: one summaries.jsonl per sweep, one line a run, no folder per run
+    assert (
+        sorted(p.name for p in record.glob("*/*")) == ["results.csv"] * 2 + ["summaries.jsonl"] * 2
+    )
+    lines = [json.loads(line) for f in record.glob("*/summaries.jsonl") for line in f.open()]
+    assert len(lines) == 12 + 6 and all(set(line) == {"run", "summary"} for line in lines)
     sizes = {"client_sizes": [5] * 10_000, "shuffle": True}  # a long list kept as its summary
     assert _slim({"data": sizes, "few": [1, 2]}) == {
         "data": {"client_sizes": {"length": 10_000, "min": 5, "max": 5, "sum": 50_000},
@@ -233,6 +238,21 @@ def test_kept_runs_draw_the_same_frontier_without_the_sweeps_folders(tmp_path, c
     # a slice with one more (failed) run: merged, the others' rows kept once
     keep_runs([private_sweep(tmp_path / "later", failed=True)], record)
     assert len(read_csv(record / "frontier_mnist_dpsgd" / "results.csv")) == 13
+    assert len((record / "frontier_mnist_dpsgd" / "summaries.jsonl").read_text().splitlines()) == 13
+    # a record in the folder-per-run form is read, merged and rewritten compactly
+    (old := tmp_path / "old" / "frontier_mnist_dpsgd").mkdir(parents=True)
+    shutil.copy(kept[0], old / "results.csv")
+    for line in (record / kept[0].parent.name / "summaries.jsonl").read_text().splitlines()[:12]:
+        item = json.loads(line)
+        (old / "runs" / item["run"]).mkdir(parents=True)
+        (old / "runs" / item["run"] / "summary.json").write_text(json.dumps(item["summary"]))
+    keep_runs([record / "frontier_mnist_dpsgd"], old.parent)  # from a compact record, too
+    assert sorted(p.name for p in old.iterdir()) == ["results.csv", "summaries.jsonl"]
+    assert (old / "summaries.jsonl").read_text() == (
+        record / "frontier_mnist_dpsgd" / "summaries.jsonl"
+    ).read_text()
+    with pytest.raises(ValueError, match="holds the sweep"):
+        keep_runs([old], old.parent)
     broken = private_sweep(tmp_path / "broken")
     (broken.parent / "runs" / read_csv(broken)[0]["run"] / "summary.json").write_text("{")
     with pytest.raises(ValueError, match=r"summary\.json: not JSON"):
