@@ -1,5 +1,6 @@
 """CommunicationCost and OperatorStatistics, in plain modules and in the FederatedModule."""
 
+import json
 import math
 import re
 from pathlib import Path
@@ -152,7 +153,6 @@ def test_training_curves_in_a_plain_module(tmp_path):
 
 def test_docs_example_with_all_callbacks_in_a_plain_lightning_project(tmp_path):
     """examples/callbacks_in_plain_lightning.py (shown in docs/callbacks.md) runs and reports."""
-    import json
     import runpy
 
     path = Path(__file__).parents[1] / "examples" / "callbacks_in_plain_lightning.py"
@@ -281,3 +281,39 @@ def test_default_callbacks_follow_the_trainer_settings():
     kinds = [type(c) for c in default_callbacks(progress_bar=False, checkpoint=False)]
     assert RoundProgressBar not in kinds and RoundCheckpoint not in kinds
     assert default_callbacks(accuracy_key="val/acc")[0].accuracy_key == "val/acc"
+
+
+def test_docs_budget_example_on_the_digits(tmp_path, capsys):
+    """docs/callbacks.md's ``PrivacyBudget`` on the command line (the digits DP-α-NormEC with
+    ``epsilon=4``): it stops where the page says, with the ε the page quotes."""
+    from pl_privfed.cli import main
+
+    config = Path(__file__).parents[1] / "configs" / "algorithms" / "dp_alpha_normec_digits.yaml"
+    main(
+        [
+            "fit",
+            "--config",
+            str(config),
+            "--trainer.callbacks+=pl_privfed.callbacks.PrivacyBudget",
+            "--trainer.callbacks.epsilon=4",
+            "--output_dir",
+            str(tmp_path),
+            "--trainer.logger",
+            "false",
+        ]
+    )
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    doc = " ".join((Path(__file__).parents[1] / "docs" / "callbacks.md").read_text().split())
+    (quoted,) = re.findall(
+        r"stops after (\d+) of its 300 rounds \(round (\d+) would spend ε = ([\d.]+); ε = ([\d.]+) "
+        r"spent, ([\d.]+) under the papers' convention",
+        doc,
+    )
+    would_spend = re.search(r"would spend epsilon=([\d.]+) >", summary["stopped_reason"])[1]
+    assert quoted == (
+        str(summary["rounds"]),
+        str(summary["rounds"] + 1),
+        would_spend,
+        f"{summary['epsilon']:.3f}",
+        f"{summary['epsilon_paper_convention']:.3f}",
+    )

@@ -21,9 +21,10 @@ README = ROOT / "README.md"
 CHANGELOG = ROOT / "CHANGELOG.md"
 DOCS = sorted((ROOT / "docs").glob("*.md"))
 #: the reference pages: what the package does now, without dates or commit hashes
-REFERENCE = [README, *(ROOT / "docs" / f"{name}.md" for name in (
-    "algorithms", "privacy", "accounting", "audit", "engine", "scaling", "package", "callbacks",
-    "python_api", "configs"))]  # fmt: skip
+REFERENCE_PAGES = (
+    "algorithms privacy accounting audit engine scaling package callbacks python_api configs"
+)
+REFERENCE = [README, *(ROOT / "docs" / f"{name}.md" for name in REFERENCE_PAGES.split())]
 DATE = re.compile(r"\b20\d\d-[01]\d-[0-3]\d\b")
 COMMIT = re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,40}\b")
 LINK = re.compile(r"\]\(([^)\s]+)\)")
