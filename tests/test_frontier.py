@@ -440,3 +440,12 @@ def test_the_private_configs_tables_are_their_kept_runs():
         assert private == _pct(run["final_test_accuracy"]), name
         assert twin == _pct(plain["final_test_accuracy"]), name
         assert f"{float(run['epsilon']):.3f}" in epsilons, name
+    # docs/privacy.md's example result line is mnist_dp_fedavg_clip's run
+    run = _kept_run("mnist_dp_fedavg_clip", True)
+    line = (
+        f"rounds=300, val accuracy={float(run['final_val_accuracy']):.4f} (round 300), test "
+        f"accuracy={float(run['final_test_accuracy']):.4f}, train loss="
+        f"{float(run['final_train_loss']):.4f}, epsilon={float(run['epsilon']):.3f} against "
+        "whoever sees the models"
+    )
+    assert line in (REPO / "docs/privacy.md").read_text()
