@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 # torch/torchvision pins that install from this project's machines' local disk; override freely.
 TORCH_SPEC ?= torch==2.14.1 torchvision==0.29.1
 
-.PHONY: demo test lint install benchmark clean frontier-mnist frontier-a9a
+.PHONY: demo test lint install benchmark clean frontier-mnist frontier-a9a results
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,12 @@ test: lint
 
 benchmark: $(BIN)/.installed
 	$(BIN)/python benchmarks/round_time.py
+
+# The results pages, docs/results/ (and docs/privacy.md's frontier block), regenerated from the
+# kept artefacts (the frontier runs kept in docs/frontier_runs/); tests/test_frontier.py fails
+# when a kept page differs from what this draws.
+results: $(BIN)/.installed
+	$(BIN)/python benchmarks/results_pages.py
 
 # The privacy–utility frontier on MNIST (test accuracy against certified ε, one curve per
 # algorithm): every private config of configs/private/ at ε ∈ {0.5, 1, 2, 4, 8} × 3 step sizes

@@ -321,7 +321,7 @@ def _basis_rows(datamodule: Any, oracle: GradientOracle) -> int | None:
 def _span_costs_more(datamodule: Any, oracle: GradientOracle) -> bool:
     """Whether the clients' basis (:func:`_basis_rows`) is wider than
     :data:`SPAN_WIDEST_BASIS` minibatches of ``B`` examples, where ``client_span: auto`` keeps
-    rows of ``d`` (docs/engine.md: 10,000 clients of 5 examples at ``B = 5`` ran a round
+    rows of ``d`` (docs/scaling.md: 10,000 clients of 5 examples at ``B = 5`` ran a round
     0.36-0.44x in the span; 1,000 Dirichlet shards of up to 154-188 examples at ``B = 16``:
     its 9-point grid 2.9x slower, docs/performance.md)."""
     rows, batch = _basis_rows(datamodule, oracle), getattr(datamodule, "batch_size", 0)

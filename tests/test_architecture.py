@@ -1,6 +1,6 @@
 """Who may import whom inside ``pl_privfed``, checked on the source with :mod:`ast`.
 
-The rules are :data:`RULES` below; the same rules are written for humans in ``docs/engine.md``,
+The rules are :data:`RULES` below; the same rules are written for humans in ``docs/package.md``,
 section "Rooms and who may import whom". Change both together: a new top-level module (a file or
 a package directly under ``pl_privfed/``) must be placed in a layer here before the tests pass.
 
@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pytest
 
-#: The import rules (docs/engine.md, "Rooms and who may import whom"). ``layers``: lowest first,
+#: The import rules (docs/package.md, "Rooms and who may import whom"). ``layers``: lowest first,
 #: each a name and its modules; a module listed here need not exist yet.
 RULES = {
     "layers": (
@@ -57,7 +57,7 @@ RULES = {
     "imported_by_nobody": ("cli", "lightning"),
 }  # fmt: skip
 
-#: The rooms inside the command package ``cli/``, lowest first (docs/engine.md, "The command"): a
+#: The rooms inside the command package ``cli/``, lowest first (docs/package.md, "The command"): a
 #: file imports files of lower rooms only. Every file of ``cli/`` is in one.
 CLI_ROOMS = (
     ("environment", "errors", "seeds", "arguments", "folders", "print_config", "registry"),
@@ -285,7 +285,7 @@ def test_every_module_is_in_a_layer():
     missing = unplaced_modules(PACKAGE_DIR, RULES)
     assert not missing, (
         f"modules of pl_privfed in no layer: {missing}; place each in RULES['layers'] of "
-        f"{Path(__file__).name} (and in docs/engine.md, 'Rooms and who may import whom')"
+        f"{Path(__file__).name} (and in docs/package.md, 'Rooms and who may import whom')"
     )
 
 

@@ -1,6 +1,9 @@
 """CommunicationCost and OperatorStatistics, in plain modules and in the FederatedModule."""
 
+import json
 import math
+import re
+from pathlib import Path
 
 import pytest
 import pytorch_lightning as pl
@@ -150,9 +153,7 @@ def test_training_curves_in_a_plain_module(tmp_path):
 
 def test_docs_example_with_all_callbacks_in_a_plain_lightning_project(tmp_path):
     """examples/callbacks_in_plain_lightning.py (shown in docs/callbacks.md) runs and reports."""
-    import json
     import runpy
-    from pathlib import Path
 
     path = Path(__file__).parents[1] / "examples" / "callbacks_in_plain_lightning.py"
     example = runpy.run_path(str(path))
@@ -166,6 +167,22 @@ def test_docs_example_with_all_callbacks_in_a_plain_lightning_project(tmp_path):
     assert summary["communication_total_bits"]["client_to_server"] == 32 * 2410 * summary["rounds"]
     assert 0 < summary["operator_means"]["clip_fraction"] < 1
     assert summary["final_val_accuracy"] > 0.5 and summary["final_test_accuracy"] is None
+    # docs/callbacks.md quotes this run: its numbers are the ones the run reports
+    doc = " ".join((Path(__file__).parents[1] / "docs" / "callbacks.md").read_text().split())
+    (quoted,) = re.findall(
+        r"That example stops after (\d+) steps because the (\d+)\w* would spend ε = ([\d.]+) > 3 "
+        r"\(ε = ([\d.]+) spent at δ = 1e-5\), with ([\d.]+) % validation accuracy; (\d+) % of",
+        doc,
+    )
+    would_spend = re.search(r"would spend epsilon=([\d.]+) >", summary["stopped_reason"])[1]
+    assert quoted == (
+        str(summary["rounds"]),
+        str(summary["rounds"] + 1),
+        would_spend,
+        f"{summary['epsilon']:.3f}",
+        f"{100 * summary['final_val_accuracy']:.1f}",
+        f"{100 * summary['operator_means']['clip_fraction']:.0f}",
+    )
 
 
 def test_log_artifact_without_wandb_logger_needs_no_wandb(tmp_path, monkeypatch):
@@ -264,3 +281,39 @@ def test_default_callbacks_follow_the_trainer_settings():
     kinds = [type(c) for c in default_callbacks(progress_bar=False, checkpoint=False)]
     assert RoundProgressBar not in kinds and RoundCheckpoint not in kinds
     assert default_callbacks(accuracy_key="val/acc")[0].accuracy_key == "val/acc"
+
+
+def test_docs_budget_example_on_the_digits(tmp_path, capsys):
+    """docs/callbacks.md's ``PrivacyBudget`` on the command line (the digits DP-α-NormEC with
+    ``epsilon=4``): it stops where the page says, with the ε the page quotes."""
+    from pl_privfed.cli import main
+
+    config = Path(__file__).parents[1] / "configs" / "algorithms" / "dp_alpha_normec_digits.yaml"
+    main(
+        [
+            "fit",
+            "--config",
+            str(config),
+            "--trainer.callbacks+=pl_privfed.callbacks.PrivacyBudget",
+            "--trainer.callbacks.epsilon=4",
+            "--output_dir",
+            str(tmp_path),
+            "--trainer.logger",
+            "false",
+        ]
+    )
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    doc = " ".join((Path(__file__).parents[1] / "docs" / "callbacks.md").read_text().split())
+    (quoted,) = re.findall(
+        r"stops after (\d+) of its 300 rounds \(round (\d+) would spend ε = ([\d.]+); ε = ([\d.]+) "
+        r"spent, ([\d.]+) under the papers' convention",
+        doc,
+    )
+    would_spend = re.search(r"would spend epsilon=([\d.]+) >", summary["stopped_reason"])[1]
+    assert quoted == (
+        str(summary["rounds"]),
+        str(summary["rounds"] + 1),
+        would_spend,
+        f"{summary['epsilon']:.3f}",
+        f"{summary['epsilon_paper_convention']:.3f}",
+    )

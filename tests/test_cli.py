@@ -383,7 +383,7 @@ def test_print_config_prints_the_seeds_the_run_uses(tmp_path, monkeypatch, capsy
 
 
 def test_a_subcommand_is_one_function_and_one_registration(tmp_path, capsys):
-    """docs/engine.md, "A new subcommand": a typed function registered with ``@subcommand`` is
+    """docs/package.md, "A new subcommand": a typed function registered with ``@subcommand`` is
     parsed by jsonargparse from its signature, listed in ``--help`` and run by ``main``."""
     from pl_privfed.cli import COMMANDS, subcommand
 

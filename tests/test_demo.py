@@ -4,6 +4,7 @@ non-private twin and a second algorithm at the same certified ε; a table and a 
 
 import csv
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,23 @@ from pl_privfed.cli import main
 from pl_privfed.demo import DEMO_RUNS, find_configs
 
 REPO = Path(__file__).resolve().parents[1]
+README = (REPO / "README.md").read_text(encoding="utf-8")
+
+
+def readme_demo_table() -> list[str]:
+    """The lines of the README's demo table (its fenced block under "What `make demo` shows")."""
+    blocks = re.findall(r"^```\w*\n(.*?)^```$", README, re.S | re.M)
+    (block,) = [b for b in blocks if "ε (δ=1e-5)" in b]
+    return block.strip().splitlines()
+
+
+def progress_lines() -> list[str]:
+    """The plain progress line of ``configs/demo/fedavg_private.yaml`` that the README and
+    docs/callbacks.md show, each from its loss on."""
+    callbacks = (REPO / "docs" / "callbacks.md").read_text(encoding="utf-8")
+    (readme,) = re.findall(r"`(round 60/100 \[[^`]*)`", README)
+    (doc,) = re.findall(r"^(round 60/100 \[.*)$", callbacks, re.M)
+    return [line[line.index("loss=") :] for line in (readme, doc)]
 
 
 def test_demo_configs_are_defensible_as_written():
@@ -39,6 +57,10 @@ def test_the_demo_shows_a_useful_private_run(tmp_path, monkeypatch, capsys):
     assert "no amplification is claimed" in out
     for run in DEMO_RUNS:
         assert run.label in out
+    # the README (and docs/callbacks.md) show this output: no quoted line drifts from it
+    printed = out.splitlines()
+    assert [line for line in readme_demo_table() if line not in printed] == []
+    assert [line for line in progress_lines() if line not in out] == []
     summaries = {r.name: json.loads((tmp_path / "out" / r.name / "summary.json").read_text())
                  for r in DEMO_RUNS}  # fmt: skip
     private = summaries["private"]
@@ -68,3 +90,23 @@ def test_find_configs_names_where_it_looked(tmp_path):
     assert find_configs(REPO / "configs/demo") == REPO / "configs/demo"
     with pytest.raises(FileNotFoundError, match=r"fedavg_private\.yaml, porter_private\.yaml"):
         find_configs(tmp_path)
+
+
+def test_the_readmes_epsilon_4_run_prints_what_the_readme_says(tmp_path, monkeypatch, capsys):
+    """README's "Changing a value": the demo config at ε = 4, its result line as printed."""
+    (quoted,) = re.findall(r"`(\[pl-privfed\] rounds=100,[^`]*?epsilon=[0-9.]+)", README)
+    monkeypatch.chdir(tmp_path)
+    main(
+        [
+            "fit",
+            "--config",
+            str(REPO / "configs/demo/fedavg_private.yaml"),
+            "--model.algorithm.init_args.noise.epsilon",
+            "4",
+            "--output_dir",
+            "run",
+            "--trainer.logger",
+            "false",
+        ]
+    )
+    assert " ".join(quoted.split()) in capsys.readouterr().out

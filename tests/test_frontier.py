@@ -3,8 +3,11 @@
 the frontier sweep files of ``configs/sweeps``."""
 
 import csv
+import importlib.util
 import json
+import re
 import shutil
+from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 
 import pytest
@@ -221,7 +224,12 @@ def test_kept_runs_draw_the_same_frontier_without_the_sweeps_folders(tmp_path, c
     shutil.rmtree(sweeps)
     kept = sorted(record.glob("*/results.csv"))
     assert all(r["run_dir"] == "" for f in kept for r in read_csv(f))
-    assert len(list(record.glob("*/runs/*/summary.json"))) == 12 + 6
+    # compact: one summaries.jsonl per sweep, one line a run, no folder per run
+    assert (
+        sorted(p.name for p in record.glob("*/*")) == ["results.csv"] * 2 + ["summaries.jsonl"] * 2
+    )
+    lines = [json.loads(line) for f in record.glob("*/summaries.jsonl") for line in f.open()]
+    assert len(lines) == 12 + 6 and all(set(line) == {"run", "summary"} for line in lines)
     sizes = {"client_sizes": [5] * 10_000, "shuffle": True}  # a long list kept as its summary
     assert _slim({"data": sizes, "few": [1, 2]}) == {
         "data": {"client_sizes": {"length": 10_000, "min": 5, "max": 5, "sum": 50_000},
@@ -230,6 +238,21 @@ def test_kept_runs_draw_the_same_frontier_without_the_sweeps_folders(tmp_path, c
     # a slice with one more (failed) run: merged, the others' rows kept once
     keep_runs([private_sweep(tmp_path / "later", failed=True)], record)
     assert len(read_csv(record / "frontier_mnist_dpsgd" / "results.csv")) == 13
+    assert len((record / "frontier_mnist_dpsgd" / "summaries.jsonl").read_text().splitlines()) == 13
+    # a record in the folder-per-run form is read, merged and rewritten compactly
+    (old := tmp_path / "old" / "frontier_mnist_dpsgd").mkdir(parents=True)
+    shutil.copy(kept[0], old / "results.csv")
+    for line in (record / kept[0].parent.name / "summaries.jsonl").read_text().splitlines()[:12]:
+        item = json.loads(line)
+        (old / "runs" / item["run"]).mkdir(parents=True)
+        (old / "runs" / item["run"] / "summary.json").write_text(json.dumps(item["summary"]))
+    keep_runs([record / "frontier_mnist_dpsgd"], old.parent)  # from a compact record, too
+    assert sorted(p.name for p in old.iterdir()) == ["results.csv", "summaries.jsonl"]
+    assert (old / "summaries.jsonl").read_text() == (
+        record / "frontier_mnist_dpsgd" / "summaries.jsonl"
+    ).read_text()
+    with pytest.raises(ValueError, match="holds the sweep"):
+        keep_runs([old], old.parent)
     broken = private_sweep(tmp_path / "broken")
     (broken.parent / "runs" / read_csv(broken)[0]["run"] / "summary.json").write_text("{")
     with pytest.raises(ValueError, match=r"summary\.json: not JSON"):
@@ -338,50 +361,91 @@ def test_a_frontier_point_parses_in_the_cli(name, tmp_path, monkeypatch):
     assert not cli.trainer.checkpoint_callbacks
 
 
-#: each family's label in docs/privacy.md's frontier tables (the sweep file's stem without
-#: ``frontier_mnist_``)
-LABELS = {
-    "dp_fedavg_clip": "DP-FedAvg, clipping (η × Φ tuned), central, 1,000 clients",
-    "dp_fedavg_per_update": "FedAvg, per-update clipping, central, 1,000 clients",
-    "dpsgd": "DP-SGD, central, 1,000 clients",
-    "dp_fed_alpha_normec": "DP-Fed-α-NormEC (η × β tuned), central, 1,000 clients",
-    "dpsgd_distributed": (
-        "distributed DP-SGD, noise shares under secure aggregation, 10,000 clients"
-    ),
-    "dp_alpha_normec": "DP-α-NormEC (γ × β tuned), distributed, 10,000 clients",
-    "dp_alpha_normec_no_sn": (
-        "DP-α-NormEC without server normalization (γ × β tuned), distributed, 10,000 clients"
-    ),
-    "dp_clip21": "DP-Clip21 (γ × τ tuned), distributed, 10,000 clients",
-    "dp_fedavg_per_sample": "FedAvg, per-example clipping, local noise, 10 clients",
-    "porter_dp": "PORTER-DP, local noise, 10 agents (gossip)",
-    "soteriafl": "SoteriaFL, local noise, 10 clients",
-}
-#: docs/figures/<figure>.csv: the families drawn from the runs kept in docs/frontier_runs/
-KEPT_FIGURES = {
-    "frontier_mnist_record_batched": ["dp_fedavg_per_sample", "porter_dp", "soteriafl"],
-    "frontier_mnist_client_kept": [
-        "dp_fedavg_clip",
-        "dp_fedavg_per_update",
-        "dpsgd",
-        "dp_fed_alpha_normec",
-        "dpsgd_distributed",
-        "dp_alpha_normec",
-        "dp_alpha_normec_no_sn",
-        "dp_clip21",
-    ],
-}
+def test_the_results_pages_are_what_the_kept_record_draws(tmp_path):
+    """``make results`` (benchmarks/results_pages.py) draws docs/results/ from the runs kept in
+    docs/frontier_runs/: drawing them again gives every kept table (the frontier tables and
+    their data, and the overview docs/privacy.md leads with), so a number cannot drift from
+    its record."""
+    spec = importlib.util.spec_from_file_location(
+        "results_pages", REPO / "benchmarks/results_pages.py"
+    )
+    pages = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pages)
+    block = pages.regenerate(tmp_path)
+    kept = REPO / "docs/results"
+    for name in pages.GROUPS:
+        assert read_csv(tmp_path / name / "frontier.csv") == read_csv(kept / name / "frontier.csv")
+        for page in (Path(name) / "frontier.md", Path(name) / "frontier.png"):
+            assert (kept / page).is_file(), f"docs/results/{page} missing: run make results"
+        assert (tmp_path / name / "frontier.md").read_text() == (
+            kept / name / "frontier.md"
+        ).read_text()
+    assert (tmp_path / "frontier.md").read_text() == (kept / "frontier.md").read_text()
+    assert pages.privacy_block() == block, "docs/privacy.md's frontier block: run make results"
 
 
-@pytest.mark.parametrize("figure", sorted(KEPT_FIGURES))
-def test_a_kept_frontier_draws_its_docs_figure(figure, tmp_path):
-    """docs/privacy.md's frontier tables are drawn from the runs kept in docs/frontier_runs/:
-    drawing them again gives the committed figure's data."""
-    record = REPO / "docs/frontier_runs"
-    files, labels = [], []
-    for family in KEPT_FIGURES[figure]:
-        for stem in (f"frontier_mnist_{family}", f"frontier_mnist_{family}_nonprivate"):
-            files.append(record / stem)
-            labels.append(LABELS[family])
-    written = frontier(files, tmp_path, labels=labels)
-    assert read_csv(written[1]) == read_csv(REPO / "docs/figures" / f"{figure}.csv")
+def _config_value(config: dict, path: str):
+    """The value at a sweep parameter's dotted path in a config (``init_args`` may be implied)."""
+    node = config
+    for part in path.split("."):
+        if part not in node and part == "init_args":
+            continue
+        node = node[part] if part in node else node["init_args"][part]
+    return node
+
+
+def _kept_run(name: str, private: bool) -> dict[str, str]:
+    """The kept frontier run of ``configs/private/<name>.yaml`` as shipped: seed 0, its own step
+    size and knob, at ε = 8 (``private``) or in its non-private twin's sweep."""
+    stem = f"frontier_{name}" if private else f"frontier_{name}_nonprivate"
+    sweep = yaml.safe_load((REPO / "configs/sweeps" / f"{stem}.yaml").read_text())
+    config = yaml.safe_load((REPO / "configs/private" / f"{name}.yaml").read_text())
+    runs = read_csv(REPO / "docs/frontier_runs" / stem / "results.csv")
+    want = {}
+    for key, spec in sweep["parameters"].items():
+        if "values" in spec:
+            column = key if key in runs[0] else key.split(".")[-1]
+            value = 0 if key == "seed" else 8.0 if key == EPS else _config_value(config, key)
+            want[column] = float(value)
+    (run,) = [r for r in runs if all(float(r[c]) == v for c, v in want.items())]
+    return run
+
+
+def _pct(value: str) -> str:
+    """A recorded accuracy as the tables print it: percent, one decimal, halves rounded up."""
+    return str((Decimal(value) * 100).quantize(Decimal("0.1"), rounding=ROUND_HALF_UP))
+
+
+def test_the_private_configs_tables_are_their_kept_runs():
+    """README's and docs/configs.md's tables of configs/private/ (seed 0, ε = 8, the config as
+    shipped, and its non-private twin) quote the runs kept in docs/frontier_runs/ (a9a's runs
+    were not kept)."""
+    readme = (REPO / "README.md").read_text()
+    quoted = re.findall(r"^\| `(mnist_\w+)`.*\| ([\d.]+) % \| ([\d.]+) % \|$", readme, re.M)
+    configs = (REPO / "docs/configs.md").read_text()
+    detailed = re.findall(
+        r"^\| `(mnist_\w+)` \|[^|]*\|[^|]*\| \*\*([\d.]+) %\*\* \| ([^|]*) \| ([\d.]+) % \|",
+        configs,
+        re.M,
+    )
+    assert len(quoted) == len(detailed) == len(list((REPO / "configs/private").glob("mnist_*")))
+    for name, private, twin in quoted:
+        run, plain = _kept_run(name, True), _kept_run(name, False)
+        assert (private, twin) == (
+            _pct(run["final_test_accuracy"]),
+            _pct(plain["final_test_accuracy"]),
+        ), name
+    for name, private, epsilons, twin in detailed:
+        run, plain = _kept_run(name, True), _kept_run(name, False)
+        assert private == _pct(run["final_test_accuracy"]), name
+        assert twin == _pct(plain["final_test_accuracy"]), name
+        assert f"{float(run['epsilon']):.3f}" in epsilons, name
+    # docs/privacy.md's example result line is mnist_dp_fedavg_clip's run
+    run = _kept_run("mnist_dp_fedavg_clip", True)
+    line = (
+        f"rounds=300, val accuracy={float(run['final_val_accuracy']):.4f} (round 300), test "
+        f"accuracy={float(run['final_test_accuracy']):.4f}, train loss="
+        f"{float(run['final_train_loss']):.4f}, epsilon={float(run['epsilon']):.3f} against "
+        "whoever sees the models"
+    )
+    assert line in (REPO / "docs/privacy.md").read_text()

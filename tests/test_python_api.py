@@ -33,6 +33,19 @@ def test_the_documented_example_runs(tmp_path, monkeypatch, capsys):
     assert (folder / "curves.png").is_file()
     assert [p.name for p in (folder / "checkpoints").iterdir()] == ["round=000100.ckpt"]
     assert "round 100/100" in capsys.readouterr().out.replace("\r", "\n")
+    # the page quotes this run's numbers: they are the ones it reports
+    page = " ".join(DOC.read_text().split())
+    (quoted,) = re.findall(
+        r"It ends at ([\d.]+) % validation and ([\d.]+) % test accuracy and ε = ([\d.]+) \(δ = 1e-5\)"
+        r" after (\d+) rounds",
+        page,
+    )
+    assert quoted == (
+        f"{100 * summary['final_val_accuracy']:.1f}",
+        f"{100 * summary['final_test_accuracy']:.1f}",
+        f"{summary['epsilon']:.2f}",
+        str(summary["rounds"]),
+    )
 
 
 def test_from_tensors_converts_arrays_and_infers_the_classes():

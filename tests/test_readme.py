@@ -1,4 +1,6 @@
-"""The README is the first hour (issue 31, item 7), and no link of README or docs/ is broken.
+"""The README is the first hour (issue 31, item 7), no link of README, CHANGELOG or docs/ is
+broken, and the reference pages say what is true now (issue 46): no dates or commit hashes (the
+dated history is CHANGELOG.md's), and the longest pages stay readable.
 
 The README stays short enough to read before a first run, says on its first screen what a shell
 needs (the virtualenv's ``bin`` on ``PATH``; ``PL_PRIVFED_DATA``), and its placeholders are
@@ -16,7 +18,15 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+CHANGELOG = ROOT / "CHANGELOG.md"
 DOCS = sorted((ROOT / "docs").glob("*.md"))
+#: the reference pages: what the package does now, without dates or commit hashes
+REFERENCE_PAGES = (
+    "algorithms privacy accounting audit engine scaling package callbacks python_api configs"
+)
+REFERENCE = [README, *(ROOT / "docs" / f"{name}.md" for name in REFERENCE_PAGES.split())]
+DATE = re.compile(r"\b20\d\d-[01]\d-[0-3]\d\b")
+COMMIT = re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,40}\b")
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 FENCE = re.compile(r"^```.*?^```", re.S | re.M)
 
@@ -43,7 +53,7 @@ def test_readme_is_the_first_hour():
     assert not leftovers, leftovers
 
 
-@pytest.mark.parametrize("page", [README, *DOCS], ids=lambda p: p.name)
+@pytest.mark.parametrize("page", [README, CHANGELOG, *DOCS], ids=lambda p: p.name)
 def test_relative_links_resolve(page: Path):
     text = FENCE.sub("", page.read_text(encoding="utf-8"))
     broken = []
@@ -57,3 +67,18 @@ def test_relative_links_resolve(page: Path):
         elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
             broken.append(target)
     assert not broken, f"{page.name}: broken links {broken}"
+
+
+@pytest.mark.parametrize("page", REFERENCE, ids=lambda p: p.name)
+def test_reference_pages_carry_no_dates_or_commits(page: Path):
+    text = LINK.sub("]()", page.read_text(encoding="utf-8"))  # a link's target may name a date
+    found = [m.group(0) for pattern in (DATE, COMMIT) for m in pattern.finditer(text)]
+    assert not found, f"{page.name}: {found} (dated history belongs in CHANGELOG.md)"
+
+
+@pytest.mark.parametrize("name", ["privacy", "performance", "engine"])
+def test_the_long_pages_stay_short_and_undated(name: str):
+    lines = (ROOT / "docs" / f"{name}.md").read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= 600, f"docs/{name}.md has {len(lines)} lines (at most 600)"
+    dated = [line for line in lines if line.startswith("#") and DATE.search(line)]
+    assert not dated, dated

@@ -106,7 +106,7 @@ class PrivacyAudit(pl.Callback):
     Attached to another LightningModule (no ``algorithm`` and ``layout``) it warns once and
     audits nothing. An
     audit is never a certificate: a low value says the canaries were not found, not that the run
-    is private (docs/privacy.md, "An empirical audit beside the certified ε").
+    is private (docs/audit.md).
 
     Args:
         canaries: the canaries ``m`` (inserted and held out together).

@@ -147,9 +147,10 @@ def compare(
         random_search: with --frontier: also Papernot & Steinke's ε of random search over each
             point's configurations, the number of candidates drawn from this distribution
             (poisson, geometric, logarithmic, or a truncated negative binomial's shape η >= 0)
-        keep_runs: with --frontier: also copy each results.csv and its runs' summary.json into
-            this folder (one subfolder per sweep, merged with an earlier copy), which compare
-            --frontier reads again on any machine (docs/privacy.md keeps its frontiers' runs so)
+        keep_runs: with --frontier: also copy each results.csv and its runs' summaries into
+            this folder (one subfolder per sweep with results.csv and summaries.jsonl, merged
+            with an earlier copy), which compare --frontier reads again on any machine
+            (docs/frontier_runs/ keeps the docs' frontiers so)
     """
     from pl_privfed.report import compare_methods
     from pl_privfed.report import frontier as draw_frontier

@@ -26,7 +26,7 @@ every configuration that shares the data (a grid's) gives them all (:meth:`Clien
 The engine runs an algorithm there when the algorithm says it can
 (:meth:`~pl_privfed.algorithms.FederatedAlgorithm.span_states`), the model and data allow it and
 it saves memory (:func:`pl_privfed.wiring.client_span`; ``client_span: off`` turns it off);
-docs/engine.md, "Clients in the span of their data".
+docs/scaling.md, "Clients in the span of their data".
 """
 
 from __future__ import annotations

@@ -53,7 +53,7 @@ hands it what is left once they are subtracted (the noise the placement's guaran
 a canary's own noise under local noise, the aggregator's draw under central noise, and under
 distributed noise only the ``t`` honest senders' shares, the other ``n − t`` being known to
 the server they collude with, as the certificate assumes; and the canary's contribution through
-the run's operator), and its Gaussian fit reads the mechanism's own μ (docs/privacy.md, "The
+the run's operator), and its Gaussian fit reads the mechanism's own μ (docs/audit.md, "The
 white-box auditor").
 
 Both therefore audit an adversary the ledger accounts for: whoever sees the models

@@ -98,9 +98,10 @@ class DPNoise:
               with fewer senders is aborted: nothing is released, and the server's step uses only
               what earlier rounds released (with a momentum or memory the model can still move).
               No ε charges the abort pattern, so a run with a Poisson cohort that may abort any
-              of its rounds with probability above ``MAX_ABORT_PROBABILITY`` (1e-6) is refused
-              before training (:class:`~pl_privfed.privacy.DistributedNoise`, whose
-              ``allow_aborts`` runs it anyway, uncertified against whoever sees the models).
+              of its rounds with probability above
+              :data:`~pl_privfed.privacy.placement.MAX_ABORT_PROBABILITY` is refused before
+              training (:class:`~pl_privfed.privacy.DistributedNoise`, whose ``allow_aborts``
+              runs it anyway, uncertified against whoever sees the models).
         min_contributors: ``t`` of distributed noise: the fewest participants a round may have
             (the noise the accounting relies on; never the noise that was hoped for). With
             ``placement: distributed``; a ``DistributedNoise`` placement carries its own ``t``

@@ -18,10 +18,12 @@ from pl_privfed.results import finite_float, non_parameter_columns, result_colum
 
 __all__ = [
     "DEFAULT_METRIC",
+    "KEPT_SUMMARIES",
     "NULL",
     "SERVER_NORM",
     "TEST",
     "get",
+    "kept_summaries",
     "load_results",
     "mean_curve",
     "order",
@@ -130,6 +132,7 @@ def load_results(
             ``finished``) holds no finished run.
     """
     summary.cache_clear()  # a run may have gone on since the last report of this process
+    kept_summaries.cache_clear()
     _curve_file.cache_clear()
     frames = [_read(path) for path in paths(results)]
     if not frames:
@@ -174,12 +177,40 @@ def run_dir_of(row: dict, results: str | os.PathLike) -> Path:
     return Path(results).parent / "runs" / (row.get("run") or "")
 
 
+#: a kept record's summaries (:mod:`pl_privfed.report.frontier_record`): one JSON line per run,
+#: ``{"run": ..., "summary": {...}}``, beside the sweep's ``results.csv``
+KEPT_SUMMARIES = "summaries.jsonl"
+
+
+@cache
+def kept_summaries(path: str) -> dict[str, dict]:
+    """The summaries of a kept record's ``summaries.jsonl`` by run (empty when there is none;
+    a line that is not a run's summary is skipped)."""
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError:
+        return {}
+    kept = {}
+    for line in lines:
+        try:
+            item = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(item, dict) and isinstance(item.get("summary"), dict):
+            kept[str(item.get("run"))] = item["summary"]
+    return kept
+
+
 @cache
 def summary(run_dir: str) -> dict:
-    """A run's ``summary.json`` (empty when it has none)."""
+    """A run's ``summary.json`` (empty when it has none); for a run of a kept record, whose
+    folder ``<sweep>/runs/<run>`` does not exist, its line of ``<sweep>/summaries.jsonl``."""
+    folder = Path(run_dir)
     try:
-        data = json.loads((Path(run_dir) / "summary.json").read_text())
-    except (OSError, ValueError):
+        data = json.loads((folder / "summary.json").read_text())
+    except OSError:
+        return kept_summaries(str(folder.parent.parent / KEPT_SUMMARIES)).get(folder.name, {})
+    except ValueError:
         return {}
     return data if isinstance(data, dict) else {}
 
