@@ -39,6 +39,7 @@ from pl_privfed.algorithms import (
 )
 from pl_privfed.cli import main
 from pl_privfed.engine import run_round
+from pl_privfed.grid.points import rebuild_algorithm
 from pl_privfed.operators import Clip
 from pl_privfed.privacy import DPNoise, PrivacyLedger
 
@@ -387,6 +388,16 @@ def test_state_is_buffers_and_resume_continues_exactly(name):
     resumed.load_state_dict(state)
     tail = run(resumed, b, head[-1], rounds=ROUNDS - 5, setup=False)
     assert all(torch.equal(a, c) for a, c in zip(head + tail, whole))
+
+
+def test_a_grid_reaches_the_optimizer_arguments():
+    """A grid configuration rebuilt with ``server_optimizer.tau`` gets its own optimizer."""
+    base = DPFedAvg(0.1, server_optimizer=FedAdam(beta1=0.5, tau=0.01))
+    other = rebuild_algorithm(base, {"server_optimizer.tau": 0.1, "step_size": 0.2})
+    assert isinstance(other.server_optimizer, FedAdam)
+    assert (other.server_optimizer.tau, other.server_optimizer.beta1, other.step_size) == (
+        0.1, 0.5, 0.2)  # fmt: skip
+    assert base.server_optimizer.tau == 0.01 and other.server_optimizer is not base.server_optimizer
 
 
 def test_adaptive_state_starts_at_tau_squared():
