@@ -36,6 +36,7 @@ privacy declaration, calibration and ε do not depend on it.
 
 from __future__ import annotations
 
+import abc
 import math
 
 import torch
@@ -55,15 +56,17 @@ def _check_decay(name: str, value: float) -> float:
     return float(value)
 
 
-class ServerOptimizer(nn.Module):
+class ServerOptimizer(nn.Module, metaclass=abc.ABCMeta):
     """The server's step ``x_{t+1} = x_t + η u_t`` from the pseudo-update ``Δ_t`` (module
     docstring). Subclasses allocate their state in :meth:`setup` as registered buffers and
-    implement :meth:`step`."""
+    implement :meth:`step` (abstract: the command line refuses this class as a
+    ``server_optimizer``)."""
 
     def setup(self, dim: int, device: torch.device | str, dtype: torch.dtype) -> None:
         """Allocate (and reset) the state for ``d = dim`` parameters (called by the algorithm's
         setup, before a checkpoint is restored into the buffers)."""
 
+    @abc.abstractmethod
     def step(self, x: Tensor, delta: Tensor, step_size: float) -> Tensor:
         """The new model from ``x`` ``[d]``, the pseudo-update ``Δ_t`` ``[d]`` and ``η``."""
         raise NotImplementedError
@@ -121,6 +124,7 @@ class _Adaptive(ServerOptimizer):
         self.update_second_moment(v, delta * delta)
         return x + step_size * (m / (v.sqrt() + self.tau))  # x_t + η m_t / (√v_t + τ)
 
+    @abc.abstractmethod
     def update_second_moment(self, v: Tensor, square: Tensor) -> None:
         """``v ← v_t`` in place from ``v = v_{t−1}`` and ``square = Δ_t²`` (the variant's line)."""
         raise NotImplementedError
