@@ -2,8 +2,8 @@
 
 A run interrupted at round 6 and resumed from its checkpoint ends bit-identical to the
 uninterrupted run: client sampling, local steps over several minibatches, per-example clipping,
-gossip state, the compression and output generators, the accountant and the transmission count
-all travel in the checkpoint.
+gossip state, the compression and output generators, a server optimizer's moments, the
+accountant and the transmission count all travel in the checkpoint.
 """
 
 import pytest
@@ -14,9 +14,11 @@ from test_module import StopAt, trainer
 from pl_privfed import FederatedModule
 from pl_privfed.algorithms import (
     PORTER,
+    FedAdam,
     FedAlphaNormEC,
     FedAvgPerSampleClipping,
     FedAvgPerUpdateClipping,
+    FedYogi,
     LocalGD,
     LocalSGD,
     SoteriaFL,
@@ -49,6 +51,19 @@ CASES = {
         lambda: FedAvgPerUpdateClipping(1.0, local_step_size=0.2, clip_threshold=0.5,
                                         local_solver=LocalGD(2), sampler=PoissonSampler(0.6),
                                         noise=DPNoise(noise_multiplier=0.5, seed=6)),
+        dict(),
+    ),
+    "per_update_fedadam": (
+        lambda: FedAvgPerUpdateClipping(0.05, local_step_size=0.2, clip_threshold=0.5,
+                                        sampler=PoissonSampler(0.6),
+                                        noise=DPNoise(noise_multiplier=0.5, seed=6),
+                                        server_optimizer=FedAdam(tau=0.01)),
+        dict(),
+    ),
+    "fed_alpha_normec_fedyogi": (
+        lambda: FedAlphaNormEC(0.01, local_step_size=0.1, beta=0.1, alpha=0.01,
+                               participation_prob=0.5, noise=DPNoise(noise_multiplier=0.5, seed=3),
+                               server_optimizer=FedYogi(beta1=0.5, tau=0.01)),
         dict(),
     ),
     "porter_dp": (

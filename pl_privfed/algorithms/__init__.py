@@ -1,6 +1,7 @@
 """Federated optimization algorithms: server-based (α-NormEC family, DP-SGD, FedAvg variants) and
 decentralized (PORTER, BEER). Each is its paper's client and server lines plus one declaration of
-what it releases (:class:`~pl_privfed.privacy.Release`)."""
+what it releases (:class:`~pl_privfed.privacy.Release`); a server-based one takes a server
+optimizer (server momentum, FedAdam, FedYogi, FedAdagrad: :mod:`.server_opt`) for its step."""
 
 from pl_privfed.algorithms.base import FederatedAlgorithm
 from pl_privfed.algorithms.decentralized import BEER, PORTER, DecentralizedAlgorithm
@@ -20,6 +21,14 @@ from pl_privfed.algorithms.local import (
     LocalSGD,
     LocalSolver,
 )
+from pl_privfed.algorithms.server_opt import (
+    FedAdagrad,
+    FedAdam,
+    FedYogi,
+    ServerMomentum,
+    ServerOptimizer,
+    ServerSGD,
+)
 from pl_privfed.algorithms.soteria import SoteriaFL
 
 __all__ = [
@@ -32,9 +41,12 @@ __all__ = [
     "DecentralizedAlgorithm",
     "DistributedDPSGD",
     "ErrorFeedback",
+    "FedAdagrad",
+    "FedAdam",
     "FedAlphaNormEC",
     "FedAvgPerSampleClipping",
     "FedAvgPerUpdateClipping",
+    "FedYogi",
     "FederatedAlgorithm",
     "IncrementalGradient",
     "LocalGD",
@@ -43,5 +55,8 @@ __all__ = [
     "LocalSolver",
     "LocalUpdateAlgorithm",
     "MemoryInit",
+    "ServerMomentum",
+    "ServerOptimizer",
+    "ServerSGD",
     "SoteriaFL",
 ]

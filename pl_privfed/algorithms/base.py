@@ -24,6 +24,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
+from pl_privfed.algorithms.server_opt import ServerOptimizer, ServerSGD
 from pl_privfed.checks import check_positive
 from pl_privfed.engine import (
     ClientChunk,
@@ -58,6 +59,10 @@ class FederatedAlgorithm(nn.Module, metaclass=abc.ABCMeta):
             ``FederatedModule`` shows as its optimizer's learning rate (Lightning's
             ``LearningRateMonitor`` logs it).
         noise: Gaussian DP noise settings, or ``None`` for the non-private method.
+        server_optimizer: what the server does with its step's pseudo-update
+            (:mod:`pl_privfed.algorithms.server_opt`: server momentum, FedAdam, FedYogi,
+            FedAdagrad); ``None``: :class:`~pl_privfed.algorithms.ServerSGD`, the paper's step.
+            A subclass that takes one says in its docstring where it acts (:meth:`server_step`).
     """
 
     #: the symbol each paper gives a hyperparameter (``__init__`` argument -> symbol), for the
@@ -71,12 +76,22 @@ class FederatedAlgorithm(nn.Module, metaclass=abc.ABCMeta):
     #: :class:`~pl_privfed.callbacks.PrivacyAudit`, never by an algorithm
     canaries = None
 
-    def __init__(self, step_size: float, noise: DPNoise | None = None) -> None:
+    def __init__(
+        self,
+        step_size: float,
+        noise: DPNoise | None = None,
+        server_optimizer: ServerOptimizer | None = None,
+    ) -> None:
         super().__init__()
         self.step_size = check_positive("step_size", step_size)
         if noise is not None and not isinstance(noise, DPNoise):
             raise ValueError(f"noise must be a DPNoise or None, got {noise!r}")
         self.noise = noise
+        if server_optimizer is not None and not isinstance(server_optimizer, ServerOptimizer):
+            raise ValueError(
+                f"server_optimizer must be a ServerOptimizer or None, got {server_optimizer!r}"
+            )
+        self.server_optimizer = server_optimizer if server_optimizer is not None else ServerSGD()
         self.num_clients = 0
         self.dim = 0
         self.num_rounds = 0
@@ -142,6 +157,7 @@ class FederatedAlgorithm(nn.Module, metaclass=abc.ABCMeta):
             self.noise_std = plan.calibrate(release, self.noise, rounds)
             plan.check(release, self.noise, self.noise_std, num_rounds or self.noise.rounds)
         self.allocate()
+        self.server_optimizer.setup(dim, self.device, dtype)
         self.state.allocate(self.device, client_state, state_dir, state_in_memory)
 
     def allocate(self) -> None:
@@ -242,6 +258,13 @@ class FederatedAlgorithm(nn.Module, metaclass=abc.ABCMeta):
         """The server lines of one round from ``x`` (``[d]``) and the clients' sums; returns
         the new parameters (override)."""
         raise NotImplementedError
+
+    def server_step(self, x: Tensor, delta: Tensor, step_size: float) -> Tensor:
+        """The server's step from ``x`` along the pseudo-update ``Δ_t`` (the direction the
+        model moves, computed from what the round released) at the step size ``η``:
+        ``x + η Δ_t`` with the default :class:`~pl_privfed.algorithms.ServerSGD`, else what
+        :attr:`server_optimizer` makes of it (post-processing: no privacy change)."""
+        return self.server_optimizer.step(x, delta, step_size)
 
     def initializes_clients(self) -> bool:
         """Whether :meth:`client_init` must run over the clients before the first round."""

@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from pl_privfed.algorithms.base import CLIENT_LEVEL_DP, FederatedAlgorithm, RoundResult
+from pl_privfed.algorithms.server_opt import ServerOptimizer
 from pl_privfed.checks import check_choice, check_positive
 from pl_privfed.communication import Messages
 from pl_privfed.engine import ClientChunk, Reduction
@@ -46,6 +47,11 @@ class DistributedDPSGD(FederatedAlgorithm):
     central and distributed noise it sizes the noise of the sum, whose sensitivity is ``Φ``),
     the target ε, or the noise multiplier given directly.
 
+    Server optimizer (:mod:`~pl_privfed.algorithms.server_opt`): the pseudo-update is
+    ``Δ^k = −((1/n) Σ_i β Ψ(∇f_i(x^k)) + z)``, the released average, at step size ``γ``
+    (the default :class:`~pl_privfed.algorithms.ServerSGD` is line 73); post-processing, so the
+    privacy above is unchanged.
+
     Args:
         step_size: ``γ > 0``.
         operator: ``Ψ``; identity (plain distributed gradient descent) by default.
@@ -53,6 +59,7 @@ class DistributedDPSGD(FederatedAlgorithm):
         noise: DP noise settings or ``None``.
         noise_placement: the older spelling of ``noise.placement``: ``"client"`` (local) or
             ``"server"`` (central); ``None`` (default) keeps ``noise.placement``.
+        server_optimizer: the server's step on ``Δ^k`` (``None``: line 73).
     """
 
     hyperparameter_symbols: ClassVar[dict[str, str]] = {
@@ -67,11 +74,12 @@ class DistributedDPSGD(FederatedAlgorithm):
         scale: float = 1.0,
         noise: DPNoise | None = None,
         noise_placement: Literal["client", "server"] | None = None,
+        server_optimizer: ServerOptimizer | None = None,
     ) -> None:
         if noise_placement is not None:
             check_choice("noise_placement", noise_placement, tuple(OLDER_PLACEMENTS))
             noise = _placed(noise, noise_placement)
-        super().__init__(step_size, noise)
+        super().__init__(step_size, noise, server_optimizer)
         self.operator = operator if operator is not None else Identity()
         if not isinstance(self.operator, Operator):
             raise ValueError(f"operator must be an Operator, got {operator!r}")
@@ -102,7 +110,7 @@ class DistributedDPSGD(FederatedAlgorithm):
         total, metrics = reduced.received()  # Σ_i β Ψ(∇f_i) + z (clients', shares or central)
         aggregate = total / n
         metrics["aggregate_norm"] = torch.linalg.vector_norm(aggregate)
-        new_x = x - self.step_size * aggregate
+        new_x = self.server_step(x, -aggregate, self.step_size)  # x − γ·aggregate
         messages_sent = [
             reduced.messages("client_to_server"),
             Messages.dense("server_to_client", self.dim, copies=n),

@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 
 from pl_privfed.algorithms.base import CLIENT_LEVEL_DP, FederatedAlgorithm, RoundResult
+from pl_privfed.algorithms.server_opt import ServerOptimizer
 from pl_privfed.checks import check_choice, check_positive
 from pl_privfed.communication import Messages
 from pl_privfed.engine import ClientChunk, Reduction
@@ -29,6 +30,13 @@ class ErrorFeedback(FederatedAlgorithm):
     * server: ``ĝ^{k+1} = ĝ^k + (β/n) Σ_i Δ̂_i`` (line 10) and
       ``x^{k+1} = x^k − γ ĝ^{k+1}/||ĝ^{k+1}||`` with server normalization (line 11, 0/0 = 0) or
       ``x^{k+1} = x^k − γ ĝ^{k+1}`` without (Appendix B.5).
+
+    Server optimizer (:mod:`~pl_privfed.algorithms.server_opt`): it acts at line 11 only, on the
+    direction line 11 steps along, ``Δ^k = −ĝ^{k+1}/||ĝ^{k+1}||`` (``−ĝ^{k+1}`` without server
+    normalization), at step size ``γ``: ``x^{k+1} = x^k + γ u_k``. Line 10's ``ĝ`` (the error
+    feedback's server memory, which mirrors the clients' ``g_i``) is kept as written. The default
+    :class:`~pl_privfed.algorithms.ServerSGD` is line 11 exactly; any other is post-processing of
+    the released sums (privacy unchanged).
 
     Ψ = smoothed normalization gives α-NormEC (:class:`AlphaNormEC`), Ψ = hard clipping with
     β = 1 gives Clip21 (:class:`Clip21`), Ψ = a contractive compressor gives EF21 (:class:`EF21`).
@@ -60,6 +68,7 @@ class ErrorFeedback(FederatedAlgorithm):
             (paper 002 Appendix C.3: the server learns ``ĝ⁰`` but no ``g_i⁰``), and every round's
             messages too when its ``every_round`` is set. Fixed-point rounding perturbs each
             aggregate by at most ``n·2^{-f-1}`` per coordinate.
+        server_optimizer: the server's step at line 11 (``None``: line 11 as written).
     """
 
     #: paper 002 Alg. 1 (Clip21: τ)
@@ -80,8 +89,9 @@ class ErrorFeedback(FederatedAlgorithm):
         memory_init_offset: float = 0.0,
         noise: DPNoise | None = None,
         secure_aggregation: SecureAggregation | None = None,
+        server_optimizer: ServerOptimizer | None = None,
     ) -> None:
-        super().__init__(step_size, noise)
+        super().__init__(step_size, noise, server_optimizer)
         self.beta = check_positive("beta", beta)
         if secure_aggregation is not None and not isinstance(secure_aggregation, SecureAggregation):
             raise ValueError(
@@ -163,7 +173,7 @@ class ErrorFeedback(FederatedAlgorithm):
             direction = torch.where(norm > 0, ghat / norm.clamp(min=1e-30), torch.zeros_like(ghat))
         else:  # Appendix B.5
             direction = ghat
-        new_x = x - self.step_size * direction
+        new_x = self.server_step(x, direction.neg(), self.step_size)  # x − γ·direction
         messages = [  # Δ̂_i up; the new model down to every client
             reduced.messages("client_to_server"),
             Messages.dense("server_to_client", self.dim, copies=n),
@@ -183,6 +193,7 @@ class AlphaNormEC(ErrorFeedback):
         memory_init_offset: see :class:`ErrorFeedback`.
         noise: DP noise (DP-α-NormEC) or ``None``.
         secure_aggregation: see :class:`ErrorFeedback`.
+        server_optimizer: see :class:`ErrorFeedback`.
     """
 
     def __init__(
@@ -195,6 +206,7 @@ class AlphaNormEC(ErrorFeedback):
         memory_init_offset: float = 0.0,
         noise: DPNoise | None = None,
         secure_aggregation: SecureAggregation | None = None,
+        server_optimizer: ServerOptimizer | None = None,
     ) -> None:
         super().__init__(
             step_size,
@@ -205,6 +217,7 @@ class AlphaNormEC(ErrorFeedback):
             memory_init_offset,
             noise,
             secure_aggregation,
+            server_optimizer,
         )
         self.alpha = float(alpha)
 
@@ -225,6 +238,7 @@ class Clip21(ErrorFeedback):
         memory_init_offset: see :class:`ErrorFeedback`.
         noise: DP noise (DP-Clip21) or ``None``; calibrated to the sensitivity τ.
         secure_aggregation: see :class:`ErrorFeedback`.
+        server_optimizer: see :class:`ErrorFeedback`.
     """
 
     def __init__(
@@ -236,6 +250,7 @@ class Clip21(ErrorFeedback):
         memory_init_offset: float = 0.0,
         noise: DPNoise | None = None,
         secure_aggregation: SecureAggregation | None = None,
+        server_optimizer: ServerOptimizer | None = None,
     ) -> None:
         super().__init__(
             step_size,
@@ -246,6 +261,7 @@ class Clip21(ErrorFeedback):
             memory_init_offset,
             noise,
             secure_aggregation,
+            server_optimizer,
         )
         self.clip_threshold = float(clip_threshold)
 
@@ -262,6 +278,7 @@ class EF21(ErrorFeedback):
         beta: ``β > 0`` (1 in the original EF21).
         server_normalization: normalized server step or not (default not, as in EF21).
         memory_init: see :class:`ErrorFeedback` (default ``"gradient"``, as in EF21).
+        server_optimizer: see :class:`ErrorFeedback`.
     """
 
     def __init__(
@@ -271,6 +288,7 @@ class EF21(ErrorFeedback):
         beta: float = 1.0,
         server_normalization: bool = False,
         memory_init: MemoryInit = "gradient",
+        server_optimizer: ServerOptimizer | None = None,
     ) -> None:
         super().__init__(
             step_size,
@@ -278,5 +296,6 @@ class EF21(ErrorFeedback):
             compressor if compressor is not None else TopK(ratio=0.1),
             server_normalization,
             memory_init,
+            server_optimizer=server_optimizer,
         )
         self.compressor = self.operator

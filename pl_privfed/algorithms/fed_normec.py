@@ -10,6 +10,7 @@ from torch import Tensor
 from pl_privfed.algorithms.base import RoundResult
 from pl_privfed.algorithms.fedavg import LocalUpdateAlgorithm
 from pl_privfed.algorithms.local import LocalSolver
+from pl_privfed.algorithms.server_opt import ServerOptimizer
 from pl_privfed.checks import check_choice, check_positive
 from pl_privfed.communication import Messages
 from pl_privfed.engine import ClientChunk, Reduction
@@ -40,6 +41,13 @@ class FedAlphaNormEC(LocalUpdateAlgorithm):
     and the server (line 11) ``v̂ ← v̂ + (β/M) Σ_i Δ̂_i`` and (line 12)
     ``x ← x − η v̂/||v̂||`` (``server_normalization``, 0/0 = 0) or ``x ← x − η v̂`` (the paper's
     experiments, App. D line 318, turn the normalization off).
+
+    Server optimizer (:mod:`~pl_privfed.algorithms.server_opt`): it acts at line 12 only, on the
+    direction line 12 steps along, ``Δ^k = −v̂^{k+1}/||v̂^{k+1}||`` (``−v̂^{k+1}`` without server
+    normalization), at step size ``η``: ``x^{k+1} = x^k + η u_k``; line 11's ``v̂``, the error
+    feedback's server memory that mirrors the clients' ``v_i``, is kept as written. The default
+    :class:`~pl_privfed.algorithms.ServerSGD` is line 12 exactly; any other is post-processing
+    of the released sums (privacy unchanged).
 
     Participation (``participation``):
 
@@ -85,6 +93,7 @@ class FedAlphaNormEC(LocalUpdateAlgorithm):
         memory_init: ``"zeros"`` or ``"local_update"``.
         noise: DP noise (DP-Fed-α-NormEC) or ``None``.
         sampling_seed: seed of the participation generator.
+        server_optimizer: the server's step at line 12 (``None``: line 12 as written).
     """
 
     #: paper 004 Alg. 1: η the server's step size, γ the local one
@@ -109,8 +118,9 @@ class FedAlphaNormEC(LocalUpdateAlgorithm):
         memory_init: Literal["zeros", "local_update"] = "zeros",
         noise: DPNoise | None = None,
         sampling_seed: int = 0,
+        server_optimizer: ServerOptimizer | None = None,
     ) -> None:
-        super().__init__(step_size, local_solver, None, noise, sampling_seed)
+        super().__init__(step_size, local_solver, None, noise, sampling_seed, server_optimizer)
         self.local_step_size = check_positive("local_step_size", local_step_size)
         self.beta = check_positive("beta", beta)
         self.operator = SmoothedNormalization(alpha)
@@ -204,7 +214,7 @@ class FedAlphaNormEC(LocalUpdateAlgorithm):
             direction = torch.where(norm > 0, vhat / norm.clamp(min=1e-30), torch.zeros_like(vhat))
         else:  # App. D (line 318): no server normalization
             direction = vhat
-        new_x = x - self.step_size * direction
+        new_x = self.server_step(x, direction.neg(), self.step_size)  # x − η·direction
         receivers = self._cohort_size if practical else self.num_clients
         messages = [
             reduced.messages("client_to_server"),

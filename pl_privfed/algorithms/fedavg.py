@@ -23,6 +23,7 @@ from torch import Tensor
 
 from pl_privfed.algorithms.base import CLIENT_LEVEL_DP, FederatedAlgorithm, RoundResult
 from pl_privfed.algorithms.local import LocalGD, LocalSolver
+from pl_privfed.algorithms.server_opt import ServerOptimizer
 from pl_privfed.checks import check_choice, check_int, check_positive
 from pl_privfed.communication import Messages
 from pl_privfed.engine import ClientChunk, Reduction
@@ -43,6 +44,8 @@ class LocalUpdateAlgorithm(FederatedAlgorithm):
         sampler: the client sampler (``None``: every client, every round).
         noise: DP noise settings or ``None``.
         sampling_seed: seed of the ``"sampling"`` generator.
+        server_optimizer: the server's step on the pseudo-update (``None``: the paper's step;
+            :mod:`pl_privfed.algorithms.server_opt`).
     """
 
     hyperparameter_symbols: ClassVar[dict[str, str]] = {
@@ -57,8 +60,9 @@ class LocalUpdateAlgorithm(FederatedAlgorithm):
         sampler: ClientSampler | None = None,
         noise: DPNoise | None = None,
         sampling_seed: int = 0,
+        server_optimizer: ServerOptimizer | None = None,
     ) -> None:
-        super().__init__(step_size, noise)
+        super().__init__(step_size, noise, server_optimizer)
         local_solver = local_solver if local_solver is not None else LocalGD(1)
         if not isinstance(local_solver, LocalSolver):
             raise ValueError(f"local_solver must be a LocalSolver, got {local_solver!r}")
@@ -129,15 +133,23 @@ class LocalUpdateAlgorithm(FederatedAlgorithm):
         return cohort
 
     def _server_step(
-        self, x: Tensor, reduced: Reduction, total: Tensor, metrics: dict, step: float
+        self,
+        x: Tensor,
+        reduced: Reduction,
+        total: Tensor,
+        metrics: dict,
+        step: float,
+        descent: bool = False,
     ) -> RoundResult:
-        """``x + step · total / B`` with the round's metrics and messages (``total`` the
-        participants' summed messages as received, noise included)."""
+        """The server's step from ``x`` along the pseudo-update ``Δ = ±total / B`` (``−`` when
+        ``descent``: ``total`` sums gradient-like messages) at step size ``step``, through the
+        server optimizer (``x ± step · total / B`` by default), with the round's metrics and
+        messages (``total`` the participants' summed messages as received, noise included)."""
         participants = self._cohort_size
         aggregate = total / self._denominator
         metrics["aggregate_norm"] = torch.linalg.vector_norm(aggregate)
         metrics["participants"] = torch.tensor(float(participants))
-        new_x = x + step * aggregate
+        new_x = self.server_step(x, aggregate.neg_() if descent else aggregate, step)
         messages = [reduced.messages("client_to_server")] if participants else []
         if participants:
             messages.append(Messages.dense("server_to_client", self.dim, copies=participants))
@@ -163,6 +175,11 @@ class DPFedAvg(LocalUpdateAlgorithm):
     Accountant: noise multiplier ``σ / (β · bound(Ψ))`` (``2β bound(Ψ)`` under replace-one) per
     round at the sampler's rate (client-level local DP).
 
+    Server optimizer (:mod:`~pl_privfed.algorithms.server_opt`): the pseudo-update is
+    ``Δ^k = −(1/B) Σ_{i∈S^k} (β Ψ(x^k − T_i(x^k)) + z_i^k)`` at step size ``η`` (the default
+    :class:`~pl_privfed.algorithms.ServerSGD` is the line above); DP-FedAdam is this class with
+    ``server_optimizer: FedAdam``, its ε unchanged (post-processing of the released sum).
+
     Args:
         step_size: the server step size ``η > 0``.
         local_step_size: ``γ > 0``; ``None`` (default) sets ``γ = η`` (App. D.1).
@@ -172,6 +189,7 @@ class DPFedAvg(LocalUpdateAlgorithm):
         sampler: cohort sampler (default every client).
         noise: DP noise or ``None``.
         sampling_seed: seed of the sampling generator.
+        server_optimizer: the server's step on ``Δ^k`` (``None``: the line above).
     """
 
     hyperparameter_symbols: ClassVar[dict[str, str]] = {
@@ -189,8 +207,9 @@ class DPFedAvg(LocalUpdateAlgorithm):
         sampler: ClientSampler | None = None,
         noise: DPNoise | None = None,
         sampling_seed: int = 0,
+        server_optimizer: ServerOptimizer | None = None,
     ) -> None:
-        super().__init__(step_size, local_solver, sampler, noise, sampling_seed)
+        super().__init__(step_size, local_solver, sampler, noise, sampling_seed, server_optimizer)
         if local_step_size is None:
             local_step_size = step_size
         self.local_step_size = check_positive("local_step_size", local_step_size)
@@ -216,7 +235,8 @@ class DPFedAvg(LocalUpdateAlgorithm):
 
     def server_update(self, x: Tensor, reduced: Reduction) -> RoundResult:
         total, metrics = reduced.received()  # Σ_{i∈S} (β Ψ(x − T_i(x)) + z_i)
-        return self._server_step(x, reduced, total, metrics, -self.step_size)  # x − (η/B) Σ(·)
+        # x − (η/B) Σ(·): the pseudo-update Δ = −Σ(·)/B at step size η
+        return self._server_step(x, reduced, total, metrics, self.step_size, descent=True)
 
 
 PerSampleLevel = Literal["minibatch", "example"]
@@ -237,7 +257,11 @@ class FedAvgPerSampleClipping(LocalUpdateAlgorithm):
     * ``y_i ← y_i − η g_i`` (line 9);
 
     then the server ``x ← x + (1/|S|) Σ_{i∈S} (y_i − x)`` (line 13; ``S`` all clients in the paper,
-    a sampler's cohort here, normalized by the sampler's denominator).
+    a sampler's cohort here, normalized by the sampler's denominator). Line 13 has no server step
+    size; ``server_step_size`` ``η_g`` (default 1, line 13 as written) scales it,
+    ``x ← x + η_g (1/|S|) Σ_{i∈S} (y_i − x)`` as in Algorithm 2's line 14, and is the step size
+    of a ``server_optimizer``, whose pseudo-update is ``Δ = (1/|S|) Σ_{i∈S} (y_i − x)``
+    (:mod:`~pl_privfed.algorithms.server_opt`; post-processing, the privacy below unchanged).
 
     Privacy (example-level local DP against the server, which sees every participant's
     message and who sent it). Sensitivity of one noised local step under the default
@@ -281,6 +305,8 @@ class FedAvgPerSampleClipping(LocalUpdateAlgorithm):
         sampler: cohort sampler (default every client, as in Algorithm 1).
         noise: Corollary I noise, or ``None``.
         sampling_seed: seed of the sampling generator.
+        server_optimizer: the server's step on ``Δ`` (``None``: line 13).
+        server_step_size: ``η_g > 0`` of the server's step (1: line 13 as written).
     """
 
     hyperparameter_symbols: ClassVar[dict[str, str]] = {
@@ -297,8 +323,11 @@ class FedAvgPerSampleClipping(LocalUpdateAlgorithm):
         sampler: ClientSampler | None = None,
         noise: DPNoise | None = None,
         sampling_seed: int = 0,
+        server_optimizer: ServerOptimizer | None = None,
+        server_step_size: float = 1.0,
     ) -> None:
-        super().__init__(step_size, local_solver, sampler, noise, sampling_seed)
+        super().__init__(step_size, local_solver, sampler, noise, sampling_seed, server_optimizer)
+        self.server_step_size = check_positive("server_step_size", server_step_size)
         self.clip_level = check_choice("clip_level", clip_level, ("minibatch", "example"))
         if clip_threshold is not None:
             check_positive("clip_threshold", clip_threshold)
@@ -394,7 +423,8 @@ class FedAvgPerSampleClipping(LocalUpdateAlgorithm):
 
     def server_update(self, x: Tensor, reduced: Reduction) -> RoundResult:
         moved = reduced.get("moved", like=x)
-        return self._server_step(x, reduced, moved, reduced.operator_metrics(), 1.0)  # line 13
+        metrics, step = reduced.operator_metrics(), self.server_step_size
+        return self._server_step(x, reduced, moved, metrics, step)  # line 13 (η_g = 1)
 
 
 class FedAvgPerUpdateClipping(LocalUpdateAlgorithm):
@@ -407,7 +437,10 @@ class FedAvgPerUpdateClipping(LocalUpdateAlgorithm):
     * ``Δ_i ← y_i − x`` (line 10), ``Δ_i ← min(1, c/||Δ_i||) Δ_i`` (line 11);
     * private (§3.2, line 192; C.1): ``Δ_i ← Δ_i + z_i``, ``z_i ~ N(0, σ² I)`` (the paper's
       ``N(0, σ_DP²/d · I)``, so ``σ_DP = σ √d``);
-    * server ``x ← x + η_g (1/|S|) Σ_{i∈S} Δ_i`` (line 14).
+    * server ``x ← x + η_g (1/|S|) Σ_{i∈S} Δ_i`` (line 14): the pseudo-update
+      ``Δ = (1/|S|) Σ_{i∈S} Δ_i`` (noise included) at step size ``η_g`` of a
+      ``server_optimizer`` (:mod:`~pl_privfed.algorithms.server_opt`), which is Reddi et al.'s
+      (2021) Algorithm 2 with this algorithm's clients (post-processing: privacy unchanged).
 
     Privacy (user-level local DP against the server): one Gaussian mechanism per round with
     sensitivity ``2c`` under the default replace-one relation, composed over every round and
@@ -423,6 +456,7 @@ class FedAvgPerUpdateClipping(LocalUpdateAlgorithm):
         sampler: cohort sampler (default every client).
         noise: DP noise on the clipped update, or ``None``.
         sampling_seed: seed of the sampling generator.
+        server_optimizer: the server's step on ``Δ`` (``None``: line 14).
     """
 
     #: paper 003 Alg. 2: the global and the local step size
@@ -441,8 +475,9 @@ class FedAvgPerUpdateClipping(LocalUpdateAlgorithm):
         sampler: ClientSampler | None = None,
         noise: DPNoise | None = None,
         sampling_seed: int = 0,
+        server_optimizer: ServerOptimizer | None = None,
     ) -> None:
-        super().__init__(step_size, local_solver, sampler, noise, sampling_seed)
+        super().__init__(step_size, local_solver, sampler, noise, sampling_seed, server_optimizer)
         self.local_step_size = check_positive("local_step_size", local_step_size)
         if clip_threshold is not None:
             check_positive("clip_threshold", clip_threshold)

@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 
 from pl_privfed.algorithms.base import FederatedAlgorithm, RoundResult
+from pl_privfed.algorithms.server_opt import ServerOptimizer
 from pl_privfed.checks import check_int, check_positive
 from pl_privfed.communication import Messages
 from pl_privfed.engine import ClientChunk, Reduction, noise_to_signal
@@ -41,6 +42,13 @@ class SoteriaFL(FederatedAlgorithm):
     ``s ← s + γ v`` (all start from the same ``x⁰`` and ``s = 0``), so the model itself never
     has to be sent.
 
+    Server optimizer (:mod:`~pl_privfed.algorithms.server_opt`): it acts on the model step only,
+    with the pseudo-update ``Δ_t = −(s + v)`` at step size ``η``; the shift ``s ← s + γ v`` is
+    kept as written. The default :class:`~pl_privfed.algorithms.ServerSGD` is
+    ``x ← x − η (s + v)``; with another the clients replay its deterministic step from the
+    broadcast ``v`` too (holding its state), so the messages counted are unchanged.
+    Post-processing of the clients' noisy messages: the privacy below is unchanged.
+
     Privacy (record-level local DP against the server): each client's messages are
     post-processing of its noisy gradients. Paper 001 §5 (line 295) uses the noise
     ``σ_p = τ sqrt(T log(1/δ))/(m ε)`` for every algorithm (``τ = G``); with
@@ -66,6 +74,7 @@ class SoteriaFL(FederatedAlgorithm):
         local_dataset_size: ``m``, records per client; ``None`` takes the smallest shard of the
             data.
         seed: seed of the compression generator.
+        server_optimizer: the server's model step on ``Δ_t`` (``None``: ``x ← x − η (s + v)``).
     """
 
     #: paper 001 §5: η the step size, γ the shift step size, G the clipping threshold
@@ -85,8 +94,9 @@ class SoteriaFL(FederatedAlgorithm):
         batch_size: int = 1,
         local_dataset_size: int | None = None,
         seed: int = 0,
+        server_optimizer: ServerOptimizer | None = None,
     ) -> None:
-        super().__init__(step_size, noise)
+        super().__init__(step_size, noise, server_optimizer)
         self.shift_step_size = check_positive("shift_step_size", shift_step_size)
         self.clip_threshold = check_positive("clip_threshold", clip_threshold)
         self.clip = Clip(self.clip_threshold)
@@ -157,7 +167,8 @@ class SoteriaFL(FederatedAlgorithm):
         if self.noise is not None:  # the clients' own noise on their gradients
             metrics["noise_to_signal"] = noise_to_signal(reduced.get("noisy"), reduced.get("clean"))
         v = reduced.get("sent", like=x) / n  # server: v = mean_i v_i
-        new_x = x - self.step_size * (self.server_shift + v)  # x ← x − η (s + v)
+        direction = self.server_shift + v
+        new_x = self.server_step(x, direction.neg_(), self.step_size)  # x ← x − η (s + v)
         self.server_shift.add_(v, alpha=self.shift_step_size)  # s ← s + γ v
         if "shift" in reduced.sums:
             metrics["shift_gap"] = torch.linalg.vector_norm(
