@@ -2,6 +2,7 @@ import os
 from pathlib import Path
 
 import pytest
+from helpers.files import snapshot, snapshot_changes
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -29,26 +30,6 @@ def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.fail(f"real datasets expected in {SHARED_DATA}")
     return SHARED_DATA
-
-
-def snapshot(folder: Path) -> dict[str, tuple[int, int]]:
-    """Every file and folder under ``folder``: relative path → (size, mtime in ns)."""
-    if not folder.is_dir():
-        return {}
-    return {
-        str(path.relative_to(folder)): (path.lstat().st_size, path.lstat().st_mtime_ns)
-        for path in sorted(folder.rglob("*"))
-    }
-
-
-def snapshot_changes(before: dict, after: dict) -> list[str]:
-    """What changed between two :func:`snapshot` results, one line per path."""
-    return [
-        f"{'added' if name not in before else 'removed' if name not in after else 'changed'}: "
-        f"{name}"
-        for name in sorted(set(before) | set(after))
-        if before.get(name) != after.get(name)
-    ]
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -4,7 +4,7 @@ cohorts and random graph — for a client-level, a record-level and a decentrali
 
 import pytest
 import torch
-from test_module import trainer
+from helpers.training import trainer
 
 from pl_privfed import FederatedModule
 from pl_privfed.algorithms import DPFedAvg, FedAvgPerSampleClipping, LocalGD, LocalSGD

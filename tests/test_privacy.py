@@ -2,7 +2,7 @@ import math
 
 import pytest
 import torch
-from _privacy import mechanisms, paper_mechanisms, relation
+from helpers.privacy import mechanisms, paper_mechanisms, relation
 from opacus.accountants import PRVAccountant, RDPAccountant
 
 from pl_privfed.algorithms import AlphaNormEC, DistributedDPSGD

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from test_resume_checks import run
+from helpers.resume import run
 
 from pl_privfed import algorithms, datamodules, operators, privacy, resume, sampling
 from pl_privfed.algorithms import DPFedAvg

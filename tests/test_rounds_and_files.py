@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import pytorch_lightning as pl
 import torch
+from helpers.regression import PlainRegression
 from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.loggers import CSVLogger
 from pytorch_lightning.plugins.io import TorchCheckpointIO
 from pytorch_lightning.utilities.warnings import PossibleUserWarning
-from test_privacy_budget import PlainRegression
 
 from pl_privfed.callbacks import RoundCheckpoint, RoundProgressBar, check_checkpoint_file
 from pl_privfed.cli import main

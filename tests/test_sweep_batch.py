@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_sweep import rows, write_sweep
+from helpers.sweeps import rows, write_sweep
 
 from pl_privfed.sweep import run_sweep
 from pl_privfed.sweep.batch import batch_parameter, groups

@@ -5,7 +5,7 @@ for a small machine)."""
 
 from pathlib import Path
 
-from test_sweep import rows, write_sweep
+from helpers.sweeps import rows, write_sweep
 
 from pl_privfed.cli.app import PrivFedCLI
 from pl_privfed.engine.state import MEMORY_ENV

@@ -7,7 +7,7 @@ import struct
 from pathlib import Path
 
 import pytest
-from test_sweep import rows, write_sweep
+from helpers.sweeps import rows, write_sweep
 
 from pl_privfed.sweep import run_sweep
 from pl_privfed.sweep.wandb_runs import SUMMARY_KEYS, wandb_logger_args
