@@ -55,6 +55,7 @@ def test_the_unbroken_mechanism_is_not_flagged_and_the_white_box_reaches_half_th
     assert white["epsilon_estimate"] >= 0.5 * audit["certified_epsilon"], white
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("config", "rounds"),
     [("configs/private/mnist_dpsgd.yaml", 300), ("configs/demo/fedavg_private.yaml", 100)],

@@ -49,6 +49,7 @@ def two_processes(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_two_processes_give_the_single_process_iterates(name, two_processes, tmp_path):
     saved = torch.load(two_processes / f"{name}.pt", weights_only=False)
@@ -56,6 +57,7 @@ def test_two_processes_give_the_single_process_iterates(name, two_processes, tmp
     _close(saved["state"], state(fit(name, tmp_path, devices=1)))
 
 
+@pytest.mark.slow
 def test_resume_on_two_processes_and_on_one(two_processes, tmp_path):
     name = next(iter(FAMILIES))
     resumed = torch.load(two_processes / "resumed.pt", weights_only=False)
@@ -67,6 +69,7 @@ def test_resume_on_two_processes_and_on_one(two_processes, tmp_path):
     _close(state(finished), state(fit(name, tmp_path / "single", devices=1)))
 
 
+@pytest.mark.slow
 def test_command_line_on_two_processes(tmp_path):
     cmd = [sys.executable, "-m", "pl_privfed.cli", "fit", "--config", str(ROOT / "configs/algorithms/dp_alpha_normec_digits.yaml"),
            "--trainer.strategy=ddp", "--trainer.devices=2", "--trainer.max_steps=6",

@@ -314,6 +314,7 @@ KEPT_FIGURES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("figure", sorted(KEPT_FIGURES))
 def test_a_kept_frontier_draws_its_docs_figure(figure, tmp_path):
     """docs/privacy.md's frontier tables are drawn from the runs kept in docs/frontier_runs/:

@@ -85,6 +85,7 @@ def _assert_equals_separate_runs(grid_module, algorithm, backend, rounds, tmp_pa
             assert own.epsilon_paper() == single.privacy_ledger.epsilon_paper()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["vmap", "loop"])
 def test_resnet20_grid_equals_separate_runs(backend, tmp_path):
     """Convolutions and BatchNorm with per-configuration buffers (what paper 002's ResNet-20
@@ -628,6 +629,7 @@ FAMILIES = ["dp_alpha_normec", "dp_clip21", "ef21", "dpsgd_clip", "dp_fed_alpha_
             "porter_dp", "porter_gc", "beer", "soteriafl"]  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", FAMILIES)
 def test_every_algorithm_family_in_a_grid_equals_its_separate_runs(name, tmp_path, monkeypatch):
     """Shipped algorithm configs (client sampling, local steps, per-example clipping, gossip,

@@ -73,6 +73,7 @@ FAMILIES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stacked", [True, False], ids=["stacked", "per-configuration"])
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_seeds_in_a_grid_equal_their_separate_runs(family, stacked, tmp_path, monkeypatch):

@@ -48,6 +48,7 @@ def rounds_of(checkpoint: Path) -> int:
 DDP = ("--trainer.strategy", "ddp", "--trainer.devices", "2")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("signum", "processes"),
     [(signal.SIGTERM, ()), (signal.SIGINT, ()), (signal.SIGTERM, DDP)],
@@ -206,6 +207,7 @@ def waiting_runs(tmp_path_factory):
             proc.communicate()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("wait_at", "signum"), WAITING_RUNS[:3])
 def test_a_signal_before_training_ends_the_run_with_a_summary(waiting_runs, wait_at, signum):
     """Before round 1 (set-up, the privacy calibration, after the privacy statement) a
@@ -233,6 +235,7 @@ def test_a_signal_before_training_ends_the_run_with_a_summary(waiting_runs, wait
     assert not list(run.glob("checkpoints/*.ckpt"))
 
 
+@pytest.mark.slow
 def test_a_second_ctrl_c_aborts_at_once_in_one_line(waiting_runs):
     """A first Ctrl-C during a round asks for a stop after it; a second one, while the round
     still runs, ends the process at once: exit 130 and one line, not a traceback (before:

@@ -38,6 +38,7 @@ def first_step_over(epsilon, nm, q, delta=1e-5):
     raise AssertionError
 
 
+@pytest.mark.slow
 def test_stops_before_the_step_that_exceeds_the_budget(tmp_path):
     budget = PrivacyBudget(epsilon=1.0, delta=1e-5, noise_multiplier=3.0, sample_rate=0.125)
     summary = RunSummary(dirpath=str(tmp_path))

@@ -259,6 +259,7 @@ def fails(args: list[str], capsys) -> str:
     return err[0]
 
 
+@pytest.mark.slow
 def test_the_private_mnist_config_refuses_another_federation_in_one_line(
     tmp_path, monkeypatch, capsys
 ):

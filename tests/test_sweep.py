@@ -361,6 +361,7 @@ def finished_grid(tmp_path_factory):
     return sweep, path
 
 
+@pytest.mark.slow
 def test_real_grid_results(finished_grid):
     _, path = finished_grid
     table = rows(path)
@@ -377,6 +378,7 @@ def test_real_grid_results(finished_grid):
     assert failed_runs(path) == []
 
 
+@pytest.mark.slow
 def test_real_grid_resume(finished_grid, tmp_path, monkeypatch, capsys):
     sweep, original = finished_grid
     shutil.copytree(original.parent, tmp_path / "out")  # keeps the mtimes; the original stays
@@ -405,6 +407,7 @@ def test_real_grid_resume(finished_grid, tmp_path, monkeypatch, capsys):
     assert [r["status"] for r in rows(path)] == ["finished", "finished"]
 
 
+@pytest.mark.slow
 def test_real_failure_does_not_stop_the_grid(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     sweep = write_sweep(tmp_path, {STEP: {"value": 0.2}, BETA: {"values": [-1.0, 0.1]}})
@@ -421,6 +424,7 @@ def test_real_failure_does_not_stop_the_grid(tmp_path, monkeypatch):
     assert not (tmp_path / "checkpoints").exists()  # runs keep their files in their run dir
 
 
+@pytest.mark.slow
 def test_report_on_the_real_grid(finished_grid, tmp_path):
     _, path = finished_grid
     written = make_report(path, tmp_path / "report")

@@ -124,10 +124,11 @@ def test_work_units_follow_the_collected_fixtures(request):
     """For every test of this session, the work unit read from the source agrees with pytest's
     own fixture closure: a test is grouped exactly when it uses a module-scoped fixture."""
     items = request.session.items
-    grouped = {}
+    grouped, declared = {}, {}
     for item in items:
-        modules = module_fixtures(item.path.read_text())
-        uses = bool(modules & set(item.fixturenames))
+        if item.path not in declared:
+            declared[item.path] = module_fixtures(item.path.read_text())
+        uses = bool(declared[item.path] & set(item.fixturenames))
         unit = work_unit(item.nodeid, request.config.rootpath)
         assert (unit != item.nodeid) == uses, item.nodeid
         grouped.setdefault(unit, []).append(item.nodeid)
