@@ -2,12 +2,15 @@
 #   make demo   creates .venv, installs pl-privfed[dev] (with pytest, ruff and lightning, for
 #               `from pl_privfed.lightning import ...`), runs `pl-privfed demo` (a useful private
 #               run on the embedded digits, its non-private twin and a second algorithm at the same ε)
-#   make test   creates .venv, installs pl-privfed[dev], runs ruff (lint + format) and pytest
+#   make test   creates .venv, installs pl-privfed[dev], runs ruff (lint + format) and pytest,
+#               the whole suite spread over the machine's cores (pytest-xdist, one worker a core)
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 # torch/torchvision pins that install from this project's machines' local disk; override freely.
 TORCH_SPEC ?= torch==2.14.1 torchvision==0.29.1
+# pytest-xdist workers for `make test`: one per logical core (e.g. TEST_WORKERS=0 runs in-process)
+TEST_WORKERS ?= logical
 
 .PHONY: demo test lint install benchmark clean frontier-mnist frontier-a9a results
 
@@ -27,7 +30,7 @@ lint: $(BIN)/.installed
 	$(BIN)/ruff format --check pl_privfed tests benchmarks examples
 
 test: lint
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup
 
 benchmark: $(BIN)/.installed
 	$(BIN)/python benchmarks/round_time.py

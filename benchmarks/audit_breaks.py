@@ -1,7 +1,7 @@
 """The white-box audit against the catalogue of broken mechanisms, on the shipped configs.
 
 Issue 29, item 2: an audit that can fail must flag every break of the catalogue
-(``tests/_audit_breaks.py``: noise ×0.5 at each placement, the client or per-example clip skipped
+(``tests/helpers/audit_breaks.py``: noise ×0.5 at each placement, the client or per-example clip skipped
 or at 2× its threshold, distributed shares at σ²/t², central noise on the average instead of
 the sum) in one run at the shipped ε = 8, and must not flag the unbroken mechanism. For each
 config this script runs the unbroken mechanism, then every break that applies to its mechanism
@@ -36,7 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from _audit_breaks import BREAKS, MECHANISMS, audit_small, broken  # noqa: E402
+from helpers.audit_breaks import BREAKS, MECHANISMS, audit_small, broken  # noqa: E402
 
 from pl_privfed.cli import main  # noqa: E402
 from pl_privfed.operators import Clip  # noqa: E402

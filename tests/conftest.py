@@ -1,9 +1,21 @@
+import importlib.util
 import os
 from pathlib import Path
 
 import pytest
+import torch
+from helpers import layout
+from helpers.files import snapshot, snapshot_changes
 
 REPO = Path(__file__).resolve().parents[1]
+
+# Under pytest-xdist (`make test`: a worker a core) each worker, and each process a test starts,
+# runs torch on one thread unless OMP_NUM_THREADS says otherwise: the workers already fill the
+# cores, and a second OpenMP thread would wait for its descheduled sibling (docs/performance.md).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("MKL_NUM_THREADS", os.environ["OMP_NUM_THREADS"])
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 @pytest.fixture(autouse=True)
@@ -31,26 +43,6 @@ def shared_data() -> Path:
     return SHARED_DATA
 
 
-def snapshot(folder: Path) -> dict[str, tuple[int, int]]:
-    """Every file and folder under ``folder``: relative path → (size, mtime in ns)."""
-    if not folder.is_dir():
-        return {}
-    return {
-        str(path.relative_to(folder)): (path.lstat().st_size, path.lstat().st_mtime_ns)
-        for path in sorted(folder.rglob("*"))
-    }
-
-
-def snapshot_changes(before: dict, after: dict) -> list[str]:
-    """What changed between two :func:`snapshot` results, one line per path."""
-    return [
-        f"{'added' if name not in before else 'removed' if name not in after else 'changed'}: "
-        f"{name}"
-        for name in sorted(set(before) | set(after))
-        if before.get(name) != after.get(name)
-    ]
-
-
 @pytest.fixture(scope="session", autouse=True)
 def _shared_data_unchanged():
     """The suite leaves ../shared/data as it found it: a test that extracts, decodes or caches
@@ -73,3 +65,20 @@ def _data_env(monkeypatch, data_cache):
     """Configs without a data_dir read ../shared/data; copies go to the session cache."""
     monkeypatch.setenv("PL_PRIVFED_DATA", str(SHARED_DATA))
     monkeypatch.setenv("PL_PRIVFED_CACHE", str(data_cache))
+
+
+def pytest_collection_modifyitems(config, items):
+    """On an xdist worker the ``slow`` tests come first (stable order otherwise), so that the
+    workers start the long tests early and share the short ones at the end."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+if importlib.util.find_spec("xdist") is not None:
+
+    def pytest_xdist_make_scheduler(config, log):
+        """``--dist loadgroup``: the tests of a module-scoped fixture on one worker, every other
+        test on whichever worker is free (helpers/layout.py)."""
+        if config.getvalue("dist") == "loadgroup":
+            return layout.scheduler(config, log)
+        return None

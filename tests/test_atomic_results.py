@@ -32,6 +32,7 @@ except OSError as exc:
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not hasattr(os, "fork") or sys.platform == "darwin", reason="Linux rlimit")
 def test_a_full_disk_keeps_the_previous_summary(tmp_path):
     previous = {"status": "interrupted: SIGTERM after round 7", "rounds": 7}

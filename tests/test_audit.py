@@ -636,8 +636,8 @@ def test_record_canaries_change_no_clients_noise_or_data():
 
 
 def test_a_resumed_run_audits_what_the_uninterrupted_run_audits(tmp_path):
+    from helpers.training import StopAt
     from pytorch_lightning.callbacks import ModelCheckpoint
-    from test_module import StopAt
 
     def alg():
         return DistributedDPSGD(0.5, Clip(1.0), noise=DPNoise(noise_multiplier=3.0,

@@ -8,7 +8,7 @@ subtracts every known contribution from each release, so its statistic is the me
 each break must be flagged in one run, and the unbroken mechanism must not be (its false-alarm
 rate over seeds is measured in ``benchmarks/audit_breaks.py`` and stated in docs/privacy.md).
 
-The catalogue itself (``BREAKS``) is ``tests/_audit_breaks.py``, which ``benchmarks/audit_breaks.py``
+The catalogue itself (``BREAKS``) is ``tests/helpers/audit_breaks.py``, which ``benchmarks/audit_breaks.py``
 also runs on the shipped configs; here it runs on a 2,000-dimensional quadratic with 10 clients
 and 50 rounds (about 3 s a run), every client every round.
 """
@@ -19,7 +19,7 @@ import json
 from pathlib import Path
 
 import pytest
-from _audit_breaks import BREAKS, EPSILON, MECHANISMS, audit_small, broken
+from helpers.audit_breaks import BREAKS, EPSILON, MECHANISMS, audit_small, broken
 
 from pl_privfed.cli import main
 
@@ -55,6 +55,7 @@ def test_the_unbroken_mechanism_is_not_flagged_and_the_white_box_reaches_half_th
     assert white["epsilon_estimate"] >= 0.5 * audit["certified_epsilon"], white
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("config", "rounds"),
     [("configs/private/mnist_dpsgd.yaml", 300), ("configs/demo/fedavg_private.yaml", 100)],

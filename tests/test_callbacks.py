@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import pytorch_lightning as pl
 import torch
-from test_privacy_budget import PlainRegression
+from helpers.regression import PlainRegression
 from torch import nn
 
 from pl_privfed import FederatedModule

@@ -31,6 +31,7 @@ def test_every_config_instantiates(config, tmp_path, monkeypatch):
     assert cli.datamodule.num_clients >= 1
 
 
+@pytest.mark.slow
 def test_quickstart_runs_through_cli(tmp_path, monkeypatch, capsys):
     """The quickstart (client-level DP over 10,000 MNIST clients, distributed noise) runs, names
     its adversary before training and in its result line, and logs everything. Its 10,000
@@ -158,6 +159,7 @@ SMOKE_EXTRA = {
 }  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config", PAPER_CONFIGS, ids=[c.stem for c in PAPER_CONFIGS])
 def test_paper_config_runs_two_rounds_on_cpu(config, tmp_path, monkeypatch):
     """Each paper config, shortened by the cpu_smoke overlay, on the real data (CIFAR-10 JPEG,
@@ -327,6 +329,7 @@ def test_help_lists_every_subcommand_and_predict_is_not_offered(capsys):
     assert "choose a subcommand: fit, validate, test, sweep" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_normal_run_prints_no_warning(tmp_path):
     """Every run printed Lightning's two tips, its pytree deprecation and logging-interval
     warnings and W&B's offline warnings (the console script, as a user runs it)."""

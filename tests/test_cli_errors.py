@@ -214,6 +214,7 @@ def test_a_diverged_run_is_one_line_with_status_1(tmp_path, monkeypatch, capsys)
     assert line.startswith("non-finite training loss") and "at round" in line
 
 
+@pytest.mark.slow
 def test_stderr_is_one_line_in_a_real_process(tmp_path):
     """The console script as a user runs it: nothing else on stderr (no Lightning or W&B lines
     before the error, no traceback), with the quickstart's CSV and W&B loggers on."""
@@ -419,6 +420,7 @@ def allocator_runs():
     return [(*proc.communicate(timeout=300), proc.returncode) for proc in procs]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
 @pytest.mark.parametrize("case", range(len(ALLOCATOR_ENVS)), ids=["tuned", "default", "user"])
 def test_the_command_keeps_freed_memory_for_reuse_unless_told_otherwise(case, allocator_runs):

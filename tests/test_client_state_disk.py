@@ -9,8 +9,8 @@ import shutil
 
 import pytest
 import torch
-from test_interrupt import tiny_config
-from test_module import trainer
+from helpers.interrupt import tiny_config
+from helpers.training import trainer
 
 from pl_privfed import FederatedModule
 from pl_privfed.algorithms import AlphaNormEC

@@ -6,7 +6,7 @@ plain loops with scalar arithmetic written from paper 001 Algorithm 1 (``001-por
 167–183) in the paper's ``d × n`` layout (agents as columns, gossip ``Q (W − I)`` as a right
 product), sharing nothing with the package but the definition of the random streams: agent
 ``i``'s compression mask and noise in round ``t`` come from the streams keyed by ``(seed, t, i)``
-(tests/_noise.py), the output iterate's integers from ``(seed, t)``. The comparisons run with
+(tests/helpers/noise.py), the output iterate's integers from ``(seed, t)``. The comparisons run with
 chunks of one agent, two agents and all of them.
 """
 
@@ -14,8 +14,8 @@ import math
 
 import pytest
 import torch
-from _noise import client_noise
-from _privacy import mechanisms, paper_mechanisms
+from helpers.noise import client_noise
+from helpers.privacy import mechanisms, paper_mechanisms
 
 from pl_privfed.algorithms.decentralized import BEER, PORTER
 from pl_privfed.algorithms.soteria import SoteriaFL

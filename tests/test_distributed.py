@@ -1,7 +1,7 @@
 """Clients sharded over two CPU processes (gloo) give the single process's iterates.
 
 Every algorithm family of tests/test_engine.py runs under ``torchrun --nproc_per_node 2``
-(tests/_ddp_families.py, ``Trainer(strategy="ddp", devices=2)``) and on one process here, in
+(tests/helpers/ddp_families.py, ``Trainer(strategy="ddp", devices=2)``) and on one process here, in
 float64: parameters and the whole federation's state agree to 1e-12 (the processes' partial sums
 are added in another order). A run interrupted at round 3 on two processes resumes bit for bit on
 two, and its checkpoint finishes on one process with the single run's iterates. The command
@@ -17,7 +17,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from _ddp_families import FAMILIES, fit, state
+from helpers.ddp_families import FAMILIES, fit, state
 
 from pl_privfed.engine import ClientShard
 from pl_privfed.engine.distributed import adopt_strategy
@@ -43,12 +43,13 @@ def _close(a: dict, b: dict) -> None:
 def two_processes(tmp_path_factory):
     out = tmp_path_factory.mktemp("ddp")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           str(ROOT / "tests" / "_ddp_families.py"), str(out), *FAMILIES, "resume"]  # fmt: skip
+           str(ROOT / "tests" / "helpers" / "ddp_families.py"), str(out), *FAMILIES, "resume"]  # fmt: skip
     proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_two_processes_give_the_single_process_iterates(name, two_processes, tmp_path):
     saved = torch.load(two_processes / f"{name}.pt", weights_only=False)
@@ -56,6 +57,7 @@ def test_two_processes_give_the_single_process_iterates(name, two_processes, tmp
     _close(saved["state"], state(fit(name, tmp_path, devices=1)))
 
 
+@pytest.mark.slow
 def test_resume_on_two_processes_and_on_one(two_processes, tmp_path):
     name = next(iter(FAMILIES))
     resumed = torch.load(two_processes / "resumed.pt", weights_only=False)
@@ -67,6 +69,7 @@ def test_resume_on_two_processes_and_on_one(two_processes, tmp_path):
     _close(state(finished), state(fit(name, tmp_path / "single", devices=1)))
 
 
+@pytest.mark.slow
 def test_command_line_on_two_processes(tmp_path):
     cmd = [sys.executable, "-m", "pl_privfed.cli", "fit", "--config", str(ROOT / "configs/algorithms/dp_alpha_normec_digits.yaml"),
            "--trainer.strategy=ddp", "--trainer.devices=2", "--trainer.max_steps=6",

@@ -3,7 +3,7 @@
 Quadratic clients with several samples: client ``i`` holds ``b_{i,t,s}`` (local minibatch ``t``,
 example ``s``), ``f_{i,t,s}(x) = ½||x − b_{i,t,s}||²``. The references are loops over clients,
 local steps and coordinates written from the papers' pseudocode, sharing nothing with the package
-but the definition of the random streams (tests/_noise.py: the cohort of round ``k`` from the
+but the definition of the random streams (tests/helpers/noise.py: the cohort of round ``k`` from the
 stream ``(sampling seed, k)``, a client's noise from ``(noise seed, k, client, local step)``, or the
 sum of the clients' noises drawn once per round). The comparisons run with chunks of one client,
 two clients and all of them.
@@ -13,8 +13,8 @@ import math
 
 import pytest
 import torch
-from _noise import client_noise, noise_sum
-from _privacy import mechanisms, paper_mechanisms, sensitivity
+from helpers.noise import client_noise, noise_sum
+from helpers.privacy import mechanisms, paper_mechanisms, sensitivity
 
 from pl_privfed.algorithms import (
     AlphaNormEC,

@@ -1,5 +1,5 @@
 """Every figure the package draws, read through its Axes for layout defects
-(:mod:`figure_checks`): the checks themselves on a figure with every defect, then ``compare``'s
+(:mod:`helpers.figure_checks`): the checks themselves on a figure with every defect, then ``compare``'s
 ``comparison.png`` (with and without its utility row; bands on a log axis), the report's curves
 of a run evaluated once, its heatmaps and rounds-to-target with many facet values, the frontier
 with two methods at the same non-private accuracy, and ``TrainingCurves`` of a plain project's
@@ -9,10 +9,10 @@ import math
 
 import numpy as np
 import pytest
-from figure_checks import MAX_PER_ROW, layout_problems, notes_below_panels, panels, per_row
+from helpers.figure_checks import MAX_PER_ROW, layout_problems, notes_below_panels, panels, per_row
+from helpers.frontier import nonprivate_sweep, private_sweep
+from helpers.report import band_y, decentralized_sweep, write_results
 from matplotlib.figure import Figure
-from test_frontier import nonprivate_sweep, private_sweep
-from test_report import band_y, decentralized_sweep, write_results
 
 from pl_privfed import report
 from pl_privfed.callbacks import TrainingCurves

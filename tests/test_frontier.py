@@ -12,84 +12,26 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_sweep import wandb_agent_command
+from helpers.frontier import (
+    EPS,
+    NOISE,
+    SPREAD,
+    STEP,
+    TEST,
+    nonprivate_sweep,
+    private_sweep,
+    write_sweep_results,
+)
+from helpers.sweeps import wandb_agent_command
 
 from pl_privfed.cli import PrivFedCLI, agent_arguments, main
 from pl_privfed.report import FRONTIER_SELECTION, frontier, frontier_points, mean_interval
 from pl_privfed.report.frontier_record import _slim, keep_runs
-from pl_privfed.results import column_names, render_value, result_columns, run_id, save_results
 from pl_privfed.sweep import grid, load_sweep
 
 REPO = Path(__file__).resolve().parents[1]
-EPS = "model.algorithm.init_args.noise.epsilon"
-NOISE = "model.algorithm.init_args.noise"
-STEP = "model.algorithm.init_args.step_size"
 FRONTIER_SWEEPS = sorted((REPO / "configs/sweeps").glob("frontier_*.yaml"))
 PRIVATE_SWEEPS = [p for p in FRONTIER_SWEEPS if not p.stem.endswith("_nonprivate")]
-
-
-def write_sweep_results(root, name, runs, adversary="server", config_epsilon=None):
-    """``<root>/<name>/results.csv`` as a sweep writes it: ``runs`` are ``(params, result)``
-    pairs, ``params`` keyed as in a sweep file, ``result`` the summary's columns (a ``status``
-    other than finished makes a failed run; ``privacy``, more of the summary's privacy
-    report). Each run directory holds a ``summary.json`` with the adversary (private runs) and
-    the resolved algorithm."""
-    out = root / name
-    keys = list(runs[0][0])
-    names = column_names(keys)
-    rows = []
-    for index, (params, result) in enumerate(runs):
-        run_dir = out / "runs" / run_id(index, params)
-        run_dir.mkdir(parents=True)
-        private = params.get(NOISE, "on") is not None
-        summary = {"status": result.get("status", "finished"), "private": private,
-                   **{c: result.get(c) for c in result_columns()},
-                   "config": {"model": {"algorithm": {
-                       "class_path": "pl_privfed.algorithms.DistributedDPSGD",
-                       "init_args": {"noise": {"epsilon": params.get(EPS, config_epsilon)}
-                                     if private else None}}}}}  # fmt: skip
-        if private:
-            summary["privacy"] = {"adversary": adversary, "epsilon": result.get("epsilon"),
-                                  **result.get("privacy", {})}  # fmt: skip
-        (run_dir / "summary.json").write_text(json.dumps(summary))
-        row = {"run": run_dir.name, "status": summary["status"], "run_dir": str(run_dir)}
-        row.update({names[k]: render_value(v) for k, v in params.items()})
-        row.update({c: result.get(c) for c in result_columns()})
-        rows.append(row)
-    return save_results(out, names, rows)
-
-
-# the best-validation step size is not the best-test one: at ε = 1, γ = 0.1 wins on validation
-# (0.80 > 0.70) and loses on test (0.50 < 0.90); at ε = 8, γ = 1.0 wins on both
-VAL = {("1.0", 0.1): 0.80, ("1.0", 1.0): 0.70, ("8.0", 0.1): 0.82, ("8.0", 1.0): 0.86}
-TEST = {("1.0", 0.1): 0.50, ("1.0", 1.0): 0.90, ("8.0", 0.1): 0.60, ("8.0", 1.0): 0.84}
-SPREAD = (0.0, 0.02, -0.01)  # per seed
-
-
-def private_sweep(root, name="frontier_mnist_dpsgd", failed=False):
-    runs = []
-    for eps in (1.0, 8.0):
-        for step in (0.1, 1.0):
-            for seed in (0, 1, 2):
-                key = (str(eps), step)
-                result = {"final_val_accuracy": VAL[key] + SPREAD[seed],
-                          "final_test_accuracy": TEST[key] + SPREAD[seed],
-                          "epsilon": eps * (1 + 0.001 * seed), "best_val_accuracy": VAL[key]}  # fmt: skip
-                runs.append(({"seed": seed, EPS: eps, STEP: step}, result))
-    if failed:  # a failed run with the best validation accuracy anywhere: never selected
-        runs.append(({"seed": 3, EPS: 1.0, STEP: 1.0},
-                     {"status": "failed: boom", "final_val_accuracy": 0.99}))  # fmt: skip
-    return write_sweep_results(root, name, runs)
-
-
-def nonprivate_sweep(root, name="frontier_mnist_dpsgd_nonprivate"):
-    runs = []
-    for step, val, test in ((0.1, 0.93, 0.97), (1.0, 0.95, 0.91)):
-        for seed in (0, 1, 2):
-            result = {"final_val_accuracy": val + SPREAD[seed],
-                      "final_test_accuracy": test + SPREAD[seed], "epsilon": None}  # fmt: skip
-            runs.append(({"seed": seed, NOISE: None, STEP: step}, result))
-    return write_sweep_results(root, name, runs)
 
 
 def read_csv(path):

@@ -5,7 +5,7 @@ TF32 is disabled: on its own it makes the vmap and loop backends differ by ~5 %.
 
 import pytest
 import torch
-from _resnet_grid import assert_grid_follows_single_runs, fit_resnet
+from helpers.resnet_grid import assert_grid_follows_single_runs, fit_resnet
 from torch import nn
 
 from pl_privfed.grads import GradientOracle
@@ -44,7 +44,7 @@ def test_vmap_equals_loop_resnet20_batchnorm_cuda():
 def test_layer_rules_equal_autograd_on_cuda(name):
     """The layer-rule backend on the GPU against plain autograd per client and per example
     (float64, 1e-10): the mixed models of tests/test_layer_rules.py."""
-    from test_layer_rules import check_all, mixed_model
+    from helpers.layer_rules import check_all, mixed_model
 
     check_all(*mixed_model(name), device="cuda")
 
@@ -128,14 +128,14 @@ def test_clients_sharded_over_two_gpus_with_nccl(tmp_path):
     import sys
     from pathlib import Path
 
-    from _ddp_families import fit, state
+    from helpers.ddp_families import fit, state
 
     root = Path(__file__).resolve().parents[1]
     names = ["dp_alpha_normec", "porter_dp"]
     env = {**os.environ, "PL_PRIVFED_TEST_ACCELERATOR": "gpu",
            "PYTHONPATH": os.pathsep.join([str(root / "tests"), str(root)])}  # fmt: skip
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                           "--nproc_per_node=2", str(root / "tests/_ddp_families.py"),
+                           "--nproc_per_node=2", str(root / "tests/helpers/ddp_families.py"),
                            str(tmp_path), *names], env=env, capture_output=True, text=True,
                           timeout=900)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]

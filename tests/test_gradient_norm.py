@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from test_module import trainer
+from helpers.training import trainer
 from torch import nn
 
 from pl_privfed import FederatedModule

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 import wandb
-from _resnet_grid import assert_grid_follows_single_runs
+from helpers.resnet_grid import assert_grid_follows_single_runs
+from helpers.training import Recorder, StopAt, trainer
 from pytorch_lightning.callbacks import ModelCheckpoint
-from test_module import StopAt, _Recorder, trainer
 
 from pl_privfed import FederatedModule, NonFiniteLossError
 from pl_privfed.algorithms import (
@@ -85,6 +85,7 @@ def _assert_equals_separate_runs(grid_module, algorithm, backend, rounds, tmp_pa
             assert own.epsilon_paper() == single.privacy_ledger.epsilon_paper()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["vmap", "loop"])
 def test_resnet20_grid_equals_separate_runs(backend, tmp_path):
     """Convolutions and BatchNorm with per-configuration buffers (what paper 002's ResNet-20
@@ -399,7 +400,7 @@ def test_a_killed_and_resumed_grid_reports_what_the_uninterrupted_grid_does(tmp_
     of a pass per configuration), so its history and best accuracy are the uninterrupted
     grid's (an extra evaluation in them could make another configuration the best)."""
     evaluate = dict(limit_val_batches=None, val_check_interval=3, check_val_every_n_epoch=None)
-    validated = _Recorder()  # the rounds at which Lightning's validation loop ran
+    validated = Recorder()  # the rounds at which Lightning's validation loop ran
 
     def run(name, ckpt_path=None, callbacks=()):
         alg = AlphaNormEC(0.05, beta=0.1, alpha=0.01)
@@ -636,6 +637,7 @@ FAMILIES = ["dp_alpha_normec", "dp_clip21", "ef21", "dpsgd_clip", "dp_fed_alpha_
             "porter_dp", "porter_gc", "beer", "soteriafl"]  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", FAMILIES)
 def test_every_algorithm_family_in_a_grid_equals_its_separate_runs(name, tmp_path, monkeypatch):
     """Shipped algorithm configs (client sampling, local steps, per-example clipping, gossip,

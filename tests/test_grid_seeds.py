@@ -4,7 +4,7 @@ cohorts and random graph — for a client-level, a record-level and a decentrali
 
 import pytest
 import torch
-from test_module import trainer
+from helpers.training import trainer
 
 from pl_privfed import FederatedModule
 from pl_privfed.algorithms import DPFedAvg, FedAvgPerSampleClipping, LocalGD, LocalSGD
@@ -73,6 +73,7 @@ FAMILIES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stacked", [True, False], ids=["stacked", "per-configuration"])
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_seeds_in_a_grid_equal_their_separate_runs(family, stacked, tmp_path, monkeypatch):

@@ -13,49 +13,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.interrupt import TINY, tiny_config
 
 from pl_privfed.callbacks.interrupt import ABORT_LINE
 
 REPO = Path(__file__).resolve().parents[1]
-
-#: a small federation that runs many rounds per second on a CPU
-TINY = """\
-seed_everything: 0
-trainer:
-  accelerator: cpu
-  devices: 1
-  max_steps: 100000
-  val_check_interval: 1000
-  check_val_every_n_epoch: null
-  num_sanity_val_steps: 0
-  log_every_n_steps: 1000
-  enable_progress_bar: false
-  logger:
-    class_path: pytorch_lightning.loggers.CSVLogger
-    init_args: {save_dir: logs, name: tiny}
-model:
-  model:
-    class_path: pl_privfed.models.MLP
-    init_args: {in_features: 64, hidden_sizes: [8], num_classes: 10}
-  algorithm:
-    class_path: pl_privfed.algorithms.AlphaNormEC
-    init_args: {step_size: 0.1, beta: 0.1, alpha: 0.01}
-data:
-  class_path: pl_privfed.datamodules.DigitsDataModule
-  init_args:
-    num_clients: 5
-    batch_size: 8
-    seed: 0
-    partitioner:
-      class_path: pl_privfed.datamodules.IIDPartitioner
-      init_args: {seed: 1}
-"""
-
-
-def tiny_config(folder: Path) -> Path:
-    path = folder / "tiny.yaml"
-    path.write_text(TINY)
-    return path
 
 
 def start(folder: Path, *args: str) -> subprocess.Popen:
@@ -86,6 +48,7 @@ def rounds_of(checkpoint: Path) -> int:
 DDP = ("--trainer.strategy", "ddp", "--trainer.devices", "2")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("signum", "processes"),
     [(signal.SIGTERM, ()), (signal.SIGINT, ()), (signal.SIGTERM, DDP)],
@@ -244,6 +207,7 @@ def waiting_runs(tmp_path_factory):
             proc.communicate()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("wait_at", "signum"), WAITING_RUNS[:3])
 def test_a_signal_before_training_ends_the_run_with_a_summary(waiting_runs, wait_at, signum):
     """Before round 1 (set-up, the privacy calibration, after the privacy statement) a
@@ -271,6 +235,7 @@ def test_a_signal_before_training_ends_the_run_with_a_summary(waiting_runs, wait
     assert not list(run.glob("checkpoints/*.ckpt"))
 
 
+@pytest.mark.slow
 def test_a_second_ctrl_c_aborts_at_once_in_one_line(waiting_runs):
     """A first Ctrl-C during a round asks for a stop after it; a second one, while the round
     still runs, ends the process at once: exit 130 and one line, not a traceback (before:

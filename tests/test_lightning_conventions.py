@@ -190,6 +190,7 @@ def test_fit_help_lists_the_package_classes_not_every_torch_module(tmp_path, cap
     assert type(cli.model.model).__name__ == "Linear"
 
 
+@pytest.mark.slow
 def test_nothing_is_written_outside_the_run_folders(tmp_path, monkeypatch):
     """Today, with ``--trainer.logger false``, summary.json, the curves, config.yaml and
     checkpoints/ landed in the working directory, and ``--output_dir`` left the checkpoints

@@ -4,10 +4,10 @@ import csv
 import json
 
 import pytest
-import pytorch_lightning as pl
 import torch
+from helpers.algorithms import ref_error_feedback, smoothed
+from helpers.training import Recorder, StopAt, trainer
 from pytorch_lightning.callbacks import ModelCheckpoint
-from test_algorithms import ref_error_feedback, smoothed
 
 from pl_privfed import FederatedModule, NonFiniteLossError
 from pl_privfed.algorithms import EF21, AlphaNormEC, DistributedDPSGD
@@ -16,22 +16,6 @@ from pl_privfed.datamodules import DigitsDataModule, DirichletPartitioner, Quadr
 from pl_privfed.models import MLP, HalfSquaredError, QuadraticModel
 from pl_privfed.operators import RandKBiased, TopK
 from pl_privfed.privacy import DPNoise
-
-
-def trainer(tmp_path=None, **kwargs):
-    defaults = dict(
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        limit_val_batches=0,
-        default_root_dir=tmp_path,
-    )
-    defaults.update(kwargs)
-    return pl.Trainer(**defaults)
 
 
 def test_module_iterates_match_reference():
@@ -70,17 +54,6 @@ def _digits_run(tmp_path, max_steps, ckpt_path=None, callbacks=()):
     t = trainer(tmp_path, max_steps=max_steps, callbacks=list(callbacks), enable_checkpointing=True)
     t.fit(module, datamodule=dm, ckpt_path=ckpt_path)
     return module
-
-
-class StopAt(pl.Callback):
-    """Interrupts a run after a given round, as a crash or a time limit would."""
-
-    def __init__(self, round_index):
-        self.round_index = round_index
-
-    def on_train_batch_end(self, trainer, *args):
-        if trainer.global_step >= self.round_index:
-            trainer.should_stop = True
 
 
 def test_resume_is_bit_identical(tmp_path):
@@ -157,20 +130,6 @@ def test_summary_json_and_privacy_report(tmp_path):
 # --------------------------------------------------------------------------- honest evaluation
 
 
-class _Recorder(pl.Callback):
-    """The rounds at which Lightning's validation loop ran (sanity checks excluded) and, for
-    each, the logged ``val/acc`` and ``val/loss``."""
-
-    def __init__(self):
-        self.rounds, self.metrics = [], []
-
-    def on_validation_epoch_end(self, trainer, pl_module):
-        if not trainer.sanity_checking:
-            self.rounds.append(trainer.global_step)
-            logged = trainer.callback_metrics.items()
-            self.metrics.append({k: float(v) for k, v in logged if k in ("val/acc", "val/loss")})
-
-
 def _accuracy(module, dataset):
     x, y = dataset.tensors
     with torch.no_grad():
@@ -182,7 +141,7 @@ def _small_run(tmp_path, max_steps, val_every, ckpt_path=None, callbacks=(), rec
     torch.manual_seed(0)
     dm = DigitsDataModule(num_clients=4, batch_size=16, eval_batch_size=eval_batch_size)
     module = FederatedModule(MLP(64, [8], 10), AlphaNormEC(0.1, 0.1, 0.01))
-    recorder = recorder or _Recorder()
+    recorder = recorder or Recorder()
     summary = RunSummary(dirpath=str(tmp_path), verbose=False)
     t = trainer(tmp_path, max_steps=max_steps, limit_val_batches=None,
                 val_check_interval=val_every, check_val_every_n_epoch=None,
@@ -275,7 +234,7 @@ def test_the_resume_evaluation_covers_the_whole_validation_set(tmp_path, saved_a
 
     saving = ModelCheckpoint(dirpath=tmp_path / "c", every_n_train_steps=saved_at,
                              save_top_k=-1, save_on_train_epoch_end=False)  # fmt: skip
-    full = _Recorder()
+    full = Recorder()
     _small_run(tmp_path / "full", 9, 3, callbacks=[saving], recorder=full, eval_batch_size=32,
                enable_checkpointing=True)  # fmt: skip
     path = tmp_path / "c" / f"round={saved_at:06d}.ckpt"
@@ -286,7 +245,7 @@ def test_the_resume_evaluation_covers_the_whole_validation_set(tmp_path, saved_a
     saved.model.load_state_dict(
         {k.removeprefix("model."): v for k, v in weights if k.startswith("model.")}
     )
-    resumed = _Recorder()
+    resumed = Recorder()
     _, dm, rounds, _ = _small_run(tmp_path / "resumed", 9, 3, ckpt_path=str(path),
                                   recorder=resumed, eval_batch_size=32)  # fmt: skip
     assert len(dm.val_dataloader()) == 5 and rounds == sorted({saved_at, 6, 9})

@@ -7,7 +7,7 @@
   ``N(0, σ²/t · I)`` (``draws: per_client``: from its own stream; ``aggregate``: their sum drawn
   once from ``(seed, STREAM_SERVER_NOISE, k)``), and a round with fewer than ``t`` senders is
   aborted (the server receives zeros). The references share nothing with the package but those
-  keyed streams (tests/_noise.py) and the cohort stream ``(sampling seed, STREAM_SAMPLING, k)``.
+  keyed streams (tests/helpers/noise.py) and the cohort stream ``(sampling seed, STREAM_SAMPLING, k)``.
 * Aborted rounds through a FederatedModule run and its ledger.
 * Empirical sensitivity of the noised sum on neighbouring datasets.
 * Refusals, per-adversary accounting against dp-accounting, calibration, the ledger's checkpoint.
@@ -23,9 +23,9 @@ import dp_accounting
 import pytest
 import pytorch_lightning as pl
 import torch
-from _noise import server_noise, share_noise, share_noise_sum
 from dp_accounting.pld import PLDAccountant
 from dp_accounting.rdp import RdpAccountant
+from helpers.noise import server_noise, share_noise, share_noise_sum
 
 from pl_privfed import FederatedModule
 from pl_privfed.algorithms import (

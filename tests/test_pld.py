@@ -181,6 +181,7 @@ def _soteria(accountant):
     return alg
 
 
+@pytest.mark.slow
 def test_ledger_checkpoint_keeps_the_pld_and_refuses_an_rdp_calibration():
     """A record-level run's ledger under ``auto``: the report has the PLD ε and the RDP bound
     beside it, a checkpoint restores the same ε, and a checkpoint calibrated with RDP (before

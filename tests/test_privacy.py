@@ -2,7 +2,7 @@ import math
 
 import pytest
 import torch
-from _privacy import mechanisms, paper_mechanisms, relation
+from helpers.privacy import mechanisms, paper_mechanisms, relation
 from opacus.accountants import PRVAccountant, RDPAccountant
 
 from pl_privfed.algorithms import AlphaNormEC, DistributedDPSGD
@@ -55,6 +55,7 @@ def test_prv_with_tiny_noise_is_computed_to_a_relative_error(monkeypatch):
     assert asked[0] == 1.0 and asked[1] == pytest.approx(PRV_RELATIVE_ERROR * eps, rel=0.02)
 
 
+@pytest.mark.slow
 def test_rdp_with_a_mixed_history_equals_opacus_at_every_call():
     """The cached one-step RDP curves give Opacus's ε after every step of a mixed history."""
     ours, theirs = PrivacyAccountant("rdp"), RDPAccountant()

@@ -6,10 +6,9 @@ import dp_accounting
 import pytest
 import pytorch_lightning as pl
 import torch
+from helpers.regression import PlainRegression
+from helpers.training import StopAt
 from pytorch_lightning.callbacks import ModelCheckpoint
-from test_module import StopAt
-from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
 
 from pl_privfed import FederatedModule
 from pl_privfed.algorithms import AlphaNormEC
@@ -17,26 +16,6 @@ from pl_privfed.callbacks import PrivacyBudget, RunSummary
 from pl_privfed.datamodules import DigitsDataModule
 from pl_privfed.models import MLP
 from pl_privfed.privacy import DPNoise
-
-
-class PlainRegression(pl.LightningModule):
-    """A minimal non-federated module (as one privatized with Opacus would be)."""
-
-    def __init__(self):
-        super().__init__()
-        self.layer = nn.Linear(3, 1)
-
-    def training_step(self, batch, batch_idx):
-        x, y = batch
-        return nn.functional.mse_loss(self.layer(x), y)
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.01)
-
-    def train_dataloader(self):
-        g = torch.Generator().manual_seed(0)
-        data = TensorDataset(torch.randn(64, 3, generator=g), torch.randn(64, 1, generator=g))
-        return DataLoader(data, batch_size=8)
 
 
 def plain_trainer(tmp_path, callbacks, **kwargs):
@@ -59,6 +38,7 @@ def first_step_over(epsilon, nm, q, delta=1e-5):
     raise AssertionError
 
 
+@pytest.mark.slow
 def test_stops_before_the_step_that_exceeds_the_budget(tmp_path):
     budget = PrivacyBudget(epsilon=1.0, delta=1e-5, noise_multiplier=3.0, sample_rate=0.125)
     summary = RunSummary(dirpath=str(tmp_path))

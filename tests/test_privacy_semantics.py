@@ -9,8 +9,8 @@ import dp_accounting
 import pytest
 import pytorch_lightning as pl
 import torch
-from _privacy import mechanisms, paper_mechanisms, relation, sensitivity
 from dp_accounting.rdp import RdpAccountant
+from helpers.privacy import mechanisms, paper_mechanisms, relation, sensitivity
 
 from pl_privfed import FederatedModule
 from pl_privfed.algorithms import (
@@ -518,8 +518,8 @@ def _quadratic_run(tmp_path, max_steps, noise, ckpt_path=None, callbacks=(), all
 
 
 def _checkpoint_at_round_10(tmp_path, noise):
+    from helpers.training import StopAt
     from pytorch_lightning.callbacks import ModelCheckpoint
-    from test_module import StopAt
 
     ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=10, save_top_k=-1)
     _quadratic_run(tmp_path / "first", 30, noise, callbacks=[ckpt, StopAt(10)])

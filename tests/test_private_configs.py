@@ -23,6 +23,7 @@ def test_there_is_a_private_config_per_family():
     }  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config", PRIVATE, ids=[c.stem for c in PRIVATE])
 def test_private_config_runs_and_names_its_adversary(config, tmp_path, monkeypatch, capsys):
     """Three rounds of each config, its whole federation as one chunk: the iterates do not

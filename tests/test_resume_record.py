@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from test_resume_checks import run
+from helpers.resume import run
 
 from pl_privfed import algorithms, datamodules, operators, privacy, resume, sampling
 from pl_privfed.algorithms import DPFedAvg
@@ -259,6 +259,7 @@ def fails(args: list[str], capsys) -> str:
     return err[0]
 
 
+@pytest.mark.slow
 def test_the_private_mnist_config_refuses_another_federation_in_one_line(
     tmp_path, monkeypatch, capsys
 ):

@@ -8,8 +8,8 @@ accountant and the transmission count all travel in the checkpoint.
 
 import pytest
 import torch
+from helpers.training import StopAt, trainer
 from pytorch_lightning.callbacks import ModelCheckpoint
-from test_module import StopAt, trainer
 
 from pl_privfed import FederatedModule
 from pl_privfed.algorithms import (

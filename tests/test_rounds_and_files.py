@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import pytorch_lightning as pl
 import torch
+from helpers.regression import PlainRegression
 from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.loggers import CSVLogger
 from pytorch_lightning.plugins.io import TorchCheckpointIO
 from pytorch_lightning.utilities.warnings import PossibleUserWarning
-from test_privacy_budget import PlainRegression
 
 from pl_privfed.callbacks import RoundCheckpoint, RoundProgressBar, check_checkpoint_file
 from pl_privfed.cli import main
@@ -135,6 +135,7 @@ def test_log_versions_are_reserved_atomically(tmp_path):
     assert explicit.version == "mine" and not (tmp_path / "run/mine").exists()
 
 
+@pytest.mark.slow
 def test_two_runs_started_together_get_their_own_directories(tmp_path):
     config = tmp_path / "csv_only.yaml"
     config.write_text(
@@ -194,6 +195,7 @@ def test_a_config_replaces_a_default_callback_of_its_kind(tmp_path, monkeypatch)
     assert RoundProgressBar not in kinds and RoundCheckpoint not in kinds
 
 
+@pytest.mark.slow
 def test_progress_without_a_terminal_is_a_few_plain_lines(tmp_path):
     """Issue 31: piped to a file, a 100-round fit wrote 214 carriage returns (every round drawn
     twice). Without a terminal the bar prints one plain line every tenth of the run, each after

@@ -2,7 +2,7 @@ import math
 
 import pytest
 import torch
-from test_algorithms import problem, ref_error_feedback, run, smoothed
+from helpers.algorithms import problem, ref_error_feedback, run, smoothed
 
 from pl_privfed.algorithms import AlphaNormEC
 from pl_privfed.privacy import SecureAggregation

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from dp_accounting.rdp import RdpAccountant
 from dp_accounting.rdp.rdp_privacy_accountant import compute_delta, compute_epsilon
-from test_frontier import EPS, STEP, write_sweep_results
+from helpers.frontier import EPS, STEP, write_sweep_results
 
 from pl_privfed.cli import main
 from pl_privfed.privacy import PrivacyAccountant

@@ -8,7 +8,7 @@ import shutil
 
 import numpy as np
 import pytest
-from conftest import snapshot, snapshot_changes
+from helpers.files import snapshot, snapshot_changes
 
 from pl_privfed.datamodules import FashionMNISTDataModule, MNISTDataModule
 from pl_privfed.datamodules.files import DataFileError

@@ -7,7 +7,7 @@ in a single run and in a grid over step sizes and seeds; anything else is refuse
 
 import pytest
 import torch
-from test_module import trainer
+from helpers.training import trainer
 
 from pl_privfed import FederatedModule
 from pl_privfed.algorithms import EF21, AlphaNormEC, Clip21, DistributedDPSGD

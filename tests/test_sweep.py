@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from test_report import heat
+from helpers.report import heat
+from helpers.sweeps import QUICKSTART, REPO, rows, wandb_agent_command, write_sweep
 
 from pl_privfed import report
 from pl_privfed.cli import PrivFedCLI, agent_arguments, main
@@ -29,28 +30,11 @@ from pl_privfed.sweep import (
     sweep_lock,
 )
 
-REPO = Path(__file__).resolve().parents[1]
-QUICKSTART = str(REPO / "configs/algorithms/dp_alpha_normec_digits.yaml")
 SWEEPS = sorted((REPO / "configs/sweeps").glob("*.yaml"))
 FAST = ["--trainer.max_steps=4", "--trainer.val_check_interval=2", "--trainer.logger=false",
         "--trainer.enable_progress_bar=false"]  # fmt: skip
 BETA = "model.algorithm.init_args.beta"
 STEP = "model.algorithm.init_args.step_size"
-
-
-def write_sweep(directory, parameters, name="tiny", command=None):
-    spec = {"name": name, "method": "grid", "metric": {"name": "val/acc", "goal": "maximize"},
-            "parameters": parameters,
-            "command": command or ["${env}", "pl-privfed", "fit", "--config", QUICKSTART,
-                                   "${args}"]}  # fmt: skip
-    path = Path(directory) / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(spec, sort_keys=False))
-    return path
-
-
-def rows(path):
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
 
 
 def summary_of(row):
@@ -377,6 +361,7 @@ def finished_grid(tmp_path_factory):
     return sweep, path
 
 
+@pytest.mark.slow
 def test_real_grid_results(finished_grid):
     _, path = finished_grid
     table = rows(path)
@@ -393,6 +378,7 @@ def test_real_grid_results(finished_grid):
     assert failed_runs(path) == []
 
 
+@pytest.mark.slow
 def test_real_grid_resume(finished_grid, tmp_path, monkeypatch, capsys):
     sweep, original = finished_grid
     shutil.copytree(original.parent, tmp_path / "out")  # keeps the mtimes; the original stays
@@ -421,6 +407,7 @@ def test_real_grid_resume(finished_grid, tmp_path, monkeypatch, capsys):
     assert [r["status"] for r in rows(path)] == ["finished", "finished"]
 
 
+@pytest.mark.slow
 def test_real_failure_does_not_stop_the_grid(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     sweep = write_sweep(tmp_path, {STEP: {"value": 0.2}, BETA: {"values": [-1.0, 0.1]}})
@@ -437,6 +424,7 @@ def test_real_failure_does_not_stop_the_grid(tmp_path, monkeypatch):
     assert not (tmp_path / "checkpoints").exists()  # runs keep their files in their run dir
 
 
+@pytest.mark.slow
 def test_report_on_the_real_grid(finished_grid, tmp_path):
     _, path = finished_grid
     written = make_report(path, tmp_path / "report")
@@ -646,27 +634,6 @@ def test_paper_sweeps_have_three_seeds_and_every_sweep_a_project():
         assert not sweep.metric.get("name", "").startswith("test/"), path.name
         if path.stem.startswith("paper"):
             assert len(sweep.parameters.get("seed", [])) >= 3, path.name
-
-
-def wandb_agent_command(sweep_file, params):
-    """The command line ``wandb agent`` runs for one point: W&B's own construction
-    (``create_sweep_command`` for the macros, ``create_sweep_command_args`` for ``${args}``),
-    substituted as ``wandb_agent.Agent._command_run`` does."""
-    from wandb.sdk.launch.sweeps import utils as sweep_utils
-
-    spec = yaml.safe_load(Path(sweep_file).read_text())
-    command = sweep_utils.create_sweep_command(list(spec["command"]))
-    sweep_vars = sweep_utils.create_sweep_command_args({"args": {k: {"value": v} for k, v in
-                                                                 params.items()}})  # fmt: skip
-    sweep_vars.update(interpreter=["python"], program=[spec.get("program", "")],
-                      env=["/usr/bin/env"])  # fmt: skip
-    out = []
-    for chunk in map(str, command):
-        if chunk.startswith("${") and chunk.endswith("}"):
-            out += sweep_vars.get(chunk[2:-1]) or []
-        else:
-            out.append(chunk)
-    return out
 
 
 def covering_points(sweep):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_sweep import rows, write_sweep
+from helpers.sweeps import rows, write_sweep
 
 from pl_privfed.sweep import run_sweep
 from pl_privfed.sweep.batch import batch_parameter, groups
@@ -81,6 +81,7 @@ def both(tmp_path_factory):
     return tmp, out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["private", "twin"])
 def test_a_batched_point_writes_what_its_separate_run_writes(both, name):
     tmp, out = both
@@ -126,6 +127,7 @@ def test_a_batched_point_writes_what_its_separate_run_writes(both, name):
         assert sizes[0] == sizes[1] != sizes[2] == sizes[3]  # each seed's own partition
 
 
+@pytest.mark.slow
 def test_a_batched_sweep_resumes_and_runs_a_lone_point_alone(both, capsys):
     tmp, out = both
     path = out["private", True]
@@ -143,6 +145,7 @@ def test_a_batched_sweep_resumes_and_runs_a_lone_point_alone(both, capsys):
     assert "--seed=0" in printed[-1]
 
 
+@pytest.mark.slow
 def test_a_bad_point_does_not_take_its_group_down(tmp_path, monkeypatch):
     """β = -1 is refused before training: the group's process fails, and its points run one by
     one, so that the bad point fails with its own error and the other finishes."""

@@ -5,7 +5,8 @@ for a small machine)."""
 
 from pathlib import Path
 
-from test_sweep import rows, write_sweep
+import pytest
+from helpers.sweeps import rows, write_sweep
 
 from pl_privfed.cli.app import PrivFedCLI
 from pl_privfed.engine.state import MEMORY_ENV
@@ -17,6 +18,7 @@ FAST = ["--trainer.max_steps=2", "--trainer.val_check_interval=2", "--trainer.lo
         "--trainer.enable_progress_bar=false", "--trainer.enable_checkpointing=false"]  # fmt: skip
 
 
+@pytest.mark.slow
 def test_a_group_too_large_for_memory_runs_in_groups_that_fit(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     cli = PrivFedCLI(args=["--config", CONFIG, "--trainer.logger=false"], run=False)

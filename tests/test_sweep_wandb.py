@@ -7,7 +7,7 @@ import struct
 from pathlib import Path
 
 import pytest
-from test_sweep import rows, write_sweep
+from helpers.sweeps import rows, write_sweep
 
 from pl_privfed.record import wandb_summary
 from pl_privfed.sweep import run_sweep
@@ -48,6 +48,7 @@ def _key(item) -> str:
     return item.key or "/".join(item.nested_key)
 
 
+@pytest.mark.slow
 def test_every_batched_point_gets_its_own_wandb_run(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     params = {"seed": {"value": 0}, ALG + "noise.epsilon": {"values": [2.0, 8.0]}}

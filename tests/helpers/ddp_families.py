@@ -1,5 +1,5 @@
 """Every algorithm family on several CPU processes (gloo): run by tests/test_distributed.py as
-``torchrun --nproc_per_node 2 tests/_ddp_families.py OUT [family ...]``.
+``torchrun --nproc_per_node 2 tests/helpers/ddp_families.py OUT [family ...]``.
 
 Each process trains the digits federation of tests/test_engine.py with
 ``Trainer(strategy="ddp", devices=2)``: it holds half the clients and the round's sums are added
@@ -17,9 +17,9 @@ import pytorch_lightning as pl
 import torch
 import torch.distributed as dist
 from pytorch_lightning.callbacks import ModelCheckpoint
-from test_engine import FAMILIES, Digits64
-from test_module import StopAt
 
+from helpers.engine import FAMILIES, Digits64
+from helpers.training import StopAt
 from pl_privfed import FederatedModule, resume
 from pl_privfed.datamodules import DirichletPartitioner
 from pl_privfed.engine.distributed import close_process_group
