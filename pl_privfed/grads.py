@@ -45,6 +45,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad_and_value, vmap
 
 from pl_privfed.checks import check_choice
+from pl_privfed.compat.torch import is_batch_norm, is_convolution
 from pl_privfed.engine.chunk import ChunkOracle, OracleOutput
 from pl_privfed.layer_rules import ClientSpan, LayerGradients, ParameterLayout, layer_support
 
@@ -123,9 +124,7 @@ def resolve_backend(
         if model is not None and layer_support(model, criterion) is None:
             sequence = any(isinstance(m, nn.Embedding) for m in model.modules())
             return "loop" if sequence else "layers"
-        convolutional = model is not None and any(
-            isinstance(m, nn.modules.conv._ConvNd) for m in model.modules()
-        )
+        convolutional = model is not None and any(is_convolution(m) for m in model.modules())
         return "loop" if convolutional else "vmap"
     return backend
 
@@ -204,9 +203,7 @@ class GradientOracle:
         #: the clients' updated buffers after a call with ``buffers=`` (else ``None``)
         self.client_buffers: dict[str, Tensor] | None = None
         self._vmapped: dict[tuple[bool, bool], Callable] = {}
-        self.has_batchnorm = any(
-            isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()
-        )
+        self.has_batchnorm = any(is_batch_norm(m) for m in model.modules())
         self._span_rules: LayerGradients | None = rules
 
     def span_rules(self) -> LayerGradients:
