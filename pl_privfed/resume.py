@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from pytorch_lightning.utilities import rank_zero_warn
+from lightning_utilities.core.rank_zero import rank_zero_warn
 from torch import nn
 
 from pl_privfed.checks import arguments_of, run_differences
