@@ -16,7 +16,7 @@ Backends (same numbers up to floating-point rounding, tested):
   for the per-client sums, the per-example gradients and (ghost clipping) the per-example norms
   and clipped sums.
 
-A backend name enters through :func:`check_backend` (its former names are read there only).
+A backend name enters through :func:`check_backend`.
 
 BatchNorm and other buffers: during training every client normalizes with the statistics of its
 own minibatch (each client gets its own copy of the buffers). The running statistics used for
@@ -51,7 +51,6 @@ from pl_privfed.layer_rules import ClientSpan, LayerGradients, ParameterLayout, 
 
 __all__ = [
     "BACKENDS",
-    "FORMER_NAMES",
     "Backend",
     "GradientOracle",
     "OracleOutput",
@@ -69,24 +68,19 @@ __all__ = [
 
 #: the backends by their current names
 BACKENDS = ("vmap", "loop", "layers")
-#: former names that still select a backend: ``"analytic"`` named ``"layers"`` when it covered
-#: only fully connected networks (the only place a former name is read)
-FORMER_NAMES = {"analytic": "layers"}
-#: what a configuration may write (``"auto"``, a backend, a former name)
-Backend = Literal["auto", "vmap", "loop", "layers", "analytic"]
+#: what a configuration may write (``"auto"`` or a backend)
+Backend = Literal["auto", "vmap", "loop", "layers"]
 
 
 def check_backend(name: str, value: object, auto: bool = True) -> str:
-    """``value``'s current name (a former name, :data:`FORMER_NAMES`, gives the backend it
-    names), or ``ValueError`` naming ``name``, ``value`` and the choices (``"auto"`` among them
-    when ``auto``).
+    """``value``, a backend (or ``"auto"`` when ``auto``), else ``ValueError`` naming ``name``,
+    ``value`` and the choices.
 
-    >>> check_backend("grad_backend", "analytic")
+    >>> check_backend("grad_backend", "layers")
     'layers'
     """
-    choices = (("auto",) if auto else ()) + BACKENDS + tuple(FORMER_NAMES)
-    check_choice(name, value, choices)
-    return FORMER_NAMES.get(value, value)
+    check_choice(name, value, (("auto",) if auto else ()) + BACKENDS)
+    return str(value)
 
 
 def average_client_buffers(per_client: dict[str, Tensor], dim: int = 0) -> dict[str, Tensor]:

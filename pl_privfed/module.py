@@ -417,7 +417,11 @@ class FederatedModule(pl.LightningModule):
         (:func:`~pl_privfed.resume.check_resume`)."""
         allowed, private = self.resume_allow_changes, self.privacy_ledger is not None
         self._resumed_with_changes = resume.check_resume(
-            checkpoint, self.run_record(), allow_changes=allowed, private=private
+            checkpoint,
+            self.run_record(),
+            allow_changes=allowed,
+            private=private,
+            ckpt_path=self.trainer.ckpt_path,
         )
 
     @override
