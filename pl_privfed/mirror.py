@@ -308,12 +308,13 @@ class Mirror(MetaPathFinder, Loader):
 
     def code(self, original: str) -> CodeType:
         """The code of the package's module ``original`` with its imports rewritten: read from
-        its cache file when that was written for the same source, bound modules, mirror and
-        interpreter, else compiled (and the cache file written, when its folder is writable)."""
+        its cache file when that was written for the same source and path, bound modules,
+        mirror and interpreter, else compiled (and the cache file written, when its folder is
+        writable)."""
         file = self.packages.files[original][0]
         source = file.read_bytes()
         key = hashlib.sha256(
-            b"\0".join([source, _TOOL_KEY.encode(), self.mirror.encode(),
+            b"\0".join([source, str(file).encode(), _TOOL_KEY.encode(), self.mirror.encode(),
                          *sorted(m.encode() for m in self.packages.bound)])
         ).digest()  # fmt: skip
         cache = Path(importlib.util.cache_from_source(str(file), optimization="lightning"))
