@@ -313,10 +313,9 @@ class Mirror(MetaPathFinder, Loader):
         writable)."""
         file = self.packages.files[original][0]
         source = file.read_bytes()
-        key = hashlib.sha256(
-            b"\0".join([source, str(file).encode(), _TOOL_KEY.encode(), self.mirror.encode(),
-                         *sorted(m.encode() for m in self.packages.bound)])
-        ).digest()  # fmt: skip
+        parts = [source, str(file).encode(), _TOOL_KEY.encode(), self.mirror.encode()]
+        parts += sorted(m.encode() for m in self.packages.bound)
+        key = hashlib.sha256(b"\0".join(parts)).digest()
         cache = Path(importlib.util.cache_from_source(str(file), optimization="lightning"))
         try:
             data = cache.read_bytes()
