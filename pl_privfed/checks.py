@@ -7,6 +7,8 @@ import inspect
 import math
 from typing import Any
 
+from pl_privfed.compat.lightning import saved_hyperparameters
+
 __all__ = [
     "NOT_THE_RUN",
     "arguments_of",
@@ -105,7 +107,7 @@ def arguments_of(obj: Any, depth: int = 4) -> Any:
     if depth <= 0 or inspect.isfunction(obj) or inspect.isclass(obj):
         return out
     missing = object()
-    saved = getattr(obj, "_hparams", None) or {}
+    saved = saved_hyperparameters(obj)
     for name in constructor_parameters(kind):
         if name in NOT_THE_RUN:
             continue

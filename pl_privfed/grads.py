@@ -16,7 +16,7 @@ Backends (same numbers up to floating-point rounding, tested):
   for the per-client sums, the per-example gradients and (ghost clipping) the per-example norms
   and clipped sums.
 
-A backend name enters through :func:`check_backend` (its former names are read there only).
+A backend name enters through :func:`check_backend`.
 
 BatchNorm and other buffers: during training every client normalizes with the statistics of its
 own minibatch (each client gets its own copy of the buffers). The running statistics used for
@@ -45,12 +45,12 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad_and_value, vmap
 
 from pl_privfed.checks import check_choice
+from pl_privfed.compat.torch import is_batch_norm, is_convolution
 from pl_privfed.engine.chunk import ChunkOracle, OracleOutput
 from pl_privfed.layer_rules import ClientSpan, LayerGradients, ParameterLayout, layer_support
 
 __all__ = [
     "BACKENDS",
-    "FORMER_NAMES",
     "Backend",
     "GradientOracle",
     "OracleOutput",
@@ -68,24 +68,19 @@ __all__ = [
 
 #: the backends by their current names
 BACKENDS = ("vmap", "loop", "layers")
-#: former names that still select a backend: ``"analytic"`` named ``"layers"`` when it covered
-#: only fully connected networks (the only place a former name is read)
-FORMER_NAMES = {"analytic": "layers"}
-#: what a configuration may write (``"auto"``, a backend, a former name)
-Backend = Literal["auto", "vmap", "loop", "layers", "analytic"]
+#: what a configuration may write (``"auto"`` or a backend)
+Backend = Literal["auto", "vmap", "loop", "layers"]
 
 
 def check_backend(name: str, value: object, auto: bool = True) -> str:
-    """``value``'s current name (a former name, :data:`FORMER_NAMES`, gives the backend it
-    names), or ``ValueError`` naming ``name``, ``value`` and the choices (``"auto"`` among them
-    when ``auto``).
+    """``value``, a backend (or ``"auto"`` when ``auto``), else ``ValueError`` naming ``name``,
+    ``value`` and the choices.
 
-    >>> check_backend("grad_backend", "analytic")
+    >>> check_backend("grad_backend", "layers")
     'layers'
     """
-    choices = (("auto",) if auto else ()) + BACKENDS + tuple(FORMER_NAMES)
-    check_choice(name, value, choices)
-    return FORMER_NAMES.get(value, value)
+    check_choice(name, value, (("auto",) if auto else ()) + BACKENDS)
+    return str(value)
 
 
 def average_client_buffers(per_client: dict[str, Tensor], dim: int = 0) -> dict[str, Tensor]:
@@ -123,9 +118,7 @@ def resolve_backend(
         if model is not None and layer_support(model, criterion) is None:
             sequence = any(isinstance(m, nn.Embedding) for m in model.modules())
             return "loop" if sequence else "layers"
-        convolutional = model is not None and any(
-            isinstance(m, nn.modules.conv._ConvNd) for m in model.modules()
-        )
+        convolutional = model is not None and any(is_convolution(m) for m in model.modules())
         return "loop" if convolutional else "vmap"
     return backend
 
@@ -204,9 +197,7 @@ class GradientOracle:
         #: the clients' updated buffers after a call with ``buffers=`` (else ``None``)
         self.client_buffers: dict[str, Tensor] | None = None
         self._vmapped: dict[tuple[bool, bool], Callable] = {}
-        self.has_batchnorm = any(
-            isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()
-        )
+        self.has_batchnorm = any(is_batch_norm(m) for m in model.modules())
         self._span_rules: LayerGradients | None = rules
 
     def span_rules(self) -> LayerGradients:

@@ -1,8 +1,8 @@
 """Where a run writes: its log directory, read without a collective call, reserved atomically,
 the W&B loggers that receive its files, and rounds as W&B's step axis.
 
-This module is on the ground floor: it imports nothing of ``pl_privfed`` (``wandb`` itself only
-when a W&B logger is attached).
+This module is on the ground floor: it imports nothing of ``pl_privfed`` but
+:mod:`pl_privfed.compat` (``wandb`` itself only when a W&B logger is attached).
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ from typing import Any
 
 import pytorch_lightning as pl
 from pytorch_lightning.loggers import CSVLogger, TensorBoardLogger, WandbLogger
+
+from pl_privfed.compat.lightning import logger_version, set_logger_version
 
 __all__ = [
     "check_writable_dir",
@@ -71,7 +73,7 @@ def reserve_log_dir(logger: Any) -> None:
     ``version_<k>`` directory, created here with ``os.mkdir`` (atomic: of two runs started at
     once in the same directory, each gets its own; Lightning's own choice only lists the
     directories, so both picked ``version_0`` and wrote into it)."""
-    if not isinstance(logger, CSVLogger | TensorBoardLogger) or logger._version is not None:
+    if not isinstance(logger, CSVLogger | TensorBoardLogger) or logger_version(logger) is not None:
         return
     root = Path(logger.root_dir)
     root.mkdir(parents=True, exist_ok=True)
@@ -87,7 +89,7 @@ def reserve_log_dir(logger: Any) -> None:
         except FileExistsError:
             version += 1
             continue
-        logger._version = version
+        set_logger_version(logger, version)
         return
 
 

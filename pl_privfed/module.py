@@ -15,17 +15,16 @@ on resume to :mod:`pl_privfed.resume`, a grid to :class:`~pl_privfed.grid.GridMo
 
 from __future__ import annotations
 
-import copy
 import math
 from typing import Any, Literal
 
 import pytorch_lightning as pl
 import torch
-from pytorch_lightning.core.mixins.hparams_mixin import _given_hyperparameters
 from torch import Tensor, nn
 from torchmetrics.classification import MulticlassAccuracy
 from typing_extensions import override
 
+import pl_privfed.compat.lightning as compat
 from pl_privfed import evaluation, resume, trainer_rounds, wiring
 from pl_privfed.algorithms import FederatedAlgorithm
 from pl_privfed.datamodules.base import TensorRoundBatch
@@ -119,7 +118,7 @@ class FederatedModule(pl.LightningModule):
         # algorithm's class_path and init_args, which Lightning hands over while it builds the
         # module), so that ``load_from_checkpoint(path)`` rebuilds both; in Python the arguments
         # that are not modules (pass model=..., algorithm=... to load_from_checkpoint then)
-        from_cli = _given_hyperparameters.get() is not None
+        from_cli = compat.hyperparameters_from_cli(self)
         modules = {"model": model, "algorithm": algorithm, "criterion": criterion}
         self.save_hyperparameters(
             ignore=[] if from_cli else [k for k, v in modules.items() if isinstance(v, nn.Module)],
@@ -404,7 +403,7 @@ class FederatedModule(pl.LightningModule):
         """What makes this run this run, kept in its checkpoints and compared on resume
         (:func:`~pl_privfed.resume.run_record`): every configuration's algorithm, the
         datamodule, the model and the loss."""
-        datamodule = getattr(self.trainer, "datamodule", None) if self._trainer else None
+        datamodule = getattr(compat.attached_trainer(self), "datamodule", None)
         return resume.run_record(self.algorithms(), datamodule, self.model, self.criterion)
 
     def check_resumed_run(self, checkpoint: dict[str, Any]) -> None:
@@ -413,8 +412,9 @@ class FederatedModule(pl.LightningModule):
         :attr:`resume_allow_changes` are accepted and reported
         (:func:`~pl_privfed.resume.check_resume`)."""
         allowed, private = self.resume_allow_changes, self.privacy_ledger is not None
+        path = self.trainer.ckpt_path
         self._resumed_with_changes = resume.check_resume(
-            checkpoint, self.run_record(), allow_changes=allowed, private=private
+            checkpoint, self.run_record(), allow_changes=allowed, private=private, ckpt_path=path
         )
 
     @override
@@ -428,12 +428,12 @@ class FederatedModule(pl.LightningModule):
 
     @override
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        if self._trainer is not None and self.trainer.state.fn == "fit":
+        if compat.attached_trainer(self) is not None and self.trainer.state.fn == "fit":
             self.check_resumed_run(checkpoint)  # fit --ckpt_path: the same run?
             rounds = trainer_rounds.num_rounds(self.trainer)
             self._no_rounds_left = resume.finished_rounds(checkpoint, rounds)
         if self.oracle is not None:  # set up: the state tables exist
-            ckpt_path = self.trainer.ckpt_path if self._trainer is not None else None
+            ckpt_path = getattr(compat.attached_trainer(self), "ckpt_path", None)
             resume.load_client_state(checkpoint, self.algorithms(), ckpt_path)
         else:  # load_from_checkpoint: the model and the algorithm's fixed buffers, for evaluation
             prefixes = [prefix for prefix, _ in self.algorithms()]
@@ -442,7 +442,7 @@ class FederatedModule(pl.LightningModule):
         saved = checkpoint.get("hyper_parameters") or {}
         if "_instantiator" in saved and "_instantiator" not in self.hparams:
             self.hparams.update(saved)  # rebuilt from a command's config: keep it for a re-save
-            self._hparams_initial = copy.deepcopy(self._hparams)
+            compat.reset_initial_hyperparameters(self)
         if self.privacy_ledger is not None:
             wiring.restore_ledger(self, checkpoint)  # the noise the run started with
         self.client_transmissions = int(checkpoint.get("client_transmissions", 0))

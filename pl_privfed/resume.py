@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from pytorch_lightning.utilities import rank_zero_warn
+from lightning_utilities.core.rank_zero import rank_zero_warn
 from torch import nn
 
 from pl_privfed.checks import arguments_of, run_differences
@@ -49,6 +49,7 @@ __all__ = [
     "load_client_state",
     "no_rounds_left_note",
     "partition_fingerprint",
+    "refuse_older",
     "run_record",
     "save_client_state",
     "summary_entries",
@@ -152,29 +153,30 @@ def check_resume(
     *,
     allow_changes: Iterable[str] = (),
     private: bool = False,
+    ckpt_path: str | None = None,
 ) -> dict[str, Any] | None:
     """Refuse to resume a checkpoint written by another run, before anything is loaded.
 
     Args:
-        checkpoint: the Lightning checkpoint (its :data:`RECORD_KEY`; one without a record, from
-            an older version, resumes with a warning).
+        checkpoint: the Lightning checkpoint (its :data:`RECORD_KEY`).
         record: this run's :func:`run_record`.
-        allow_changes: record keys (or prefixes, e.g. ``"algorithm.noise"``) that may differ.
+        allow_changes: record keys (or prefixes, e.g. ``"algorithm.noise"``) that may differ,
+            or that the checkpoint's record lacks (written when fewer were recorded).
         private: whether this run is private: a checkpoint whose rounds ran without noise
             cannot be continued (its models were released as they were: no ε covers them).
+        ckpt_path: the checkpoint's file, named by the refusals.
 
     Returns:
         the accepted differences, ``{key: {"checkpoint": value, "this_run": value}}``, or
         ``None`` when there are none.
 
     Raises:
-        ValueError: naming every difference that is not allowed, or the non-private rounds.
+        ValueError: naming every difference that is not allowed, the non-private rounds, or
+            what a checkpoint of an older version lacks (:func:`refuse_older`).
     """
-    diffs = _differences(checkpoint.get(RECORD_KEY), record)
     allowed = tuple(allow_changes)
-    refused = {
-        k: v for k, v in diffs.items() if not any(k == a or k.startswith(a + ".") for a in allowed)
-    }
+    diffs = _differences(checkpoint, record, allowed, ckpt_path, private)
+    refused = {k: v for k, v in diffs.items() if not _allowed(k, allowed)}
     if refused:
         listed = "; ".join(
             f"{k}: checkpoint {a!r}, this run {b!r}" for k, (a, b) in refused.items()
@@ -194,33 +196,59 @@ def check_resume(
     return {k: {"checkpoint": a, "this_run": b} for k, (a, b) in diffs.items()} if diffs else None
 
 
-def _differences(saved: dict[str, Any] | None, record: dict[str, Any]) -> dict[str, tuple]:
-    """:func:`~pl_privfed.checks.run_differences`, none (with a warning) without a record.
+def _allowed(key: str, allowed: tuple[str, ...]) -> bool:
+    return any(key == a or key.startswith(a + ".") for a in allowed)
+
+
+def refuse_older(ckpt_path: str | None, lacks: str, allow: list[str] | None = None) -> None:
+    """Refuse, in one line naming the file and what to do, a checkpoint written by an older
+    version of the package that lacks ``lacks``. With ``allow`` (record keys the older version
+    did not record) the way on is ``--resume_allow_changes``; without, a new run (the model's
+    weights stay readable from the file)."""
+    where = f"ckpt_path {str(ckpt_path)!r}" if ckpt_path else "the checkpoint"
+    if allow:
+        what = (
+            f"resume with --resume_allow_changes {','.join(allow)} if this run's values of "
+            "them are the checkpoint's, or start the run again"
+        )
+    else:
+        what = (
+            "this version cannot check or continue it: start the run again (its model's "
+            "weights stay readable: torch.load(path, weights_only=False)['state_dict'])"
+        )
+    raise ValueError(f"{where} was written by an older pl-privfed that {lacks}; {what}")
+
+
+def _differences(
+    checkpoint: dict[str, Any],
+    record: dict[str, Any],
+    allowed: tuple[str, ...],
+    ckpt_path: str | None,
+    private: bool,
+) -> dict[str, tuple]:
+    """:func:`~pl_privfed.checks.run_differences` of the checkpoint's record and ``record``;
+    a checkpoint of an older version refused (:func:`refuse_older`): one without a record, a
+    private one whose ledger lacks a part (:meth:`~pl_privfed.privacy.PrivacyLedger.missing`),
+    one whose record lacks keys that are not allowed.
 
     The partition fingerprint is what the data's arguments realized: its difference is
     implied by (and allowed with) any other difference of ``data``, and is named on its own
     only when no argument differs (a federation changed by something the arguments do not
-    show). Keys the checkpoint's record lacks (an older version recorded less) are not
-    compared, with a warning naming them."""
+    show)."""
+    saved = checkpoint.get(RECORD_KEY)
     if saved is None:
-        rank_zero_warn(
-            "the checkpoint holds no record of its run (written by an older version): "
-            "resuming without checking that this run's configuration is the same"
-        )
-        return {}
+        refuse_older(ckpt_path, "kept no record of its run")
+    missing = PrivacyLedger.missing(checkpoint) if private else []
+    if missing:
+        refuse_older(ckpt_path, f"kept no {', '.join(missing)} in its privacy ledger")
     unrecorded: list[str] = []
     diffs = run_differences(saved, record, unrecorded)
     fingerprint = f"data.{PARTITION_KEY}"
     if fingerprint in diffs and any(k.startswith("data.") and k != fingerprint for k in diffs):
         del diffs[fingerprint]
+    unrecorded = [key for key in unrecorded if not _allowed(key, allowed)]
     if unrecorded:
-        shown = ", ".join(unrecorded[:8]) + (
-            f" and {len(unrecorded) - 8} more" if len(unrecorded) > 8 else ""
-        )
-        rank_zero_warn(
-            f"the checkpoint's record of its run (written by an older version) lacks {shown}: "
-            "resuming without checking them"
-        )
+        refuse_older(ckpt_path, f"did not record {', '.join(unrecorded)}", allow=unrecorded)
     return diffs
 
 
@@ -236,7 +264,7 @@ def check_client_count(checkpoint: dict[str, Any], algorithms: Iterable[tuple[st
     """
     saved = ((checkpoint.get(RECORD_KEY) or {}).get("data") or {}).get("num_clients")
     if not isinstance(saved, int):
-        return  # an older checkpoint: its record does not say
+        return  # no client count recorded (no datamodule, or one without num_clients)
     for prefix, algorithm in algorithms:
         state = getattr(algorithm, "state", None)
         names = list(getattr(state, "names", ()))

@@ -13,6 +13,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from pl_privfed.compat.lightning import logging_state_kept
+
 __all__ = ["is_last_round", "logs_round", "num_rounds", "training_dtype", "validate_now"]
 
 #: a trainer's true precision → the dtype training runs in
@@ -71,11 +73,9 @@ def validate_now(trainer: Any) -> None:
     this evaluation, which starts a new one."""
     if not trainer.enable_validation:
         return
-    connector = trainer._logger_connector
-    first_loop_iter = connector._first_loop_iter
     val_loop = trainer.fit_loop.epoch_loop.val_loop
     val_loop.restarting = False
-    trainer.validating = True
-    val_loop.run()
-    trainer.training = True
-    connector._first_loop_iter = first_loop_iter
+    with logging_state_kept(trainer):
+        trainer.validating = True
+        val_loop.run()
+        trainer.training = True

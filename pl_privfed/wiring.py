@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from pytorch_lightning.utilities import rank_zero_info, rank_zero_warn
+from lightning_utilities.core.rank_zero import rank_zero_info, rank_zero_warn
 from torch import nn
 
 from pl_privfed import trainer_rounds

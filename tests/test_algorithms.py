@@ -159,8 +159,9 @@ def test_ef21_topk_exact(chunk):
 @pytest.mark.parametrize("chunk", CHUNKS)
 def test_distributed_dpsgd_exact(operator, psi, placement, private, draws, chunk):
     b, x0 = problem(seed=5)
-    noise = DPNoise(noise_multiplier=0.2, seed=3, draws=draws) if private else None
-    alg = DistributedDPSGD(0.1, operator, scale=2.0, noise=noise, noise_placement=placement)
+    where = {"client": "local", "server": "central"}[placement]
+    noise = DPNoise(noise_multiplier=0.2, seed=3, draws=draws, placement=where) if private else None
+    alg = DistributedDPSGD(0.1, operator, scale=2.0, noise=noise)
     xs = run(alg, b, x0, chunk=chunk)
     # noise multiplier = std / sensitivity: 2β·τ per client (local DP, replace-one), β·τ for
     # the sum (central DP, add/remove)
@@ -171,17 +172,14 @@ def test_distributed_dpsgd_exact(operator, psi, placement, private, draws, chunk
 
 
 def test_dpsgd_central_noise_multiplier_accounts_for_averaging():
-    alg = DistributedDPSGD(
-        0.1, Clip(1.0), noise=DPNoise(noise_multiplier=0.2), noise_placement="server"
-    )
+    alg = DistributedDPSGD(0.1, Clip(1.0), noise=DPNoise(noise_multiplier=0.2, placement="central"))
     alg.setup(num_clients=10, dim=3, num_rounds=5)
     (mech,) = mechanisms(alg)
     # one client moves the sum by at most τ = 1: std = 0.2 × 1 on the sum (0.02 on the mean)
     assert alg.noise_std == pytest.approx(0.2)
     assert mech.noise_multiplier == pytest.approx(0.2)
     assert "central" in mech.privacy_unit
-    assert alg.noise.placement == "central"  # noise_placement: server is its older spelling
-    paper = DistributedDPSGD(0.1, Clip(1.0), noise=DPNoise(epsilon=8.0), noise_placement="server")
+    paper = DistributedDPSGD(0.1, Clip(1.0), noise=DPNoise(epsilon=8.0, placement="central"))
     paper.setup(num_clients=10, dim=3, num_rounds=300)
     # eq. (3) sizes σ = Φ sqrt(K log(1/δ))/ε for what is noised, the sum (sensitivity Φ): the
     # average carries σ/n, not σ (the papers' σ on the average would be n times too large)
@@ -266,7 +264,6 @@ def test_accountant_matches_opacus():
         (lambda: Clip21(0.1, 0.0), "threshold"),
         (lambda: AlphaNormEC(0.1, 0.1, 0.1, memory_init="ones"), "memory_init"),
         (lambda: DistributedDPSGD(0.1, scale=0.0), "scale"),
-        (lambda: DistributedDPSGD(0.1, noise_placement="both"), "noise_placement"),
         (lambda: DPNoise(epsilon=0.0), "epsilon"),
         (lambda: DPNoise(epsilon=-1.0), "epsilon"),
         (lambda: DPNoise(epsilon=8.0, delta=0.0), "delta"),

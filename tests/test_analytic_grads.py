@@ -56,7 +56,7 @@ def test_analytic_equals_autograd_and_the_other_backends(name, per_client, dtype
     targets = torch.randint(0, 4, (N, B), generator=g)
     if not isinstance(model, MLP):
         inputs = inputs.flatten(2)
-    oracle = GradientOracle(model, nn.CrossEntropyLoss(), "analytic")
+    oracle = GradientOracle(model, nn.CrossEntropyLoss(), "layers")
     flat = oracle.layout.flatten(model)
     if per_client:
         flat = flat + 0.3 * torch.randn(N, flat.numel(), generator=g, dtype=dtype)
@@ -77,7 +77,7 @@ def test_per_example_gradients_equal_vmap(per_client):
     g = torch.Generator().manual_seed(3)
     inputs = torch.randn(N, B, 12, generator=g, dtype=torch.float64)
     targets = torch.randint(0, 4, (N, B), generator=g)
-    analytic = GradientOracle(model, nn.CrossEntropyLoss(), "analytic")
+    analytic = GradientOracle(model, nn.CrossEntropyLoss(), "layers")
     vmapped = GradientOracle(model, nn.CrossEntropyLoss(), "vmap")
     flat = analytic.layout.flatten(model)
     if per_client:
@@ -108,9 +108,8 @@ def test_unsupported_models_are_refused_with_the_reason(model, criterion, reason
     assert reason in layer_support(built, criterion)
     with pytest.raises(ValueError, match="layers"):
         LayerGradients(built, criterion)
-    for name in ("layers", "analytic"):
-        with pytest.raises(ValueError, match=reason):
-            GradientOracle(built, criterion, name)
+    with pytest.raises(ValueError, match=reason):
+        GradientOracle(built, criterion, "layers")
     # auto never picks it for them
     assert resolve_backend("auto", torch.device("cpu"), built, criterion) != "layers"
 
@@ -138,7 +137,7 @@ def test_what_the_analytic_backend_refused_the_layer_rules_compute(model, criter
         targets = torch.randn(3, 5, 2, generator=g, dtype=torch.float64)
     else:
         targets = torch.randint(0, 2, (3, 5), generator=g)
-    layers = GradientOracle(built, criterion, "analytic")
+    layers = GradientOracle(built, criterion, "layers")
     loop = GradientOracle(built, criterion, "loop")
     flat = layers.layout.flatten(built)
     a, b = layers(flat, inputs, targets), loop(flat, inputs, targets)
@@ -150,7 +149,7 @@ def test_auto_picks_the_layer_rules_on_the_cpu_for_supported_networks():
     model = MLP(64, [32], 10)
     assert resolve_backend("auto", torch.device("cpu"), model, nn.CrossEntropyLoss()) == "layers"
     assert resolve_backend("auto", torch.device("cuda"), model, nn.CrossEntropyLoss()) == "vmap"
-    assert resolve_backend("analytic", torch.device("cpu")) == "layers"
+    assert resolve_backend("layers", torch.device("cpu")) == "layers"
     # per-example gradients and clipped means: the layer rules on every device
     for device in ("cpu", "cuda"):
         assert resolve_example_backend("auto", torch.device(device), model,

@@ -6,7 +6,7 @@ a package directly under ``pl_privfed/``) must be placed in a layer here before 
 
 * **Layers**, lowest first. A module (the top-level name under ``pl_privfed``: a file or a
   package) may import its own submodules and modules of lower layers only: not a higher layer,
-  and not another module of its own layer. The ground floor therefore imports nothing of
+  and not another module of its own layer. The lowest layer (compat) therefore imports nothing of
   ``pl_privfed``.
 * Nothing imports a module in ``imported_by_nobody`` (the command, ``cli``), and no module imports
   the package root (``pl_privfed/__init__.py``, which imports the public API); the root itself may
@@ -42,8 +42,9 @@ from helpers.architecture import (
 #: each a name and its modules; a module listed here need not exist yet.
 RULES = {
     "layers": (
-        # the run record: what a run reports, declared once (results.py derives its columns)
-        ("the run record", ("record",)),
+        # the run record (what a run reports, declared once; results.py derives its columns) and
+        # every private name of another library, one module per library: import nothing of ours
+        ("the run record and compatibility", ("record", "compat")),
         # mirror reads the package's files (ast) and imports none of them
         ("ground floor", ("rng", "results", "logdir", "checks", "communication", "mirror")),
         # layer_rules imports nothing of the package and grads imports it: a building block

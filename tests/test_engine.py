@@ -61,7 +61,7 @@ def test_every_family_gives_the_same_iterates_with_any_chunk_size(name, monkeypa
 @pytest.mark.parametrize("backend", ["vmap", "loop"])
 def test_chunks_with_the_other_backends(backend):
     a = _fit("per_sample_clipping", 2, backend=backend, rounds=3)
-    b = _fit("per_sample_clipping", "all", backend="analytic", rounds=3)
+    b = _fit("per_sample_clipping", "all", backend="layers", rounds=3)
     torch.testing.assert_close(a.layout.flatten(a.model), b.layout.flatten(b.model),
                                rtol=1e-11, atol=1e-12)  # fmt: skip
 
@@ -198,7 +198,7 @@ def test_clipped_mean_without_per_example_gradients(operator, shared):
     criterion = torch.nn.CrossEntropyLoss()
     inputs = torch.randn(3, 5, 64, dtype=DT)
     targets = torch.randint(0, 10, (3, 5))
-    analytic = GradientOracle(model, criterion, "analytic")
+    analytic = GradientOracle(model, criterion, "layers")
     reference = GradientOracle(model, criterion, "vmap")
     x = analytic.layout.flatten(model)
     params = x if shared else x + 0.1 * torch.randn(3, x.numel(), dtype=DT)

@@ -98,7 +98,7 @@ def test_resnet20_grid_equals_separate_runs(backend, tmp_path):
 
 
 @pytest.mark.parametrize("backend, batch_norm", [("vmap", True), ("loop", True),
-                                                 ("analytic", False)])  # fmt: skip
+                                                 ("layers", False)])  # fmt: skip
 def test_alpha_normec_grid_equals_separate_runs(backend, batch_norm, tmp_path, monkeypatch):
     """Paper 002's grid axes (γ, β, server normalization): each configuration's parameters,
     BatchNorm running statistics and memories equal its own run's, in float64; its gradients

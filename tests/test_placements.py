@@ -637,8 +637,6 @@ def _per_sample(noise):
         (lambda: _setup(DPFedAvg(0.1, 0.1, Clip(1.0), sampler=FixedSizeSampler(2),
                                  noise=_central(neighbouring="add_remove"))),
          r"noise\.neighbouring='add_remove'.*fixed-size"),
-        (lambda: DistributedDPSGD(0.1, Clip(1.0), noise=_distributed(2), noise_placement="server"),
-         "noise_placement='server' contradicts"),
     ],
 )  # fmt: skip
 def test_placements_that_do_not_hold_are_refused(factory, message):

@@ -205,19 +205,21 @@ def test_ledger_checkpoint_keeps_the_pld_and_refuses_an_rdp_calibration():
         PrivacyLedger(alg.release(), alg.noise, [alg.noise_std], 40).load(saved)
 
 
-def test_a_checkpoint_calibrated_by_rdp_under_auto_resumes_with_its_noise():
+def test_a_checkpoint_calibrated_by_an_older_accountant_is_refused():
     """A run checkpointed while ``auto`` meant RDP for unsampled releases (same settings, RDP's
-    noise): resuming keeps the checkpoint's noise and says why, naming both noise levels."""
+    noise): an older version's calibration, refused in one line naming both noise levels."""
     alg = AlphaNormEC(0.1, 0.1, 0.01, noise=DPNoise(epsilon=8.0, calibration="target"))
     alg.setup(num_clients=10, dim=5, num_rounds=300)
     ledger = PrivacyLedger(alg.release(), alg.noise, [alg.noise_std], 300)
     saved = {**ledger.calibration_record(), "noise_std": 22.109375}  # RDP's σ for this run
-    said = []
-    ledger.warn = said.append
-    assert ledger.restore(saved) == [22.109375]
-    assert len(said) == 1 and "earlier version of the accountant" in said[0]
-    assert "22.1094" in said[0] and f"{alg.noise_std:.6g}" in said[0]
-    assert ledger.calibration["resumed"]["noise_std_not_used"] == pytest.approx(alg.noise_std)
+    with pytest.raises(ValueError, match="calibrated by an older pl-privfed's accountant") as info:
+        ledger.restore(saved)
+    assert "22.1094" in str(info.value) and f"{alg.noise_std:.6g}" in str(info.value)
+    checkpoint = {}
+    ledger.save(checkpoint)
+    del checkpoint["privacy_accountants"]  # before the adversaries
+    with pytest.raises(ValueError, match="kept no privacy_accountants in its privacy ledger"):
+        PrivacyLedger(alg.release(), alg.noise, [alg.noise_std], 300).load(checkpoint)
 
 
 def test_the_epsilon_memo_returns_what_a_fresh_computation_returns(monkeypatch):

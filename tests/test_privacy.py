@@ -131,8 +131,8 @@ def test_noise_moments_and_seeding(make, std, monkeypatch):
 
 
 def test_server_noise_is_one_vector(monkeypatch):
-    alg = DistributedDPSGD(1.0, Clip(1.0), noise=DPNoise(noise_multiplier=1.0, seed=0),
-                           noise_placement="server")  # fmt: skip
+    alg = DistributedDPSGD(1.0, Clip(1.0),
+                           noise=DPNoise(noise_multiplier=1.0, seed=0, placement="central"))  # fmt: skip
     z = _noise_of_one_round(alg, monkeypatch, n=50, d=20_000) / 50  # on the sum: n × its draw
     assert z.shape == (20_000,)
     assert z.std().item() == pytest.approx(1.0 / 50, rel=0.02)  # on the average: multiplier × τ/n

@@ -130,8 +130,8 @@ def test_central_dp_with_poisson_sampling_is_dp_accountings():
     assert golden * 0.97 < ours.get_epsilon(1e-5) <= golden * (1 + 1e-9)
     # DP-SGD with central noise: add/remove by default, sensitivity Φ on the sum, every client
     # every round
-    alg = DistributedDPSGD(0.1, Clip(1.0), noise=DPNoise(noise_multiplier=0.8),
-                           noise_placement="server")  # fmt: skip
+    alg = DistributedDPSGD(0.1, Clip(1.0),
+                           noise=DPNoise(noise_multiplier=0.8, placement="central"))  # fmt: skip
     alg.setup(num_clients=10, dim=3, num_rounds=50)
     assert relation(alg) == "add_remove" and sensitivity(alg) == 1.0
     assert alg.noise_std == pytest.approx(0.8)
@@ -292,8 +292,9 @@ def test_central_dp_sensitivity_holds_on_neighbouring_datasets():
     g = torch.full((n, 1, d), 100.0, dtype=DT)
     removed = g.clone()
     removed[2] = 0.0  # Ψ(0) = 0: the client's message is gone, the average still divides by n
-    algs = [DistributedDPSGD(0.1, Clip(0.7), noise=DPNoise(noise_multiplier=1.0),
-                             noise_placement="server") for _ in range(2)]  # fmt: skip
+    algs = [DistributedDPSGD(0.1, Clip(0.7), noise=DPNoise(noise_multiplier=1.0,
+                                                           placement="central"))
+            for _ in range(2)]  # fmt: skip
     for alg in algs:
         alg.setup(num_clients=n, dim=d, num_rounds=5, dtype=DT)
     a, b = (_released(alg, grads) for alg, grads in zip(algs, (g, removed)))
@@ -617,22 +618,19 @@ def test_float64_end_to_end_under_true_double_precision(tmp_path, name, monkeypa
     assert all(p.dtype == torch.float64 for p in module.model.parameters())
 
 
-def test_resuming_a_checkpoint_from_before_the_defensible_accounting(tmp_path):
-    """A checkpoint with one (papers' convention) accountant and no calibration record: both
-    accountings are replayed from its rounds, with warnings, and end where an uninterrupted run
-    does."""
+def test_a_checkpoint_from_before_the_defensible_accounting_is_refused_in_one_line(tmp_path):
+    """A checkpoint with one (papers' convention) accountant and no calibration record (an older
+    version's) is refused before anything loads, in one line naming the file, what it lacks and
+    what to do."""
     noise = DPNoise(epsilon=8.0, delta=1e-5, rounds=30, seed=3)
     path = _checkpoint_at_round_10(tmp_path, noise)
     old = torch.load(path, weights_only=False)
     for key in ("privacy_accountant_paper", "privacy_calibration", "privacy_rounds_accounted"):
         del old[key]
     torch.save(old, path)
-    with pytest.warns(UserWarning, match="predates the defensible accounting"):
-        resumed = _quadratic_run(tmp_path / "resumed", 30, noise, ckpt_path=path)
-    full = _quadratic_run(tmp_path / "full", 30, noise)
-    got, want = resumed.privacy_report(), full.privacy_report()
-    assert got["rounds_accounted"] == want["rounds_accounted"] == 30
-    assert got["epsilon"] == pytest.approx(want["epsilon"], rel=1e-12)
-    assert got["epsilon_paper_convention"] == pytest.approx(
-        want["epsilon_paper_convention"], rel=1e-12
-    )
+    with pytest.raises(ValueError) as info:
+        _quadratic_run(tmp_path / "resumed", 30, noise, ckpt_path=path)
+    message = str(info.value)
+    assert message.startswith(f"ckpt_path {str(path)!r} was written by an older pl-privfed")
+    assert "privacy_accountant_paper, privacy_calibration, privacy_rounds_accounted" in message
+    assert "start the run again" in message and "\n" not in message

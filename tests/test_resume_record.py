@@ -206,19 +206,29 @@ def test_every_argument_of_every_recorded_class_is_in_the_record(kind):
     assert not unread, f"{kind.__name__} keeps {unread} under other names: not in its record"
 
 
-def test_a_record_from_an_older_version_checks_what_it_has(recwarn):
+def test_a_checkpoint_of_an_older_version_is_refused_in_one_line():
     """Keys the checkpoint's record lacks (an older version recorded less: MNIST without its
-    client count) are not compared, with a warning naming them; the keys it has still are."""
+    client count) are refused, naming the file, the keys and the way on; allowed on purpose,
+    the keys the record has are still compared. A checkpoint without a record is refused."""
     current = {"data": {"class": "MNISTDataModule", "split": "standard", "num_clients": 1000}}
     older = {"data": {"class": "MNISTDataModule", "split": "standard"}}
-    assert resume.check_resume({resume.RECORD_KEY: older}, current) is None
-    warned = [str(w.message) for w in recwarn if "record of its run" in str(w.message)]
-    assert len(warned) == 1 and "lacks data.num_clients: resuming without" in warned[0]
+    with pytest.raises(ValueError) as info:
+        resume.check_resume({resume.RECORD_KEY: older}, current, ckpt_path="old.ckpt")
+    assert str(info.value) == (
+        "ckpt_path 'old.ckpt' was written by an older pl-privfed that did not record "
+        "data.num_clients; resume with --resume_allow_changes data.num_clients if this run's "
+        "values of them are the checkpoint's, or start the run again"
+    )
+    allow = ["data.num_clients"]
+    assert resume.check_resume({resume.RECORD_KEY: older}, current, allow_changes=allow) is None
     older["data"]["split"] = "paper"
     with pytest.raises(
         ValueError, match=re.escape("data.split: checkpoint 'paper', this run 'standard'")
     ):
-        resume.check_resume({resume.RECORD_KEY: older}, current)
+        resume.check_resume({resume.RECORD_KEY: older}, current, allow_changes=allow)
+    refused = "'old.ckpt' was written by an older pl-privfed that kept no record of its run"
+    with pytest.raises(ValueError, match=re.escape(refused + "; this version cannot check")):
+        resume.check_resume({"global_step": 3}, current, ckpt_path="old.ckpt")
 
 
 def test_the_record_names_nested_and_inherited_arguments_and_the_model_layers():

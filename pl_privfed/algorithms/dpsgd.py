@@ -2,22 +2,18 @@
 
 from __future__ import annotations
 
-import dataclasses
-from typing import ClassVar, Literal
+from typing import ClassVar
 
 import torch
 from torch import Tensor
 
 from pl_privfed.algorithms.base import CLIENT_LEVEL_DP, FederatedAlgorithm, RoundResult
 from pl_privfed.algorithms.server_opt import ServerOptimizer
-from pl_privfed.checks import check_choice, check_positive
+from pl_privfed.checks import check_positive
 from pl_privfed.communication import Messages
 from pl_privfed.engine import ClientChunk, Reduction
 from pl_privfed.operators import Identity, Operator
-from pl_privfed.privacy import CentralNoise, DPNoise, LocalNoise, NoisePlacement, Release
-
-#: ``noise_placement``, the older spelling of ``noise.placement``: the placement each name means
-OLDER_PLACEMENTS: dict[str, NoisePlacement] = {"client": LocalNoise(), "server": CentralNoise()}
+from pl_privfed.privacy import DPNoise, Release
 
 __all__ = ["DistributedDPSGD"]
 
@@ -56,9 +52,7 @@ class DistributedDPSGD(FederatedAlgorithm):
         step_size: ``γ > 0``.
         operator: ``Ψ``; identity (plain distributed gradient descent) by default.
         scale: ``β > 0`` multiplying ``Ψ``'s output.
-        noise: DP noise settings or ``None``.
-        noise_placement: the older spelling of ``noise.placement``: ``"client"`` (local) or
-            ``"server"`` (central); ``None`` (default) keeps ``noise.placement``.
+        noise: DP noise settings (``noise.placement``: where it is added) or ``None``.
         server_optimizer: the server's step on ``Δ^k`` (``None``: line 73).
     """
 
@@ -73,18 +67,13 @@ class DistributedDPSGD(FederatedAlgorithm):
         operator: Operator | None = None,
         scale: float = 1.0,
         noise: DPNoise | None = None,
-        noise_placement: Literal["client", "server"] | None = None,
         server_optimizer: ServerOptimizer | None = None,
     ) -> None:
-        if noise_placement is not None:
-            check_choice("noise_placement", noise_placement, tuple(OLDER_PLACEMENTS))
-            noise = _placed(noise, noise_placement)
         super().__init__(step_size, noise, server_optimizer)
         self.operator = operator if operator is not None else Identity()
         if not isinstance(self.operator, Operator):
             raise ValueError(f"operator must be an Operator, got {operator!r}")
         self.scale = check_positive("scale", scale)
-        self.noise_placement = noise_placement
 
     def operators(self) -> list[Operator]:
         return [self.operator]
@@ -116,17 +105,3 @@ class DistributedDPSGD(FederatedAlgorithm):
             Messages.dense("server_to_client", self.dim, copies=n),
         ]
         return RoundResult(params=new_x, metrics=metrics, messages=messages_sent)
-
-
-def _placed(noise: DPNoise | None, noise_placement: str) -> DPNoise | None:
-    """``noise`` with the placement ``noise_placement`` spells (local noise, the default, may
-    be overridden; another placement may not be contradicted)."""
-    if not isinstance(noise, DPNoise):
-        return noise
-    placed = OLDER_PLACEMENTS[noise_placement]
-    if noise.where not in (LocalNoise(), placed):
-        raise ValueError(
-            f"noise_placement={noise_placement!r} contradicts "
-            f"noise.placement={noise.where.name!r}: give only noise.placement"
-        )
-    return dataclasses.replace(noise, placement=placed.name)

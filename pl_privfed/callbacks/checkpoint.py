@@ -11,7 +11,6 @@ from typing import Any
 from weakref import proxy
 
 import pytorch_lightning as pl
-from lightning_fabric.utilities.cloud_io import _is_local_file_protocol
 from pytorch_lightning.callbacks import ModelCheckpoint
 from typing_extensions import override
 
@@ -21,6 +20,7 @@ from pl_privfed.callbacks.interrupt import (
     stopped_before_training,
     watch_signals,
 )
+from pl_privfed.compat.lightning import ModelCheckpointHooks, is_local_path
 from pl_privfed.engine import SNAPSHOT_DIR_KEY
 
 __all__ = ["CheckpointError", "RoundCheckpoint", "check_checkpoint_file", "snapshot_dir"]
@@ -74,7 +74,7 @@ def snapshot_dir(checkpoint_path: str | os.PathLike) -> str:
     return stem + ".client_state"
 
 
-class RoundCheckpoint(ModelCheckpoint):
+class RoundCheckpoint(ModelCheckpointHooks, ModelCheckpoint):
     """Lightning's ``ModelCheckpoint`` for round-based training.
 
     * File names count rounds (``trainer.global_step``): ``round=000300.ckpt`` instead of
@@ -119,9 +119,9 @@ class RoundCheckpoint(ModelCheckpoint):
         )
 
     @override
-    def _save_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
-        if not _is_local_file_protocol(filepath):
-            super()._save_checkpoint(trainer, filepath)
+    def save_checkpoint_file(self, trainer: pl.Trainer, filepath: str) -> None:
+        if not is_local_path(filepath):
+            super().save_checkpoint_file(trainer, filepath)
             return
         folder, name = os.path.split(filepath)
         partial = os.path.join(folder, f".{name}.partial")
@@ -141,8 +141,7 @@ class RoundCheckpoint(ModelCheckpoint):
             if trainer.is_global_zero and os.path.exists(partial):
                 os.remove(partial)
         trainer.strategy.barrier("RoundCheckpoint._save_checkpoint")
-        self._last_global_step_saved = trainer.global_step
-        self._last_checkpoint_saved = filepath
+        self.mark_saved(trainer, filepath)
         if trainer.is_global_zero:
             for logger in trainer.loggers:
                 logger.after_save_checkpoint(proxy(self))
@@ -153,18 +152,14 @@ class RoundCheckpoint(ModelCheckpoint):
     ) -> None:
         super().on_save_checkpoint(trainer, pl_module, checkpoint)
         saving_to = getattr(self, "_saving_to", None)
-        if saving_to is not None and _is_local_file_protocol(saving_to):
+        if saving_to is not None and is_local_path(saving_to):
             checkpoint[SNAPSHOT_DIR_KEY] = snapshot_dir(saving_to)  # the module's disk state
 
     @override
-    def _remove_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
-        super()._remove_checkpoint(trainer, filepath)
+    def remove_checkpoint_file(self, trainer: pl.Trainer, filepath: str) -> None:
+        super().remove_checkpoint_file(trainer, filepath)
         snapshots = snapshot_dir(filepath)
-        if (
-            trainer.is_global_zero
-            and _is_local_file_protocol(filepath)
-            and os.path.isdir(snapshots)
-        ):
+        if trainer.is_global_zero and is_local_path(filepath) and os.path.isdir(snapshots):
             shutil.rmtree(snapshots, ignore_errors=True)
 
     @override
@@ -195,17 +190,11 @@ class RoundCheckpoint(ModelCheckpoint):
             return None
         if trainer.global_step > 0 and self.monitor is None:
             self._save_at_end(trainer)
-        elif trainer.global_step > 0 and not self._should_skip_saving_checkpoint(trainer):
+        elif trainer.global_step > 0 and not self.skips_saving(trainer):
             # a monitored metric ranks the kept files; the stopped round is kept regardless
-            self._save_checkpoint(
-                trainer,
-                self._get_metric_interpolated_filepath_name(
-                    self._monitor_candidates(trainer), trainer
-                ),
-            )
-        if self._last_global_step_saved == trainer.global_step and self._last_checkpoint_saved:
-            return self._last_checkpoint_saved
-        return None
+            path = self.checkpoint_path(self.monitor_candidates(trainer), trainer)
+            self.save_checkpoint_file(trainer, path)
+        return self.saved_this_step(trainer)
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -213,10 +202,9 @@ class RoundCheckpoint(ModelCheckpoint):
         self._save_at_end(trainer)
 
     def _save_at_end(self, trainer: pl.Trainer) -> None:
-        if self._should_skip_saving_checkpoint(trainer) or self.save_top_k == 0:
+        if self.skips_saving(trainer) or self.save_top_k == 0:
             return
-        candidates = self._monitor_candidates(trainer)
+        candidates = self.monitor_candidates(trainer)
         if self.monitor is not None and self.monitor not in candidates:
             return  # a monitored metric that was never logged: nothing to rank the file by
-        self._save_topk_checkpoint(trainer, candidates)
-        self._save_last_checkpoint(trainer, candidates)
+        self.save_top_k_and_last(trainer, candidates)

@@ -11,6 +11,7 @@ from pytorch_lightning.utilities import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
 from pl_privfed.callbacks._logging import warn_once
+from pl_privfed.compat.lightning import callback_state_key
 from pl_privfed.privacy import AccountantName, Mechanism, PrivacyAccountant
 
 __all__ = ["PrivacyBudget"]
@@ -137,7 +138,7 @@ class PrivacyBudget(pl.Callback):
 
     @property
     def state_key(self) -> str:
-        return self._generate_state_key(epsilon=self.epsilon, delta=self.delta)
+        return callback_state_key(self, epsilon=self.epsilon, delta=self.delta)
 
     def step_mechanisms(self, pl_module: pl.LightningModule, upcoming: bool = False) -> list:
         """The Gaussian mechanisms (:class:`~pl_privfed.privacy.Mechanism`) of the step just

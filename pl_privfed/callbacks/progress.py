@@ -12,6 +12,8 @@ from pytorch_lightning.callbacks import TQDMProgressBar
 from pytorch_lightning.callbacks.progress.tqdm_progress import Tqdm
 from typing_extensions import override
 
+from pl_privfed.compat.lightning import train_progress_bar_open
+
 __all__ = ["DEFAULT_BAR_METRICS", "RoundProgressBar"]
 
 #: logged metric → the short name the bar shows it under
@@ -157,7 +159,7 @@ class RoundProgressBar(TQDMProgressBar):
         the bar closes), not in a second draw of this one."""
         self.val_progress_bar.close()
         self.reset_dataloader_idx_tracker()
-        if self._train_progress_bar is not None and trainer.state.fn == "fit":
+        if train_progress_bar_open(self) and trainer.state.fn == "fit":
             self.train_progress_bar.set_postfix(self.get_metrics(trainer, pl_module), refresh=False)
 
     @override

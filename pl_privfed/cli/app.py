@@ -19,7 +19,6 @@ from pytorch_lightning.cli import (
     LightningArgumentParser,
     LightningCLI,
     SaveConfigCallback,
-    _InstantiatorFn,
 )
 from pytorch_lightning.loggers import WandbLogger
 
@@ -39,6 +38,7 @@ from pl_privfed.cli.folders import check_run_config, first_process, place_run, r
 from pl_privfed.cli.help import list_subcommands, short_module_help
 from pl_privfed.cli.print_config import print_config, take_print_config
 from pl_privfed.cli.seeds import RunSeeds, fan_out, given_on_command_line, seeds_of
+from pl_privfed.compat.lightning import LightningCLIHooks, wandb_init_arguments, wandb_run_started
 from pl_privfed.datamodules import FederatedDataModule
 from pl_privfed.engine.distributed import check_strategy, close_process_group
 from pl_privfed.grid import federation
@@ -110,7 +110,7 @@ class LoggedConfig(SaveConfigCallback):
                 logger.experiment.config.update(config, allow_val_change=True)
 
 
-class PrivFedCLI(LightningCLI):
+class PrivFedCLI(LightningCLIHooks, LightningCLI):
     """LightningCLI over :class:`FederatedModule` and the datamodules.
 
     * the callbacks of :func:`pl_privfed.default_callbacks` on every run (summary, operator
@@ -159,10 +159,13 @@ class PrivFedCLI(LightningCLI):
             if name in ("fit", "validate", "test")
         }
 
-    def _add_subcommands(self, parser: LightningArgumentParser, **kwargs: Any) -> None:
-        """Lightning's, with the registered subcommands listed for ``--help``."""
-        super()._add_subcommands(parser, **kwargs)
-        action = getattr(parser, "_subcommands_action", None)
+    #: not Lightning's merge of the checkpoint's hyperparameters into the config: the config
+    #: given defines the run (a resume is checked against its checkpoint, not replaced by it);
+    #: :meth:`parse_arguments` checks the file
+    merge_checkpoint_hyperparameters = False
+
+    def subcommands_added(self, parser: LightningArgumentParser, action: Any | None) -> None:
+        """The registered subcommands listed for ``--help`` beside Lightning's."""
         if action is not None:
             list_subcommands(action)
 
@@ -188,12 +191,7 @@ class PrivFedCLI(LightningCLI):
         if ckpt_path is not None and ckpt_path not in _CKPT_ALIASES:
             check_checkpoint_file(ckpt_path)
 
-    def _parse_ckpt_path(self) -> None:
-        """Not Lightning's merge of the checkpoint's hyperparameters into the config: the config
-        given defines the run (a resume is checked against its checkpoint, not replaced by
-        it); :meth:`parse_arguments` checks the file."""
-
-    def _add_instantiators(self) -> None:
+    def add_instantiators(self) -> None:
         """Lightning's instantiators, keyed by :class:`FederatedModule` (the config's ``model:``
         section builds one through :func:`~pl_privfed.grid.federation`): the module saves that
         section as its hyperparameters, so ``FederatedModule.load_from_checkpoint(path)``
@@ -201,10 +199,10 @@ class PrivFedCLI(LightningCLI):
         with warnings.catch_warnings():  # as Lightning's own call (deprecated in jsonargparse)
             warnings.simplefilter("ignore", DeprecationWarning)
             self.parser.add_instantiator(
-                _InstantiatorFn(cli=self, key="model"), FederatedModule, subclasses=True
+                self.instantiator("model"), FederatedModule, subclasses=True
             )
             self.parser.add_instantiator(
-                _InstantiatorFn(cli=self, key="data"), FederatedDataModule, subclasses=True
+                self.instantiator("data"), FederatedDataModule, subclasses=True
             )
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
@@ -275,8 +273,8 @@ class PrivFedCLI(LightningCLI):
         for logger in self.trainer.loggers:
             if first:
                 reserve_log_dir(logger)
-            init = getattr(logger, "_wandb_init", None)
-            if isinstance(logger, WandbLogger) and isinstance(init, dict):
+            init = wandb_init_arguments(logger) if isinstance(logger, WandbLogger) else None
+            if init is not None:
                 if init.get("anonymous", False) is None:  # W&B warns about any value passed
                     del init["anonymous"]
         output_dir = self.config[self.subcommand].get("output_dir")
@@ -284,18 +282,18 @@ class PrivFedCLI(LightningCLI):
             if isinstance(callback, RunSummary | TrainingCurves):
                 callback.dirpath = output_dir
 
-    def _run_subcommand(self, subcommand: str) -> None:
+    def run_subcommand(self, subcommand: str) -> None:
         """Lightning's, with ``fit``'s signals handled from before its set-up
         (:func:`~pl_privfed.callbacks.interrupt.watch_setup_signals`: a SIGTERM or Ctrl-C
         during set-up or the privacy calibration ends the run with exit status 143/130 and a
         ``summary.json`` saying so; a second Ctrl-C ends the process at once, in one line) and
         the handlers found restored however it ends."""
         if subcommand != "fit":
-            super()._run_subcommand(subcommand)
+            super().run_subcommand(subcommand)
             return
         watch_setup_signals(self.trainer, own_process=True)
         try:
-            super()._run_subcommand(subcommand)
+            super().run_subcommand(subcommand)
         finally:
             restore_signals(self.trainer)
 
@@ -329,7 +327,7 @@ class PrivFedCLI(LightningCLI):
         """Close the W&B runs so that one process can run several fits (e.g. a local sweep);
         say where an offline run was saved and how to upload it."""
         for logger in self.trainer.loggers:
-            if isinstance(logger, WandbLogger) and logger._experiment is not None:
+            if isinstance(logger, WandbLogger) and wandb_run_started(logger):
                 run = logger.experiment
                 offline = bool(getattr(run, "offline", False))
                 folder = Path(run.dir).parent if offline and getattr(run, "dir", None) else None

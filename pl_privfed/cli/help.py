@@ -7,6 +7,7 @@ from typing import Any
 from jsonargparse import ArgumentParser
 
 from pl_privfed.cli.registry import COMMANDS
+from pl_privfed.compat.jsonargparse import parser_actions, subcommand_help_entries
 
 __all__ = ["TRAINER_COMMANDS", "list_subcommands", "short_module_help"]
 
@@ -35,7 +36,7 @@ def list_subcommands(action: Any) -> None:
     for name, command in COMMANDS.items():  # for --help; main() runs them
         sub = ArgumentParser(prog=f"pl-privfed {name}", description=command.help)
         action.add_subcommand(name, sub, help=command.help)
-    for choice in getattr(action, "_choices_actions", []):  # argparse's help entries
+    for choice in subcommand_help_entries(action):
         choice.help = TRAINER_COMMANDS.get(choice.dest, choice.help)
 
 
@@ -58,7 +59,7 @@ def short_module_help(parser: ArgumentParser) -> None:
     ]
     losses = [path for path in own if path.endswith(("Loss", "Error"))]
     listed = {"model.model": [p for p in own if p not in losses], "model.criterion": losses}
-    for action in parser._actions:
+    for action in parser_actions(parser):
         if action.dest in _MODULE_ARGUMENTS and hasattr(action, "extra_help"):
             text = (
                 f", the package's: {', '.join(listed[action.dest])}; or any torch.nn.Module by "

@@ -15,7 +15,6 @@ See docs/engine.md.
 from pl_privfed.engine.chunk import ChunkOracle, ClientChunk, OracleOutput, RoundContext
 from pl_privfed.engine.distributed import ClientShard
 from pl_privfed.engine.message import (
-    Canaries,
     Message,
     MessageHook,
     MessageStage,
@@ -44,7 +43,6 @@ from pl_privfed.engine.state import (
 __all__ = [
     "CHUNK_ENV",
     "SNAPSHOT_DIR_KEY",
-    "Canaries",
     "ChunkOracle",
     "ClientChunk",
     "ClientShard",

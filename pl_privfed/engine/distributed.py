@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from pl_privfed.compat.lightning import shard_without_ddp_wrapper
 from pl_privfed.engine.reduce import Reduction
 
 __all__ = ["ClientShard", "adopt_strategy", "check_strategy", "close_process_group"]
@@ -212,15 +213,6 @@ class ClientShard:
         return torch.cat(received)
 
 
-def _configure_ddp(self) -> None:
-    """No ``DistributedDataParallel`` wrapper: there is no backward pass to synchronize (the
-    module sums what the algorithm needs over the processes itself)."""
-    return None
-
-
-_ADOPTED: dict[type, type] = {}
-
-
 def adopt_strategy(trainer: Any) -> None:
     """Make the trainer's strategy one that shards clients over its processes, or refuse it.
 
@@ -233,11 +225,7 @@ def adopt_strategy(trainer: Any) -> None:
     check_strategy(strategy)
     _, ddp = _lightning_strategies(strategy)
     if isinstance(strategy, ddp) and not getattr(strategy, "shards_clients", False):
-        base = type(strategy)
-        if base not in _ADOPTED:  # a subclass adding only methods: the same instance layout
-            namespace = {"configure_ddp": _configure_ddp, "shards_clients": True}
-            _ADOPTED[base] = type(f"ClientSharding{base.__name__}", (base,), namespace)
-        strategy.__class__ = _ADOPTED[base]
+        shard_without_ddp_wrapper(strategy)  # the module sums what the algorithm needs itself
 
 
 def check_strategy(strategy: Any) -> None:

@@ -67,7 +67,6 @@ from pl_privfed.rng import (
 )
 
 __all__ = [
-    "Canaries",
     "Message",
     "MessageHook",
     "MessageStage",
@@ -123,10 +122,6 @@ class MessageHook(Protocol):
     def operator_applied(
         self, ids: Tensor, round_index: int, operator: Any, rows: Tensor, factor: float = 1.0
     ) -> None: ...
-
-
-#: The former name of :class:`MessageHook`.
-Canaries = MessageHook
 
 
 def noise_to_signal(noisy_sum: Tensor, clean_sum: Tensor) -> Tensor:

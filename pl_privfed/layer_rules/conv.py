@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from pl_privfed.compat.torch import conv_forward, conv_padding
 from pl_privfed.layer_rules.registry import NormMode, Rule, register_rule
 
 __all__ = ["ConvRule"]
@@ -28,7 +29,7 @@ class ConvRule(Rule):
 
     def _pad(self, x: Tensor) -> Tensor:
         m = self.module
-        pads = m._reversed_padding_repeated_twice
+        pads = conv_padding(m)
         if not any(pads):
             return x
         mode = "constant" if m.padding_mode == "zeros" else m.padding_mode
@@ -37,7 +38,7 @@ class ConvRule(Rule):
     def forward(self, x, p, n):
         m, w, b = self.module, p["weight"], p["bias"]
         if n is None:
-            return m._conv_forward(x, w, b), x
+            return conv_forward(m, x, w, b), x
         # clients as groups: [n·B, C, ...] -> [B, n·C, ...], weights [n·out, C/g, ...]
         batch = x.shape[0] // n
         xs = self._pad(x).view(n, batch, *x.shape[1:2], *self._pad(x[:1]).shape[2:])

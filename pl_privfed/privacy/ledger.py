@@ -26,8 +26,9 @@ from pl_privfed.privacy.release import Release
 
 __all__ = ["PrivacyLedger"]
 
-#: checkpoint keys (kept from the versions before the ledger, so older checkpoints resume);
-#: ``accountant`` is the headline adversary's, ``adversaries`` every adversary's
+#: checkpoint keys (named before the ledger existed); ``accountant`` is the headline
+#: adversary's, ``adversaries`` every adversary's; a checkpoint lacking one is an older version's
+#: (:meth:`PrivacyLedger.missing`), refused
 _KEYS = {
     "accountant": "privacy_accountant",
     "adversaries": "privacy_accountants",
@@ -305,32 +306,37 @@ class PrivacyLedger:
         """
         if _KEYS["accountant"] not in checkpoint:
             return None
-        stds = self.restore(checkpoint.get(_KEYS["calibration"]))
-        if _KEYS["paper"] in checkpoint:
-            self.paper_accountant.load_state_dict(checkpoint[_KEYS["paper"]])
-            self.rounds_accounted = int(checkpoint[_KEYS["rounds"]])
-            self.rounds_aborted = int(checkpoint.get(_KEYS["aborted"], 0))
-            saved = checkpoint.get(_KEYS["adversaries"])
-            if saved is None:  # before the adversaries: the headline's history only
-                saved = {self.headline: checkpoint[_KEYS["accountant"]]}
-            for adversary, accountant in self.accountants.items():
-                if adversary in saved:
-                    accountant.load_state_dict(saved[adversary])
-                else:  # replay this adversary's releases (no round was aborted then)
-                    for k in range(self.rounds_accounted):
-                        for mech in self.mechanisms(k, adversary):
-                            accountant.step_mechanism(mech)
-        else:  # an older checkpoint: one accountant, under the papers' convention
-            rounds = int(checkpoint.get("global_step", 0))
-            self.warn(
-                "the checkpoint predates the defensible accounting: replaying its "
-                f"{rounds} rounds under both accountings"
+        missing = self.missing(checkpoint)
+        if missing:
+            raise ValueError(
+                f"the checkpoint was written by an older pl-privfed that kept no "
+                f"{', '.join(missing)} in its privacy ledger: this version cannot continue its "
+                "accounting; start the private run again"
             )
-            for k in range(rounds):
-                self.account(k)
+        stds = self.restore(checkpoint[_KEYS["calibration"]])
+        self.paper_accountant.load_state_dict(checkpoint[_KEYS["paper"]])
+        self.rounds_accounted = int(checkpoint[_KEYS["rounds"]])
+        self.rounds_aborted = int(checkpoint[_KEYS["aborted"]])
+        saved = checkpoint[_KEYS["adversaries"]]
+        for adversary, accountant in self.accountants.items():
+            if adversary in saved:
+                accountant.load_state_dict(saved[adversary])
+            else:  # replay this adversary's releases (no round was aborted then)
+                for k in range(self.rounds_accounted):
+                    for mech in self.mechanisms(k, adversary):
+                        accountant.step_mechanism(mech)
         return stds
 
-    def restore(self, saved: dict[str, Any] | None) -> list[float] | None:
+    @staticmethod
+    def missing(checkpoint: dict[str, Any]) -> list[str]:
+        """The parts of the ledger that ``checkpoint``, written by a private run, lacks (an
+        older version's checkpoint: refused); empty for a current one and for a checkpoint
+        without a ledger."""
+        if _KEYS["accountant"] not in checkpoint:
+            return []
+        return [key for key in _KEYS.values() if key not in checkpoint]
+
+    def restore(self, saved: dict[str, Any]) -> list[float] | None:
         """Keep the noise the run started with (never recalibrate silently on resume).
 
         The ledger was calibrated for *this* configuration; ``saved`` says what the run used.
@@ -341,12 +347,6 @@ class PrivacyLedger:
         relation, ...) is refused before training: one run cannot honestly report one noise
         level for two.
         """
-        if saved is None:
-            self.warn(
-                "the checkpoint has no record of its noise calibration (saved by an older "
-                f"version); continuing with this configuration's noise std {self.noise_std:.6g}"
-            )
-            return None
         current = self.calibration_record()
         if math.isclose(saved["noise_std"], current["noise_std"], rel_tol=1e-9):
             self.calibration = dict(saved)
@@ -364,15 +364,14 @@ class PrivacyLedger:
                 f"({changes}), which give {current['noise_std']:.6g}: resume with the "
                 "checkpoint's noise settings, or start a new run for the new ones"
             )
-        if saved["rounds"] == current["rounds"]:  # same settings: an earlier version's solver
-            self.warn(
-                f"the checkpoint's noise std {saved['noise_std']:.6g} was calibrated by an "
-                f"earlier version of the accountant ({saved['accountant']!r}: RDP before PLD "
-                f"became the default), which now gives {current['noise_std']:.6g}: keeping "
-                f"{saved['noise_std']:.6g}; epsilon is this version's for the noise used"
+        if saved["rounds"] == current["rounds"]:  # same settings, another σ: an older solver
+            raise ValueError(
+                f"the checkpoint's noise std {saved['noise_std']:.6g} was calibrated by an older "
+                f"pl-privfed's accountant ({saved['accountant']!r}), which for the same settings "
+                f"now gives {current['noise_std']:.6g}: this version cannot continue its "
+                "accounting; start the private run again"
             )
-        else:
-            self.warn(self._rounds_changed(saved, current))
+        self.warn(self._rounds_changed(saved, current))
         stds = [float(saved["noise_std"]), *(float(s) for s in saved.get("grid_noise_std", []))]
         stds += self.noise_stds[len(stds) :]
         self.noise_stds = stds

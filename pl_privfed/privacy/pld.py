@@ -57,6 +57,7 @@ from dp_accounting.pld import pld_pmf
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
 from dp_accounting.pld.privacy_loss_mechanism import GaussianPrivacyLoss
 
+from pl_privfed.compat.dp_accounting import remove_pmf
 from pl_privfed.privacy.mechanism import ReleaseKey
 
 __all__ = [
@@ -109,10 +110,7 @@ def wor_pld(
     )
     # dp-accounting keeps R's PMF as the remove direction; its dense form is the loss grid
     # lower_loss + i (in units of the interval) with masses probs, plus the mass at +∞
-    pmf = remove._pmf_remove.to_dense_pmf()  # private: no public accessor in 0.6
-    losses = int(pmf._lower_loss) + np.arange(len(pmf._probs))
-    probs = np.asarray(pmf._probs, dtype=np.float64)
-    infinity = float(pmf._infinity_mass)
+    losses, probs, infinity = remove_pmf(remove)  # private: no public accessor in 0.6
     positive = losses > 0
     up, mass = losses[positive], probs[positive]
     mirrored = mass * np.exp(-up * interval)
