@@ -31,8 +31,9 @@ def topk(v, k):
     return [v[j] if j in keep else 0.0 for j in range(len(v))]
 
 
-def ref_dpsgd(b, x0, psi, scale, gamma, rounds, std=0.0, placement="client", seed=0,
-              draws="aggregate"):  # fmt: skip
+def ref_dpsgd(
+    b, x0, psi, scale, gamma, rounds, std=0.0, placement="client", seed=0, draws="aggregate"
+):
     n, d = b.shape
     b = b.tolist()
     x = x0.tolist()
@@ -98,7 +99,7 @@ def test_alpha_normec_exact(server_normalization, init, private, draws, chunk):
         seed=7,
         D=2.0,
         draws=draws,
-    )  # fmt: skip  (noise std = multiplier × the replace-one sensitivity 2 of Norm_α)
+    )  # (noise std = multiplier × the replace-one sensitivity 2 of Norm_α)
     assert_iterates(xs, ref)
 
 
@@ -109,8 +110,9 @@ def test_dp_alpha_normec_paper_noise_level():
     assert alg.noise_std == pytest.approx(math.sqrt(300 * math.log(1e5)) / 8.0)
     xs = run(alg, b, x0)
     std = math.sqrt(ROUNDS * math.log(1e5)) / 8.0  # run() calls setup with K = ROUNDS
-    ref = ref_error_feedback(b, x0, lambda v: smoothed(v, 0.01), 0.1, 0.05, True, ROUNDS,
-                             std=std, seed=1)  # fmt: skip
+    ref = ref_error_feedback(
+        b, x0, lambda v: smoothed(v, 0.01), 0.1, 0.05, True, ROUNDS, std=std, seed=1
+    )
     assert_iterates(xs, ref)
     (mech,) = mechanisms(alg)  # replace-one (local DP): sensitivity 2
     assert mech.noise_multiplier == pytest.approx(std / 2) and mech.sample_rate == 1.0
@@ -130,9 +132,18 @@ def test_clip21_exact(server_normalization, private, draws, chunk):
     assert alg.beta == 1.0
     xs = run(alg, b, x0, chunk=chunk)
     # DP-Clip21 noise is calibrated to the replace-one sensitivity 2τ: std = multiplier · 2τ
-    ref = ref_error_feedback(b, x0, lambda v: hard_clip(v, 1.5), 1.0, 0.1, server_normalization,
-                             ROUNDS, std=0.5 * 2 * 1.5 if private else 0.0, seed=2,
-                             draws=draws)  # fmt: skip
+    ref = ref_error_feedback(
+        b,
+        x0,
+        lambda v: hard_clip(v, 1.5),
+        1.0,
+        0.1,
+        server_normalization,
+        ROUNDS,
+        std=0.5 * 2 * 1.5 if private else 0.0,
+        seed=2,
+        draws=draws,
+    )
     assert_iterates(xs, ref)
 
 
@@ -166,8 +177,7 @@ def test_distributed_dpsgd_exact(operator, psi, placement, private, draws, chunk
     # noise multiplier = std / sensitivity: 2β·τ per client (local DP, replace-one), β·τ for
     # the sum (central DP, add/remove)
     std = 0.2 * 2.0 * (1 if placement == "server" else 2) if private else 0.0
-    ref = ref_dpsgd(b, x0, psi, 2.0, 0.1, ROUNDS, std=std, placement=placement, seed=3,
-                    draws=draws)  # fmt: skip
+    ref = ref_dpsgd(b, x0, psi, 2.0, 0.1, ROUNDS, std=std, placement=placement, seed=3, draws=draws)
     assert_iterates(xs, ref)
 
 
@@ -227,8 +237,10 @@ def test_example_1_configs_differ_only_in_the_algorithm():
     import yaml
 
     folder = Path(__file__).resolve().parents[1] / "configs" / "algorithms"
-    dpsgd, normec = (yaml.safe_load((folder / f"example1_{name}.yaml").read_text())
-                     for name in ("dpsgd", "alpha_normec"))  # fmt: skip
+    dpsgd, normec = (
+        yaml.safe_load((folder / f"example1_{name}.yaml").read_text())
+        for name in ("dpsgd", "alpha_normec")
+    )
     a, b = dpsgd["model"].pop("algorithm"), normec["model"].pop("algorithm")
     for config in (dpsgd, normec):
         for logger in config["trainer"]["logger"]:

@@ -99,10 +99,9 @@ def test_per_example_gradients_equal_vmap(per_client):
         (lambda: MLP(4, [3], 2), nn.CrossEntropyLoss(weight=torch.ones(2)), "weights"),
         (lambda: NonconvexLogisticRegression(4), nn.CrossEntropyLoss(), "regularizer"),
         (lambda: nn.Sequential(nn.Linear(4, 3), nn.PReLU()), nn.CrossEntropyLoss(), "PReLU"),
-        (lambda: nn.Sequential(nn.Conv3d(1, 2, 1), nn.Flatten()), nn.CrossEntropyLoss(),
-         "Conv3d"),
+        (lambda: nn.Sequential(nn.Conv3d(1, 2, 1), nn.Flatten()), nn.CrossEntropyLoss(), "Conv3d"),
     ],
-)  # fmt: skip
+)
 def test_unsupported_models_are_refused_with_the_reason(model, criterion, reason):
     built = model()
     assert reason in layer_support(built, criterion)
@@ -120,11 +119,13 @@ def test_unsupported_models_are_refused_with_the_reason(model, criterion, reason
         (lambda: MLP(4, [3], 2, activation="gelu"), nn.CrossEntropyLoss()),
         (lambda: MLP(4, [3], 2), nn.MSELoss()),
         (lambda: MLP(4, [3], 2), nn.CrossEntropyLoss(label_smoothing=0.1)),
-        (lambda: nn.Sequential(nn.Conv2d(1, 2, 3), nn.Flatten(), nn.Linear(2, 2)),
-         nn.CrossEntropyLoss()),
+        (
+            lambda: nn.Sequential(nn.Conv2d(1, 2, 3), nn.Flatten(), nn.Linear(2, 2)),
+            nn.CrossEntropyLoss(),
+        ),
         (lambda: nn.Sequential(nn.Linear(4, 3), nn.ReLU()), nn.CrossEntropyLoss()),
     ],
-)  # fmt: skip
+)
 def test_what_the_analytic_backend_refused_the_layer_rules_compute(model, criterion):
     """GELU, MSE, label smoothing, convolutions, a network ending in an activation: exact."""
     torch.manual_seed(0)
@@ -152,18 +153,24 @@ def test_auto_picks_the_layer_rules_on_the_cpu_for_supported_networks():
     assert resolve_backend("layers", torch.device("cpu")) == "layers"
     # per-example gradients and clipped means: the layer rules on every device
     for device in ("cpu", "cuda"):
-        assert resolve_example_backend("auto", torch.device(device), model,
-                                       nn.CrossEntropyLoss()) == "layers"  # fmt: skip
+        assert (
+            resolve_example_backend("auto", torch.device(device), model, nn.CrossEntropyLoss())
+            == "layers"
+        )
     # a small sequence model: the plain loop for per-client gradients on the CPU
     text = TextClassifier(vocab_size=12, dim=6, hidden=8, num_classes=3)
     assert resolve_backend("auto", torch.device("cpu"), text, nn.CrossEntropyLoss()) == "loop"
-    assert resolve_example_backend("auto", torch.device("cpu"), text,
-                                   nn.CrossEntropyLoss()) == "layers"  # fmt: skip
+    assert (
+        resolve_example_backend("auto", torch.device("cpu"), text, nn.CrossEntropyLoss())
+        == "layers"
+    )
     # an explicit name, or a model the rules refuse, decides both
     assert resolve_example_backend("vmap", torch.device("cpu"), model) == "vmap"
     batch_norm = MLP(64, [32], 10, batch_norm=True)
-    assert resolve_example_backend("auto", torch.device("cuda"), batch_norm,
-                                   nn.CrossEntropyLoss()) == "vmap"  # fmt: skip
+    assert (
+        resolve_example_backend("auto", torch.device("cuda"), batch_norm, nn.CrossEntropyLoss())
+        == "vmap"
+    )
     module = FederatedModule(model, AlphaNormEC(0.1, 0.1, 0.01))
     assert module.grad_backend == "auto"
     with pytest.raises(ValueError, match="grad_backend"):

@@ -48,11 +48,15 @@ RULES = {
         # mirror reads the package's files (ast) and imports none of them
         ("ground floor", ("rng", "results", "logdir", "checks", "communication", "mirror")),
         # layer_rules imports nothing of the package and grads imports it: a building block
-        ("building blocks", ("operators", "privacy", "sampling", "graphs", "models",
-                             "layer_rules")),
+        (
+            "building blocks",
+            ("operators", "privacy", "sampling", "graphs", "models", "layer_rules"),
+        ),
         ("engine", ("engine",)),
-        ("gradients, data, algorithms", ("grads", "datamodules", "algorithms", "evaluation",
-                                          "trainer_rounds", "resume")),
+        (
+            "gradients, data, algorithms",
+            ("grads", "datamodules", "algorithms", "evaluation", "trainer_rounds", "resume"),
+        ),
         # wiring builds the module's parts; callbacks read modules through protocols
         ("callbacks, the module's parts", ("callbacks", "wiring")),
         ("module", ("module",)),
@@ -63,7 +67,7 @@ RULES = {
         ("lightning.pytorch namespace", ("lightning",)),
     ),
     "imported_by_nobody": ("cli", "lightning"),
-}  # fmt: skip
+}
 
 #: The rooms inside the command package ``cli/``, lowest first (docs/package.md, "The command"): a
 #: file imports files of lower rooms only. Every file of ``cli/`` is in one.
@@ -359,11 +363,15 @@ def test_checker_finds_cycles_through_lazy_and_relative_imports(tmp_path):
         ({"a": "b", "b": "c", "c": ""}, []),
         ({"a": "a"}, ["import cycle: a -> a"]),
         ({"a": "b", "b": "c", "c": "ad", "d": ""}, ["import cycle: a -> b -> c -> a"]),
-        ({"a": "b", "b": "a", "c": "d", "d": "c"}, ["import cycle: a -> b -> a",
-                                                    "import cycle: c -> d -> c"]),
-        ({"a": "bc", "b": "a", "c": "a"},
-         ["import cycle: a -> b -> a (in cycles with these too: c)"]),
+        (
+            {"a": "b", "b": "a", "c": "d", "d": "c"},
+            ["import cycle: a -> b -> a", "import cycle: c -> d -> c"],
+        ),
+        (
+            {"a": "bc", "b": "a", "c": "a"},
+            ["import cycle: a -> b -> a (in cycles with these too: c)"],
+        ),
     ],
-)  # fmt: skip
+)
 def test_cycle_finder(graph, expected):
     assert cycle_messages({Path(k): {Path(v) for v in vs} for k, vs in graph.items()}) == expected

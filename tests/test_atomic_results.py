@@ -38,8 +38,13 @@ def test_a_full_disk_keeps_the_previous_summary(tmp_path):
     previous = {"status": "interrupted: SIGTERM after round 7", "rounds": 7}
     (tmp_path / "summary.json").write_text(json.dumps(previous))
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    done = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path)], env=env,
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert "refused: 27" in done.stdout, done.stderr[-2000:]  # EFBIG
     assert json.loads((tmp_path / "summary.json").read_text()) == previous
     assert [p.name for p in tmp_path.iterdir()] == ["summary.json"]  # no temporary file left
@@ -49,14 +54,20 @@ def test_a_full_disk_keeps_the_previous_summary(tmp_path):
 @pytest.mark.parametrize("command", ["report", "compare"])
 @pytest.mark.parametrize(
     ("rows", "says"),
-    [("", "an empty results file (no runs)"),
-     ("r0,failed: ValueError: bad,,\nr1,interrupted: SIGTERM after round 3,,\n",
-      "no finished run among its 2 run(s)"),
-     # issue 30: exited 0 with empty tables, blaming "no evaluation ran?"
-     ("r0,finished,nan,\nr1,finished,abc,\n",
-      "none of its 2 finished runs has a numeric result (a final_val_accuracy that is not a "
-      "finite number: r0 ('nan'), r1 ('abc'))")],
-)  # fmt: skip
+    [
+        ("", "an empty results file (no runs)"),
+        (
+            "r0,failed: ValueError: bad,,\nr1,interrupted: SIGTERM after round 3,,\n",
+            "no finished run among its 2 run(s)",
+        ),
+        # issue 30: exited 0 with empty tables, blaming "no evaluation ran?"
+        (
+            "r0,finished,nan,\nr1,finished,abc,\n",
+            "none of its 2 finished runs has a numeric result (a final_val_accuracy that is not a "
+            "finite number: r0 ('nan'), r1 ('abc'))",
+        ),
+    ],
+)
 def test_report_and_compare_refuse_an_empty_or_all_failed_results_file(
     tmp_path, capsys, command, rows, says
 ):

@@ -199,8 +199,9 @@ def _quadratic(n=4, d=60, seed=0):
 
 
 def _client_canaries(d, m=12, **kwargs):
-    return ClientCanaries(canary_directions(m, d, 5, dtype=DT),
-                          canary_membership(m, 5), seed=5, **kwargs)  # fmt: skip
+    return ClientCanaries(
+        canary_directions(m, d, 5, dtype=DT), canary_membership(m, 5), seed=5, **kwargs
+    )
 
 
 @pytest.mark.parametrize(
@@ -272,8 +273,9 @@ def test_the_honest_shares_of_a_distributed_sum_have_the_law_of_t_shares(senders
     s²``, and the two are uncorrelated, as two disjoint groups of shares are; with n = t all
     of the sum is honest. Checked over 400,000 coordinates (standard errors ≈ 0.2 %)."""
     s, d = 0.7, 400_000
-    total = torch.empty(d, dtype=DT).normal_(0.0, s * math.sqrt(senders),
-                                             generator=keyed_generator(1, 2))  # fmt: skip
+    total = torch.empty(d, dtype=DT).normal_(
+        0.0, s * math.sqrt(senders), generator=keyed_generator(1, 2)
+    )
     honest = DistributedNoise(t).unknown_noise(total, senders, s, keyed_generator(3, 4))
     known = total - honest
     assert float(honest.var()) == pytest.approx(t * s**2, rel=0.01)
@@ -284,8 +286,13 @@ def test_the_honest_shares_of_a_distributed_sum_have_the_law_of_t_shares(senders
 
 
 def test_canaries_never_count_as_contributors_of_distributed_noise():
-    stage = MessageStage(noise_std=1.0, noised=True, placement="distributed", min_contributors=3,
-                         hook=_client_canaries(8))  # fmt: skip
+    stage = MessageStage(
+        noise_std=1.0,
+        noised=True,
+        placement="distributed",
+        min_contributors=3,
+        hook=_client_canaries(8),
+    )
     red = Reduction(8, round_index=0, stage=stage, dtype=DT)
     red.message_operators["sent"] = (Clip(1.0), 1.0)
     red.add_rows("sent", torch.ones(2, 8, dtype=DT))
@@ -308,8 +315,9 @@ def test_record_canaries_join_the_clipped_mean_of_their_host():
         alg.setup(num_clients=n, dim=d, num_rounds=2, dtype=DT)
         alg.initialized.fill_(True)
         if audit:
-            alg.canaries = RecordCanaries(directions, inserted, torch.arange(m) % n,
-                                          release_size=1, norm=1e3)  # fmt: skip
+            alg.canaries = RecordCanaries(
+                directions, inserted, torch.arange(m) % n, release_size=1, norm=1e3
+            )
         outs.append(run_round(alg, x, grad_fn, chunk_size=2).params)
     moved = (outs[0] - outs[1]) * n / eta  # x − η mean_i(clipped mean_i + canaries_i)
     torch.testing.assert_close(moved, 0.7 * directions[inserted].sum(0), rtol=0, atol=1e-10)
@@ -331,12 +339,14 @@ def test_the_white_box_reads_each_record_canary_through_its_hosts_noise_draw(m, 
     _, grad_fn = _quadratic(n, d)
     directions = canary_directions(m, d, 1, dtype=DT)
     inserted = canary_membership(m, 1, half=False)
-    alg = FedAvgPerSampleClipping(0.2, clip_threshold=0.7, clip_level="example",
-                                  noise=DPNoise(noise_multiplier=1.0, seed=3))  # fmt: skip
+    alg = FedAvgPerSampleClipping(
+        0.2, clip_threshold=0.7, clip_level="example", noise=DPNoise(noise_multiplier=1.0, seed=3)
+    )
     alg.setup(num_clients=n, dim=d, num_rounds=2, dtype=DT)
     alg.initialized.fill_(True)
-    alg.canaries = RecordCanaries(directions, inserted, torch.arange(m) % n, release_size=4,
-                                  norm=1e3, rate=rate, seed=5)  # fmt: skip
+    alg.canaries = RecordCanaries(
+        directions, inserted, torch.arange(m) % n, release_size=4, norm=1e3, rate=rate, seed=5
+    )
     alg.rounds_done.fill_(1)
     run_round(alg, torch.zeros(d, dtype=DT), grad_fn, chunk_size=2)
     drawn = canary_participation(m, rate, 5, 1)
@@ -363,12 +373,19 @@ def test_the_white_box_follows_record_canaries_through_a_clipped_minibatch_gradi
     b_rows, grad_fn = _quadratic(n, d)
     directions = canary_directions(m, d, 1, dtype=DT)
     inserted = canary_membership(m, 1, half=True)
-    alg = SoteriaFL(0.2, 0.5, clip_threshold=0.7, batch_size=b, local_dataset_size=8,
-                    noise=DPNoise(noise_multiplier=1.0, seed=3))  # fmt: skip
+    alg = SoteriaFL(
+        0.2,
+        0.5,
+        clip_threshold=0.7,
+        batch_size=b,
+        local_dataset_size=8,
+        noise=DPNoise(noise_multiplier=1.0, seed=3),
+    )
     alg.setup(num_clients=n, dim=d, num_rounds=2, dtype=DT)
     hosts = torch.arange(m) % n
-    alg.canaries = RecordCanaries(directions, inserted, hosts, release_size=b, norm=1.0,
-                                  minibatch_norm=big, seed=5)  # fmt: skip
+    alg.canaries = RecordCanaries(
+        directions, inserted, hosts, release_size=b, norm=1.0, minibatch_norm=big, seed=5
+    )
     alg.rounds_done.fill_(1)
     x = torch.zeros(d, dtype=DT)
     run_round(alg, x, grad_fn, chunk_size=2)
@@ -401,10 +418,18 @@ def _fit(alg, audit, *, dim=2000, clients=10, steps=50, tmp_path=None, datamodul
     criterion = kw.pop("criterion", HalfSquaredError())
     module = FederatedModule(model, alg, criterion=criterion)
     callbacks = [audit, *kw.pop("callbacks", [])]
-    pl.Trainer(max_steps=steps, logger=kw.pop("logger", False),
-               enable_checkpointing=kw.pop("enable_checkpointing", False), enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-               limit_val_batches=0, callbacks=callbacks, default_root_dir=tmp_path,
-               **kw).fit(module, datamodule=dm)  # fmt: skip
+    pl.Trainer(
+        max_steps=steps,
+        logger=kw.pop("logger", False),
+        enable_checkpointing=kw.pop("enable_checkpointing", False),
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        callbacks=callbacks,
+        default_root_dir=tmp_path,
+        **kw,
+    ).fit(module, datamodule=dm)
     return module, audit.report() if isinstance(audit, PrivacyAudit) else None
 
 
@@ -554,8 +579,12 @@ def test_a_skipped_per_example_clip_is_caught_at_record_level():
     times (measured: lower bound 2.18 at 95 %, certified 0.99). A small step: on quadratic
     clients an unclipped gradient's pull back to the optimum would otherwise absorb what a
     constant canary gradient moves."""
-    alg = FedAvgPerSampleClipping(0.02, clip_threshold=1.0, clip_level="example",
-                                  noise=DPNoise(epsilon=1.0, calibration="target"))  # fmt: skip
+    alg = FedAvgPerSampleClipping(
+        0.02,
+        clip_threshold=1.0,
+        clip_level="example",
+        noise=DPNoise(epsilon=1.0, calibration="target"),
+    )
     with mock.patch.object(Clip, "scale", _no_clip), pytest.warns(UserWarning, match="EXCEEDS"):
         _, audit = _fit(alg, PrivacyAudit())
     assert audit["epsilon_lower_bound"] > 2 * audit["certified_epsilon"]
@@ -571,8 +600,12 @@ def test_record_noise_a_hundred_times_too_small_is_caught():
         return normal(self, seed, std / 100, extra, select)
 
     def alg():
-        return FedAvgPerSampleClipping(0.02, clip_threshold=1.0, clip_level="example",
-                                       noise=DPNoise(epsilon=1.0, calibration="target"))  # fmt: skip
+        return FedAvgPerSampleClipping(
+            0.02,
+            clip_threshold=1.0,
+            clip_level="example",
+            noise=DPNoise(epsilon=1.0, calibration="target"),
+        )
 
     with mock.patch.object(ClientChunk, "normal", hundredth), pytest.warns(UserWarning):
         _, audit = _fit(alg(), PrivacyAudit(), clients=2)
@@ -589,8 +622,7 @@ def _recorded(target, name):
 
     def wrapper(self, *args, **kwargs):
         out = original(self, *args, **kwargs)
-        seen.append(out.clone() if isinstance(out, torch.Tensor) else
-                    tuple(o.clone() for o in out))  # fmt: skip
+        seen.append(out.clone() if isinstance(out, torch.Tensor) else tuple(o.clone() for o in out))
         return out
 
     return mock.patch.object(target, name, wrapper), seen
@@ -601,8 +633,12 @@ def test_canaries_change_no_clients_noise_or_cohort():
     the same noise of the real clients' sum, round by round."""
     runs = []
     for audit in (None, PrivacyAudit()):
-        alg = DPFedAvg(0.5, operator=Clip(1.0), sampler=PoissonSampler(0.5),
-                       noise=DPNoise(noise_multiplier=1.0))  # fmt: skip
+        alg = DPFedAvg(
+            0.5,
+            operator=Clip(1.0),
+            sampler=PoissonSampler(0.5),
+            noise=DPNoise(noise_multiplier=1.0),
+        )
         noise_patch, noise = _recorded(MessageStage, "noise_of_sum")
         cohort_patch, cohorts = _recorded(PoissonSampler, "sample")
         with noise_patch, cohort_patch:
@@ -619,15 +655,23 @@ def test_record_canaries_change_no_clients_noise_or_data():
     records in the same order and the same noise draws with and without canary records."""
     runs = []
     for audit in (None, PrivacyAudit()):
-        dm = SyntheticLogisticDataModule(num_clients=4, batch_size=4, dim=6, num_classes=3,
-                                         samples_per_client=30, seed=2)  # fmt: skip
-        alg = FedAvgPerSampleClipping(0.5, clip_threshold=1.0, clip_level="example",
-                                      noise=DPNoise(noise_multiplier=1.0))  # fmt: skip
+        dm = SyntheticLogisticDataModule(
+            num_clients=4, batch_size=4, dim=6, num_classes=3, samples_per_client=30, seed=2
+        )
+        alg = FedAvgPerSampleClipping(
+            0.5, clip_threshold=1.0, clip_level="example", noise=DPNoise(noise_multiplier=1.0)
+        )
         data_patch, data = _recorded(RoundOracle, "data")
         noise_patch, noise = _recorded(ClientChunk, "normal")
         with data_patch, noise_patch:
-            _fit(alg, audit or pl.Callback(), datamodule=dm, steps=8,
-                 model=torch.nn.Linear(6, 3), criterion=torch.nn.CrossEntropyLoss())  # fmt: skip
+            _fit(
+                alg,
+                audit or pl.Callback(),
+                datamodule=dm,
+                steps=8,
+                model=torch.nn.Linear(6, 3),
+                criterion=torch.nn.CrossEntropyLoss(),
+            )
         runs.append((data, noise))
     (data_a, noise_a), (data_b, noise_b) = runs
     assert len(noise_a) == len(noise_b) >= 8
@@ -640,20 +684,34 @@ def test_a_resumed_run_audits_what_the_uninterrupted_run_audits(tmp_path):
     from pytorch_lightning.callbacks import ModelCheckpoint
 
     def alg():
-        return DistributedDPSGD(0.5, Clip(1.0), noise=DPNoise(noise_multiplier=3.0,
-                                                              placement="central"))  # fmt: skip
+        return DistributedDPSGD(
+            0.5, Clip(1.0), noise=DPNoise(noise_multiplier=3.0, placement="central")
+        )
 
     _, whole = _fit(alg(), PrivacyAudit(), dim=500, steps=20)
     ckpt = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=10, save_top_k=-1)
-    _fit(alg(), PrivacyAudit(), dim=500, steps=20, callbacks=[ckpt, StopAt(10)],
-         enable_checkpointing=True)  # fmt: skip
+    _fit(
+        alg(),
+        PrivacyAudit(),
+        dim=500,
+        steps=20,
+        callbacks=[ckpt, StopAt(10)],
+        enable_checkpointing=True,
+    )
     (path,) = tmp_path.glob("*.ckpt")
     dm = QuadraticDataModule(num_clients=10, dim=500, seed=0)
     module = FederatedModule(QuadraticModel(500), alg(), criterion=HalfSquaredError())
     audit = PrivacyAudit()
-    pl.Trainer(max_steps=20, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-               enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
-               callbacks=[audit]).fit(module, datamodule=dm, ckpt_path=str(path))  # fmt: skip
+    pl.Trainer(
+        max_steps=20,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        callbacks=[audit],
+    ).fit(module, datamodule=dm, ckpt_path=str(path))
     resumed = audit.report()
     assert resumed["rounds"] == whole["rounds"] == 20
     assert resumed["threat_models"]["white_box"]["releases"] == 20
@@ -668,9 +726,14 @@ def test_the_audit_is_in_summary_json_the_result_line_and_the_loggers(tmp_path, 
     alg = DistributedDPSGD(0.5, Clip(1.0), noise=DPNoise(noise_multiplier=5.0, placement="central"))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        _fit(alg, PrivacyAudit(canaries=40), steps=20, tmp_path=tmp_path,
-             callbacks=[RunSummary(dirpath=str(tmp_path))],
-             logger=CSVLogger(tmp_path, name="logs"))  # fmt: skip
+        _fit(
+            alg,
+            PrivacyAudit(canaries=40),
+            steps=20,
+            tmp_path=tmp_path,
+            callbacks=[RunSummary(dirpath=str(tmp_path))],
+            logger=CSVLogger(tmp_path, name="logs"),
+        )
     summary = json.loads((tmp_path / "summary.json").read_text())
     audit = summary["privacy"]["audit"]
     assert summary["privacy"]["epsilon"] == audit["headline_epsilon"]  # the report kept whole

@@ -75,11 +75,26 @@ def test_the_done_when_configs_as_shipped_read_half_their_certificate_unflagged(
     (then of 89 clients; 178 since 2026-11-27) cost 3-4x the time on a loaded 2-core machine
     (134 s against 45 s)."""
     repo = Path(__file__).resolve().parents[1]
-    main(["fit", "--config", str(repo / config), "--trainer.logger", "false",
-          "--trainer.enable_progress_bar", "false", "--output_dir", str(tmp_path),
-          "--trainer.limit_val_batches", "0", "--trainer.enable_model_summary", "false",
-          "--trainer.callbacks+=pl_privfed.callbacks.PrivacyAudit",
-          "--model.client_chunk", "all"])  # fmt: skip
+    main(
+        [
+            "fit",
+            "--config",
+            str(repo / config),
+            "--trainer.logger",
+            "false",
+            "--trainer.enable_progress_bar",
+            "false",
+            "--output_dir",
+            str(tmp_path),
+            "--trainer.limit_val_batches",
+            "0",
+            "--trainer.enable_model_summary",
+            "false",
+            "--trainer.callbacks+=pl_privfed.callbacks.PrivacyAudit",
+            "--model.client_chunk",
+            "all",
+        ]
+    )
     audit = json.loads((tmp_path / "summary.json").read_text())["privacy"]["audit"]
     white = audit["threat_models"]["white_box"]
     assert audit["rounds"] == rounds

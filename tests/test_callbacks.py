@@ -27,9 +27,16 @@ def bits(vectors, value_bits=32):
 
 
 def fit(module, callbacks, datamodule=None, **kwargs):
-    trainer = pl.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, num_sanity_val_steps=0,
-                         limit_val_batches=0, callbacks=callbacks, **kwargs)  # fmt: skip
+    trainer = pl.Trainer(
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        callbacks=callbacks,
+        **kwargs,
+    )
     trainer.fit(module, datamodule=datamodule)
     return trainer
 
@@ -111,8 +118,10 @@ def test_operator_statistics_of_the_federated_module():
     module, dm = quadratic_module(AlphaNormEC(0.1, 0.1, 0.01, noise=DPNoise(noise_multiplier=1.0)))
     trainer = fit(module, [stats], dm, max_steps=4)
     logged = {k for k in trainer.callback_metrics if k.startswith("operators/")}
-    assert logged == {f"operators/{k}" for k in
-                      ("clip_fraction", "norm_before", "update_norm", "ef_gap", "noise_to_signal")}  # fmt: skip
+    assert logged == {
+        f"operators/{k}"
+        for k in ("clip_fraction", "norm_before", "update_norm", "ef_gap", "noise_to_signal")
+    }
     # Norm_α output has norm < 1; every client is scaled down at these sizes
     assert trainer.callback_metrics["operators/update_norm"] < 1
     assert trainer.callback_metrics["operators/clip_fraction"] == 1.0
@@ -137,9 +146,16 @@ class PlainWithValidation(PlainRegression):
 
 def test_training_curves_in_a_plain_module(tmp_path):
     curves = TrainingCurves(keys=["train_loss", "val_loss", "never_logged"], dirpath=str(tmp_path))
-    trainer = pl.Trainer(max_steps=12, val_check_interval=4, check_val_every_n_epoch=None,
-                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, callbacks=[curves])  # fmt: skip
+    trainer = pl.Trainer(
+        max_steps=12,
+        val_check_interval=4,
+        check_val_every_n_epoch=None,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[curves],
+    )
     trainer.fit(PlainWithValidation())
     assert [s for s, _ in curves.history["train_loss"]] == list(range(1, 13))
     assert [s for s, _ in curves.history["val_loss"]] == [4, 8, 12]  # not re-recorded per step
@@ -243,17 +259,25 @@ def test_run_summary_reports_the_metrics_it_is_given_and_warns_about_missing_one
     import json
 
     def fit_with_validation(callback):
-        pl.Trainer(max_steps=4, val_check_interval=2, check_val_every_n_epoch=None, logger=False,
-                   enable_checkpointing=False, enable_progress_bar=False,
-                   enable_model_summary=False, num_sanity_val_steps=0,
-                   callbacks=[callback]).fit(PlainValAcc())  # fmt: skip
+        pl.Trainer(
+            max_steps=4,
+            val_check_interval=2,
+            check_val_every_n_epoch=None,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            num_sanity_val_steps=0,
+            callbacks=[callback],
+        ).fit(PlainValAcc())
 
     summary = RunSummary(dirpath=str(tmp_path))
     with pytest.warns(UserWarning, match=r"no metric 'val/acc' was logged.*accuracy.*accuracy_key"):
         fit_with_validation(summary)
     assert json.loads((tmp_path / "summary.json").read_text())["final_val_accuracy"] is None
-    named = RunSummary(dirpath=str(tmp_path / "named"), accuracy_key="accuracy",
-                       loss_key="train_loss")  # fmt: skip
+    named = RunSummary(
+        dirpath=str(tmp_path / "named"), accuracy_key="accuracy", loss_key="train_loss"
+    )
     import warnings
 
     with warnings.catch_warnings():  # (PlainValAcc is unseeded: whether its loss grows over
@@ -276,8 +300,14 @@ def test_default_callbacks_follow_the_trainer_settings():
     )
 
     kinds = [type(c) for c in default_callbacks()]
-    assert kinds == [RunSummary, OperatorStatistics, CommunicationCost, TrainingCurves,
-                     RoundProgressBar, RoundCheckpoint]  # fmt: skip
+    assert kinds == [
+        RunSummary,
+        OperatorStatistics,
+        CommunicationCost,
+        TrainingCurves,
+        RoundProgressBar,
+        RoundCheckpoint,
+    ]
     kinds = [type(c) for c in default_callbacks(progress_bar=False, checkpoint=False)]
     assert RoundProgressBar not in kinds and RoundCheckpoint not in kinds
     assert default_callbacks(accuracy_key="val/acc")[0].accuracy_key == "val/acc"

@@ -27,9 +27,16 @@ from pl_privfed.callbacks import (
 )
 
 CALLBACK_NAMES = (
-    "TrainingCurves", "RoundProgressBar", "GradientNorm", "CommunicationCost",
-    "OperatorStatistics", "PrivacyBudget", "PrivacyAudit", "RunSummary", "RoundCheckpoint",
-)  # fmt: skip
+    "TrainingCurves",
+    "RoundProgressBar",
+    "GradientNorm",
+    "CommunicationCost",
+    "OperatorStatistics",
+    "PrivacyBudget",
+    "PrivacyAudit",
+    "RunSummary",
+    "RoundCheckpoint",
+)
 
 
 def dataset() -> TensorDataset:
@@ -134,8 +141,11 @@ def test_training_curves_with_default_keys_plot_what_is_logged(tmp_path):
     logged."""
     curves = TrainingCurves()
     _, messages = fit(tmp_path, curves)
-    one_warning(messages, r"none of its default keys \(train/loss, val/loss, val/acc, "
-                          r"privacy/epsilon\) was logged.*that were: my_acc, my_loss")  # fmt: skip
+    one_warning(
+        messages,
+        r"none of its default keys \(train/loss, val/loss, val/acc, "
+        r"privacy/epsilon\) was logged.*that were: my_acc, my_loss",
+    )
     assert (tmp_path / "curves.png").read_bytes()[:4] == b"\x89PNG"
     rows = (tmp_path / "curves.csv").read_text().splitlines()
     assert {r.split(",")[0] for r in rows[1:]} == {"my_loss", "my_acc"}
@@ -171,8 +181,11 @@ def test_gradient_norm_without_shards_measures_the_training_set(tmp_path):
     module.criterion = nn.CrossEntropyLoss()
     norm = GradientNorm()
     _, messages = fit(tmp_path, norm, module)
-    one_warning(messages, r"no datamodule.shards.*training dataloader's dataset as one shard "
-                          r"\(all 16 examples")  # fmt: skip
+    one_warning(
+        messages,
+        r"no datamodule.shards.*training dataloader's dataset as one shard "
+        r"\(all 16 examples",
+    )
     assert [r for r, _ in norm.history] == [0, 1, 2, 3, 4]
     x, y = dataset().tensors
     module.zero_grad()
@@ -210,16 +223,25 @@ def test_privacy_budget_without_mechanisms_warns_and_claims_nothing(tmp_path):
     """Today: a ``ValueError`` at the start of fit."""
     budget = PrivacyBudget(epsilon=1.0)
     summary = RunSummary(accuracy_key="my_acc", loss_key="my_loss", verbose=False)
-    trainer = pl.Trainer(max_steps=4, default_root_dir=tmp_path, logger=False,
-                         enable_model_summary=False, enable_progress_bar=False,
-                         enable_checkpointing=False, num_sanity_val_steps=0,
-                         callbacks=[budget, summary])  # fmt: skip
+    trainer = pl.Trainer(
+        max_steps=4,
+        default_root_dir=tmp_path,
+        logger=False,
+        enable_model_summary=False,
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        num_sanity_val_steps=0,
+        callbacks=[budget, summary],
+    )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         trainer.fit(Plain())
     messages = [str(w.message) for w in caught if str(w.message).startswith("PrivacyBudget:")]
-    one_warning(messages, r"Plain has no privacy_mechanisms\(\) method and no noise_multiplier "
-                          r"and sample_rate were given.*enforces NO budget")  # fmt: skip
+    one_warning(
+        messages,
+        r"Plain has no privacy_mechanisms\(\) method and no noise_multiplier "
+        r"and sample_rate were given.*enforces NO budget",
+    )
     assert trainer.global_step == 4 and budget.summary_entries() == {}
     assert "privacy/epsilon" not in trainer.callback_metrics
     data = json.loads((tmp_path / "summary.json").read_text())
@@ -230,8 +252,11 @@ def test_privacy_audit_on_a_plain_module_audits_nothing(tmp_path):
     """Today: a ``ValueError`` at the start of fit."""
     audit = PrivacyAudit()
     trainer, messages = fit(tmp_path, audit)
-    one_warning(messages, r"audits a FederatedModule's run: Plain has no algorithm and no "
-                          r"layout attribute.*nothing is audited")  # fmt: skip
+    one_warning(
+        messages,
+        r"audits a FederatedModule's run: Plain has no algorithm and no "
+        r"layout attribute.*nothing is audited",
+    )
     assert trainer.global_step == 4 and audit.summary_entries() == {}
 
 

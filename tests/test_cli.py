@@ -39,9 +39,19 @@ def test_quickstart_runs_through_cli(tmp_path, monkeypatch, capsys):
     and in the engine's CPU chunks of 89 clients (178 since 2026-11-27) it took 106.5 s against
     20.5 s (2-core machine shared with other jobs, load 3.7-4.1)."""
     monkeypatch.chdir(tmp_path)
-    main(["fit", "--config", str(REPO / "configs/quickstart.yaml"),
-          "--trainer.max_steps", "20", "--trainer.val_check_interval", "10",
-          "--model.client_chunk", "all"])  # fmt: skip
+    main(
+        [
+            "fit",
+            "--config",
+            str(REPO / "configs/quickstart.yaml"),
+            "--trainer.max_steps",
+            "20",
+            "--trainer.val_check_interval",
+            "10",
+            "--model.client_chunk",
+            "all",
+        ]
+    )
     (summary,) = tmp_path.glob("logs/quickstart/version_*/summary.json")
     data = json.loads(summary.read_text())
     assert data["status"] == "finished" and data["rounds"] == 20
@@ -49,8 +59,9 @@ def test_quickstart_runs_through_cli(tmp_path, monkeypatch, capsys):
     privacy = data["privacy"]
     assert privacy["adversary"] == "server" and privacy["placement"] == "distributed"
     assert privacy["min_contributors"] == 5000 and set(privacy["adversaries"]) == {
-        "server", "models"
-    }  # fmt: skip
+        "server",
+        "models",
+    }
     assert 0 <= data["final_test_accuracy"] <= 1
     assert data["config"]["model"]["algorithm"]["class_path"] == "pl_privfed.algorithms.AlphaNormEC"
     out = capsys.readouterr().out
@@ -79,8 +90,16 @@ def test_quickstart_runs_through_cli(tmp_path, monkeypatch, capsys):
 def test_print_config(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as exit_info:
-        main(["fit", "--config", str(REPO / "configs/algorithms/clip21.yaml"),
-              "--model.algorithm.init_args.clip_threshold", "0.5", "--print_config"])  # fmt: skip
+        main(
+            [
+                "fit",
+                "--config",
+                str(REPO / "configs/algorithms/clip21.yaml"),
+                "--model.algorithm.init_args.clip_threshold",
+                "0.5",
+                "--print_config",
+            ]
+        )
     assert exit_info.value.code in (0, None)
     assert "clip_threshold: 0.5" in capsys.readouterr().out
 
@@ -117,10 +136,19 @@ def test_bad_values_fail_before_training(override, message, tmp_path, monkeypatc
 def test_privacy_budget_from_the_command_line_stops_the_quickstart(tmp_path, monkeypatch):
     """The budget callback appended on the command line joins the CLI's default callbacks."""
     monkeypatch.chdir(tmp_path)
-    main(["fit", "--config", str(REPO / "configs/algorithms/dp_alpha_normec_digits.yaml"), "--trainer.logger", "false",
-          "--trainer.default_root_dir", str(tmp_path),
-          "--trainer.callbacks+=pl_privfed.callbacks.PrivacyBudget",
-          "--trainer.callbacks.epsilon=4"])  # fmt: skip
+    main(
+        [
+            "fit",
+            "--config",
+            str(REPO / "configs/algorithms/dp_alpha_normec_digits.yaml"),
+            "--trainer.logger",
+            "false",
+            "--trainer.default_root_dir",
+            str(tmp_path),
+            "--trainer.callbacks+=pl_privfed.callbacks.PrivacyBudget",
+            "--trainer.callbacks.epsilon=4",
+        ]
+    )
     data = json.loads((tmp_path / "summary.json").read_text())
     # the papers' calibration targets ε = 8 at 300 rounds; the defensible accounting (replace-one)
     # spends 4 after round 11 by PLD (the default; RDP's bound after round 10; the papers'
@@ -134,9 +162,21 @@ def test_privacy_budget_from_the_command_line_stops_the_quickstart(tmp_path, mon
 def test_output_dir_collects_summary_curves_and_config(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "run"
-    main(["fit", "--config", str(REPO / "configs/algorithms/dp_alpha_normec_digits.yaml"), "--trainer.logger", "false",
-          "--trainer.max_steps", "4", "--trainer.val_check_interval", "2",
-          "--output_dir", str(out)])  # fmt: skip
+    main(
+        [
+            "fit",
+            "--config",
+            str(REPO / "configs/algorithms/dp_alpha_normec_digits.yaml"),
+            "--trainer.logger",
+            "false",
+            "--trainer.max_steps",
+            "4",
+            "--trainer.val_check_interval",
+            "2",
+            "--output_dir",
+            str(out),
+        ]
+    )
     data = json.loads((out / "summary.json").read_text())
     assert data["status"] == "finished" and data["config"]["output_dir"] == str(out)
     assert (out / "config.yaml").is_file()
@@ -151,12 +191,20 @@ def test_output_dir_collects_summary_curves_and_config(tmp_path, monkeypatch):
 # what the cpu_smoke overlay cannot shorten on its own: paper 003's 1,024 images per worker (its MNIST subset has
 # 640) and its CIFAR-10 batches of 10 × 1,024 images per client and round
 SMOKE_EXTRA = {
-    "mnist_per_sample": ["--data.init_args.partitioner.init_args.samples_per_client", "32",
-                         "--data.init_args.batch_size", "32"],
-    "mnist_per_update": ["--data.init_args.partitioner.init_args.samples_per_client", "32",
-                         "--data.init_args.batch_size", "32"],
+    "mnist_per_sample": [
+        "--data.init_args.partitioner.init_args.samples_per_client",
+        "32",
+        "--data.init_args.batch_size",
+        "32",
+    ],
+    "mnist_per_update": [
+        "--data.init_args.partitioner.init_args.samples_per_client",
+        "32",
+        "--data.init_args.batch_size",
+        "32",
+    ],
     "cifar10_per_update": ["--data.init_args.batch_size", "4"],
-}  # fmt: skip
+}
 
 
 @pytest.mark.slow
@@ -165,8 +213,18 @@ def test_paper_config_runs_two_rounds_on_cpu(config, tmp_path, monkeypatch):
     """Each paper config, shortened by the cpu_smoke overlay, on the real data (CIFAR-10 JPEG,
     MNIST)."""
     monkeypatch.chdir(tmp_path)
-    main(["fit", "--config", str(config), "--config", str(REPO / "configs/paper/cpu_smoke.yaml"),
-          "--output_dir", str(tmp_path), *SMOKE_EXTRA.get(config.stem, [])])  # fmt: skip
+    main(
+        [
+            "fit",
+            "--config",
+            str(config),
+            "--config",
+            str(REPO / "configs/paper/cpu_smoke.yaml"),
+            "--output_dir",
+            str(tmp_path),
+            *SMOKE_EXTRA.get(config.stem, []),
+        ]
+    )
     data = json.loads((tmp_path / "summary.json").read_text())
     assert data["status"] == "finished" and data["rounds"] == 2
     assert data["final_test_accuracy"] is not None and data["final_train_loss"] > 0
@@ -188,10 +246,15 @@ def test_paper_config_runs_two_rounds_on_cpu(config, tmp_path, monkeypatch):
 
 NEW_ALGORITHM_CONFIGS = [
     REPO / f"configs/algorithms/{name}.yaml"
-    for name in ("fed_alpha_normec", "dp_fed_alpha_normec", "dp_fedavg_clip",
-                 "dp_fedavg_normalization", "dp_fedavg_per_sample_clipping",
-                 "dp_fedavg_per_update_clipping")
-]  # fmt: skip
+    for name in (
+        "fed_alpha_normec",
+        "dp_fed_alpha_normec",
+        "dp_fedavg_clip",
+        "dp_fedavg_normalization",
+        "dp_fedavg_per_sample_clipping",
+        "dp_fedavg_per_update_clipping",
+    )
+]
 
 
 @pytest.mark.parametrize(
@@ -199,9 +262,23 @@ NEW_ALGORITHM_CONFIGS = [
 )
 def test_federated_algorithm_config_runs_two_rounds(config, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    main(["fit", "--config", str(config), "--trainer.logger", "false",
-          "--trainer.enable_progress_bar", "false", "--trainer.max_steps", "2",
-          "--trainer.val_check_interval", "2", "--output_dir", str(tmp_path)])  # fmt: skip
+    main(
+        [
+            "fit",
+            "--config",
+            str(config),
+            "--trainer.logger",
+            "false",
+            "--trainer.enable_progress_bar",
+            "false",
+            "--trainer.max_steps",
+            "2",
+            "--trainer.val_check_interval",
+            "2",
+            "--output_dir",
+            str(tmp_path),
+        ]
+    )
     data = json.loads((tmp_path / "summary.json").read_text())
     assert data["status"] == "finished" and data["rounds"] == 2
     assert 0 < data["client_transmissions"] <= 20
@@ -213,10 +290,19 @@ def test_federated_algorithm_config_runs_two_rounds(config, tmp_path, monkeypatc
 def test_paper_reading_overlays(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     config = REPO / "configs/paper/alpha_normec/dp_alpha_normec.yaml"
-    cli = PrivFedCLI(args=["--config", str(config),
-                           "--config", str(REPO / "configs/paper/paper_reading.yaml"),
-                           "--config", str(REPO / "configs/paper/calibrate_to_run.yaml"),
-                           "--trainer.logger", "false"], run=False)  # fmt: skip
+    cli = PrivFedCLI(
+        args=[
+            "--config",
+            str(config),
+            "--config",
+            str(REPO / "configs/paper/paper_reading.yaml"),
+            "--config",
+            str(REPO / "configs/paper/calibrate_to_run.yaml"),
+            "--trainer.logger",
+            "false",
+        ],
+        run=False,
+    )
     assert cli.trainer.max_epochs == 300 and cli.trainer.max_steps == -1
     assert cli.model.algorithm.noise.rounds is None  # calibrated to the run's iteration count
     assert cli.datamodule.split == "paper" and cli.datamodule.num_clients == 10
@@ -256,13 +342,20 @@ def test_set_seeds_keeps_the_test_split_fixed():
     config = Namespace(
         seed_everything=0,
         model=Namespace(algorithm=Namespace(init_args=Namespace(sampling_seed=0, beta=0.1))),
-        data=Namespace(init_args=Namespace(seed=0, split_seed=42,
-                                           partitioner=Namespace(init_args=Namespace(seed=0)))),
-    )  # fmt: skip
+        data=Namespace(
+            init_args=Namespace(
+                seed=0, split_seed=42, partitioner=Namespace(init_args=Namespace(seed=0))
+            )
+        ),
+    )
     done = set_seeds(config, 5)
     assert config.data.init_args.split_seed == 42 and config.model.algorithm.init_args.beta == 0.1
-    assert done == ["seed_everything", "model.algorithm.init_args.sampling_seed",
-                    "data.init_args.seed", "data.init_args.partitioner.init_args.seed"]  # fmt: skip
+    assert done == [
+        "seed_everything",
+        "model.algorithm.init_args.sampling_seed",
+        "data.init_args.seed",
+        "data.init_args.partitioner.init_args.seed",
+    ]
     assert config.data.init_args.partitioner.init_args.seed == 5
 
 
@@ -270,12 +363,26 @@ def test_agent_arguments_read_nulls_and_find_configs_from_any_directory(tmp_path
     from pl_privfed.cli import agent_arguments
 
     monkeypatch.chdir(tmp_path)
-    args = agent_arguments(["fit", "--config", "configs/algorithms/dp_alpha_normec_digits.yaml",
-                            "--config=configs/paper/cpu_smoke.yaml", "--a.b=None", "--c=True",
-                            "--d=Nonesuch"])  # fmt: skip
-    assert args == ["fit", "--config", str(REPO / "configs/algorithms/dp_alpha_normec_digits.yaml"),
-                    f"--config={REPO / 'configs/paper/cpu_smoke.yaml'}", "--a.b=null", "--c=True",
-                    "--d=Nonesuch"]  # fmt: skip
+    args = agent_arguments(
+        [
+            "fit",
+            "--config",
+            "configs/algorithms/dp_alpha_normec_digits.yaml",
+            "--config=configs/paper/cpu_smoke.yaml",
+            "--a.b=None",
+            "--c=True",
+            "--d=Nonesuch",
+        ]
+    )
+    assert args == [
+        "fit",
+        "--config",
+        str(REPO / "configs/algorithms/dp_alpha_normec_digits.yaml"),
+        f"--config={REPO / 'configs/paper/cpu_smoke.yaml'}",
+        "--a.b=null",
+        "--c=True",
+        "--d=Nonesuch",
+    ]
     local = "configs/algorithms/dp_alpha_normec_digits.yaml"
     (tmp_path / "configs" / "algorithms").mkdir(parents=True)
     (tmp_path / local).write_text("{}")  # a local file wins
@@ -285,8 +392,13 @@ def test_agent_arguments_read_nulls_and_find_configs_from_any_directory(tmp_path
 def test_a_sweep_run_keeps_its_logs_and_names_its_wandb_run(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "runs" / "0003-abc"
-    args = ["--config", str(REPO / "configs/algorithms/dp_alpha_normec_digits.yaml"), f"--output_dir={out}",
-            "--run_name=beta=0.1 seed=2", "--run_group=quickstart_grid"]  # fmt: skip
+    args = [
+        "--config",
+        str(REPO / "configs/algorithms/dp_alpha_normec_digits.yaml"),
+        f"--output_dir={out}",
+        "--run_name=beta=0.1 seed=2",
+        "--run_group=quickstart_grid",
+    ]
     cli = PrivFedCLI(args=args, run=False)
     csv_logger, wandb_logger = cli.trainer.loggers
     assert Path(csv_logger.log_dir).is_relative_to(out) and wandb_logger.save_dir == str(out)
@@ -296,8 +408,9 @@ def test_a_sweep_run_keeps_its_logs_and_names_its_wandb_run(tmp_path, monkeypatc
     from wandb.sdk.lib.config_util import save_config_file_from_dict
 
     params = tmp_path / "wandb" / "config-abc.yaml"
-    save_config_file_from_dict(str(params), {"model.algorithm.init_args.beta": {"value": 0.1},
-                                             "seed": {"value": 2}})  # fmt: skip
+    save_config_file_from_dict(
+        str(params), {"model.algorithm.init_args.beta": {"value": 0.1}, "seed": {"value": 2}}
+    )
     assert "wandb_version" in params.read_text()
     monkeypatch.setenv("WANDB_SWEEP_PARAM_PATH", str(params))
     cli = PrivFedCLI(
@@ -338,12 +451,24 @@ def test_a_normal_run_prints_no_warning(tmp_path):
     import sys
 
     proc = subprocess.run(
-        [sys.executable, "-m", "pl_privfed.cli", "fit", "--config",
-         str(REPO / "configs/algorithms/dp_alpha_normec_digits.yaml"), "--trainer.max_steps", "12",
-         "--trainer.val_check_interval", "6"],
-        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True,
-        text=True, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pl_privfed.cli",
+            "fit",
+            "--config",
+            str(REPO / "configs/algorithms/dp_alpha_normec_digits.yaml"),
+            "--trainer.max_steps",
+            "12",
+            "--trainer.val_check_interval",
+            "6",
+        ],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr
     for noise in ("Warning", "warn", "deprecated", "Tip", "wandb:", "GPU available", "Seed set"):
         assert noise not in proc.stderr, proc.stderr
@@ -373,11 +498,23 @@ def test_print_config_prints_the_seeds_the_run_uses(tmp_path, monkeypatch, capsy
     assert seeded["model"]["algorithm"]["init_args"]["noise"]["seed"] == 1
     (tmp_path / "printed.yaml").write_text(printed)
     rounds = ["--trainer.max_steps", "2"]
-    main(["fit", "--config", config, *quiet, *rounds, "--seed_everything", "1",
-          "--output_dir", "direct"])  # fmt: skip
+    main(
+        [
+            "fit",
+            "--config",
+            config,
+            *quiet,
+            *rounds,
+            "--seed_everything",
+            "1",
+            "--output_dir",
+            "direct",
+        ]
+    )
     main(["fit", "--config", "printed.yaml", *rounds, "--output_dir", "printed"])
-    direct, again = (json.loads((tmp_path / d / "summary.json").read_text())
-                     for d in ("direct", "printed"))  # fmt: skip
+    direct, again = (
+        json.loads((tmp_path / d / "summary.json").read_text()) for d in ("direct", "printed")
+    )
     assert {k: v for k, v in direct["seeds"].items() if k != "set_by"} == {
         k: v for k, v in again["seeds"].items() if k != "set_by"
     }

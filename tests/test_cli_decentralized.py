@@ -10,8 +10,9 @@ import yaml
 from pl_privfed.cli import PrivFedCLI, main
 
 REPO = Path(__file__).resolve().parents[1]
-ALGORITHM_CONFIGS = [REPO / f"configs/algorithms/{n}.yaml" for n in
-                     ("porter_dp", "porter_gc", "beer", "soteriafl")]  # fmt: skip
+ALGORITHM_CONFIGS = [
+    REPO / f"configs/algorithms/{n}.yaml" for n in ("porter_dp", "porter_gc", "beer", "soteriafl")
+]
 PAPER_CONFIGS = sorted((REPO / "configs/paper/porter").glob("*.yaml"))
 # both privacy levels differ only in ε (test_cli instantiates every config): run one of each pair
 PAPER_RUNS = [c for c in PAPER_CONFIGS if c.stem.endswith("eps0.01")]
@@ -24,9 +25,23 @@ def summary(path):
 @pytest.mark.parametrize("config", ALGORITHM_CONFIGS, ids=[c.stem for c in ALGORITHM_CONFIGS])
 def test_algorithm_config_runs_two_rounds(config, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    main(["fit", "--config", str(config), "--trainer.max_steps", "2", "--trainer.logger", "false",
-          "--trainer.val_check_interval", "2", "--trainer.enable_progress_bar", "false",
-          "--output_dir", str(tmp_path)])  # fmt: skip
+    main(
+        [
+            "fit",
+            "--config",
+            str(config),
+            "--trainer.max_steps",
+            "2",
+            "--trainer.logger",
+            "false",
+            "--trainer.val_check_interval",
+            "2",
+            "--trainer.enable_progress_bar",
+            "false",
+            "--output_dir",
+            str(tmp_path),
+        ]
+    )
     data = summary(tmp_path)
     assert data["status"] == "finished" and data["rounds"] == 2
     assert data["final_test_accuracy"] is not None
@@ -52,8 +67,17 @@ def test_algorithm_config_runs_two_rounds(config, tmp_path, monkeypatch):
 @pytest.mark.parametrize("config", PAPER_RUNS, ids=[c.stem for c in PAPER_RUNS])
 def test_paper_001_config_runs_two_rounds(config, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    main(["fit", "--config", str(config), "--config", str(REPO / "configs/paper/cpu_smoke.yaml"),
-          "--output_dir", str(tmp_path)])  # fmt: skip
+    main(
+        [
+            "fit",
+            "--config",
+            str(config),
+            "--config",
+            str(REPO / "configs/paper/cpu_smoke.yaml"),
+            "--output_dir",
+            str(tmp_path),
+        ]
+    )
     data = summary(tmp_path)
     assert data["status"] == "finished" and data["rounds"] == 2
     assert data["final_test_accuracy"] is not None and data["data"]["num_clients"] == 10
@@ -76,8 +100,9 @@ def test_paper_001_config_runs_two_rounds(config, tmp_path, monkeypatch):
     assert privacy["epsilon_rdp"] == privacy["epsilon"]
     assert privacy["neighbouring_relation"] == "replace_one"  # paper 001 Def. 4
     bits = data["communication_total_bits_per_agent"]
-    assert set(bits) == ({"agent_to_agent"} if "porter" in config.stem else
-                         {"client_to_server", "server_to_client"})  # fmt: skip
+    assert set(bits) == (
+        {"agent_to_agent"} if "porter" in config.stem else {"client_to_server", "server_to_client"}
+    )
 
 
 @pytest.mark.parametrize("dataset", ["a9a", "mnist"])
@@ -98,8 +123,12 @@ def test_paper_001_configs_match_their_data(dataset, tmp_path, monkeypatch):
         assert alg["batch_size"] == data["batch_size"] == 1, config.name
         assert data == spec_data(configs[0]), config.name  # same data for both algorithms
         if "porter" in config.stem:
-            assert alg["topology"] == {"graph": "erdos_renyi", "p": 0.8, "weights": "fdla",
-                                       "seed": 0}  # fmt: skip
+            assert alg["topology"] == {
+                "graph": "erdos_renyi",
+                "p": 0.8,
+                "weights": "fdla",
+                "seed": 0,
+            }
         assert alg["compressor"]["init_args"] == {"ratio": 0.05}
 
 
@@ -120,11 +149,17 @@ def test_output_iterate_is_evaluated_at_the_sampled_agent_model(tmp_path):
 
     torch.manual_seed(0)
     dm = DigitsDataModule(num_clients=5, batch_size=16)
-    module = FederatedModule(MLP(64, [16], 10),
-                             BEER(0.5, 0.3, topology=Topology(graph="ring")))  # fmt: skip
-    pl.Trainer(accelerator="cpu", max_steps=6, logger=False, enable_checkpointing=False,
-               enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
-               default_root_dir=tmp_path).fit(module, datamodule=dm)  # fmt: skip
+    module = FederatedModule(MLP(64, [16], 10), BEER(0.5, 0.3, topology=Topology(graph="ring")))
+    pl.Trainer(
+        accelerator="cpu",
+        max_steps=6,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        default_root_dir=tmp_path,
+    ).fit(module, datamodule=dm)
     out = module.algorithm.output()
     report = module.summary_entries()["output_iterate"]
     assert (report["round"], report["agent"]) == (out["round"], out["agent"])

@@ -32,35 +32,58 @@ def fails(args, capsys, code=2):
 
 # today each of these ended in 58-110 lines of chained jsonargparse tracebacks
 CONFIG_ERRORS = [
-    ([ALGORITHMS / "clip21.yaml", "--model.algorithm.init_args.clip_threshold", "0"],
-     ["Clip21", "clip_threshold", "0.0", "positive"]),
-    ([ALGORITHMS / "dp_fedavg_per_sample_clipping.yaml",
-      "--model.algorithm.init_args.clip_threshold", "-1"],
-     ["FedAvgPerSampleClipping", "clip_threshold", "-1.0", "positive"]),
-    ([ALGORITHMS / "ef21.yaml", "--model.algorithm.init_args.compressor",
-      '{"class_path": "pl_privfed.operators.TopK", "init_args": {"k": 0, "ratio": null}}'],
-     ["TopK", "k must be an integer >= 1, got 0"]),
-    ([ALGORITHMS / "ef21.yaml", "--model.algorithm.init_args.compressor.init_args.ratio", "x"],
-     ["model.algorithm.compressor.ratio (pl_privfed.operators.TopK)", "float", "(given: x)"]),
-    ([QUICKSTART, "--model.algorithm.init_args.noise.epsilon", "-2"],
-     ["DPNoise", "epsilon must be positive, got -2.0"]),
-    ([QUICKSTART, "--model.algorithm.init_args.noise.delta", "1.0"],
-     ["DPNoise", "delta must be in (0, 1), got 1.0"]),
-    ([QUICKSTART, "--data.init_args.partitioner.init_args.concentration", "0"],
-     ["DirichletPartitioner", "concentration must be positive, got 0.0"]),
-    ([QUICKSTART, "--data.init_args.batch_size", "0"],
-     ["DigitsDataModule", "batch_size must be a positive integer, got 0"]),
-    ([QUICKSTART, "--data.init_args.num_clients", "0"],
-     ["DigitsDataModule", "num_clients must be a positive integer, got 0"]),
-    ([QUICKSTART, "--model.model.init_args.hidden_sizes", "[0]"],
-     ["MLP", "hidden_sizes", "[0]"]),
-    ([QUICKSTART, "--model.grad_backend", "fast"],
-     ["model.grad_backend", "fast"]),
-    ([QUICKSTART, "--trainer.max_steps", "abc"],
-     ["trainer.max_steps", "abc", "int"]),
-    ([QUICKSTART, "--model.algorithm.init_args.bogus", "1"],
-     ["model.algorithm", "AlphaNormEC", "bogus", "not accepted"]),
-]  # fmt: skip
+    (
+        [ALGORITHMS / "clip21.yaml", "--model.algorithm.init_args.clip_threshold", "0"],
+        ["Clip21", "clip_threshold", "0.0", "positive"],
+    ),
+    (
+        [
+            ALGORITHMS / "dp_fedavg_per_sample_clipping.yaml",
+            "--model.algorithm.init_args.clip_threshold",
+            "-1",
+        ],
+        ["FedAvgPerSampleClipping", "clip_threshold", "-1.0", "positive"],
+    ),
+    (
+        [
+            ALGORITHMS / "ef21.yaml",
+            "--model.algorithm.init_args.compressor",
+            '{"class_path": "pl_privfed.operators.TopK", "init_args": {"k": 0, "ratio": null}}',
+        ],
+        ["TopK", "k must be an integer >= 1, got 0"],
+    ),
+    (
+        [ALGORITHMS / "ef21.yaml", "--model.algorithm.init_args.compressor.init_args.ratio", "x"],
+        ["model.algorithm.compressor.ratio (pl_privfed.operators.TopK)", "float", "(given: x)"],
+    ),
+    (
+        [QUICKSTART, "--model.algorithm.init_args.noise.epsilon", "-2"],
+        ["DPNoise", "epsilon must be positive, got -2.0"],
+    ),
+    (
+        [QUICKSTART, "--model.algorithm.init_args.noise.delta", "1.0"],
+        ["DPNoise", "delta must be in (0, 1), got 1.0"],
+    ),
+    (
+        [QUICKSTART, "--data.init_args.partitioner.init_args.concentration", "0"],
+        ["DirichletPartitioner", "concentration must be positive, got 0.0"],
+    ),
+    (
+        [QUICKSTART, "--data.init_args.batch_size", "0"],
+        ["DigitsDataModule", "batch_size must be a positive integer, got 0"],
+    ),
+    (
+        [QUICKSTART, "--data.init_args.num_clients", "0"],
+        ["DigitsDataModule", "num_clients must be a positive integer, got 0"],
+    ),
+    ([QUICKSTART, "--model.model.init_args.hidden_sizes", "[0]"], ["MLP", "hidden_sizes", "[0]"]),
+    ([QUICKSTART, "--model.grad_backend", "fast"], ["model.grad_backend", "fast"]),
+    ([QUICKSTART, "--trainer.max_steps", "abc"], ["trainer.max_steps", "abc", "int"]),
+    (
+        [QUICKSTART, "--model.algorithm.init_args.bogus", "1"],
+        ["model.algorithm", "AlphaNormEC", "bogus", "not accepted"],
+    ),
+]
 
 
 @pytest.mark.parametrize(
@@ -98,8 +121,19 @@ def test_debug_shows_the_traceback(tmp_path, monkeypatch):
 def test_evaluation_interval_zero_is_refused_before_training(tmp_path, monkeypatch, capsys):
     """Today: ZeroDivisionError after the first round."""
     monkeypatch.chdir(tmp_path)
-    line = fails(["fit", "--config", QUICKSTART, *QUIET, "--trainer.max_steps", "3",
-                  "--trainer.val_check_interval", "0"], capsys)  # fmt: skip
+    line = fails(
+        [
+            "fit",
+            "--config",
+            QUICKSTART,
+            *QUIET,
+            "--trainer.max_steps",
+            "3",
+            "--trainer.val_check_interval",
+            "0",
+        ],
+        capsys,
+    )
     assert "trainer.val_check_interval must be a positive integer" in line and "got 0" in line
     assert not list(tmp_path.glob("**/*.ckpt"))
 
@@ -107,8 +141,9 @@ def test_evaluation_interval_zero_is_refused_before_training(tmp_path, monkeypat
 def test_batch_larger_than_every_shard_is_refused(tmp_path, monkeypatch, capsys):
     """Today: every client's minibatch silently repeated its shard."""
     monkeypatch.chdir(tmp_path)
-    line = fails(["fit", "--config", QUICKSTART, *QUIET, "--data.init_args.batch_size", "400"],
-                 capsys)  # fmt: skip
+    line = fails(
+        ["fit", "--config", QUICKSTART, *QUIET, "--data.init_args.batch_size", "400"], capsys
+    )
     assert "batch_size=400 is larger than every client's shard" in line
     assert "holds 204 examples" in line  # the quickstart's largest Dirichlet(0.5) shard
 
@@ -135,13 +170,25 @@ def test_a_damaged_checkpoint_is_named(tmp_path, monkeypatch, capsys):
     assert line == "ckpt_path 'nowhere.ckpt': no such file"
 
 
-MNIST_FILES = ["train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
-               "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"]  # fmt: skip
+MNIST_FILES = [
+    "train-images-idx3-ubyte.gz",
+    "train-labels-idx1-ubyte.gz",
+    "t10k-images-idx3-ubyte.gz",
+    "t10k-labels-idx1-ubyte.gz",
+]
 
 
 def mnist_args(data_dir):
-    return ["fit", "--config", QUICKSTART, *QUIET, "--data", "pl_privfed.datamodules.MNISTDataModule",
-            "--data.init_args.data_dir", str(data_dir)]  # fmt: skip
+    return [
+        "fit",
+        "--config",
+        QUICKSTART,
+        *QUIET,
+        "--data",
+        "pl_privfed.datamodules.MNISTDataModule",
+        "--data.init_args.data_dir",
+        str(data_dir),
+    ]
 
 
 def test_missing_mnist_names_the_file_the_directory_and_the_variable(tmp_path, monkeypatch, capsys):
@@ -195,8 +242,16 @@ def test_truncated_a9a_is_named(shared_data, tmp_path, monkeypatch, capsys):
     folder.mkdir(parents=True)
     (folder / "a9a").write_bytes((shared_data / "a9a" / "a9a").read_bytes()[:100_000])
     shutil.copyfile(shared_data / "a9a" / "a9a.t", folder / "a9a.t")
-    args = ["fit", "--config", QUICKSTART, *QUIET, "--data", "pl_privfed.datamodules.A9ADataModule",
-            "--data.init_args.data_dir", str(tmp_path / "data")]  # fmt: skip
+    args = [
+        "fit",
+        "--config",
+        QUICKSTART,
+        *QUIET,
+        "--data",
+        "pl_privfed.datamodules.A9ADataModule",
+        "--data.init_args.data_dir",
+        str(tmp_path / "data"),
+    ]
     line = fails(args, capsys)
     assert f"a9a file {str(folder / 'a9a')!r} cannot be read as svmlight text" in line
     assert "truncated or corrupted" in line
@@ -208,9 +263,20 @@ def test_truncated_a9a_is_named(shared_data, tmp_path, monkeypatch, capsys):
 
 def test_a_diverged_run_is_one_line_with_status_1(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    line = fails(["fit", "--config", str(ALGORITHMS / "ef21.yaml"), *QUIET,
-                  "--trainer.max_steps", "50", "--model.algorithm.init_args.step_size", "1e30"],
-                 capsys, code=1)  # fmt: skip
+    line = fails(
+        [
+            "fit",
+            "--config",
+            str(ALGORITHMS / "ef21.yaml"),
+            *QUIET,
+            "--trainer.max_steps",
+            "50",
+            "--model.algorithm.init_args.step_size",
+            "1e30",
+        ],
+        capsys,
+        code=1,
+    )
     assert line.startswith("non-finite training loss") and "at round" in line
 
 
@@ -226,8 +292,10 @@ def test_stderr_is_one_line_in_a_real_process(tmp_path):
     command = [sys.executable, "-m", "pl_privfed.cli", "fit", "--config", QUICKSTART]
     pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
     # both at once: their start-ups (most of the time) overlap
-    procs = [subprocess.Popen([*command, *override], cwd=tmp_path, env=env, **pipes)
-             for override, _ in cases]  # fmt: skip
+    procs = [
+        subprocess.Popen([*command, *override], cwd=tmp_path, env=env, **pipes)
+        for override, _ in cases
+    ]
     for proc, (_, expected) in zip(procs, cases):
         _, stderr = proc.communicate(timeout=300)
         assert proc.returncode == 2, stderr
@@ -247,30 +315,46 @@ def _files(tmp_path):
     (tmp_path / "empty").mkdir()
 
 
-LOGGER_IN_FILE = '{"class_path": "pytorch_lightning.loggers.CSVLogger", "init_args": {"save_dir": "afile/logs"}}'  # fmt: skip
+LOGGER_IN_FILE = (
+    '{"class_path": "pytorch_lightning.loggers.CSVLogger", "init_args": {"save_dir": "afile/logs"}}'
+)
 # (command line, words the one line must hold); ``fit`` lines get QUIET and one round; today
 # each ended in a traceback (exit 1) or was accepted
 FIT_ERRORS = [
     (["--output_dir", "afile"], ["--output_dir 'afile' is a file, not a folder"]),
-    (["--trainer.default_root_dir", "afile/sub"],
-     ["trainer.default_root_dir 'afile/sub' cannot be created: 'afile' is a file"]),
-    (["--trainer.logger", LOGGER_IN_FILE],
-     ["trainer.logger (CSVLogger) save_dir 'afile/logs'", "'afile' is a file"]),
-    (["--model.client_state", "disk", "--model.state_dir", "afile/state"],
-     ["model.state_dir 'afile/state' cannot be created", "'afile' is a file"]),
+    (
+        ["--trainer.default_root_dir", "afile/sub"],
+        ["trainer.default_root_dir 'afile/sub' cannot be created: 'afile' is a file"],
+    ),
+    (
+        ["--trainer.logger", LOGGER_IN_FILE],
+        ["trainer.logger (CSVLogger) save_dir 'afile/logs'", "'afile' is a file"],
+    ),
+    (
+        ["--model.client_state", "disk", "--model.state_dir", "afile/state"],
+        ["model.state_dir 'afile/state' cannot be created", "'afile' is a file"],
+    ),
     (["--seed", "-1"], ["--seed -1 is out of range", "from 0 to 4294967295"]),
     (["--seed", "99999999999999999999"], ["--seed 99999999999999999999 is out of range"]),
     (["--seed_everything", "-3"], ["--seed_everything -3 is out of range"]),
     (["--trainer.strategy", "fsdp"], ["trainer.strategy='fsdp' is not supported", "'ddp'"]),
     (["--trainer.accelerator", "tpu"], ["accelerator='tpu'", "cannot run here", "torch_xla"]),
     (["--trainer.max_steps", "0"], ["trainer.max_steps=0", "at least one round"]),
-    (["--model.algorithm.init_args.noise.epsilon", "null"],
-     ["DPNoise: give exactly one of epsilon or noise_multiplier, got epsilon=None"]),
-    (["--model.algorithm", "pl_privfed.algorithms.FederatedAlgorithm"],
-     ["model.algorithm: pl_privfed.algorithms.FederatedAlgorithm is an abstract base class"]),
-    (["--model.algorithm=pl_privfed.algorithms.base.FederatedAlgorithm"],  # as wandb agent writes
-     ["FederatedAlgorithm is an abstract base class"]),
-]  # fmt: skip
+    (
+        ["--model.algorithm.init_args.noise.epsilon", "null"],
+        ["DPNoise: give exactly one of epsilon or noise_multiplier, got epsilon=None"],
+    ),
+    (
+        ["--model.algorithm", "pl_privfed.algorithms.FederatedAlgorithm"],
+        ["model.algorithm: pl_privfed.algorithms.FederatedAlgorithm is an abstract base class"],
+    ),
+    (
+        [
+            "--model.algorithm=pl_privfed.algorithms.base.FederatedAlgorithm"
+        ],  # as wandb agent writes
+        ["FederatedAlgorithm is an abstract base class"],
+    ),
+]
 
 
 @pytest.mark.parametrize("extra, words", FIT_ERRORS, ids=[" ".join(a)[:50] for a, _ in FIT_ERRORS])
@@ -287,8 +371,10 @@ def test_fit_errors_are_one_line(extra, words, tmp_path, monkeypatch, capsys):
 def test_max_steps_zero_is_refused_without_privacy_too(tmp_path, monkeypatch, capsys):
     """Today a non-private config ran 0 rounds and exited 0."""
     monkeypatch.chdir(tmp_path)
-    line = fails(["fit", "--config", str(ALGORITHMS / "ef21.yaml"), *QUIET,
-                  "--trainer.max_steps", "0"], capsys)  # fmt: skip
+    line = fails(
+        ["fit", "--config", str(ALGORITHMS / "ef21.yaml"), *QUIET, "--trainer.max_steps", "0"],
+        capsys,
+    )
     assert line.startswith("trainer.max_steps=0: a run trains at least one round")
 
 
@@ -297,20 +383,27 @@ def test_max_steps_zero_is_refused_without_privacy_too(tmp_path, monkeypatch, ca
 COMMAND_ERRORS = [
     (["fit", "--config", "binary.yaml"], ["--config binary.yaml is not a text (YAML) file"]),
     (["sweep", "nowhere.yaml", "--dry-run"], ["sweep file 'nowhere.yaml': no such file"]),
-    (["sweep", "bad_sweep.yaml", "--dry-run"],
-     ["sweep file 'bad_sweep.yaml' is not valid YAML (line 3, column 1)"]),
+    (
+        ["sweep", "bad_sweep.yaml", "--dry-run"],
+        ["sweep file 'bad_sweep.yaml' is not valid YAML (line 3, column 1)"],
+    ),
     (["report", "nowhere"], ["nowhere: no such results file", "pl-privfed sweep"]),
     (["report", "empty"], ["empty: a folder without results.csv"]),
     (["report", "empty/results.csv"], ["empty/results.csv: no such results file"]),
     (["report", "garbage.csv"], ["garbage.csv: not a results.csv"]),
-    (["report", "text.csv"], ["text.csv: not a results.csv written by `pl-privfed sweep` (no run or status column)"]),
+    (
+        ["report", "text.csv"],
+        ["text.csv: not a results.csv written by `pl-privfed sweep` (no run or status column)"],
+    ),
     (["report", "header.csv"], ["header.csv: an empty results file (no runs)"]),
     (["compare", "nowhere", "--out", "o"], ["nowhere: no such results file"]),
     (["compare", "empty", "--out", "o"], ["empty: a folder without results.csv"]),
     (["compare", "garbage.csv", "--out", "o"], ["garbage.csv: not a results.csv"]),
-    (["compare", "--frontier", "empty/results.csv", "--out", "o"],
-     ["empty/results.csv: no such results file"]),
-]  # fmt: skip
+    (
+        ["compare", "--frontier", "empty/results.csv", "--out", "o"],
+        ["empty/results.csv: no such results file"],
+    ),
+]
 
 
 @pytest.mark.parametrize(
@@ -378,9 +471,21 @@ def test_a_nested_null_switches_epsilon_to_a_noise_multiplier(tmp_path, monkeypa
     """``--model.algorithm.init_args.noise.epsilon null`` with a noise multiplier: today
     "Expected a float; Expected a NoneType (given: None)"."""
     monkeypatch.chdir(tmp_path)
-    main(["fit", "--config", QUICKSTART, *QUIET, "--trainer.max_steps", "2",
-          "--model.algorithm.init_args.noise.epsilon", "null",
-          "--model.algorithm.init_args.noise.noise_multiplier=2.0", "--output_dir", "run"])  # fmt: skip
+    main(
+        [
+            "fit",
+            "--config",
+            QUICKSTART,
+            *QUIET,
+            "--trainer.max_steps",
+            "2",
+            "--model.algorithm.init_args.noise.epsilon",
+            "null",
+            "--model.algorithm.init_args.noise.noise_multiplier=2.0",
+            "--output_dir",
+            "run",
+        ]
+    )
     import json
 
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
@@ -402,8 +507,11 @@ print(tuned, (before - rss()) // 2**20)
 """
 
 
-ALLOCATOR_ENVS = [({}, True), ({"PL_PRIVFED_MALLOC": "default"}, False),
-                  ({"MALLOC_TRIM_THRESHOLD_": "131072"}, False)]  # fmt: skip
+ALLOCATOR_ENVS = [
+    ({}, True),
+    ({"PL_PRIVFED_MALLOC": "default"}, False),
+    ({"MALLOC_TRIM_THRESHOLD_": "131072"}, False),
+]
 
 
 @pytest.fixture(scope="module")
@@ -411,12 +519,27 @@ def allocator_runs():
     """``ALLOCATOR_SNIPPET`` in a fresh process under each environment of ``ALLOCATOR_ENVS``,
     the three processes at once (their imports, most of their time, overlap; each measures its
     own resident memory): each one's stdout, stderr and exit status, in that order."""
-    clean = {k: v for k, v in os.environ.items()
-             if k not in ("PL_PRIVFED_MALLOC", "MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_",
-                          "LD_PRELOAD")}  # fmt: skip
-    procs = [subprocess.Popen([sys.executable, "-c", ALLOCATOR_SNIPPET], env={**clean, **env},
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for env, _ in ALLOCATOR_ENVS]  # fmt: skip
+    clean = {
+        k: v
+        for k, v in os.environ.items()
+        if k
+        not in (
+            "PL_PRIVFED_MALLOC",
+            "MALLOC_TRIM_THRESHOLD_",
+            "MALLOC_MMAP_THRESHOLD_",
+            "LD_PRELOAD",
+        )
+    }
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", ALLOCATOR_SNIPPET],
+            env={**clean, **env},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for env, _ in ALLOCATOR_ENVS
+    ]
     return [(*proc.communicate(timeout=300), proc.returncode) for proc in procs]
 
 
@@ -456,9 +579,21 @@ def test_a_distributed_run_that_may_abort_is_refused_in_one_line(tmp_path, monke
     monkeypatch.chdir(tmp_path)
     noise = "--model.algorithm.init_args.noise."
     config = str(REPO / "configs/private/mnist_dp_fedavg_clip.yaml")
-    line = fails(["fit", "--config", config, *QUIET, "--trainer.max_steps", "100",
-                  f"{noise}placement", "distributed", f"{noise}min_contributors", "95"],
-                 capsys)  # fmt: skip
+    line = fails(
+        [
+            "fit",
+            "--config",
+            config,
+            *QUIET,
+            "--trainer.max_steps",
+            "100",
+            f"{noise}placement",
+            "distributed",
+            f"{noise}min_contributors",
+            "95",
+        ],
+        capsys,
+    )
     per_round = binom.cdf(94, 1000, 0.1)
     assert 0.28 < per_round < 0.29  # the issue's 30 aborted of 100
     assert "min_contributors=95 with an expected cohort of 100 clients" in line
@@ -518,8 +653,9 @@ def test_the_abort_bound_is_the_binomial_probability_of_any_abort():
         )
     DistributedNoise(40).check_rounds(poisson, None)  # one round: 40 passes, not over 100
     DistributedNoise(37, allow_aborts=True).check_rounds(poisson, k)  # the opt-out
-    fixed = Release(unit="client", bound=1.0, participation=0.1, cohort="fixed", clients=n,
-                    cohort_size=100)  # fmt: skip
+    fixed = Release(
+        unit="client", bound=1.0, participation=0.1, cohort="fixed", clients=n, cohort_size=100
+    )
     DistributedNoise(100).check_rounds(fixed, 10**6)  # a fixed cohort never aborts
 
 

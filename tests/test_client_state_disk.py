@@ -26,8 +26,9 @@ def run(root, rounds, ckpt_path=None, every=1, state_dir=None):
     torch.manual_seed(0)
     dm = DigitsDataModule(num_clients=5, batch_size=8, partitioner=IIDPartitioner(seed=1))
     algorithm = AlphaNormEC(0.1, beta=0.1, alpha=0.01, noise=DPNoise(noise_multiplier=1.0, seed=3))
-    module = FederatedModule(MLP(64, [8], 10), algorithm, client_state="disk",
-                             state_dir=str(state_dir or root / "state"))  # fmt: skip
+    module = FederatedModule(
+        MLP(64, [8], 10), algorithm, client_state="disk", state_dir=str(state_dir or root / "state")
+    )
     callback = RoundCheckpoint(dirpath=root / "checkpoints", every_n_train_steps=every)
     t = trainer(root, max_steps=rounds, enable_checkpointing=True, callbacks=[callback])
     t.fit(module, datamodule=dm, ckpt_path=ckpt_path)
@@ -40,8 +41,9 @@ def test_snapshots_live_beside_their_checkpoint_and_die_with_it(tmp_path):
     folder = tmp_path / "checkpoints"
     # one checkpoint kept (save_top_k=1) and one snapshot folder: the superseded ones are gone
     assert sorted(p.name for p in folder.iterdir()) == [
-        "round=000004.ckpt", "round=000004.client_state"
-    ]  # fmt: skip
+        "round=000004.ckpt",
+        "round=000004.client_state",
+    ]
     assert not list((tmp_path / "state").rglob("snapshots"))  # none left in the state folder
     saved = torch.load(folder / "round=000004.ckpt", weights_only=False)
     entry = saved["client_state"]["algorithm.client_memory"]
@@ -57,8 +59,9 @@ def test_a_checkpoint_moved_with_its_snapshots_resumes_exactly(tmp_path):
     shutil.copytree(tmp_path / "first/checkpoints", moved)
     shutil.rmtree(tmp_path / "first")  # the original run and its state folder are gone
     resumed = run(tmp_path / "resumed", 6, ckpt_path=str(moved / "round=000003.ckpt"))
-    for (key, a), (_, b) in zip(full.state_dict().items(), resumed.state_dict().items(),
-                                strict=True):  # fmt: skip
+    for (key, a), (_, b) in zip(
+        full.state_dict().items(), resumed.state_dict().items(), strict=True
+    ):
         assert torch.equal(a, b), key
     assert torch.equal(
         full.algorithm.state.table("client_memory"), resumed.algorithm.state.table("client_memory")
@@ -79,9 +82,12 @@ def _damage(snapshot, how):
 
 @pytest.mark.parametrize(
     ("how", "says"),
-    [("deleted", "is missing"), ("truncated", "bytes, the checkpoint recorded"),
-     ("modified", "was modified since the checkpoint was written")],
-)  # fmt: skip
+    [
+        ("deleted", "is missing"),
+        ("truncated", "bytes, the checkpoint recorded"),
+        ("modified", "was modified since the checkpoint was written"),
+    ],
+)
 def test_a_damaged_snapshot_is_refused_naming_the_file(tmp_path, how, says):
     run(tmp_path / "first", 3)
     snapshot = tmp_path / "first/checkpoints/round=000003.client_state/client_memory.rank0.npy"

@@ -437,8 +437,12 @@ def test_the_installed_version_is_the_tested_one_and_pyproject_pins_it(distribut
 
 def test_the_compat_package_is_one_module_per_library():
     assert sorted(p.stem for p in COMPAT_DIR.glob("*.py")) == [
-        "__init__", "dp_accounting", "jsonargparse", "lightning", "torch"
-    ]  # fmt: skip
+        "__init__",
+        "dp_accounting",
+        "jsonargparse",
+        "lightning",
+        "torch",
+    ]
     for name in set(COMPAT_MODULES.values()):
         module = importlib.import_module(name)
         assert "TESTED" in module.__all__ and all(hasattr(module, n) for n in module.__all__)
@@ -613,12 +617,22 @@ def test_lightning_checkpoint_hooks_and_logging_state_on_a_real_fit(namespace, t
 
     callback = Recording(dirpath=tmp_path, filename="{step}", every_n_train_steps=1)
     trainer = L.Trainer(
-        max_steps=3, limit_val_batches=0, logger=False, enable_progress_bar=False,
-        enable_model_summary=False, callbacks=[callback], default_root_dir=tmp_path,
-    )  # fmt: skip
+        max_steps=3,
+        limit_val_batches=0,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[callback],
+        default_root_dir=tmp_path,
+    )
     trainer.fit(boring.BoringModel())
-    assert calls == [("save", "step=1.ckpt"), ("save", "step=2.ckpt"), ("remove", "step=1.ckpt"),
-                     ("save", "step=3.ckpt"), ("remove", "step=2.ckpt")]  # fmt: skip
+    assert calls == [
+        ("save", "step=1.ckpt"),
+        ("save", "step=2.ckpt"),
+        ("remove", "step=1.ckpt"),
+        ("save", "step=3.ckpt"),
+        ("remove", "step=2.ckpt"),
+    ]
     assert sorted(p.name for p in tmp_path.glob("*.ckpt")) == ["step=3.ckpt"]
     assert callback.saved_this_step(trainer) == str(tmp_path / "step=3.ckpt")
     assert callback.skips_saving(trainer)  # the step is saved already
@@ -667,14 +681,22 @@ def test_lightning_cli_hooks_run_in_lightnings_order(tmp_path):
             calls.append(f"run {subcommand}")
             super().run_subcommand(subcommand)
 
-    args = ["fit", "--trainer.max_steps=1", "--trainer.limit_val_batches=0",
-            "--trainer.logger=false", "--trainer.enable_checkpointing=false",
-            "--trainer.enable_progress_bar=false", f"--trainer.default_root_dir={tmp_path}"]  # fmt: skip
+    args = [
+        "fit",
+        "--trainer.max_steps=1",
+        "--trainer.limit_val_batches=0",
+        "--trainer.logger=false",
+        "--trainer.enable_checkpointing=false",
+        "--trainer.enable_progress_bar=false",
+        f"--trainer.default_root_dir={tmp_path}",
+    ]
     cli = CLI(Model, BoringDataModule, args=args, save_config_callback=None)
     assert calls == [
-        "subcommands ['fit', 'predict', 'test', 'validate']", "instantiators",
-        "model from the CLI: True", "run fit",
-    ]  # fmt: skip
+        "subcommands ['fit', 'predict', 'test', 'validate']",
+        "instantiators",
+        "model from the CLI: True",
+        "run fit",
+    ]
     assert cli.trainer.global_step == 1
     assert "_instantiator" in cli.model.hparams  # built by Lightning's instantiator
     assert cli.model.hparams["width"] == 2

@@ -58,7 +58,9 @@ def test_val_fraction_zero_validates_on_the_training_data():
     quad = QuadraticDataModule(centers=[[3.0], [-3.0]])  # its default: f(x) is the objective
     quad.setup("fit")
     assert quad.val_fraction == 0 and next(iter(quad.val_dataloader()))[1].tolist() == [
-        [3.0], [-3.0]]  # fmt: skip
+        [3.0],
+        [-3.0],
+    ]
 
 
 def test_natural_clients_hold_out_a_share_of_every_shard():
@@ -191,8 +193,13 @@ class _Probe(pl.LightningModule):
 
 def test_real_trainer_consumes_rounds():
     probe = _Probe()
-    trainer = pl.Trainer(max_steps=7, logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
+    trainer = pl.Trainer(
+        max_steps=7,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     trainer.fit(probe, datamodule=DigitsDataModule(num_clients=10, batch_size=32))
     assert probe.shapes == [(10, 32, 64)] * 7
     assert trainer.global_step == 7

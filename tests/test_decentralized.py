@@ -92,8 +92,9 @@ def keep_mask(seed, t, i, which, d):
     return torch.rand(1, d, generator=gen, dtype=DT)[0].tolist()
 
 
-def ref_porter(b, x0, w, eta, gamma, option, clip, keep=None, topk=None, std=0.0, seed=0,
-               noise_seed=0):  # fmt: skip
+def ref_porter(
+    b, x0, w, eta, gamma, option, clip, keep=None, topk=None, std=0.0, seed=0, noise_seed=0
+):
     """Algorithm 1 in the d × n layout; ``keep`` = Example 1's probability k/d."""
     rounds, n, batch, d = b.shape
     b = b.tolist()
@@ -116,8 +117,10 @@ def ref_porter(b, x0, w, eta, gamma, option, clip, keep=None, topk=None, std=0.0
         return [r[:] for r in M]
 
     def right_gossip(Q):  # Q (W − I)
-        return [[sum(Q[j][k] * (w[k][i] - (k == i)) for k in range(n)) for i in range(n)]
-                for j in range(d)]  # fmt: skip
+        return [
+            [sum(Q[j][k] * (w[k][i] - (k == i)) for k in range(n)) for i in range(n)]
+            for j in range(d)
+        ]
 
     out_x, out_t, out_i = [0.0] * d, 0, 0
     xbars, Xs = [], []
@@ -143,14 +146,16 @@ def ref_porter(b, x0, w, eta, gamma, option, clip, keep=None, topk=None, std=0.0
         cv = compress([[V[j][i] - Qv[j][i] for i in range(n)] for j in range(d)], t, 0)
         Qv = [[Qv[j][i] + cv[j][i] for i in range(n)] for j in range(d)]  # line 178
         mix = right_gossip(Qv)
-        V = [[V[j][i] + gamma * mix[j][i] + G[j][i] - Gp[j][i] for i in range(n)]
-             for j in range(d)]  # line 179  # fmt: skip
+        V = [
+            [V[j][i] + gamma * mix[j][i] + G[j][i] - Gp[j][i] for i in range(n)] for j in range(d)
+        ]  # line 179
         Gp = G
         cx = compress([[X[j][i] - Qx[j][i] for i in range(n)] for j in range(d)], t, 1)
         Qx = [[Qx[j][i] + cx[j][i] for i in range(n)] for j in range(d)]  # line 180
         mix = right_gossip(Qx)
-        X = [[X[j][i] + gamma * mix[j][i] - eta * V[j][i] for i in range(n)]
-             for j in range(d)]  # line 181  # fmt: skip
+        X = [
+            [X[j][i] + gamma * mix[j][i] - eta * V[j][i] for i in range(n)] for j in range(d)
+        ]  # line 181
         gen_o = keyed_generator(seed, STREAM_OUTPUT, t)
         replace = int(torch.randint(t + 1, (), generator=gen_o)) == 0  # line 183, reservoir
         i = int(torch.randint(n, (), generator=gen_o))
@@ -208,20 +213,36 @@ def test_porter_dp_exact(clipping, chunk, private):
     x0 = torch.linspace(-1, 1, D, dtype=DT)
     noise = DPNoise(noise_multiplier=0.7, seed=5) if private else None
     alg = PORTER(
-        step_size=0.1, consensus_step_size=0.4, option="dp", clip_threshold=1.5,
-        clipping=clipping, topology=Topology(matrix=W_NONSYM),
-        compressor=RandKBiased(k=3), noise=noise,
-        batch_size=B, local_dataset_size=30, seed=11,
-    )  # fmt: skip
+        step_size=0.1,
+        consensus_step_size=0.4,
+        option="dp",
+        clip_threshold=1.5,
+        clipping=clipping,
+        topology=Topology(matrix=W_NONSYM),
+        compressor=RandKBiased(k=3),
+        noise=noise,
+        batch_size=B,
+        local_dataset_size=30,
+        seed=11,
+    )
     xs, agents = run(alg, b, x0, chunk=chunk)
     # multiplier × replace-one sensitivity 2τ/b of the clipped average
     std = 0.7 * 2 * 1.5 / B if private else 0.0
     assert alg.noise_std == pytest.approx(std)
     clip = smooth_clip if clipping == "smooth" else linear_clip
     xbars, Xs, (out_x, out_t, out_i) = ref_porter(
-        b, x0, W_NONSYM, 0.1, 0.4, "dp", lambda v: clip(v, 1.5), keep=3 / D, std=std,
-        seed=11, noise_seed=5,
-    )  # fmt: skip
+        b,
+        x0,
+        W_NONSYM,
+        0.1,
+        0.4,
+        "dp",
+        lambda v: clip(v, 1.5),
+        keep=3 / D,
+        std=std,
+        seed=11,
+        noise_seed=5,
+    )
     assert_close_all(xs, xbars)
     assert_close_all(agents, Xs)
     got = alg.output()
@@ -237,16 +258,29 @@ def test_porter_gc_exact(clipping, compressor, chunk):
     x0 = torch.linspace(2, -1, D, dtype=DT)
     comp = RandKBiased(ratio=0.5) if compressor == "randk" else TopK(k=2)
     alg = PORTER(
-        step_size=0.2, consensus_step_size=0.5, option="gc", clip_threshold=0.8,
-        clipping=clipping, topology=Topology(matrix=W_NONSYM), compressor=comp, seed=3,
-    )  # fmt: skip
+        step_size=0.2,
+        consensus_step_size=0.5,
+        option="gc",
+        clip_threshold=0.8,
+        clipping=clipping,
+        topology=Topology(matrix=W_NONSYM),
+        compressor=comp,
+        seed=3,
+    )
     xs, agents = run(alg, b, x0, chunk=chunk)
     clip = smooth_clip if clipping == "smooth" else linear_clip
     xbars, Xs, _ = ref_porter(
-        b, x0, W_NONSYM, 0.2, 0.5, "gc", lambda v: clip(v, 0.8),
-        keep=0.5 if compressor == "randk" else None, topk=2 if compressor == "topk" else None,
+        b,
+        x0,
+        W_NONSYM,
+        0.2,
+        0.5,
+        "gc",
+        lambda v: clip(v, 0.8),
+        keep=0.5 if compressor == "randk" else None,
+        topk=2 if compressor == "topk" else None,
         seed=3,
-    )  # fmt: skip
+    )
     assert_close_all(xs, xbars)
     assert_close_all(agents, Xs)
 
@@ -257,8 +291,13 @@ def test_beer_exact_on_erdos_renyi(weights, chunk):
     b = targets(seed=2)
     x0 = torch.zeros(D, dtype=DT)
     topology = Topology(graph="erdos_renyi", p=0.6, weights=weights, seed=4)
-    alg = BEER(step_size=0.1, consensus_step_size=0.3, topology=topology,
-               compressor=RandKBiased(k=2), seed=8)  # fmt: skip
+    alg = BEER(
+        step_size=0.1,
+        consensus_step_size=0.3,
+        topology=topology,
+        compressor=RandKBiased(k=2),
+        seed=8,
+    )
     xs, agents = run(alg, b, x0, chunk=chunk)
     w = topology.mixing_matrix(N).tolist()
     xbars, Xs, _ = ref_porter(b, x0, w, 0.1, 0.3, "gc", None, keep=2 / D, seed=8)
@@ -334,9 +373,17 @@ def test_checkpoint_state_resumes_exactly():
     x0 = torch.zeros(D, dtype=DT)
 
     def make():
-        return PORTER(0.1, 0.4, option="dp", topology=Topology(matrix=W_NONSYM),
-                      compressor=RandKBiased(k=2), noise=DPNoise(noise_multiplier=1.0, seed=2),
-                      batch_size=B, local_dataset_size=50, seed=1)  # fmt: skip
+        return PORTER(
+            0.1,
+            0.4,
+            option="dp",
+            topology=Topology(matrix=W_NONSYM),
+            compressor=RandKBiased(k=2),
+            noise=DPNoise(noise_multiplier=1.0, seed=2),
+            batch_size=B,
+            local_dataset_size=50,
+            seed=1,
+        )
 
     full = make()
     full.setup(num_clients=N, dim=D, num_rounds=ROUNDS, dtype=DT)
@@ -363,8 +410,15 @@ def test_porter_dp_theorem_1_noise_and_accountant_inputs():
     rate b/m; the defensible one (reshuffled epochs): multiplier σ_p b/(2τ) once per use."""
     m, T, tau = 3256, 1000, 1.0
     for batch in (1, 4):
-        alg = PORTER(0.01, 0.5, option="dp", clip_threshold=tau, batch_size=batch,
-                     local_dataset_size=m, noise=DPNoise(epsilon=0.1, delta=1e-3))  # fmt: skip
+        alg = PORTER(
+            0.01,
+            0.5,
+            option="dp",
+            clip_threshold=tau,
+            batch_size=batch,
+            local_dataset_size=m,
+            noise=DPNoise(epsilon=0.1, delta=1e-3),
+        )
         alg.setup(num_clients=10, dim=5, num_rounds=T)
         sigma = tau * math.sqrt(T * math.log(1e3)) / (m * 0.1)
         assert alg.noise_std == pytest.approx(sigma)
@@ -378,8 +432,13 @@ def test_porter_dp_theorem_1_noise_and_accountant_inputs():
 
 
 def test_soteria_paper_noise_matches_porter():
-    alg = SoteriaFL(0.1, 0.5, clip_threshold=1.0, noise=DPNoise(epsilon=0.01, delta=1e-3),
-                    local_dataset_size=6000)  # fmt: skip
+    alg = SoteriaFL(
+        0.1,
+        0.5,
+        clip_threshold=1.0,
+        noise=DPNoise(epsilon=0.01, delta=1e-3),
+        local_dataset_size=6000,
+    )
     alg.setup(num_clients=10, dim=5, num_rounds=500)
     sigma = math.sqrt(500 * math.log(1e3)) / (6000 * 0.01)
     assert alg.noise_std == pytest.approx(sigma)
@@ -395,8 +454,16 @@ def test_soteria_exact(private, chunk):
     b = targets(seed=6)
     x0 = torch.linspace(-2, 2, D, dtype=DT)
     noise = DPNoise(noise_multiplier=0.5, seed=9) if private else None
-    alg = SoteriaFL(0.3, 0.6, clip_threshold=1.2, compressor=RandKBiased(k=2), noise=noise,
-                    batch_size=B, local_dataset_size=20, seed=4)  # fmt: skip
+    alg = SoteriaFL(
+        0.3,
+        0.6,
+        clip_threshold=1.2,
+        compressor=RandKBiased(k=2),
+        noise=noise,
+        batch_size=B,
+        local_dataset_size=20,
+        seed=4,
+    )
     xs, _ = run(alg, b, x0, chunk=chunk)
     std = 0.5 * 2 * 1.2 if private else 0.0  # b > 1: sensitivity 2G
     ref = ref_soteria(b, x0, 0.3, 0.6, 1.2, keep=2 / D, std=std, seed=4, noise_seed=9)
@@ -479,8 +546,15 @@ def test_record_sampling_takes_m_from_the_data_and_checks_b(name):
 
 
 def test_porter_dp_checks_the_batch_size_every_round():
-    alg = PORTER(0.1, 0.5, option="dp", noise=DPNoise(noise_multiplier=1.0), batch_size=2,
-                 local_dataset_size=10, topology=Topology(graph="ring"))  # fmt: skip
+    alg = PORTER(
+        0.1,
+        0.5,
+        option="dp",
+        noise=DPNoise(noise_multiplier=1.0),
+        batch_size=2,
+        local_dataset_size=10,
+        topology=Topology(graph="ring"),
+    )
     alg.setup(num_clients=N, dim=D, num_rounds=3, dtype=DT)
     with pytest.raises(ValueError, match="batch_size=2"):
         run_round(alg, torch.zeros(D, dtype=DT), grad_fn_for(targets(rounds=1)[0]))  # B = 3

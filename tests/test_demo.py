@@ -61,8 +61,10 @@ def test_the_demo_shows_a_useful_private_run(tmp_path, monkeypatch, capsys):
     printed = out.splitlines()
     assert [line for line in readme_demo_table() if line not in printed] == []
     assert [line for line in progress_lines() if line not in out] == []
-    summaries = {r.name: json.loads((tmp_path / "out" / r.name / "summary.json").read_text())
-                 for r in DEMO_RUNS}  # fmt: skip
+    summaries = {
+        r.name: json.loads((tmp_path / "out" / r.name / "summary.json").read_text())
+        for r in DEMO_RUNS
+    }
     private = summaries["private"]
     assert private["epsilon"] <= 8.0 + 1e-6 and private["delta"] == 1e-5
     assert private["final_test_accuracy"] >= 0.85

@@ -26,8 +26,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _env() -> dict:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline",
-            "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT)])}  # fmt: skip
+    return {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "WANDB_MODE": "offline",
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT)]),
+    }
 
 
 def _close(a: dict, b: dict) -> None:
@@ -42,8 +46,17 @@ def _close(a: dict, b: dict) -> None:
 @pytest.fixture(scope="module")
 def two_processes(tmp_path_factory):
     out = tmp_path_factory.mktemp("ddp")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           str(ROOT / "tests" / "helpers" / "ddp_families.py"), str(out), *FAMILIES, "resume"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        str(ROOT / "tests" / "helpers" / "ddp_families.py"),
+        str(out),
+        *FAMILIES,
+        "resume",
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     return out
@@ -71,12 +84,23 @@ def test_resume_on_two_processes_and_on_one(two_processes, tmp_path):
 
 @pytest.mark.slow
 def test_command_line_on_two_processes(tmp_path):
-    cmd = [sys.executable, "-m", "pl_privfed.cli", "fit", "--config", str(ROOT / "configs/algorithms/dp_alpha_normec_digits.yaml"),
-           "--trainer.strategy=ddp", "--trainer.devices=2", "--trainer.max_steps=6",
-           "--trainer.logger=false", f"--trainer.default_root_dir={tmp_path}",
-           f"--output_dir={tmp_path / 'out'}"]  # fmt: skip
-    proc = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True,
-                          timeout=600)  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "pl_privfed.cli",
+        "fit",
+        "--config",
+        str(ROOT / "configs/algorithms/dp_alpha_normec_digits.yaml"),
+        "--trainer.strategy=ddp",
+        "--trainer.devices=2",
+        "--trainer.max_steps=6",
+        "--trainer.logger=false",
+        f"--trainer.default_root_dir={tmp_path}",
+        f"--output_dir={tmp_path / 'out'}",
+    ]
+    proc = subprocess.run(
+        cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert (tmp_path / "out" / "summary.json").is_file()
     assert proc.stdout.count("[pl-privfed] rounds=6") == 1  # one summary line: rank 0's

@@ -31,10 +31,16 @@ DT = torch.float64
 def _fit(name, chunk, backend="auto", rounds=6, clients=7):
     make, data_kwargs = FAMILIES[name]
     torch.manual_seed(0)
-    dm = Digits64(num_clients=clients, batch_size=8, seed=3,
-                  partitioner=DirichletPartitioner(concentration=0.5, seed=1), **data_kwargs)  # fmt: skip
-    module = FederatedModule(MLP(64, [16], 10).double(), make(), grad_backend=backend,
-                             client_chunk=chunk)  # fmt: skip
+    dm = Digits64(
+        num_clients=clients,
+        batch_size=8,
+        seed=3,
+        partitioner=DirichletPartitioner(concentration=0.5, seed=1),
+        **data_kwargs,
+    )
+    module = FederatedModule(
+        MLP(64, [16], 10).double(), make(), grad_backend=backend, client_chunk=chunk
+    )
     trainer(max_steps=rounds).fit(module, datamodule=dm)
     return module
 
@@ -62,8 +68,9 @@ def test_every_family_gives_the_same_iterates_with_any_chunk_size(name, monkeypa
 def test_chunks_with_the_other_backends(backend):
     a = _fit("per_sample_clipping", 2, backend=backend, rounds=3)
     b = _fit("per_sample_clipping", "all", backend="layers", rounds=3)
-    torch.testing.assert_close(a.layout.flatten(a.model), b.layout.flatten(b.model),
-                               rtol=1e-11, atol=1e-12)  # fmt: skip
+    torch.testing.assert_close(
+        a.layout.flatten(a.model), b.layout.flatten(b.model), rtol=1e-11, atol=1e-12
+    )
 
 
 def test_chunk_size_choice_and_override(monkeypatch):
@@ -177,8 +184,12 @@ def test_sparse_gossip_reads_only_neighbours_and_equals_the_dense_product():
         def rows(self, name):
             return getattr(alg, name)[self.ids]
 
-    got = torch.cat([alg.gossip_rows("tracking_surrogate", Chunk(torch.tensor(ids)))
-                     for ids in ([0, 1], [2, 3, 4, 5], list(range(6, 16)))])  # fmt: skip
+    got = torch.cat(
+        [
+            alg.gossip_rows("tracking_surrogate", Chunk(torch.tensor(ids)))
+            for ids in ([0, 1], [2, 3, 4, 5], list(range(6, 16)))
+        ]
+    )
     torch.testing.assert_close(got, want, rtol=1e-14, atol=1e-14)
     alg.DENSE_GOSSIP = 0.0
     alg._plan_gossip()
@@ -193,8 +204,13 @@ def test_clipped_mean_without_per_example_gradients(operator, shared):
     """The analytic backend's ghost-clipping identity equals clipping the per-example
     gradients that vmap computes, then averaging."""
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 16), torch.nn.Tanh(), torch.nn.Linear(16, 12),
-                                torch.nn.ReLU(), torch.nn.Linear(12, 10)).double()  # fmt: skip
+    model = torch.nn.Sequential(
+        torch.nn.Linear(64, 16),
+        torch.nn.Tanh(),
+        torch.nn.Linear(16, 12),
+        torch.nn.ReLU(),
+        torch.nn.Linear(12, 10),
+    ).double()
     criterion = torch.nn.CrossEntropyLoss()
     inputs = torch.randn(3, 5, 64, dtype=DT)
     targets = torch.randint(0, 10, (3, 5))
@@ -206,8 +222,9 @@ def test_clipped_mean_without_per_example_gradients(operator, shared):
     per_example = reference(params, inputs, targets, per_example=True).grads
     want = operator(per_example).mean(1)
     torch.testing.assert_close(got.grads, want, rtol=1e-12, atol=1e-13)
-    torch.testing.assert_close(got.norms, torch.linalg.vector_norm(per_example, dim=-1),
-                               rtol=1e-12, atol=1e-13)  # fmt: skip
+    torch.testing.assert_close(
+        got.norms, torch.linalg.vector_norm(per_example, dim=-1), rtol=1e-12, atol=1e-13
+    )
     generic = reference.clipped_mean(params, inputs, targets, operator.scale, max_bytes=1)
     torch.testing.assert_close(generic.grads, want, rtol=1e-12, atol=1e-13)
 

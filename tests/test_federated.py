@@ -138,9 +138,26 @@ def add_noise(total, chosen, k, d, std, seed, draws):
     return [a + b for a, b in zip(total, noise_sum(seed, k, len(chosen), d, std))]
 
 
-def ref_fed_normec(C, x0, *, eta, gamma, beta, alpha, steps, minibatches, p, practical, sn,
-                   rounds, std=0.0, noise_seed=0, sampling_seed=0, init="zeros",
-                   draws="aggregate"):  # fmt: skip
+def ref_fed_normec(
+    C,
+    x0,
+    *,
+    eta,
+    gamma,
+    beta,
+    alpha,
+    steps,
+    minibatches,
+    p,
+    practical,
+    sn,
+    rounds,
+    std=0.0,
+    noise_seed=0,
+    sampling_seed=0,
+    init="zeros",
+    draws="aggregate",
+):
     n, d = len(C), len(x0)
     x = list(x0)
 
@@ -152,8 +169,11 @@ def ref_fed_normec(C, x0, *, eta, gamma, beta, alpha, steps, minibatches, p, pra
     vhat = [sum(v[i][j] for i in range(n)) / n for j in range(d)]
     out = []
     for k in range(rounds):
-        sampled = torch.rand(n, generator=sampling(sampling_seed, k)).lt(p).tolist() if p < 1 \
-            else [True] * n  # fmt: skip
+        sampled = (
+            torch.rand(n, generator=sampling(sampling_seed, k)).lt(p).tolist()
+            if p < 1
+            else [True] * n
+        )
         online = [i for i in range(n) if sampled[i]] if practical else list(range(n))
         total = [0.0] * d
         for i in online:
@@ -185,8 +205,24 @@ def ref_sample(n, gen, kind, rate):
     return chosen, (max(len(chosen), 1) if kind == "bernoulli" else rate * n)
 
 
-def ref_dp_fedavg(C, x0, *, eta, gamma, psi, scale, steps, minibatches, rounds, sampler=None,
-                  rate=None, std=0.0, noise_seed=0, sampling_seed=0, draws="aggregate"):  # fmt: skip
+def ref_dp_fedavg(
+    C,
+    x0,
+    *,
+    eta,
+    gamma,
+    psi,
+    scale,
+    steps,
+    minibatches,
+    rounds,
+    sampler=None,
+    rate=None,
+    std=0.0,
+    noise_seed=0,
+    sampling_seed=0,
+    draws="aggregate",
+):
     n, d = len(C), len(x0)
     x = list(x0)
     out = []
@@ -207,8 +243,22 @@ def ref_dp_fedavg(C, x0, *, eta, gamma, psi, scale, steps, minibatches, rounds, 
     return out
 
 
-def ref_per_sample(C, x0, *, eta, c, steps, minibatches, level, rounds, std=0.0, noise_seed=0,
-                   sampler=None, rate=None, sampling_seed=0):  # fmt: skip
+def ref_per_sample(
+    C,
+    x0,
+    *,
+    eta,
+    c,
+    steps,
+    minibatches,
+    level,
+    rounds,
+    std=0.0,
+    noise_seed=0,
+    sampler=None,
+    rate=None,
+    sampling_seed=0,
+):
     n, d = len(C), len(x0)
     x = list(x0)
     out = []
@@ -233,8 +283,23 @@ def ref_per_sample(C, x0, *, eta, c, steps, minibatches, level, rounds, std=0.0,
     return out
 
 
-def ref_per_update(C, x0, *, eta_l, eta_g, c, steps, minibatches, rounds, std=0.0, noise_seed=0,
-                   sampler=None, rate=None, sampling_seed=0, draws="aggregate"):  # fmt: skip
+def ref_per_update(
+    C,
+    x0,
+    *,
+    eta_l,
+    eta_g,
+    c,
+    steps,
+    minibatches,
+    rounds,
+    std=0.0,
+    noise_seed=0,
+    sampler=None,
+    rate=None,
+    sampling_seed=0,
+    draws="aggregate",
+):
     n, d = len(C), len(x0)
     x = list(x0)
     out = []
@@ -264,9 +329,18 @@ def test_fed_alpha_normec_exact(participation, p, solver, private, draws, chunk)
     steps = 1 if solver == "gd1" else 3
     local = LocalSGD(3) if solver == "sgd3" else LocalGD(steps)
     noise = DPNoise(noise_multiplier=0.3, seed=5, draws=draws) if private else None
-    alg = FedAlphaNormEC(step_size=0.05, local_step_size=0.3, beta=0.4, alpha=0.5,
-                         local_solver=local, participation_prob=p, participation=participation,
-                         server_normalization=solver != "gd3", noise=noise, sampling_seed=9)  # fmt: skip
+    alg = FedAlphaNormEC(
+        step_size=0.05,
+        local_step_size=0.3,
+        beta=0.4,
+        alpha=0.5,
+        local_solver=local,
+        participation_prob=p,
+        participation=participation,
+        server_normalization=solver != "gd3",
+        noise=noise,
+        sampling_seed=9,
+    )
     xs = run(alg, centers, x0, chunk=chunk)
     ref = ref_fed_normec(
         centers.tolist(),
@@ -285,7 +359,7 @@ def test_fed_alpha_normec_exact(participation, p, solver, private, draws, chunk)
         noise_seed=5,
         sampling_seed=9,
         draws=draws,
-    )  # fmt: skip  (replace-one sensitivity 2)
+    )  # (replace-one sensitivity 2)
     assert_iterates(xs, ref)
     if private:  # the server sees who transmits: no amplification by p against it
         (mech,) = mechanisms(alg)
@@ -296,12 +370,31 @@ def test_fed_alpha_normec_exact(participation, p, solver, private, draws, chunk)
 
 def test_fed_alpha_normec_incremental_gradient_and_local_update_init():
     centers, x0 = data(t=4, b=1)  # N = 4 samples per client, one per local step
-    alg = FedAlphaNormEC(0.1, 0.2, beta=0.3, alpha=0.2, local_solver=IncrementalGradient(4),
-                         memory_init="local_update", server_normalization=False)  # fmt: skip
+    alg = FedAlphaNormEC(
+        0.1,
+        0.2,
+        beta=0.3,
+        alpha=0.2,
+        local_solver=IncrementalGradient(4),
+        memory_init="local_update",
+        server_normalization=False,
+    )
     xs = run(alg, centers, x0, batch_size=1, local_batches=4, shuffle=False, client_sizes=[4] * 5)
-    ref = ref_fed_normec(centers.tolist(), x0.tolist(), eta=0.1, gamma=0.2, beta=0.3, alpha=0.2,
-                         steps=4, minibatches=True, p=1.0, practical=False, sn=False,
-                         rounds=ROUNDS, init="local_update")  # fmt: skip
+    ref = ref_fed_normec(
+        centers.tolist(),
+        x0.tolist(),
+        eta=0.1,
+        gamma=0.2,
+        beta=0.3,
+        alpha=0.2,
+        steps=4,
+        minibatches=True,
+        p=1.0,
+        practical=False,
+        sn=False,
+        rounds=ROUNDS,
+        init="local_update",
+    )
     assert_iterates(xs, ref)
 
 
@@ -312,18 +405,37 @@ def test_fed_alpha_normec_recovers_alpha_normec(server_normalization, init, priv
     """p = 1, one local step: Algorithm 1 is α-NormEC (paper 004 line 147), bit for bit."""
     centers, x0 = data(t=1)
     noise = (lambda: DPNoise(noise_multiplier=0.7, seed=3)) if private else (lambda: None)
-    fed = FedAlphaNormEC(0.05, local_step_size=0.123, beta=0.4, alpha=0.5, memory_init=init[0],
-                         server_normalization=server_normalization, noise=noise())  # fmt: skip
-    base = AlphaNormEC(0.05, beta=0.4, alpha=0.5, memory_init=init[1],
-                       server_normalization=server_normalization, noise=noise())  # fmt: skip
+    fed = FedAlphaNormEC(
+        0.05,
+        local_step_size=0.123,
+        beta=0.4,
+        alpha=0.5,
+        memory_init=init[0],
+        server_normalization=server_normalization,
+        noise=noise(),
+    )
+    base = AlphaNormEC(
+        0.05,
+        beta=0.4,
+        alpha=0.5,
+        memory_init=init[1],
+        server_normalization=server_normalization,
+        noise=noise(),
+    )
     for a, b in zip(run(fed, centers, x0, rounds=30), run(base, centers, x0, rounds=30)):
         assert torch.equal(a, b)
 
 
 def test_fed_alpha_normec_paper_noise_and_messages():
     centers, x0 = data()
-    alg = FedAlphaNormEC(0.05, 0.1, beta=0.01, alpha=0.01, participation_prob=0.25,
-                         noise=DPNoise(epsilon=8.0, delta=1e-5, rounds=300))  # fmt: skip
+    alg = FedAlphaNormEC(
+        0.05,
+        0.1,
+        beta=0.01,
+        alpha=0.01,
+        participation_prob=0.25,
+        noise=DPNoise(epsilon=8.0, delta=1e-5, rounds=300),
+    )
     alg.setup(num_clients=5, dim=3, num_rounds=300, dtype=DT)
     # σ = p sqrt(K log(1/δ))/ε; the server's β makes it the paper's p β sqrt(K log(1/δ))/ε
     assert alg.noise_std == pytest.approx(0.25 * math.sqrt(300 * math.log(1e5)) / 8.0)
@@ -333,8 +445,9 @@ def test_fed_alpha_normec_paper_noise_and_messages():
 
 
 # ---------------------------------------------------------------------------- DP-FedAvg
-@pytest.mark.parametrize("sampler, rate", [(None, None), ("fixed", 3), ("bernoulli", 0.5),
-                                           ("poisson", 0.5)])  # fmt: skip
+@pytest.mark.parametrize(
+    "sampler, rate", [(None, None), ("fixed", 3), ("bernoulli", 0.5), ("poisson", 0.5)]
+)
 @pytest.mark.parametrize("op", ["clip", "norm"])
 @pytest.mark.parametrize(
     "private, draws", [(False, None), (True, "aggregate"), (True, "per_client")]
@@ -351,15 +464,35 @@ def test_dp_fedavg_exact(sampler, rate, op, private, draws, chunk):
         "poisson": lambda: PoissonSampler(0.5),
     }
     noise = DPNoise(noise_multiplier=0.2, seed=4, draws=draws) if private else None
-    alg = DPFedAvg(0.3, local_step_size=0.2, operator=operator, scale=2.0,
-                   local_solver=LocalGD(2), sampler=samplers[sampler] and samplers[sampler](),
-                   noise=noise, sampling_seed=6)  # fmt: skip
+    alg = DPFedAvg(
+        0.3,
+        local_step_size=0.2,
+        operator=operator,
+        scale=2.0,
+        local_solver=LocalGD(2),
+        sampler=samplers[sampler] and samplers[sampler](),
+        noise=noise,
+        sampling_seed=6,
+    )
     xs = run(alg, centers, x0, chunk=chunk)
     bound = 2.0 * (0.7 if op == "clip" else 1.0)
-    ref = ref_dp_fedavg(centers.tolist(), x0.tolist(), eta=0.3, gamma=0.2, psi=psi, scale=2.0,
-                        steps=2, minibatches=False, rounds=ROUNDS, sampler=sampler, rate=rate,
-                        std=0.2 * 2 * bound if private else 0.0, noise_seed=4, sampling_seed=6,
-                        draws=draws)  # fmt: skip
+    ref = ref_dp_fedavg(
+        centers.tolist(),
+        x0.tolist(),
+        eta=0.3,
+        gamma=0.2,
+        psi=psi,
+        scale=2.0,
+        steps=2,
+        minibatches=False,
+        rounds=ROUNDS,
+        sampler=sampler,
+        rate=rate,
+        std=0.2 * 2 * bound if private else 0.0,
+        noise_seed=4,
+        sampling_seed=6,
+        draws=draws,
+    )
     assert_iterates(xs, ref)
     if private:
         (mech,) = mechanisms(alg)
@@ -381,9 +514,17 @@ def test_dp_fedavg_appendix_d1_baseline():
     centers, x0 = data(t=1, seed=4)
     alg = DPFedAvg(0.1, local_step_size=0.1, operator=SmoothedNormalization(0.01), scale=0.01)
     xs = run(alg, centers, x0)
-    ref = ref_dp_fedavg(centers.tolist(), x0.tolist(), eta=0.1, gamma=0.1,
-                        psi=lambda v: smoothed(v, 0.01), scale=0.01, steps=1, minibatches=False,
-                        rounds=ROUNDS)  # fmt: skip
+    ref = ref_dp_fedavg(
+        centers.tolist(),
+        x0.tolist(),
+        eta=0.1,
+        gamma=0.1,
+        psi=lambda v: smoothed(v, 0.01),
+        scale=0.01,
+        steps=1,
+        minibatches=False,
+        rounds=ROUNDS,
+    )
     assert_iterates(xs, ref)
 
 
@@ -397,28 +538,64 @@ def test_per_sample_clipping_exact(level, c, solver, private, chunk):
     centers, x0 = data(seed=5)
     local = LocalSGD(3) if solver == "sgd" else LocalGD(3)
     noise = DPNoise(noise_multiplier=0.1, seed=8) if private and c else None
-    alg = FedAvgPerSampleClipping(0.2, clip_threshold=c, local_solver=local, clip_level=level,
-                                  noise=noise)  # fmt: skip
-    xs = run(alg, centers, x0, chunk=chunk, batch_size=2, local_batches=3, shuffle=True,
-             client_sizes=[6] * 5)  # fmt: skip
+    alg = FedAvgPerSampleClipping(
+        0.2, clip_threshold=c, local_solver=local, clip_level=level, noise=noise
+    )
+    xs = run(
+        alg,
+        centers,
+        x0,
+        chunk=chunk,
+        batch_size=2,
+        local_batches=3,
+        shuffle=True,
+        client_sizes=[6] * 5,
+    )
     batch = 2 if solver == "sgd" else 6  # examples per local step: a minibatch, or all of them
     # replace-one: 2c/B per example; the clipped minibatch mean can flip sign: 2c
     sens = 2 * (c or 0) / batch if level == "example" else 2 * (c or 0)
-    ref = ref_per_sample(centers.tolist(), x0.tolist(), eta=0.2, c=c, steps=3,
-                         minibatches=solver == "sgd", level=level, rounds=ROUNDS,
-                         std=0.1 * sens if noise else 0.0, noise_seed=8)  # fmt: skip
+    ref = ref_per_sample(
+        centers.tolist(),
+        x0.tolist(),
+        eta=0.2,
+        c=c,
+        steps=3,
+        minibatches=solver == "sgd",
+        level=level,
+        rounds=ROUNDS,
+        std=0.1 * sens if noise else 0.0,
+        noise_seed=8,
+    )
     assert_iterates(xs, ref)
 
 
 def test_per_sample_clipping_with_sampler_and_accounting():
     centers, x0 = data(seed=6)
-    alg = FedAvgPerSampleClipping(0.2, clip_threshold=0.5, local_solver=LocalSGD(3),
-                                  clip_level="example", sampler=FixedSizeSampler(2),
-                                  noise=DPNoise(noise_multiplier=1.0, seed=1), sampling_seed=2)  # fmt: skip
+    alg = FedAvgPerSampleClipping(
+        0.2,
+        clip_threshold=0.5,
+        local_solver=LocalSGD(3),
+        clip_level="example",
+        sampler=FixedSizeSampler(2),
+        noise=DPNoise(noise_multiplier=1.0, seed=1),
+        sampling_seed=2,
+    )
     xs = run(alg, centers, x0, batch_size=2, local_batches=3, shuffle=True, client_sizes=[6] * 5)
-    ref = ref_per_sample(centers.tolist(), x0.tolist(), eta=0.2, c=0.5, steps=3, minibatches=True,
-                         level="example", rounds=ROUNDS, std=0.5, noise_seed=1,
-                         sampler="fixed", rate=2, sampling_seed=2)  # fmt: skip
+    ref = ref_per_sample(
+        centers.tolist(),
+        x0.tolist(),
+        eta=0.2,
+        c=0.5,
+        steps=3,
+        minibatches=True,
+        level="example",
+        rounds=ROUNDS,
+        std=0.5,
+        noise_seed=1,
+        sampler="fixed",
+        rate=2,
+        sampling_seed=2,
+    )
     assert_iterates(xs, ref)  # std = 1 × 2c/B
     # the 3 steps walk all 6 examples of a shard: every example used once a round, unamplified
     (mech,) = mechanisms(alg)
@@ -429,8 +606,9 @@ def test_per_sample_clipping_with_sampler_and_accounting():
 
 
 def test_per_sample_paper_calibration_counts_local_steps():
-    alg = FedAvgPerSampleClipping(0.1, clip_threshold=2.0, local_solver=LocalGD(4),
-                                  noise=DPNoise(epsilon=4.0, delta=1e-5))  # fmt: skip
+    alg = FedAvgPerSampleClipping(
+        0.1, clip_threshold=2.0, local_solver=LocalGD(4), noise=DPNoise(epsilon=4.0, delta=1e-5)
+    )
     alg.setup(num_clients=3, dim=2, num_rounds=50, dtype=DT)
     # paper 003 line 196 with batch size 1 = N (record rate 1): σ = c sqrt(Rτ log(1/δ))/ε
     assert alg.noise_std == pytest.approx(2.0 * math.sqrt(200 * math.log(1e5)) / 4.0)
@@ -444,14 +622,16 @@ def test_per_sample_accounting_follows_how_local_steps_use_the_data():
     noise = DPNoise(noise_multiplier=2.0)
 
     def configured(solver, level="example", **data_kwargs):
-        alg = FedAvgPerSampleClipping(0.1, clip_threshold=1.0, local_solver=solver,
-                                      clip_level=level, noise=noise)  # fmt: skip
+        alg = FedAvgPerSampleClipping(
+            0.1, clip_threshold=1.0, local_solver=solver, clip_level=level, noise=noise
+        )
         alg.configure_data(**data_kwargs)
         alg.setup(num_clients=4, dim=2, num_rounds=10, dtype=DT)
         return alg, paper_mechanisms(alg)
 
-    alg, mechs = configured(LocalSGD(5), batch_size=2, local_batches=5, shuffle=True,
-                            client_sizes=[40] * 4)  # fmt: skip
+    alg, mechs = configured(
+        LocalSGD(5), batch_size=2, local_batches=5, shuffle=True, client_sizes=[40] * 4
+    )
     assert len(mechs) == 5 and mechs[0].sample_rate == pytest.approx(2 / 40)
     assert alg.noise_std == pytest.approx(2.0 * 2 * 1.0 / 2)  # multiplier × 2c/B (replace-one)
     assert mechs[0].noise_multiplier == pytest.approx(4.0)  # add/remove: c/B
@@ -459,18 +639,30 @@ def test_per_sample_accounting_follows_how_local_steps_use_the_data():
     uses = [len(mechanisms(alg, k)) for k in range(9)]
     assert uses == [1, 0, 0, 0, 1, 0, 0, 0, 1]
     assert mechanisms(alg, 0)[0].noise_multiplier == pytest.approx(2.0)
-    alg, mechs = configured(LocalGD(4), batch_size=8, local_batches=1, shuffle=True,
-                            client_sizes=[40] * 4)  # fmt: skip
+    alg, mechs = configured(
+        LocalGD(4), batch_size=8, local_batches=1, shuffle=True, client_sizes=[40] * 4
+    )
     assert len(mechs) == 1 and mechs[0].sample_rate == pytest.approx(8 / 40)
     assert mechs[0].noise_multiplier == pytest.approx(4.0 / 2)  # 4/√4
     assert mechanisms(alg, 0)[0].noise_multiplier == pytest.approx(2.0 / 2)  # replace-one: 2/√4
-    alg, mechs = configured(IncrementalGradient(10), batch_size=1, local_batches=10,
-                            shuffle=False, client_sizes=[10] * 4)  # fmt: skip
+    alg, mechs = configured(
+        IncrementalGradient(10),
+        batch_size=1,
+        local_batches=10,
+        shuffle=False,
+        client_sizes=[10] * 4,
+    )
     assert len(mechs) == 1 and mechs[0].sample_rate == 1.0
     assert mechs[0].noise_multiplier == pytest.approx(4.0)  # each example used once a round
     assert [len(mechanisms(alg, k)) for k in range(3)] == [1, 1, 1]
-    alg, mechs = configured(LocalGD(3), level="minibatch", batch_size=8, local_batches=1,
-                            shuffle=True, client_sizes=[40] * 4)  # fmt: skip
+    alg, mechs = configured(
+        LocalGD(3),
+        level="minibatch",
+        batch_size=8,
+        local_batches=1,
+        shuffle=True,
+        client_sizes=[40] * 4,
+    )
     assert sensitivity(alg) == 2.0  # the clipped mean flips: 2c
     assert mechs[0].noise_multiplier == pytest.approx(2.0 / math.sqrt(3))
     assert mechanisms(alg, 0)[0].noise_multiplier == pytest.approx(2.0 / math.sqrt(3))
@@ -484,9 +676,13 @@ def test_per_sample_target_calibration_certifies_the_target(solver):
         "gd": (LocalGD(3), dict(batch_size=6, local_batches=1, shuffle=True)),
         "ig": (IncrementalGradient(20), dict(batch_size=1, local_batches=20, shuffle=False)),
     }[solver]
-    alg = FedAvgPerSampleClipping(0.1, clip_threshold=1.0, local_solver=local,
-                                  clip_level="example",
-                                  noise=DPNoise(epsilon=2.0, delta=1e-5, calibration="target"))  # fmt: skip
+    alg = FedAvgPerSampleClipping(
+        0.1,
+        clip_threshold=1.0,
+        local_solver=local,
+        clip_level="example",
+        noise=DPNoise(epsilon=2.0, delta=1e-5, calibration="target"),
+    )
     alg.configure_data(client_sizes=[20] * 3, **data_kwargs)
     alg.setup(num_clients=3, dim=2, num_rounds=30, dtype=DT)
     accountant = PrivacyAccountant()  # the run's: auto (PLD), RDP's bound beside it
@@ -523,24 +719,45 @@ def test_per_example_clipping_bounds_each_example():
 @pytest.mark.parametrize("chunk", CHUNKS)
 def test_per_update_clipping_exact(sampler, rate, c, private, chunk):
     centers, x0 = data(seed=8)
-    samplers = {None: None, "fixed": lambda: FixedSizeSampler(2),
-                "poisson": lambda: PoissonSampler(0.6)}  # fmt: skip
+    samplers = {
+        None: None,
+        "fixed": lambda: FixedSizeSampler(2),
+        "poisson": lambda: PoissonSampler(0.6),
+    }
     noise = DPNoise(noise_multiplier=0.5, seed=2) if private and c else None
-    alg = FedAvgPerUpdateClipping(1.5, local_step_size=0.1, clip_threshold=c,
-                                  local_solver=LocalSGD(3),
-                                  sampler=samplers[sampler] and samplers[sampler](),
-                                  noise=noise, sampling_seed=3)  # fmt: skip
+    alg = FedAvgPerUpdateClipping(
+        1.5,
+        local_step_size=0.1,
+        clip_threshold=c,
+        local_solver=LocalSGD(3),
+        sampler=samplers[sampler] and samplers[sampler](),
+        noise=noise,
+        sampling_seed=3,
+    )
     xs = run(alg, centers, x0, chunk=chunk)
-    ref = ref_per_update(centers.tolist(), x0.tolist(), eta_l=0.1, eta_g=1.5, c=c, steps=3,
-                         minibatches=True, rounds=ROUNDS, std=0.5 * 2 * c if noise else 0.0,
-                         noise_seed=2, sampler=sampler, rate=rate, sampling_seed=3)  # fmt: skip
+    ref = ref_per_update(
+        centers.tolist(),
+        x0.tolist(),
+        eta_l=0.1,
+        eta_g=1.5,
+        c=c,
+        steps=3,
+        minibatches=True,
+        rounds=ROUNDS,
+        std=0.5 * 2 * c if noise else 0.0,
+        noise_seed=2,
+        sampler=sampler,
+        rate=rate,
+        sampling_seed=3,
+    )
     assert_iterates(xs, ref)
 
 
 def test_only_participants_compute():
     centers, x0 = data(seed=9)
-    alg = FedAvgPerUpdateClipping(1.0, 0.1, 0.5, local_solver=LocalGD(2),
-                                  sampler=FixedSizeSampler(2))  # fmt: skip
+    alg = FedAvgPerUpdateClipping(
+        1.0, 0.1, 0.5, local_solver=LocalGD(2), sampler=FixedSizeSampler(2)
+    )
     alg.setup(num_clients=5, dim=3, num_rounds=1, dtype=DT)
     grad_fn = oracle(centers)
     result = run_round(alg, x0, grad_fn)
@@ -609,8 +826,15 @@ def test_memories_are_checkpointed_and_streams_need_no_state():
     centers, x0 = data(seed=10)
 
     def make():
-        alg = FedAlphaNormEC(0.05, 0.1, 0.3, 0.1, participation_prob=0.5,
-                             noise=DPNoise(noise_multiplier=0.5, seed=1), sampling_seed=4)  # fmt: skip
+        alg = FedAlphaNormEC(
+            0.05,
+            0.1,
+            0.3,
+            0.1,
+            participation_prob=0.5,
+            noise=DPNoise(noise_multiplier=0.5, seed=1),
+            sampling_seed=4,
+        )
         alg.setup(num_clients=5, dim=3, num_rounds=10, dtype=DT)
         return alg
 

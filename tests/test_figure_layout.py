@@ -47,15 +47,20 @@ def gradient_norm_sweep(root, spread):
 
     def summary(point, seed):
         norms = [[k, spread[seed] / (k + 1)] for k in range(5)]
-        return {"rounds": 4, "communication_total_bits_per_agent": {"agent_to_agent": 400.0},
-                "full_grad_norm": {"history": norms}}  # fmt: skip
+        return {
+            "rounds": 4,
+            "communication_total_bits_per_agent": {"agent_to_agent": 400.0},
+            "full_grad_norm": {"history": norms},
+        }
 
     return write_results(
-        root, "PORTER", {"step_size": [0.01, 0.1]},
+        root,
+        "PORTER",
+        {"step_size": [0.01, 0.1]},
         lambda p, s: {"final_val_accuracy": 0.5 + p["step_size"], "rounds": 4},
         lambda p, s: {"val/acc": [(k, 0.1 * k + 0.01 * s) for k in (1, 2, 3, 4)]},
         summary,
-    )  # fmt: skip
+    )
 
 
 def test_comparison_bands_on_the_log_axis_and_the_legend(tmp_path):
@@ -70,7 +75,10 @@ def test_comparison_bands_on_the_log_axis_and_the_legend(tmp_path):
         assert ax.get_ylim()[0] <= band_y(ax).min()
     # one legend below the panels naming both methods, though BEER has no utility curve
     (legend,) = fig.legends
-    assert [t.get_text() for t in legend.get_texts()] == ["PORTER (step_size=0.1)", "BEER (step_size=0.1, consensus_step_size=0.5)"]  # fmt: skip
+    assert [t.get_text() for t in legend.get_texts()] == [
+        "PORTER (step_size=0.1)",
+        "BEER (step_size=0.1, consensus_step_size=0.5)",
+    ]
     assert "mean over seeds" in fig.get_suptitle()
 
 
@@ -88,11 +96,15 @@ def test_a_run_evaluated_once(tmp_path):
     """Validated at round 20 only: its dot sits at round 20 of the loss panel's 1–20 axis,
     with a note; the loss, spread widely over seeds, is on a log axis with its band above 0."""
     path = write_results(
-        tmp_path, "AlphaNormEC", {"beta": [0.01, 0.1], "step_size": [0.1]},
+        tmp_path,
+        "AlphaNormEC",
+        {"beta": [0.01, 0.1], "step_size": [0.1]},
         lambda p, s: {"final_val_accuracy": 0.5 + p["beta"] + 0.01 * s, "rounds": 20},
-        lambda p, s: {"train/loss": [(k, (0.2, 2.0, 0.5)[s] / k) for k in range(1, 21)],
-                      "val/acc": [(20, 0.5 + p["beta"] + 0.01 * s)]},
-    )  # fmt: skip
+        lambda p, s: {
+            "train/loss": [(k, (0.2, 2.0, 0.5)[s] / k) for k in range(1, 21)],
+            "val/acc": [(20, 0.5 + p["beta"] + 0.01 * s)],
+        },
+    )
     fig = report.report_figures(path)[0]["curves.png"]
     loss, acc = fig.axes
     assert layout_problems(fig) == []
@@ -108,28 +120,43 @@ def test_heatmaps_and_rounds_to_target_wrap_after_four_panels(tmp_path):
     """Six values of the second facet: rows of at most four per value of the first; six
     heterogeneity levels: the rounds-to-target panels wrap too."""
     ps = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6]
-    grid = {"beta": [0.01, 0.1], "step_size": [0.1, 1.0], "server_normalization": [True, False],
-            "participation_prob": ps}  # fmt: skip
+    grid = {
+        "beta": [0.01, 0.1],
+        "step_size": [0.1, 1.0],
+        "server_normalization": [True, False],
+        "participation_prob": ps,
+    }
     path = write_results(
-        tmp_path / "heat", "FedAlphaNormEC", grid,
-        lambda p, s: {"final_val_accuracy": 0.5 + p["beta"], "rounds": 2}, seeds=(0, 1),
-    )  # fmt: skip
+        tmp_path / "heat",
+        "FedAlphaNormEC",
+        grid,
+        lambda p, s: {"final_val_accuracy": 0.5 + p["beta"], "rounds": 2},
+        seeds=(0, 1),
+    )
     heatmap = report.report_figures(path, x="beta", y="step_size")[0]["heatmap.png"]
     assert len(panels(heatmap)) == 12 and per_row(heatmap) == 4
     assert layout_problems(heatmap) == []
     # each value of server normalization starts its own row: 4 + 2, 4 + 2
     rows = sorted({round(ax.get_position().y0, 3) for ax in panels(heatmap)}, reverse=True)
     norm = {round(ax.get_position().y0, 3): ax.get_title().split(",")[0] for ax in panels(heatmap)}
-    assert len(rows) == 4 and [norm[r] for r in rows] == ["server norm.=false"] * 2 + ["server norm.=true"] * 2  # fmt: skip
+    assert (
+        len(rows) == 4
+        and [norm[r] for r in rows] == ["server norm.=false"] * 2 + ["server norm.=true"] * 2
+    )
 
     levels = [1, 2, 3, 4, 5, 6]
     path = write_results(
-        tmp_path / "rounds", "FedAvgPerUpdateClipping",
+        tmp_path / "rounds",
+        "FedAvgPerUpdateClipping",
         {"clip_threshold": [0.1, None], "local_batches": [1, 5], "classes_per_client": levels},
-        lambda p, s: {"final_val_accuracy": 0.5, "rounds": 9, "rounds_to_target": 3 + s,
-                      "final_full_grad_norm": 0.1},
+        lambda p, s: {
+            "final_val_accuracy": 0.5,
+            "rounds": 9,
+            "rounds_to_target": 3 + s,
+            "final_full_grad_norm": 0.1,
+        },
         seeds=(0, 1),
-    )  # fmt: skip
+    )
     rounds = report.report_figures(path)[0]["rounds_to_target.png"]
     assert len(panels(rounds)) == 6 and per_row(rounds) == 4
     assert layout_problems(rounds) == []
@@ -137,10 +164,12 @@ def test_heatmaps_and_rounds_to_target_wrap_after_four_panels(tmp_path):
 
 
 def test_frontier_two_methods_at_the_same_non_private_accuracy(tmp_path):
-    sweeps = [private_sweep(tmp_path, name="frontier_a"),
-              nonprivate_sweep(tmp_path, name="frontier_a_nonprivate"),
-              private_sweep(tmp_path, name="frontier_b"),
-              nonprivate_sweep(tmp_path, name="frontier_b_nonprivate")]  # fmt: skip
+    sweeps = [
+        private_sweep(tmp_path, name="frontier_a"),
+        nonprivate_sweep(tmp_path, name="frontier_a_nonprivate"),
+        private_sweep(tmp_path, name="frontier_b"),
+        nonprivate_sweep(tmp_path, name="frontier_b_nonprivate"),
+    ]
     assert (tmp_path / "out" / "frontier.png") in frontier(sweeps, tmp_path / "out")
     points = report.frontier_points(sweeps)
     fig = _figure(points, _Names("final_test_accuracy", "final_val_accuracy"))
@@ -149,7 +178,11 @@ def test_frontier_two_methods_at_the_same_non_private_accuracy(tmp_path):
     assert not ax.texts  # no label beside the dashed lines, where two would print as one
     (legend,) = fig.legends
     assert [t.get_text() for t in legend.get_texts()] == [
-        "a (3 seeds)", "a: non-private", "b (3 seeds)", "b: non-private"]  # fmt: skip
+        "a (3 seeds)",
+        "a: non-private",
+        "b (3 seeds)",
+        "b: non-private",
+    ]
 
 
 def test_training_curves_of_many_metrics_wrap_and_one_value_is_noted():
@@ -164,7 +197,8 @@ def test_training_curves_of_many_metrics_wrap_and_one_value_is_noted():
     assert fig.get_figwidth() <= 4.5 * 4 and layout_problems(fig) == []
     last = fig.axes[-1]
     assert last.get_title() == "val_acc" and [t.get_text() for t in last.texts] == [
-        "one value only (round 20)"]  # fmt: skip
+        "one value only (round 20)"
+    ]
     assert last.get_xlim() == fig.axes[0].get_xlim()
     assert last.get_xlim()[0] <= 1 and last.get_xlim()[1] >= 21
     assert math.isclose(np.ptp(fig.axes[0].get_xlim()), np.ptp(last.get_xlim()))
@@ -184,12 +218,16 @@ def test_the_curves_legend_covers_no_curve(tmp_path):
     (inside, ``loc="best"`` put it on a curve, as on docs/figures/report_curves.png)."""
     zigzag = [(k, (k % 2) * 0.9 + 0.05) for k in range(1, 13)]
     path = write_results(
-        tmp_path, "AlphaNormEC", {"beta": [0.01, 0.03, 0.1, 0.3], "step_size": [0.1]},
+        tmp_path,
+        "AlphaNormEC",
+        {"beta": [0.01, 0.03, 0.1, 0.3], "step_size": [0.1]},
         lambda p, s: {"final_val_accuracy": 0.5 + p["beta"], "rounds": 12},
-        lambda p, s: {"train/loss": [(k, 1.0 / k) for k in range(1, 13)],
-                      "val/acc": [(k, abs(v - p["beta"])) for k, v in zigzag]},
+        lambda p, s: {
+            "train/loss": [(k, 1.0 / k) for k in range(1, 13)],
+            "val/acc": [(k, abs(v - p["beta"])) for k, v in zigzag],
+        },
         seeds=(0,),
-    )  # fmt: skip
+    )
     fig = report.report_figures(path)[0]["curves.png"]
     assert layout_problems(fig) == []
     (legend,) = fig.legends

@@ -44,14 +44,19 @@ def test_selection_on_validation_interval_and_the_non_private_point(tmp_path):
         points = frontier_points([private_sweep(tmp_path, failed=True), nonprivate_sweep(tmp_path)])
     # the private sweep and its non-private twin are one method, named after the sweep
     assert [(p.method, p.target, p.private) for p in points] == [
-        ("mnist_dpsgd", "1", True), ("mnist_dpsgd", "8", True), ("mnist_dpsgd", "", False)]  # fmt: skip
+        ("mnist_dpsgd", "1", True),
+        ("mnist_dpsgd", "8", True),
+        ("mnist_dpsgd", "", False),
+    ]
     at1, at8, off = points
     # ε = 1: the best validation step size (0.1), with its (worse) test accuracy
     assert at1.selected == {"step_size": "0.1"} and at1.candidates == 2
     expected = mean_interval(TEST[("1.0", 0.1)] + s for s in SPREAD)
     assert (at1.test.n, at1.test.mean) == (3, pytest.approx(expected.mean))
-    assert (at1.test.low, at1.test.high) == (pytest.approx(expected.low),
-                                             pytest.approx(expected.high))  # fmt: skip
+    assert (at1.test.low, at1.test.high) == (
+        pytest.approx(expected.low),
+        pytest.approx(expected.high),
+    )
     assert at1.val.mean == pytest.approx(0.80 + sum(SPREAD) / 3)
     assert at1.certified.mean == pytest.approx(1.001) and at1.adversary == "server"
     assert at8.selected == {"step_size": "1.0"}
@@ -81,8 +86,12 @@ def test_files_figure_and_caption(tmp_path):
     assert written[0].stat().st_size > 10_000
     table = read_csv(written[1])
     assert [(r["method"], r["target_epsilon"]) for r in table] == [
-        ("mnist_dpsgd", "1"), ("mnist_dpsgd", "8"), ("mnist_dpsgd", ""),
-        ("mnist_dp_clip21", "1"), ("mnist_dp_clip21", "8")]  # fmt: skip
+        ("mnist_dpsgd", "1"),
+        ("mnist_dpsgd", "8"),
+        ("mnist_dpsgd", ""),
+        ("mnist_dp_clip21", "1"),
+        ("mnist_dp_clip21", "8"),
+    ]
     first = table[0]
     assert first["selected"] == "step_size=0.1" and first["seeds"] == "3"
     assert float(first["final_test_accuracy_mean"]) == pytest.approx(50.333333, abs=1e-4)
@@ -101,8 +110,19 @@ def test_compare_frontier_command(tmp_path, capsys):
     a, b = private_sweep(tmp_path, name="one"), nonprivate_sweep(tmp_path, name="two")
     out = tmp_path / "report"
     with pytest.raises(SystemExit) as exit_:
-        main(["compare", "--frontier", str(a), str(b), "--out", str(out),
-              "--labels", "DP-SGD", "DP-SGD"])  # fmt: skip
+        main(
+            [
+                "compare",
+                "--frontier",
+                str(a),
+                str(b),
+                "--out",
+                str(out),
+                "--labels",
+                "DP-SGD",
+                "DP-SGD",
+            ]
+        )
     assert exit_.value.code == 0
     printed = capsys.readouterr().out
     assert str(out / "frontier.png") in printed and FRONTIER_SELECTION in printed
@@ -114,7 +134,10 @@ def test_compare_frontier_command(tmp_path, capsys):
     # without labels, the folders' names: two methods, one of them only non-private
     frontier([a, b], tmp_path / "two")
     assert [r["method"] for r in read_csv(tmp_path / "two" / "frontier.csv")] == [
-        "one", "one", "two"]  # fmt: skip
+        "one",
+        "one",
+        "two",
+    ]
 
 
 def test_empty_input_is_one_clear_error(tmp_path, capsys):
@@ -124,8 +147,9 @@ def test_empty_input_is_one_clear_error(tmp_path, capsys):
         frontier([tmp_path / "missing.csv"], tmp_path / "out")
     with pytest.raises(ValueError, match=r"2 label.* for 1 results file"):
         frontier([nonprivate_sweep(tmp_path)], tmp_path / "out", labels=["a", "b"])
-    failed = write_sweep_results(tmp_path, "failed", [
-        ({"seed": 0, EPS: 1.0, STEP: 0.1}, {"status": "failed: boom"})])  # fmt: skip
+    failed = write_sweep_results(
+        tmp_path, "failed", [({"seed": 0, EPS: 1.0, STEP: 0.1}, {"status": "failed: boom"})]
+    )
     with pytest.warns(UserWarning, match="did not finish"):
         with pytest.raises(ValueError, match="no finished run with a final_val_accuracy"):
             frontier([failed], tmp_path / "out")
@@ -141,13 +165,24 @@ def test_the_target_of_a_sweep_without_an_epsilon_column_comes_from_the_runs(tmp
     the target in its runs' configs; two such sweeps pool under one label."""
     paths = []
     for eps in (1.0, 8.0):
-        runs = [({"seed": seed, STEP: step}, {"final_val_accuracy": 0.5 + step / 10 + eps / 100,
-                                              "final_test_accuracy": 0.4, "epsilon": eps})
-                for step in (0.1, 1.0) for seed in (0, 1)]  # fmt: skip
+        runs = [
+            (
+                {"seed": seed, STEP: step},
+                {
+                    "final_val_accuracy": 0.5 + step / 10 + eps / 100,
+                    "final_test_accuracy": 0.4,
+                    "epsilon": eps,
+                },
+            )
+            for step in (0.1, 1.0)
+            for seed in (0, 1)
+        ]
         paths.append(write_sweep_results(tmp_path, f"eps{eps:g}", runs, config_epsilon=eps))
     points = frontier_points(paths, labels=["clip21", "clip21"])
     assert [(p.method, p.target, p.selected) for p in points] == [
-        ("clip21", "1", {"step_size": "1.0"}), ("clip21", "8", {"step_size": "1.0"})]  # fmt: skip
+        ("clip21", "1", {"step_size": "1.0"}),
+        ("clip21", "8", {"step_size": "1.0"}),
+    ]
     assert [p.certified.mean for p in points] == [1.0, 8.0]
 
 
@@ -158,8 +193,18 @@ def test_kept_runs_draw_the_same_frontier_without_the_sweeps_folders(tmp_path, c
     a, b = private_sweep(sweeps), nonprivate_sweep(sweeps)
     out = tmp_path / "report"
     with pytest.raises(SystemExit) as exit_:
-        main(["compare", "--frontier", str(a), str(b.parent), "--out", str(out),
-              "--keep-runs", str(record)])  # fmt: skip
+        main(
+            [
+                "compare",
+                "--frontier",
+                str(a),
+                str(b.parent),
+                "--out",
+                str(out),
+                "--keep-runs",
+                str(record),
+            ]
+        )
     assert exit_.value.code == 0
     assert str(record / "frontier_mnist_dpsgd" / "results.csv") in capsys.readouterr().out
     before = read_csv(out / "frontier.csv")
@@ -174,8 +219,12 @@ def test_kept_runs_draw_the_same_frontier_without_the_sweeps_folders(tmp_path, c
     assert len(lines) == 12 + 6 and all(set(line) == {"run", "summary"} for line in lines)
     sizes = {"client_sizes": [5] * 10_000, "shuffle": True}  # a long list kept as its summary
     assert _slim({"data": sizes, "few": [1, 2]}) == {
-        "data": {"client_sizes": {"length": 10_000, "min": 5, "max": 5, "sum": 50_000},
-                 "shuffle": True}, "few": [1, 2]}  # fmt: skip
+        "data": {
+            "client_sizes": {"length": 10_000, "min": 5, "max": 5, "sum": 50_000},
+            "shuffle": True,
+        },
+        "few": [1, 2],
+    }
     assert read_csv(frontier(kept, tmp_path / "again")[1]) == before
     # a slice with one more (failed) run: merged, the others' rows kept once
     keep_runs([private_sweep(tmp_path / "later", failed=True)], record)

@@ -89,14 +89,24 @@ def test_module_with_cuda_graphs_follows_eager_module():
     finals = []
     for graphs in (False, True):
         torch.manual_seed(0)
-        dm = DigitsDataModule(num_clients=5, batch_size=16,
-                              partitioner=DirichletPartitioner(concentration=0.5, seed=1))  # fmt: skip
+        dm = DigitsDataModule(
+            num_clients=5,
+            batch_size=16,
+            partitioner=DirichletPartitioner(concentration=0.5, seed=1),
+        )
         alg = AlphaNormEC(0.05, beta=0.1, alpha=0.01, noise=DPNoise(epsilon=8.0, seed=3))
         module = FederatedModule(MLP(64, [16], 10, batch_norm=True), alg, cuda_graphs=graphs)
-        trainer = pl.Trainer(accelerator="gpu", devices=1, max_steps=20, logger=False,
-                             enable_checkpointing=False, enable_progress_bar=False,
-                             enable_model_summary=False, num_sanity_val_steps=0,
-                             limit_val_batches=0)  # fmt: skip
+        trainer = pl.Trainer(
+            accelerator="gpu",
+            devices=1,
+            max_steps=20,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            num_sanity_val_steps=0,
+            limit_val_batches=0,
+        )
         trainer.fit(module, datamodule=dm)
         assert module.oracle.cuda_graph is graphs
         finals.append(
@@ -132,12 +142,27 @@ def test_clients_sharded_over_two_gpus_with_nccl(tmp_path):
 
     root = Path(__file__).resolve().parents[1]
     names = ["dp_alpha_normec", "porter_dp"]
-    env = {**os.environ, "PL_PRIVFED_TEST_ACCELERATOR": "gpu",
-           "PYTHONPATH": os.pathsep.join([str(root / "tests"), str(root)])}  # fmt: skip
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                           "--nproc_per_node=2", str(root / "tests/helpers/ddp_families.py"),
-                           str(tmp_path), *names], env=env, capture_output=True, text=True,
-                          timeout=900)  # fmt: skip
+    env = {
+        **os.environ,
+        "PL_PRIVFED_TEST_ACCELERATOR": "gpu",
+        "PYTHONPATH": os.pathsep.join([str(root / "tests"), str(root)]),
+    }
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            str(root / "tests/helpers/ddp_families.py"),
+            str(tmp_path),
+            *names,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     for name in names:
         saved = torch.load(tmp_path / f"{name}.pt", weights_only=False)["state"]

@@ -37,8 +37,9 @@ def reference_norm(model, dm, weighting):
 
 @pytest.mark.parametrize("weighting", ["clients", "examples"])
 def test_full_gradient_norm_is_exact(tmp_path, weighting):
-    dm = DigitsDataModule(num_clients=5, batch_size=16,
-                          partitioner=DirichletPartitioner(0.3, seed=1))  # fmt: skip
+    dm = DigitsDataModule(
+        num_clients=5, batch_size=16, partitioner=DirichletPartitioner(0.3, seed=1)
+    )
     model = MLP(64, [16], 10)
     module = FederatedModule(model, FedAvgPerUpdateClipping(1.0, 0.1, clip_threshold=1.0))
     callback = GradientNorm(every_n_rounds=2, weighting=weighting, chunk_size=100)

@@ -42,8 +42,9 @@ class Digits64(DigitsDataModule):
 
 
 def _data(dtype=torch.float64, **kwargs):
-    args = dict(num_clients=4, batch_size=8,
-                partitioner=DirichletPartitioner(concentration=0.5, seed=1))  # fmt: skip
+    args = dict(
+        num_clients=4, batch_size=8, partitioner=DirichletPartitioner(concentration=0.5, seed=1)
+    )
     args.update(kwargs)
     return Digits64(**args) if dtype == torch.float64 else DigitsDataModule(**args)
 
@@ -97,8 +98,7 @@ def test_resnet20_grid_equals_separate_runs(backend, tmp_path):
     assert not torch.equal(module.grid_params[0], module.grid_params[1])
 
 
-@pytest.mark.parametrize("backend, batch_norm", [("vmap", True), ("loop", True),
-                                                 ("layers", False)])  # fmt: skip
+@pytest.mark.parametrize("backend, batch_norm", [("vmap", True), ("loop", True), ("layers", False)])
 def test_alpha_normec_grid_equals_separate_runs(backend, batch_norm, tmp_path, monkeypatch):
     """Paper 002's grid axes (γ, β, server normalization): each configuration's parameters,
     BatchNorm running statistics and memories equal its own run's, in float64; its gradients
@@ -148,8 +148,14 @@ def test_a_grid_over_an_operator_argument_rebuilds_the_operator(tmp_path):
     from pl_privfed.sampling import PoissonSampler
 
     noise = DPNoise(epsilon=8.0, calibration="target", placement="central", seed=2)
-    alg = DPFedAvg(0.5, local_step_size=1.0, operator=Clip(1.0),
-                   sampler=PoissonSampler(0.5), sampling_seed=1, noise=noise)  # fmt: skip
+    alg = DPFedAvg(
+        0.5,
+        local_step_size=1.0,
+        operator=Clip(1.0),
+        sampler=PoissonSampler(0.5),
+        sampling_seed=1,
+        noise=noise,
+    )
     grid = {"operator.threshold": [0.3, 3.0], "noise.epsilon": [2.0, 8.0]}
     module = GridModule(_model(), alg, grad_backend="vmap", grid=grid, grid_dir=str(tmp_path / "g"))
     with pytest.raises(ValueError, match="Clip has no argument 'nope'"):
@@ -232,23 +238,26 @@ def test_a_grid_told_to_refuse_names_how_many_configurations_fit(tmp_path, monke
 def test_grid_with_local_steps_serves_other_requests_from_the_oracle(tmp_path):
     """FedAvg with per-update clipping asks for gradients at per-client local iterates (not the
     batched request): those go to the oracle as in a single run, with the same results."""
-    alg = FedAvgPerUpdateClipping(1.0, local_step_size=0.1, clip_threshold=1.0,
-                                  local_solver=LocalSGD(steps=2))  # fmt: skip
+    alg = FedAvgPerUpdateClipping(
+        1.0, local_step_size=0.1, clip_threshold=1.0, local_solver=LocalSGD(steps=2)
+    )
     grid = {"clip_threshold": [0.1, 10.0]}
     data = dict(local_batches=2)
     module = GridModule(_model(batch_norm=False), alg, grad_backend="vmap", grid=grid)
     _fit(module, tmp_path / "grid", 3, data=_data(**data))
     for k, point in enumerate(module.grid_points):
-        single = FederatedModule(_model(batch_norm=False), rebuild_algorithm(alg, point),
-                                 grad_backend="vmap")  # fmt: skip
+        single = FederatedModule(
+            _model(batch_norm=False), rebuild_algorithm(alg, point), grad_backend="vmap"
+        )
         _fit(single, tmp_path / f"s{k}", 3, data=_data(**data))
         torch.testing.assert_close(module.grid_params[k], single.layout.flatten(single.model))
 
 
 def test_diverging_configuration_is_frozen_and_the_others_go_on(tmp_path):
     alg = Clip21(0.1, clip_threshold=1.0)
-    module = GridModule(_model(batch_norm=False, dtype=torch.float32), alg,
-                             grid={"step_size": [0.1, 3e38]})  # fmt: skip
+    module = GridModule(
+        _model(batch_norm=False, dtype=torch.float32), alg, grid={"step_size": [0.1, 3e38]}
+    )
     _fit(module, tmp_path / "grid", 6)
     ok, failed = [c.status for c in module.configurations]
     assert ok == "finished"
@@ -259,8 +268,9 @@ def test_diverging_configuration_is_frozen_and_the_others_go_on(tmp_path):
     _fit(single, tmp_path / "single", 6)
     torch.testing.assert_close(module.grid_params[0], single.layout.flatten(single.model))
     # when every configuration diverges the run stops, naming the round
-    module = GridModule(_model(batch_norm=False, dtype=torch.float32), alg,
-                             grid={"step_size": [3e38]})  # fmt: skip
+    module = GridModule(
+        _model(batch_norm=False, dtype=torch.float32), alg, grid={"step_size": [3e38]}
+    )
     with pytest.raises(NonFiniteLossError, match="round"):
         _fit(module, tmp_path / "all", 6)
 
@@ -268,16 +278,23 @@ def test_diverging_configuration_is_frozen_and_the_others_go_on(tmp_path):
 def test_a_grid_in_which_every_configuration_diverges_still_writes_its_results(tmp_path):
     """Today the run stopped with summary.json pointing to a results.csv never written."""
     out = tmp_path / "out"
-    module = GridModule(_model(batch_norm=False, dtype=torch.float32),
-                             Clip21(0.1, clip_threshold=1.0),
-                             grid={"step_size": [3e38, 1e38]}, grid_dir=str(out))  # fmt: skip
+    module = GridModule(
+        _model(batch_norm=False, dtype=torch.float32),
+        Clip21(0.1, clip_threshold=1.0),
+        grid={"step_size": [3e38, 1e38]},
+        grid_dir=str(out),
+    )
     summary = RunSummary(dirpath=str(tmp_path))
     with pytest.raises(NonFiniteLossError, match="every configuration"):
         _fit(module, tmp_path / "all", 6, callbacks=[summary])
     data = json.loads((tmp_path / "summary.json").read_text())
     assert data["status"].startswith("failed: NonFiniteLossError")
-    assert data["grid"] == {"configurations": 2, "finished": 0, "failed": 2,
-                            "results": str(out / "results.csv")}  # fmt: skip
+    assert data["grid"] == {
+        "configurations": 2,
+        "finished": 0,
+        "failed": 2,
+        "results": str(out / "results.csv"),
+    }
     with open(data["grid"]["results"]) as f:
         rows = list(csv.DictReader(f))
     assert [r["step_size"] for r in rows] == ["3e+38", "1e+38"]
@@ -287,10 +304,15 @@ def test_a_grid_in_which_every_configuration_diverges_still_writes_its_results(t
 def test_grid_results_are_a_sweep_that_report_draws(tmp_path):
     alg = AlphaNormEC(0.05, beta=0.1, alpha=0.01)
     grid = {"beta": [0.1, 1.0], "step_size": [0.01, 0.1, 0.5]}
-    module = GridModule(_model(dtype=torch.float32), alg, grid=grid,
-                             grid_dir=str(tmp_path / "out"))  # fmt: skip
-    _fit(module, tmp_path / "grid", 6, limit_val_batches=None, val_check_interval=3,
-         log_every_n_steps=2)  # fmt: skip
+    module = GridModule(_model(dtype=torch.float32), alg, grid=grid, grid_dir=str(tmp_path / "out"))
+    _fit(
+        module,
+        tmp_path / "grid",
+        6,
+        limit_val_batches=None,
+        val_check_interval=3,
+        log_every_n_steps=2,
+    )
     with (tmp_path / "out" / "results.csv").open() as f:
         rows = list(csv.DictReader(f))
     assert [(r["beta"], r["step_size"]) for r in rows] == [
@@ -331,10 +353,20 @@ def test_a_grid_summary_reports_its_best_configuration_without_a_warning(tmp_pat
     "no metric 'val/acc' was logged" (RunSummary read the metrics before the grid logged them,
     and read ``val/acc`` and ``train/loss``, which a grid does not log): it now reports the best
     configuration's, named."""
-    module = GridModule(_model(dtype=torch.float32), Clip21(0.1, clip_threshold=1.0),
-                        grid={"step_size": [0.01, 0.5]}, grid_dir=str(tmp_path / "out"))  # fmt: skip
-    _fit(module, tmp_path / "grid", 4, callbacks=[RunSummary(dirpath=str(tmp_path))],
-         limit_val_batches=None, val_check_interval=2)  # fmt: skip
+    module = GridModule(
+        _model(dtype=torch.float32),
+        Clip21(0.1, clip_threshold=1.0),
+        grid={"step_size": [0.01, 0.5]},
+        grid_dir=str(tmp_path / "out"),
+    )
+    _fit(
+        module,
+        tmp_path / "grid",
+        4,
+        callbacks=[RunSummary(dirpath=str(tmp_path))],
+        limit_val_batches=None,
+        val_check_interval=2,
+    )
     assert not [str(w.message) for w in recwarn if "no metric" in str(w.message)]
     data = json.loads((tmp_path / "summary.json").read_text())
     accuracies = [module.configurations[k].curves["val/acc"] for k in range(2)]
@@ -350,10 +382,17 @@ def test_a_grid_summary_reports_its_best_configuration_without_a_warning(tmp_pat
 def test_grid_resume_is_bit_identical(tmp_path):
     def run(name, ckpt_path=None, callbacks=()):
         alg = AlphaNormEC(0.05, beta=0.1, alpha=0.01, noise=DPNoise(epsilon=8.0, seed=3))
-        module = GridModule(_model(dtype=torch.float32), alg,
-                                 grid={"beta": [0.1, 1.0], "noise.epsilon": [2.0, 8.0]})  # fmt: skip
-        _fit(module, tmp_path / name, 8, callbacks=list(callbacks), enable_checkpointing=True,
-             ckpt_path=ckpt_path)  # fmt: skip
+        module = GridModule(
+            _model(dtype=torch.float32), alg, grid={"beta": [0.1, 1.0], "noise.epsilon": [2.0, 8.0]}
+        )
+        _fit(
+            module,
+            tmp_path / name,
+            8,
+            callbacks=list(callbacks),
+            enable_checkpointing=True,
+            ckpt_path=ckpt_path,
+        )
         return module
 
     full = run("full")
@@ -380,8 +419,11 @@ def test_a_grid_from_a_finished_checkpoint_only_warns(tmp_path):
     assert FederatedModule.tests_finished_checkpoint and not GridModule.tests_finished_checkpoint
 
     def module():
-        return GridModule(_model(dtype=torch.float32), AlphaNormEC(0.05, beta=0.1, alpha=0.01),
-                          grid={"beta": [0.1, 1.0]})  # fmt: skip
+        return GridModule(
+            _model(dtype=torch.float32),
+            AlphaNormEC(0.05, beta=0.1, alpha=0.01),
+            grid={"beta": [0.1, 1.0]},
+        )
 
     ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=2, save_top_k=-1)
     _fit(module(), tmp_path / "first", 2, callbacks=[ckpt], enable_checkpointing=True)
@@ -404,15 +446,27 @@ def test_a_killed_and_resumed_grid_reports_what_the_uninterrupted_grid_does(tmp_
 
     def run(name, ckpt_path=None, callbacks=()):
         alg = AlphaNormEC(0.05, beta=0.1, alpha=0.01)
-        module = GridModule(_model(dtype=torch.float32), alg,
-                            grid={"beta": [0.1, 1.0], "alpha": [0.01, 1.0]})  # fmt: skip
-        _fit(module, tmp_path / name, 8, enable_checkpointing=True, ckpt_path=ckpt_path,
-             callbacks=[validated, *callbacks], **evaluate)  # fmt: skip
+        module = GridModule(
+            _model(dtype=torch.float32), alg, grid={"beta": [0.1, 1.0], "alpha": [0.01, 1.0]}
+        )
+        _fit(
+            module,
+            tmp_path / name,
+            8,
+            enable_checkpointing=True,
+            ckpt_path=ckpt_path,
+            callbacks=[validated, *callbacks],
+            **evaluate,
+        )
         return module
 
     full = run("full")
-    ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=4, save_top_k=-1,
-                           save_on_train_epoch_end=False)  # fmt: skip
+    ckpt = ModelCheckpoint(
+        dirpath=tmp_path / "ckpt",
+        every_n_train_steps=4,
+        save_top_k=-1,
+        save_on_train_epoch_end=False,
+    )
     run("first", callbacks=[ckpt, StopAt(4)])
     path = next(p for p in (tmp_path / "ckpt").glob("*.ckpt") if p.name == "round=000004.ckpt")
     validated.rounds = []
@@ -443,8 +497,9 @@ def test_bad_grid_fails_at_construction(grid, message):
 @pytest.mark.parametrize("chunk", [0, 2.5, True])
 def test_bad_grid_chunk(chunk):
     with pytest.raises(ValueError, match="grid_chunk"):
-        GridModule(_model(), AlphaNormEC(0.1, beta=0.1, alpha=0.01), grid={"beta": [1.0]},
-                        grid_chunk=chunk)  # fmt: skip
+        GridModule(
+            _model(), AlphaNormEC(0.1, beta=0.1, alpha=0.01), grid={"beta": [1.0]}, grid_chunk=chunk
+        )
 
 
 def test_private_configurations_with_their_own_epsilon_keep_their_own_ledgers(
@@ -460,8 +515,9 @@ def test_private_configurations_with_their_own_epsilon_keep_their_own_ledgers(
     module = GridModule(_model(), alg, grad_backend="vmap", grid=grid, grid_dir=str(tmp_path / "g"))
     solved = []  # σ is solved once per target ε: the step size does not enter the calibration
     plan._solve_once.cache_clear()
-    monkeypatch.setattr(plan, "calibrate_noise_std", lambda **kw: solved.append(kw) or
-                        calibrate_noise_std(**kw))  # fmt: skip
+    monkeypatch.setattr(
+        plan, "calibrate_noise_std", lambda **kw: solved.append(kw) or calibrate_noise_std(**kw)
+    )
     _fit(module, tmp_path / "grid", 3)
     assert sorted(kw["target_epsilon"] for kw in solved) == [2.0, 8.0]
     stds = [module.grid_ledger(k).noise_std for k in range(4)]
@@ -469,8 +525,9 @@ def test_private_configurations_with_their_own_epsilon_keep_their_own_ledgers(
     assert [module.grid_ledger(k).rounds_accounted for k in range(4)] == [3] * 4
     for k, target in enumerate([2.0, 2.0, 8.0, 8.0]):
         assert module.grid_ledger(k).epsilon() == pytest.approx(target, rel=1e-2)
-        summary = json.loads(next((tmp_path / "g" / "runs").glob(f"{k:04d}-*/summary.json"))
-                             .read_text())  # fmt: skip
+        summary = json.loads(
+            next((tmp_path / "g" / "runs").glob(f"{k:04d}-*/summary.json")).read_text()
+        )
         assert summary["epsilon"] == module.grid_ledger(k).epsilon()
         assert summary["privacy"]["target_epsilon"] == target and summary["private"] is True
     _assert_equals_separate_runs(module, alg, "vmap", 3, tmp_path, True)
@@ -503,36 +560,64 @@ def test_a_grid_given_as_points_trains_exactly_those():
 
 def test_grid_points_order_is_the_sweep_order():
     points = grid_points(AlphaNormEC(0.1, 0.1, 0.1), {"beta": [1, 2], "alpha": [3, 4]})
-    assert points == [{"beta": 1, "alpha": 3}, {"beta": 1, "alpha": 4},
-                      {"beta": 2, "alpha": 3}, {"beta": 2, "alpha": 4}]  # fmt: skip
+    assert points == [
+        {"beta": 1, "alpha": 3},
+        {"beta": 1, "alpha": 4},
+        {"beta": 2, "alpha": 3},
+        {"beta": 2, "alpha": 4},
+    ]
 
 
 REPO = Path(__file__).resolve().parents[1]
-GRIDS = [("alpha_normec", "alpha_normec", 96), ("dpsgd_smoothed_normalization", "dpsgd", 16),
-         ("clip21", "clip21", 16)]  # fmt: skip
+GRIDS = [
+    ("alpha_normec", "alpha_normec", 96),
+    ("dpsgd_smoothed_normalization", "dpsgd", 16),
+    ("clip21", "clip21", 16),
+]
 
 
 @pytest.mark.parametrize("base, overlay, size", GRIDS, ids=[g[1] for g in GRIDS])
 def test_paper_002_grid_overlays_match_their_sweeps(base, overlay, size, tmp_path, monkeypatch):
     """Each grid overlay builds the configurations of the sweep file it replaces."""
     monkeypatch.chdir(tmp_path)
-    cli = PrivFedCLI(args=["--config", str(REPO / f"configs/paper/alpha_normec/{base}.yaml"),
-                           "--config", str(REPO / f"configs/paper/grid_paper002_{overlay}.yaml"),
-                           "--trainer.logger", "false"], run=False)  # fmt: skip
+    cli = PrivFedCLI(
+        args=[
+            "--config",
+            str(REPO / f"configs/paper/alpha_normec/{base}.yaml"),
+            "--config",
+            str(REPO / f"configs/paper/grid_paper002_{overlay}.yaml"),
+            "--trainer.logger",
+            "false",
+        ],
+        run=False,
+    )
     sweep = load_sweep(REPO / f"configs/sweeps/paper002_{overlay}.yaml")
     # the sweep's seed axis is not a grid parameter: a grid takes it through a sweep over --seed
-    expected = {repr({k.rsplit(".", 1)[-1]: v for k, v in p.items() if k != "seed"})
-                for p in sweep_grid(sweep)}  # fmt: skip
+    expected = {
+        repr({k.rsplit(".", 1)[-1]: v for k, v in p.items() if k != "seed"})
+        for p in sweep_grid(sweep)
+    }
     assert len(cli.model.grid_points) == size
     assert sorted(map(repr, cli.model.grid_points)) == sorted(expected)
 
 
 def test_grid_from_the_command_line(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    main(["fit", "--config", str(REPO / "configs/algorithms/dp_alpha_normec_digits.yaml"),
-          "--trainer.max_steps", "4", "--trainer.val_check_interval", "2",
-          "--model.grid", '{"step_size": [0.1, 0.2], "beta": [0.1, 1.0]}',
-          "--model.grid_dir", "grid"])  # fmt: skip
+    main(
+        [
+            "fit",
+            "--config",
+            str(REPO / "configs/algorithms/dp_alpha_normec_digits.yaml"),
+            "--trainer.max_steps",
+            "4",
+            "--trainer.val_check_interval",
+            "2",
+            "--model.grid",
+            '{"step_size": [0.1, 0.2], "beta": [0.1, 1.0]}',
+            "--model.grid_dir",
+            "grid",
+        ]
+    )
     with open("grid/results.csv") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 4 and {r["status"] for r in rows} == {"finished"}
@@ -601,8 +686,9 @@ def test_gradient_norm_measures_and_stops_each_configuration(tmp_path):
         _fit(single, tmp_path / f"s{k}", 30, data=_data(**data), callbacks=[callback])
         curve = module.configurations[k].curves["train/full_grad_norm"]
         assert [r for r, _ in curve] == [r for r, _ in callback.history]
-        torch.testing.assert_close(torch.tensor([v for _, v in curve]),
-                                   torch.tensor([v for _, v in callback.history]))  # fmt: skip
+        torch.testing.assert_close(
+            torch.tensor([v for _, v in curve]), torch.tensor([v for _, v in callback.history])
+        )
         assert module.grid_entries(k)["rounds_to_target"] == callback.rounds_to_target
         assert module.configurations[k].status == "finished"  # what report.py keeps, as for a sweep
         if callback.rounds_to_target is None:
@@ -632,9 +718,20 @@ def test_gradient_norm_measures_and_stops_each_configuration(tmp_path):
     assert module.global_step == max(reached[1:])
 
 
-FAMILIES = ["dp_alpha_normec", "dp_clip21", "ef21", "dpsgd_clip", "dp_fed_alpha_normec",
-            "dp_fedavg_clip", "dp_fedavg_per_sample_clipping", "dp_fedavg_per_update_clipping",
-            "porter_dp", "porter_gc", "beer", "soteriafl"]  # fmt: skip
+FAMILIES = [
+    "dp_alpha_normec",
+    "dp_clip21",
+    "ef21",
+    "dpsgd_clip",
+    "dp_fed_alpha_normec",
+    "dp_fedavg_clip",
+    "dp_fedavg_per_sample_clipping",
+    "dp_fedavg_per_update_clipping",
+    "porter_dp",
+    "porter_gc",
+    "beer",
+    "soteriafl",
+]
 
 
 @pytest.mark.slow
@@ -646,8 +743,16 @@ def test_every_algorithm_family_in_a_grid_equals_its_separate_runs(name, tmp_pat
     configuration's σ and certified ε from its own ledger."""
     monkeypatch.chdir(tmp_path)
     config = str(REPO / f"configs/algorithms/{name}.yaml")
-    base = ["--config", config, "--trainer.logger", "false", "--trainer.enable_checkpointing",
-            "false", "--trainer.callbacks", "[]"]  # fmt: skip
+    base = [
+        "--config",
+        config,
+        "--trainer.logger",
+        "false",
+        "--trainer.enable_checkpointing",
+        "false",
+        "--trainer.callbacks",
+        "[]",
+    ]
 
     def fit(*extra, run=True):
         cli = PrivFedCLI(args=[*base, *extra], run=False)
@@ -668,8 +773,9 @@ def test_every_algorithm_family_in_a_grid_equals_its_separate_runs(name, tmp_pat
     assert [c.status for c in grid.configurations] == ["finished", "finished"]
     assert not torch.equal(grid.grid_params[0], grid.grid_params[1])
     for k, point in enumerate(points):
-        args = [a for key, v in point.items()
-                for a in (f"--model.algorithm.init_args.{key}", str(v))]  # fmt: skip
+        args = [
+            a for key, v in point.items() for a in (f"--model.algorithm.init_args.{key}", str(v))
+        ]
         single = fit(*args)
         x = single.layout.flatten(single.model)
         torch.testing.assert_close(grid.grid_params[k], x, rtol=1e-6, atol=1e-7)

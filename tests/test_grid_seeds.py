@@ -45,22 +45,36 @@ def _model(seed):
 
 
 def _client_level(seed, step):
-    return DPFedAvg(step, local_step_size=0.5, operator=Clip(0.5), local_solver=LocalGD(steps=2),
-                    sampler=FixedSizeSampler(cohort_size=3), sampling_seed=seed,
-                    noise=DPNoise(epsilon=8.0, calibration="target", seed=seed))  # fmt: skip
+    return DPFedAvg(
+        step,
+        local_step_size=0.5,
+        operator=Clip(0.5),
+        local_solver=LocalGD(steps=2),
+        sampler=FixedSizeSampler(cohort_size=3),
+        sampling_seed=seed,
+        noise=DPNoise(epsilon=8.0, calibration="target", seed=seed),
+    )
 
 
 def _record_level(seed, step):
     noise = DPNoise(noise_multiplier=1.0, seed=seed)  # its ε: its own shards' sampling rate
-    return FedAvgPerSampleClipping(step, clip_threshold=1.0, clip_level="example",
-                                   local_solver=LocalSGD(steps=2), noise=noise)  # fmt: skip
+    return FedAvgPerSampleClipping(
+        step, clip_threshold=1.0, clip_level="example", local_solver=LocalSGD(steps=2), noise=noise
+    )
 
 
 def _decentralized(seed, step):
-    return PORTER(step, consensus_step_size=0.05, option="dp", clip_threshold=1.0,
-                  topology=Topology("erdos_renyi", p=0.6, seed=seed),
-                  compressor=RandKBiased(ratio=0.5), batch_size=8, seed=seed,
-                  noise=DPNoise(noise_multiplier=1.0, seed=seed))  # fmt: skip
+    return PORTER(
+        step,
+        consensus_step_size=0.05,
+        option="dp",
+        clip_threshold=1.0,
+        topology=Topology("erdos_renyi", p=0.6, seed=seed),
+        compressor=RandKBiased(ratio=0.5),
+        batch_size=8,
+        seed=seed,
+        noise=DPNoise(noise_multiplier=1.0, seed=seed),
+    )
 
 
 FAMILIES = {

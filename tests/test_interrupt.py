@@ -23,8 +23,14 @@ REPO = Path(__file__).resolve().parents[1]
 def start(folder: Path, *args: str) -> subprocess.Popen:
     """``pl-privfed <args>`` started in a subprocess, in ``folder``."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.Popen([sys.executable, "-m", "pl_privfed.cli", *args], cwd=folder, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-m", "pl_privfed.cli", *args],
+        cwd=folder,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def wait_for(path_glob: str, folder: Path, timeout: float = 120) -> Path:
@@ -85,10 +91,19 @@ def test_a_signal_saves_the_current_round_and_the_run_resumes_exactly(tmp_path, 
     # the resumed run and the straight one at the same time (their start-ups, most of their
     # time, overlap), the straight one in a folder of its own
     (tmp_path / "straight").mkdir()
-    runs = [start(tmp_path, "fit", "--config", str(config), "--trainer.max_steps", total,
-                  "--ckpt_path", str(saved[0])),
-            start(tmp_path / "straight", "fit", "--config", str(config), "--trainer.max_steps",
-                  total)]  # fmt: skip
+    runs = [
+        start(
+            tmp_path,
+            "fit",
+            "--config",
+            str(config),
+            "--trainer.max_steps",
+            total,
+            "--ckpt_path",
+            str(saved[0]),
+        ),
+        start(tmp_path / "straight", "fit", "--config", str(config), "--trainer.max_steps", total),
+    ]
     for run_proc in runs:
         _, run_err = run_proc.communicate(timeout=300)
         assert run_proc.returncode == 0, run_err[-3000:]
@@ -127,8 +142,7 @@ def test_fit_from_a_finished_checkpoint_says_so_and_reports_its_final_round(
     (ckpt,) = (tmp_path / "logs/tiny/version_0/checkpoints").glob("*.ckpt")
     assert torch.load(ckpt, weights_only=False)["validated_round"] == 4  # saved before it
     with pytest.warns(UserWarning, match="no rounds left to train"):
-        main(["fit", "--config", str(config), "--trainer.max_steps", "5", "--ckpt_path",
-              str(ckpt)])  # fmt: skip
+        main(["fit", "--config", str(config), "--trainer.max_steps", "5", "--ckpt_path", str(ckpt)])
     again = json.loads((tmp_path / "logs/tiny/version_1/summary.json").read_text())
     assert again["status"] == "finished" and again["rounds"] == 5
     assert "no rounds left" in again["no_rounds_left"]
@@ -174,12 +188,20 @@ def start_waiting(folder: Path, wait_at: str, *args: str) -> subprocess.Popen:
     """``fit`` of the tiny federation over ``WaitingDigits``, waiting at ``wait_at``."""
     (folder / "waiting_digits.py").write_text(WAITING)
     config = tiny_config(folder)
-    config.write_text(TINY.replace("DigitsDataModule", "WaitingDigits").replace(
-        "pl_privfed.datamodules.WaitingDigits", "waiting_digits.WaitingDigits"))  # fmt: skip
+    config.write_text(
+        TINY.replace("DigitsDataModule", "WaitingDigits").replace(
+            "pl_privfed.datamodules.WaitingDigits", "waiting_digits.WaitingDigits"
+        )
+    )
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{folder}", "WAIT_AT": wait_at}
-    return subprocess.Popen([sys.executable, "-m", "pl_privfed.cli", "fit", "--config",
-                             str(config), *args], cwd=folder, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-m", "pl_privfed.cli", "fit", "--config", str(config), *args],
+        cwd=folder,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 #: where the waiting runs below wait and which signal their test sends (``round``: two Ctrl-C)

@@ -50,18 +50,36 @@ LAYERS = {
     "linear_no_bias": (lambda: nn.Linear(5, 4, bias=False), (5,), None, "ghost"),
     "linear_sequence_ghost": (lambda: nn.Linear(8, 9), (3, 8), None, "ghost"),  # 2·3² < 72
     "linear_sequence_instantiated": (lambda: nn.Linear(3, 2), (2, 5, 3), None, "instantiate"),
-    "conv1d_strided_padded": (lambda: nn.Conv1d(3, 4, 3, stride=2, padding=1), (3, 9), None,
-                              "instantiate"),
+    "conv1d_strided_padded": (
+        lambda: nn.Conv1d(3, 4, 3, stride=2, padding=1),
+        (3, 9),
+        None,
+        "instantiate",
+    ),
     "conv1d_grouped_dilated_circular": (
         lambda: nn.Conv1d(4, 6, 3, groups=2, dilation=2, padding=2, padding_mode="circular"),
-        (4, 7), None, "instantiate"),
-    "conv2d_strided_padded": (lambda: nn.Conv2d(2, 4, 3, stride=2, padding=1), (2, 5, 5), None,
-                              "instantiate"),
+        (4, 7),
+        None,
+        "instantiate",
+    ),
+    "conv2d_strided_padded": (
+        lambda: nn.Conv2d(2, 4, 3, stride=2, padding=1),
+        (2, 5, 5),
+        None,
+        "instantiate",
+    ),
     "conv2d_grouped_dilated_same": (
         lambda: nn.Conv2d(4, 6, (3, 2), groups=2, dilation=(2, 1), padding="same", bias=False),
-        (4, 5, 4), None, "instantiate"),
-    "conv2d_reflect": (lambda: nn.Conv2d(2, 3, 3, padding=1, padding_mode="reflect"), (2, 4, 4),
-                       None, "instantiate"),
+        (4, 5, 4),
+        None,
+        "instantiate",
+    ),
+    "conv2d_reflect": (
+        lambda: nn.Conv2d(2, 3, 3, padding=1, padding_mode="reflect"),
+        (2, 4, 4),
+        None,
+        "instantiate",
+    ),
     "conv2d_ghost": (lambda: nn.Conv2d(3, 8, 3), (3, 4, 4), None, "ghost"),  # 2·4² < 27·8
     "embedding_padding_idx": (lambda: nn.Embedding(6, 4, padding_idx=0), (7,), 6, "ghost"),
     "embedding": (lambda: nn.Embedding(5, 3), (2, 4), 5, "ghost"),
@@ -71,7 +89,7 @@ LAYERS = {
     "groupnorm": (lambda: nn.GroupNorm(2, 4), (4, 3, 3), None, "instantiate"),
     "groupnorm_1d": (lambda: nn.GroupNorm(4, 4, eps=1e-3), (4, 5), None, "instantiate"),
     "groupnorm_no_affine": (lambda: nn.GroupNorm(2, 4, affine=False), (4, 3), None, None),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("name", list(LAYERS))
@@ -116,8 +134,12 @@ def test_mixed_size_rule_and_in_place_activations():
 def test_simple_cnn():
     modes = check_all(*mixed_model("cnn"))
     # the 5×5 convolutions over 8×8 (4×4) images instantiate; the fully connected layers ghost
-    assert modes == {"features.0": "instantiate", "features.3": "ghost",
-                     "classifier.1": "ghost", "classifier.3": "ghost"}  # fmt: skip
+    assert modes == {
+        "features.0": "instantiate",
+        "features.3": "ghost",
+        "classifier.1": "ghost",
+        "classifier.3": "ghost",
+    }
 
 
 def test_resnet20_with_groupnorm():
@@ -191,8 +213,11 @@ def test_refusals_name_the_layer_and_the_backends():
 
     rules = LayerGradients(Twice(), crit)
     with pytest.raises(ValueError, match="more than once"):
-        rules(torch.zeros(ParameterLayout(rules.model).dim), torch.zeros(1, 2, 3),
-              torch.zeros(1, 2, dtype=torch.long))  # fmt: skip
+        rules(
+            torch.zeros(ParameterLayout(rules.model).dim),
+            torch.zeros(1, 2, 3),
+            torch.zeros(1, 2, dtype=torch.long),
+        )
     # the model's own forward is restored after the failure
     assert "forward" not in rules.model.lin.__dict__
 
@@ -224,8 +249,12 @@ def test_per_client_gradients_by_one_backend_clipped_means_by_the_layer_rules():
     assert (mixed.backend, mixed.example_backend) == ("loop", "layers")
     flat = mixed.layout.flatten(model)
     for params in (flat, flat + 0.05 * torch.randn(N, flat.numel(), dtype=DT)):
-        torch.testing.assert_close(mixed(params, inputs, targets).grads,
-                                   loop(params, inputs, targets).grads, rtol=0, atol=0)  # fmt: skip
+        torch.testing.assert_close(
+            mixed(params, inputs, targets).grads,
+            loop(params, inputs, targets).grads,
+            rtol=0,
+            atol=0,
+        )
         want = layers(params, inputs, targets, per_example=True)
         got = mixed(params, inputs, targets, per_example=True)
         torch.testing.assert_close(got.grads, want.grads, rtol=0, atol=0)
@@ -249,8 +278,12 @@ def test_auto_on_the_cpu_for_the_text_model_through_the_engine():
     def fit(name, backend):
         make = ALGORITHMS[name][0]
         torch.manual_seed(0)
-        dm = Tokens(num_clients=4, batch_size=4, seed=3,
-                    partitioner=DirichletPartitioner(concentration=0.5, seed=1))  # fmt: skip
+        dm = Tokens(
+            num_clients=4,
+            batch_size=4,
+            seed=3,
+            partitioner=DirichletPartitioner(concentration=0.5, seed=1),
+        )
         model = TextClassifier(vocab_size=12, dim=6, hidden=8, num_classes=10).double()
         module = FederatedModule(model, make(), grad_backend=backend)
         trainer(max_steps=2).fit(module, datamodule=dm)
@@ -259,8 +292,12 @@ def test_auto_on_the_cpu_for_the_text_model_through_the_engine():
     for name in ("fedavg", "dp_sgd_per_example"):
         auto, layers = fit(name, "auto"), fit(name, "layers")
         assert (auto.oracle.backend, auto.oracle.example_backend) == ("loop", "layers")
-        torch.testing.assert_close(auto.layout.flatten(auto.model),
-                                   layers.layout.flatten(layers.model), rtol=1e-10, atol=1e-11)  # fmt: skip
+        torch.testing.assert_close(
+            auto.layout.flatten(auto.model),
+            layers.layout.flatten(layers.model),
+            rtol=1e-10,
+            atol=1e-11,
+        )
 
 
 # ---------------------------------------------------------------------------- through the engine
@@ -270,27 +307,41 @@ class Image8(Digits64):
 
 
 ALGORITHMS = {
-    "fedavg": (lambda: FedAvgPerUpdateClipping(1.0, 0.1, clip_threshold=None,
-                                               local_solver=LocalSGD(1)), {}),
-    "fedavg_local_steps": (lambda: FedAvgPerUpdateClipping(1.0, 0.1, clip_threshold=None,
-                                                           local_solver=LocalSGD(2)),
-                           {"local_batches": 2}),
-    "dp_sgd_per_example": (lambda: FedAvgPerSampleClipping(0.1, clip_threshold=0.5,
-                                                           local_solver=LocalSGD(1),
-                                                           clip_level="example",
-                                                           noise=DPNoise(noise_multiplier=1.0,
-                                                                         seed=3)), {}),
+    "fedavg": (
+        lambda: FedAvgPerUpdateClipping(1.0, 0.1, clip_threshold=None, local_solver=LocalSGD(1)),
+        {},
+    ),
+    "fedavg_local_steps": (
+        lambda: FedAvgPerUpdateClipping(1.0, 0.1, clip_threshold=None, local_solver=LocalSGD(2)),
+        {"local_batches": 2},
+    ),
+    "dp_sgd_per_example": (
+        lambda: FedAvgPerSampleClipping(
+            0.1,
+            clip_threshold=0.5,
+            local_solver=LocalSGD(1),
+            clip_level="example",
+            noise=DPNoise(noise_multiplier=1.0, seed=3),
+        ),
+        {},
+    ),
     "alpha_normec": (lambda: AlphaNormEC(0.1, beta=0.3, alpha=0.01), {}),
-}  # fmt: skip
+}
 
 
 def _fit(name, backend, chunk, rounds=2):
     make, kwargs = ALGORITHMS[name]
     torch.manual_seed(0)
-    dm = Image8(num_clients=4, batch_size=4, seed=3,
-                partitioner=DirichletPartitioner(concentration=0.5, seed=1), **kwargs)  # fmt: skip
-    module = FederatedModule(SimpleCNN(1, 8, hidden=8).double(), make(), grad_backend=backend,
-                             client_chunk=chunk)  # fmt: skip
+    dm = Image8(
+        num_clients=4,
+        batch_size=4,
+        seed=3,
+        partitioner=DirichletPartitioner(concentration=0.5, seed=1),
+        **kwargs,
+    )
+    module = FederatedModule(
+        SimpleCNN(1, 8, hidden=8).double(), make(), grad_backend=backend, client_chunk=chunk
+    )
     trainer(max_steps=rounds).fit(module, datamodule=dm)
     return module.layout.flatten(module.model)
 
@@ -303,8 +354,9 @@ def test_the_cnn_through_the_engine_equals_the_loop_backend(name, monkeypatch):
         got = _fit(name, "layers", chunk)
         torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-11)
     torch.manual_seed(0)
-    assert not torch.equal(want, ParameterLayout(SimpleCNN(1, 8, 8)).flatten(
-        SimpleCNN(1, 8, hidden=8).double()))  # fmt: skip
+    assert not torch.equal(
+        want, ParameterLayout(SimpleCNN(1, 8, 8)).flatten(SimpleCNN(1, 8, hidden=8).double())
+    )
 
 
 def test_the_graph_is_freed_without_the_cyclic_garbage_collector():
@@ -435,5 +487,11 @@ def test_the_docs_table_is_the_registry():
     """docs/engine.md ("Layer rules") shows :func:`rule_table` of the built-in rules."""
     docs = (Path(__file__).resolve().parents[1] / "docs" / "engine.md").read_text()
     assert rule_table() in docs
-    assert supported_layers() == ("Linear", "Conv1d", "Conv2d", "Embedding", "LayerNorm",
-                                  "GroupNorm")  # fmt: skip
+    assert supported_layers() == (
+        "Linear",
+        "Conv1d",
+        "Conv2d",
+        "Embedding",
+        "LayerNorm",
+        "GroupNorm",
+    )

@@ -20,9 +20,17 @@ from pl_privfed.models import MLP
 
 def fit(tmp_path, callbacks, *, module=None, max_steps=4, **kwargs):
     """A tiny digits federation (4 clients, step size 0.1) evaluated every 2 rounds."""
-    options = dict(max_steps=max_steps, val_check_interval=2, check_val_every_n_epoch=None,
-                   log_every_n_steps=1, enable_progress_bar=False, enable_model_summary=False,
-                   num_sanity_val_steps=0, default_root_dir=tmp_path, callbacks=callbacks)  # fmt: skip
+    options = dict(
+        max_steps=max_steps,
+        val_check_interval=2,
+        check_val_every_n_epoch=None,
+        log_every_n_steps=1,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        default_root_dir=tmp_path,
+        callbacks=callbacks,
+    )
     options.update(kwargs)
     trainer = pl.Trainer(**options)
     module = module or FederatedModule(MLP(64, [8], 10), EF21(0.1))
@@ -137,9 +145,15 @@ def test_a_diverging_run_is_named_as_such(tmp_path):
     module = FederatedModule(
         QuadraticModel(2, 1.0), EF21(2.5, compressor=TopK(k=2)), HalfSquaredError()
     )
-    trainer = pl.Trainer(max_steps=8, logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
-                         callbacks=[RunSummary(dirpath=str(tmp_path))])  # fmt: skip
+    trainer = pl.Trainer(
+        max_steps=8,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        callbacks=[RunSummary(dirpath=str(tmp_path))],
+    )
     with pytest.warns(
         UserWarning, match=r"training loss grew from .* \(round 1\) to .* \(round 8\)"
     ):

@@ -36,8 +36,12 @@ def test_load_from_checkpoint_rebuilds_a_cli_run(tmp_path, monkeypatch):
     data = DigitsDataModule(
         num_clients=10, batch_size=32, partitioner=DirichletPartitioner(0.5, seed=0)
     )
-    trainer = pl.Trainer(logger=False, enable_progress_bar=False, enable_checkpointing=False,
-                         default_root_dir=tmp_path / "eval")  # fmt: skip
+    trainer = pl.Trainer(
+        logger=False,
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        default_root_dir=tmp_path / "eval",
+    )
     (metrics,) = trainer.test(module, datamodule=data, verbose=False)
     assert metrics["test/acc"] == pytest.approx(summary["final_test_accuracy"], abs=1e-6)
     assert metrics["test/acc"] > 0.5  # the trained model, not a fresh one
@@ -55,11 +59,20 @@ def test_a_private_checkpoint_evaluates_under_a_plain_trainer(tmp_path, monkeypa
     (ckpt,) = (tmp_path / "run" / "checkpoints").glob("*.ckpt")
 
     module = FederatedModule.load_from_checkpoint(ckpt)
-    data = DigitsDataModule(num_clients=5, batch_size=250, seed=0,
-                            partitioner=ClassesPerClientPartitioner(classes_per_client=2,
-                                                                    samples_per_client=250, seed=0))  # fmt: skip
-    trainer = pl.Trainer(logger=False, enable_progress_bar=False, enable_checkpointing=False,
-                         default_root_dir=tmp_path / "eval")  # fmt: skip
+    data = DigitsDataModule(
+        num_clients=5,
+        batch_size=250,
+        seed=0,
+        partitioner=ClassesPerClientPartitioner(
+            classes_per_client=2, samples_per_client=250, seed=0
+        ),
+    )
+    trainer = pl.Trainer(
+        logger=False,
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        default_root_dir=tmp_path / "eval",
+    )
     (metrics,) = trainer.test(module, datamodule=data, verbose=False)
     assert metrics["test/acc"] == pytest.approx(summary["final_test_accuracy"], abs=1e-6)
     privacy = summary["privacy"]
@@ -118,8 +131,18 @@ def test_evaluation_attaches_no_checkpoint_callback_and_says_what_it_scores(
     (ckpt,) = (tmp_path / "run" / "checkpoints").glob("*.ckpt")
     capsys.readouterr()
     for command in ("validate", "test"):
-        cli = PrivFedCLI(args=[command, "--config", EF21, *QUIET, "--output_dir", command,
-                               "--ckpt_path", str(ckpt)])  # fmt: skip
+        cli = PrivFedCLI(
+            args=[
+                command,
+                "--config",
+                EF21,
+                *QUIET,
+                "--output_dir",
+                command,
+                "--ckpt_path",
+                str(ckpt),
+            ]
+        )
         assert not [c for c in cli.trainer.callbacks if isinstance(c, Checkpoint)]
         assert "scores the model as initialized" not in capsys.readouterr().err
     assert not [w for w in recwarn if "dirpath" in str(w.message)]
@@ -139,25 +162,58 @@ def test_seed_everything_is_the_one_seed_knob(tmp_path, monkeypatch, capsys):
     from pl_privfed.cli import PrivFedCLI
 
     monkeypatch.chdir(tmp_path)
-    cli = PrivFedCLI(args=["--config", DP_DIGITS, "--trainer.logger=false",
-                           "--seed_everything", "3"], run=False)  # fmt: skip
+    cli = PrivFedCLI(
+        args=["--config", DP_DIGITS, "--trainer.logger=false", "--seed_everything", "3"], run=False
+    )
     assert cli.datamodule.seed == 3 and cli.datamodule.partitioner.seed == 3
     assert cli.model.algorithm.noise.seed == 3
     # a config file's seed_everything seeds the model only: a seed set on its own stays
-    cli = PrivFedCLI(args=["--config", DP_DIGITS, "--trainer.logger=false",
-                           "--data.init_args.seed", "9"], run=False)  # fmt: skip
+    cli = PrivFedCLI(
+        args=["--config", DP_DIGITS, "--trainer.logger=false", "--data.init_args.seed", "9"],
+        run=False,
+    )
     assert cli.datamodule.seed == 9
-    main(["fit", "--config", DP_DIGITS, *QUIET, "--trainer.max_steps", "2",
-          "--seed_everything", "5", "--output_dir", "run"])  # fmt: skip
+    main(
+        [
+            "fit",
+            "--config",
+            DP_DIGITS,
+            *QUIET,
+            "--trainer.max_steps",
+            "2",
+            "--seed_everything",
+            "5",
+            "--output_dir",
+            "run",
+        ]
+    )
     seeds = json.loads((tmp_path / "run" / "summary.json").read_text())["seeds"]
     assert seeds["set_by"] == "seed_everything" and seeds["seed_everything"] == 5
     assert seeds["data.init_args.seed"] == 5 and seeds["model.algorithm.init_args.noise.seed"] == 5
     assert seeds["data.init_args.partitioner.init_args.seed"] == 5
-    assert set(seeds) == {"set_by", "seed_everything", "data.init_args.seed",
-                          "data.init_args.partitioner.init_args.seed",
-                          "model.algorithm.init_args.noise.seed"}  # fmt: skip
-    main(["fit", "--config", DP_DIGITS, *QUIET, "--trainer.max_steps", "1",
-          "--seed_everything", "5", "--seed", "6", "--output_dir", "both"])  # fmt: skip
+    assert set(seeds) == {
+        "set_by",
+        "seed_everything",
+        "data.init_args.seed",
+        "data.init_args.partitioner.init_args.seed",
+        "model.algorithm.init_args.noise.seed",
+    }
+    main(
+        [
+            "fit",
+            "--config",
+            DP_DIGITS,
+            *QUIET,
+            "--trainer.max_steps",
+            "1",
+            "--seed_everything",
+            "5",
+            "--seed",
+            "6",
+            "--output_dir",
+            "both",
+        ]
+    )
     seeds = json.loads((tmp_path / "both" / "summary.json").read_text())["seeds"]
     assert seeds["set_by"] == "--seed" and seeds["seed_everything"] == 6
     assert (
@@ -181,12 +237,21 @@ def test_fit_help_lists_the_package_classes_not_every_torch_module(tmp_path, cap
         "pl_privfed.datamodules.DigitsDataModule",
         "pl_privfed.callbacks.RunSummary",
     ):
-        assert own in text  # fmt: skip
+        assert own in text
     assert "or any torch.nn.Module by its class_path" in " ".join(text.split())
     monkeypatch.chdir(tmp_path)
-    cli = PrivFedCLI(args=["--config", EF21, "--trainer.logger=false", "--model.model",
-                           "torch.nn.Linear", "--model.model.init_args.in_features=64",
-                           "--model.model.init_args.out_features=10"], run=False)  # fmt: skip
+    cli = PrivFedCLI(
+        args=[
+            "--config",
+            EF21,
+            "--trainer.logger=false",
+            "--model.model",
+            "torch.nn.Linear",
+            "--model.model.init_args.in_features=64",
+            "--model.model.init_args.out_features=10",
+        ],
+        run=False,
+    )
     assert type(cli.model.model).__name__ == "Linear"
 
 
@@ -220,7 +285,9 @@ def test_nothing_is_written_outside_the_run_folders(tmp_path, monkeypatch):
     for evaluation in ("validate", "test"):
         main([evaluation, "--config", EF21, *QUIET, "--ckpt_path", str(ckpt)])
     only("lightning_logs", "out")
-    csv_logger = '{"class_path": "pytorch_lightning.loggers.CSVLogger", "init_args": {"save_dir": "logs"}}'  # fmt: skip
+    csv_logger = (
+        '{"class_path": "pytorch_lightning.loggers.CSVLogger", "init_args": {"save_dir": "logs"}}'
+    )
     main([*fit, "--trainer.logger", csv_logger])
     only("lightning_logs", "out", "logs")
 
@@ -251,9 +318,13 @@ def test_load_from_checkpoint_of_a_python_run_takes_the_modules(tmp_path):
     data = DigitsDataModule(num_clients=5, batch_size=32)
     pl.seed_everything(0)
     module = FederatedModule(MLP(64, [8], 10), EF21(step_size=0.5), client_chunk=2)
-    trainer = pl.Trainer(max_steps=3, logger=False, enable_progress_bar=False,
-                         default_root_dir=tmp_path,
-                         callbacks=pl_privfed.default_callbacks(progress_bar=False))  # fmt: skip
+    trainer = pl.Trainer(
+        max_steps=3,
+        logger=False,
+        enable_progress_bar=False,
+        default_root_dir=tmp_path,
+        callbacks=pl_privfed.default_callbacks(progress_bar=False),
+    )
     trainer.fit(module, data)
     (ckpt,) = (tmp_path / "checkpoints").glob("*.ckpt")
     loaded = FederatedModule.load_from_checkpoint(

@@ -27,8 +27,10 @@ from pl_privfed.privacy import DPNoise
 L = pytest.importorskip("lightning.pytorch")
 pll = pytest.importorskip("pl_privfed.lightning")  # after pl_privfed: both in one process
 
-NAMESPACES = {"pytorch_lightning": (pytorch_lightning, pl_privfed, pl_privfed.datamodules),
-              "lightning.pytorch": (L, pll, pll)}  # fmt: skip
+NAMESPACES = {
+    "pytorch_lightning": (pytorch_lightning, pl_privfed, pl_privfed.datamodules),
+    "lightning.pytorch": (L, pll, pll),
+}
 
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "python_api.md"
@@ -62,9 +64,14 @@ def fit(namespace: str, folder):
     )
     data = datamodules.DigitsDataModule(num_clients=4, batch_size=16, seed=0)
     logger = lightning.loggers.CSVLogger(folder, name="run")
-    trainer = lightning.Trainer(max_steps=6, val_check_interval=3, check_val_every_n_epoch=None,
-                                logger=logger, enable_model_summary=False,
-                                callbacks=package.default_callbacks())  # fmt: skip
+    trainer = lightning.Trainer(
+        max_steps=6,
+        val_check_interval=3,
+        check_val_every_n_epoch=None,
+        logger=logger,
+        enable_model_summary=False,
+        callbacks=package.default_callbacks(),
+    )
     trainer.fit(module, datamodule=data)
     return trainer, module
 
@@ -95,8 +102,9 @@ def test_a_lightning_pytorch_trainer_fits_the_module_as_pytorch_lightning_does(t
     assert other["final_test_accuracy"] == summary["final_test_accuracy"]
     # a pytorch_lightning run's checkpoint loads and evaluates under lightning.pytorch
     (ckpt,) = (tmp_path / "pl" / "run" / "version_0" / "checkpoints").glob("*.ckpt")
-    loaded = pll.FederatedModule.load_from_checkpoint(ckpt, model=module.model,
-                                                      algorithm=module.algorithm)  # fmt: skip
+    loaded = pll.FederatedModule.load_from_checkpoint(
+        ckpt, model=module.model, algorithm=module.algorithm
+    )
     tester = L.Trainer(logger=False, enable_progress_bar=False, default_root_dir=tmp_path / "test")
     (metrics,) = tester.test(loaded, pll.DigitsDataModule(num_clients=4, batch_size=16, seed=0))
     assert metrics["test/acc"] == pytest.approx(summary["final_test_accuracy"], abs=1e-6)
@@ -205,12 +213,20 @@ def test_a_grid_runs_under_lightning_pytorch(tmp_path):
     from pl_privfed.lightning.grid import GridModule
 
     L.seed_everything(0)
-    module = GridModule(nn.Sequential(nn.Flatten(), nn.Linear(64, 10)),
-                        AlphaNormEC(alpha=0.01, step_size=0.1, beta=1.0),
-                        grid={"step_size": [0.1, 0.5]}, grid_dir=str(tmp_path / "out"))  # fmt: skip
-    trainer = L.Trainer(max_steps=3, logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False,
-                        default_root_dir=tmp_path)  # fmt: skip
+    module = GridModule(
+        nn.Sequential(nn.Flatten(), nn.Linear(64, 10)),
+        AlphaNormEC(alpha=0.01, step_size=0.1, beta=1.0),
+        grid={"step_size": [0.1, 0.5]},
+        grid_dir=str(tmp_path / "out"),
+    )
+    trainer = L.Trainer(
+        max_steps=3,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )
     trainer.fit(module, datamodule=pll.DigitsDataModule(num_clients=4, batch_size=16, seed=0))
     rows = (tmp_path / "out" / "results.csv").read_text().splitlines()
     assert len(rows) == 3 and all(",finished" in r for r in rows[1:])

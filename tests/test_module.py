@@ -24,8 +24,13 @@ def test_module_iterates_match_reference():
     centers = [[3.0, -1.0, 0.5], [-2.0, 0.0, 1.0], [0.5, 2.0, -3.0], [1.0, 1.0, 1.0]]
     x0 = [2.0, -1.0, 0.5]
     dm = QuadraticDataModule(centers=centers)
-    alg = AlphaNormEC(0.05, beta=0.3, alpha=0.5, server_normalization=False,
-                      noise=DPNoise(noise_multiplier=0.2, seed=4))  # fmt: skip
+    alg = AlphaNormEC(
+        0.05,
+        beta=0.3,
+        alpha=0.5,
+        server_normalization=False,
+        noise=DPNoise(noise_multiplier=0.2, seed=4),
+    )
     module = FederatedModule(QuadraticModel(3, x0), alg, criterion=HalfSquaredError())
     trainer(max_steps=20).fit(module, datamodule=dm)
     ref = ref_error_feedback(
@@ -38,7 +43,7 @@ def test_module_iterates_match_reference():
         20,
         std=0.2 * 2,
         seed=4,
-    )  # fmt: skip  (std = multiplier × the replace-one sensitivity 2 of Norm_α)
+    )  # (std = multiplier × the replace-one sensitivity 2 of Norm_α)
     # float32 model vs float64 reference; the noise stream is drawn in float32 by the module
     torch.testing.assert_close(module.model.x.detach().double(), ref[-1], atol=1e-4, rtol=1e-4)
     assert module.privacy_ledger.accountant.steps == 20
@@ -46,10 +51,12 @@ def test_module_iterates_match_reference():
 
 def _digits_run(tmp_path, max_steps, ckpt_path=None, callbacks=()):
     torch.manual_seed(0)
-    dm = DigitsDataModule(num_clients=5, batch_size=16,
-                          partitioner=DirichletPartitioner(concentration=0.5, seed=1))  # fmt: skip
-    alg = AlphaNormEC(0.05, beta=0.1, alpha=0.01, memory_init="gradient",
-                      noise=DPNoise(epsilon=8.0, seed=3))  # fmt: skip
+    dm = DigitsDataModule(
+        num_clients=5, batch_size=16, partitioner=DirichletPartitioner(concentration=0.5, seed=1)
+    )
+    alg = AlphaNormEC(
+        0.05, beta=0.1, alpha=0.01, memory_init="gradient", noise=DPNoise(epsilon=8.0, seed=3)
+    )
     module = FederatedModule(MLP(64, [16], 10, batch_norm=True), alg)
     t = trainer(tmp_path, max_steps=max_steps, callbacks=list(callbacks), enable_checkpointing=True)
     t.fit(module, datamodule=dm, ckpt_path=ckpt_path)
@@ -91,8 +98,9 @@ def test_resume_restores_operator_generator(tmp_path):
 
 def test_non_finite_loss_stops_with_round_number():
     dm = QuadraticDataModule(centers=[[1.0], [-3.0]])
-    module = FederatedModule(QuadraticModel(1, [2.0]), DistributedDPSGD(1000.0),
-                             criterion=HalfSquaredError())  # fmt: skip
+    module = FederatedModule(
+        QuadraticModel(1, [2.0]), DistributedDPSGD(1000.0), criterion=HalfSquaredError()
+    )
     with pytest.raises(NonFiniteLossError, match=r"round \d+"):
         trainer(max_steps=100).fit(module, datamodule=dm)
     assert 0 < module.global_step < 100
@@ -111,8 +119,14 @@ def test_summary_json_and_privacy_report(tmp_path):
     alg = AlphaNormEC(0.05, 0.1, 0.01, noise=DPNoise(epsilon=8.0))
     module = FederatedModule(MLP(64, [8], 10), alg)
     summary = RunSummary(dirpath=str(tmp_path))
-    t = trainer(tmp_path, max_steps=10, callbacks=[summary], limit_val_batches=None,
-                val_check_interval=5, check_val_every_n_epoch=None)  # fmt: skip
+    t = trainer(
+        tmp_path,
+        max_steps=10,
+        callbacks=[summary],
+        limit_val_batches=None,
+        val_check_interval=5,
+        check_val_every_n_epoch=None,
+    )
     t.fit(module, datamodule=dm)
     import json
 
@@ -136,16 +150,30 @@ def _accuracy(module, dataset):
         return (module.model.eval()(x).argmax(-1) == y).float().mean().item()
 
 
-def _small_run(tmp_path, max_steps, val_every, ckpt_path=None, callbacks=(), recorder=None,
-               eval_batch_size=1024, **kwargs):  # fmt: skip
+def _small_run(
+    tmp_path,
+    max_steps,
+    val_every,
+    ckpt_path=None,
+    callbacks=(),
+    recorder=None,
+    eval_batch_size=1024,
+    **kwargs,
+):
     torch.manual_seed(0)
     dm = DigitsDataModule(num_clients=4, batch_size=16, eval_batch_size=eval_batch_size)
     module = FederatedModule(MLP(64, [8], 10), AlphaNormEC(0.1, 0.1, 0.01))
     recorder = recorder or Recorder()
     summary = RunSummary(dirpath=str(tmp_path), verbose=False)
-    t = trainer(tmp_path, max_steps=max_steps, limit_val_batches=None,
-                val_check_interval=val_every, check_val_every_n_epoch=None,
-                callbacks=[summary, recorder, *callbacks], **kwargs)  # fmt: skip
+    t = trainer(
+        tmp_path,
+        max_steps=max_steps,
+        limit_val_batches=None,
+        val_check_interval=val_every,
+        check_val_every_n_epoch=None,
+        callbacks=[summary, recorder, *callbacks],
+        **kwargs,
+    )
     t.fit(module, datamodule=dm, ckpt_path=ckpt_path)
     return module, dm, recorder.rounds, json.loads((tmp_path / "summary.json").read_text())
 
@@ -158,8 +186,9 @@ def test_the_last_round_is_evaluated_on_validation_data_and_test_once_at_the_end
     assert data["final_val_round"] == 7 and data["final_test_round"] == 7
     assert data["final_val_accuracy"] == pytest.approx(_accuracy(module, dm.val_dataset))
     assert data["final_test_accuracy"] == pytest.approx(_accuracy(module, dm.test_dataset))
-    assert data["best_val_round"] in (5, 7) and data["best_val_accuracy"] >= data[
-        "final_val_accuracy"]  # fmt: skip
+    assert (
+        data["best_val_round"] in (5, 7) and data["best_val_accuracy"] >= data["final_val_accuracy"]
+    )
     assert "best_test_accuracy" not in data  # a best-of over the test set is never reported
 
 
@@ -193,8 +222,9 @@ def test_the_resume_evaluation_does_not_change_the_best_accuracy():
     summary = RunSummary(verbose=False)
     summary.load_state_dict({"curves": {"val/acc": [[3, 0.5]], "val/loss": [[3, 1.0]]}})
     module = SimpleNamespace(resume_evaluation=True)
-    fake = SimpleNamespace(sanity_checking=False, global_step=4,
-                           callback_metrics={"val/acc": 0.9, "val/loss": 0.1})  # fmt: skip
+    fake = SimpleNamespace(
+        sanity_checking=False, global_step=4, callback_metrics={"val/acc": 0.9, "val/loss": 0.1}
+    )
     summary.on_validation_end(fake, module)
     assert (summary.best_accuracy, summary.best_round, summary.evaluated_round) == (0.5, 3, 3)
     module.resume_evaluation, fake.global_step = False, 6
@@ -206,18 +236,21 @@ def test_resume_evaluates_the_checkpoint_round_once(tmp_path):
     """A checkpoint written between evaluations (round 4, evaluations every 3 rounds): the
     resumed run evaluates round 4 first. A checkpoint written right after an evaluation (round
     6): the resumed run does not evaluate round 6 again."""
-    ckpt = ModelCheckpoint(dirpath=tmp_path / "c4", every_n_train_steps=4, save_top_k=-1,
-                           save_on_train_epoch_end=False)  # fmt: skip
+    ckpt = ModelCheckpoint(
+        dirpath=tmp_path / "c4", every_n_train_steps=4, save_top_k=-1, save_on_train_epoch_end=False
+    )
     _small_run(tmp_path / "first", 9, 3, callbacks=[ckpt, StopAt(5)], enable_checkpointing=True)
     path = next(p for p in (tmp_path / "c4").glob("*.ckpt") if p.name == "round=000004.ckpt")
-    _, _, rounds, data = _small_run(tmp_path / "resumed", 9, 3, ckpt_path=str(path),
-                                    enable_checkpointing=True)  # fmt: skip
+    _, _, rounds, data = _small_run(
+        tmp_path / "resumed", 9, 3, ckpt_path=str(path), enable_checkpointing=True
+    )
     assert rounds == [4, 6, 9] and data["final_val_round"] == 9
     after_eval = ModelCheckpoint(dirpath=tmp_path / "c6", save_top_k=-1)  # saved after validation
     _small_run(tmp_path / "second", 6, 3, callbacks=[after_eval], enable_checkpointing=True)
     path = next(p for p in (tmp_path / "c6").glob("*.ckpt") if p.name == "round=000006.ckpt")
-    _, _, rounds, _ = _small_run(tmp_path / "again", 9, 3, ckpt_path=str(path),
-                                 enable_checkpointing=True)  # fmt: skip
+    _, _, rounds, _ = _small_run(
+        tmp_path / "again", 9, 3, ckpt_path=str(path), enable_checkpointing=True
+    )
     assert rounds == [9]
 
 
@@ -232,11 +265,22 @@ def test_the_resume_evaluation_covers_the_whole_validation_set(tmp_path, saved_a
     batch: the first val/acc was 3/32.)"""
     from types import SimpleNamespace
 
-    saving = ModelCheckpoint(dirpath=tmp_path / "c", every_n_train_steps=saved_at,
-                             save_top_k=-1, save_on_train_epoch_end=False)  # fmt: skip
+    saving = ModelCheckpoint(
+        dirpath=tmp_path / "c",
+        every_n_train_steps=saved_at,
+        save_top_k=-1,
+        save_on_train_epoch_end=False,
+    )
     full = Recorder()
-    _small_run(tmp_path / "full", 9, 3, callbacks=[saving], recorder=full, eval_batch_size=32,
-               enable_checkpointing=True)  # fmt: skip
+    _small_run(
+        tmp_path / "full",
+        9,
+        3,
+        callbacks=[saving],
+        recorder=full,
+        eval_batch_size=32,
+        enable_checkpointing=True,
+    )
     path = tmp_path / "c" / f"round={saved_at:06d}.ckpt"
     checkpoint = torch.load(path, weights_only=False)
     assert checkpoint["validated_round"] == 3
@@ -246,8 +290,9 @@ def test_the_resume_evaluation_covers_the_whole_validation_set(tmp_path, saved_a
         {k.removeprefix("model."): v for k, v in weights if k.startswith("model.")}
     )
     resumed = Recorder()
-    _, dm, rounds, _ = _small_run(tmp_path / "resumed", 9, 3, ckpt_path=str(path),
-                                  recorder=resumed, eval_batch_size=32)  # fmt: skip
+    _, dm, rounds, _ = _small_run(
+        tmp_path / "resumed", 9, 3, ckpt_path=str(path), recorder=resumed, eval_batch_size=32
+    )
     assert len(dm.val_dataloader()) == 5 and rounds == sorted({saved_at, 6, 9})
     assert resumed.metrics[0]["val/acc"] == pytest.approx(_accuracy(saved, dm.val_dataset))
     by_round = dict(zip(rounds, resumed.metrics))

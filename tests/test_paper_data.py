@@ -102,8 +102,10 @@ def test_generated_mnist_files(tmp_path):
 
 
 def _cifar_batch(rng, n):
-    return {"data": rng.integers(0, 256, (n, 3072), dtype=np.uint8),
-            "labels": (np.arange(n) % 10).tolist()}  # fmt: skip
+    return {
+        "data": rng.integers(0, 256, (n, 3072), dtype=np.uint8),
+        "labels": (np.arange(n) % 10).tolist(),
+    }
 
 
 def test_generated_canonical_cifar10(tmp_path):
@@ -220,8 +222,9 @@ def test_paper_partitions_on_real_mnist():
     iid.setup("fit")
     # 63,000 training images, 6,300 of them held out for validation before partitioning
     assert sorted(iid.client_sizes.tolist()) == [5670] * 10 and len(iid.val_indices) == 6300
-    per = MNISTDataModule(num_clients=10, partitioner=ClassesPerClientPartitioner(
-        1, seed=0, samples_per_client=1024))  # fmt: skip
+    per = MNISTDataModule(
+        num_clients=10, partitioner=ClassesPerClientPartitioner(1, seed=0, samples_per_client=1024)
+    )
     per.setup("fit")
     labels = per.train_dataset.tensors[1]
     assert per.client_sizes.tolist() == [1024] * 10

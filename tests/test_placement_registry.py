@@ -91,8 +91,9 @@ def test_a_registered_placement_runs_end_to_end(quorum, tmp_path):
     centers = [[1.0, 0.0], [0.0, 1.0], [-1.0, 0.5], [0.3, -0.2], [2.0, 2.0], [-0.5, -1.5]]
 
     def algorithm(noise):
-        return DPFedAvg(0.3, 0.2, operator=Clip(0.5), sampler=PoissonSampler(q), noise=noise,
-                        sampling_seed=5)  # fmt: skip
+        return DPFedAvg(
+            0.3, 0.2, operator=Clip(0.5), sampler=PoissonSampler(q), noise=noise, sampling_seed=5
+        )
 
     # the engine: the round's result is typed, the model does not move when nothing is released
     alg = algorithm(noise)
@@ -108,13 +109,19 @@ def test_a_registered_placement_runs_end_to_end(quorum, tmp_path):
     stage = alg.message_stage()
     assert isinstance(stage, MessageStage) and stage.placement == QuorumLocalNoise(t)
     # the plan and the ledger, through a FederatedModule run
-    module = FederatedModule(QuadraticModel(2, [0.0, 0.0]), algorithm(noise),
-                             criterion=HalfSquaredError())  # fmt: skip
-    pl.Trainer(max_steps=rounds, logger=False, enable_checkpointing=False,
-               enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-               limit_val_batches=0, default_root_dir=tmp_path).fit(
-        module, datamodule=QuadraticDataModule(centers=centers)
-    )  # fmt: skip
+    module = FederatedModule(
+        QuadraticModel(2, [0.0, 0.0]), algorithm(noise), criterion=HalfSquaredError()
+    )
+    pl.Trainer(
+        max_steps=rounds,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        default_root_dir=tmp_path,
+    ).fit(module, datamodule=QuadraticDataModule(centers=centers))
     ledger = module.privacy_ledger
     assert ledger.rounds_aborted == aborted and ledger.rounds_accounted == rounds
     for accountant in ledger.accountants.values():
@@ -129,8 +136,12 @@ def test_a_registered_placement_runs_end_to_end(quorum, tmp_path):
 def _parse(noise: dict) -> DPNoise:
     parser = ArgumentParser()
     parser.add_argument("--algorithm", type=FederatedAlgorithm)
-    config = {"algorithm": {"class_path": "pl_privfed.algorithms.DistributedDPSGD",
-                            "init_args": {"step_size": 0.1, "noise": noise}}}  # fmt: skip
+    config = {
+        "algorithm": {
+            "class_path": "pl_privfed.algorithms.DistributedDPSGD",
+            "init_args": {"step_size": 0.1, "noise": noise},
+        }
+    }
     return parser.instantiate(parser.parse_string(yaml.safe_dump(config))).algorithm.noise
 
 
@@ -139,8 +150,10 @@ def test_class_path_placement_parses_beside_the_names(quorum):
     same placement; the noise settings may repeat ``t``, not contradict it; a user's class
     parses by its class path too."""
     by_name = _parse({"noise_multiplier": 1.0, "placement": "distributed", "min_contributors": 5})
-    spec = {"class_path": "pl_privfed.privacy.DistributedNoise",
-            "init_args": {"min_contributors": 5}}  # fmt: skip
+    spec = {
+        "class_path": "pl_privfed.privacy.DistributedNoise",
+        "init_args": {"min_contributors": 5},
+    }
     by_class = _parse({"noise_multiplier": 1.0, "placement": spec})
     assert by_name.where == by_class.where == DistributedNoise(5)
     assert by_name.placement == "distributed"  # the configuration's spelling is kept
@@ -178,8 +191,16 @@ def test_class_path_placement_through_the_command_line(tmp_path, monkeypatch, ca
     config = Path(__file__).resolve().parents[1] / "configs/private/mnist_dpsgd_distributed.yaml"
     spec = "{class_path: pl_privfed.privacy.DistributedNoise, init_args: {min_contributors: 5000}}"
     try:
-        main(["fit", "--config", str(config), "--model.algorithm.init_args.noise.placement",
-              spec, "--print_config"])  # fmt: skip
+        main(
+            [
+                "fit",
+                "--config",
+                str(config),
+                "--model.algorithm.init_args.noise.placement",
+                spec,
+                "--print_config",
+            ]
+        )
     except SystemExit as done:
         assert not done.code
     noise = yaml.safe_load(capsys.readouterr().out)["model"]["algorithm"]["init_args"]["noise"]

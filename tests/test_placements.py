@@ -318,8 +318,14 @@ CASES = {
     ),
     "fed_alpha_normec_p05": (
         lambda noise: FedAlphaNormEC(
-            0.05, local_step_size=0.3, beta=0.4, alpha=0.5, local_solver=LocalGD(2),
-            participation_prob=0.5, noise=noise, sampling_seed=3,
+            0.05,
+            local_step_size=0.3,
+            beta=0.4,
+            alpha=0.5,
+            local_solver=LocalGD(2),
+            participation_prob=0.5,
+            noise=noise,
+            sampling_seed=3,
         ),
         2,
         1.0,
@@ -331,47 +337,90 @@ CASES = {
     ),
     "dp_fedavg_poisson": (
         lambda noise: DPFedAvg(
-            0.3, local_step_size=0.2, operator=Clip(0.7), scale=2.0, local_solver=LocalGD(2),
-            sampler=PoissonSampler(0.4), noise=noise, sampling_seed=0,
+            0.3,
+            local_step_size=0.2,
+            operator=Clip(0.7),
+            scale=2.0,
+            local_solver=LocalGD(2),
+            sampler=PoissonSampler(0.4),
+            noise=noise,
+            sampling_seed=0,
         ),
         2,
         1.4,
         1,
         lambda C, x0, nz: ref_dp_fedavg(
-            C, x0, nz, eta=0.3, gamma=0.2, tau=0.7, scale=2.0, steps=2, sampler="poisson",
-            rate=0.4, sampling_seed=0,
+            C,
+            x0,
+            nz,
+            eta=0.3,
+            gamma=0.2,
+            tau=0.7,
+            scale=2.0,
+            steps=2,
+            sampler="poisson",
+            rate=0.4,
+            sampling_seed=0,
         ),
         [1, 2],  # cohorts of 2, 1, 0, 2 clients (central noise still noises round 2's sum)
     ),
     "dp_fedavg_fixed": (
         lambda noise: DPFedAvg(
-            0.3, local_step_size=0.2, operator=Clip(0.7), scale=2.0, local_solver=LocalGD(2),
-            sampler=FixedSizeSampler(3), noise=noise, sampling_seed=1,
+            0.3,
+            local_step_size=0.2,
+            operator=Clip(0.7),
+            scale=2.0,
+            local_solver=LocalGD(2),
+            sampler=FixedSizeSampler(3),
+            noise=noise,
+            sampling_seed=1,
         ),
         3,
         1.4,
         2,
         lambda C, x0, nz: ref_dp_fedavg(
-            C, x0, nz, eta=0.3, gamma=0.2, tau=0.7, scale=2.0, steps=2, sampler="fixed",
-            rate=3, sampling_seed=1,
+            C,
+            x0,
+            nz,
+            eta=0.3,
+            gamma=0.2,
+            tau=0.7,
+            scale=2.0,
+            steps=2,
+            sampler="fixed",
+            rate=3,
+            sampling_seed=1,
         ),
         [],
     ),
     "per_update_poisson": (
         lambda noise: FedAvgPerUpdateClipping(
-            1.5, local_step_size=0.1, clip_threshold=0.4, local_solver=LocalSGD(3),
-            sampler=PoissonSampler(0.5), noise=noise, sampling_seed=3,
+            1.5,
+            local_step_size=0.1,
+            clip_threshold=0.4,
+            local_solver=LocalSGD(3),
+            sampler=PoissonSampler(0.5),
+            noise=noise,
+            sampling_seed=3,
         ),
         2,
         0.4,
         1,
         lambda C, x0, nz: ref_per_update(
-            C, x0, nz, eta_l=0.1, eta_g=1.5, c=0.4, steps=3, sampler="poisson", rate=0.5,
+            C,
+            x0,
+            nz,
+            eta_l=0.1,
+            eta_g=1.5,
+            c=0.4,
+            steps=3,
+            sampler="poisson",
+            rate=0.5,
             sampling_seed=3,
         ),
         [1, 2],
     ),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("chunk", CHUNKS)
@@ -389,8 +438,13 @@ def test_exact_iterates_under_central_and_distributed_noise(name, placement, dra
     make, t, bound, central_factor, reference, aborted_rounds = CASES[name]
     distributed = placement == "distributed"
     where = aborting(t) if distributed and aborted_rounds else placement
-    noise = DPNoise(noise_multiplier=Z, seed=SEED, draws=draws, placement=where,
-                    min_contributors=t if distributed else None)  # fmt: skip
+    noise = DPNoise(
+        noise_multiplier=Z,
+        seed=SEED,
+        draws=draws,
+        placement=where,
+        min_contributors=t if distributed else None,
+    )
     alg = make(noise)
     centers, x0 = data(seed=11)
     xs, metrics = run(alg, centers, x0, chunk=chunk)
@@ -399,8 +453,9 @@ def test_exact_iterates_under_central_and_distributed_noise(name, placement, dra
     ref = reference(centers.tolist(), x0.tolist(), Noise(placement, std, t, draws, SEED))
     assert len(xs) == len(ref) == ROUNDS
     for k, (x, (r, _)) in enumerate(zip(xs, ref)):
-        torch.testing.assert_close(x, torch.tensor(r, dtype=DT), rtol=1e-11, atol=1e-11,
-                                   msg=f"round {k}")  # fmt: skip
+        torch.testing.assert_close(
+            x, torch.tensor(r, dtype=DT), rtol=1e-11, atol=1e-11, msg=f"round {k}"
+        )
     aborted = [k for k, (_, a) in enumerate(ref) if a]
     assert aborted == (aborted_rounds if distributed else [])
     assert [k for k, m in enumerate(metrics) if "aborted" in m] == aborted
@@ -480,12 +535,20 @@ def test_aborted_rounds_are_counted_and_compose_nothing(tmp_path):
     assert 0 < aborted < rounds  # the stream has both kinds of round
     centers = [[1.0, 0.0], [0.0, 1.0], [-1.0, 0.5], [0.3, -0.2], [2.0, 2.0], [-0.5, -1.5]]
     noise = DPNoise(noise_multiplier=z, placement=aborting(t), seed=2)
-    alg = DPFedAvg(0.3, 0.2, operator=Clip(0.5), sampler=PoissonSampler(q), noise=noise,
-                   sampling_seed=5)  # fmt: skip
+    alg = DPFedAvg(
+        0.3, 0.2, operator=Clip(0.5), sampler=PoissonSampler(q), noise=noise, sampling_seed=5
+    )
     module = FederatedModule(QuadraticModel(2, [0.0, 0.0]), alg, criterion=HalfSquaredError())
-    trainer = pl.Trainer(max_steps=rounds, logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False,
-                         num_sanity_val_steps=0, limit_val_batches=0, default_root_dir=tmp_path)  # fmt: skip
+    trainer = pl.Trainer(
+        max_steps=rounds,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        default_root_dir=tmp_path,
+    )
     with pytest.warns(UserWarning, match="NOT CHARGED: the abort pattern"):
         trainer.fit(module, datamodule=QuadraticDataModule(centers=centers))
     ledger = module.privacy_ledger
@@ -507,8 +570,10 @@ def test_aborted_rounds_are_counted_and_compose_nothing(tmp_path):
     assert report["adversary"] == "server"
     per_round = binom.cdf(t - 1, n, q)
     any_round = 1 - (1 - per_round) ** rounds
-    assert f"probability {per_round:.3g}, at least one of K={rounds} with probability " \
-        f"{any_round:.3g}" in report["not_charged"]  # fmt: skip
+    assert (
+        f"probability {per_round:.3g}, at least one of K={rounds} with probability "
+        f"{any_round:.3g}" in report["not_charged"]
+    )
     assert "whoever sees the models does not count it and is NOT certified" in report["not_charged"]
     assert "; NOT CHARGED: the abort pattern" in privacy_plan_line(report)
     result = {"epsilon": report["epsilon"], "delta": report["delta"], "privacy": report}
@@ -519,22 +584,25 @@ def test_aborted_rounds_are_counted_and_compose_nothing(tmp_path):
 # ---------------------------------------------------------------------------- sensitivities
 def _noiseless_step(alg, centers, x0, monkeypatch):
     """One round of ``alg`` with every Gaussian draw replaced by zeros."""
-    monkeypatch.setattr(MessageStage, "noise_of_sum",
-                        lambda self, count, k, keyed, like: torch.zeros_like(like))  # fmt: skip
     monkeypatch.setattr(
-        ClientChunk, "normal",
+        MessageStage, "noise_of_sum", lambda self, count, k, keyed, like: torch.zeros_like(like)
+    )
+    monkeypatch.setattr(
+        ClientChunk,
+        "normal",
         lambda self, seed, std, extra=0, select=None: torch.zeros(
             self.size if select is None else int(select.sum()), self.ctx.dim, dtype=DT
         ),
-    )  # fmt: skip
+    )
     alg.setup(num_clients=centers.shape[0], dim=centers.shape[-1], num_rounds=5, dtype=DT)
     return run_round(alg, x0, oracle(centers), chunk_size=1).params
 
 
 @pytest.mark.parametrize("placement", ["central", "distributed"])
 @pytest.mark.parametrize("sampler", ["poisson", "fixed"])
-def test_one_client_moves_the_noised_sum_by_at_most_the_sensitivity(placement, sampler,
-                                                                    monkeypatch):  # fmt: skip
+def test_one_client_moves_the_noised_sum_by_at_most_the_sensitivity(
+    placement, sampler, monkeypatch
+):
     """DP-FedAvg (Φ = β·τ = 1.4): removing one client's message (its data at x, Ψ(0) = 0) moves
     the noiseless sum by Φ, the add/remove sensitivity, and the average by Φ/B for the fixed
     denominator B (q·N for a Poisson cohort, whoever took part); replacing it by its opposite
@@ -555,10 +623,21 @@ def test_one_client_moves_the_noised_sum_by_at_most_the_sensitivity(placement, s
 
     def step(c):
         where = aborting(2) if placement == "distributed" and sampler == "poisson" else placement
-        noise = DPNoise(noise_multiplier=1.0, placement=where, seed=3,
-                        min_contributors=2 if placement == "distributed" else None)  # fmt: skip
-        alg = DPFedAvg(eta, 1.0, operator=Clip(0.7), scale=2.0, sampler=make_sampler[sampler](),
-                       noise=noise, sampling_seed=5)  # fmt: skip
+        noise = DPNoise(
+            noise_multiplier=1.0,
+            placement=where,
+            seed=3,
+            min_contributors=2 if placement == "distributed" else None,
+        )
+        alg = DPFedAvg(
+            eta,
+            1.0,
+            operator=Clip(0.7),
+            scale=2.0,
+            sampler=make_sampler[sampler](),
+            noise=noise,
+            sampling_seed=5,
+        )
         return alg, _noiseless_step(alg, c, x0, monkeypatch)
 
     alg, x = step(centers)
@@ -573,8 +652,9 @@ def test_one_client_moves_the_noised_sum_by_at_most_the_sensitivity(placement, s
     # the sensitivities the accounting is given: the models' relation follows the cohort
     models = plan.relation(release, alg.noise, "models")
     assert models == ("add_remove" if sampler == "poisson" else "replace_one")
-    assert plan.sensitivity(release, models) == pytest.approx(phi * (1 if models == "add_remove"
-                                                                     else 2))  # fmt: skip
+    assert plan.sensitivity(release, models) == pytest.approx(
+        phi * (1 if models == "add_remove" else 2)
+    )
     if placement == "distributed":
         assert plan.relation(release, alg.noise, "server") == "replace_one"
         assert plan.sensitivity(release, "replace_one") == pytest.approx(2 * phi)
@@ -603,42 +683,90 @@ def _per_sample(noise):
 @pytest.mark.parametrize(
     "factory, message",
     [
-        (lambda: _setup(DPFedAvg(0.1, 0.1, Clip(1.0), sampler=BernoulliSampler(0.5),
-                                 noise=_central())),
-         r"noise\.placement='central' needs a fixed denominator"),
-        (lambda: _setup(DPFedAvg(0.1, 0.1, Clip(1.0), sampler=BernoulliSampler(0.5),
-                                 noise=_distributed(1))),
-         r"noise\.placement='distributed' needs a fixed denominator"),
+        (
+            lambda: _setup(
+                DPFedAvg(0.1, 0.1, Clip(1.0), sampler=BernoulliSampler(0.5), noise=_central())
+            ),
+            r"noise\.placement='central' needs a fixed denominator",
+        ),
+        (
+            lambda: _setup(
+                DPFedAvg(0.1, 0.1, Clip(1.0), sampler=BernoulliSampler(0.5), noise=_distributed(1))
+            ),
+            r"noise\.placement='distributed' needs a fixed denominator",
+        ),
         (lambda: _per_sample(_central()), r"noise\.placement='central'.*record-level"),
         (lambda: _per_sample(_distributed(2)), r"noise\.placement='distributed'.*record-level"),
-        (lambda: _setup(SoteriaFL(0.1, 0.5, clip_threshold=1.0, batch_size=2,
-                                  local_dataset_size=40, noise=_central())),
-         r"noise\.placement='central'.*record-level"),
-        (lambda: DPNoise(noise_multiplier=1.0, placement="distributed"),
-         r"placement='distributed' needs min_contributors"),
-        (lambda: DPNoise(noise_multiplier=1.0, min_contributors=3),
-         r"min_contributors=3 is for placement='distributed'"),
-        (lambda: DPNoise(noise_multiplier=1.0, placement="central", min_contributors=3),
-         r"min_contributors=3 is for placement='distributed'"),
+        (
+            lambda: _setup(
+                SoteriaFL(
+                    0.1,
+                    0.5,
+                    clip_threshold=1.0,
+                    batch_size=2,
+                    local_dataset_size=40,
+                    noise=_central(),
+                )
+            ),
+            r"noise\.placement='central'.*record-level",
+        ),
+        (
+            lambda: DPNoise(noise_multiplier=1.0, placement="distributed"),
+            r"placement='distributed' needs min_contributors",
+        ),
+        (
+            lambda: DPNoise(noise_multiplier=1.0, min_contributors=3),
+            r"min_contributors=3 is for placement='distributed'",
+        ),
+        (
+            lambda: DPNoise(noise_multiplier=1.0, placement="central", min_contributors=3),
+            r"min_contributors=3 is for placement='distributed'",
+        ),
         (lambda: _distributed(0), "min_contributors must be a positive integer"),
         (lambda: _distributed(True), "min_contributors must be a positive integer"),
         (lambda: DPNoise(noise_multiplier=1.0, placement="server"), "placement must be"),
-        (lambda: _setup(DPFedAvg(0.1, 0.1, Clip(1.0), sampler=FixedSizeSampler(3),
-                                 noise=_distributed(4))),
-         "min_contributors=4 is more than the 3 clients of every round's cohort"),
-        (lambda: _setup(DistributedDPSGD(0.1, Clip(1.0), noise=_distributed(6))),
-         "min_contributors=6 is more than the 5 clients"),
-        (lambda: _setup(DPFedAvg(0.1, 0.1, Clip(1.0), sampler=PoissonSampler(0.5), noise=(
-            _distributed(7)))),
-         "min_contributors=7 is more than the 5 clients"),
-        (lambda: _setup(DPFedAvg(0.1, 0.1, Clip(1.0), sampler=PoissonSampler(0.5),
-                                 noise=_central(neighbouring="replace_one"))),
-         r"noise\.neighbouring='replace_one'.*Poisson"),
-        (lambda: _setup(DPFedAvg(0.1, 0.1, Clip(1.0), sampler=FixedSizeSampler(2),
-                                 noise=_central(neighbouring="add_remove"))),
-         r"noise\.neighbouring='add_remove'.*fixed-size"),
+        (
+            lambda: _setup(
+                DPFedAvg(0.1, 0.1, Clip(1.0), sampler=FixedSizeSampler(3), noise=_distributed(4))
+            ),
+            "min_contributors=4 is more than the 3 clients of every round's cohort",
+        ),
+        (
+            lambda: _setup(DistributedDPSGD(0.1, Clip(1.0), noise=_distributed(6))),
+            "min_contributors=6 is more than the 5 clients",
+        ),
+        (
+            lambda: _setup(
+                DPFedAvg(0.1, 0.1, Clip(1.0), sampler=PoissonSampler(0.5), noise=(_distributed(7)))
+            ),
+            "min_contributors=7 is more than the 5 clients",
+        ),
+        (
+            lambda: _setup(
+                DPFedAvg(
+                    0.1,
+                    0.1,
+                    Clip(1.0),
+                    sampler=PoissonSampler(0.5),
+                    noise=_central(neighbouring="replace_one"),
+                )
+            ),
+            r"noise\.neighbouring='replace_one'.*Poisson",
+        ),
+        (
+            lambda: _setup(
+                DPFedAvg(
+                    0.1,
+                    0.1,
+                    Clip(1.0),
+                    sampler=FixedSizeSampler(2),
+                    noise=_central(neighbouring="add_remove"),
+                )
+            ),
+            r"noise\.neighbouring='add_remove'.*fixed-size",
+        ),
     ],
-)  # fmt: skip
+)
 def test_placements_that_do_not_hold_are_refused(factory, message):
     with pytest.raises(ValueError, match=message):
         factory()
@@ -654,13 +782,27 @@ def test_placements_that_hold_are_accepted():
             sampler=BernoulliSampler(0.5),
             noise=(DPNoise(noise_multiplier=1.0)),
         )
-    )  # fmt: skip  (local noise: a realized cohort is fine)
+    )  # (local noise: a realized cohort is fine)
     _setup(DPFedAvg(0.1, 0.1, Clip(1.0), sampler=FixedSizeSampler(3), noise=_distributed(3)))
     _setup(DistributedDPSGD(0.1, Clip(1.0), noise=_distributed(5)))
-    _setup(DPFedAvg(0.1, 0.1, Clip(1.0), sampler=PoissonSampler(0.5),
-                    noise=_central(neighbouring="add_remove")))  # fmt: skip
-    _setup(DPFedAvg(0.1, 0.1, Clip(1.0), sampler=PoissonSampler(0.5),
-                    noise=_distributed(2, True, neighbouring="replace_one")))  # fmt: skip
+    _setup(
+        DPFedAvg(
+            0.1,
+            0.1,
+            Clip(1.0),
+            sampler=PoissonSampler(0.5),
+            noise=_central(neighbouring="add_remove"),
+        )
+    )
+    _setup(
+        DPFedAvg(
+            0.1,
+            0.1,
+            Clip(1.0),
+            sampler=PoissonSampler(0.5),
+            noise=_distributed(2, True, neighbouring="replace_one"),
+        )
+    )
     _per_sample(DPNoise(noise_multiplier=1.0))
 
 
@@ -729,8 +871,12 @@ def test_local_and_distributed_server_epsilon_is_unamplified_replace_one():
     (server,) = b.mechanisms(0, "server")
     assert server.sample_rate == 1.0 and server.noise_multiplier == pytest.approx(z)
     # the models: add/remove, Φ, Poisson at q: multiplier σ/Φ = 2z
-    amplified = rdp_golden(ADD_REMOVE, dp_accounting.PoissonSampledDpEvent(
-        q, dp_accounting.GaussianDpEvent(2 * z)), K, orders=list(range(2, 257)))  # fmt: skip
+    amplified = rdp_golden(
+        ADD_REMOVE,
+        dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(2 * z)),
+        K,
+        orders=list(range(2, 257)),
+    )
     amplified_pld = pld_golden(
         dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(2 * z)), K
     )
@@ -778,14 +924,16 @@ def test_target_calibration_solves_against_the_headline_adversary():
     rounds is the target (within the solver's 0.01, from below); with distributed noise the
     server's."""
     q, K, n, target = 0.2, 30, 20, 4.0
-    central = _dp_fedavg(DPNoise(epsilon=target, calibration="target", placement="central"),
-                         PoissonSampler(q), n)  # fmt: skip
+    central = _dp_fedavg(
+        DPNoise(epsilon=target, calibration="target", placement="central"), PoissonSampler(q), n
+    )
     central.setup(num_clients=n, dim=3, num_rounds=K, dtype=DT)
     eps = ledger_of(central, K).epsilon()
     assert target - 0.01 <= eps <= target
     assert eps == pytest.approx(target, rel=2.5e-3)
-    dist = _dp_fedavg(DPNoise(epsilon=target, calibration="target", placement=aborting(2)),
-                      PoissonSampler(q), n)  # fmt: skip
+    dist = _dp_fedavg(
+        DPNoise(epsilon=target, calibration="target", placement=aborting(2)), PoissonSampler(q), n
+    )
     dist.setup(num_clients=n, dim=3, num_rounds=K, dtype=DT)
     ledger = ledger_of(dist, K)
     assert target - 0.01 <= ledger.epsilon(adversary="server") <= target
@@ -798,8 +946,9 @@ def test_paper_calibration_sizes_the_noise_of_the_sum():
     """calibration: paper with central noise: σ = paper_noise_std with Φ the sensitivity of the
     sum (every client every round for DP-SGD; the papers' rate q for a Poisson cohort)."""
     eps, K = 8.0, 100
-    alg = DistributedDPSGD(0.1, Clip(0.6), scale=2.0,
-                           noise=DPNoise(epsilon=eps, delta=1e-6, placement="central"))  # fmt: skip
+    alg = DistributedDPSGD(
+        0.1, Clip(0.6), scale=2.0, noise=DPNoise(epsilon=eps, delta=1e-6, placement="central")
+    )
     alg.setup(num_clients=7, dim=3, num_rounds=K, dtype=DT)
     expected = paper_noise_std(sensitivity=1.2, epsilon=eps, delta=1e-6, rounds=K)
     assert alg.noise_std == pytest.approx(expected, rel=1e-12)
@@ -811,14 +960,26 @@ def test_paper_calibration_sizes_the_noise_of_the_sum():
     assert fedavg.noise_std == pytest.approx(expected, rel=1e-12)
     # the iterates carry σ on the sum: one round against the reference at that σ
     centers, x0 = data(seed=12)
-    xs, _ = run(DistributedDPSGD(0.1, Clip(0.6), scale=2.0,
-                                 noise=DPNoise(epsilon=eps, delta=1e-6, placement="central",
-                                               rounds=K, seed=SEED)),
-                centers, x0, rounds=1)  # fmt: skip
+    xs, _ = run(
+        DistributedDPSGD(
+            0.1,
+            Clip(0.6),
+            scale=2.0,
+            noise=DPNoise(epsilon=eps, delta=1e-6, placement="central", rounds=K, seed=SEED),
+        ),
+        centers,
+        x0,
+        rounds=1,
+    )
     sigma = paper_noise_std(sensitivity=1.2, epsilon=eps, delta=1e-6, rounds=K)
-    (ref, _), *_ = ref_dpsgd(centers.tolist(), x0.tolist(),
-                             Noise("central", sigma, None, "aggregate", SEED),
-                             tau=0.6, scale=2.0, gamma=0.1)  # fmt: skip
+    (ref, _), *_ = ref_dpsgd(
+        centers.tolist(),
+        x0.tolist(),
+        Noise("central", sigma, None, "aggregate", SEED),
+        tau=0.6,
+        scale=2.0,
+        gamma=0.1,
+    )
     torch.testing.assert_close(xs[0], torch.tensor(ref, dtype=DT), rtol=1e-11, atol=1e-11)
 
 

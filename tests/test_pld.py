@@ -175,8 +175,13 @@ def test_unknown_accountant_is_refused():
 def _soteria(accountant):
     noise = DPNoise(epsilon=2.0, calibration="target", accountant=accountant)
     alg = SoteriaFL(0.1, 0.5, clip_threshold=1.0, batch_size=2, noise=noise)
-    alg.configure_data(batch_size=2, local_batches=1, shuffle=True, client_sizes=[50] * 4,
-                       batch_sampling="without_replacement")  # fmt: skip
+    alg.configure_data(
+        batch_size=2,
+        local_batches=1,
+        shuffle=True,
+        client_sizes=[50] * 4,
+        batch_sampling="without_replacement",
+    )
     alg.setup(num_clients=4, dim=3, num_rounds=40)
     return alg
 
@@ -252,8 +257,9 @@ def test_configurations_that_differ_in_their_noise_seed_share_one_calibration(mo
 
     solved = []
     plan._solve_once.cache_clear()
-    monkeypatch.setattr(plan, "calibrate_noise_std", lambda **kw: solved.append(kw) or
-                        calibrate_noise_std(**kw))  # fmt: skip
+    monkeypatch.setattr(
+        plan, "calibrate_noise_std", lambda **kw: solved.append(kw) or calibrate_noise_std(**kw)
+    )
     stds = []
     for seed, epsilon in ((0, 8.0), (1, 8.0), (2, 8.0), (0, 4.0)):
         noise = DPNoise(epsilon=epsilon, calibration="target", seed=seed)
@@ -281,15 +287,21 @@ def test_configurations_that_differ_in_their_bound_share_one_calibration(
 
     solved = []
     plan._solve_once.cache_clear()
-    monkeypatch.setattr(plan, "calibrate_noise_std", lambda **kw: solved.append(kw) or
-                        calibrate_noise_std(**kw))  # fmt: skip
+    monkeypatch.setattr(
+        plan, "calibrate_noise_std", lambda **kw: solved.append(kw) or calibrate_noise_std(**kw)
+    )
     stds, epsilons = {}, {}
     for threshold in (0.3, 1.0, 3.0):
         kind = {"poisson": lambda: PoissonSampler(0.2), "fixed": lambda: FixedSizeSampler(4)}
-        noise = DPNoise(epsilon=4.0, calibration="target", placement=placement,
-                        min_contributors=4 if placement == "distributed" else None)  # fmt: skip
-        alg = DPFedAvg(0.5, operator=Clip(threshold), noise=noise,
-                       sampler=kind[sampler]() if sampler else None)  # fmt: skip
+        noise = DPNoise(
+            epsilon=4.0,
+            calibration="target",
+            placement=placement,
+            min_contributors=4 if placement == "distributed" else None,
+        )
+        alg = DPFedAvg(
+            0.5, operator=Clip(threshold), noise=noise, sampler=kind[sampler]() if sampler else None
+        )
         alg.setup(dim=5, num_clients=20, num_rounds=30)
         stds[threshold] = plan.calibrate(alg.release(), noise, 30)  # remembered since setup
         ledger = PrivacyLedger(alg.release(), alg.noise, [alg.noise_std], 30)

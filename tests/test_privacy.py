@@ -110,15 +110,20 @@ def _noise_of_one_round(alg, monkeypatch, n=200, d=500):
 @pytest.mark.parametrize(
     "make, std",
     [  # std = noise_multiplier × the replace-one sensitivity (2 for Norm_α, 2τ = 4 for Clip(2))
-        (lambda s, draws: AlphaNormEC(0.1, 0.1, 0.01, noise=DPNoise(noise_multiplier=1.5, seed=s,
-                                                                     draws=draws)), 3.0),
         (
-            lambda s, draws: DistributedDPSGD(0.1, Clip(2.0), noise=DPNoise(noise_multiplier=1.5,
-                                                                            seed=s, draws=draws)),
+            lambda s, draws: AlphaNormEC(
+                0.1, 0.1, 0.01, noise=DPNoise(noise_multiplier=1.5, seed=s, draws=draws)
+            ),
+            3.0,
+        ),
+        (
+            lambda s, draws: DistributedDPSGD(
+                0.1, Clip(2.0), noise=DPNoise(noise_multiplier=1.5, seed=s, draws=draws)
+            ),
             6.0,
         ),
     ],
-)  # fmt: skip
+)
 def test_noise_moments_and_seeding(make, std, monkeypatch):
     z1, z2, z3 = (_noise_of_one_round(make(s, "per_client"), monkeypatch) for s in (0, 0, 1))
     assert torch.equal(z1, z2) and not torch.equal(z1, z3)
@@ -131,8 +136,9 @@ def test_noise_moments_and_seeding(make, std, monkeypatch):
 
 
 def test_server_noise_is_one_vector(monkeypatch):
-    alg = DistributedDPSGD(1.0, Clip(1.0),
-                           noise=DPNoise(noise_multiplier=1.0, seed=0, placement="central"))  # fmt: skip
+    alg = DistributedDPSGD(
+        1.0, Clip(1.0), noise=DPNoise(noise_multiplier=1.0, seed=0, placement="central")
+    )
     z = _noise_of_one_round(alg, monkeypatch, n=50, d=20_000) / 50  # on the sum: n × its draw
     assert z.shape == (20_000,)
     assert z.std().item() == pytest.approx(1.0 / 50, rel=0.02)  # on the average: multiplier × τ/n
@@ -153,10 +159,12 @@ def test_target_calibration_reaches_the_target():
 
 @pytest.mark.parametrize("accountant", ["rdp", "prv"])
 def test_calibrate_noise_multiplier_with_subsampling(accountant):
-    full = calibrate_noise_multiplier(target_epsilon=2.0, delta=1e-5, sample_rate=1.0, steps=100,
-                                      accountant=accountant)  # fmt: skip
-    sub = calibrate_noise_multiplier(target_epsilon=2.0, delta=1e-5, sample_rate=0.25, steps=100,
-                                     accountant=accountant)  # fmt: skip
+    full = calibrate_noise_multiplier(
+        target_epsilon=2.0, delta=1e-5, sample_rate=1.0, steps=100, accountant=accountant
+    )
+    sub = calibrate_noise_multiplier(
+        target_epsilon=2.0, delta=1e-5, sample_rate=0.25, steps=100, accountant=accountant
+    )
     assert sub < full  # amplification by (Poisson) subsampling needs less noise
     acc = PrivacyAccountant(accountant)
     acc.step(noise_multiplier=sub, sample_rate=0.25, num_steps=100)

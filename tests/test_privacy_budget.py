@@ -19,9 +19,16 @@ from pl_privfed.privacy import DPNoise
 
 
 def plain_trainer(tmp_path, callbacks, **kwargs):
-    return pl.Trainer(max_epochs=100, logger=False, enable_checkpointing=False,
-                      enable_progress_bar=False, enable_model_summary=False,
-                      default_root_dir=tmp_path, callbacks=callbacks, **kwargs)  # fmt: skip
+    return pl.Trainer(
+        max_epochs=100,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+        callbacks=callbacks,
+        **kwargs,
+    )
 
 
 def first_step_over(epsilon, nm, q, delta=1e-5):
@@ -93,12 +100,19 @@ def _federated(tmp_path, callbacks, max_steps=40, ckpt_path=None):
         MLP(64, [], 10),
         AlphaNormEC(0.1, 0.1, 0.01, noise=DPNoise(noise_multiplier=10.0, seed=1)),
     )
-    trainer = pl.Trainer(max_steps=max_steps, logger=False, enable_progress_bar=False,
-                         enable_model_summary=False, num_sanity_val_steps=0,
-                         limit_val_batches=0, default_root_dir=tmp_path,
-                         callbacks=callbacks)  # fmt: skip
-    trainer.fit(module, datamodule=DigitsDataModule(num_clients=4, batch_size=8),
-                ckpt_path=ckpt_path)  # fmt: skip
+    trainer = pl.Trainer(
+        max_steps=max_steps,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        default_root_dir=tmp_path,
+        callbacks=callbacks,
+    )
+    trainer.fit(
+        module, datamodule=DigitsDataModule(num_clients=4, batch_size=8), ckpt_path=ckpt_path
+    )
     return trainer, module
 
 
@@ -120,8 +134,9 @@ def test_federated_module_protocol_and_resume(tmp_path):
     ckpt = ModelCheckpoint(dirpath=tmp_path / "ck", every_n_train_steps=5, save_top_k=-1)
     _federated(tmp_path / "b", [PrivacyBudget(epsilon=2.0), ckpt, StopAt(5)])
     resumed_budget = PrivacyBudget(epsilon=2.0)
-    trainer, resumed = _federated(tmp_path / "c", [resumed_budget],
-                                  ckpt_path=str(next((tmp_path / "ck").glob("*.ckpt"))))  # fmt: skip
+    trainer, resumed = _federated(
+        tmp_path / "c", [resumed_budget], ckpt_path=str(next((tmp_path / "ck").glob("*.ckpt")))
+    )
     assert trainer.global_step == over - 1
     # the budget reads the run's ledger (one history, carried by the module's checkpoint)
     assert resumed.privacy_ledger.accountant.steps == over - 1
@@ -137,10 +152,16 @@ def test_a_noiseless_run_is_reported_not_private_instead_of_epsilon_zero(tmp_pat
     module = FederatedModule(MLP(64, [], 10), AlphaNormEC(0.1, 0.1, 0.01))
     budget = PrivacyBudget(epsilon=2.0)
     summary = RunSummary(dirpath=str(tmp_path))
-    trainer = pl.Trainer(max_steps=3, logger=False, enable_progress_bar=False,
-                         enable_model_summary=False, num_sanity_val_steps=0,
-                         limit_val_batches=0, default_root_dir=tmp_path,
-                         callbacks=[budget, summary])  # fmt: skip
+    trainer = pl.Trainer(
+        max_steps=3,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        default_root_dir=tmp_path,
+        callbacks=[budget, summary],
+    )
     with pytest.warns(UserWarning, match="adds no noise: the run is not private"):
         trainer.fit(module, datamodule=DigitsDataModule(num_clients=4, batch_size=8))
     assert trainer.global_step == 3

@@ -91,8 +91,14 @@ def test_dp_fed_alpha_normec_server_sees_who_transmits(p, paper, add_remove, rep
     """Paper 004's DP-Fed-α-NormEC with the paper's noise σ = p sqrt(K log(1/δ))/ε: the papers'
     Poisson amplification at p (central DP golden value, add/remove) is reported beside the
     defensible ε (no amplification against the server, replace-one)."""
-    alg = FedAlphaNormEC(0.1, 0.1, beta=0.1, alpha=0.01, participation_prob=p,
-                         noise=DPNoise(epsilon=8.0, delta=1e-5, rounds=300))  # fmt: skip
+    alg = FedAlphaNormEC(
+        0.1,
+        0.1,
+        beta=0.1,
+        alpha=0.01,
+        participation_prob=p,
+        noise=DPNoise(epsilon=8.0, delta=1e-5, rounds=300),
+    )
     alg.setup(num_clients=20, dim=4, num_rounds=300)
     sigma = p * math.sqrt(300 * math.log(1e5)) / 8
     assert alg.noise_std == pytest.approx(sigma)
@@ -130,8 +136,7 @@ def test_central_dp_with_poisson_sampling_is_dp_accountings():
     assert golden * 0.97 < ours.get_epsilon(1e-5) <= golden * (1 + 1e-9)
     # DP-SGD with central noise: add/remove by default, sensitivity Φ on the sum, every client
     # every round
-    alg = DistributedDPSGD(0.1, Clip(1.0),
-                           noise=DPNoise(noise_multiplier=0.8, placement="central"))  # fmt: skip
+    alg = DistributedDPSGD(0.1, Clip(1.0), noise=DPNoise(noise_multiplier=0.8, placement="central"))
     alg.setup(num_clients=10, dim=3, num_rounds=50)
     assert relation(alg) == "add_remove" and sensitivity(alg) == 1.0
     assert alg.noise_std == pytest.approx(0.8)
@@ -142,10 +147,16 @@ def test_central_dp_with_poisson_sampling_is_dp_accountings():
 def test_sampling_without_replacement_is_dp_accountings():
     """PORTER-DP with b of m records drawn afresh every round: one release per round sampled
     without replacement, replace-one sensitivity 2τ/b, composed by dp-accounting."""
-    alg = PORTER(0.1, 0.5, option="dp", clip_threshold=1.0, batch_size=4,
-                 noise=DPNoise(noise_multiplier=1.5))  # fmt: skip
-    alg.configure_data(batch_size=4, local_batches=1, shuffle=True, client_sizes=[90, 80, 100],
-                       batch_sampling="without_replacement")  # fmt: skip
+    alg = PORTER(
+        0.1, 0.5, option="dp", clip_threshold=1.0, batch_size=4, noise=DPNoise(noise_multiplier=1.5)
+    )
+    alg.configure_data(
+        batch_size=4,
+        local_batches=1,
+        shuffle=True,
+        client_sizes=[90, 80, 100],
+        batch_sampling="without_replacement",
+    )
     alg.setup(num_clients=3, dim=4, num_rounds=100)
     assert sensitivity(alg) == pytest.approx(2 * 1.0 / 4)
     acc = compose(alg, 100)
@@ -166,10 +177,20 @@ def test_sampling_without_replacement_is_dp_accountings():
 
 
 def test_target_calibration_certifies_the_target_under_sampling_without_replacement():
-    alg = SoteriaFL(0.1, 0.5, clip_threshold=1.0, batch_size=2,
-                    noise=DPNoise(epsilon=2.0, delta=1e-5, calibration="target"))  # fmt: skip
-    alg.configure_data(batch_size=2, local_batches=1, shuffle=True, client_sizes=[50] * 4,
-                       batch_sampling="without_replacement")  # fmt: skip
+    alg = SoteriaFL(
+        0.1,
+        0.5,
+        clip_threshold=1.0,
+        batch_size=2,
+        noise=DPNoise(epsilon=2.0, delta=1e-5, calibration="target"),
+    )
+    alg.configure_data(
+        batch_size=2,
+        local_batches=1,
+        shuffle=True,
+        client_sizes=[50] * 4,
+        batch_sampling="without_replacement",
+    )
     alg.setup(num_clients=4, dim=3, num_rounds=60)
     acc = compose(alg, 60, accountant="auto")  # the run's accountant: PLD here
     assert 2.0 - 0.02 <= acc.get_epsilon(1e-5) <= 2.0
@@ -179,14 +200,17 @@ def test_target_calibration_certifies_the_target_under_sampling_without_replacem
 def test_calibrate_noise_std_matches_opacus_for_poisson_sampling():
     from opacus.accountants.utils import get_noise_multiplier
 
-    opacus = get_noise_multiplier(target_epsilon=3.0, target_delta=1e-5, sample_rate=0.1,
-                                  steps=200, accountant="rdp")  # fmt: skip
-    ours = calibrate_noise_std(target_epsilon=3.0, delta=1e-5, accountant="rdp",
-                               plan=lambda s: [(Mechanism(s, 0.1), 200)])  # fmt: skip
+    opacus = get_noise_multiplier(
+        target_epsilon=3.0, target_delta=1e-5, sample_rate=0.1, steps=200, accountant="rdp"
+    )
+    ours = calibrate_noise_std(
+        target_epsilon=3.0, delta=1e-5, accountant="rdp", plan=lambda s: [(Mechanism(s, 0.1), 200)]
+    )
     assert ours == pytest.approx(opacus, rel=0.01)
     # the default (PLD) needs less noise for the same ε
-    pld = calibrate_noise_std(target_epsilon=3.0, delta=1e-5,
-                              plan=lambda s: [(Mechanism(s, 0.1), 200)])  # fmt: skip
+    pld = calibrate_noise_std(
+        target_epsilon=3.0, delta=1e-5, plan=lambda s: [(Mechanism(s, 0.1), 200)]
+    )
     assert 0.85 * opacus < pld < 0.97 * opacus
 
 
@@ -194,8 +218,9 @@ def test_mixing_poisson_and_without_replacement_is_refused():
     acc = PrivacyAccountant()
     acc.step(noise_multiplier=1.0, sample_rate=0.1)
     with pytest.raises(ValueError, match="without replacement"):
-        acc.step(noise_multiplier=1.0, sample_rate=0.1, sampling="without_replacement",
-                 population=10)  # fmt: skip
+        acc.step(
+            noise_multiplier=1.0, sample_rate=0.1, sampling="without_replacement", population=10
+        )
     with pytest.raises(ValueError, match="population"):
         Mechanism(1.0, 0.5, sampling="without_replacement")
     with pytest.raises(ValueError, match="whole sample size"):
@@ -227,11 +252,15 @@ def _released(alg, grads, per_example=None):
 
     with (
         mock.patch.object(Reduction, "add_rows", record),
-        mock.patch.object(ClientChunk, "normal", lambda self, seed, std, extra=0, select=None:
-                          torch.zeros(self.size if select is None else int(select.sum()),
-                                      self.ctx.dim, dtype=DT)),
+        mock.patch.object(
+            ClientChunk,
+            "normal",
+            lambda self, seed, std, extra=0, select=None: torch.zeros(
+                self.size if select is None else int(select.sum()), self.ctx.dim, dtype=DT
+            ),
+        ),
         mock.patch.object(MessageStage, "noise_of_sum", no_draw),
-    ):  # fmt: skip
+    ):
         if not isinstance(alg, PORTER):
             alg.initialized.fill_(True)
         run_round(alg, x, grad_fn, chunk_size=1)
@@ -292,9 +321,10 @@ def test_central_dp_sensitivity_holds_on_neighbouring_datasets():
     g = torch.full((n, 1, d), 100.0, dtype=DT)
     removed = g.clone()
     removed[2] = 0.0  # Ψ(0) = 0: the client's message is gone, the average still divides by n
-    algs = [DistributedDPSGD(0.1, Clip(0.7), noise=DPNoise(noise_multiplier=1.0,
-                                                           placement="central"))
-            for _ in range(2)]  # fmt: skip
+    algs = [
+        DistributedDPSGD(0.1, Clip(0.7), noise=DPNoise(noise_multiplier=1.0, placement="central"))
+        for _ in range(2)
+    ]
     for alg in algs:
         alg.setup(num_clients=n, dim=d, num_rounds=5, dtype=DT)
     a, b = (_released(alg, grads) for alg, grads in zip(algs, (g, removed)))
@@ -340,8 +370,7 @@ def test_record_level_sensitivity_holds_on_neighbouring_datasets(name):
     algs = [RECORD_LEVEL[name](DPNoise(noise_multiplier=1.0)) for _ in range(2)]
     for alg in algs:
         if isinstance(alg, FedAvgPerSampleClipping):
-            alg.configure_data(batch_size=b, local_batches=1, shuffle=True,
-                               client_sizes=[40] * n)  # fmt: skip
+            alg.configure_data(batch_size=b, local_batches=1, shuffle=True, client_sizes=[40] * n)
         alg.setup(num_clients=n, dim=d, num_rounds=5, dtype=DT)
     a, c = (_released(alg, grads) for alg, grads in zip(algs, (g, neighbour)))
     moved = torch.linalg.vector_norm(a - c, dim=-1)
@@ -356,19 +385,34 @@ def test_report_gives_both_epsilons_with_their_assumptions(tmp_path):
     """A DP-Fed-α-NormEC run reports the defensible ε and the papers' beside it, each with its
     relation, sensitivity and amplification."""
     dm = QuadraticDataModule(centers=[[1.0, 0.0], [0.0, 1.0], [-1.0, 0.5], [0.3, -0.2]])
-    alg = FedAlphaNormEC(0.05, 0.1, beta=0.1, alpha=0.01, participation_prob=0.5,
-                         noise=DPNoise(epsilon=8.0, delta=1e-5, rounds=300))  # fmt: skip
-    module = FederatedModule(QuadraticModel(2, [0.0, 0.0]), alg, criterion=HalfSquaredError(),
-                             epsilon_every=50)  # fmt: skip
-    pl.Trainer(max_steps=300, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-               enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
-               default_root_dir=tmp_path).fit(module, datamodule=dm)  # fmt: skip
+    alg = FedAlphaNormEC(
+        0.05,
+        0.1,
+        beta=0.1,
+        alpha=0.01,
+        participation_prob=0.5,
+        noise=DPNoise(epsilon=8.0, delta=1e-5, rounds=300),
+    )
+    module = FederatedModule(
+        QuadraticModel(2, [0.0, 0.0]), alg, criterion=HalfSquaredError(), epsilon_every=50
+    )
+    pl.Trainer(
+        max_steps=300,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        default_root_dir=tmp_path,
+    ).fit(module, datamodule=dm)
     report = module.privacy_report()
     # auto: dp-accounting's PLD, the RDP bound beside it (what RDP, the default before, gave)
     server_sigma = report["adversaries"]["server"]["noise_multiplier"]
     # (the multiplier is per the replace-one sensitivity 2Φ already: a sensitivity-1 Gaussian)
-    golden = dp_accounting_pld_epsilon(ADD_REMOVE, dp_accounting.GaussianDpEvent(server_sigma),
-                                       300, 1e-5)  # fmt: skip
+    golden = dp_accounting_pld_epsilon(
+        ADD_REMOVE, dp_accounting.GaussianDpEvent(server_sigma), 300, 1e-5
+    )
     assert report["epsilon"] == pytest.approx(golden, rel=1e-6)
     assert report["epsilon_rdp"] == pytest.approx(87.82, abs=0.01)
     paper_event = dp_accounting.PoissonSampledDpEvent(
@@ -446,8 +490,9 @@ def test_batch_sampling_validation():
         DigitsDataModule(batch_sampling="poisson")
     with pytest.raises(ValueError, match="shuffle"):
         DigitsDataModule(batch_sampling="without_replacement", shuffle=False)
-    dm = DigitsDataModule(num_clients=10, batch_size=100, local_batches=2,
-                          batch_sampling="without_replacement")  # fmt: skip
+    dm = DigitsDataModule(
+        num_clients=10, batch_size=100, local_batches=2, batch_sampling="without_replacement"
+    )
     with pytest.raises(ValueError, match="smallest shard"):
         dm.setup("fit")
 
@@ -510,11 +555,16 @@ def _quadratic_run(tmp_path, max_steps, noise, ckpt_path=None, callbacks=(), all
     alg = AlphaNormEC(0.05, 0.1, 0.01, noise=noise)
     module = FederatedModule(QuadraticModel(2, [0.5, -0.5]), alg, criterion=HalfSquaredError())
     module.resume_allow_changes = allow
-    pl.Trainer(max_steps=max_steps, logger=False, enable_progress_bar=False,
-               enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
-               default_root_dir=tmp_path, callbacks=list(callbacks)).fit(
-        module, datamodule=dm, ckpt_path=ckpt_path
-    )  # fmt: skip
+    pl.Trainer(
+        max_steps=max_steps,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        default_root_dir=tmp_path,
+        callbacks=list(callbacks),
+    ).fit(module, datamodule=dm, ckpt_path=ckpt_path)
     return module
 
 
@@ -561,8 +611,13 @@ def test_resuming_with_other_noise_settings_is_refused(tmp_path):
         _quadratic_run(tmp_path / "resumed", 30, DPNoise(epsilon=4.0, seed=3), ckpt_path=path)
     # allowing the change does not allow two noise levels in one run
     with pytest.raises(ValueError, match="resume with the checkpoint's noise settings"):
-        _quadratic_run(tmp_path / "resumed2", 30, DPNoise(epsilon=4.0, seed=3), ckpt_path=path,
-                       allow=("algorithm.noise.epsilon",))  # fmt: skip
+        _quadratic_run(
+            tmp_path / "resumed2",
+            30,
+            DPNoise(epsilon=4.0, seed=3),
+            ckpt_path=path,
+            allow=("algorithm.noise.epsilon",),
+        )
 
 
 # ---------------------------------------------------------------------------- precision
@@ -604,11 +659,17 @@ def test_float64_end_to_end_under_true_double_precision(tmp_path, name, monkeypa
         return step(algorithm, x, Watched(oracle), **kwargs)
 
     monkeypatch.setattr(pl_privfed.module, "run_round", watched)
-    pl.Trainer(max_steps=3, precision="64-true", logger=False, enable_checkpointing=False,
-               enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-               limit_val_batches=0, default_root_dir=tmp_path).fit(
-        module, datamodule=DigitsDataModule(num_clients=3, batch_size=4)
-    )  # fmt: skip
+    pl.Trainer(
+        max_steps=3,
+        precision="64-true",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        default_root_dir=tmp_path,
+    ).fit(module, datamodule=DigitsDataModule(num_clients=3, batch_size=4))
     assert alg.dtype == torch.float64
     floats = [b for b in alg.buffers() if b.is_floating_point()]
     assert floats and all(b.dtype == torch.float64 for b in floats)

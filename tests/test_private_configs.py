@@ -17,10 +17,15 @@ RECORD_LEVEL = {"mnist_dp_fedavg_per_sample", "mnist_porter_dp", "mnist_soteriaf
 def test_there_is_a_private_config_per_family():
     names = {c.stem for c in PRIVATE}
     assert names >= {
-        "mnist_dp_fedavg_clip", "mnist_dp_alpha_normec", "mnist_dp_alpha_normec_no_sn",
-        "mnist_dp_clip21", "mnist_dpsgd", "mnist_dp_fed_alpha_normec",
-        "mnist_dp_fedavg_per_update", *RECORD_LEVEL,
-    }  # fmt: skip
+        "mnist_dp_fedavg_clip",
+        "mnist_dp_alpha_normec",
+        "mnist_dp_alpha_normec_no_sn",
+        "mnist_dp_clip21",
+        "mnist_dpsgd",
+        "mnist_dp_fed_alpha_normec",
+        "mnist_dp_fedavg_per_update",
+        *RECORD_LEVEL,
+    }
 
 
 @pytest.mark.slow
@@ -31,11 +36,26 @@ def test_private_config_runs_and_names_its_adversary(config, tmp_path, monkeypat
     21-27 s each in the engine's CPU chunks of 89 clients (then) against 4-7 s as one chunk (2-core
     machine shared with other jobs, load 2.3-2.6)."""
     monkeypatch.chdir(tmp_path)
-    main(["fit", "--config", str(config), "--trainer.logger", "false",
-          "--trainer.enable_progress_bar", "false", "--trainer.max_steps", "3",
-          "--trainer.val_check_interval", "3", "--output_dir", str(tmp_path),
-          "--trainer.callbacks+=pl_privfed.callbacks.PrivacyAudit",
-          "--model.client_chunk", "all"])  # fmt: skip
+    main(
+        [
+            "fit",
+            "--config",
+            str(config),
+            "--trainer.logger",
+            "false",
+            "--trainer.enable_progress_bar",
+            "false",
+            "--trainer.max_steps",
+            "3",
+            "--trainer.val_check_interval",
+            "3",
+            "--output_dir",
+            str(tmp_path),
+            "--trainer.callbacks+=pl_privfed.callbacks.PrivacyAudit",
+            "--model.client_chunk",
+            "all",
+        ]
+    )
     out = capsys.readouterr().out
     data = json.loads((tmp_path / "summary.json").read_text())
     privacy = data["privacy"]

@@ -52,15 +52,23 @@ def test_from_tensors_converts_arrays_and_infers_the_classes():
     rng = np.random.default_rng(0)
     x = rng.normal(size=(60, 2, 3))  # float64 arrays, any input shape
     y = rng.integers(0, 4, size=60)
-    dm = FederatedDataModule.from_tensors(x[:50], y[:50], x[50:], y[50:], num_clients=5,
-                                          batch_size=4, partitioner=DirichletPartitioner(1.0))  # fmt: skip
+    dm = FederatedDataModule.from_tensors(
+        x[:50],
+        y[:50],
+        x[50:],
+        y[50:],
+        num_clients=5,
+        batch_size=4,
+        partitioner=DirichletPartitioner(1.0),
+    )
     assert isinstance(dm, DatasetDataModule) and dm.num_classes == int(y.max()) + 1
     dm.setup("fit")
     inputs, targets = dm.round_batch(0)
     assert inputs.shape == (5, 4, 2, 3) and inputs.dtype == torch.float32
     assert targets.dtype == torch.int64 and len(dm.test_dataset) == 10
-    regression = FederatedDataModule.from_tensors(x[:50], x[:50, 0, :1], x[50:], x[50:, 0, :1],
-                                                  num_clients=2, batch_size=4)  # fmt: skip
+    regression = FederatedDataModule.from_tensors(
+        x[:50], x[:50, 0, :1], x[50:], x[50:, 0, :1], num_clients=2, batch_size=4
+    )
     assert regression.num_classes is None
     assert FederatedDataModule.from_tensors(x, y, x, y, num_classes=7).num_classes == 7
 
@@ -68,14 +76,20 @@ def test_from_tensors_converts_arrays_and_infers_the_classes():
 @pytest.mark.parametrize(
     "args, message",
     [
-        ((torch.zeros(5, 2), torch.zeros(4), torch.zeros(2, 2), torch.zeros(2)),
-         r"x_train and y_train must hold the same positive number of examples"),
-        ((torch.zeros(0, 2), torch.zeros(0), torch.zeros(2, 2), torch.zeros(2)),
-         r"x_train and y_train"),
-        ((torch.zeros(5, 2), torch.zeros(5), torch.zeros(2, 2), torch.zeros(3)),
-         r"x_test and y_test"),
+        (
+            (torch.zeros(5, 2), torch.zeros(4), torch.zeros(2, 2), torch.zeros(2)),
+            r"x_train and y_train must hold the same positive number of examples",
+        ),
+        (
+            (torch.zeros(0, 2), torch.zeros(0), torch.zeros(2, 2), torch.zeros(2)),
+            r"x_train and y_train",
+        ),
+        (
+            (torch.zeros(5, 2), torch.zeros(5), torch.zeros(2, 2), torch.zeros(3)),
+            r"x_test and y_test",
+        ),
     ],
-)  # fmt: skip
+)
 def test_from_tensors_refuses_mismatched_tensors(args, message):
     with pytest.raises(ValueError, match=message):
         FederatedDataModule.from_tensors(*args)

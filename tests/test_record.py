@@ -21,14 +21,19 @@ from pl_privfed.sweep import wandb_runs
 from pl_privfed.sweep.batch import Group, write_point_records
 
 #: the field the test declares: the smallest validation loss, read from the curve
-ADDED = record.Field("min_val_loss", "the smallest validation loss", curve="val/loss",
-                     pick="min", column=True)  # fmt: skip
+ADDED = record.Field(
+    "min_val_loss", "the smallest validation loss", curve="val/loss", pick="min", column=True
+)
 
 
 def test_a_record_reads_curves_then_entries_in_the_declared_order():
     curves = {"val/acc": [(2, 0.5), (4, 0.7), (6, 0.6)], "val/loss": [(6, 0.9), (2, 1.5)]}
-    made = record.make_record(status="finished", rounds=6, curves=curves,
-                              entries={"final_val_accuracy": 0.1, "epsilon": 2.0, "extra": 1})  # fmt: skip
+    made = record.make_record(
+        status="finished",
+        rounds=6,
+        curves=curves,
+        entries={"final_val_accuracy": 0.1, "epsilon": 2.0, "extra": 1},
+    )
     assert list(made)[: len(record.FIELDS)] == record.field_names()
     assert list(made)[-1] == "extra"  # the run's other entries follow the record
     assert made["final_val_accuracy"] == 0.6  # the curve wins over an entry of the same name
@@ -40,8 +45,14 @@ def test_a_record_reads_curves_then_entries_in_the_declared_order():
 
 
 def test_a_batched_point_takes_each_field_from_where_its_scope_says():
-    group = {"status": "finished", "final_val_accuracy": 0.9, "data": {"clients": 4},
-             "grid": {"configurations": 2}, "operator_means": {"norm": 1.0}, "epochs": 0}  # fmt: skip
+    group = {
+        "status": "finished",
+        "final_val_accuracy": 0.9,
+        "data": {"clients": 4},
+        "grid": {"configurations": 2},
+        "operator_means": {"norm": 1.0},
+        "epochs": 0,
+    }
     own = {"final_val_accuracy": 0.5, "data": None, "client_transmissions": 12}
     entries, undeclared = record.point_entries(group, own)
     assert entries["final_val_accuracy"] == 0.5  # run: the configuration's, never the group's
@@ -56,10 +67,19 @@ def _data():
 
 
 def _trainer(root, callbacks=()):
-    return pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                      enable_progress_bar=False, enable_model_summary=False, max_steps=4,
-                      val_check_interval=2, num_sanity_val_steps=0, default_root_dir=root,
-                      callbacks=list(callbacks))  # fmt: skip
+    return pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        max_steps=4,
+        val_check_interval=2,
+        num_sanity_val_steps=0,
+        default_root_dir=root,
+        callbacks=list(callbacks),
+    )
 
 
 def _model():
@@ -81,8 +101,12 @@ def test_a_field_added_to_the_declaration_reaches_every_output(tmp_path, monkeyp
 
     # a grid's configurations (what a batched group's process writes), and the group's summary
     group_dir = tmp_path / "group"
-    grid = GridModule(_model(), AlphaNormEC(0.1, beta=0.1, alpha=0.01), grid={"step_size": [0.1, 0.3]},
-                      grid_dir=str(group_dir / "grid"))  # fmt: skip
+    grid = GridModule(
+        _model(),
+        AlphaNormEC(0.1, beta=0.1, alpha=0.01),
+        grid={"step_size": [0.1, 0.3]},
+        grid_dir=str(group_dir / "grid"),
+    )
     _trainer(group_dir, [RunSummary(dirpath=str(group_dir), verbose=False)]).fit(
         grid, datamodule=_data()
     )
@@ -102,8 +126,11 @@ def test_a_field_added_to_the_declaration_reaches_every_output(tmp_path, monkeyp
     written = write_point_records(group, group_dir, run_dirs, ["a", "b"], 0, 1.0)
     assert [p["min_val_loss"] for p in written] == [float(r["min_val_loss"]) for r in rows]
     names = {"model.algorithm.init_args.step_size": "step_size"}
-    table = save_results(tmp_path / "points", names, [
-        result_row(d, p, q, names) for d, p, q in zip(run_dirs, written, points)])  # fmt: skip
+    table = save_results(
+        tmp_path / "points",
+        names,
+        [result_row(d, p, q, names) for d, p, q in zip(run_dirs, written, points)],
+    )
     with table.open() as handle:
         assert [r["min_val_loss"] for r in csv.DictReader(handle)] == [
             r["min_val_loss"] for r in rows

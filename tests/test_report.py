@@ -23,19 +23,31 @@ SEED_ACC = (0.97, 0.995, 1.0)  # near 100 %: the unclipped 95 % interval runs ab
 
 def fed_sweep(root):
     """FedAlphaNormEC over (β, η, server normalization, p): every kind of report figure."""
-    grid = {"beta": [0.01, 0.1], "step_size": [0.1, 1.0], "server_normalization": [True, False],
-            "participation_prob": [0.5, 1.0]}  # fmt: skip
+    grid = {
+        "beta": [0.01, 0.1],
+        "step_size": [0.1, 1.0],
+        "server_normalization": [True, False],
+        "participation_prob": [0.5, 1.0],
+    }
 
     def result(point, seed):
         acc = SEED_ACC[seed] - point["beta"] - (0.1 if point["server_normalization"] else 0.0)
-        return {"final_val_accuracy": acc, "best_val_accuracy": acc, "final_test_accuracy": acc,
-                "rounds": 4, "client_transmissions": 4 * 10 * point["participation_prob"],
-                "final_full_grad_norm": 0.1, "rounds_to_target": 2 + seed}  # fmt: skip
+        return {
+            "final_val_accuracy": acc,
+            "best_val_accuracy": acc,
+            "final_test_accuracy": acc,
+            "rounds": 4,
+            "client_transmissions": 4 * 10 * point["participation_prob"],
+            "final_full_grad_norm": 0.1,
+            "rounds_to_target": 2 + seed,
+        }
 
     def curves(point, seed):
         acc = result(point, seed)["final_val_accuracy"]
-        return {"train/loss": [(k, 0.05 * (seed + 1) / k) for k in (1, 2, 3, 4)],
-                "val/acc": [(k, min(1.0, acc * k / 4 + 0.005 * seed)) for k in (1, 2, 3, 4)]}  # fmt: skip
+        return {
+            "train/loss": [(k, 0.05 * (seed + 1) / k) for k in (1, 2, 3, 4)],
+            "val/acc": [(k, min(1.0, acc * k / 4 + 0.005 * seed)) for k in (1, 2, 3, 4)],
+        }
 
     return write_results(root, "FedAlphaNormEC", grid, result, curves)
 
@@ -43,16 +55,21 @@ def fed_sweep(root):
 def test_every_report_figure_from_a_small_results_file(tmp_path):
     path = fed_sweep(tmp_path)
     figures, tables, notes = report.report_figures(path)
-    assert set(figures) == {"heatmap.png", "heatmap_server_normalization_difference.png",
-                            "curves.png", "rounds_to_target.png", "accuracy_vs_transmissions.png"}  # fmt: skip
+    assert set(figures) == {
+        "heatmap.png",
+        "heatmap_server_normalization_difference.png",
+        "curves.png",
+        "rounds_to_target.png",
+        "accuracy_vs_transmissions.png",
+    }
 
     # heatmap: one panel per (server normalization, p), 2 × 2, and a colour bar; titles apart
     heatmap = figures["heatmap.png"]
     panels = [ax for ax in heatmap.axes if heat(ax)]
     assert len(panels) == 4 and len(heatmap.axes) == 5
     assert {ax.get_title() for ax in panels} == {
-        f"server norm.=false, p={p}" for p in ("0.5", "1.0")} | {
-        f"server norm.=true, p={p}" for p in ("0.5", "1.0")}  # fmt: skip
+        f"server norm.=false, p={p}" for p in ("0.5", "1.0")
+    } | {f"server norm.=true, p={p}" for p in ("0.5", "1.0")}
     assert "mean over seeds" in heatmap.get_suptitle()
     assert layout_problems(heatmap) == []  # titles inside the figure, apart, 2 panels a row
     # FedAlphaNormEC's step size is η (paper 004), β its β
@@ -85,9 +102,14 @@ def test_every_report_figure_from_a_small_results_file(tmp_path):
     rounds = figures["rounds_to_target.png"]
     assert len(rounds.axes) == 1 and "rounds to target" in rounds.axes[0].get_ylabel()
     assert list(rounds.axes[0].lines[0].get_ydata()) == [3.0, 3.0]  # mean of 2, 3, 4 per β
-    assert all(layout_problems(figures[name]) == [] for name in
-               ("rounds_to_target.png", "accuracy_vs_transmissions.png",
-                "heatmap_server_normalization_difference.png"))  # fmt: skip
+    assert all(
+        layout_problems(figures[name]) == []
+        for name in (
+            "rounds_to_target.png",
+            "accuracy_vs_transmissions.png",
+            "heatmap_server_normalization_difference.png",
+        )
+    )
     assert not [n for n in notes if "omitted" in n]  # every panel had data
     assert "| method | β | η | p |" in tables["table.md"]
 
@@ -95,9 +117,13 @@ def test_every_report_figure_from_a_small_results_file(tmp_path):
 def test_a_panel_without_data_is_left_out_with_a_note(tmp_path, capsys):
     """No run logged val/acc: the curves figure has the loss panel only, and says so."""
     grid = {"beta": [0.01, 0.1], "step_size": [0.1, 1.0]}
-    path = write_results(tmp_path, "AlphaNormEC", grid,
-                         lambda p, s: {"final_val_accuracy": 0.5 + p["beta"]},
-                         lambda p, s: {"train/loss": [(1, 1.0), (2, 0.5)]})  # fmt: skip
+    path = write_results(
+        tmp_path,
+        "AlphaNormEC",
+        grid,
+        lambda p, s: {"final_val_accuracy": 0.5 + p["beta"]},
+        lambda p, s: {"train/loss": [(1, 1.0), (2, 0.5)]},
+    )
     figures, tables, notes = report.report_figures(path)
     (ax,) = figures["curves.png"].axes
     assert ax.get_ylabel() == "training loss"
@@ -106,18 +132,27 @@ def test_a_panel_without_data_is_left_out_with_a_note(tmp_path, capsys):
     assert notes_below_panels(figures["curves.png"])
     assert layout_problems(figures["curves.png"]) == []
     assert notes == [f"curves.png: {note}"] and note in tables["table.md"]
-    assert {(a.get_xlabel(), a.get_ylabel()) for a in figures["heatmap.png"].axes if heat(a)} \
-        == {("β", "γ")}  # α-NormEC's step size is γ (paper 002)  # fmt: skip
+    assert {(a.get_xlabel(), a.get_ylabel()) for a in figures["heatmap.png"].axes if heat(a)} == {
+        ("β", "γ")
+    }  # α-NormEC's step size is γ (paper 002)
     with pytest.raises(SystemExit) as exit_:
         main(["report", str(path), "--out", str(tmp_path / "out")])
     assert exit_.value.code == 0 and note in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("name", ["PORTER", "BEER", "SoteriaFL", "FedAvgPerUpdateClipping",
-                                  "AlphaNormEC", "DistributedDPSGD"])  # fmt: skip
+@pytest.mark.parametrize(
+    "name",
+    ["PORTER", "BEER", "SoteriaFL", "FedAvgPerUpdateClipping", "AlphaNormEC", "DistributedDPSGD"],
+)
 def test_the_step_size_is_labelled_by_the_algorithms_own_symbol(name, tmp_path):
-    expected = {"PORTER": "η", "BEER": "η", "SoteriaFL": "η", "FedAvgPerUpdateClipping": "η_g",
-                "AlphaNormEC": "γ", "DistributedDPSGD": "γ"}[name]  # fmt: skip
+    expected = {
+        "PORTER": "η",
+        "BEER": "η",
+        "SoteriaFL": "η",
+        "FedAvgPerUpdateClipping": "η_g",
+        "AlphaNormEC": "γ",
+        "DistributedDPSGD": "γ",
+    }[name]
     assert getattr(algorithms, name).hyperparameter_symbols["step_size"] == expected
     path = decentralized_sweep(tmp_path, name, 0.6)
     figures, tables, _ = report.report_figures(path, x="consensus_step_size")
@@ -137,22 +172,26 @@ def test_compare_leaves_out_the_gradient_norm_panels_with_a_note(tmp_path, capsy
     assert {ax.get_ylabel() for ax in fig.axes} == {"validation accuracy (%)"}
     assert all(ax.get_title().startswith("validation accuracy (%)") for ax in fig.axes)
     assert all(band_y(ax).max() <= 100.0 for ax in fig.axes)
-    assert any("Panels omitted" in t.get_text() and "GradientNorm" in t.get_text()
-               for t in fig.texts)  # fmt: skip
+    assert any(
+        "Panels omitted" in t.get_text() and "GradientNorm" in t.get_text() for t in fig.texts
+    )
     assert "no run has a GradientNorm history" in notes[0]
     # the empty utility row left out: titles inside, the note below the panels and the legend
     assert layout_problems(fig) == [] and notes_below_panels(fig)
     assert all(overlapping(fig, ax.get_xticklabels()) == [] for ax in fig.axes)
-    assert list(table["method"]) == ["PORTER (step_size=0.1, consensus_step_size=0.5)",
-                                     "BEER (step_size=0.1, consensus_step_size=0.5)"]  # fmt: skip
+    assert list(table["method"]) == [
+        "PORTER (step_size=0.1, consensus_step_size=0.5)",
+        "BEER (step_size=0.1, consensus_step_size=0.5)",
+    ]
     with pytest.raises(SystemExit) as exit_:
         main(["compare", str(porter), str(beer), "--out", str(tmp_path / "cmp")])
     out = capsys.readouterr().out
     assert exit_.value.code == 0 and "train utility" in out and "GradientNorm" in out
     assert "Panels omitted" in (tmp_path / "cmp" / "comparison.md").read_text()
     # no bits recorded either: the accuracy against rounds alone
-    fig, _, notes = report.comparison_figure([decentralized_sweep(tmp_path / "nb", "BEER", 0.5,
-                                                                  bits=False)])  # fmt: skip
+    fig, _, notes = report.comparison_figure(
+        [decentralized_sweep(tmp_path / "nb", "BEER", 0.5, bits=False)]
+    )
     assert len(fig.axes) == 1 and "no run recorded its bits per agent" in notes[0]
 
 
@@ -160,10 +199,13 @@ def test_the_statistics_over_three_seeds_by_hand(tmp_path):
     """Mean, sample std and the Student-t 95 % interval (t_{0.975, 2} from a table) over 3
     seeds, in the aggregation, the table and the curve bands."""
     values = (0.70, 0.74, 0.78)
-    path = write_results(tmp_path, "AlphaNormEC", {"step_size": [0.1]},
-                         lambda p, s: {"final_val_accuracy": values[s],
-                                       "final_test_accuracy": values[s] - 0.1},
-                         lambda p, s: {"val/acc": [(1, values[s])]})  # fmt: skip
+    path = write_results(
+        tmp_path,
+        "AlphaNormEC",
+        {"step_size": [0.1]},
+        lambda p, s: {"final_val_accuracy": values[s], "final_test_accuracy": values[s] - 0.1},
+        lambda p, s: {"val/acc": [(1, values[s])]},
+    )
     mean, std = 0.74, 0.04  # sqrt(((-0.04)² + 0 + 0.04²) / 2)
     half = T_975_2 * std / np.sqrt(3)
     (config,) = report.aggregate(report.load_results(path), ["step_size", "seed"]).to_dict(
@@ -200,9 +242,14 @@ def test_a_bad_results_file_is_one_line_naming_it(tmp_path, capsys):
     blank.write_text("")
     folder = tmp_path / "folder"
     folder.mkdir()
-    cases = {failed: "no finished run among its 1 run", empty: "an empty results file",
-             garbage: "not a results.csv", blank: "not a results.csv",
-             folder: "a folder without results.csv", tmp_path / "missing.csv": "no such results file"}  # fmt: skip
+    cases = {
+        failed: "no finished run among its 1 run",
+        empty: "an empty results file",
+        garbage: "not a results.csv",
+        blank: "not a results.csv",
+        folder: "a folder without results.csv",
+        tmp_path / "missing.csv": "no such results file",
+    }
     for path, message in cases.items():
         with pytest.raises(ValueError, match=message):
             report.load_results(path)
@@ -225,8 +272,11 @@ def test_the_symbols_registry_agrees_with_every_algorithm_class():
     """report/symbols.py holds each algorithm's ``hyperparameter_symbols`` without importing
     the algorithms: one entry per exported algorithm class, equal to the class's own."""
     classes = {n: getattr(algorithms, n) for n in algorithms.__all__}
-    classes = {n: c for n, c in classes.items()
-               if isinstance(c, type) and issubclass(c, algorithms.FederatedAlgorithm)}  # fmt: skip
+    classes = {
+        n: c
+        for n, c in classes.items()
+        if isinstance(c, type) and issubclass(c, algorithms.FederatedAlgorithm)
+    }
     assert set(SYMBOLS) == set(classes)
     assert {n: c.hyperparameter_symbols for n, c in classes.items()} == SYMBOLS
     # an unknown class has FederatedAlgorithm's symbols; several are joined

@@ -29,21 +29,35 @@ def checkpoint(tmp_path_factory):
 CHANGES = {
     "fewer clients": (dict(clients=4), "data.num_clients: checkpoint 5, this run 4"),
     "more clients": (dict(clients=6), "data.num_clients: checkpoint 5, this run 6"),
-    "partition": (dict(partitioner=DirichletPartitioner(0.5, seed=1)),
-                  "data.partitioner: checkpoint 'IIDPartitioner', this run 'DirichletPartitioner'"),
-    "partition seed": (dict(partitioner=IIDPartitioner(seed=2)),
-                       "data.partitioner.seed: checkpoint 1, this run 2"),
-    "algorithm class": (dict(algorithm=Clip21(0.1, clip_threshold=1.0, noise=noise())),
-                        "algorithm: checkpoint 'AlphaNormEC', this run 'Clip21'"),
-    "noise seed": (dict(algorithm=AlphaNormEC(0.1, beta=0.1, alpha=0.01, noise=noise(4))),
-                   "algorithm.noise.seed: checkpoint 3, this run 4"),
-    "noise removed": (dict(algorithm=AlphaNormEC(0.1, beta=0.1, alpha=0.01)),
-                      "algorithm.noise: checkpoint 'DPNoise', this run None"),
-    "step size": (dict(algorithm=AlphaNormEC(0.2, beta=0.1, alpha=0.01, noise=noise())),
-                  "algorithm.step_size: checkpoint 0.1, this run 0.2"),
-    "model": (dict(model=MLP(64, [16], 10)),
-              "model.parameters.net.1.weight: checkpoint [8, 64], this run [16, 64]"),
-}  # fmt: skip
+    "partition": (
+        dict(partitioner=DirichletPartitioner(0.5, seed=1)),
+        "data.partitioner: checkpoint 'IIDPartitioner', this run 'DirichletPartitioner'",
+    ),
+    "partition seed": (
+        dict(partitioner=IIDPartitioner(seed=2)),
+        "data.partitioner.seed: checkpoint 1, this run 2",
+    ),
+    "algorithm class": (
+        dict(algorithm=Clip21(0.1, clip_threshold=1.0, noise=noise())),
+        "algorithm: checkpoint 'AlphaNormEC', this run 'Clip21'",
+    ),
+    "noise seed": (
+        dict(algorithm=AlphaNormEC(0.1, beta=0.1, alpha=0.01, noise=noise(4))),
+        "algorithm.noise.seed: checkpoint 3, this run 4",
+    ),
+    "noise removed": (
+        dict(algorithm=AlphaNormEC(0.1, beta=0.1, alpha=0.01)),
+        "algorithm.noise: checkpoint 'DPNoise', this run None",
+    ),
+    "step size": (
+        dict(algorithm=AlphaNormEC(0.2, beta=0.1, alpha=0.01, noise=noise())),
+        "algorithm.step_size: checkpoint 0.1, this run 0.2",
+    ),
+    "model": (
+        dict(model=MLP(64, [16], 10)),
+        "model.parameters.net.1.weight: checkpoint [8, 64], this run [16, 64]",
+    ),
+}
 
 
 @pytest.mark.parametrize("change", list(CHANGES))
@@ -64,8 +78,13 @@ def test_the_same_run_resumes_and_an_allowed_change_is_recorded(checkpoint, tmp_
         t.global_step == ROUNDS + 2 and module.summary_entries().get("resumed_with_changes") is None
     )
     changed = AlphaNormEC(0.1, beta=0.1, alpha=0.01, noise=noise(4))
-    module, t = run(tmp_path / "allowed", ckpt_path=checkpoint, rounds=ROUNDS + 2,
-                    algorithm=changed, allow=["algorithm.noise.seed"])  # fmt: skip
+    module, t = run(
+        tmp_path / "allowed",
+        ckpt_path=checkpoint,
+        rounds=ROUNDS + 2,
+        algorithm=changed,
+        allow=["algorithm.noise.seed"],
+    )
     assert t.global_step == ROUNDS + 2
     entries = module.summary_entries()
     assert entries["resume_allow_changes"] == ["algorithm.noise.seed"]
@@ -85,8 +104,13 @@ def test_a_private_run_cannot_continue_non_private_rounds(tmp_path):
         run(tmp_path / "private", algorithm=private, ckpt_path=str(path), rounds=ROUNDS + 2)
     # not even when the change is allowed: no epsilon covers the noiseless rounds
     with pytest.raises(ValueError, match=f"holds {ROUNDS} rounds trained without noise"):
-        run(tmp_path / "private2", algorithm=private, ckpt_path=str(path), rounds=ROUNDS + 2,
-            allow=["algorithm.noise"])  # fmt: skip
+        run(
+            tmp_path / "private2",
+            algorithm=private,
+            ckpt_path=str(path),
+            rounds=ROUNDS + 2,
+            allow=["algorithm.noise"],
+        )
 
 
 def test_the_command_refuses_in_one_line_and_records_an_allowed_change(
@@ -98,15 +122,33 @@ def test_the_command_refuses_in_one_line_and_records_an_allowed_change(
     main(["fit", "--config", config, *quiet])
     (ckpt,) = (tmp_path / "logs/tiny/version_0/checkpoints").glob("*.ckpt")
     capsys.readouterr()
-    args = ["fit", "--config", config, "--trainer.max_steps", "5", "--ckpt_path", str(ckpt),
-            "--data.init_args.num_clients", "6"]  # fmt: skip
+    args = [
+        "fit",
+        "--config",
+        config,
+        "--trainer.max_steps",
+        "5",
+        "--ckpt_path",
+        str(ckpt),
+        "--data.init_args.num_clients",
+        "6",
+    ]
     with pytest.raises(SystemExit) as info:
         main(args)
     err = capsys.readouterr().err.strip().splitlines()
     assert info.value.code == 2 and len(err) == 1, err
     assert "data.num_clients: checkpoint 5, this run 6" in err[0]
-    main([*args, "--data.init_args.num_clients", "5", "--data.init_args.seed", "7",
-          "--resume_allow_changes", "data.seed"])  # fmt: skip
+    main(
+        [
+            *args,
+            "--data.init_args.num_clients",
+            "5",
+            "--data.init_args.seed",
+            "7",
+            "--resume_allow_changes",
+            "data.seed",
+        ]
+    )
     summary = json.loads((tmp_path / "logs/tiny/version_2/summary.json").read_text())
     assert summary["status"] == "finished" and summary["rounds"] == 5
     assert summary["resumed_with_changes"] == {"data.seed": {"checkpoint": 0, "this_run": 7}}

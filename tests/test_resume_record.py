@@ -44,8 +44,10 @@ def tiny_cifar(folder: Path) -> str:
     batches = folder / "cifar-10-batches-py"
     batches.mkdir(parents=True, exist_ok=True)
     for name, n in [*((f"data_batch_{i}", 8) for i in range(1, 6)), ("test_batch", 10)]:
-        batch = {"data": rng.integers(0, 256, (n, 3072), dtype=np.uint8),
-                 "labels": (np.arange(n) % 10).tolist()}  # fmt: skip
+        batch = {
+            "data": rng.integers(0, 256, (n, 3072), dtype=np.uint8),
+            "labels": (np.arange(n) % 10).tolist(),
+        }
         (batches / name).write_bytes(pickle.dumps(batch))
     (batches / "batches.meta").write_bytes(pickle.dumps({"label_names": list(CIFAR10_CLASSES)}))
     return str(folder)
@@ -53,8 +55,13 @@ def tiny_cifar(folder: Path) -> str:
 
 def federation(kind: type, folder: Path, **changes):
     """A set-up datamodule of ``kind`` (a few hundred examples, 4 clients, Dirichlet(0.5))."""
-    kwargs = dict(num_clients=4, batch_size=2, seed=0, max_train_examples=400,
-                  partitioner=DirichletPartitioner(0.5, seed=0))  # fmt: skip
+    kwargs = dict(
+        num_clients=4,
+        batch_size=2,
+        seed=0,
+        max_train_examples=400,
+        partitioner=DirichletPartitioner(0.5, seed=0),
+    )
     if kind is CIFAR10DataModule:
         kwargs.update(data_dir=tiny_cifar(folder), verify_md5=False, max_train_examples=None)
     kwargs.update(changes)
@@ -66,8 +73,9 @@ def federation(kind: type, folder: Path, **changes):
 def record_of(datamodule) -> dict:
     """The run record of a private DP-FedAvg run (the private MNIST config's) on ``datamodule``."""
     noise = DPNoise(noise_multiplier=1.0, placement="central", seed=0)
-    algorithm = DPFedAvg(0.5, local_step_size=1.0, operator=Clip(1.0),
-                         sampler=PoissonSampler(0.5), noise=noise)  # fmt: skip
+    algorithm = DPFedAvg(
+        0.5, local_step_size=1.0, operator=Clip(1.0), sampler=PoissonSampler(0.5), noise=noise
+    )
     model = LogisticRegression(datamodule.train_dataset[0][0].numel(), 10)
     return resume.run_record([("algorithm.", algorithm)], datamodule, model, torch.nn.Module())
 
@@ -75,11 +83,13 @@ def record_of(datamodule) -> dict:
 DATAMODULES = [MNISTDataModule, FashionMNISTDataModule, CIFAR10DataModule, A9ADataModule]
 CHANGES = {
     "num_clients": (dict(num_clients=5), "data.num_clients: checkpoint 4, this run 5"),
-    "concentration": (dict(partitioner=DirichletPartitioner(0.3, seed=0)),
-                      "data.partitioner.concentration: checkpoint 0.5, this run 0.3"),
+    "concentration": (
+        dict(partitioner=DirichletPartitioner(0.3, seed=0)),
+        "data.partitioner.concentration: checkpoint 0.5, this run 0.3",
+    ),
     "batch size": (dict(batch_size=3), "data.batch_size: checkpoint 2, this run 3"),
     "seed": (dict(seed=1), "data.seed: checkpoint 0, this run 1"),
-}  # fmt: skip
+}
 
 
 @pytest.fixture
@@ -167,15 +177,30 @@ def _record_classes() -> list[type]:
     modules = (algorithms, sampling, operators, datamodules)
     found = [getattr(m, n) for m in modules for n in m.__all__]
     kinds = [k for k in found if inspect.isclass(k) and not inspect.isabstract(k)]
-    kinds = [k for k in kinds if k.__module__.split(".")[1] != "datamodules"
-             or issubclass(k, FederatedDataModule | datamodules.Partitioner)]  # fmt: skip
-    return [*kinds, privacy.DPNoise, privacy.CentralNoise, privacy.DistributedNoise,
-            privacy.LocalNoise, privacy.SecureAggregation]  # fmt: skip
+    kinds = [
+        k
+        for k in kinds
+        if k.__module__.split(".")[1] != "datamodules"
+        or issubclass(k, FederatedDataModule | datamodules.Partitioner)
+    ]
+    return [
+        *kinds,
+        privacy.DPNoise,
+        privacy.CentralNoise,
+        privacy.DistributedNoise,
+        privacy.LocalNoise,
+        privacy.SecureAggregation,
+    ]
 
 
 #: what a class needs beyond its required arguments to be built at all
-EXTRA = {"DPNoise": {"noise_multiplier": 1.0}, "DistributedNoise": {"min_contributors": 2},
-         "TopK": {"k": 2}, "RandKBiased": {"k": 2}, "RandKUnbiased": {"k": 2}}  # fmt: skip
+EXTRA = {
+    "DPNoise": {"noise_multiplier": 1.0},
+    "DistributedNoise": {"min_contributors": 2},
+    "TopK": {"k": 2},
+    "RandKBiased": {"k": 2},
+    "RandKUnbiased": {"k": 2},
+}
 #: arguments that are the data itself, not settings: the partition's fingerprint stands for them
 DATA = {"DatasetDataModule": ["train", "test"]}
 
@@ -184,8 +209,11 @@ def _built(kind: type):
     """``kind`` built with its required arguments filled in (2, else 0.5, or what it needs)."""
     examples = torch.utils.data.TensorDataset(torch.zeros(4, 2), torch.arange(4) % 2)
     needs = {"operator": Clip(1.0), "train": examples, "test": examples}
-    required = [n for n, p in inspect.signature(kind).parameters.items()
-                if p.default is p.empty and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]  # fmt: skip
+    required = [
+        n
+        for n, p in inspect.signature(kind).parameters.items()
+        if p.default is p.empty and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
+    ]
     extra = EXTRA.get(kind.__name__, {})
     for filler in (2, 0.5):
         try:
@@ -280,11 +308,28 @@ def test_the_private_mnist_config_refuses_another_federation_in_one_line(
     data = "--data.init_args."
 
     def fit(folder: str, *args: str) -> list[str]:
-        return ["fit", "--config", PRIVATE_MNIST, "--trainer.logger", "false",
-                "--trainer.enable_progress_bar", "false", "--trainer.max_steps", "2",
-                "--trainer.val_check_interval", "2", "--output_dir", str(tmp_path / folder),
-                f"{data}num_clients", "20", f"{data}max_train_examples", "2000",
-                f"{data}max_test_examples", "500", *args]  # fmt: skip
+        return [
+            "fit",
+            "--config",
+            PRIVATE_MNIST,
+            "--trainer.logger",
+            "false",
+            "--trainer.enable_progress_bar",
+            "false",
+            "--trainer.max_steps",
+            "2",
+            "--trainer.val_check_interval",
+            "2",
+            "--output_dir",
+            str(tmp_path / folder),
+            f"{data}num_clients",
+            "20",
+            f"{data}max_train_examples",
+            "2000",
+            f"{data}max_test_examples",
+            "500",
+            *args,
+        ]
 
     main(fit("first"))
     (ckpt,) = tmp_path.glob("first/**/*.ckpt")
@@ -299,8 +344,17 @@ def test_the_private_mnist_config_refuses_another_federation_in_one_line(
     summary = json.loads((tmp_path / "same/summary.json").read_text())
     assert summary["status"] == "finished" and summary["rounds"] == 3
     assert "resumed_with_changes" not in summary
-    main(fit("fewer", "--ckpt_path", str(ckpt), f"{data}num_clients", "10",
-             "--resume_allow_changes", "data.num_clients"))  # fmt: skip
+    main(
+        fit(
+            "fewer",
+            "--ckpt_path",
+            str(ckpt),
+            f"{data}num_clients",
+            "10",
+            "--resume_allow_changes",
+            "data.num_clients",
+        )
+    )
     summary = json.loads((tmp_path / "fewer/summary.json").read_text())
     assert summary["resumed_with_changes"] == {
         "data.num_clients": {"checkpoint": 20, "this_run": 10}

@@ -35,60 +35,103 @@ ROUNDS, STOP = 12, 6
 
 CASES = {
     "fed_alpha_normec": (
-        lambda: FedAlphaNormEC(0.05, local_step_size=0.1, beta=0.1, alpha=0.01,
-                               local_solver=LocalSGD(3), participation_prob=0.5,
-                               server_normalization=False,
-                               noise=DPNoise(noise_multiplier=0.5, seed=3), sampling_seed=4),
+        lambda: FedAlphaNormEC(
+            0.05,
+            local_step_size=0.1,
+            beta=0.1,
+            alpha=0.01,
+            local_solver=LocalSGD(3),
+            participation_prob=0.5,
+            server_normalization=False,
+            noise=DPNoise(noise_multiplier=0.5, seed=3),
+            sampling_seed=4,
+        ),
         dict(local_batches=3),
     ),
     "per_sample": (
-        lambda: FedAvgPerSampleClipping(0.3, clip_threshold=1.0, local_solver=LocalSGD(2),
-                                        clip_level="example",
-                                        noise=DPNoise(noise_multiplier=1.0, seed=5)),
+        lambda: FedAvgPerSampleClipping(
+            0.3,
+            clip_threshold=1.0,
+            local_solver=LocalSGD(2),
+            clip_level="example",
+            noise=DPNoise(noise_multiplier=1.0, seed=5),
+        ),
         dict(local_batches=2),
     ),
     "per_update": (
-        lambda: FedAvgPerUpdateClipping(1.0, local_step_size=0.2, clip_threshold=0.5,
-                                        local_solver=LocalGD(2), sampler=PoissonSampler(0.6),
-                                        noise=DPNoise(noise_multiplier=0.5, seed=6)),
+        lambda: FedAvgPerUpdateClipping(
+            1.0,
+            local_step_size=0.2,
+            clip_threshold=0.5,
+            local_solver=LocalGD(2),
+            sampler=PoissonSampler(0.6),
+            noise=DPNoise(noise_multiplier=0.5, seed=6),
+        ),
         dict(),
     ),
     "per_update_fedadam": (
-        lambda: FedAvgPerUpdateClipping(0.05, local_step_size=0.2, clip_threshold=0.5,
-                                        sampler=PoissonSampler(0.6),
-                                        noise=DPNoise(noise_multiplier=0.5, seed=6),
-                                        server_optimizer=FedAdam(tau=0.01)),
+        lambda: FedAvgPerUpdateClipping(
+            0.05,
+            local_step_size=0.2,
+            clip_threshold=0.5,
+            sampler=PoissonSampler(0.6),
+            noise=DPNoise(noise_multiplier=0.5, seed=6),
+            server_optimizer=FedAdam(tau=0.01),
+        ),
         dict(),
     ),
     "fed_alpha_normec_fedyogi": (
-        lambda: FedAlphaNormEC(0.01, local_step_size=0.1, beta=0.1, alpha=0.01,
-                               participation_prob=0.5, noise=DPNoise(noise_multiplier=0.5, seed=3),
-                               server_optimizer=FedYogi(beta1=0.5, tau=0.01)),
+        lambda: FedAlphaNormEC(
+            0.01,
+            local_step_size=0.1,
+            beta=0.1,
+            alpha=0.01,
+            participation_prob=0.5,
+            noise=DPNoise(noise_multiplier=0.5, seed=3),
+            server_optimizer=FedYogi(beta1=0.5, tau=0.01),
+        ),
         dict(),
     ),
     "porter_dp": (
-        lambda: PORTER(0.2, 0.3, option="dp", clip_threshold=1.0, compressor=RandKBiased(ratio=0.2),
-                       topology=Topology(graph="erdos_renyi", p=0.8, weights="metropolis"),
-                       noise=DPNoise(noise_multiplier=1.0, seed=7), batch_size=8, seed=8),
+        lambda: PORTER(
+            0.2,
+            0.3,
+            option="dp",
+            clip_threshold=1.0,
+            compressor=RandKBiased(ratio=0.2),
+            topology=Topology(graph="erdos_renyi", p=0.8, weights="metropolis"),
+            noise=DPNoise(noise_multiplier=1.0, seed=7),
+            batch_size=8,
+            seed=8,
+        ),
         dict(),
     ),
     "soteriafl": (
-        lambda: SoteriaFL(0.2, 0.5, clip_threshold=1.0, compressor=RandKBiased(ratio=0.2),
-                          noise=DPNoise(noise_multiplier=1.0, seed=9), batch_size=8, seed=10),
+        lambda: SoteriaFL(
+            0.2,
+            0.5,
+            clip_threshold=1.0,
+            compressor=RandKBiased(ratio=0.2),
+            noise=DPNoise(noise_multiplier=1.0, seed=9),
+            batch_size=8,
+            seed=10,
+        ),
         dict(),
     ),
-}  # fmt: skip
+}
 
 
 def _run(name, root, ckpt_path=None, callbacks=()):
     torch.manual_seed(0)
     make_algorithm, data_kwargs = CASES[name]
-    dm = DigitsDataModule(num_clients=5, batch_size=8, partitioner=IIDPartitioner(seed=1),
-                          **data_kwargs)  # fmt: skip
+    dm = DigitsDataModule(
+        num_clients=5, batch_size=8, partitioner=IIDPartitioner(seed=1), **data_kwargs
+    )
     module = FederatedModule(MLP(64, [16], 10), make_algorithm())
     gradient_norm = GradientNorm(every_n_rounds=3)
-    t = trainer(root, max_steps=ROUNDS, enable_checkpointing=True,
-                callbacks=[gradient_norm, *callbacks])  # fmt: skip
+    t = trainer(
+        root, max_steps=ROUNDS, enable_checkpointing=True, callbacks=[gradient_norm, *callbacks]
+    )
     t.fit(module, datamodule=dm, ckpt_path=ckpt_path)
     return module, gradient_norm
 

@@ -29,8 +29,19 @@ QUICKSTART = str(REPO / "configs/algorithms/dp_alpha_normec_digits.yaml")
 def test_progress_bar_counts_rounds_across_epochs(tmp_path, monkeypatch, capsys):
     """Today: "Epoch 1: 100%| 5/5" bars, one per 5-round Lightning epoch."""
     monkeypatch.chdir(tmp_path)
-    main(["fit", "--config", QUICKSTART, "--trainer.logger", "false",
-          "--trainer.max_steps", "12", "--trainer.val_check_interval", "5"])  # fmt: skip
+    main(
+        [
+            "fit",
+            "--config",
+            QUICKSTART,
+            "--trainer.logger",
+            "false",
+            "--trainer.max_steps",
+            "12",
+            "--trainer.val_check_interval",
+            "5",
+        ]
+    )
     out = capsys.readouterr().out.replace("\r", "\n")
     assert "round 12/12" in out and "Epoch" not in out and "v_num" not in out
     final = [line for line in out.splitlines() if line.startswith("round 12/12")][-1]
@@ -40,8 +51,13 @@ def test_progress_bar_counts_rounds_across_epochs(tmp_path, monkeypatch, capsys)
 
 def test_progress_bar_total_and_resume(tmp_path):
     bar = RoundProgressBar()
-    trainer = pl.Trainer(max_epochs=3, logger=False, enable_checkpointing=False,
-                         enable_model_summary=False, callbacks=[bar])  # fmt: skip
+    trainer = pl.Trainer(
+        max_epochs=3,
+        logger=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        callbacks=[bar],
+    )
     trainer.fit(PlainRegression())  # 8 batches per epoch
     assert bar.train_progress_bar.total == 24 and bar.train_progress_bar.n == 24
     assert RoundProgressBar.total_rounds(pl.Trainer(max_steps=300, logger=False)) == 300
@@ -51,11 +67,33 @@ def test_checkpoints_are_named_in_rounds_and_written_at_the_end_of_every_fit(tmp
     """Today: ``epoch=3-step=20.ckpt``, and no checkpoint at all when no evaluation ran."""
     monkeypatch.chdir(tmp_path)
     base = ["fit", "--config", QUICKSTART, "--trainer.enable_progress_bar", "false"]
-    main([*base, "--trainer.max_steps", "7", "--trainer.val_check_interval", "5",
-          "--trainer.logger", "false", "--trainer.default_root_dir", "a"])  # fmt: skip
+    main(
+        [
+            *base,
+            "--trainer.max_steps",
+            "7",
+            "--trainer.val_check_interval",
+            "5",
+            "--trainer.logger",
+            "false",
+            "--trainer.default_root_dir",
+            "a",
+        ]
+    )
     assert [p.name for p in (tmp_path / "a/checkpoints").iterdir()] == ["round=000007.ckpt"]
-    main([*base, "--trainer.max_steps", "4", "--trainer.val_check_interval", "50",
-          "--trainer.logger", "false", "--trainer.default_root_dir", "b"])  # fmt: skip
+    main(
+        [
+            *base,
+            "--trainer.max_steps",
+            "4",
+            "--trainer.val_check_interval",
+            "50",
+            "--trainer.logger",
+            "false",
+            "--trainer.default_root_dir",
+            "b",
+        ]
+    )
     (ckpt,) = (tmp_path / "b/checkpoints").iterdir()
     assert ckpt.name == "round=000004.ckpt"
     assert torch.load(ckpt, weights_only=False)["global_step"] == 4
@@ -65,9 +103,21 @@ def test_checkpoints_are_named_in_rounds_and_written_at_the_end_of_every_fit(tmp
     # ("your dataloader is not resumable"): the round loader is, and says so
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", PossibleUserWarning)
-        main([*base, "--trainer.max_steps", "6", "--trainer.val_check_interval", "50",
-              "--trainer.logger", "false", "--trainer.default_root_dir", "b",
-              "--ckpt_path", str(ckpt)])  # fmt: skip
+        main(
+            [
+                *base,
+                "--trainer.max_steps",
+                "6",
+                "--trainer.val_check_interval",
+                "50",
+                "--trainer.logger",
+                "false",
+                "--trainer.default_root_dir",
+                "b",
+                "--ckpt_path",
+                str(ckpt),
+            ]
+        )
     assert not [w for w in caught if "resuming from a checkpoint" in str(w.message)]
     names = sorted(p.name for p in (tmp_path / "b/checkpoints").iterdir())
     assert names == ["round=000004.ckpt", "round=000006.ckpt"]
@@ -93,11 +143,21 @@ class DiskFullOnSecondSave(TorchCheckpointIO):
 def test_checkpoints_are_written_atomically(callback, tmp_path):
     """A save that fails part-way leaves no truncated file under a checkpoint's name (today's
     ModelCheckpoint does), and the previous checkpoint stays whole."""
-    checkpoint = callback(dirpath=str(tmp_path), every_n_train_steps=2, save_top_k=-1,
-                          filename="round={step:06d}", auto_insert_metric_name=False)  # fmt: skip
-    trainer = pl.Trainer(max_steps=6, logger=False, enable_progress_bar=False,
-                         enable_model_summary=False, callbacks=[checkpoint],
-                         plugins=[DiskFullOnSecondSave()])  # fmt: skip
+    checkpoint = callback(
+        dirpath=str(tmp_path),
+        every_n_train_steps=2,
+        save_top_k=-1,
+        filename="round={step:06d}",
+        auto_insert_metric_name=False,
+    )
+    trainer = pl.Trainer(
+        max_steps=6,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[checkpoint],
+        plugins=[DiskFullOnSecondSave()],
+    )
     with pytest.raises(OSError, match="No space left") as info:
         trainer.fit(PlainRegression())
     names = sorted(p.name for p in tmp_path.iterdir())
@@ -142,12 +202,29 @@ def test_two_runs_started_together_get_their_own_directories(tmp_path):
         "trainer:\n  logger:\n    class_path: pytorch_lightning.loggers.CSVLogger\n"
         "    init_args: {save_dir: logs, name: quickstart}\n"
     )
-    args = [sys.executable, "-m", "pl_privfed.cli", "fit", "--config", QUICKSTART,
-            "--config", str(config), "--trainer.max_steps", "3",
-            "--trainer.val_check_interval", "3", "--trainer.enable_progress_bar", "false"]  # fmt: skip
+    args = [
+        sys.executable,
+        "-m",
+        "pl_privfed.cli",
+        "fit",
+        "--config",
+        QUICKSTART,
+        "--config",
+        str(config),
+        "--trainer.max_steps",
+        "3",
+        "--trainer.val_check_interval",
+        "3",
+        "--trainer.enable_progress_bar",
+        "false",
+    ]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    procs = [subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for _ in range(2)]  # fmt: skip
+    procs = [
+        subprocess.Popen(
+            args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(2)
+    ]
     deadline = time.monotonic() + 400
     for proc in procs:
         _, err = proc.communicate(timeout=max(1, deadline - time.monotonic()))
@@ -184,13 +261,34 @@ def test_a_config_replaces_a_default_callback_of_its_kind(tmp_path, monkeypatch)
     assert kinds.count(RunSummary) == 1 and kinds.count(RoundCheckpoint) == 1
     assert kinds.count(RoundProgressBar) == 1
     assert not next(c for c in cli.trainer.callbacks if isinstance(c, RunSummary)).verbose
-    main(["fit", *args, "--trainer.max_steps", "5", "--trainer.val_check_interval", "50",
-          "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", "r"])  # fmt: skip
+    main(
+        [
+            "fit",
+            *args,
+            "--trainer.max_steps",
+            "5",
+            "--trainer.val_check_interval",
+            "50",
+            "--trainer.enable_progress_bar",
+            "false",
+            "--trainer.default_root_dir",
+            "r",
+        ]
+    )
     names = sorted(p.name for p in (tmp_path / "r/checkpoints").iterdir())
     assert names == ["round=000002.ckpt", "round=000004.ckpt", "round=000005.ckpt"]
-    quiet = PrivFedCLI(args=[*args[:2], "--trainer.logger", "false",
-                             "--trainer.enable_progress_bar", "false",
-                             "--trainer.enable_checkpointing", "false"], run=False)  # fmt: skip
+    quiet = PrivFedCLI(
+        args=[
+            *args[:2],
+            "--trainer.logger",
+            "false",
+            "--trainer.enable_progress_bar",
+            "false",
+            "--trainer.enable_checkpointing",
+            "false",
+        ],
+        run=False,
+    )
     kinds = [type(c) for c in quiet.trainer.callbacks]
     assert RoundProgressBar not in kinds and RoundCheckpoint not in kinds
 
@@ -203,11 +301,23 @@ def test_progress_without_a_terminal_is_a_few_plain_lines(tmp_path):
     out = tmp_path / "out.txt"
     with out.open("w") as stdout:
         done = subprocess.run(
-            [sys.executable, "-m", "pl_privfed.cli", "fit", "--config",
-             str(REPO / "configs/demo/fedavg_private.yaml"), "--trainer.logger", "false"],
-            cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=stdout,
-            stderr=subprocess.PIPE, text=True, timeout=600,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "pl_privfed.cli",
+                "fit",
+                "--config",
+                str(REPO / "configs/demo/fedavg_private.yaml"),
+                "--trainer.logger",
+                "false",
+            ],
+            cwd=tmp_path,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            stdout=stdout,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=600,
+        )
     assert done.returncode == 0, done.stderr
     text = out.read_text()
     assert text.count("\r") <= 5
@@ -219,8 +329,13 @@ def test_progress_without_a_terminal_is_a_few_plain_lines(tmp_path):
 def test_the_terminal_bar_draws_each_round_once(capsys):
     """Every round was drawn twice when a Lightning epoch ended with it (here: every 8th)."""
     bar = RoundProgressBar(plain=False)
-    trainer = pl.Trainer(max_epochs=3, logger=False, enable_checkpointing=False,
-                         enable_model_summary=False, callbacks=[bar])  # fmt: skip
+    trainer = pl.Trainer(
+        max_epochs=3,
+        logger=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        callbacks=[bar],
+    )
     trainer.fit(PlainRegression())  # 8 batches per epoch, 24 rounds
     drawn = capsys.readouterr().out.replace("\r", "\n")
     for k in range(1, 24):

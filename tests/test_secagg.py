@@ -18,8 +18,9 @@ def test_exact_fixed_point_sum():
     encoded = agg.encode(v)
     masked = agg.mask(encoded, round_index=5)
     # the masks cancel exactly: the server's sum is the sum of the encodings, bit for bit
-    assert torch.equal(torch.remainder(masked.sum(0), agg.modulus),
-                       torch.remainder(encoded.sum(0), agg.modulus))  # fmt: skip
+    assert torch.equal(
+        torch.remainder(masked.sum(0), agg.modulus), torch.remainder(encoded.sum(0), agg.modulus)
+    )
     total = agg.unmask_sum(masked)
     assert (total - v.sum(0)).abs().max().item() <= agg.error_bound(6)
     assert agg.error_bound(6) == 6 * 2.0**-21
@@ -68,11 +69,13 @@ def test_alpha_normec_with_secure_aggregation(every_round):
     """ĝ⁰ from secure aggregation (paper 002 Appendix C.3): iterates stay within rounding."""
     b, x0 = problem()
     agg = SecureAggregation(fraction_bits=40, modulus_bits=60, every_round=every_round)
-    alg = AlphaNormEC(0.05, 0.4, 0.5, server_normalization=False, memory_init="gradient",
-                      secure_aggregation=agg)  # fmt: skip
+    alg = AlphaNormEC(
+        0.05, 0.4, 0.5, server_normalization=False, memory_init="gradient", secure_aggregation=agg
+    )
     xs = run(alg, b, x0)
-    ref = ref_error_feedback(b, x0, lambda v: smoothed(v, 0.5), 0.4, 0.05, False, len(xs),
-                             init="gradient")  # fmt: skip
+    ref = ref_error_feedback(
+        b, x0, lambda v: smoothed(v, 0.5), 0.4, 0.05, False, len(xs), init="gradient"
+    )
     for a, r in zip(xs, ref):
         torch.testing.assert_close(a, r, atol=1e-9, rtol=0)
     assert int(alg.rounds_done) == len(xs)

@@ -22,18 +22,36 @@ from pl_privfed.privacy.selection import (
 from pl_privfed.report import frontier_points
 
 DELTA = 1e-5
-POISSON = [{"noise_multiplier": 1.2, "sample_rate": 0.1, "sampling": "poisson",
-            "population": None, "releases": 40}]  # fmt: skip
-SHUFFLED = [{"noise_multiplier": 1.5, "sample_rate": 0.05, "sampling": "without_replacement",
-             "population": 200, "releases": 30}]  # fmt: skip
+POISSON = [
+    {
+        "noise_multiplier": 1.2,
+        "sample_rate": 0.1,
+        "sampling": "poisson",
+        "population": None,
+        "releases": 40,
+    }
+]
+SHUFFLED = [
+    {
+        "noise_multiplier": 1.5,
+        "sample_rate": 0.05,
+        "sampling": "without_replacement",
+        "population": 200,
+        "releases": 30,
+    }
+]
 
 
 def accountant_of(history, times=1, mechanism="auto"):
     acc = PrivacyAccountant(mechanism)
     for r in history:
-        acc.step(noise_multiplier=r["noise_multiplier"], sample_rate=r["sample_rate"],
-                 num_steps=times * r["releases"], sampling=r["sampling"],
-                 population=r["population"])  # fmt: skip
+        acc.step(
+            noise_multiplier=r["noise_multiplier"],
+            sample_rate=r["sample_rate"],
+            num_steps=times * r["releases"],
+            sampling=r["sampling"],
+            population=r["population"],
+        )
     return acc
 
 
@@ -72,8 +90,14 @@ def test_random_search_matches_papernot_steinke_theorems_computed_here():
     assert random_search_epsilon(POISSON, DELTA, mean, "geometric") == pytest.approx(expected)
     # Thm. 6 (p. 7), Poisson: ε'(λ) = ε(λ) + μ δ̂ + log μ/(λ − 1), δ̂ the candidate's δ at
     # ε̂ = log(1 + 1/(λ − 1))
-    thm6 = np.array([e + mean * compute_delta(orders, rdp, math.log1p(1 / (lam - 1)))[0]
-                     + math.log(mean) / (lam - 1) for lam, e in zip(orders, rdp)])  # fmt: skip
+    thm6 = np.array(
+        [
+            e
+            + mean * compute_delta(orders, rdp, math.log1p(1 / (lam - 1)))[0]
+            + math.log(mean) / (lam - 1)
+            for lam, e in zip(orders, rdp)
+        ]
+    )
     expected = compute_epsilon(orders, thm6, DELTA)[0]
     assert random_search_epsilon(POISSON, DELTA, mean, "poisson") == pytest.approx(expected)
     # far below composing nine candidates, above one run
@@ -96,8 +120,15 @@ SIGMA = {1.0: 3.0, 8.0: 0.9}  # per target ε: the candidates' noise multiplier,
 
 
 def history_at(eps):
-    return [{"noise_multiplier": SIGMA[eps], "sample_rate": 1.0, "sampling": "none",
-             "population": None, "releases": 20}]  # fmt: skip
+    return [
+        {
+            "noise_multiplier": SIGMA[eps],
+            "sample_rate": 1.0,
+            "sampling": "none",
+            "population": None,
+            "releases": 20,
+        }
+    ]
 
 
 def sweep_with_histories(
@@ -117,18 +148,31 @@ def sweep_with_histories(
         for step in (0.1, 1.0):
             for seed in (0, 1):
                 val = 0.8 + (step if eps == 8.0 else -step) / 10 + seed / 100
-                accounting = {"noise_multiplier": SIGMA[eps], "sample_rate": 1.0,
-                              "sampling": "without_replacement" if legacy_shuffled else "none",
-                              "releases": 20}  # fmt: skip
+                accounting = {
+                    "noise_multiplier": SIGMA[eps],
+                    "sample_rate": 1.0,
+                    "sampling": "without_replacement" if legacy_shuffled else "none",
+                    "releases": 20,
+                }
                 if not (legacy or legacy_shuffled):
                     accounting["history"] = history_at(eps)
                 if rdp_era:
                     accounting["accountant"] = "Opacus RDP"
-                runs.append(({"seed": seed, EPS: eps, STEP: step},
-                              {"final_val_accuracy": val, "final_test_accuracy": val - 0.01,
-                               "epsilon": certified[eps],
-                               "privacy": {"accounting": accounting, "delta": DELTA,
-                                           "accountant": "auto"}}))  # fmt: skip
+                runs.append(
+                    (
+                        {"seed": seed, EPS: eps, STEP: step},
+                        {
+                            "final_val_accuracy": val,
+                            "final_test_accuracy": val - 0.01,
+                            "epsilon": certified[eps],
+                            "privacy": {
+                                "accounting": accounting,
+                                "delta": DELTA,
+                                "accountant": "auto",
+                            },
+                        },
+                    )
+                )
     return write_sweep_results(root, "frontier_x", runs)
 
 
@@ -150,8 +194,9 @@ def test_frontier_reports_certified_and_with_selection_epsilons(tmp_path, capsys
     assert [p.cost.composed for p in old] == pytest.approx([at1.cost.composed, at8.cost.composed])
     out = tmp_path / "report"
     with pytest.raises(SystemExit) as exit_:
-        main(["compare", "--frontier", str(path), "--out", str(out),
-              "--random-search", "geometric"])  # fmt: skip
+        main(
+            ["compare", "--frontier", str(path), "--out", str(out), "--random-search", "geometric"]
+        )
     assert exit_.value.code == 0
     printed = capsys.readouterr().out
     assert "ε with selection (candidate runs composed)" in printed and "(4 runs)" in printed
@@ -173,9 +218,14 @@ def test_frontier_reports_certified_and_with_selection_epsilons(tmp_path, capsys
 
 @pytest.mark.parametrize(
     ("kind", "message"),
-    [("legacy_shuffled", "the run's summary.json records no history"),
-     ("misreported", "the history in .* gives ε = .*, not the reported .*: it does not describe")],
-)  # fmt: skip
+    [
+        ("legacy_shuffled", "the run's summary.json records no history"),
+        (
+            "misreported",
+            "the history in .* gives ε = .*, not the reported .*: it does not describe",
+        ),
+    ],
+)
 def test_a_summary_without_a_usable_history_leaves_the_column_empty_with_a_warning(
     tmp_path, kind, message
 ):

@@ -241,8 +241,14 @@ def ref_opt(name, d):
 def test_dp_fedavg_exact(name, private, chunk):
     b, x0 = problem()
     noise = DPNoise(noise_multiplier=0.4, seed=5, draws="aggregate") if private else None
-    alg = DPFedAvg(0.3, local_step_size=0.5, operator=Clip(1.5), scale=0.8, noise=noise,
-                   server_optimizer=OPTIMIZERS[name][0]())  # fmt: skip
+    alg = DPFedAvg(
+        0.3,
+        local_step_size=0.5,
+        operator=Clip(1.5),
+        scale=0.8,
+        noise=noise,
+        server_optimizer=OPTIMIZERS[name][0](),
+    )
     xs = run(alg, b, x0, chunk=chunk)
     std = alg.noise_std  # multiplier × the replace-one sensitivity 2βc (local DP)
     assert std == (pytest.approx(0.4 * 2 * 0.8 * 1.5) if private else 0.0)
@@ -254,8 +260,9 @@ def test_dp_fedavg_exact(name, private, chunk):
 def test_fedavg_per_update_clipping_exact(name):
     """Δ already points where the model moves (y_i − x): no sign flip."""
     b, x0 = problem(seed=1)
-    alg = FedAvgPerUpdateClipping(0.7, local_step_size=0.4, clip_threshold=2.0,
-                                  server_optimizer=OPTIMIZERS[name][0]())  # fmt: skip
+    alg = FedAvgPerUpdateClipping(
+        0.7, local_step_size=0.4, clip_threshold=2.0, server_optimizer=OPTIMIZERS[name][0]()
+    )
     xs = run(alg, b, x0)
     assert_iterates(xs, ref_per_update(b, x0, ref_opt(name, 4), 0.7, 0.4, 2.0))
 
@@ -276,12 +283,19 @@ def test_distributed_dpsgd_central_exact(name):
 def test_alpha_normec_exact(name, server_normalization, chunk):
     b, x0 = problem(seed=3)
     noise = DPNoise(noise_multiplier=0.3, seed=7, draws="aggregate")
-    alg = AlphaNormEC(0.05, beta=0.4, alpha=0.5, server_normalization=server_normalization,
-                      noise=noise, server_optimizer=OPTIMIZERS[name][0]())  # fmt: skip
+    alg = AlphaNormEC(
+        0.05,
+        beta=0.4,
+        alpha=0.5,
+        server_normalization=server_normalization,
+        noise=noise,
+        server_optimizer=OPTIMIZERS[name][0](),
+    )
     xs = run(alg, b, x0, chunk=chunk)
     assert alg.noise_std == pytest.approx(0.3 * 2)  # replace-one sensitivity 2 of Norm_α
-    ref = ref_alpha_normec(b, x0, ref_opt(name, 4), 0.05, 0.4, 0.5, server_normalization,
-                           alg.noise_std, 7)  # fmt: skip
+    ref = ref_alpha_normec(
+        b, x0, ref_opt(name, 4), 0.05, 0.4, 0.5, server_normalization, alg.noise_std, 7
+    )
     assert_iterates(xs, ref)
 
 
@@ -290,8 +304,9 @@ def test_fed_alpha_normec_with_p_one_equals_alpha_normec(name):
     """Paper 004 line 147: with p = 1, one local GD step and γ = 1 Fed-α-NormEC is α-NormEC;
     the server optimizer acts at the same place (line 12 / line 11) in both."""
     b, x0 = problem(seed=4)
-    fed = FedAlphaNormEC(0.05, local_step_size=1.0, beta=0.4, alpha=0.5,
-                         server_optimizer=OPTIMIZERS[name][0]())  # fmt: skip
+    fed = FedAlphaNormEC(
+        0.05, local_step_size=1.0, beta=0.4, alpha=0.5, server_optimizer=OPTIMIZERS[name][0]()
+    )
     ref = ref_alpha_normec(b, x0, ref_opt(name, 4), 0.05, 0.4, 0.5, True, 0.0, 0)
     assert_iterates(run(fed, b, x0), ref)
 
@@ -299,8 +314,9 @@ def test_fed_alpha_normec_with_p_one_equals_alpha_normec(name):
 @pytest.mark.parametrize("name", ["momentum", "yogi"])
 def test_soteriafl_exact(name):
     b, x0 = problem(seed=5)
-    alg = SoteriaFL(0.1, shift_step_size=0.5, clip_threshold=2.0,
-                    server_optimizer=OPTIMIZERS[name][0]())  # fmt: skip
+    alg = SoteriaFL(
+        0.1, shift_step_size=0.5, clip_threshold=2.0, server_optimizer=OPTIMIZERS[name][0]()
+    )
     assert_iterates(run(alg, b, x0), ref_soteria(b, x0, ref_opt(name, 4), 0.1, 0.5, 2.0))
 
 
@@ -349,9 +365,19 @@ def test_server_sgd_is_the_default_bit_for_bit(family):
 
 @pytest.mark.parametrize(
     "kind",
-    [DPFedAvg, FedAvgPerSampleClipping, FedAvgPerUpdateClipping, DistributedDPSGD, ErrorFeedback,
-     AlphaNormEC, Clip21, EF21, FedAlphaNormEC, SoteriaFL],
-)  # fmt: skip
+    [
+        DPFedAvg,
+        FedAvgPerSampleClipping,
+        FedAvgPerUpdateClipping,
+        DistributedDPSGD,
+        ErrorFeedback,
+        AlphaNormEC,
+        Clip21,
+        EF21,
+        FedAlphaNormEC,
+        SoteriaFL,
+    ],
+)
 def test_every_server_based_algorithm_takes_one(kind):
     assert "server_optimizer" in inspect.signature(kind).parameters
     assert "server_optimizer:" in inspect.getdoc(kind)
@@ -396,7 +422,10 @@ def test_a_grid_reaches_the_optimizer_arguments():
     other = rebuild_algorithm(base, {"server_optimizer.tau": 0.1, "step_size": 0.2})
     assert isinstance(other.server_optimizer, FedAdam)
     assert (other.server_optimizer.tau, other.server_optimizer.beta1, other.step_size) == (
-        0.1, 0.5, 0.2)  # fmt: skip
+        0.1,
+        0.5,
+        0.2,
+    )
     assert base.server_optimizer.tau == 0.01 and other.server_optimizer is not base.server_optimizer
 
 
@@ -420,12 +449,17 @@ def test_adaptive_state_starts_at_tau_squared():
         (lambda: FedYogi(beta2=1.0), "beta2 must be in [0, 1), got 1.0"),
         (lambda: FedAdagrad(tau=0.0), "tau must be a positive finite number, got 0.0"),
         (lambda: FedAdam(tau=-1e-3), "tau must be a positive finite number, got -0.001"),
-        (lambda: DPFedAvg(0.1, server_optimizer="adam"), "server_optimizer must be a ServerOptimizer"),
+        (
+            lambda: DPFedAvg(0.1, server_optimizer="adam"),
+            "server_optimizer must be a ServerOptimizer",
+        ),
         (lambda: AlphaNormEC(0.1, 0.1, 0.1, server_optimizer=FedAdam), "server_optimizer must be"),
-        (lambda: FedAvgPerSampleClipping(0.1, server_step_size=0.0),
-         "server_step_size must be a positive finite number, got 0.0"),
+        (
+            lambda: FedAvgPerSampleClipping(0.1, server_step_size=0.0),
+            "server_step_size must be a positive finite number, got 0.0",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_arguments_raise_value_error_naming_them(factory, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         factory()
@@ -435,15 +469,24 @@ def test_bad_arguments_raise_value_error_naming_them(factory, message):
 @pytest.mark.parametrize(
     "make",
     [
-        lambda opt: DPFedAvg(0.3, operator=Clip(1.0), server_optimizer=opt,
-                             noise=DPNoise(epsilon=4.0, delta=1e-5, placement="central")),
-        lambda opt: AlphaNormEC(0.05, 0.4, 0.5, server_optimizer=opt,
-                                noise=DPNoise(epsilon=8.0, delta=1e-5, placement="distributed",
-                                              min_contributors=40)),
-        lambda opt: DistributedDPSGD(0.2, Clip(1.0), server_optimizer=opt,
-                                     noise=DPNoise(noise_multiplier=1.1)),
+        lambda opt: DPFedAvg(
+            0.3,
+            operator=Clip(1.0),
+            server_optimizer=opt,
+            noise=DPNoise(epsilon=4.0, delta=1e-5, placement="central"),
+        ),
+        lambda opt: AlphaNormEC(
+            0.05,
+            0.4,
+            0.5,
+            server_optimizer=opt,
+            noise=DPNoise(epsilon=8.0, delta=1e-5, placement="distributed", min_contributors=40),
+        ),
+        lambda opt: DistributedDPSGD(
+            0.2, Clip(1.0), server_optimizer=opt, noise=DPNoise(noise_multiplier=1.1)
+        ),
     ],
-)  # fmt: skip
+)
 def test_privacy_is_unchanged_by_a_server_optimizer(make):
     """Post-processing: the declaration, the calibrated noise and every adversary's ε after the
     rounds run are the same with and without a server optimizer (whose iterates differ)."""
@@ -474,9 +517,24 @@ def test_cli_certifies_the_same_epsilon_with_and_without_fedadam(tmp_path, monke
     summaries = []
     for extra in ([], ["--model.algorithm.init_args.server_optimizer", "null"]):
         out = tmp_path / ("plain" if extra else "fedadam")
-        main(["fit", "--config", str(config), "--trainer.logger", "false",
-              "--trainer.enable_progress_bar", "false", "--trainer.max_steps", "3",
-              "--trainer.val_check_interval", "3", "--output_dir", str(out), *extra])  # fmt: skip
+        main(
+            [
+                "fit",
+                "--config",
+                str(config),
+                "--trainer.logger",
+                "false",
+                "--trainer.enable_progress_bar",
+                "false",
+                "--trainer.max_steps",
+                "3",
+                "--trainer.val_check_interval",
+                "3",
+                "--output_dir",
+                str(out),
+                *extra,
+            ]
+        )
         summaries.append(json.loads((out / "summary.json").read_text()))
     adam, plain = summaries
     assert adam["status"] == plain["status"] == "finished" and adam["private"]

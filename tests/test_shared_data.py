@@ -32,10 +32,15 @@ def archives(shared_data, tmp_path_factory):
 def test_mnist_and_fashion_mnist_write_nothing_beside_their_archives(archives, tmp_path):
     before = snapshot(archives)
     assert sorted(before) == sorted(
-        [f"{n}/raw" for n in MODULES] + [f"{n}" for n in MODULES]
-        + [f"{n}/raw/{p}-{k}-idx{d}-ubyte.gz" for n in MODULES
-           for p in ("train", "t10k") for k, d in (("images", 3), ("labels", 1))]
-    )  # fmt: skip
+        [f"{n}/raw" for n in MODULES]
+        + [f"{n}" for n in MODULES]
+        + [
+            f"{n}/raw/{p}-{k}-idx{d}-ubyte.gz"
+            for n in MODULES
+            for p in ("train", "t10k")
+            for k, d in (("images", 3), ("labels", 1))
+        ]
+    )
     for module in MODULES.values():
         dm = module(data_dir=str(archives), num_clients=4, batch_size=8, cache=str(tmp_path))
         dm.setup("fit")

@@ -186,8 +186,10 @@ def test_the_basis_forward_gives_the_cross_entropy_gradients_of_a_plain_loop():
     torch.manual_seed(1)
     n, m, din, out, k = 4, 6, 9, 3, 2
     pool = torch.randn(20, din, dtype=torch.float64)
-    shards = [torch.tensor(s) for s in ([0, 1, 2, 3, 4, 5], [6, 7, 8, 9], [10, 11, 0, 12, 13, 14],
-                                        [15, 16, 17, 18, 1])]  # fmt: skip
+    shards = [
+        torch.tensor(s)
+        for s in ([0, 1, 2, 3, 4, 5], [6, 7, 8, 9], [10, 11, 0, 12, 13, 14], [15, 16, 17, 18, 1])
+    ]
     examples = torch.zeros(n, m, din, dtype=torch.float64)
     members = torch.full((n, m), -1)
     for i, shard in enumerate(shards):

@@ -31,8 +31,12 @@ from pl_privfed.sweep import (
 )
 
 SWEEPS = sorted((REPO / "configs/sweeps").glob("*.yaml"))
-FAST = ["--trainer.max_steps=4", "--trainer.val_check_interval=2", "--trainer.logger=false",
-        "--trainer.enable_progress_bar=false"]  # fmt: skip
+FAST = [
+    "--trainer.max_steps=4",
+    "--trainer.val_check_interval=2",
+    "--trainer.logger=false",
+    "--trainer.enable_progress_bar=false",
+]
 BETA = "model.algorithm.init_args.beta"
 STEP = "model.algorithm.init_args.step_size"
 
@@ -45,13 +49,26 @@ def summary_of(row):
 
 
 def test_grid_order_and_size(tmp_path):
-    sweep = load_sweep(write_sweep(tmp_path, {"a.x": {"values": [1, 2, 3]},
-                                              "b.flag": {"values": [True, False]},
-                                              "c.fixed": {"value": None}}))  # fmt: skip
+    sweep = load_sweep(
+        write_sweep(
+            tmp_path,
+            {
+                "a.x": {"values": [1, 2, 3]},
+                "b.flag": {"values": [True, False]},
+                "c.fixed": {"value": None},
+            },
+        )
+    )
     points = grid(sweep)
     assert len(points) == 6
     assert [(p["a.x"], p["b.flag"]) for p in points] == [
-        (1, True), (1, False), (2, True), (2, False), (3, True), (3, False)]  # fmt: skip
+        (1, True),
+        (1, False),
+        (2, True),
+        (2, False),
+        (3, True),
+        (3, False),
+    ]
     assert all(list(p) == ["a.x", "b.flag", "c.fixed"] and p["c.fixed"] is None for p in points)
     assert sweep.swept == ["a.x", "b.flag"] and sweep.method == "grid" and sweep.name == "tiny"
     assert sweep.metric == {"name": "val/acc", "goal": "maximize"}
@@ -62,34 +79,76 @@ def test_grid_order_and_size(tmp_path):
 
 
 def test_run_args_rendering(tmp_path):
-    path = write_sweep(tmp_path, {"a.flag": {"values": [True, False]}, "b.none": {"value": None},
-                                  "c.float": {"values": [0.1, 1e-05]}, "d.list": {"value": [32, 16]},
-                                  "e.text": {"value": "adam"}},
-                       command=["${env}", "${interpreter}", "${program}", "fit", "--config",
-                                QUICKSTART, "${args}", "--seed_everything=1"])  # fmt: skip
+    path = write_sweep(
+        tmp_path,
+        {
+            "a.flag": {"values": [True, False]},
+            "b.none": {"value": None},
+            "c.float": {"values": [0.1, 1e-05]},
+            "d.list": {"value": [32, 16]},
+            "e.text": {"value": "adam"},
+        },
+        command=[
+            "${env}",
+            "${interpreter}",
+            "${program}",
+            "fit",
+            "--config",
+            QUICKSTART,
+            "${args}",
+            "--seed_everything=1",
+        ],
+    )
     sweep = load_sweep(path)
     points = grid(sweep)
     assert run_args(sweep, points[1], "out/0003") == [
-        "fit", "--config", QUICKSTART,
-        "--a.flag=true", "--b.none=null", "--c.float=1e-05", "--d.list=[32, 16]", "--e.text=adam",
-        "--seed_everything=1", "--output_dir=out/0003", "--trainer.default_root_dir=out/0003",
-    ]  # fmt: skip
+        "fit",
+        "--config",
+        QUICKSTART,
+        "--a.flag=true",
+        "--b.none=null",
+        "--c.float=1e-05",
+        "--d.list=[32, 16]",
+        "--e.text=adam",
+        "--seed_everything=1",
+        "--output_dir=out/0003",
+        "--trainer.default_root_dir=out/0003",
+    ]
     assert run_args(sweep, points[2], Path("o"))[3:5] == ["--a.flag=false", "--b.none=null"]
     assert run_args(sweep, points[2], Path("o"))[5] == "--c.float=0.1"
     assert [render_value(v) for v in (True, False, None, 0.5, 3, "x")] == [
-        "true", "false", "null", "0.5", "3", "x"]  # fmt: skip
+        "true",
+        "false",
+        "null",
+        "0.5",
+        "3",
+        "x",
+    ]
     # the default command form: `${env} pl-privfed fit ...`
     sweep = load_sweep(write_sweep(tmp_path, {"a": {"value": 1}}, name="plain"))
-    assert run_args(sweep, {"a": 1}, "d") == ["fit", "--config", QUICKSTART, "--a=1",
-                                              "--output_dir=d", "--trainer.default_root_dir=d"]  # fmt: skip
+    assert run_args(sweep, {"a": 1}, "d") == [
+        "fit",
+        "--config",
+        QUICKSTART,
+        "--a=1",
+        "--output_dir=d",
+        "--trainer.default_root_dir=d",
+    ]
 
 
 def test_rendered_values_parse_in_the_cli(tmp_path):
     """Booleans, null and floats as rendered are what LightningCLI parses."""
-    sweep = load_sweep(write_sweep(tmp_path, {
-        STEP: {"value": 1e-05}, BETA: {"value": 0.25},
-        "model.algorithm.init_args.server_normalization": {"value": False},
-        "model.algorithm.init_args.noise": {"value": None}}))  # fmt: skip
+    sweep = load_sweep(
+        write_sweep(
+            tmp_path,
+            {
+                STEP: {"value": 1e-05},
+                BETA: {"value": 0.25},
+                "model.algorithm.init_args.server_normalization": {"value": False},
+                "model.algorithm.init_args.noise": {"value": None},
+            },
+        )
+    )
     args = run_args(sweep, grid(sweep)[0], tmp_path / "run")
     cli = PrivFedCLI(args=[*args[1:], "--trainer.logger=false"], run=False)
     algorithm = cli.model.algorithm
@@ -100,17 +159,19 @@ def test_rendered_values_parse_in_the_cli(tmp_path):
 
 @pytest.mark.parametrize(
     "change, message",
-    [({"method": "random"}, "method must be 'grid'.*'random'"),
-     ({"method": "bayes"}, "method must be 'grid'.*'bayes'"),
-     ({"parameters": {"a": {"min": 0, "max": 1}}}, "parameters.a needs 'value' or 'values'"),
-     ({"parameters": {"a": 3}}, "parameters.a needs 'value' or 'values'.*3"),
-     ({"parameters": {"a": {"values": []}}}, r"parameters.a.values must be a non-empty list"),
-     ({"parameters": {}}, "parameters must be a non-empty mapping"),
-     ({"command": ["pl-privfed", "fit"]}, r"command must be a list containing '\$\{args\}'"),
-     ({"command": "pl-privfed fit ${args}"}, "command must be a list"),
-     ({"metric": {"name": "test/acc", "goal": "maximize"}}, "metric.name='test/acc' selects on"),
-     ({"project": 3}, "project must be a W&B project name, got 3")],
-)  # fmt: skip
+    [
+        ({"method": "random"}, "method must be 'grid'.*'random'"),
+        ({"method": "bayes"}, "method must be 'grid'.*'bayes'"),
+        ({"parameters": {"a": {"min": 0, "max": 1}}}, "parameters.a needs 'value' or 'values'"),
+        ({"parameters": {"a": 3}}, "parameters.a needs 'value' or 'values'.*3"),
+        ({"parameters": {"a": {"values": []}}}, r"parameters.a.values must be a non-empty list"),
+        ({"parameters": {}}, "parameters must be a non-empty mapping"),
+        ({"command": ["pl-privfed", "fit"]}, r"command must be a list containing '\$\{args\}'"),
+        ({"command": "pl-privfed fit ${args}"}, "command must be a list"),
+        ({"metric": {"name": "test/acc", "goal": "maximize"}}, "metric.name='test/acc' selects on"),
+        ({"project": 3}, "project must be a W&B project name, got 3"),
+    ],
+)
 def test_validation(tmp_path, change, message):
     path = write_sweep(tmp_path, {"a": {"values": [1]}})
     spec = yaml.safe_load(path.read_text())
@@ -122,7 +183,10 @@ def test_validation(tmp_path, change, message):
 
 def test_column_names():
     assert column_names([STEP, BETA, "trainer.max_steps"]) == {
-        STEP: "step_size", BETA: "beta", "trainer.max_steps": "max_steps"}  # fmt: skip
+        STEP: "step_size",
+        BETA: "beta",
+        "trainer.max_steps": "max_steps",
+    }
     # a shared last component, or one equal to a result column, keeps the full key
     keys = ["model.a.beta", "data.b.beta", "model.algorithm.init_args.noise.init_args.epsilon"]
     assert column_names(keys) == {k: k for k in keys}
@@ -163,26 +227,54 @@ def test_runner_contract_with_a_stand_in_interpreter(tmp_path, monkeypatch, caps
     monkeypatch.delenv("WANDB_MODE")
     monkeypatch.delenv("WANDB_RUN_GROUP", raising=False)
     python, log = fake_python(tmp_path)
-    sweep = write_sweep(tmp_path, {"a.beta": {"values": [0.5, -1]}, "b.c": {"value": True}},
-                        name="contract")  # fmt: skip
+    sweep = write_sweep(
+        tmp_path, {"a.beta": {"values": [0.5, -1]}, "b.c": {"value": True}}, name="contract"
+    )
     path = run_sweep(sweep, "out", overrides=["--trainer.max_steps=4"], python=python)
     assert path == Path("out/results.csv")
     first = calls(log)
     assert [c["args"][:2] for c in first] == [["-m", "pl_privfed.cli"]] * 2
     identity = ["fit", "--config", QUICKSTART, "--trainer.max_steps=4"]
     run0 = Path("out/runs") / run_id(0, {"a.beta": 0.5, "b.c": True}, identity)
-    assert first[0]["args"][2:] == ["fit", "--config", QUICKSTART, "--a.beta=0.5", "--b.c=true",
-        f"--output_dir={run0}", f"--trainer.default_root_dir={run0}",
-        "--run_name=beta=0.5", "--run_group=contract", "--trainer.max_steps=4"]  # fmt: skip
+    assert first[0]["args"][2:] == [
+        "fit",
+        "--config",
+        QUICKSTART,
+        "--a.beta=0.5",
+        "--b.c=true",
+        f"--output_dir={run0}",
+        f"--trainer.default_root_dir={run0}",
+        "--run_name=beta=0.5",
+        "--run_group=contract",
+        "--trainer.max_steps=4",
+    ]
     assert {(c["cwd"], c["group"], c["mode"]) for c in first} == {
-        (str(tmp_path), "contract", "offline")}  # fmt: skip
+        (str(tmp_path), "contract", "offline")
+    }
     table = rows(path)
     assert [(r["run"][:4], r["status"], r["beta"], r["c"]) for r in table] == [
-        ("0000", "finished", "0.5", "true"), ("0001", "failed: ValueError", "-1", "true")]  # fmt: skip
-    assert list(table[0]) == ["run", "status", "beta", "c", "final_val_accuracy",
-        "best_val_accuracy", "best_val_round", "final_test_accuracy", "final_val_loss",
-        "final_train_loss", "epsilon", "rounds", "wall_time_s", "rounds_to_target",
-        "final_full_grad_norm", "client_transmissions", "run_dir"]  # fmt: skip
+        ("0000", "finished", "0.5", "true"),
+        ("0001", "failed: ValueError", "-1", "true"),
+    ]
+    assert list(table[0]) == [
+        "run",
+        "status",
+        "beta",
+        "c",
+        "final_val_accuracy",
+        "best_val_accuracy",
+        "best_val_round",
+        "final_test_accuracy",
+        "final_val_loss",
+        "final_train_loss",
+        "epsilon",
+        "rounds",
+        "wall_time_s",
+        "rounds_to_target",
+        "final_full_grad_norm",
+        "client_transmissions",
+        "run_dir",
+    ]
     assert table[0]["epsilon"] == "" and failed_runs(path) == [table[1]["run"]]
     assert (table[0]["final_val_accuracy"], table[0]["final_test_accuracy"]) == ("0.5", "0.55")
     out = capsys.readouterr().out
@@ -198,8 +290,10 @@ def test_runner_contract_with_a_stand_in_interpreter(tmp_path, monkeypatch, caps
     assert len(calls(log)) == 3
     printed = capsys.readouterr().out.splitlines()
     assert any("skipped" in line for line in printed)
-    assert any(line.startswith(f"{python} -m pl_privfed.cli fit") and "--a.beta=-1" in line
-               for line in printed)  # fmt: skip
+    assert any(
+        line.startswith(f"{python} -m pl_privfed.cli fit") and "--a.beta=-1" in line
+        for line in printed
+    )
 
 
 def test_dry_run_writes_nothing(tmp_path, capsys):
@@ -212,26 +306,34 @@ def test_dry_run_writes_nothing(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
-def test_where_runs_a_subset_in_the_folders_the_whole_sweep_gives_it(tmp_path, monkeypatch,
-                                                                    capsys):  # fmt: skip
+def test_where_runs_a_subset_in_the_folders_the_whole_sweep_gives_it(tmp_path, monkeypatch, capsys):
     """`--where` selects points by value (a parameter's full name or its end); they keep their
     run folders, so the whole sweep afterwards runs only the others; bad conditions are
     ValueErrors naming them, shown by the CLI as one line."""
     monkeypatch.chdir(tmp_path)
     python, log = fake_python(tmp_path)
-    sweep = write_sweep(tmp_path, {"seed": {"values": [0, 1]}, "a.noise.epsilon":
-                                   {"values": [0.5, 1.0, 8.0]}}, name="where")  # fmt: skip
+    sweep = write_sweep(
+        tmp_path,
+        {"seed": {"values": [0, 1]}, "a.noise.epsilon": {"values": [0.5, 1.0, 8.0]}},
+        name="where",
+    )
     spec = load_sweep(sweep)
     assert selected(spec, ["noise.epsilon=1,8", "seed=1"]) == [4, 5]
     assert selected(spec, ["epsilon=0.5", "a.noise.epsilon=0.5,1"]) == [0, 3]
     assert selected(spec, []) == list(range(6))
-    for bad, message in [("eps=1", "names no parameter"), ("seed=2", "not a value of seed"),
-                         ("seed", "expected KEY=V1,V2"), ("=1", "expected KEY=V1,V2")]:  # fmt: skip
+    for bad, message in [
+        ("eps=1", "names no parameter"),
+        ("seed=2", "not a value of seed"),
+        ("seed", "expected KEY=V1,V2"),
+        ("=1", "expected KEY=V1,V2"),
+    ]:
         with pytest.raises(ValueError, match=message):
             selected(spec, [bad])
     subset = run_sweep(sweep, "out", python=python, where=["epsilon=8.0"])
-    assert [c["args"][5:7] for c in calls(log)] == [["--seed=0", "--a.noise.epsilon=8.0"],
-                                                    ["--seed=1", "--a.noise.epsilon=8.0"]]  # fmt: skip
+    assert [c["args"][5:7] for c in calls(log)] == [
+        ["--seed=0", "--a.noise.epsilon=8.0"],
+        ["--seed=1", "--a.noise.epsilon=8.0"],
+    ]
     assert "2 of the 6 points" in capsys.readouterr().out
     assert [r["a.noise.epsilon"] for r in rows(subset)] == ["8.0", "8.0"]
     whole = run_sweep(sweep, "out", python=python)
@@ -248,18 +350,25 @@ def test_a_sweep_that_gains_a_value_reuses_its_finished_runs(tmp_path, monkeypat
     its points but runs only the new ones, and results.csv lists every point once."""
     monkeypatch.chdir(tmp_path)
     python, log = fake_python(tmp_path)
-    sweep = write_sweep(tmp_path, {"seed": {"values": [0, 1]}, "a.step_size":
-                                   {"values": [1.0, 3.0]}}, name="grow")  # fmt: skip
+    sweep = write_sweep(
+        tmp_path, {"seed": {"values": [0, 1]}, "a.step_size": {"values": [1.0, 3.0]}}, name="grow"
+    )
     run_sweep(sweep, "out", python=python)
     before = sorted(p.name for p in Path("out/runs").iterdir())
     assert len(calls(log)) == 4 and [name[:4] for name in before] == [f"{i:04d}" for i in range(4)]
-    grown = write_sweep(tmp_path, {"seed": {"values": [0, 1]}, "a.step_size":
-                                   {"values": [0.3, 1.0, 3.0]}}, name="grow")  # fmt: skip
+    grown = write_sweep(
+        tmp_path,
+        {"seed": {"values": [0, 1]}, "a.step_size": {"values": [0.3, 1.0, 3.0]}},
+        name="grow",
+    )
     table = rows(run_sweep(grown, "out", python=python))
-    assert [c["args"][5:7] for c in calls(log)[4:]] == [["--seed=0", "--a.step_size=0.3"],
-                                                        ["--seed=1", "--a.step_size=0.3"]]  # fmt: skip
+    assert [c["args"][5:7] for c in calls(log)[4:]] == [
+        ["--seed=0", "--a.step_size=0.3"],
+        ["--seed=1", "--a.step_size=0.3"],
+    ]
     assert [(r["seed"], r["step_size"]) for r in table] == [
-        (s, g) for s in ("0", "1") for g in ("0.3", "1.0", "3.0")]  # fmt: skip
+        (s, g) for s in ("0", "1") for g in ("0.3", "1.0", "3.0")
+    ]
     assert {r["run"] for r in table} >= set(before) and len({r["run"] for r in table}) == 6
     assert "finished before, skipped" in capsys.readouterr().out
 
@@ -291,8 +400,11 @@ def test_concurrent_sweeps_on_one_folder_are_refused(tmp_path, monkeypatch, caps
     holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         (tmp_path / "out").mkdir()
-        (tmp_path / "out" / ".sweep.lock").write_text(json.dumps(
-            {"pid": holder.pid, "host": __import__("socket").gethostname(), "started": 0}))  # fmt: skip
+        (tmp_path / "out" / ".sweep.lock").write_text(
+            json.dumps(
+                {"pid": holder.pid, "host": __import__("socket").gethostname(), "started": 0}
+            )
+        )
         with pytest.raises(SweepLockedError, match=f"another sweep \\(pid {holder.pid} on"):
             run_sweep(sweep, "out", python=python)
         with pytest.raises(SystemExit) as exit_:
@@ -339,7 +451,8 @@ def test_a_grid_takes_a_seed_axis_through_a_sweep(tmp_path, monkeypatch):
     path = run_sweep(sweep, "out", python=str(python))
     table = rows(path)
     assert [(r["seed"], r["beta"]) for r in table] == [
-        (s, b) for s in ("0", "1", "2") for b in ("0.1", "1.0")]  # fmt: skip
+        (s, b) for s in ("0", "1", "2") for b in ("0.1", "1.0")
+    ]
     assert table[1]["final_val_accuracy"] == "0.6"
     configs = report.aggregate(report.load_results(path), ["beta", "seed"])
     assert list(zip(configs["beta"], configs["seeds"])) == [("0.1", 3), ("1.0", 3)]
@@ -366,7 +479,9 @@ def test_real_grid_results(finished_grid):
     _, path = finished_grid
     table = rows(path)
     assert [(r["status"], r["beta"], r["step_size"], r["rounds"]) for r in table] == [
-        ("finished", "0.01", "0.2", "4"), ("finished", "0.1", "0.2", "4")]  # fmt: skip
+        ("finished", "0.01", "0.2", "4"),
+        ("finished", "0.1", "0.2", "4"),
+    ]
     for r in table:
         assert 0 <= float(r["final_val_accuracy"]) <= float(r["best_val_accuracy"]) <= 1
         assert r["best_val_round"] in ("2", "4") and 0 <= float(r["final_test_accuracy"]) <= 1
@@ -387,8 +502,9 @@ def test_real_grid_resume(finished_grid, tmp_path, monkeypatch, capsys):
     summaries = [Path(r["run_dir"]) / "summary.json" for r in rows(path)]
     assert all(p.is_relative_to(tmp_path / "out") for p in summaries)
     stamps = [p.stat().st_mtime_ns for p in summaries]
-    assert stamps == [(Path(r["run_dir"]) / "summary.json").stat().st_mtime_ns
-                      for r in rows(original)]  # fmt: skip
+    assert stamps == [
+        (Path(r["run_dir"]) / "summary.json").stat().st_mtime_ns for r in rows(original)
+    ]
     run_sweep(sweep, path.parent, overrides=FAST)
     assert [p.stat().st_mtime_ns for p in summaries] == stamps
     assert capsys.readouterr().out.count("skipped") == 4
@@ -399,9 +515,15 @@ def test_real_grid_resume(finished_grid, tmp_path, monkeypatch, capsys):
     run_sweep(sweep, path.parent, overrides=FAST, python=python)
     assert summaries[0].stat().st_mtime_ns == stamps[0]
     assert [c["args"][-len(FAST) - 5 :] for c in calls(log)] == [
-        [f"--{BETA}=0.1", f"--output_dir={summaries[1].parent}",
-         f"--trainer.default_root_dir={summaries[1].parent}", "--run_name=beta=0.1",
-         "--run_group=grid", *FAST]]  # fmt: skip
+        [
+            f"--{BETA}=0.1",
+            f"--output_dir={summaries[1].parent}",
+            f"--trainer.default_root_dir={summaries[1].parent}",
+            "--run_name=beta=0.1",
+            "--run_group=grid",
+            *FAST,
+        ]
+    ]
     out = capsys.readouterr().out.splitlines()
     assert len(out) == 2 and "skipped" in out[0] and "finished in" in out[1]
     assert [r["status"] for r in rows(path)] == ["finished", "finished"]
@@ -443,9 +565,22 @@ def test_report_on_the_real_grid(finished_grid, tmp_path):
 
 # --------------------------------------------------------------------------- report, synthetic
 
-HEADER = ["run", "status", "step_size", "beta", "server_normalization", "seed",
-          "final_val_accuracy", "best_val_accuracy", "final_test_accuracy", "final_train_loss",
-          "epsilon", "rounds", "wall_time_s", "run_dir"]  # fmt: skip
+HEADER = [
+    "run",
+    "status",
+    "step_size",
+    "beta",
+    "server_normalization",
+    "seed",
+    "final_val_accuracy",
+    "best_val_accuracy",
+    "final_test_accuracy",
+    "final_train_loss",
+    "epsilon",
+    "rounds",
+    "wall_time_s",
+    "run_dir",
+]
 
 
 def table_rows(path):
@@ -470,19 +605,48 @@ def fake_results(tmp_path, seeds=(0,), with_nan=True, private=False, val=None, t
                     status = "failed: boom" if index == 7 and with_nan else "finished"
                     best = "" if (with_nan and index == 5) else str(acc + 0.01)
                     final = "" if (with_nan and index == 5) else str(acc)
-                    algo = {"class_path": "pl_privfed.algorithms.AlphaNormEC",
-                            "init_args": {"server_normalization": norm == "true",
-                                          "noise": {"epsilon": 8.0} if private else None}}  # fmt: skip
-                    (run_dir / "summary.json").write_text(json.dumps(
-                        {"status": status, "private": private,
-                         "config": {"model": {"algorithm": algo}}}))  # fmt: skip
-                    (run_dir / "curves.csv").write_text("metric,round,value\n" + "".join(
-                        f"train/loss,{k},{2.0 / k + seed}\nval/acc,{k},{acc * k / 4}\n"
-                        for k in (1, 2, 3, 4)))  # fmt: skip
+                    algo = {
+                        "class_path": "pl_privfed.algorithms.AlphaNormEC",
+                        "init_args": {
+                            "server_normalization": norm == "true",
+                            "noise": {"epsilon": 8.0} if private else None,
+                        },
+                    }
+                    (run_dir / "summary.json").write_text(
+                        json.dumps(
+                            {
+                                "status": status,
+                                "private": private,
+                                "config": {"model": {"algorithm": algo}},
+                            }
+                        )
+                    )
+                    (run_dir / "curves.csv").write_text(
+                        "metric,round,value\n"
+                        + "".join(
+                            f"train/loss,{k},{2.0 / k + seed}\nval/acc,{k},{acc * k / 4}\n"
+                            for k in (1, 2, 3, 4)
+                        )
+                    )
                     t = test(index, seed) if test else acc - 0.02
-                    lines.append([run, status, step, beta, norm, str(seed), final, best, str(t),
-                                  "nan" if index == 2 else "0.5", "8.0" if private else "",
-                                  "4", "1.0", str(run_dir)])  # fmt: skip
+                    lines.append(
+                        [
+                            run,
+                            status,
+                            step,
+                            beta,
+                            norm,
+                            str(seed),
+                            final,
+                            best,
+                            str(t),
+                            "nan" if index == 2 else "0.5",
+                            "8.0" if private else "",
+                            "4",
+                            "1.0",
+                            str(run_dir),
+                        ]
+                    )
                 index += 1
     return write_rows(tmp_path / "results.csv", HEADER, lines)
 
@@ -491,18 +655,36 @@ def test_report_facets_difference_and_table(tmp_path):
     path = fake_results(tmp_path)
     with pytest.warns(UserWarning, match=r"1 of 7 finished runs .* have no final_val_accuracy"):
         written = make_report(path)
-    assert [p.name for p in written] == ["heatmap.png", "heatmap_server_normalization_difference.png",
-                                         "curves.png", "table.md", "table.csv"]  # fmt: skip
+    assert [p.name for p in written] == [
+        "heatmap.png",
+        "heatmap_server_normalization_difference.png",
+        "curves.png",
+        "table.md",
+        "table.csv",
+    ]
     assert all(p.parent == tmp_path / "report" and p.stat().st_size > 0 for p in written)
     table = table_rows(tmp_path / "report" / "table.csv")
-    assert list(table[0])[:9] == ["method", "β", "γ", "seeds", "val accuracy (%)", "val 95 % CI",
-                                  "test accuracy (%)", "test 95 % CI", "best val accuracy (%)"]  # fmt: skip
+    assert list(table[0])[:9] == [
+        "method",
+        "β",
+        "γ",
+        "seeds",
+        "val accuracy (%)",
+        "val 95 % CI",
+        "test accuracy (%)",
+        "test 95 % CI",
+        "best val accuracy (%)",
+    ]
     assert "ε" not in table[0]  # no run is private; server normalization is in the method's name
     assert len(table) == 7  # the failed run is left out
     assert [r["method"] for r in table] == ["AlphaNormEC"] * 3 + ["AlphaNormEC + server norm"] * 4
     first = table[0]
     assert (first["β"], first["γ"], first["val accuracy (%)"], first["test accuracy (%)"]) == (
-        "0.1", "0.1", "35.00", "33.00")  # fmt: skip
+        "0.1",
+        "0.1",
+        "35.00",
+        "33.00",
+    )
     assert first["selected"] == "yes" and first["seeds"] == "1" and first["val 95 % CI"] == ""
     assert table[2]["val accuracy (%)"] == ""  # no validation accuracy: blank, never selected
     assert [r["val accuracy (%)"] for r in table[3:]] == ["65.00", "45.00", "25.00", "5.00"]
@@ -530,8 +712,7 @@ def test_report_selects_on_validation_and_reports_test_over_seeds(tmp_path, monk
     def test(index, seed):
         return 0.9 if index == 0 else 0.4 + 0.01 * seed  # the test set favours index 0
 
-    path = fake_results(tmp_path, seeds=(0, 1, 2), with_nan=False, private=True, val=val,
-                        test=test)  # fmt: skip
+    path = fake_results(tmp_path, seeds=(0, 1, 2), with_nan=False, private=True, val=val, test=test)
     make_report(path, tmp_path / "report")
     table = table_rows(tmp_path / "report" / "table.csv")
     assert {r["seeds"] for r in table} == {"3"} and len(table) == 8
@@ -546,12 +727,15 @@ def test_report_selects_on_validation_and_reports_test_over_seeds(tmp_path, monk
     assert best["ε"] == "8"
     # fixed colour range in percent; the curves of both server-normalization variants, with bands
     figures, _, _ = report.report_figures(path)
-    assert all(heat(ax).get_clim() == (0.0, 100.0) for ax in figures["heatmap.png"].axes
-               if heat(ax))  # fmt: skip
+    assert all(
+        heat(ax).get_clim() == (0.0, 100.0) for ax in figures["heatmap.png"].axes if heat(ax)
+    )
     _, acc_ax = figures["curves.png"].axes
     labels = [line.get_label() for line in acc_ax.lines]
-    assert {label.split(":")[0] for label in labels} == {"DP-AlphaNormEC",
-                                                         "DP-AlphaNormEC + server norm"}  # fmt: skip
+    assert {label.split(":")[0] for label in labels} == {
+        "DP-AlphaNormEC",
+        "DP-AlphaNormEC + server norm",
+    }
     assert len(acc_ax.collections) == len(labels) == 4  # a band for each curve (3 seeds)
     figures, _, _ = report.report_figures(path, vmin=40, vmax=60)
     assert heat(figures["heatmap.png"].axes[0]).get_clim() == (40, 60)
@@ -566,8 +750,13 @@ def test_report_without_accuracy_warns_and_draws_no_grey_heatmap(tmp_path):
     path = fake_results(tmp_path, with_nan=False)
     text = path.read_text().splitlines()
     header = text[0].split(",")
-    blank = [",".join("" if header[i] in ("final_val_accuracy", "best_val_accuracy") else v
-                      for i, v in enumerate(line.split(","))) for line in text[1:]]  # fmt: skip
+    blank = [
+        ",".join(
+            "" if header[i] in ("final_val_accuracy", "best_val_accuracy") else v
+            for i, v in enumerate(line.split(","))
+        )
+        for line in text[1:]
+    ]
     path.write_text("\n".join([text[0], *blank]) + "\n")
     with pytest.warns(UserWarning) as record:
         written = make_report(path, tmp_path / "report")
@@ -579,8 +768,10 @@ def test_report_without_accuracy_warns_and_draws_no_grey_heatmap(tmp_path):
 
 def test_report_without_beta_and_without_finished_runs(tmp_path, capsys):
     path = tmp_path / "results.csv"
-    header = ("run,status,step_size,scale,final_val_accuracy,best_val_accuracy,"
-              "final_train_loss,epsilon,rounds,wall_time_s,run_dir\n")  # fmt: skip
+    header = (
+        "run,status,step_size,scale,final_val_accuracy,best_val_accuracy,"
+        "final_train_loss,epsilon,rounds,wall_time_s,run_dir\n"
+    )
     path.write_text(header + "0000-x,finished,0.1,1.0,0.5,0.5,,,,,missing\n")
     written = make_report(path, tmp_path / "out")  # x falls back to `scale`
     assert [p.name for p in written] == ["heatmap.png", "table.md", "table.csv"]  # no curves
@@ -594,9 +785,12 @@ def test_report_without_beta_and_without_finished_runs(tmp_path, capsys):
     assert not (tmp_path / "out2").exists()
     empty = tmp_path / "empty.csv"
     empty.write_text(header)
-    for command, args in (("report", [str(path)]), ("report", [str(empty)]),
-                          ("compare", [str(path), "--out", str(tmp_path / "c")]),
-                          ("compare", [str(empty), "--out", str(tmp_path / "c")])):  # fmt: skip
+    for command, args in (
+        ("report", [str(path)]),
+        ("report", [str(empty)]),
+        ("compare", [str(path), "--out", str(tmp_path / "c")]),
+        ("compare", [str(empty), "--out", str(tmp_path / "c")]),
+    ):
         with pytest.raises(SystemExit) as exit_:
             main([command, *args])
         err = capsys.readouterr().err.strip()
@@ -624,7 +818,10 @@ def test_quickstart_grid_has_eight_points():
     assert len(points) == 8 and sweep.method == "grid"
     assert {p["model.algorithm.init_args.server_normalization"] for p in points} == {True, False}
     assert sweep.command[sweep.command.index("pl-privfed") + 1 :][:3] == [
-        "fit", "--config", "configs/algorithms/alpha_normec.yaml"]  # fmt: skip
+        "fit",
+        "--config",
+        "configs/algorithms/alpha_normec.yaml",
+    ]
 
 
 def test_paper_sweeps_have_three_seeds_and_every_sweep_a_project():
@@ -712,18 +909,50 @@ def write_rows(path, header, rows_):
 
 def test_report_rounds_to_target(tmp_path):
     """Paper 003 Figs. 1-2: rounds to the gradient-norm target against c, per τ and per classes."""
-    header = ["run", "status", "classes_per_client", "clip_threshold", "steps", "step_size",
-              "final_val_accuracy", "best_val_accuracy", "final_train_loss", "epsilon",
-              "rounds", "wall_time_s", "rounds_to_target", "final_full_grad_norm",
-              "client_transmissions", "run_dir"]  # fmt: skip
+    header = [
+        "run",
+        "status",
+        "classes_per_client",
+        "clip_threshold",
+        "steps",
+        "step_size",
+        "final_val_accuracy",
+        "best_val_accuracy",
+        "final_train_loss",
+        "epsilon",
+        "rounds",
+        "wall_time_s",
+        "rounds_to_target",
+        "final_full_grad_norm",
+        "client_transmissions",
+        "run_dir",
+    ]
     body, i = [], 0
     for classes in ("1", "10"):
         for c in ("0.5", "null"):
             for steps in ("1", "5"):
                 for step in ("0.1", "0.2"):
                     reached = "" if (classes == "1" and c == "0.5") else str(10 + i)
-                    body.append([f"{i:04d}-x", "finished", classes, c, steps, step, "0.5", "0.5",
-                                 "0.3", "", "100", "1.0", reached, "0.2", "1000", "missing"])  # fmt: skip
+                    body.append(
+                        [
+                            f"{i:04d}-x",
+                            "finished",
+                            classes,
+                            c,
+                            steps,
+                            step,
+                            "0.5",
+                            "0.5",
+                            "0.3",
+                            "",
+                            "100",
+                            "1.0",
+                            reached,
+                            "0.2",
+                            "1000",
+                            "missing",
+                        ]
+                    )
                     i += 1
     path = write_rows(tmp_path / "results.csv", header, body)
     written = make_report(path, tmp_path / "report", x="clip_threshold", y="step_size")
@@ -733,9 +962,21 @@ def test_report_rounds_to_target(tmp_path):
 
 def test_report_accuracy_vs_transmissions(tmp_path):
     """Paper 004 Fig. 2: accuracy of the best run per p against k · p · M transmissions."""
-    header = ["run", "status", "step_size", "beta", "participation_prob",
-              "final_val_accuracy", "best_val_accuracy", "final_train_loss", "epsilon",
-              "rounds", "wall_time_s", "client_transmissions", "run_dir"]  # fmt: skip
+    header = [
+        "run",
+        "status",
+        "step_size",
+        "beta",
+        "participation_prob",
+        "final_val_accuracy",
+        "best_val_accuracy",
+        "final_train_loss",
+        "epsilon",
+        "rounds",
+        "wall_time_s",
+        "client_transmissions",
+        "run_dir",
+    ]
     body = []
     for i, p in enumerate(("0.25", "0.5", "1.0")):
         run_dir = tmp_path / "runs" / f"{i:04d}-x"
@@ -743,38 +984,84 @@ def test_report_accuracy_vs_transmissions(tmp_path):
         (run_dir / "curves.csv").write_text(
             "metric,round,value\n" + "".join(f"val/acc,{k},{0.1 * k}\n" for k in (1, 2, 3))
         )
-        body.append([run_dir.name, "finished", "0.01", "0.01", p, "0.3", "0.3", "1.0", "8.0",
-                     "4", "1.0", str(int(4 * 20 * float(p))), str(run_dir)])  # fmt: skip
+        body.append(
+            [
+                run_dir.name,
+                "finished",
+                "0.01",
+                "0.01",
+                p,
+                "0.3",
+                "0.3",
+                "1.0",
+                "8.0",
+                "4",
+                "1.0",
+                str(int(4 * 20 * float(p))),
+                str(run_dir),
+            ]
+        )
     path = write_rows(tmp_path / "results.csv", header, body)
     written = make_report(path, tmp_path / "report")
     assert written[-1].name == "accuracy_vs_transmissions.png" and written[-1].stat().st_size > 1000
 
 
-def fake_method_sweep(root, name, algorithm, accuracies, bits_per_round, channel, seeds=(0,),
-                      spread=0.0):  # fmt: skip
+def fake_method_sweep(
+    root, name, algorithm, accuracies, bits_per_round, channel, seeds=(0,), spread=0.0
+):
     """A results.csv of runs whose summary.json holds a gradient-norm history and bit totals."""
-    header = ["run", "status", "step_size", "seed", "final_val_accuracy", "best_val_accuracy",
-              "final_test_accuracy", "final_train_loss", "epsilon", "rounds", "wall_time_s",
-              "run_dir"]  # fmt: skip
+    header = [
+        "run",
+        "status",
+        "step_size",
+        "seed",
+        "final_val_accuracy",
+        "best_val_accuracy",
+        "final_test_accuracy",
+        "final_train_loss",
+        "epsilon",
+        "rounds",
+        "wall_time_s",
+        "run_dir",
+    ]
     body = []
     for i, acc in enumerate(accuracies):
         for seed in seeds:
             run_dir = root / name / "runs" / f"{i:04d}-{seed}"
             run_dir.mkdir(parents=True)
             summary = {
-                "config": {"model": {"algorithm": {"class_path": f"pl_privfed.algorithms.{algorithm}"}}},
-                "rounds": 100, "private": True,
-                "communication_total_bits_per_agent": {channel: 100 * bits_per_round,
-                                                       "server_to_client": 1e9},
+                "config": {
+                    "model": {"algorithm": {"class_path": f"pl_privfed.algorithms.{algorithm}"}}
+                },
+                "rounds": 100,
+                "private": True,
+                "communication_total_bits_per_agent": {
+                    channel: 100 * bits_per_round,
+                    "server_to_client": 1e9,
+                },
                 "full_grad_norm": {"history": [[0, 2.0], [50, 1.0], [100, 0.5 + i]]},
-            }  # fmt: skip
+            }
             (run_dir / "summary.json").write_text(json.dumps(summary))
             (run_dir / "curves.csv").write_text(
                 f"metric,round,value\nval/acc,50,0.4\nval/acc,100,{0.6 + 0.01 * seed}\n"
             )
             test = acc - 0.05 + spread * seed
-            body.append([run_dir.name, "finished", str(0.1 * (i + 1)), str(seed), str(acc),
-                         str(acc), str(test), "0.3", "0.01", "100", "1.0", str(run_dir)])  # fmt: skip
+            body.append(
+                [
+                    run_dir.name,
+                    "finished",
+                    str(0.1 * (i + 1)),
+                    str(seed),
+                    str(acc),
+                    str(acc),
+                    str(test),
+                    "0.3",
+                    "0.01",
+                    "100",
+                    "1.0",
+                    str(run_dir),
+                ]
+            )
     return write_rows(root / name / "results.csv", header, body)
 
 
@@ -799,12 +1086,22 @@ def test_compare_methods_draws_the_best_configuration_of_each_sweep(tmp_path, ca
 
 
 def test_compare_methods_aggregates_seeds_and_notes_overlaps(tmp_path):
-    porter = fake_method_sweep(tmp_path, "porter", "PORTER", [0.7], 64.0, "agent_to_agent",
-                               seeds=(0, 1, 2), spread=0.05)  # fmt: skip
-    soteria = fake_method_sweep(tmp_path, "soteria", "SoteriaFL", [0.69], 32.0,
-                                "client_to_server", seeds=(0, 1, 2), spread=0.05)  # fmt: skip
-    far = fake_method_sweep(tmp_path, "far", "BEER", [0.2], 32.0, "agent_to_agent",
-                            seeds=(0, 1, 2), spread=0.001)  # fmt: skip
+    porter = fake_method_sweep(
+        tmp_path, "porter", "PORTER", [0.7], 64.0, "agent_to_agent", seeds=(0, 1, 2), spread=0.05
+    )
+    soteria = fake_method_sweep(
+        tmp_path,
+        "soteria",
+        "SoteriaFL",
+        [0.69],
+        32.0,
+        "client_to_server",
+        seeds=(0, 1, 2),
+        spread=0.05,
+    )
+    far = fake_method_sweep(
+        tmp_path, "far", "BEER", [0.2], 32.0, "agent_to_agent", seeds=(0, 1, 2), spread=0.001
+    )
     compare_methods([porter, soteria, far], tmp_path / "cmp")
     table = table_rows(tmp_path / "cmp" / "comparison.csv")
     assert [r["seeds"] for r in table] == ["3", "3", "3"]
@@ -831,8 +1128,11 @@ def test_mean_interval_matches_scipy():
     values = [0.61, 0.7, 0.64, 0.69]
     r = mean_interval(values)
     low, high = stats.t.interval(0.95, 3, loc=np.mean(values), scale=stats.sem(values))
-    assert (r.n, r.mean, r.std) == (4, pytest.approx(np.mean(values)),
-                                    pytest.approx(np.std(values, ddof=1)))  # fmt: skip
+    assert (r.n, r.mean, r.std) == (
+        4,
+        pytest.approx(np.mean(values)),
+        pytest.approx(np.std(values, ddof=1)),
+    )
     assert (r.low, r.high) == (pytest.approx(low), pytest.approx(high))
     assert math.isnan(mean_interval([0.5]).low) and mean_interval([]).n == 0
     assert mean_interval([0.5, 0.5]).low == 0.5

@@ -14,8 +14,13 @@ from pl_privfed.sweep.batch import batch_parameter, groups
 
 REPO = Path(__file__).resolve().parents[1]
 CLIENT_LEVEL = str(REPO / "configs/algorithms/dp_fedavg_clip.yaml")  # digits, ε by calibration
-FAST = ["--trainer.max_steps=3", "--trainer.val_check_interval=2", "--trainer.logger=false",
-        "--trainer.enable_progress_bar=false", "--trainer.enable_checkpointing=false"]  # fmt: skip
+FAST = [
+    "--trainer.max_steps=3",
+    "--trainer.val_check_interval=2",
+    "--trainer.logger=false",
+    "--trainer.enable_progress_bar=false",
+    "--trainer.enable_checkpointing=false",
+]
 ALG = "model.algorithm.init_args."
 
 
@@ -32,9 +37,11 @@ def test_groups_are_the_points_that_differ_only_in_algorithm_arguments_and_seed(
     found = groups(points)
     assert [g.indices for g in found] == [[0, 1, 2], [3, 5], [6]]
     assert found[0].varying == ["seed", ALG + "noise.epsilon"]
-    assert found[0].grid == [{"--seed": 0, "noise.epsilon": 2.0},
-                             {"--seed": 0, "noise.epsilon": 8.0},
-                             {"--seed": 1, "noise.epsilon": 2.0}]  # fmt: skip
+    assert found[0].grid == [
+        {"--seed": 0, "noise.epsilon": 2.0},
+        {"--seed": 0, "noise.epsilon": 8.0},
+        {"--seed": 1, "noise.epsilon": 2.0},
+    ]
     assert found[1].grid == [{"--seed": 1}, {"--seed": 2}]
     assert batch_parameter("seed", 3) == "--seed"
     assert batch_parameter("seed", True) is None and batch_parameter("seed", -1) is None
@@ -50,10 +57,15 @@ def test_groups_are_the_points_that_differ_only_in_algorithm_arguments_and_seed(
 
 
 def _sweep(tmp_path, name, parameters, batch):
-    path = write_sweep(tmp_path, parameters, name=name, command=[
-        "${env}", "pl-privfed", "fit", "--config", CLIENT_LEVEL, "${args}"])  # fmt: skip
-    return run_sweep(path, tmp_path / ("batched" if batch else "separate") / name,
-                     overrides=FAST, batch=batch)  # fmt: skip
+    path = write_sweep(
+        tmp_path,
+        parameters,
+        name=name,
+        command=["${env}", "pl-privfed", "fit", "--config", CLIENT_LEVEL, "${args}"],
+    )
+    return run_sweep(
+        path, tmp_path / ("batched" if batch else "separate") / name, overrides=FAST, batch=batch
+    )
 
 
 def _f32(value):
@@ -68,8 +80,11 @@ def both(tmp_path_factory):
     processes."""
     tmp = tmp_path_factory.mktemp("batch")
     private = {"seed": {"values": [0, 1]}, ALG + "noise.epsilon": {"values": [2.0, 8.0]}}
-    twin = {"seed": {"value": 0}, ALG + "noise": {"value": None},
-            ALG + "step_size": {"values": [0.5, 1.0e30]}}  # fmt: skip
+    twin = {
+        "seed": {"value": 0},
+        ALG + "noise": {"value": None},
+        ALG + "step_size": {"values": [0.5, 1.0e30]},
+    }
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(tmp)
         mp.setenv("WANDB_MODE", "offline")
@@ -122,8 +137,10 @@ def test_a_batched_point_writes_what_its_separate_run_writes(both, name):
         assert float(batched[0]["epsilon"]) == pytest.approx(2.0, rel=1e-2)
         assert float(batched[1]["epsilon"]) == pytest.approx(8.0, rel=1e-2)
         assert batched[1]["final_train_loss"] != batched[3]["final_train_loss"]
-        sizes = [json.loads((Path(r["run_dir"]) / "summary.json").read_text())["data"]
-                 ["client_sizes"] for r in batched]  # fmt: skip
+        sizes = [
+            json.loads((Path(r["run_dir"]) / "summary.json").read_text())["data"]["client_sizes"]
+            for r in batched
+        ]
         assert sizes[0] == sizes[1] != sizes[2] == sizes[3]  # each seed's own partition
 
 

@@ -14,8 +14,13 @@ from pl_privfed.sweep import run_sweep
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = str(REPO / "configs/algorithms/alpha_normec.yaml")  # α-NormEC, digits, 10 clients
-FAST = ["--trainer.max_steps=2", "--trainer.val_check_interval=2", "--trainer.logger=false",
-        "--trainer.enable_progress_bar=false", "--trainer.enable_checkpointing=false"]  # fmt: skip
+FAST = [
+    "--trainer.max_steps=2",
+    "--trainer.val_check_interval=2",
+    "--trainer.logger=false",
+    "--trainer.enable_progress_bar=false",
+    "--trainer.enable_checkpointing=false",
+]
 
 
 @pytest.mark.slow
@@ -26,19 +31,26 @@ def test_a_group_too_large_for_memory_runs_in_groups_that_fit(tmp_path, monkeypa
     # a quarter of this "machine" holds the run's own algorithm and two configurations
     monkeypatch.setenv(MEMORY_ENV, str(4 * (3 * each + each // 2)))
     params = {"model.algorithm.init_args.step_size": {"values": [0.05, 0.1, 0.2]}}
-    sweep = write_sweep(tmp_path, params, name="mem", command=[
-        "${env}", "pl-privfed", "fit", "--config", CONFIG, "${args}"])  # fmt: skip
+    sweep = write_sweep(
+        tmp_path,
+        params,
+        name="mem",
+        command=["${env}", "pl-privfed", "fit", "--config", CONFIG, "${args}"],
+    )
     table = rows(run_sweep(sweep, tmp_path / "out", overrides=FAST, batch=True))
     assert [r["status"] for r in table] == ["finished"] * 3
     printed = capsys.readouterr().out
     assert "too many configurations for memory: 2 groups of at most 2" in printed
     folders = sorted((tmp_path / "out" / "groups").iterdir())
     assert len(folders) == 2  # the refused group of 3, then the group of the first two
-    (refused,) = [f for f in folders if "at most 2 configurations at once" in
-                  (f / "output.log").read_text()]  # fmt: skip
+    (refused,) = [
+        f for f in folders if "at most 2 configurations at once" in (f / "output.log").read_text()
+    ]
     (grid,) = [f for f in folders if f != refused]
     assert (grid / "command.txt").read_text().count('"step_size"') == 2  # the first two
     assert "--model.grid_memory=refuse" in (grid / "command.txt").read_text()
     assert [("batched" in (Path(r["run_dir"]) / "summary.json").read_text()) for r in table] == [
-        True, True, False
-    ]  # fmt: skip
+        True,
+        True,
+        False,
+    ]

@@ -15,8 +15,12 @@ from pl_privfed.sweep.wandb_runs import wandb_logger_args
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = str(REPO / "configs/algorithms/dp_fedavg_clip.yaml")  # CSV and W&B loggers, digits
-FAST = ["--trainer.max_steps=3", "--trainer.val_check_interval=2",
-        "--trainer.enable_progress_bar=false", "--trainer.enable_checkpointing=false"]  # fmt: skip
+FAST = [
+    "--trainer.max_steps=3",
+    "--trainer.val_check_interval=2",
+    "--trainer.enable_progress_bar=false",
+    "--trainer.enable_checkpointing=false",
+]
 ALG = "model.algorithm.init_args."
 
 
@@ -52,8 +56,12 @@ def _key(item) -> str:
 def test_every_batched_point_gets_its_own_wandb_run(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     params = {"seed": {"value": 0}, ALG + "noise.epsilon": {"values": [2.0, 8.0]}}
-    sweep = write_sweep(tmp_path, params, name="wb", command=[
-        "${env}", "pl-privfed", "fit", "--config", CONFIG, "${args}"])  # fmt: skip
+    sweep = write_sweep(
+        tmp_path,
+        params,
+        name="wb",
+        command=["${env}", "pl-privfed", "fit", "--config", CONFIG, "${args}"],
+    )
     table = rows(run_sweep(sweep, tmp_path / "out", overrides=FAST, batch=True))
     (group,) = (tmp_path / "out" / "groups").iterdir()
     assert "--model.grid=" in (group / "command.txt").read_text()
@@ -99,8 +107,10 @@ def test_every_batched_point_gets_its_own_wandb_run(tmp_path, monkeypatch):
 
 
 def test_the_wandb_logger_is_found_in_a_resolved_config():
-    wandb_entry = {"class_path": "pytorch_lightning.loggers.WandbLogger",
-                   "init_args": {"project": "p"}}  # fmt: skip
+    wandb_entry = {
+        "class_path": "pytorch_lightning.loggers.WandbLogger",
+        "init_args": {"project": "p"},
+    }
     csv_entry = {"class_path": "pytorch_lightning.loggers.CSVLogger", "init_args": {}}
     assert wandb_logger_args({"trainer": {"logger": [csv_entry, wandb_entry]}}) == {"project": "p"}
     assert wandb_logger_args({"trainer": {"logger": wandb_entry}}) == {"project": "p"}

@@ -300,7 +300,7 @@ class PrivacyAccountant:
         :class:`~pl_privfed.privacy.mechanism.ReleaseKey` (``noise_multiplier``,
         ``sample_rate``, ``sampling``, ``population``: ``None`` unless sampled without
         replacement) and ``releases`` (how many times it was applied)."""
-        return [{**key._asdict(), "releases": n} for key, n in self.releases().items()]
+        return [{**key.as_dict(), "releases": n} for key, n in self.releases().items()]
 
     def state_dict(self) -> dict:
         state = dict(self._accountant.state_dict())

@@ -38,6 +38,10 @@ class ReleaseKey(NamedTuple):
     sampling: Sampling
     population: int | None
 
+    def as_dict(self) -> dict[str, Any]:
+        """The key as ``{field: value}`` (a ``history`` record's fields)."""
+        return dict(zip(ReleaseKey.__annotations__, self, strict=True))
+
 
 @dataclass(frozen=True)
 class Mechanism:

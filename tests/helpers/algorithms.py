@@ -45,8 +45,9 @@ def smoothed(v, alpha):
     return [c / s for c in v] if s > 0 else [0.0] * len(v)
 
 
-def ref_error_feedback(b, x0, psi, beta, gamma, sn, rounds, init="zeros", std=0.0, seed=0, D=0.0,
-                       draws="aggregate"):  # fmt: skip
+def ref_error_feedback(
+    b, x0, psi, beta, gamma, sn, rounds, init="zeros", std=0.0, seed=0, D=0.0, draws="aggregate"
+):
     n, d = b.shape
     b = b.tolist()
     x = x0.tolist()

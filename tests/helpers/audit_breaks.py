@@ -127,11 +127,16 @@ def audit_small(mechanism: str, *, noise_seed: int = 0, audit_seed: int = 0, dim
     audit = PrivacyAudit(seed=audit_seed)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the alarm is read from the report
-        pl.Trainer(max_steps=50, logger=False, enable_checkpointing=False,
-                   enable_progress_bar=False, enable_model_summary=False,
-                   num_sanity_val_steps=0, limit_val_batches=0,
-                   callbacks=[audit]).fit(module, datamodule=QuadraticDataModule(
-                       num_clients=10, dim=dim, seed=0))  # fmt: skip
+        pl.Trainer(
+            max_steps=50,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            num_sanity_val_steps=0,
+            limit_val_batches=0,
+            callbacks=[audit],
+        ).fit(module, datamodule=QuadraticDataModule(num_clients=10, dim=dim, seed=0))
     return audit.report()
 
 

@@ -31,16 +31,30 @@ ROUNDS = 6
 def fit(name, root, rounds=ROUNDS, callbacks=(), ckpt_path=None, devices=2):
     make, data_kwargs = FAMILIES[name]
     torch.manual_seed(0)
-    dm = Digits64(num_clients=7, batch_size=8, seed=3, val_fraction=0.0,
-                  partitioner=DirichletPartitioner(concentration=0.5, seed=1), **data_kwargs)  # fmt: skip
+    dm = Digits64(
+        num_clients=7,
+        batch_size=8,
+        seed=3,
+        val_fraction=0.0,
+        partitioner=DirichletPartitioner(concentration=0.5, seed=1),
+        **data_kwargs,
+    )
     module = FederatedModule(MLP(64, [16], 10).double(), make(), client_chunk=2)
     accelerator = os.environ.get("PL_PRIVFED_TEST_ACCELERATOR", "cpu")  # "gpu": NCCL
-    trainer = pl.Trainer(accelerator=accelerator, devices=devices,
-                         strategy="ddp" if devices > 1 else "auto",
-                         max_steps=rounds, logger=False, enable_progress_bar=False,
-                         enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
-                         enable_checkpointing=bool(callbacks), callbacks=list(callbacks),
-                         default_root_dir=root)  # fmt: skip
+    trainer = pl.Trainer(
+        accelerator=accelerator,
+        devices=devices,
+        strategy="ddp" if devices > 1 else "auto",
+        max_steps=rounds,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        enable_checkpointing=bool(callbacks),
+        callbacks=list(callbacks),
+        default_root_dir=root,
+    )
     trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path)
     return module
 
@@ -58,9 +72,14 @@ def main(out: Path, names: list[str]) -> None:
         module = fit(name, out / name)
         result = state(module)
         if dist.get_rank() == 0:
-            torch.save({"state": result, "chunk": module.chunk_size(),
-                        "shard": (module.algorithm.shard.start, module.algorithm.shard.stop)},
-                       out / f"{name}.pt")  # fmt: skip
+            torch.save(
+                {
+                    "state": result,
+                    "chunk": module.chunk_size(),
+                    "shard": (module.algorithm.shard.start, module.algorithm.shard.stop),
+                },
+                out / f"{name}.pt",
+            )
     if "resume" in sys.argv:
         name = names[0]
         ckpt = ModelCheckpoint(dirpath=out / "ckpt", every_n_train_steps=3, save_top_k=-1)

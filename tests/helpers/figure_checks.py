@@ -117,8 +117,12 @@ def layout_problems(fig: Figure, *, titled: bool = True) -> list[str]:
     boxes = text_boxes(fig, rend)
     figure_box = fig.bbox
     for name, box in boxes:
-        if box.x0 < figure_box.x0 - 1 or box.y0 < figure_box.y0 - 1 or \
-                box.x1 > figure_box.x1 + 1 or box.y1 > figure_box.y1 + 1:  # fmt: skip
+        if (
+            box.x0 < figure_box.x0 - 1
+            or box.y0 < figure_box.y0 - 1
+            or box.x1 > figure_box.x1 + 1
+            or box.y1 > figure_box.y1 + 1
+        ):
             problems.append(f"{name} leaves the figure")
     for (a, p), (b, q) in itertools.combinations(boxes, 2):
         if p.overlaps(q):

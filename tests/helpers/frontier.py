@@ -23,15 +23,29 @@ def write_sweep_results(root, name, runs, adversary="server", config_epsilon=Non
         run_dir = out / "runs" / run_id(index, params)
         run_dir.mkdir(parents=True)
         private = params.get(NOISE, "on") is not None
-        summary = {"status": result.get("status", "finished"), "private": private,
-                   **{c: result.get(c) for c in result_columns()},
-                   "config": {"model": {"algorithm": {
-                       "class_path": "pl_privfed.algorithms.DistributedDPSGD",
-                       "init_args": {"noise": {"epsilon": params.get(EPS, config_epsilon)}
-                                     if private else None}}}}}  # fmt: skip
+        summary = {
+            "status": result.get("status", "finished"),
+            "private": private,
+            **{c: result.get(c) for c in result_columns()},
+            "config": {
+                "model": {
+                    "algorithm": {
+                        "class_path": "pl_privfed.algorithms.DistributedDPSGD",
+                        "init_args": {
+                            "noise": {"epsilon": params.get(EPS, config_epsilon)}
+                            if private
+                            else None
+                        },
+                    }
+                }
+            },
+        }
         if private:
-            summary["privacy"] = {"adversary": adversary, "epsilon": result.get("epsilon"),
-                                  **result.get("privacy", {})}  # fmt: skip
+            summary["privacy"] = {
+                "adversary": adversary,
+                "epsilon": result.get("epsilon"),
+                **result.get("privacy", {}),
+            }
         (run_dir / "summary.json").write_text(json.dumps(summary))
         row = {"run": run_dir.name, "status": summary["status"], "run_dir": str(run_dir)}
         row.update({names[k]: render_value(v) for k, v in params.items()})
@@ -53,13 +67,20 @@ def private_sweep(root, name="frontier_mnist_dpsgd", failed=False):
         for step in (0.1, 1.0):
             for seed in (0, 1, 2):
                 key = (str(eps), step)
-                result = {"final_val_accuracy": VAL[key] + SPREAD[seed],
-                          "final_test_accuracy": TEST[key] + SPREAD[seed],
-                          "epsilon": eps * (1 + 0.001 * seed), "best_val_accuracy": VAL[key]}  # fmt: skip
+                result = {
+                    "final_val_accuracy": VAL[key] + SPREAD[seed],
+                    "final_test_accuracy": TEST[key] + SPREAD[seed],
+                    "epsilon": eps * (1 + 0.001 * seed),
+                    "best_val_accuracy": VAL[key],
+                }
                 runs.append(({"seed": seed, EPS: eps, STEP: step}, result))
     if failed:  # a failed run with the best validation accuracy anywhere: never selected
-        runs.append(({"seed": 3, EPS: 1.0, STEP: 1.0},
-                     {"status": "failed: boom", "final_val_accuracy": 0.99}))  # fmt: skip
+        runs.append(
+            (
+                {"seed": 3, EPS: 1.0, STEP: 1.0},
+                {"status": "failed: boom", "final_val_accuracy": 0.99},
+            )
+        )
     return write_sweep_results(root, name, runs)
 
 
@@ -67,7 +88,10 @@ def nonprivate_sweep(root, name="frontier_mnist_dpsgd_nonprivate"):
     runs = []
     for step, val, test in ((0.1, 0.93, 0.97), (1.0, 0.95, 0.91)):
         for seed in (0, 1, 2):
-            result = {"final_val_accuracy": val + SPREAD[seed],
-                      "final_test_accuracy": test + SPREAD[seed], "epsilon": None}  # fmt: skip
+            result = {
+                "final_val_accuracy": val + SPREAD[seed],
+                "final_test_accuracy": test + SPREAD[seed],
+                "epsilon": None,
+            }
             runs.append(({"seed": seed, NOISE: None, STEP: step}, result))
     return write_sweep_results(root, name, runs)

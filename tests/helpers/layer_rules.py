@@ -33,8 +33,12 @@ def reference(model, criterion, flat, inputs, targets):
             example_g.append(torch.autograd.grad(loss, leaf)[0])
             example_l.append(loss.detach())
     n, batch = inputs.shape[:2]
-    return (torch.stack(client_g), torch.stack(client_l),
-            torch.stack(example_g).view(n, batch, -1), torch.stack(example_l).view(n, batch))  # fmt: skip
+    return (
+        torch.stack(client_g),
+        torch.stack(client_l),
+        torch.stack(example_g).view(n, batch, -1),
+        torch.stack(example_l).view(n, batch),
+    )
 
 
 def check_all(model, inputs, targets, criterion=None, per_client=True, device="cpu"):

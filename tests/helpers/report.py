@@ -23,9 +23,19 @@ def write_results(root, algorithm, grid, result, curves=None, summary=None, seed
         run_dir.mkdir(parents=True)
         res = {"status": "finished", **result(point, seed)}
         init_args = {k: v for k, v in point.items() if k == "server_normalization"}
-        data = {**res, "private": False, **(summary(point, seed) if summary else {}),
-                "config": {"model": {"algorithm": {
-                    "class_path": f"pl_privfed.algorithms.{algorithm}", "init_args": init_args}}}}  # fmt: skip
+        data = {
+            **res,
+            "private": False,
+            **(summary(point, seed) if summary else {}),
+            "config": {
+                "model": {
+                    "algorithm": {
+                        "class_path": f"pl_privfed.algorithms.{algorithm}",
+                        "init_args": init_args,
+                    }
+                }
+            },
+        }
         (run_dir / "summary.json").write_text(json.dumps(data))
         lines = ["metric,round,value"]
         for metric, points in (curves(point, seed) if curves else {}).items():
@@ -47,7 +57,11 @@ def decentralized_sweep(root, algorithm, accuracy, bits=True):
         return {"final_val_accuracy": acc, "final_test_accuracy": acc - 0.02, "rounds": 4}
 
     def summary(point, seed):
-        return {"rounds": 4, "communication_total_bits_per_agent": {"agent_to_agent": 400.0}} if bits else {}  # fmt: skip
+        return (
+            {"rounds": 4, "communication_total_bits_per_agent": {"agent_to_agent": 400.0}}
+            if bits
+            else {}
+        )
 
     def curves(point, seed):
         return {"val/acc": [(k, accuracy * k / 4 + 0.01 * seed) for k in (1, 2, 3, 4)]}

@@ -29,10 +29,18 @@ def fit_resnet(root, algorithm, grid, accelerator="cpu", steps=6, **module_kwarg
         module = FederatedModule(resnet20().double(), algorithm, **module_kwargs)
     else:
         module = GridModule(resnet20().double(), algorithm, grid=grid, **module_kwargs)
-    pl.Trainer(accelerator=accelerator, devices=1, max_steps=steps, logger=False,
-               default_root_dir=root, enable_checkpointing=False, enable_progress_bar=False,
-               enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
-               ).fit(module, datamodule=TinyImages(num_clients=3, batch_size=8))  # fmt: skip
+    pl.Trainer(
+        accelerator=accelerator,
+        devices=1,
+        max_steps=steps,
+        logger=False,
+        default_root_dir=root,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+    ).fit(module, datamodule=TinyImages(num_clients=3, batch_size=8))
     return module
 
 

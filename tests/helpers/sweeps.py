@@ -10,10 +10,13 @@ QUICKSTART = str(REPO / "configs/algorithms/dp_alpha_normec_digits.yaml")
 
 
 def write_sweep(directory, parameters, name="tiny", command=None):
-    spec = {"name": name, "method": "grid", "metric": {"name": "val/acc", "goal": "maximize"},
-            "parameters": parameters,
-            "command": command or ["${env}", "pl-privfed", "fit", "--config", QUICKSTART,
-                                   "${args}"]}  # fmt: skip
+    spec = {
+        "name": name,
+        "method": "grid",
+        "metric": {"name": "val/acc", "goal": "maximize"},
+        "parameters": parameters,
+        "command": command or ["${env}", "pl-privfed", "fit", "--config", QUICKSTART, "${args}"],
+    }
     path = Path(directory) / f"{name}.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     return path
@@ -32,10 +35,12 @@ def wandb_agent_command(sweep_file, params):
 
     spec = yaml.safe_load(Path(sweep_file).read_text())
     command = sweep_utils.create_sweep_command(list(spec["command"]))
-    sweep_vars = sweep_utils.create_sweep_command_args({"args": {k: {"value": v} for k, v in
-                                                                 params.items()}})  # fmt: skip
-    sweep_vars.update(interpreter=["python"], program=[spec.get("program", "")],
-                      env=["/usr/bin/env"])  # fmt: skip
+    sweep_vars = sweep_utils.create_sweep_command_args(
+        {"args": {k: {"value": v} for k, v in params.items()}}
+    )
+    sweep_vars.update(
+        interpreter=["python"], program=[spec.get("program", "")], env=["/usr/bin/env"]
+    )
     out = []
     for chunk in map(str, command):
         if chunk.startswith("${") and chunk.endswith("}"):
