@@ -1,4 +1,3 @@
-import importlib.util
 import os
 from pathlib import Path
 
@@ -74,11 +73,10 @@ def pytest_collection_modifyitems(config, items):
         items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
-if importlib.util.find_spec("xdist") is not None:
-
-    def pytest_xdist_make_scheduler(config, log):
-        """``--dist loadgroup``: the tests of a module-scoped fixture on one worker, every other
-        test on whichever worker is free (helpers/layout.py)."""
-        if config.getvalue("dist") == "loadgroup":
-            return layout.scheduler(config, log)
-        return None
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: ignored when xdist is not loaded
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadgroup``: the tests of a module-scoped fixture on one worker, every other test
+    on whichever worker is free (helpers/layout.py)."""
+    if config.getvalue("dist") == "loadgroup":
+        return layout.scheduler(config, log)
+    return None
