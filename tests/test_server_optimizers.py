@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from _noise import noise_sum, server_noise
+from helpers.noise import noise_sum, server_noise
 
 from pl_privfed.algorithms import (
     BEER,
