@@ -297,3 +297,20 @@ def test_the_resume_evaluation_covers_the_whole_validation_set(tmp_path, saved_a
     assert resumed.metrics[0]["val/acc"] == pytest.approx(_accuracy(saved, dm.val_dataset))
     by_round = dict(zip(rounds, resumed.metrics))
     assert [by_round[r] for r in (6, 9)] == full.metrics[1:]  # full: rounds 3, 6, 9
+
+
+def test_a_run_summary_state_written_before_curves_keeps_its_best_and_last_values():
+    """A checkpoint's RunSummary state from before the record kept curves (best and last values
+    with their rounds) resumes with those values, not with nothing."""
+    summary = RunSummary(verbose=False)
+    summary.load_state_dict(
+        {
+            "best_accuracy": 0.7,
+            "best_round": 2,
+            "final_accuracy": 0.6,
+            "final_val_loss": 1.0,
+            "evaluated_round": 4,
+        }
+    )
+    assert (summary.best_accuracy, summary.best_round, summary.evaluated_round) == (0.7, 2, 4)
+    assert summary.curves["val/loss"] == [(4, 1.0)]

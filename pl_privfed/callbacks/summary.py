@@ -271,8 +271,17 @@ class RunSummary(pl.Callback):
         return {"curves": {k: [list(p) for p in v] for k, v in self.curves.items()}}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        curves = state_dict.get("curves") or {}
-        self.curves = {k: [(int(r), float(v)) for r, v in pts] for k, pts in curves.items()}
+        curves = state_dict.get("curves")
+        if curves is None:  # written before the record kept curves: its best and last values
+            curves = {"val/acc": [], "val/loss": []}
+            for metric, key, round_key in (
+                ("val/acc", "best_accuracy", "best_round"),
+                ("val/acc", "final_accuracy", "evaluated_round"),
+                ("val/loss", "final_val_loss", "evaluated_round"),
+            ):
+                if state_dict.get(key) is not None and state_dict.get(round_key) is not None:
+                    curves[metric].append((state_dict[round_key], state_dict[key]))
+        self.curves = {k: sorted({(int(r), float(v)) for r, v in pts}) for k, pts in curves.items()}
 
     def summary(self, trainer: pl.Trainer, pl_module: pl.LightningModule, status: str) -> dict:
         """The dictionary written to ``summary.json``: the run record
