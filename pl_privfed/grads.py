@@ -46,8 +46,8 @@ from torch.func import functional_call, grad_and_value, vmap
 
 from pl_privfed.checks import check_choice
 from pl_privfed.compat.torch import is_batch_norm, is_convolution
-from pl_privfed.engine.chunk import ChunkOracle, OracleOutput
-from pl_privfed.layer_rules import ClientSpan, LayerGradients, ParameterLayout, layer_support
+from pl_privfed.engine import DENSE, ChunkOracle, ClientRows, OracleOutput
+from pl_privfed.layer_rules import LayerGradients, ParameterLayout, layer_support
 
 __all__ = [
     "BACKENDS",
@@ -62,7 +62,6 @@ __all__ = [
     "client_copies",
     "resolve_backend",
     "resolve_example_backend",
-    "span_gradients",
     "sum_client_buffers",
 ]
 
@@ -198,14 +197,15 @@ class GradientOracle:
         self.client_buffers: dict[str, Tensor] | None = None
         self._vmapped: dict[tuple[bool, bool], Callable] = {}
         self.has_batchnorm = any(is_batch_norm(m) for m in model.modules())
-        self._span_rules: LayerGradients | None = rules
+        self._rules: LayerGradients | None = rules
 
-    def span_rules(self) -> LayerGradients:
-        """The layer rules that say whether the clients' gradients can be written in their
-        data span and make it (:func:`pl_privfed.wiring.client_span`), whatever the backend."""
-        if self._span_rules is None:
-            self._span_rules = LayerGradients(self.model, self.criterion)
-        return self._span_rules
+    def layer_rules(self) -> LayerGradients:
+        """The model's layer rules whatever the backend (made on the first call; a
+        ``ValueError`` names what they do not cover), e.g. for a row representation of the
+        clients (:func:`~pl_privfed.engine.choose_client_rows`)."""
+        if self._rules is None:
+            self._rules = LayerGradients(self.model, self.criterion)
+        return self._rules
 
     # ------------------------------------------------------------------ helpers
     def _loss(self, flat: Tensor, buffers: dict[str, Tensor], x: Tensor, y: Tensor) -> Tensor:
@@ -470,8 +470,10 @@ class RoundOracle(ChunkOracle):
         local_batches: ``T``, the minibatches per client and round (``[c, T, B, ...]`` data).
         buffers: for a grid configuration, its own model buffers ``{name: tensor}``, which each
             client of a chunk starts from (instead of the model's).
-        span: the clients' data span (:mod:`pl_privfed.layer_rules.span`): the gradients are
-            then its coordinates ``[c, span.rank]``; ``None``: ``[c, d]``.
+        rows: how the clients' rows are represented (:class:`~pl_privfed.engine.ClientRows`):
+            one that computes its own gradients (:attr:`~pl_privfed.engine.ClientRows.
+            computes_gradients`: coordinates in the clients' data span) gives them from the
+            round's data; the default: the oracle's ``[c, d]``.
     """
 
     def __init__(
@@ -480,13 +482,13 @@ class RoundOracle(ChunkOracle):
         batch,
         local_batches: int = 1,
         buffers: dict[str, Tensor] | None = None,
-        span: ClientSpan | None = None,
+        rows: ClientRows = DENSE,
     ) -> None:
         self.oracle = oracle
         self.batch = batch
         self.local_batches = local_batches
         self.buffers = buffers
-        self.span = span
+        self.rows = rows
         self._cached: tuple[Tensor, Tensor, Tensor] | None = None
 
     def data(self, clients: Tensor, step: int | None = None) -> tuple[Tensor, Tensor]:
@@ -508,28 +510,22 @@ class RoundOracle(ChunkOracle):
     def __call__(
         self, params: Tensor, clients: Tensor, *, per_example: bool = False, step: int | None = None
     ) -> OracleOutput:
-        if self.span is not None:  # their coordinates at the broadcast, no inputs gathered
+        if self.rows.computes_gradients:  # at the broadcast, no inputs gathered
             if per_example or step is not None or params.dim() != 1:
-                self._no_span("per-example gradients, local steps and per-client parameters")
-            (out,) = span_gradients(self.span, params[None], clients, *self.batch.examples(clients))
+                self.rows.require_dense(
+                    "per-example gradients, local steps and per-client parameters"
+                )
+            (out,) = self.rows.gradients(params[None], clients, self.batch)
             return out
         inputs, targets = self.data(clients, step)
         if per_example:
             return self.oracle(params, inputs, targets, per_example=True)
         return call_from_buffers(self.oracle, params, inputs, targets, self.buffers)
 
-    def _no_span(self, what: str) -> None:
-        """``ValueError``: ``what`` is asked of clients in their data span."""
-        if self.span is not None:
-            raise ValueError(
-                f"client_span: {what} are not in the clients' data span; set "
-                "model.client_span: off for this algorithm"
-            )
-
     def clipped_mean(
         self, params: Tensor, clients: Tensor, scale, *, step: int | None = None
     ) -> OracleOutput:
-        self._no_span("per-example clipped means")
+        self.rows.require_dense("per-example clipped means")
         inputs, targets = self.data(clients, step)
         return self.oracle.clipped_mean(params, inputs, targets, scale)
 
@@ -547,14 +543,3 @@ def sum_client_buffers(per_client: dict[str, Tensor], dim: int = 0) -> dict[str,
     return {
         k: v.sum(dim) if v.is_floating_point() else v.select(dim, 0) for k, v in per_client.items()
     }
-
-
-def span_gradients(
-    span: ClientSpan, params: Tensor, clients: Tensor, indices: Tensor, targets: Tensor
-) -> list[OracleOutput]:
-    """The gradients of the clients ``clients`` in their data span
-    (:meth:`~pl_privfed.layer_rules.ClientSpan.gradients`) at each of the parameter vectors
-    ``params [K, d]`` that share their minibatches (``indices``, ``targets``): one
-    :class:`OracleOutput` of coordinates ``[c, rank]`` and losses ``[c]`` per vector."""
-    coords, losses = span.gradients(params.detach(), clients, indices, targets)
-    return [OracleOutput(grads=g, losses=loss) for g, loss in zip(coords, losses, strict=True)]

@@ -70,7 +70,7 @@ class FederatedModule(pl.LightningModule):
             keeps them on the training device while they fit in a quarter of its memory, then
             in host memory (GPU runs), then memory-mapped on disk.
         state_dir: directory of memory-mapped state (default ``<default_root_dir>/client_state``).
-        client_span: clients in their data's span (:func:`~pl_privfed.wiring.client_span`).
+        client_span: clients in their data's span (:func:`~pl_privfed.engine.choose_client_rows`).
 
     Several processes (``Trainer(strategy="ddp", devices=N)``, CPU with gloo or CUDA with NCCL,
     several nodes through Lightning's cluster environments) shard the clients: each process
@@ -204,7 +204,8 @@ class FederatedModule(pl.LightningModule):
     def run_round(self, batch: Any, round_index: int) -> Tensor | None:
         """Round ``round_index`` on the round's data: the engine's round from the global
         model, then the new parameters (and buffers) written into it."""
-        oracle = RoundOracle(self.oracle, batch, self.local_batches, span=self.algorithm.span)
+        rows = self.algorithm.client_rows
+        oracle = RoundOracle(self.oracle, batch, self.local_batches, rows=rows)
         x, logs = self.layout.flatten(self.model), self._logging_round
         result = run_round(self.algorithm, x, oracle, chunk_size=self._chunk_size, statistics=logs)
         # mean over the (computing) clients of the minibatch loss at x^k; None when no client

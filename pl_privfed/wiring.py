@@ -9,8 +9,9 @@ of is decided here, once:
   interval), its ``ModelCheckpoint`` file names and its W&B step axis in rounds;
 * :func:`set_up` — at the first ``setup``: the algorithms set up on the trainer's data, device, precision
   and processes, the gradient oracle, the chunk size (:func:`~pl_privfed.engine.choose_chunk_size`,
-  decided here and handed to every round), the number of rounds, and whether each algorithm's
-  clients run in the span of their data (:func:`client_span`) (a :class:`Setup`);
+  decided here and handed to every round), the number of rounds, and how each algorithm's
+  client rows are represented (:func:`~pl_privfed.engine.choose_client_rows`) (a
+  :class:`Setup`);
 * :func:`privacy_ledger` — a private run's ledger;
 * :class:`RoundOptimizer` — the optimizer Lightning steps once per round (it does nothing but
   show the algorithms' step sizes as its learning rates);
@@ -32,7 +33,7 @@ from pl_privfed import trainer_rounds
 from pl_privfed.algorithms import FederatedAlgorithm
 from pl_privfed.checks import check_choice, check_evaluation_interval
 from pl_privfed.datamodules.base import round_description
-from pl_privfed.engine import ClientShard, choose_chunk_size
+from pl_privfed.engine import ClientRows, ClientShard, choose_chunk_size, choose_client_rows
 from pl_privfed.engine.distributed import adopt_strategy, check_strategy
 from pl_privfed.engine.state import GridMemoryRefused, spills_to_disk
 from pl_privfed.grads import (
@@ -41,26 +42,19 @@ from pl_privfed.grads import (
     resolve_backend,
     resolve_example_backend,
 )
-from pl_privfed.layer_rules import ClientSpan
 from pl_privfed.logdir import round_step_on_wandb
 from pl_privfed.privacy import PrivacyLedger, plan
 
 __all__ = [
-    "SPAN_WIDEST_BASIS",
     "RoundOptimizer",
     "Setup",
     "adopt_trainer",
     "check_arguments",
-    "client_span",
     "name_checkpoints_by_round",
     "privacy_ledger",
     "restore_ledger",
     "set_up",
 ]
-
-#: ``client_span: auto`` keeps rows of ``d`` where a client's basis is wider than this many
-#: minibatches (:func:`client_span`).
-SPAN_WIDEST_BASIS = 2
 
 
 class RoundOptimizer(torch.optim.Optimizer):
@@ -189,7 +183,7 @@ def set_up(
     refuse = getattr(module, "grid_memory", "disk") == "refuse" and module.client_state == "auto"
     algorithms = module.algorithms()
     oracle = _gradient_oracle(module, device)
-    bases: dict[int, ClientSpan | None] = {}  # one span per datamodule (a grid's seeds)
+    made: dict[int, Any] = {}  # one representation per datamodule (a grid's seeds)
     for index, (name, algorithm) in enumerate(algorithms):
         if refuse and index >= 2:  # the run's own algorithm and a configuration are set up
             each = algorithms[index - 1][1].state.nbytes()
@@ -206,8 +200,17 @@ def set_up(
         own = data_of(name) if callable(data_of) else None
         own_rounds = rounds if own is None or own is datamodule else round_description(own)
         algorithm.configure_data(**own_rounds)  # before setup: the rates enter the noise
-        span = client_span(
-            module, algorithm, own or datamodule, oracle, bases, device, dtype, trainer.callbacks
+        rows = choose_client_rows(
+            getattr(module, "client_span", "off"),
+            algorithm,
+            module.model,
+            own or datamodule,
+            oracle.layer_rules,
+            module.layout.dim,
+            made,
+            device,
+            dtype,
+            trainer.callbacks,
         )
         algorithm.setup(
             num_clients=num_clients,
@@ -219,16 +222,16 @@ def set_up(
             client_state=module.client_state,
             state_dir=state_dir,
             **({"state_in_memory": in_memory} if in_memory else {}),  # only a grid's later ones
-            **({"span": span} if span is not None else {}),
+            client_rows=rows,
         )
         in_memory += algorithm.state.nbytes_in_memory()
     width = module.layout.dim  # a client's row in a chunk's working set
-    for span in {id(s): s for s in bases.values() if s is not None}.values():
-        rank_zero_info(
-            f"[pl-privfed] clients run in the span of their data (client_span): "
-            f"{span.rank:,} coordinates per client instead of {span.dim:,} parameters"
-        )
-        width = min(width, span.width)
+    chosen: dict[int, ClientRows] = {id(a.client_rows): a.client_rows for _, a in algorithms}
+    for rows in chosen.values():
+        note = rows.describe(module.layout.dim)
+        if note is not None:
+            rank_zero_info(note)
+        width = min(width, rows.width(module.layout.dim))
     return Setup(
         oracle=oracle,
         chunk_size=choose_chunk_size(
@@ -238,114 +241,6 @@ def set_up(
         local_batches=rounds["local_batches"],
         num_classes=getattr(datamodule, "num_classes", None),
     )
-
-
-def client_span(
-    module: Any,
-    algorithm: FederatedAlgorithm,
-    datamodule: Any,
-    oracle: GradientOracle,
-    made: dict[int, ClientSpan | None] | None = None,
-    device: torch.device | str = "cpu",
-    dtype: torch.dtype = torch.float32,
-    callbacks: list[Any] | None = None,
-) -> ClientSpan | None:
-    """The span of the clients' data that ``algorithm``'s clients run in
-    (:mod:`pl_privfed.layer_rules.span`), or ``None`` (rows of ``d``).
-
-    ``module.client_span``: ``"off"``; ``"auto"``: the span wherever it is exact, saves
-    memory (coordinates per client at most half of ``d``) and costs less (a client's basis, as
-    wide as the largest shard, at most :data:`SPAN_WIDEST_BASIS` minibatches: the span's two
-    products cost ``2·r·d`` a client and configuration against the d-dimensional path's
-    ``2·B·d`` and its passes over ``[c, d]`` rows); ``"on"``: the span, or
-    ``ValueError`` saying why not. It is exact when the algorithm declares its client lines
-    linear in its gradients (:meth:`~pl_privfed.algorithms.FederatedAlgorithm.runs_in_span`),
-    the model is one ``Linear`` layer under the cross-entropy without a regularizer, and the
-    datamodule serves its examples unpreprocessed (:meth:`~pl_privfed.datamodules.
-    FederatedDataModule.client_examples`), and no trainer callback reads the clients'
-    d-dimensional rows (``needs_client_rows``: an audit's canaries). ``made``: the spans made
-    so far, by datamodule; the basis is made on the training ``device`` in its ``dtype``."""
-    requested = getattr(module, "client_span", "off")
-    if requested == "off":
-        return None
-    reason = _span_refusal(module, algorithm, datamodule, oracle)
-    for callback in callbacks or []:
-        if reason is None and getattr(callback, "needs_client_rows", False):
-            reason = f"{type(callback).__name__} reads the clients' d-dimensional rows"
-
-    span = None
-    if reason is None and requested == "auto" and _span_costs_more(datamodule, oracle):
-        return None
-    if reason is None:
-        made = {} if made is None else made
-        if id(datamodule) not in made:
-            made[id(datamodule)] = _make_span(datamodule, oracle, module.layout.dim, device, dtype)
-        span = made[id(datamodule)]
-        if span is None:
-            reason = "its coordinates per client would not be fewer than half the parameters"
-    if reason is not None and requested == "on":
-        raise ValueError(f"client_span='on' but {reason}; set client_span: auto or off")
-    return span
-
-
-def _span_refusal(
-    module: Any, algorithm: FederatedAlgorithm, datamodule: Any, oracle: GradientOracle
-) -> str | None:
-    """Why the clients cannot run in their data span (:func:`client_span`), or ``None``."""
-    if not algorithm.runs_in_span():
-        return (
-            f"{type(algorithm).__name__}'s client lines are not linear combinations of its "
-            "gradients through norm-based operators, or its messages are formed per client"
-        )
-    if callable(getattr(module.model, "regularizer", None)):
-        return "the model's regularizer is not in the span of the data"
-    if not callable(getattr(datamodule, "client_examples", None)):
-        return f"{type(datamodule).__name__} does not give its clients' examples"
-    try:
-        reason = oracle.span_rules().span_refusal()
-    except ValueError as error:  # the layer rules do not cover the model
-        return str(error)
-    return reason
-
-
-def _basis_rows(datamodule: Any, oracle: GradientOracle) -> int | None:
-    """A client's basis rows ``r`` from the datamodule's client sizes (the largest shard, at
-    most the inputs' width), before any example is gathered; ``None`` without sizes."""
-    sizes = getattr(datamodule, "client_sizes", None)
-    if sizes is None or not len(sizes):
-        return None
-    in_features = int(oracle.span_rules().layers[0].slots["weight"][1][1])
-    return min(int(max(sizes)), in_features)
-
-
-def _span_costs_more(datamodule: Any, oracle: GradientOracle) -> bool:
-    """Whether the clients' basis (:func:`_basis_rows`) is wider than
-    :data:`SPAN_WIDEST_BASIS` minibatches of ``B`` examples, where ``client_span: auto`` keeps
-    rows of ``d`` (docs/scaling.md: 10,000 clients of 5 examples at ``B = 5`` ran a round
-    0.36-0.44x in the span; 1,000 Dirichlet shards of up to 154-188 examples at ``B = 16``:
-    its 9-point grid 2.9x slower, docs/performance.md)."""
-    rows, batch = _basis_rows(datamodule, oracle), getattr(datamodule, "batch_size", 0)
-    return rows is not None and bool(batch) and rows > SPAN_WIDEST_BASIS * int(batch)
-
-
-def _make_span(
-    datamodule: Any, oracle: GradientOracle, dim: int, device: Any, dtype: torch.dtype
-) -> ClientSpan | None:
-    """The span of ``datamodule``'s clients, or ``None`` when the datamodule preprocesses
-    its examples or the coordinates would not be fewer than ``dim / 2``."""
-    rules = oracle.span_rules()
-    out, in_features = (int(s) for s in rules.layers[0].slots["weight"][1])
-    rows = _basis_rows(datamodule, oracle)  # before gathering every client's examples
-    if rows is not None and 2 * (rows * out + out) > dim:
-        return None
-    examples = datamodule.client_examples()
-    if examples is None:
-        return None
-    inputs, members = examples
-    flat = inputs.reshape(inputs.shape[0], inputs.shape[1], -1).to(torch.float64)
-    if flat.shape[-1] != in_features or 2 * (min(flat.shape[1], in_features) * out + out) > dim:
-        return None
-    return rules.span(flat, members).to(device, dtype)
 
 
 def _gradient_oracle(module: Any, device: torch.device) -> GradientOracle:

@@ -1,4 +1,5 @@
-"""Clients in the span of their data (``client_span``, :mod:`pl_privfed.layer_rules.span`): the
+"""Clients in the span of their data (``client_span``, :mod:`pl_privfed.layer_rules.span`,
+:class:`~pl_privfed.engine.SpanRows`): the
 coordinates are an isometry of the gradients (unit), and a run whose clients compute there has
 the iterates of the run that forms every ``[c, d]`` gradient, for every algorithm that declares
 it can (α-NormEC with and without noise or server normalization, Clip21, distributed DP-SGD),
@@ -13,6 +14,7 @@ from pl_privfed import FederatedModule
 from pl_privfed.algorithms import EF21, AlphaNormEC, Clip21, DistributedDPSGD
 from pl_privfed.callbacks import PrivacyAudit
 from pl_privfed.datamodules import DigitsDataModule, FixedSizePartitioner
+from pl_privfed.engine import DENSE, SpanRows
 from pl_privfed.grads import GradientOracle
 from pl_privfed.grid import GridModule
 from pl_privfed.grid.seeds import RUN_SEED
@@ -91,10 +93,10 @@ FAMILIES = {
 def test_a_run_in_the_span_has_the_iterates_of_the_dense_run(family, tmp_path):
     dense = _fit(tmp_path, FAMILIES[family](), "off")
     spanned = _fit(tmp_path, FAMILIES[family](), "on")
-    span = spanned.algorithm.span
-    assert span is not None and dense.algorithm.span is None
+    rows = spanned.algorithm.client_rows
+    assert isinstance(rows, SpanRows) and dense.algorithm.client_rows is DENSE
     for name in spanned.algorithm.state.names:  # [N, r·out + out], never [N, d]
-        assert spanned.algorithm.state.table(name).shape[-1] == span.rank, name
+        assert spanned.algorithm.state.table(name).shape[-1] == rows.rank, name
     for a, b in zip(dense.model.parameters(), spanned.model.parameters(), strict=True):
         assert torch.allclose(a, b, rtol=1e-4, atol=1e-5), family
     torch.manual_seed(0)
@@ -104,28 +106,29 @@ def test_a_run_in_the_span_has_the_iterates_of_the_dense_run(family, tmp_path):
 
 
 def test_auto_chooses_the_span_only_where_it_is_exact(tmp_path):
-    assert _fit(tmp_path, AlphaNormEC(0.1, beta=0.1, alpha=0.01), "auto").algorithm.span
+    auto = _fit(tmp_path, AlphaNormEC(0.1, beta=0.1, alpha=0.01), "auto")
+    assert isinstance(auto.algorithm.client_rows, SpanRows)
     ef21 = _fit(tmp_path / "ef21", EF21(0.1), "auto")  # top-k is not norm-based
-    assert ef21.algorithm.span is None
+    assert ef21.algorithm.client_rows is DENSE
     per_client = DPNoise(noise_multiplier=1.0, draws="per_client")
     alg = AlphaNormEC(0.1, beta=0.1, alpha=0.01, noise=per_client)
-    assert _fit(tmp_path / "pc", alg, "auto").algorithm.span is None
+    assert _fit(tmp_path / "pc", alg, "auto").algorithm.client_rows is DENSE
     mlp = _fit(tmp_path / "mlp", AlphaNormEC(0.1, beta=0.1, alpha=0.01), "auto", MLP(64, [8], 10))
-    assert mlp.algorithm.span is None
+    assert mlp.algorithm.client_rows is DENSE
 
 
 def test_auto_keeps_d_dimensions_where_the_basis_is_wider_than_two_minibatches(tmp_path):
     """Shards of 6 with minibatches of 2: a basis of 6 rows costs more than the d-dimensional
-    gradients of 2 examples (wiring.SPAN_WIDEST_BASIS); ``on`` still runs it, exactly."""
+    gradients of 2 examples (engine.span.SPAN_WIDEST_BASIS); ``on`` still runs it, exactly."""
 
     def narrow():
         partitioner = FixedSizePartitioner(examples_per_client=6, concentration=1.0, seed=0)
         return DigitsDataModule(num_clients=300, batch_size=2, partitioner=partitioner)
 
     auto = _fit(tmp_path, AlphaNormEC(0.1, beta=0.1, alpha=0.01), "auto", data=narrow())
-    assert auto.algorithm.span is None
+    assert auto.algorithm.client_rows is DENSE
     forced = _fit(tmp_path, AlphaNormEC(0.1, beta=0.1, alpha=0.01), "on", data=narrow())
-    assert forced.algorithm.span is not None
+    assert isinstance(forced.algorithm.client_rows, SpanRows)
     for a, b in zip(auto.model.parameters(), forced.model.parameters(), strict=True):
         assert torch.allclose(a, b, rtol=1e-4, atol=1e-5)
 
@@ -165,7 +168,8 @@ def test_a_grid_in_the_span_equals_the_dense_grid(seeds, tmp_path):
         module = GridModule(LogisticRegression(64, 10), alg, grid=grid, client_span=span)
         trainer(tmp_path / span, max_steps=4).fit(module, datamodule=_data())
         runs[span] = module
-    assert all(runs["on"].grid_span(k) is not None for k in range(len(grid)))
+    assert all(isinstance(runs["on"].grid_rows(k), SpanRows) for k in range(len(grid)))
+    assert all(runs["off"].grid_rows(k) is DENSE for k in range(len(grid)))
     assert torch.allclose(runs["off"].grid_params, runs["on"].grid_params, rtol=1e-4, atol=1e-5)
 
 
@@ -176,7 +180,7 @@ def test_an_audited_run_keeps_its_clients_in_d_dimensions(tmp_path):
     module = FederatedModule(LogisticRegression(64, 10), alg, client_chunk=50)
     audit = PrivacyAudit()
     trainer(tmp_path, max_steps=2, callbacks=[audit]).fit(module, datamodule=_data())
-    assert module.algorithm.span is None and audit.report() is not None
+    assert module.algorithm.client_rows is DENSE and audit.report() is not None
 
 
 def test_the_basis_forward_gives_the_cross_entropy_gradients_of_a_plain_loop():
@@ -195,7 +199,7 @@ def test_the_basis_forward_gives_the_cross_entropy_gradients_of_a_plain_loop():
     for i, shard in enumerate(shards):
         examples[i, : len(shard)], members[i, : len(shard)] = pool[shard], shard
     model = LogisticRegression(din, out).double()
-    span = GradientOracle(model, torch.nn.CrossEntropyLoss()).span_rules().span(examples, members)
+    span = GradientOracle(model, torch.nn.CrossEntropyLoss()).layer_rules().span(examples, members)
     labels = torch.randint(0, out, (len(pool),))
     batch = torch.stack([shard[torch.randperm(len(shard))[:3]] for shard in shards])  # [n, 3]
     params = torch.randn(k, span.dim, dtype=torch.float64)

@@ -27,7 +27,9 @@ from torch import Tensor, nn
 from pl_privfed.algorithms.server_opt import ServerOptimizer, ServerSGD
 from pl_privfed.checks import check_positive
 from pl_privfed.engine import (
+    DENSE,
     ClientChunk,
+    ClientRows,
     ClientShard,
     ClientStates,
     MessageStage,
@@ -35,7 +37,6 @@ from pl_privfed.engine import (
     RoundContext,
     RoundResult,
 )
-from pl_privfed.layer_rules import ClientSpan
 from pl_privfed.operators import Operator
 from pl_privfed.privacy import DPNoise, Release, plan
 from pl_privfed.rng import KeyedGenerator
@@ -96,9 +97,9 @@ class FederatedAlgorithm(nn.Module, metaclass=abc.ABCMeta):
         self.dim = 0
         self.num_rounds = 0
         self.noise_std = 0.0
-        #: the clients' data span their rounds run in (:mod:`pl_privfed.layer_rules.span`),
-        #: chosen at :meth:`setup`; ``None``: client rows of ``d``
-        self.span: ClientSpan | None = None
+        #: how the clients' rows are represented in the rounds
+        #: (:class:`~pl_privfed.engine.ClientRows`), chosen at :meth:`setup`
+        self.client_rows: ClientRows = DENSE
         self.state = ClientStates(self)
         self.shard = ClientShard(0)
         self.keyed = KeyedGenerator()
@@ -118,7 +119,7 @@ class FederatedAlgorithm(nn.Module, metaclass=abc.ABCMeta):
         client_state: str = "auto",
         state_dir: str | None = None,
         state_in_memory: int = 0,
-        span: ClientSpan | None = None,
+        client_rows: ClientRows = DENSE,
     ) -> None:
         """Allocate state for ``num_clients`` clients and ``d = dim`` parameters, and calibrate
         the noise (:func:`pl_privfed.privacy.plan.calibrate` of :meth:`release`).
@@ -133,19 +134,18 @@ class FederatedAlgorithm(nn.Module, metaclass=abc.ABCMeta):
             state_in_memory: bytes of client state the run's other algorithms (a grid's
                 configurations) already hold in memory: ``"auto"`` counts them
                 (:func:`~pl_privfed.engine.state.choose_placement`).
-            span: the clients' data span when they run there
-                (:mod:`pl_privfed.layer_rules.span`; only for an algorithm that
-                :meth:`runs_in_span`): the states :meth:`span_states` names get rows of
-                ``span.rank`` coordinates instead of ``d``, and the engine's rounds run there
-                (:attr:`span`).
+            client_rows: how the clients' rows are represented
+                (:class:`~pl_privfed.engine.ClientRows`; the default: rows of ``d``): it
+                admits the algorithm or raises ``ValueError``, shapes the states
+                :meth:`span_states` names, and the engine's rounds run in it
+                (:attr:`client_rows`).
         """
         if num_clients < 1:
             raise ValueError(f"num_clients must be >= 1, got {num_clients}")
         self.num_clients, self.dim, self.num_rounds = num_clients, dim, max(1, num_rounds)
         self.device, self.dtype = torch.device(device), dtype
-        if span is not None and not self.runs_in_span():
-            raise ValueError(f"{type(self).__name__} cannot run in the clients' data span")
-        self.span = span
+        client_rows.admit(self)
+        self.client_rows = client_rows
         self.shard = shard if shard is not None else ClientShard(num_clients)
         self.state = ClientStates(self, self.shard)
         self.keyed = KeyedGenerator(self.device)
@@ -168,32 +168,19 @@ class FederatedAlgorithm(nn.Module, metaclass=abc.ABCMeta):
         """A per-client state table ``name``: one row of shape ``shape`` per client (zeros),
         placed by :mod:`pl_privfed.engine.state` and read by chunks through
         :meth:`~pl_privfed.engine.ClientChunk.rows`; on the device it is the buffer
-        ``self.<name>`` of this process's clients. In the clients' data span (:attr:`span`,
-        set at :meth:`setup`) a state of :meth:`span_states` has rows of ``span.rank``
-        coordinates."""
-        if self.span is not None and name in (self.span_states() or ()):
-            shape = (self.span.rank,)
-        self.state.declare(name, shape, self.dtype)
+        ``self.<name>`` of this process's clients. Its rows take the shape the clients' row
+        representation gives them (:attr:`client_rows`, set at :meth:`setup`), which may
+        shorten a state of :meth:`span_states`."""
+        linear = name in (self.span_states() or ())
+        self.state.declare(name, self.client_rows.state_shape(shape, linear), self.dtype)
 
     def span_states(self) -> tuple[str, ...] | None:
         """The algorithm's declaration for the clients' data span
-        (:mod:`pl_privfed.layer_rules.span`): the per-client states that stay linear
+        (:mod:`pl_privfed.engine.span`): the per-client states that stay linear
         combinations of the client's gradients, when every client line is such a combination
         through norm-based operators (``Ψ(v) = s(||v||) v``) and nothing else (``()`` for a
         stateless one); ``None`` (default): the clients cannot run there."""
         return None
-
-    def runs_in_span(self) -> bool:
-        """Whether the clients can run in their data span: the algorithm declares it
-        (:meth:`span_states`) and its messages are never formed per client (no per-client
-        noise draws, no secure aggregation, no audit canaries)."""
-        noise = self.noise
-        return (
-            self.span_states() is not None
-            and self.secure_aggregation is None
-            and self.canaries is None
-            and (noise is None or noise.draws != "per_client")
-        )
 
     def operators(self) -> list[Operator]:
         """Operators whose ``setup(dim)`` must run (override)."""

@@ -238,7 +238,7 @@ class PrivacyAudit(pl.Callback):
             minibatch_norm=minibatch_norm,
         )
 
-    #: canaries join the clients' d-dimensional rows: no data span (wiring.client_span)
+    #: canaries join the clients' d-dimensional rows: no data span (engine.choose_client_rows)
     needs_client_rows = True
 
     @override

@@ -7,6 +7,9 @@
   and its one hook (an audit's canaries);
 * :mod:`~pl_privfed.engine.reduce` — :class:`Reduction`, the sums the server needs;
 * :mod:`~pl_privfed.engine.state` — where the per-client state rows live, and their checkpoints;
+* :mod:`~pl_privfed.engine.rows` — :class:`ClientRows`, how a chunk's client rows are
+  represented: rows of ``d`` (:data:`DENSE`) or, in :mod:`~pl_privfed.engine.span`, coordinates
+  in the span of each client's data (:class:`SpanRows`, the option ``client_span``);
 * :mod:`~pl_privfed.engine.distributed` — clients sharded over processes.
 
 See docs/engine.md.
@@ -32,6 +35,8 @@ from pl_privfed.engine.round import (
     iter_round,
     run_round,
 )
+from pl_privfed.engine.rows import DENSE, ClientRows, DenseRows
+from pl_privfed.engine.span import SpanRows, choose_client_rows
 from pl_privfed.engine.state import (
     SNAPSHOT_DIR_KEY,
     ClientStateError,
@@ -42,12 +47,15 @@ from pl_privfed.engine.state import (
 
 __all__ = [
     "CHUNK_ENV",
+    "DENSE",
     "SNAPSHOT_DIR_KEY",
     "ChunkOracle",
     "ClientChunk",
+    "ClientRows",
     "ClientShard",
     "ClientStateError",
     "ClientStates",
+    "DenseRows",
     "FunctionOracle",
     "Message",
     "MessageHook",
@@ -59,7 +67,9 @@ __all__ = [
     "RoundAlgorithm",
     "RoundContext",
     "RoundResult",
+    "SpanRows",
     "choose_chunk_size",
+    "choose_client_rows",
     "choose_placement",
     "chunk_ids",
     "expand_together",

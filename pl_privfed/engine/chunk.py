@@ -22,6 +22,7 @@ from torch import Tensor
 from pl_privfed.communication import count_nonzeros
 from pl_privfed.engine.message import Message, MessageStage
 from pl_privfed.engine.reduce import Reduction
+from pl_privfed.engine.rows import DENSE, ClientRows
 from pl_privfed.rng import STREAM_COMPRESSION, STREAM_NOISE, KeyedGenerator
 
 if TYPE_CHECKING:
@@ -82,10 +83,9 @@ class RoundContext:
     stage: MessageStage = field(default_factory=MessageStage)
     participants: Tensor | None = None
     state: dict[str, Any] = field(default_factory=dict)
-    #: the clients' data span (:class:`~pl_privfed.layer_rules.ClientSpan`): client rows
-    #: (gradients, state, messages) are its coordinates, expanded only in the sums; ``None``:
-    #: client rows are ``[c, d]``
-    span: Any = None
+    #: how the clients' rows (gradients, state, messages) are represented
+    #: (:class:`~pl_privfed.engine.rows.ClientRows`; default: ``[c, d]``)
+    rows: ClientRows = DENSE
 
 
 class ClientChunk:
@@ -142,7 +142,7 @@ class ClientChunk:
         hook = self.ctx.stage.hook
         if hook is None:
             return grads
-        self._outside_span("an audit's canaries")
+        self.ctx.rows.require_dense("an audit's canaries")
         extra = hook.gradients(self.ids, self.round_index, step, operator, grads)
         return grads if extra is None else grads + extra
 
@@ -196,7 +196,7 @@ class ClientChunk:
         ``(seed, noise, round, i, extra)`` (``extra``: e.g. the local step); with ``select`` (a
         boolean mask over the chunk) only the selected clients' rows."""
         ids = self.ids if select is None else self.ids[select.cpu()]
-        self._outside_span("per-client noise draws")
+        self.ctx.rows.require_dense("per-client noise draws")
         out = torch.empty(ids.numel(), self.ctx.dim, device=self.ctx.device, dtype=self.ctx.dtype)
         for row, client in zip(out, ids.tolist()):
             gen = self.ctx.keyed(seed, STREAM_NOISE, self.round_index, client, extra)
@@ -362,7 +362,7 @@ class ClientChunk:
     def _secure_share(self, key: str, rows: Tensor, ids: Tensor) -> None:
         """The share of the clients ``ids`` (rows ``rows``) of a secure sum over the round's
         participants (masks of round ``k + 1``: the initialization's are round 0)."""
-        self._outside_span("secure aggregation's masked shares")
+        self.ctx.rows.require_dense("secure aggregation's masked shares")
         agg = self.ctx.stage.secure_aggregation
         masked, absolute = agg.partial_sum(rows, self.round_index + 1, self.ctx.participants, ids)
         self.reduction.add(key + ":abs", absolute)
@@ -371,25 +371,10 @@ class ClientChunk:
 
     # ------------------------------------------------------------------ the reduce
     def add(self, name: str, rows: Tensor, weights: Tensor | None = None) -> None:
-        """Add ``Σ_i w_i rows_i`` over the chunk's rows to the round's sum ``name`` (in the
-        clients' data span, rows ``[c, rank]`` are coordinates: their sum is expanded to
-        ``[d]``)."""
-        span = self.ctx.span
-        if span is not None and rows.dim() == 2:  # expanded once the round's map is done
-            if rows.shape[0]:
-                rows = rows.clone() if weights is None else rows * weights.unsqueeze(1)
-                self.reduction.add_coordinates(name, span, self.ids, rows)
-            return
-        self.reduction.add_rows(name, rows, weights)
-
-    def _outside_span(self, what: str) -> None:
-        """``ValueError`` when the round runs in the clients' data span, where ``what`` has no
-        coordinates (a safeguard: :func:`pl_privfed.wiring.client_span` does not choose the
-        span for such runs)."""
-        if self.ctx.span is not None:
-            raise ValueError(
-                f"client_span: {what} are not in the clients' data span; set model.client_span: off"
-            )
+        """Add ``Σ_i w_i rows_i`` over the chunk's rows to the round's sum ``name``, as the
+        round's row representation adds them (:meth:`~pl_privfed.engine.rows.ClientRows.add`:
+        rows of ``d`` at once, coordinates deferred and expanded to ``[d]``)."""
+        self.ctx.rows.add(self.reduction, name, self.ids, rows, weights)
 
     def stat(self, name: str, values: Tensor) -> None:
         """Per-client values of statistic ``name`` (its mean over clients is logged)."""

@@ -73,10 +73,11 @@ class Reduction:
         #: the operator and factor the clients' ``transmit`` applied, per sum (the stage hook's
         #: messages go through the same)
         self.message_operators: dict[str, tuple[object, float]] = {}
-        #: sums whose clients run in their data span, per name: the chunks' ``(ids, rows)`` of
-        #: coordinates, expanded into :attr:`sums` by :meth:`flush` (or :func:`expand_together`)
+        #: sums a row representation deferred (:meth:`defer`), per name: the chunks' ``(ids,
+        #: rows)``, expanded into :attr:`sums` by :meth:`flush` (or :func:`expand_together`)
         self.pending: dict[str, list[tuple[Tensor, Tensor]]] = {}
-        self.span = None
+        #: the representation of the deferred rows (:class:`~pl_privfed.engine.ClientRows`)
+        self.deferred_rows = None
 
     # ------------------------------------------------------------------ accumulate
     def add(self, name: str, value: Tensor) -> None:
@@ -102,12 +103,13 @@ class Reduction:
             weights = rows.new_ones(rows.shape[0]) if weights is None else weights.to(rows.dtype)
             current.view(-1).addmv_(rows.reshape(rows.shape[0], -1).T, weights)
 
-    def add_coordinates(self, name: str, span, ids: Tensor, rows: Tensor) -> None:
-        """Coordinates ``rows [c, rank]`` of the clients ``ids`` in their data span ``span``
-        (:class:`~pl_privfed.layer_rules.ClientSpan`), to be added to ``sums[name]`` by
-        :meth:`flush`: one product per sum over the round's clients, or one for several
-        configurations' sums (:func:`expand_together`), instead of one per chunk."""
-        self.span = span
+    def defer(self, name: str, representation, ids: Tensor, rows: Tensor) -> None:
+        """Rows ``rows`` of the clients ``ids`` in a ``representation`` that expands them
+        (:meth:`~pl_privfed.engine.ClientRows.expand`: coordinates in the clients' data span),
+        to be added to ``sums[name]`` by :meth:`flush`: one expansion per sum over the round's
+        clients, or one for several configurations' sums (:func:`expand_together`), instead
+        of one per chunk."""
+        self.deferred_rows = representation
         self.pending.setdefault(name, []).append((ids, rows))
 
     def _pending_rows(self) -> tuple[Tensor, list[tuple[str, Tensor]]]:
@@ -123,7 +125,7 @@ class Reduction:
         return ids, out
 
     def flush(self) -> None:
-        """Expand the pending sums of clients in their data span into :attr:`sums`."""
+        """Expand the deferred sums (:meth:`defer`) into :attr:`sums`."""
         if self.pending:
             expand_together([self])
 
@@ -279,21 +281,21 @@ class Reduction:
 
 
 def expand_together(reductions: list[Reduction]) -> None:
-    """Expand the pending span sums (:meth:`Reduction.add_coordinates`) of several reductions,
-    e.g. the configurations of a grid that share a seed's data: those with the same span and
-    clients in one product (:meth:`~pl_privfed.layer_rules.ClientSpan.expand_many`), which reads
-    the clients' bases once for all of them."""
+    """Expand the deferred sums (:meth:`Reduction.defer`) of several reductions, e.g. the
+    configurations of a grid that share a seed's data: those with the same representation and
+    clients in one call of its :meth:`~pl_privfed.engine.ClientRows.expand` (in the clients'
+    data span one product, which reads the clients' bases once for all of them)."""
     groups: dict[tuple[int, bytes], list[tuple[Reduction, Tensor, list]]] = {}
     for reduction in reductions:
         if not reduction.pending:
             continue
         ids, rows = reduction._pending_rows()
-        key = (id(reduction.span), ids.cpu().numpy().tobytes())
+        key = (id(reduction.deferred_rows), ids.cpu().numpy().tobytes())
         groups.setdefault(key, []).append((reduction, ids, rows))
     for members in groups.values():
-        span, ids = members[0][0].span, members[0][1]
+        representation, ids = members[0][0].deferred_rows, members[0][1]
         every = [rows for _, _, named in members for _, rows in named]
-        sums = iter(span.expand_many(span.rows(ids), every))
+        sums = iter(representation.expand(ids, every))
         for reduction, _, named in members:
             for name, _ in named:
                 reduction.add(name, next(sums))

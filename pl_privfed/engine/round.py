@@ -40,6 +40,7 @@ from pl_privfed.engine.chunk import ChunkOracle, ClientChunk, OracleOutput, Roun
 from pl_privfed.engine.distributed import ClientShard
 from pl_privfed.engine.message import MessageStage
 from pl_privfed.engine.reduce import Reduction
+from pl_privfed.engine.rows import DENSE, ClientRows
 from pl_privfed.engine.state import ClientStates
 from pl_privfed.rng import KeyedGenerator
 
@@ -107,8 +108,8 @@ class RoundAlgorithm(Protocol):
     keyed: KeyedGenerator
     initialized: Tensor
     rounds_done: Tensor
-    #: the clients' data span their rounds run in, or ``None`` (client rows of ``d``)
-    span: Any
+    #: how the clients' rows are represented in its rounds (:class:`~pl_privfed.engine.ClientRows`)
+    client_rows: ClientRows
 
     def message_stage(self) -> MessageStage: ...
 
@@ -215,9 +216,9 @@ def run_round(
             iterates do not depend on it.
         statistics: compute the statistics that cost a pass over client rows.
 
-    When the algorithm's clients run in the span of their data (its ``span``,
-    :class:`~pl_privfed.layer_rules.ClientSpan`), the oracle gives their coordinates there
-    and the chunks' sums are expanded to ``[d]`` (:meth:`ClientChunk.add`).
+    The chunks' rows are the algorithm's row representation's (its ``client_rows``,
+    :class:`~pl_privfed.engine.ClientRows`): in the clients' data span the oracle gives their
+    coordinates and the chunks' sums are expanded to ``[d]`` (:meth:`ClientChunk.add`).
     """
     rounds = iter_round(algorithm, x, oracle, chunk_size=chunk_size, statistics=statistics)
     while True:
@@ -237,8 +238,9 @@ def iter_round(
 ) -> Generator[None, None, RoundResult]:
     """:func:`run_round` as a generator that yields after every chunk and returns the round's
     :class:`RoundResult` (a grid advances its configurations' rounds chunk by chunk). When the
-    clients run in their data span it yields once more, the round's :class:`Reduction`, before
-    expanding its sums: a grid expands those of several configurations in one product
+    row representation deferred its sums (:meth:`Reduction.defer`: clients in their data
+    span) it yields once more, the round's :class:`Reduction`, before expanding them: a grid
+    expands those of several configurations in one product
     (:func:`~pl_privfed.engine.reduce.expand_together`). Then the reduce across processes and
     the server's lines."""
     if not isinstance(oracle, ChunkOracle):
@@ -261,7 +263,7 @@ def iter_round(
     participants = algorithm.begin_round(k)
     phases = algorithm.client_phases()
     reduced = yield from _map(algorithm, x, oracle, k, participants, phases, chunk_size, statistics)
-    if reduced.pending:  # clients in their data span: their sums are still coordinates
+    if reduced.pending:  # deferred sums (clients in their data span): not yet expanded
         yield reduced  # (a grid expands several configurations' at once: expand_together)
         reduced.flush()
     algorithm.shard.all_reduce_reduction(reduced)
@@ -308,7 +310,7 @@ def _map(
         statistics=statistics,
         stage=stage,
         participants=participants,
-        span=getattr(algorithm, "span", None),
+        rows=getattr(algorithm, "client_rows", DENSE),
     )
     pieces = chunk_ids(algorithm.shard.owned(participants), chunk_size)
     for p, phase in enumerate(phases):

@@ -221,13 +221,13 @@ class ClientStates:
         """The rows of the held clients ``ids`` (global, sorted), on the training device."""
         table = self.table(name)
         local = self.shard.local(ids)
-        span = _span(local)
+        run = _contiguous(local)
         if name not in self._tables:  # on the device
-            if span is not None:
-                return table[span[0] : span[1]]
+            if run is not None:
+                return table[run[0] : run[1]]
             return table.index_select(0, local.to(table.device))
         device = getattr(self.module, "device", torch.device("cpu"))
-        rows = table[span[0] : span[1]] if span is not None else table.index_select(0, local)
+        rows = table[run[0] : run[1]] if run is not None else table.index_select(0, local)
         return rows.to(device, copy=True, non_blocking=True)
 
     def write(self, name: str, ids: Tensor, rows: Tensor) -> None:
@@ -423,7 +423,7 @@ def _numpy(dtype: torch.dtype):
     return torch.empty((), dtype=dtype).numpy().dtype
 
 
-def _span(ids: Tensor) -> tuple[int, int] | None:
+def _contiguous(ids: Tensor) -> tuple[int, int] | None:
     """``(a, b)`` when the sorted ``ids`` are exactly ``a, a+1, ..., b-1``."""
     if ids.numel() == 0:
         return None

@@ -29,9 +29,16 @@ from typing_extensions import override
 
 from pl_privfed import trainer_rounds, wiring
 from pl_privfed.checks import check_choice, check_positive_int
-from pl_privfed.engine import OracleOutput, Reduction, RoundResult, expand_together, iter_round
+from pl_privfed.engine import (
+    ClientRows,
+    OracleOutput,
+    Reduction,
+    RoundResult,
+    expand_together,
+    iter_round,
+)
 from pl_privfed.evaluation import model_loss
-from pl_privfed.grads import RoundOracle, call_from_buffers, span_gradients, sum_client_buffers
+from pl_privfed.grads import RoundOracle, call_from_buffers, sum_client_buffers
 from pl_privfed.grid.configuration import Configuration
 from pl_privfed.grid.points import grid_points, rebuild_algorithm
 from pl_privfed.grid.results import write_grid_results
@@ -302,8 +309,7 @@ class GridModule(FederatedModule):
         for k in live:
             buffers = self._config_buffers(k)
             data, steps = self.seed_views.batch(k, batch, self.local_batches)
-            span = self.grid_span(k)
-            own = RoundOracle(self.oracle, data, steps, buffers, span=span)
+            own = RoundOracle(self.oracle, data, steps, buffers, rows=self.grid_rows(k))
             x = self.grid_params[k]
             oracle = GridConfigOracle(shared, k, x, own)
             rounds[k] = iter_round(
@@ -315,7 +321,7 @@ class GridModule(FederatedModule):
             )
         outcomes: dict[int, RoundResult] = {}
         pending = list(live)
-        mapped: dict[int, Reduction] = {}  # configurations in their data span, map done
+        mapped: dict[int, Reduction] = {}  # map done, sums deferred (Reduction.defer)
         while pending:  # one chunk of every configuration per pass
             for k in [k for k in pending if k not in mapped]:
                 try:
@@ -343,11 +349,13 @@ class GridModule(FederatedModule):
         configurations' data along the client axis; else one call per configuration at its
         parameters ``[d]`` shared by its clients, as its separate run makes it, on its seed's
         data (fetched once per seed), which copies neither the parameters nor the data.
-        Configurations whose clients run in their data span (:meth:`grid_span`) get their
-        coordinates, those of one seed from one call (:func:`~pl_privfed.grads.span_gradients`)."""
-        spanned = [k for k in configs if self.grid_span(k) is not None]
-        if spanned:
-            got = dict(zip(spanned, self._span_gradients(spanned, ids, batch), strict=True))
+        Configurations whose client rows compute their own gradients (:meth:`grid_rows`, e.g.
+        coordinates in the clients' data span) get them from it, those sharing one
+        representation (a seed's) from one call (:meth:`~pl_privfed.engine.ClientRows.
+        gradients`)."""
+        own = [k for k in configs if self.grid_rows(k).computes_gradients]
+        if own:
+            got = dict(zip(own, self._own_gradients(own, ids, batch), strict=True))
             rest = [k for k in configs if k not in got]
             got.update(zip(rest, self.configuration_gradients(rest, ids, batch) if rest else []))
             return [got[k] for k in configs]
@@ -385,24 +393,26 @@ class GridModule(FederatedModule):
             for pos in range(k)
         ]
 
-    def _span_gradients(self, configs: list[int], ids: Tensor, batch: Any) -> list[OracleOutput]:
-        """:meth:`configuration_gradients` for configurations in their data span: per seed (one span
-        each), the minibatches' indices once and one call at all its configurations' parameters."""
-        by_view: dict[int, list[int]] = {}
+    def _own_gradients(self, configs: list[int], ids: Tensor, batch: Any) -> list[OracleOutput]:
+        """:meth:`configuration_gradients` for configurations whose client rows compute their
+        own gradients: per representation (one per seed), its data once and one call at all
+        its configurations' parameters."""
+        by_rows: dict[int, list[int]] = {}
         for k in configs:
-            by_view.setdefault(id(self.grid_span(k)), []).append(k)
+            by_rows.setdefault(id(self.grid_rows(k)), []).append(k)
         out: dict[int, OracleOutput] = {}
-        for group in by_view.values():
+        for group in by_rows.values():
             data, _ = self.seed_views.batch(group[0], batch, self.local_batches)
             params = self.grid_params[torch.tensor(group, device=self.grid_params.device)]
-            outs = span_gradients(self.grid_span(group[0]), params, ids, *data.examples(ids))
-            out.update(zip(group, outs, strict=True))
+            out.update(
+                zip(group, self.grid_rows(group[0]).gradients(params, ids, data), strict=True)
+            )
         return [out[k] for k in configs]
 
-    def grid_span(self, k: int) -> Any:
-        """Configuration ``k``'s clients' data span (``None``: rows of ``d``), decided at
-        setup (:func:`~pl_privfed.wiring.client_span`)."""
-        return self.grid_algorithms[k].span
+    def grid_rows(self, k: int) -> ClientRows:
+        """How configuration ``k``'s client rows are represented, decided at setup
+        (:func:`~pl_privfed.engine.choose_client_rows`)."""
+        return self.grid_algorithms[k].client_rows
 
     def _stacks(self, configs: int, clients: int) -> bool:
         """Whether the gradients of ``configs`` configurations for ``clients`` clients come

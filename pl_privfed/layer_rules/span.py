@@ -23,10 +23,11 @@ Under the softmax cross-entropy a round does not even gather its examples: examp
 client ``i`` is ``a_b = Σ_j p_bj q_ij`` (``p_b`` its coordinates, computed once), so its logits
 are ``p_b · (Q_iᵀ Wᵀ) + bias`` and one product of the clients' basis rows with the weights of
 every configuration that shares the data (a grid's) gives them all (:meth:`ClientSpan.gradients`).
-The engine runs an algorithm there when the algorithm says it can
+The engine runs an algorithm there, as the row representation
+:class:`~pl_privfed.engine.SpanRows`, when the algorithm says it can
 (:meth:`~pl_privfed.algorithms.FederatedAlgorithm.span_states`), the model and data allow it and
-it saves memory (:func:`pl_privfed.wiring.client_span`; ``client_span: off`` turns it off);
-docs/scaling.md, "Clients in the span of their data".
+it saves memory (:func:`~pl_privfed.engine.choose_client_rows`; ``client_span: off`` turns it
+off); docs/scaling.md, "Clients in the span of their data".
 """
 
 from __future__ import annotations
