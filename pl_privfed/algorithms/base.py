@@ -166,14 +166,14 @@ class FederatedAlgorithm(nn.Module, metaclass=abc.ABCMeta):
         """An :class:`~pl_privfed.operators.AdaptiveClip`'s ``m`` and noise split (the run's
         noise multiplier ``z = σ/C_0``), and its norm ``C_t`` as the buffer ``clip_norm`` (in
         the checkpoint: a resumed run continues from it)."""
-        clip = self.adaptive_clip()
+        clip = self.adaptive_clipping()
         if clip is None:
             return
         z = None if self.noise is None else self.noise_std / clip.reference_bound
         clip.configure(self.expected_cohort(), z)
         self.register_buffer("clip_norm", torch.tensor(clip.initial_norm, dtype=torch.float64))
 
-    def adaptive_clip(self) -> AdaptiveClip | None:
+    def adaptive_clipping(self) -> AdaptiveClip | None:
         """The algorithm's :class:`~pl_privfed.operators.AdaptiveClip`, or ``None``."""
         found = [op for op in self.operators() if isinstance(op, AdaptiveClip)]
         if len(found) > 1:
@@ -191,7 +191,7 @@ class FederatedAlgorithm(nn.Module, metaclass=abc.ABCMeta):
         as their sum, from the count's own stream ``(noise seed, STREAM_CLIP_COUNT, round)``),
         then ``C ← C exp(−η_C (b̃ − γ))``. A no-op without an adaptive clip; an aborted round
         released nothing and keeps ``C``."""
-        clip = self.adaptive_clip()
+        clip = self.adaptive_clipping()
         if clip is None:
             return
         metrics["clip_norm"] = torch.tensor(clip.norm, dtype=torch.float64)
@@ -272,10 +272,10 @@ class FederatedAlgorithm(nn.Module, metaclass=abc.ABCMeta):
         """How this round's messages reach the server (:mod:`pl_privfed.engine.message`): the
         noise where ``noise.where`` puts it, at the calibrated std, secure aggregation where
         configured, and the stage's hook (an audit's :attr:`canaries`)."""
-        noise, clip, factor = self.noise, self.adaptive_clip(), 1.0
+        noise, clip, factor = self.noise, self.adaptive_clipping(), 1.0
         if clip is not None and hasattr(self, "clip_norm"):
             clip.norm = float(self.clip_norm)  # C_t (restored from a checkpoint, too)
-            factor = clip.noise_factor()  # the update's noise std follows C_t
+            factor = clip.noise_factor(None if noise is None else self.noise_std)
         if noise is None:
             return MessageStage(secure_aggregation=self.secure_aggregation, hook=self.canaries)
         return MessageStage(

@@ -500,6 +500,7 @@ class FedAvgPerUpdateClipping(LocalUpdateAlgorithm):
                 "clip's norm replaces c"
             )
         self.operator: Operator = Clip(clip_threshold) if clip_threshold is not None else Identity()
+        self.adaptive_clip = adaptive_clip  # kept: a grid rebuilds the algorithm from it
         if adaptive_clip is not None:
             self.operator = adaptive_clip
         self.clip_threshold = None if clip_threshold is None else float(clip_threshold)

@@ -110,7 +110,6 @@ class AdaptiveClip(Operator):
         self.count_stddev = count_stddev
         self.norm = self.initial_norm
         self._cohort = 1.0  # m, set by configure
-        self._split = 1.0  # z_Δ / z, set by configure (1 without noise)
 
     # ------------------------------------------------------------------ the bound
     @property
@@ -132,15 +131,13 @@ class AdaptiveClip(Operator):
 
     # ------------------------------------------------------------------ the noise split
     def configure(self, expected_cohort: float, noise_multiplier: float | None) -> None:
-        """Before training: ``m`` (the expected cohort, the count's denominator), and, for a
-        private run, the split of its noise multiplier ``z`` (the run's noise std over
-        :attr:`reference_bound`) into the update's ``z_Δ`` and the count's ``σ_b``."""
+        """Before training: ``m`` (the expected cohort, the count's denominator), ``C = C_0``,
+        and, for a private run, a check that its noise multiplier ``z`` (the run's noise std
+        over :attr:`reference_bound`) can be split (``z < 2σ_b``)."""
         self._cohort = _check("expected cohort", expected_cohort, 0.0)
         self.norm = self.initial_norm
-        self._split = 1.0
         if noise_multiplier is not None:
-            z = noise_multiplier
-            self._split = adaptive_noise_multiplier(z, self.count_std) / z
+            adaptive_noise_multiplier(noise_multiplier, self.count_std)
 
     @property
     def count_std(self) -> float:
@@ -149,9 +146,14 @@ class AdaptiveClip(Operator):
             return self.count_stddev
         return DEFAULT_COUNT_STDDEV_SHARE * self._cohort
 
-    def noise_factor(self) -> float:
-        """The update's noise std over the run's: ``(z_Δ/z) · C_t/C_0``."""
-        return self._split * self.norm / self.initial_norm
+    def noise_factor(self, noise_std: float | None) -> float:
+        """The update's noise std over the run's ``noise_std`` (``None``: no noise):
+        ``(z_Δ/z) · C_t/C_0`` with ``z = noise_std / C_0``."""
+        split = 1.0
+        if noise_std:
+            z = noise_std / self.initial_norm
+            split = adaptive_noise_multiplier(z, self.count_std) / z
+        return split * self.norm / self.initial_norm
 
     # ------------------------------------------------------------------ the server
     def released_fraction(self, unclipped: float, senders: int, noise: float) -> float:
