@@ -50,7 +50,8 @@ class DistributedDPSGD(FederatedAlgorithm):
 
     Args:
         step_size: ``γ > 0``.
-        operator: ``Ψ``; identity (plain distributed gradient descent) by default.
+        operator: ``Ψ``; identity (plain distributed gradient descent) by default; an
+            :class:`~pl_privfed.operators.AdaptiveClip` adapts its norm between rounds.
         scale: ``β > 0`` multiplying ``Ψ``'s output.
         noise: DP noise settings (``noise.placement``: where it is added) or ``None``.
         server_optimizer: the server's step on ``Δ^k`` (``None``: line 73).

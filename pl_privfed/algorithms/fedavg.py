@@ -188,7 +188,9 @@ class DPFedAvg(LocalUpdateAlgorithm):
     Args:
         step_size: the server step size ``η > 0``.
         local_step_size: ``γ > 0``; ``None`` (default) sets ``γ = η`` (App. D.1).
-        operator: ``Ψ`` (default identity: plain FedAvg; noise needs a bounded Ψ).
+        operator: ``Ψ`` (default identity: plain FedAvg; noise needs a bounded Ψ); an
+            :class:`~pl_privfed.operators.AdaptiveClip` clips at a norm that adapts to a
+            quantile of the update norms (Andrew et al. 2021, its count released beside).
         scale: ``β > 0`` multiplying Ψ's output.
         local_solver: ``T_i`` (default one local GD step).
         sampler: cohort sampler (default every client).
