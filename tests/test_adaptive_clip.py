@@ -70,7 +70,7 @@ def poisson_cohort(k, q):
 
 
 def reference(b, x0, *, family, z, count_std, placement, q, c0, gamma, eta_c, step, local):
-    """The paper's round (Andrew et al. Alg. 2 with the geometric update of Alg. 1; the
+    """The paper's round (Andrew et al.: DP-FedAvg with the geometric quantile update; the
     centred count of tensorflow_privacy's QuantileEstimatorQuery), written out."""
     m = q * N  # expected cohort
     z_delta = (z**-2 - (2 * count_std) ** -2) ** -0.5 if z else 0.0
@@ -200,7 +200,7 @@ def test_tff_round_arithmetic():
 
 
 def test_noise_split_is_tffs_and_composes_to_one_gaussian():
-    """``z_Δ = (z^{-2} − (2σ_b)^{-2})^{-1/2}`` (Theorem 1; TFF's ``adaptive_clip_noise_params``
+    """``z_Δ = (z^{-2} − (2σ_b)^{-2})^{-1/2}`` (the paper's noise split; TFF's ``adaptive_clip_noise_params``
     with its default σ_b = 0.05·m): the update at ``z_Δ`` and the count at ``2σ_b`` composed by
     dp-accounting's PLD accountant are the single Gaussian at ``z``."""
     z, m = 1.0, 100.0

@@ -1,11 +1,11 @@
 """Adaptive clipping: the clipping norm follows a private estimate of a quantile of the update norms.
 
 Andrew, Thakkar, McMahan & Ramaswamy, "Differentially Private Learning with Adaptive Clipping"
-(NeurIPS 2021, arXiv:1905.03871), §2–3 (Algorithm 1, geometric update; Algorithm 2, DP-FedAvg with
-adaptive clipping; Theorem 1, the noise split), written as the authors' reference implementation
-writes it (tensorflow_privacy's ``QuantileEstimatorQuery`` and ``QuantileAdaptiveClipSumQuery``,
-TensorFlow Federated's ``DifferentiallyPrivateFactory.gaussian_adaptive`` and
-``adaptive_clip_noise_params``). In round ``t``, with clipping norm ``C_t``:
+(NeurIPS 2021, arXiv:1905.03871): its private quantile estimate with the geometric update, inside
+DP-FedAvg, and the noise split of its privacy analysis, written as the authors' reference
+implementation writes it (tensorflow_privacy's ``QuantileEstimatorQuery`` and
+``QuantileAdaptiveClipSumQuery``, TensorFlow Federated's
+``DifferentiallyPrivateFactory.gaussian_adaptive`` and ``adaptive_clip_noise_params``). In round ``t``, with clipping norm ``C_t``:
 
 * every participating client ``i`` clips its update, ``clip_{C_t}(Δ_i)``, and sends the bit
   ``b_i = 1[‖Δ_i‖ ≤ C_t]`` beside it;
@@ -16,12 +16,12 @@ TensorFlow Federated's ``DifferentiallyPrivateFactory.gaussian_adaptive`` and
 * ``C_{t+1} = C_t · exp(−η_C (b̃ − γ))`` (geometric update towards the target quantile ``γ``
   of unclipped updates).
 
-Noise split (Theorem 1; ``adaptive_clip_noise_params``): the update's noise std is
+Noise split (the paper's; TFF's ``adaptive_clip_noise_params``): the update's noise std is
 ``z_Δ · C_t`` with ``z_Δ = (z^{-2} − (2σ_b)^{-2})^{-1/2}``, so the update (sensitivity ``C_t``) and
 the count (sensitivity 1/2) together are exactly one Gaussian mechanism with noise multiplier
 ``z``, whatever ``C_t`` is: the vector ``(clip(Δ_i)/C_t, (b_i − 1/2)·z_Δ/σ_b)`` has norm at most
 ``(1 + z_Δ²/(2σ_b)²)^{1/2}`` and carries noise ``z_Δ`` per coordinate. Under replace-one both
-sensitivities double, and so does the mechanism's. ``z`` is what the accountant composes and what
+sensitivities double, and so does the joint vector's. ``z`` is what the accountant composes and what
 the calibration solves for; it must be below ``2σ_b``.
 
 This module holds the operator and the server's arithmetic; an algorithm
@@ -45,7 +45,7 @@ __all__ = ["UNCLIPPED", "AdaptiveClip", "adaptive_noise_multiplier"]
 UNCLIPPED = "adaptive_clip:unclipped"
 
 #: the count's noise std as a share of the expected cohort when none is given: ``m/20``
-#: (Andrew et al. §3's recommendation; tensorflow_privacy's and TFF's ``0.05 · m`` default)
+#: (the paper's recommendation as tensorflow_privacy's docstring quotes it, TFF's ``0.05 · m``)
 DEFAULT_COUNT_STDDEV_SHARE = 0.05
 
 
@@ -59,7 +59,7 @@ def _check(name: str, value: float, low: float, high: float = math.inf) -> float
 
 
 def adaptive_noise_multiplier(noise_multiplier: float, count_stddev: float) -> float:
-    """``z_Δ = (z^{-2} − (2σ_b)^{-2})^{-1/2}`` (Andrew et al. Theorem 1), the update's noise
+    """``z_Δ = (z^{-2} − (2σ_b)^{-2})^{-1/2}`` (Andrew et al.'s noise split), the update's noise
     multiplier that, with the count's noise ``σ_b``, is as private as one Gaussian of
     multiplier ``z``; ``ValueError`` naming ``count_stddev`` unless ``z < 2σ_b``.
 
