@@ -34,6 +34,7 @@ __all__ = [
     "STREAM_AUDIT",
     "STREAM_AUGMENTATION",
     "STREAM_CENTRAL_NOISE",
+    "STREAM_CLIP_COUNT",
     "STREAM_COMPRESSION",
     "STREAM_INIT",
     "STREAM_NOISE",
@@ -56,6 +57,9 @@ STREAM_AUGMENTATION = 6  # a client's data augmentation
 STREAM_INIT = 7  # randomness of the memory initialization
 STREAM_CENTRAL_NOISE = 8  # the trusted aggregator's own Gaussian on the sum (central DP)
 STREAM_AUDIT = 9  # a privacy audit's canaries (pl_privfed.privacy.audit), never anyone else's
+STREAM_CLIP_COUNT = (
+    10  # adaptive clipping's noise on the unclipped count (per round; never the update's)
+)
 
 #: What a draw of :data:`STREAM_AUDIT` is for (the key's third element): a canary's direction
 #: ``(audit seed, STREAM_AUDIT, AUDIT_DIRECTION, canary)``, which canaries are inserted

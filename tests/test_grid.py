@@ -28,8 +28,10 @@ from pl_privfed.grads import GradientOracle
 from pl_privfed.grid import GridModule, grid_points, rebuild_algorithm
 from pl_privfed.grid import module as grid_module
 from pl_privfed.models import MLP
+from pl_privfed.operators import AdaptiveClip
 from pl_privfed.privacy import DPNoise, calibrate_noise_std, plan
 from pl_privfed.report import make_report
+from pl_privfed.sampling import PoissonSampler
 from pl_privfed.sweep import grid as sweep_grid
 from pl_privfed.sweep import load_sweep
 
@@ -133,6 +135,21 @@ def test_private_clip21_grid_equals_separate_runs(tmp_path):
     module = GridModule(_model(), alg, grad_backend="vmap", grid=grid)
     _fit(module, tmp_path / "grid", 4)
     assert module.privacy_ledger.accountant.steps == 4
+    _assert_equals_separate_runs(module, alg, "vmap", 4, tmp_path, True)
+
+
+def test_adaptive_clip_grid_equals_separate_runs(tmp_path):
+    """DP-FedAvg with adaptive clipping over its target quantile and the step size: each
+    configuration keeps its own clipping norm (a buffer), its noise split and its count's noise,
+    as its separate run does."""
+    clip = AdaptiveClip(0.5, count_stddev=5.0)
+    noise = DPNoise(epsilon=8.0, calibration="target", placement="central", seed=5)
+    alg = DPFedAvg(0.5, 0.5, operator=clip, sampler=PoissonSampler(0.5), noise=noise)
+    grid = {"operator.target_quantile": [0.3, 0.7], "step_size": [0.2, 0.5]}
+    module = GridModule(_model(), alg, grad_backend="vmap", grid=grid)
+    _fit(module, tmp_path / "grid", 4)
+    norms = [float(c.clip_norm) for c in module.grid_algorithms]
+    assert norms[0] != norms[2] and 0.5 not in norms  # each adapted its own norm
     _assert_equals_separate_runs(module, alg, "vmap", 4, tmp_path, True)
 
 

@@ -27,7 +27,7 @@ from pl_privfed.callbacks import GradientNorm
 from pl_privfed.datamodules import DigitsDataModule, IIDPartitioner
 from pl_privfed.graphs import Topology
 from pl_privfed.models import MLP
-from pl_privfed.operators import RandKBiased
+from pl_privfed.operators import AdaptiveClip, RandKBiased
 from pl_privfed.privacy import DPNoise
 from pl_privfed.sampling import PoissonSampler
 
@@ -66,6 +66,17 @@ CASES = {
             local_solver=LocalGD(2),
             sampler=PoissonSampler(0.6),
             noise=DPNoise(noise_multiplier=0.5, seed=6),
+        ),
+        dict(),
+    ),
+    "per_update_adaptive_clip": (  # the clipping norm C_t (buffer clip_norm) in the checkpoint
+        lambda: FedAvgPerUpdateClipping(
+            1.0,
+            local_step_size=0.2,
+            local_solver=LocalGD(2),
+            sampler=PoissonSampler(0.6),
+            noise=DPNoise(noise_multiplier=0.5, seed=6),
+            adaptive_clip=AdaptiveClip(0.3, count_stddev=1.0),
         ),
         dict(),
     ),
@@ -148,6 +159,9 @@ def test_resumed_run_is_bit_identical(name, tmp_path):
         if isinstance(a, torch.Tensor):
             assert torch.equal(a, b), k
     assert int(full.algorithm.rounds_done) == int(resumed.algorithm.rounds_done) == ROUNDS
+    if name.endswith("adaptive_clip"):  # the norm moved and was restored with the rest
+        assert "algorithm.clip_norm" in full.state_dict()
+        assert float(resumed.algorithm.clip_norm) == float(full.algorithm.clip_norm) != 0.3
     assert full.privacy_ledger.accountant.steps == resumed.privacy_ledger.accountant.steps
     assert full.privacy_ledger.epsilon(1e-5) == resumed.privacy_ledger.epsilon(1e-5)
     assert full.client_transmissions == resumed.client_transmissions

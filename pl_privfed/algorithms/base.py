@@ -37,9 +37,10 @@ from pl_privfed.engine import (
     RoundContext,
     RoundResult,
 )
-from pl_privfed.operators import Operator
+from pl_privfed.operators import AdaptiveClip, Operator
+from pl_privfed.operators.adaptive import UNCLIPPED
 from pl_privfed.privacy import DPNoise, Release, plan
-from pl_privfed.rng import KeyedGenerator
+from pl_privfed.rng import STREAM_CLIP_COUNT, KeyedGenerator
 
 __all__ = ["CLIENT_LEVEL_DP", "FederatedAlgorithm", "RoundResult"]
 
@@ -156,9 +157,59 @@ class FederatedAlgorithm(nn.Module, metaclass=abc.ABCMeta):
             rounds = plan.calibration_rounds(self.noise, self.num_rounds)
             self.noise_std = plan.calibrate(release, self.noise, rounds)
             plan.check(release, self.noise, self.noise_std, num_rounds or self.noise.rounds)
+        self._setup_adaptive_clip()
         self.allocate()
         self.server_optimizer.setup(dim, self.device, dtype)
         self.state.allocate(self.device, client_state, state_dir, state_in_memory)
+
+    def _setup_adaptive_clip(self) -> None:
+        """An :class:`~pl_privfed.operators.AdaptiveClip`'s ``m`` and noise split (the run's
+        noise multiplier ``z = σ/C_0``), and its norm ``C_t`` as the buffer ``clip_norm`` (in
+        the checkpoint: a resumed run continues from it)."""
+        clip = self.adaptive_clipping()
+        if clip is None:
+            return
+        z = None if self.noise is None else self.noise_std / clip.reference_bound
+        clip.configure(self.expected_cohort(), z)
+        self.register_buffer("clip_norm", torch.tensor(clip.initial_norm, dtype=torch.float64))
+
+    def adaptive_clipping(self) -> AdaptiveClip | None:
+        """The algorithm's :class:`~pl_privfed.operators.AdaptiveClip`, or ``None``."""
+        found = [op for op in self.operators() if isinstance(op, AdaptiveClip)]
+        if len(found) > 1:
+            raise ValueError(f"{type(self).__name__} takes at most one AdaptiveClip, got {found}")
+        return found[0] if found else None
+
+    def expected_cohort(self) -> float:
+        """``m``, the expected number of clients that send in a round (every client here)."""
+        return float(self.num_clients)
+
+    def release_clip_count(self, reduced: Reduction, metrics: dict[str, Tensor]) -> None:
+        """Adaptive clipping's server lines (:mod:`pl_privfed.operators.adaptive`): the noised,
+        centred count of unclipped updates ``b̃`` (noise ``σ_b`` where the run's noise
+        placement puts the update's: the trusted aggregator's one draw, or the senders' draws
+        as their sum, from the count's own stream ``(noise seed, STREAM_CLIP_COUNT, round)``),
+        then ``C ← C exp(−η_C (b̃ − γ))``. A no-op without an adaptive clip; an aborted round
+        released nothing and keeps ``C``."""
+        clip = self.adaptive_clipping()
+        if clip is None:
+            return
+        metrics["clip_norm"] = torch.tensor(clip.norm, dtype=torch.float64)
+        if not reduced.released:
+            return
+        senders = reduced.count(UNCLIPPED)
+        unclipped = float(reduced.stat_sums[UNCLIPPED]) if senders else 0.0
+        noise = 0.0
+        if self.noise is not None:
+            where, sigma_b = self.noise.where, clip.count_std
+            std = sigma_b if where.aggregator_draws else where.sender_std(sigma_b) * senders**0.5
+            gen = self.keyed(self.noise.seed, STREAM_CLIP_COUNT, reduced.round_index)
+            draw = torch.randn((), generator=gen, device=self.keyed.device, dtype=torch.float64)
+            noise = float(draw) * std
+        fraction = clip.released_fraction(unclipped, senders, noise)
+        metrics["unclipped_fraction"] = torch.tensor(fraction, dtype=torch.float64)
+        clip.norm = clip.next_norm(fraction)
+        self.clip_norm.fill_(clip.norm)
 
     def allocate(self) -> None:
         """Register the state: server buffers with ``register_buffer``, per-client tables with
@@ -208,11 +259,14 @@ class FederatedAlgorithm(nn.Module, metaclass=abc.ABCMeta):
         """How this round's messages reach the server (:mod:`pl_privfed.engine.message`): the
         noise where ``noise.where`` puts it, at the calibrated std, secure aggregation where
         configured, and the stage's hook (an audit's :attr:`canaries`)."""
-        noise = self.noise
+        noise, clip, factor = self.noise, self.adaptive_clipping(), 1.0
+        if clip is not None and hasattr(self, "clip_norm"):
+            clip.norm = float(self.clip_norm)  # C_t (restored from a checkpoint, too)
+            factor = clip.noise_factor(None if noise is None else self.noise_std)
         if noise is None:
             return MessageStage(secure_aggregation=self.secure_aggregation, hook=self.canaries)
         return MessageStage(
-            noise_std=self.noise_std,
+            noise_std=self.noise_std * factor,
             noise_seed=noise.seed,
             noised=True,
             per_client=noise.draws == "per_client",

@@ -50,7 +50,8 @@ class DistributedDPSGD(FederatedAlgorithm):
 
     Args:
         step_size: ``γ > 0``.
-        operator: ``Ψ``; identity (plain distributed gradient descent) by default.
+        operator: ``Ψ``; identity (plain distributed gradient descent) by default; an
+            :class:`~pl_privfed.operators.AdaptiveClip` adapts its norm between rounds.
         scale: ``β > 0`` multiplying ``Ψ``'s output.
         noise: DP noise settings (``noise.placement``: where it is added) or ``None``.
         server_optimizer: the server's step on ``Δ^k`` (``None``: line 73).
@@ -80,8 +81,9 @@ class DistributedDPSGD(FederatedAlgorithm):
 
     def release(self) -> Release:
         """Each client's message ``β Ψ(∇f_i)`` has norm at most ``Φ = β · bound(Ψ)``; every
-        client takes part in every round."""
-        bound = self.operator.bound
+        client takes part in every round (an adaptive clip's ``C_0``: its noise follows ``C_t``,
+        :mod:`pl_privfed.operators.adaptive`)."""
+        bound = self.operator.reference_bound
         bound = None if bound is None else self.scale * bound
         return Release(CLIENT_LEVEL_DP, bound, clients=self.num_clients)
 
@@ -97,6 +99,7 @@ class DistributedDPSGD(FederatedAlgorithm):
     def server_update(self, x: Tensor, reduced: Reduction) -> RoundResult:
         n = self.num_clients
         total, metrics = reduced.received()  # Σ_i β Ψ(∇f_i) + z (clients', shares or central)
+        self.release_clip_count(reduced, metrics)  # adaptive clipping: b̃ and C_{t+1}
         aggregate = total / n
         metrics["aggregate_norm"] = torch.linalg.vector_norm(aggregate)
         new_x = self.server_step(x, -aggregate, self.step_size)  # x − γ·aggregate

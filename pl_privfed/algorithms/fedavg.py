@@ -27,7 +27,7 @@ from pl_privfed.algorithms.server_opt import ServerOptimizer
 from pl_privfed.checks import check_choice, check_int, check_positive
 from pl_privfed.communication import Messages
 from pl_privfed.engine import ClientChunk, Reduction
-from pl_privfed.operators import Clip, Identity, Operator
+from pl_privfed.operators import AdaptiveClip, Clip, Identity, Operator
 from pl_privfed.privacy import BatchSampling, Cohort, DPNoise, RecordUse, Release
 from pl_privfed.rng import STREAM_SAMPLING
 from pl_privfed.sampling import ClientSampler, FixedSizeSampler, PoissonSampler
@@ -82,6 +82,10 @@ class LocalUpdateAlgorithm(FederatedAlgorithm):
     def participation_rate(self) -> float:
         """The probability that a client takes part in a round (1 without a sampler)."""
         return 1.0 if self.sampler is None else self.sampler.sample_rate
+
+    def expected_cohort(self) -> float:
+        """``m = q·N``, the expected cohort (adaptive clipping's count denominator)."""
+        return self.participation_rate * self.num_clients
 
     def cohort(self) -> Cohort:
         """How the sampler draws the cohort and the server normalizes (:data:`Cohort`)."""
@@ -146,6 +150,7 @@ class LocalUpdateAlgorithm(FederatedAlgorithm):
         server optimizer (``x ± step · total / B`` by default), with the round's metrics and
         messages (``total`` the participants' summed messages as received, noise included)."""
         participants = self._cohort_size
+        self.release_clip_count(reduced, metrics)  # adaptive clipping: b̃ and C_{t+1}
         aggregate = total / self._denominator
         metrics["aggregate_norm"] = torch.linalg.vector_norm(aggregate)
         metrics["participants"] = torch.tensor(float(participants))
@@ -183,7 +188,9 @@ class DPFedAvg(LocalUpdateAlgorithm):
     Args:
         step_size: the server step size ``η > 0``.
         local_step_size: ``γ > 0``; ``None`` (default) sets ``γ = η`` (App. D.1).
-        operator: ``Ψ`` (default identity: plain FedAvg; noise needs a bounded Ψ).
+        operator: ``Ψ`` (default identity: plain FedAvg; noise needs a bounded Ψ); an
+            :class:`~pl_privfed.operators.AdaptiveClip` clips at a norm that adapts to a
+            quantile of the update norms (Andrew et al. 2021, its count released beside).
         scale: ``β > 0`` multiplying Ψ's output.
         local_solver: ``T_i`` (default one local GD step).
         sampler: cohort sampler (default every client).
@@ -223,8 +230,9 @@ class DPFedAvg(LocalUpdateAlgorithm):
 
     def release(self) -> Release:
         """Every participant sends ``β Ψ(x − T_i(x))`` (+ its noise or share), of norm at most
-        ``β · bound(Ψ)`` before the noise."""
-        bound = self.operator.bound
+        ``β · bound(Ψ)`` before the noise (an adaptive clip's ``C_0``: its noise follows
+        ``C_t``, :mod:`pl_privfed.operators.adaptive`)."""
+        bound = self.operator.reference_bound
         return self.client_release(None if bound is None else self.scale * bound)
 
     def client_update(self, chunk: ClientChunk) -> None:
@@ -457,6 +465,8 @@ class FedAvgPerUpdateClipping(LocalUpdateAlgorithm):
         noise: DP noise on the clipped update, or ``None``.
         sampling_seed: seed of the sampling generator.
         server_optimizer: the server's step on ``Δ`` (``None``: line 14).
+        adaptive_clip: clip at a norm that adapts to a quantile of the update norms instead of
+            ``c`` (Andrew et al. 2021; :class:`~pl_privfed.operators.AdaptiveClip`), or ``None``.
     """
 
     #: paper 003 Alg. 2: the global and the local step size
@@ -476,12 +486,25 @@ class FedAvgPerUpdateClipping(LocalUpdateAlgorithm):
         noise: DPNoise | None = None,
         sampling_seed: int = 0,
         server_optimizer: ServerOptimizer | None = None,
+        adaptive_clip: AdaptiveClip | None = None,
     ) -> None:
         super().__init__(step_size, local_solver, sampler, noise, sampling_seed, server_optimizer)
         self.local_step_size = check_positive("local_step_size", local_step_size)
         if clip_threshold is not None:
             check_positive("clip_threshold", clip_threshold)
+        if adaptive_clip is not None and not isinstance(adaptive_clip, AdaptiveClip):
+            raise ValueError(
+                f"adaptive_clip must be an AdaptiveClip or None, got {adaptive_clip!r}"
+            )
+        if adaptive_clip is not None and clip_threshold is not None:
+            raise ValueError(
+                f"give clip_threshold={clip_threshold!r} or adaptive_clip, not both: the adaptive "
+                "clip's norm replaces c"
+            )
         self.operator: Operator = Clip(clip_threshold) if clip_threshold is not None else Identity()
+        self.adaptive_clip = adaptive_clip  # kept: a grid rebuilds the algorithm from it
+        if adaptive_clip is not None:
+            self.operator = adaptive_clip
         self.clip_threshold = None if clip_threshold is None else float(clip_threshold)
 
     def operators(self) -> list[Operator]:
@@ -489,7 +512,7 @@ class FedAvgPerUpdateClipping(LocalUpdateAlgorithm):
 
     def release(self) -> Release:
         """§3.2: every participant sends ``clip_c(Δ_i)`` (+ its noise or share: user-level DP)."""
-        return self.client_release(self.operator.bound, "user-level (client-level) DP")
+        return self.client_release(self.operator.reference_bound, "user-level (client-level) DP")
 
     def client_update(self, chunk: ClientChunk) -> None:
         local = self.local_solver.run(chunk.x, chunk.grad, self.local_step_size, keep="sum")

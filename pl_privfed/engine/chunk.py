@@ -23,6 +23,7 @@ from pl_privfed.communication import count_nonzeros
 from pl_privfed.engine.message import Message, MessageStage
 from pl_privfed.engine.reduce import Reduction
 from pl_privfed.engine.rows import DENSE, ClientRows
+from pl_privfed.operators.adaptive import UNCLIPPED, AdaptiveClip
 from pl_privfed.rng import STREAM_COMPRESSION, STREAM_NOISE, KeyedGenerator
 
 if TYPE_CHECKING:
@@ -236,6 +237,8 @@ class ClientChunk:
             return scale
         norms = torch.linalg.vector_norm(v, dim=-1)
         scale = operator.scale(norms)
+        if isinstance(operator, AdaptiveClip):  # each sender's bit b_i, whatever the statistics
+            self.reduction.stat(UNCLIPPED, operator.unclipped(norms))
         if factor != 1.0:
             scale = scale * factor
         if statistics:

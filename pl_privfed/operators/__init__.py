@@ -1,6 +1,7 @@
 """Operators on client-stacked ``[n, d]`` tensors: clipping, normalization, compression, noise."""
 
 from pl_privfed.operators import functional
+from pl_privfed.operators.adaptive import AdaptiveClip
 from pl_privfed.operators.base import (
     Clip,
     Identity,
@@ -22,6 +23,7 @@ from pl_privfed.operators.functional import (
 )
 
 __all__ = [
+    "AdaptiveClip",
     "Clip",
     "Identity",
     "Operator",

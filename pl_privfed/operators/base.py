@@ -47,6 +47,13 @@ class Operator:
     #: :data:`~pl_privfed.communication.ENCODING`)
     sparsifying: bool = False
 
+    @property
+    def reference_bound(self) -> float | None:
+        """The bound the run's noise is calibrated and accounted at: :attr:`bound`, except for
+        an operator whose bound moves between rounds and whose noise moves with it
+        (:class:`~pl_privfed.operators.AdaptiveClip`)."""
+        return self.bound
+
     def __call__(self, v: Tensor, generator: torch.Generator | None = None) -> Tensor:
         raise NotImplementedError
 
