@@ -35,6 +35,7 @@ __all__ = [
     "STREAM_AUGMENTATION",
     "STREAM_CENTRAL_NOISE",
     "STREAM_COMPRESSION",
+    "STREAM_CORRELATED_NOISE",
     "STREAM_INIT",
     "STREAM_NOISE",
     "STREAM_OUTPUT",
@@ -56,6 +57,7 @@ STREAM_AUGMENTATION = 6  # a client's data augmentation
 STREAM_INIT = 7  # randomness of the memory initialization
 STREAM_CENTRAL_NOISE = 8  # the trusted aggregator's own Gaussian on the sum (central DP)
 STREAM_AUDIT = 9  # a privacy audit's canaries (pl_privfed.privacy.audit), never anyone else's
+STREAM_CORRELATED_NOISE = 10  # row j of Z of correlated noise (pl_privfed.privacy.correlated)
 
 #: What a draw of :data:`STREAM_AUDIT` is for (the key's third element): a canary's direction
 #: ``(audit seed, STREAM_AUDIT, AUDIT_DIRECTION, canary)``, which canaries are inserted

@@ -19,6 +19,7 @@ their messages through the engine's message stage. Its state tensors (client mem
 from __future__ import annotations
 
 import abc
+import dataclasses
 from typing import Any, ClassVar
 
 import torch
@@ -96,6 +97,9 @@ class FederatedAlgorithm(nn.Module, metaclass=abc.ABCMeta):
         self.dim = 0
         self.num_rounds = 0
         self.noise_std = 0.0
+        #: the aggregator's noise across rounds where the placement correlates it (an
+        #: ``nn.Module``: its state is in this module's ``state_dict``), else ``None``
+        self.noise_process = None
         #: the clients' data span their rounds run in (:mod:`pl_privfed.layer_rules.span`),
         #: chosen at :meth:`setup`; ``None``: client rows of ``d``
         self.span: ClientSpan | None = None
@@ -154,8 +158,13 @@ class FederatedAlgorithm(nn.Module, metaclass=abc.ABCMeta):
         if self.noise is not None:
             release = self.release()
             rounds = plan.calibration_rounds(self.noise, self.num_rounds)
+            if self.noise.where.round_dependent and self.noise.rounds is None:
+                # correlated noise: its factorization is built for K rounds, fixed from here on
+                self.noise = dataclasses.replace(self.noise, rounds=rounds)
             self.noise_std = plan.calibrate(release, self.noise, rounds)
             plan.check(release, self.noise, self.noise_std, num_rounds or self.noise.rounds)
+            # correlated noise keeps its state across rounds in this module's buffers
+            self.noise_process = self.noise.where.noise_process(dim, rounds, self.device)
         self.allocate()
         self.server_optimizer.setup(dim, self.device, dtype)
         self.state.allocate(self.device, client_state, state_dir, state_in_memory)
@@ -232,6 +241,7 @@ class FederatedAlgorithm(nn.Module, metaclass=abc.ABCMeta):
             placement=noise.where,
             secure_aggregation=self.secure_aggregation,
             hook=self.canaries,
+            process=self.noise_process,
         )
 
     # ------------------------------------------------------------------ the round

@@ -30,7 +30,7 @@ from pl_privfed.engine import ClientChunk, Reduction
 from pl_privfed.operators import Clip, Identity, Operator
 from pl_privfed.privacy import BatchSampling, Cohort, DPNoise, RecordUse, Release
 from pl_privfed.rng import STREAM_SAMPLING
-from pl_privfed.sampling import ClientSampler, FixedSizeSampler, PoissonSampler
+from pl_privfed.sampling import ClientSampler, CyclicSampler, FixedSizeSampler, PoissonSampler
 
 __all__ = ["DPFedAvg", "FedAvgPerSampleClipping", "FedAvgPerUpdateClipping", "LocalUpdateAlgorithm"]
 
@@ -91,6 +91,8 @@ class LocalUpdateAlgorithm(FederatedAlgorithm):
             return "poisson"
         if isinstance(self.sampler, FixedSizeSampler):
             return "fixed"
+        if isinstance(self.sampler, CyclicSampler):
+            return "cyclic"
         return "realized"  # Bernoulli: the average over the clients that took part
 
     def client_release(self, bound: float | None, unit: str = CLIENT_LEVEL_DP) -> Release:
@@ -105,6 +107,7 @@ class LocalUpdateAlgorithm(FederatedAlgorithm):
             "cohort": self.cohort(),
             "clients": self.num_clients,
             "cohort_size": rate * self.num_clients,
+            "separation": 1 if self.sampler is None else self.sampler.separation,
         }
 
     def configure_data(self, *, batch_size, local_batches, shuffle, client_sizes, **_) -> None:
@@ -126,7 +129,8 @@ class LocalUpdateAlgorithm(FederatedAlgorithm):
         if self.sampler is None:
             self._denominator, self._cohort_size = float(self.num_clients), self.num_clients
             return None
-        mask = self.sampler.sample(self.num_clients, self.sampling_generator(round_index))
+        gen = self.sampling_generator(round_index)
+        mask = self.sampler.sample_round(self.num_clients, round_index, gen)
         self._denominator = float(self.sampler.denominator(mask))
         cohort = mask.nonzero().squeeze(1).cpu()
         self._cohort_size = int(cohort.numel())

@@ -364,6 +364,13 @@ class PrivacyLedger:
                 f"({changes}), which give {current['noise_std']:.6g}: resume with the "
                 "checkpoint's noise settings, or start a new run for the new ones"
             )
+        if self.noise.where.round_dependent:
+            raise ValueError(
+                f"the checkpoint's correlated noise ({self.noise.where.name}) was built for "
+                f"{saved['rounds']} rounds and this run asks for {current['rounds']}: its "
+                "factorization C and noise cannot change mid-run; resume with noise.rounds: "
+                f"{saved['rounds']}"
+            )
         if saved["rounds"] == current["rounds"]:  # same settings, another σ: an older solver
             raise ValueError(
                 f"the checkpoint's noise std {saved['noise_std']:.6g} was calibrated by an older "

@@ -169,7 +169,7 @@ def release_plan(
     """Every release of ``rounds`` rounds at noise std ``noise_std`` against ``adversary``
     (default the headline), as ``(mechanism, count)`` pairs: what ``calibration: target``
     solves over."""
-    if not level_of(release).round_dependent:
+    if not (level_of(release).round_dependent or noise.where.round_dependent):
         mechs = round_mechanisms(release, noise, noise_std, 0, adversary)
         return [(m, rounds) for m in mechs]
     counts: Counter[ReleaseKey] = Counter()
