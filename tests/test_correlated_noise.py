@@ -354,3 +354,19 @@ def test_refusals():
     loose = DPNoise(noise_multiplier=1.0, placement=BandedMFNoise(2))
     with pytest.raises(ValueError, match=r"noise\.rounds"):
         plan.round_mechanisms(derived.release(), loose, 1.0, 0)
+
+
+def test_resuming_with_another_horizon_is_refused():
+    """The factorization is built for the run's rounds; a checkpoint cannot continue with
+    another horizon (its C, and the noise already released, would change)."""
+
+    def ledger(rounds):
+        noise = DPNoise(epsilon=2.0, calibration="target", placement=BandedMFNoise(2))
+        alg = DPFedAvg(0.1, operator=Clip(1.0), sampler=CyclicSampler(2), noise=noise)
+        alg.setup(num_clients=4, dim=2, num_rounds=rounds, dtype=DT)
+        return PrivacyLedger(alg.release(), alg.noise, [alg.noise_std], rounds)
+
+    saved = ledger(10).calibration
+    assert ledger(10).restore(saved) is None
+    with pytest.raises(ValueError, match="built for 10 rounds"):
+        ledger(12).restore(saved)

@@ -184,6 +184,17 @@ class DPFedAvg(LocalUpdateAlgorithm):
     :class:`~pl_privfed.algorithms.ServerSGD` is the line above); DP-FedAdam is this class with
     ``server_optimizer: FedAdam``, its ε unchanged (post-processing of the released sum).
 
+    DP-FTRL-style (correlated noise, :mod:`pl_privfed.privacy.correlated`): with
+    ``noise.placement`` :class:`~pl_privfed.privacy.BandedMFNoise` or
+    :class:`~pl_privfed.privacy.TreeNoise` and a :class:`~pl_privfed.sampling.CyclicSampler`,
+    the aggregator adds ``(C^{-1} Z)_k`` to round ``k``'s sum instead of an independent draw, so
+    with the default server step ``x^{k+1} = x^0 − (η/B) Σ_{s≤k} (Σ_{i∈S^s} β Ψ(·) + (C^{-1}
+    Z)_s)``: the model is ``x^0`` minus ``η/B`` times the noisy prefix sum ``A(G + C^{-1}Z)`` of
+    the matrix factorization mechanism (Kairouz et al. 2021; Choquette-Choo et al. 2023). A
+    server optimizer acts on the same noisy per-round increments (post-processing of the
+    released ``C G + Z``: the ε is unchanged, but only plain SGD makes the model the noisy prefix
+    sum whose error the factorization minimizes).
+
     Args:
         step_size: the server step size ``η > 0``.
         local_step_size: ``γ > 0``; ``None`` (default) sets ``γ = η`` (App. D.1).
