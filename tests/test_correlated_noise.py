@@ -256,6 +256,8 @@ def test_banded_mf_epsilon_is_one_gaussian_mechanism_by_dp_accounting():
     acc = PLDAccountant(ADD_REMOVE, value_discretization_interval=1e-4)
     acc.compose(dp_accounting.GaussianDpEvent(2.0 / math.sqrt(5)))
     assert ledger.epsilon() == pytest.approx(acc.get_epsilon(1e-5), rel=2e-3)
+    # the MF papers account the run the same way (add/remove, one Gaussian mechanism)
+    assert ledger.epsilon_paper() == pytest.approx(ledger.epsilon(), rel=1e-12)
     rdp = RdpAccountant(neighboring_relation=ADD_REMOVE)
     rdp.compose(dp_accounting.GaussianDpEvent(2.0 / math.sqrt(5)))
     assert ledger.accountant.get_epsilon_rdp(1e-5) == pytest.approx(rdp.get_epsilon(1e-5), rel=2e-2)
