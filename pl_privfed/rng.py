@@ -36,6 +36,7 @@ __all__ = [
     "STREAM_CENTRAL_NOISE",
     "STREAM_CLIP_COUNT",
     "STREAM_COMPRESSION",
+    "STREAM_CORRELATED_NOISE",
     "STREAM_INIT",
     "STREAM_NOISE",
     "STREAM_OUTPUT",
@@ -60,6 +61,7 @@ STREAM_AUDIT = 9  # a privacy audit's canaries (pl_privfed.privacy.audit), never
 STREAM_CLIP_COUNT = (
     10  # adaptive clipping's noise on the unclipped count (per round; never the update's)
 )
+STREAM_CORRELATED_NOISE = 11  # row j of Z of correlated noise (pl_privfed.privacy.correlated)
 
 #: What a draw of :data:`STREAM_AUDIT` is for (the key's third element): a canary's direction
 #: ``(audit seed, STREAM_AUDIT, AUDIT_DIRECTION, canary)``, which canaries are inserted

@@ -11,6 +11,10 @@ participants' messages:
   which keeps the aggregate's sensitivity independent of who took part).
 * :class:`FixedSizeSampler` — a uniformly random cohort of exactly ``B`` clients (paper 003
   App. C.1, paper 004 §3 "S^k … with size B"); the server divides by ``B``.
+* :class:`CyclicSampler` — no randomness: the clients split into ``b`` fixed groups, group
+  ``k mod b`` takes part in round ``k`` (each client once every ``b`` rounds, the participation
+  schema of the matrix factorization mechanisms, which needs no secret sampling); the server
+  divides by the group size.
 
 ``sample_rate`` is the probability that a given client takes part in a round; it is what the
 algorithms report to the privacy accountant (amplification by subsampling). For independent
@@ -32,6 +36,7 @@ from pl_privfed.checks import check_positive_int
 __all__ = [
     "BernoulliSampler",
     "ClientSampler",
+    "CyclicSampler",
     "FixedSizeSampler",
     "PoissonSampler",
     "check_probability",
@@ -62,6 +67,18 @@ class ClientSampler:
     def sample(self, num_clients: int, generator: torch.Generator) -> Tensor:
         """A participation mask ``[num_clients]`` (bool)."""
         raise NotImplementedError
+
+    def sample_round(
+        self, num_clients: int, round_index: int, generator: torch.Generator
+    ) -> Tensor:
+        """The participation mask of round ``round_index`` (default :meth:`sample`, which does
+        not depend on the round)."""
+        return self.sample(num_clients, generator)
+
+    @property
+    def separation(self) -> int:
+        """The fewest rounds between two rounds of one client (1: consecutive rounds)."""
+        return 1
 
     def denominator(self, mask: Tensor) -> Tensor:
         """What the server divides the participants' sum by (a scalar tensor)."""
@@ -145,3 +162,60 @@ class FixedSizeSampler(ClientSampler):
 
     def denominator(self, mask: Tensor) -> Tensor:
         return torch.tensor(float(self.cohort_size), dtype=torch.float64)
+
+
+class CyclicSampler(ClientSampler):
+    """Cyclic cohorts: client ``i`` is in group ``i mod b`` and group ``k mod b`` takes part in
+    round ``k`` (every client exactly once every ``b`` rounds, ``b``-min-separated; Choquette-Choo
+    et al. 2023's participation schema for the banded matrix factorization mechanism). Nothing
+    is random, so nothing is secret and nothing amplifies; the server divides by the group size
+    ``n/b``. The clients must split into equal groups (``n`` a multiple of ``b``), refused at
+    :meth:`setup` otherwise.
+
+    Args:
+        groups: ``b >= 1``.
+
+    >>> s = CyclicSampler(3)
+    >>> s.setup(6)
+    >>> s.sample_round(6, 4, torch.Generator()).tolist()
+    [False, True, False, False, True, False]
+    """
+
+    def __init__(self, groups: int) -> None:
+        self.groups = check_positive_int("groups", groups)
+        self.num_clients = 0
+
+    def setup(self, num_clients: int) -> None:
+        if num_clients % self.groups:
+            raise ValueError(
+                f"groups={self.groups} does not divide the {num_clients} clients: cyclic "
+                "cohorts need equal groups (a fixed denominator)"
+            )
+        self.num_clients = num_clients
+
+    @property
+    def sample_rate(self) -> float:
+        return 1.0 / self.groups
+
+    @property
+    def separation(self) -> int:
+        return self.groups
+
+    @property
+    def group_size(self) -> int:
+        """``n/b``, the clients of a round."""
+        if not self.num_clients:
+            raise RuntimeError(f"{self!r}: call setup(num_clients) first")
+        return self.num_clients // self.groups
+
+    def sample(self, num_clients: int, generator: torch.Generator) -> Tensor:
+        raise ValueError("CyclicSampler's cohort depends on the round: call sample_round")
+
+    def sample_round(
+        self, num_clients: int, round_index: int, generator: torch.Generator
+    ) -> Tensor:
+        ids = torch.arange(num_clients, device=generator.device)
+        return ids % self.groups == round_index % self.groups
+
+    def denominator(self, mask: Tensor) -> Tensor:
+        return torch.tensor(float(mask.numel() // self.groups), dtype=torch.float64)

@@ -71,8 +71,8 @@ def test_private_config_runs_and_names_its_adversary(config, tmp_path, monkeypat
         assert headline == "server" and privacy["placement"] == "local"
         assert privacy["privacy_unit"].startswith(("record-level", "example-level"))
     else:
-        assert privacy["placement"] in ("central", "distributed")
-        assert headline == ("models" if privacy["placement"] == "central" else "server")
+        assert privacy["placement"] in ("central", "distributed", "banded_mf", "tree_aggregation")
+        assert headline == ("server" if privacy["placement"] == "distributed" else "models")
     named = "the server" if headline == "server" else "whoever sees the models"
     assert f"ε = 8 at δ = 1e-05 against {named}" in plan_line
     assert f"against {named}" in result

@@ -14,6 +14,7 @@ from pytorch_lightning.callbacks import ModelCheckpoint
 from pl_privfed import FederatedModule
 from pl_privfed.algorithms import (
     PORTER,
+    DPFedAvg,
     FedAdam,
     FedAlphaNormEC,
     FedAvgPerSampleClipping,
@@ -27,9 +28,9 @@ from pl_privfed.callbacks import GradientNorm
 from pl_privfed.datamodules import DigitsDataModule, IIDPartitioner
 from pl_privfed.graphs import Topology
 from pl_privfed.models import MLP
-from pl_privfed.operators import AdaptiveClip, RandKBiased
-from pl_privfed.privacy import DPNoise
-from pl_privfed.sampling import PoissonSampler
+from pl_privfed.operators import AdaptiveClip, Clip, RandKBiased
+from pl_privfed.privacy import BandedMFNoise, DPNoise, TreeNoise
+from pl_privfed.sampling import CyclicSampler, PoissonSampler
 
 ROUNDS, STOP = 12, 6
 
@@ -100,6 +101,27 @@ CASES = {
             participation_prob=0.5,
             noise=DPNoise(noise_multiplier=0.5, seed=3),
             server_optimizer=FedYogi(beta1=0.5, tau=0.01),
+        ),
+        dict(),
+    ),
+    # correlated noise: the recursion's recent noise rows travel in the algorithm's state_dict
+    "dp_fedavg_banded_mf": (
+        lambda: DPFedAvg(
+            0.3,
+            local_step_size=0.2,
+            operator=Clip(1.0),
+            sampler=CyclicSampler(5),
+            noise=DPNoise(noise_multiplier=0.5, seed=6, placement=BandedMFNoise(3)),
+        ),
+        dict(),
+    ),
+    "dp_fedavg_tree": (
+        lambda: DPFedAvg(
+            0.3,
+            local_step_size=0.2,
+            operator=Clip(1.0),
+            sampler=CyclicSampler(5),
+            noise=DPNoise(noise_multiplier=0.5, seed=6, placement=TreeNoise(5)),
         ),
         dict(),
     ),

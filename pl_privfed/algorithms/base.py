@@ -19,6 +19,7 @@ their messages through the engine's message stage. Its state tensors (client mem
 from __future__ import annotations
 
 import abc
+import dataclasses
 from typing import Any, ClassVar
 
 import torch
@@ -101,6 +102,9 @@ class FederatedAlgorithm(nn.Module, metaclass=abc.ABCMeta):
         #: how the clients' rows are represented in the rounds
         #: (:class:`~pl_privfed.engine.ClientRows`), chosen at :meth:`setup`
         self.client_rows: ClientRows = DENSE
+        #: the aggregator's noise across rounds where the placement correlates it (an
+        #: ``nn.Module``: its state is in this module's ``state_dict``), else ``None``
+        self.noise_process = None
         self.state = ClientStates(self)
         self.shard = ClientShard(0)
         self.keyed = KeyedGenerator()
@@ -155,8 +159,13 @@ class FederatedAlgorithm(nn.Module, metaclass=abc.ABCMeta):
         if self.noise is not None:
             release = self.release()
             rounds = plan.calibration_rounds(self.noise, self.num_rounds)
+            if self.noise.where.round_dependent and self.noise.rounds is None:
+                # correlated noise: its factorization is built for K rounds, fixed from here on
+                self.noise = dataclasses.replace(self.noise, rounds=rounds)
             self.noise_std = plan.calibrate(release, self.noise, rounds)
             plan.check(release, self.noise, self.noise_std, num_rounds or self.noise.rounds)
+            # correlated noise keeps its state across rounds in this module's buffers
+            self.noise_process = self.noise.where.noise_process(dim, rounds, self.device)
         self._setup_adaptive_clip()
         self.allocate()
         self.server_optimizer.setup(dim, self.device, dtype)
@@ -273,6 +282,7 @@ class FederatedAlgorithm(nn.Module, metaclass=abc.ABCMeta):
             placement=noise.where,
             secure_aggregation=self.secure_aggregation,
             hook=self.canaries,
+            process=self.noise_process,
         )
 
     # ------------------------------------------------------------------ the round

@@ -30,7 +30,7 @@ from pl_privfed.engine import ClientChunk, Reduction
 from pl_privfed.operators import AdaptiveClip, Clip, Identity, Operator
 from pl_privfed.privacy import BatchSampling, Cohort, DPNoise, RecordUse, Release
 from pl_privfed.rng import STREAM_SAMPLING
-from pl_privfed.sampling import ClientSampler, FixedSizeSampler, PoissonSampler
+from pl_privfed.sampling import ClientSampler, CyclicSampler, FixedSizeSampler, PoissonSampler
 
 __all__ = ["DPFedAvg", "FedAvgPerSampleClipping", "FedAvgPerUpdateClipping", "LocalUpdateAlgorithm"]
 
@@ -95,6 +95,8 @@ class LocalUpdateAlgorithm(FederatedAlgorithm):
             return "poisson"
         if isinstance(self.sampler, FixedSizeSampler):
             return "fixed"
+        if isinstance(self.sampler, CyclicSampler):
+            return "cyclic"
         return "realized"  # Bernoulli: the average over the clients that took part
 
     def client_release(self, bound: float | None, unit: str = CLIENT_LEVEL_DP) -> Release:
@@ -109,6 +111,7 @@ class LocalUpdateAlgorithm(FederatedAlgorithm):
             "cohort": self.cohort(),
             "clients": self.num_clients,
             "cohort_size": rate * self.num_clients,
+            "separation": 1 if self.sampler is None else self.sampler.separation,
         }
 
     def configure_data(self, *, batch_size, local_batches, shuffle, client_sizes, **_) -> None:
@@ -130,7 +133,8 @@ class LocalUpdateAlgorithm(FederatedAlgorithm):
         if self.sampler is None:
             self._denominator, self._cohort_size = float(self.num_clients), self.num_clients
             return None
-        mask = self.sampler.sample(self.num_clients, self.sampling_generator(round_index))
+        gen = self.sampling_generator(round_index)
+        mask = self.sampler.sample_round(self.num_clients, round_index, gen)
         self._denominator = float(self.sampler.denominator(mask))
         cohort = mask.nonzero().squeeze(1).cpu()
         self._cohort_size = int(cohort.numel())
@@ -184,6 +188,17 @@ class DPFedAvg(LocalUpdateAlgorithm):
     ``Δ^k = −(1/B) Σ_{i∈S^k} (β Ψ(x^k − T_i(x^k)) + z_i^k)`` at step size ``η`` (the default
     :class:`~pl_privfed.algorithms.ServerSGD` is the line above); DP-FedAdam is this class with
     ``server_optimizer: FedAdam``, its ε unchanged (post-processing of the released sum).
+
+    DP-FTRL-style (correlated noise, :mod:`pl_privfed.privacy.correlated`): with
+    ``noise.placement`` :class:`~pl_privfed.privacy.BandedMFNoise` or
+    :class:`~pl_privfed.privacy.TreeNoise` and a :class:`~pl_privfed.sampling.CyclicSampler`,
+    the aggregator adds ``(C^{-1} Z)_k`` to round ``k``'s sum instead of an independent draw, so
+    with the default server step ``x^{k+1} = x^0 − (η/B) Σ_{s≤k} (Σ_{i∈S^s} β Ψ(·) + (C^{-1}
+    Z)_s)``: the model is ``x^0`` minus ``η/B`` times the noisy prefix sum ``A(G + C^{-1}Z)`` of
+    the matrix factorization mechanism (Kairouz et al. 2021; Choquette-Choo et al. 2023). A
+    server optimizer acts on the same noisy per-round increments (post-processing of the
+    released ``C G + Z``: the ε is unchanged, but only plain SGD makes the model the noisy prefix
+    sum whose error the factorization minimizes).
 
     Args:
         step_size: the server step size ``η > 0``.

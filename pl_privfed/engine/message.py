@@ -168,6 +168,9 @@ class MessageStage:
             adds ``N(0, σ²/t)``; a round with fewer senders is aborted).
         secure_aggregation: pairwise-masked sums, or ``None``.
         hook: the stage's one hook (:class:`MessageHook`: an audit's canaries), or ``None``.
+        process: the aggregator's noise across rounds where the placement correlates it
+            (:meth:`~pl_privfed.privacy.NoisePlacement.noise_process`: correlated noise,
+            ``draw(round, std, seed, keyed, like)``), or ``None`` (independent draws).
     """
 
     noise_std: float = 0.0
@@ -178,6 +181,7 @@ class MessageStage:
     min_contributors: int | None = None
     secure_aggregation: SecureAggregation | None = None
     hook: MessageHook | None = None
+    process: Any = None
 
     def __post_init__(self) -> None:
         placement = resolve_placement(self.placement, self.min_contributors)
@@ -219,7 +223,10 @@ class MessageStage:
         their sum, ``N(0, count·s² I)`` with ``s`` a sender's std (:attr:`client_noise_std`),
         from the round's stream ``(noise seed, STREAM_SERVER_NOISE, round)``; or the trusted
         aggregator's ``N(0, σ² I)`` (central) from its own stream ``(noise seed,
-        STREAM_CENTRAL_NOISE, round)``: two purposes, two keys, never the same draw twice."""
+        STREAM_CENTRAL_NOISE, round)``: two purposes, two keys, never the same draw twice.
+        Correlated noise: the aggregator's ``(C^{-1} Z)_t`` from the stage's :attr:`process`."""
+        if self.placement.aggregator_draws and self.process is not None:
+            return self.process.draw(round_index, self.noise_std, self.noise_seed, keyed, like)
         out = torch.zeros_like(like)
         if self.placement.aggregator_draws:
             gen = keyed(self.noise_seed, STREAM_CENTRAL_NOISE, round_index)

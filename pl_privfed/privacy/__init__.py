@@ -8,6 +8,9 @@ calibration, a run's ledger and secure aggregation.
 * :mod:`~pl_privfed.privacy.placement` — where the noise goes: :class:`LocalNoise`,
   :class:`CentralNoise`, :class:`DistributedNoise` and their registry
   (:func:`register_placement`);
+* :mod:`~pl_privfed.privacy.correlated` and :mod:`~pl_privfed.privacy.factorization` — noise
+  correlated across rounds (the matrix factorization mechanism: :class:`BandedMFNoise`,
+  :class:`TreeNoise`) and the strategies' matrices and sensitivities;
 * :mod:`~pl_privfed.privacy.plan` — pure functions from a declaration to mechanisms, the bases of
   each ε and the calibration;
 * :mod:`~pl_privfed.privacy.ledger` — :class:`PrivacyLedger`, one run's accountants and reports;
@@ -31,6 +34,8 @@ from pl_privfed.privacy.calibration import (
     epsilon_of_plan,
     paper_noise_std,
 )
+from pl_privfed.privacy.correlated import BandedMFNoise, CorrelatedNoise, TreeNoise
+from pl_privfed.privacy.factorization import BandedToeplitz, Factorization, TreeAggregation
 from pl_privfed.privacy.ledger import PrivacyLedger
 from pl_privfed.privacy.levels import ClientLevel, PrivacyLevel, RecordLevel, level_of
 from pl_privfed.privacy.mechanism import AccountingBasis, Mechanism, ReleaseKey, Sampling
@@ -56,13 +61,17 @@ __all__ = [
     "PLACEMENTS",
     "AccountantName",
     "AccountingBasis",
+    "BandedMFNoise",
+    "BandedToeplitz",
     "BatchSampling",
     "Calibration",
     "CentralNoise",
     "ClientLevel",
     "Cohort",
+    "CorrelatedNoise",
     "DPNoise",
     "DistributedNoise",
+    "Factorization",
     "LocalNoise",
     "Mechanism",
     "Neighbouring",
@@ -77,6 +86,8 @@ __all__ = [
     "ReleaseKey",
     "Sampling",
     "SecureAggregation",
+    "TreeAggregation",
+    "TreeNoise",
     "abort_probability",
     "audit",
     "calibrate_noise_multiplier",

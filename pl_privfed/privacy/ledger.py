@@ -97,9 +97,9 @@ class PrivacyLedger:
             self.release, self.noise, self.noise_std, round_index, adversary or self.headline
         )
 
-    def paper_mechanisms(self) -> list[Mechanism]:
-        """The releases of one round under the papers' convention."""
-        return plan.paper_mechanisms(self.release, self.noise_std)
+    def paper_mechanisms(self, round_index: int = 0) -> list[Mechanism]:
+        """The releases of round ``round_index`` under the papers' convention."""
+        return plan.paper_mechanisms(self.release, self.noise_std, self.noise, round_index)
 
     def last_mechanisms(self) -> list[Mechanism]:
         """The releases of the round last accounted."""
@@ -118,7 +118,7 @@ class PrivacyLedger:
             for adversary, accountant in self.accountants.items():
                 for mech in self.mechanisms(round_index, adversary):
                     accountant.step_mechanism(mech)
-            for mech in self.paper_mechanisms():
+            for mech in self.paper_mechanisms(round_index):
                 self.paper_accountant.step_mechanism(mech)
         else:
             self.rounds_aborted += 1
@@ -363,6 +363,13 @@ class PrivacyLedger:
                 f"{saved['rounds']} rounds with other privacy settings than this run's "
                 f"({changes}), which give {current['noise_std']:.6g}: resume with the "
                 "checkpoint's noise settings, or start a new run for the new ones"
+            )
+        if self.noise.where.round_dependent:
+            raise ValueError(
+                f"the checkpoint's correlated noise ({self.noise.where.name}) was built for "
+                f"{saved['rounds']} rounds and this run asks for {current['rounds']}: its "
+                "factorization C and noise cannot change mid-run; resume with noise.rounds: "
+                f"{saved['rounds']}"
             )
         if saved["rounds"] == current["rounds"]:  # same settings, another σ: an older solver
             raise ValueError(

@@ -181,6 +181,9 @@ class ClientLevel(PrivacyLevel):
         adversary: Adversary,
     ) -> list[Mechanism]:
         release, label = self.release, self.unit(noise)
+        own = noise.where.mechanisms(release, noise, noise_std, sensitivity, round_index, label)
+        if own is not None:  # the placement decides (correlated noise)
+            return own
         multiplier = noise_std / sensitivity
         if adversary == "models" and release.participation < 1:
             if release.cohort == "poisson":
@@ -196,8 +199,8 @@ class ClientLevel(PrivacyLevel):
 
     @property
     def paper_rate(self) -> float:
-        """The client participation."""
-        return self.release.participation
+        """The client participation (1 for cyclic cohorts: nothing is sampled)."""
+        return 1.0 if self.release.cohort == "cyclic" else self.release.participation
 
     @property
     def paper_releases_per_round(self) -> int:
@@ -263,6 +266,11 @@ class ClientLevel(PrivacyLevel):
                 f"{release.clients} clients each round, secret from whoever sees only the "
                 "models (dp-accounting, replace-one)"
             )
+        elif release.cohort == "cyclic":
+            amplification = (
+                f"none: cyclic cohorts ({release.separation} fixed groups, group t mod "
+                f"{release.separation} at round t) are public; no client sampling is secret"
+            )
         elif release.cohort == "realized" and rate < 1:
             amplification = (
                 "none: the server averages over the clients that took part, so the model "
@@ -286,7 +294,7 @@ class ClientLevel(PrivacyLevel):
                 "add/remove understates what one client can change in its own message "
                 "(replace-one: twice the bound)"
             )
-        elif release.participation < 1 and release.cohort != "poisson":
+        elif release.participation < 1 and release.cohort not in ("poisson", "cyclic"):
             problems.append(f"the cohort is not a Poisson sample ({release.cohort})")
         return problems
 

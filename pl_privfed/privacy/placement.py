@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
 from torch import Tensor
@@ -45,6 +45,7 @@ from torch import Tensor
 from pl_privfed.checks import check_choice
 
 if TYPE_CHECKING:
+    from pl_privfed.privacy.mechanism import Mechanism
     from pl_privfed.privacy.release import Release
 
 __all__ = [
@@ -194,6 +195,30 @@ class NoisePlacement:
     def record(self) -> dict[str, object]:
         """The placement in a run's privacy report and checkpoint."""
         return {"placement": self.name, "min_contributors": self.min_contributors}
+
+    @property
+    def round_dependent(self) -> bool:
+        """Whether this placement's releases differ from round to round (correlated noise)."""
+        return False
+
+    def mechanisms(
+        self,
+        release: Release,
+        noise: Any,
+        noise_std: float,
+        sensitivity: float,
+        round_index: int,
+        label: str,
+    ) -> list[Mechanism] | None:
+        """Round ``round_index``'s Gaussian releases of a client-level run (``noise`` the run's
+        :class:`~pl_privfed.privacy.DPNoise`), where this placement decides them (correlated noise, :mod:`pl_privfed.privacy.correlated`), or
+        ``None``: the privacy level's (one release per round at ``σ / sensitivity``)."""
+        return None
+
+    def noise_process(self, dim: int, horizon: int, device: torch.device | str) -> Any:
+        """The stateful draw of the aggregator's noise across rounds (an ``nn.Module`` whose
+        buffers the algorithm's state carries), or ``None``: independent draws."""
+        return None
 
 
 #: The registered placements, by the name a configuration gives.

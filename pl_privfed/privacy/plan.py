@@ -150,10 +150,20 @@ def round_mechanisms(
     return level.mechanisms(noise, noise_std, sens, round_index, adversary)
 
 
-def paper_mechanisms(release: Release, noise_std: float) -> list[Mechanism]:
+def paper_mechanisms(
+    release: Release, noise_std: float, noise: DPNoise | None = None, round_index: int = 0
+) -> list[Mechanism]:
     """The releases of one round as the papers account them: add/remove, and Poisson
-    amplification at the nominal rate (reported beside the defensible ε)."""
+    amplification at the nominal rate (reported beside the defensible ε); where the placement
+    decides a round's releases (``noise.where.mechanisms``: correlated noise, whose papers
+    account the whole run as one Gaussian mechanism), its releases of round ``round_index``
+    under add/remove."""
     level = level_of(release)
+    if noise is not None:
+        sens = sensitivity(release, "add_remove")
+        own = noise.where.mechanisms(release, noise, noise_std, sens, round_index, release.unit)
+        if own is not None:
+            return own
     gaussians = level.paper_gaussians_per_release
     multiplier = noise_std / (sensitivity(release, "add_remove") * math.sqrt(gaussians))
     return [Mechanism(multiplier, level.paper_rate, release.unit)] * level.paper_releases_per_round
@@ -169,7 +179,7 @@ def release_plan(
     """Every release of ``rounds`` rounds at noise std ``noise_std`` against ``adversary``
     (default the headline), as ``(mechanism, count)`` pairs: what ``calibration: target``
     solves over."""
-    if not level_of(release).round_dependent:
+    if not (level_of(release).round_dependent or noise.where.round_dependent):
         mechs = round_mechanisms(release, noise, noise_std, 0, adversary)
         return [(m, rounds) for m in mechs]
     counts: Counter[ReleaseKey] = Counter()
@@ -317,7 +327,7 @@ def check(release: Release, noise: DPNoise, noise_std: float, rounds: int | None
     level_of(release).check_data(noise)
     plans = [
         *(round_mechanisms(release, noise, noise_std, 0, a) for a in adversaries(release, noise)),
-        paper_mechanisms(release, noise_std),
+        paper_mechanisms(release, noise_std, noise),
     ]
     for mechanisms in plans:
         probe = PrivacyAccountant(noise.accountant)

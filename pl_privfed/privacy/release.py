@@ -38,8 +38,10 @@ BatchSampling = Literal["epochs", "without_replacement"]
 #: ``"all"`` (every client, every round), ``"poisson"`` (each client independently, the sum
 #: divided by a fixed number: the expected cohort), ``"fixed"`` (a uniformly random cohort of
 #: exactly ``cohort_size``), ``"realized"`` (independently, averaged over the clients that took
-#: part: the denominator depends on who did).
-Cohort = Literal["all", "poisson", "fixed", "realized"]
+#: part: the denominator depends on who did), ``"cyclic"`` (``separation`` fixed groups, group
+#: ``t mod separation`` at round ``t``: public, no secret sampling; the sum divided by the group
+#: size).
+Cohort = Literal["all", "poisson", "fixed", "realized", "cyclic"]
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,8 @@ class Release:
         cohort_size: the clients of a ``"fixed"`` cohort (``B``); for the other cohorts the
             expected number of participants.
         records: how records enter the releases (record-level DP), else ``None``.
+        separation: the fewest rounds between two rounds of one client (a ``"cyclic"``
+            cohort's number of groups; 1 otherwise).
         paper_bound: ``Φ`` of the papers' calibration formula (default :attr:`bound`).
         paper_steps_per_round: the papers' ``K`` counts this many steps per round.
     """
@@ -109,6 +113,7 @@ class Release:
     records: RecordUse | None = None
     paper_bound: float | None = None
     paper_steps_per_round: int = 1
+    separation: int = 1
 
     @property
     def cohorts(self) -> bool:
@@ -120,7 +125,7 @@ class Release:
         """The fewest clients that take part in any round (``None``: no guarantee)."""
         if self.cohort == "all":
             return self.clients or None
-        if self.cohort == "fixed":
+        if self.cohort in ("fixed", "cyclic"):
             return int(self.cohort_size)
         return None
 
