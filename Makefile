@@ -54,7 +54,7 @@ results: $(BIN)/.installed
 # run it again to go on). The configuration is selected on validation accuracy at
 # each ε; the tables give the certified ε and the ε with selection (docs/privacy.md). A failed
 # run does not stop it; `compare --frontier` names and skips it. MNIST is read from $PL_PRIVFED_DATA (../shared/data on this project's machines).
-FRONTIER_CLIENT := mnist_dp_fedavg_clip mnist_dp_fedavg_adaptive_clip mnist_dp_fedavg_per_update mnist_dpsgd \
+FRONTIER_CLIENT := mnist_dp_fedavg_clip mnist_dp_fedavg_adaptive_clip mnist_dp_fedavg_bandmf mnist_dp_fedavg_per_update mnist_dpsgd \
 	mnist_dp_fed_alpha_normec mnist_dp_alpha_normec mnist_dp_alpha_normec_no_sn mnist_dp_clip21 \
 	mnist_dpsgd_distributed
 FRONTIER_RECORD := mnist_dp_fedavg_per_sample mnist_porter_dp mnist_soteriafl
