@@ -6,11 +6,13 @@ checked against a brute-force enumeration of the candidates it may draw."""
 import functools
 import itertools
 import math
+from pathlib import Path
 
 import dp_accounting
 import numpy as np
 import pytest
 import torch
+import yaml
 from dp_accounting import dp_event
 from dp_accounting.rdp import RdpAccountant
 
@@ -19,6 +21,7 @@ from pl_privfed.operators import Clip
 from pl_privfed.privacy import DPNoise, PrivacyLedger
 from pl_privfed.privacy.selection import random_search_noise_std
 from pl_privfed.sampling import PoissonSampler
+from pl_privfed.sweep import load_sweep
 
 DT = torch.float64
 #: the RDP orders of the independent computation (dp-accounting's from 1.5 up, as the package)
@@ -230,3 +233,59 @@ def test_the_pgf_is_dp_accountings_distribution():
         candidate_count_pgf(0.5, "poisson")
     with pytest.raises(ValueError, match="random search distribution"):
         candidate_count_pgf(3.0, "uniform")
+
+
+# ---------------------------------------------------------------------------- the sweep files
+REPO = Path(__file__).resolve().parents[1]
+TOTAL_SWEEPS = sorted((REPO / "configs/sweeps").glob("total_*.yaml"))
+EPS = "model.algorithm.init_args.noise.epsilon"
+NOISE = "model.algorithm.init_args.noise."
+
+
+def test_total_sweeps_pay_for_their_own_grid():
+    """Every equal-total-ε sweep: its family's frontier grid (the same candidate values as
+    ``frontier_<family>.yaml``) at total ε ∈ {1, 2, 4, 8} and three seeds, calibrated for a
+    logarithmic random search whose mean is the grid's size, labelled by its description."""
+    assert TOTAL_SWEEPS, "no configs/sweeps/total_*.yaml"
+    for path in TOTAL_SWEEPS:
+        sweep = load_sweep(path)
+        raw = yaml.safe_load(path.read_text())
+        assert sweep.name == path.stem and raw["description"]
+        frontier = load_sweep(path.with_name(path.stem.replace("total_", "frontier_", 1) + ".yaml"))
+        candidates = {
+            k: v
+            for k, v in sweep.parameters.items()
+            if k not in ("seed", EPS) and not k.startswith(NOISE)
+        }
+        assert candidates == {
+            k: v for k, v in frontier.parameters.items() if k not in ("seed", EPS)
+        }
+        size = math.prod(len(v) for v in candidates.values())
+        assert sweep.parameters[NOISE + "search_mean"] == [size], path.name
+        assert sweep.parameters[NOISE + "search_distribution"] == ["logarithmic"]
+        assert sweep.parameters[NOISE + "calibration"] == ["random_search"]
+        assert sweep.parameters[EPS] == [1.0, 2.0, 4.0, 8.0]
+        assert sweep.parameters["seed"] == [0, 1, 2]
+        assert sweep.command == frontier.command
+
+
+def test_total_epsilon_points_of_a_sweep(tmp_path):
+    """Written runs of two seeds: each seed's value is the exact expectation over its grid, no
+    interval from fewer than three seeds; runs not calibrated for a search are refused."""
+    from helpers.frontier import private_sweep, total_sweep
+
+    from pl_privfed.report.random_search import expected_selected, total_epsilon_points
+
+    val = {(1.0, 0.1): 0.80, (1.0, 1.0): 0.70, (8.0, 0.1): 0.82, (8.0, 1.0): 0.86}
+    test = {(1.0, 0.1): 0.78, (1.0, 1.0): 0.72, (8.0, 0.1): 0.80, (8.0, 1.0): 0.85}
+    path = total_sweep(tmp_path, "total_x", val, test, seeds=2)
+    points = total_epsilon_points([path])
+    assert [(p.method, p.target) for p in points] == [("total_x", 1.0), ("total_x", 8.0)]
+    low = points[0]
+    want = expected_selected([0.80, 0.70], [0.78, 0.72], 2, "logarithmic")
+    assert low.per_seed["0"] == pytest.approx(want)
+    assert low.test.n == 2 and math.isnan(low.test.low) and low.candidates == 2
+    assert low.clients == 1000 and low.adversary == "models"
+    assert low.best[0][0] == "step_size=0.1"
+    with pytest.raises(ValueError, match="not calibrated for a random search"):
+        total_epsilon_points([private_sweep(tmp_path / "plain")])
