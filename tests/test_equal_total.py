@@ -17,6 +17,7 @@ from dp_accounting import dp_event
 from dp_accounting.rdp import RdpAccountant
 
 from pl_privfed.algorithms import DistributedDPSGD, DPFedAvg
+from pl_privfed.callbacks.summary import privacy_plan_line
 from pl_privfed.operators import Clip
 from pl_privfed.privacy import DPNoise, PrivacyLedger
 from pl_privfed.privacy.selection import random_search_noise_std
@@ -71,6 +72,9 @@ def test_random_search_calibration_spends_the_total_against_the_models(
     report = ledger.report()
     assert report["calibration"] == "random_search"
     assert report["calibrated_for"]["search_mean"] == mean
+    line = privacy_plan_line(report)
+    assert f"total ε = {target:g} of a random search over such runs" in line
+    assert f"mean {mean:g} candidates" in line
     single = DPFedAvg(
         0.1, 0.1, operator=Clip(threshold), scale=scale, sampler=PoissonSampler(q),
         noise=DPNoise(epsilon=target, calibration="target", placement="central"),

@@ -343,10 +343,11 @@ def frontier(
     method; return the written paths.
 
     The points are :func:`~pl_privfed.report.frontier_points`'s. Writes ``frontier.png``
-    (``metric``, % for an accuracy, against the mean certified ε on a log scale, one line per
-    method with its 95 % band over seeds clipped to the metric's range, and each method's
-    non-private accuracy as a dashed line in the same colour, named in the legend below the
-    axes), ``frontier.csv`` (one row per
+    (one panel per setting — the population and the adversary of the methods' ε, shared
+    accuracy axis —, each with ``metric``, % for an accuracy, against the mean certified ε on a
+    log scale, one line per method with its 95 % band over seeds clipped to the metric's range,
+    and the panel's non-private accuracies as one grey band from the lowest to the highest; one
+    legend below the panels), ``frontier.csv`` (one row per
     point: method, private, target and certified ε, the selection's cost (``selection_runs``,
     ``epsilon_with_selection``, with ``random_search`` ``epsilon_random_search``), adversary,
     the selected hyperparameters (``selected`` and one ``selected_<name>`` column each),
