@@ -241,7 +241,7 @@ def total_overview(points: Sequence[TotalPoint]) -> str:
             if len(run) == 1:
                 parts.append(f"ε = {target:g}: {name} (the only family run)")
             elif tied:
-                level = ", ".join(short_label(t, setting) for t in tied)
+                level = " and ".join(f"*{short_label(t, setting)}*" for t in tied)
                 parts.append(
                     f"ε = {target:g}: **{name}**, level with {level} (95 % intervals overlap)"
                 )

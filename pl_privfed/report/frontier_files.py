@@ -175,7 +175,7 @@ def _figure(points: list[FrontierPoint], names: _Names) -> Figure:
     }
     common = next(iter(set(seeds.values()))) if len(set(seeds.values())) == 1 else None
     count = len(set(settings.values()))
-    fig = Figure(figsize=(min(count, MAX_PER_ROW) * 4.4 + 0.6, 4.8), layout="constrained")
+    fig = Figure(figsize=(max(6.4, min(count, MAX_PER_ROW) * 4.4 + 0.6), 4.8), layout="constrained")
     axes = setting_panels(fig, settings)
     for setting, ax in axes.items():
         ticks: set[float] = set()

@@ -129,7 +129,7 @@ def _figure(
     methods = list(dict.fromkeys(p.method for p in points))
     settings = {m: setting_of([p for p in points if p.method == m]) for m in methods}
     count = len(set(settings.values()))
-    fig = Figure(figsize=(min(count, MAX_PER_ROW) * 4.4 + 0.6, 4.6), layout="constrained")
+    fig = Figure(figsize=(max(6.4, min(count, MAX_PER_ROW) * 4.4 + 0.6), 4.6), layout="constrained")
     axes = setting_panels(fig, settings)
     for setting, ax in axes.items():
         ticks: set[float] = set()
