@@ -293,3 +293,27 @@ def test_total_epsilon_points_of_a_sweep(tmp_path):
     assert low.best[0][0] == "step_size=0.1"
     with pytest.raises(ValueError, match="not calibrated for a random search"):
         total_epsilon_points([private_sweep(tmp_path / "plain")])
+
+
+def test_compare_total_epsilon_command(tmp_path, capsys):
+    """``pl-privfed compare --total-epsilon``: the table printed, the files written, the twin
+    matched to its method by the folders' names; ``--nonprivate`` alone is refused."""
+    from helpers.frontier import nonprivate_sweep, total_sweep
+
+    from pl_privfed.cli import main
+
+    val = {(1.0, 0.1): 0.80, (1.0, 1.0): 0.70, (8.0, 0.1): 0.82, (8.0, 1.0): 0.86}
+    total = total_sweep(tmp_path, "total_mnist_x", val, val)
+    twin = nonprivate_sweep(tmp_path, name="frontier_mnist_x_nonprivate")
+    out = tmp_path / "report"
+    with pytest.raises(SystemExit) as exit_:
+        main(
+            ["compare", "--total-epsilon", str(total), "--nonprivate", str(twin), "--out", str(out)]
+        )
+    assert exit_.value.code == 0
+    printed = capsys.readouterr().out
+    assert str(out / "total.png") in printed and "| mnist_x | 8 |" in printed
+    with pytest.raises(SystemExit) as exit_:
+        main(["compare", str(total), "--out", str(out), "--nonprivate", str(twin)])
+    assert exit_.value.code == 2
+    assert "--nonprivate goes with --total-epsilon" in capsys.readouterr().err
