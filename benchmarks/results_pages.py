@@ -10,6 +10,15 @@ and ``<!-- results:frontier end -->`` of ``docs/privacy.md``, so the privacy pag
 current frontier and cannot drift from its record (``tests/test_frontier.py`` regenerates every
 page into a temporary folder and compares).
 
+The frontier at equal *total* ε (the tuning paid for) is drawn from every kept sweep named
+``total_*`` (``configs/sweeps/total_<family>.yaml``, run with ``calibration: random_search``) by
+:func:`pl_privfed.report.total_files.total_frontier` into ``docs/results/frontier_total/``, each
+family labelled by its sweep file's ``description`` and its non-private twin
+(``frontier_<family>_nonprivate``, where kept) drawn as the reference band: a new family is one
+sweep file and its kept runs away. Its table and the winners per total ε lead the frontier
+section of ``docs/privacy.md`` (between ``<!-- results:total begin -->`` and ``<!--
+results:total end -->``).
+
 Usage::
 
     python benchmarks/results_pages.py                # docs/results/ and docs/privacy.md's block
@@ -25,13 +34,22 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
+import yaml
+
 from pl_privfed.report import frontier
+from pl_privfed.report.frontier_files import short_label
+from pl_privfed.report.random_search import TotalPoint, total_epsilon_points
+from pl_privfed.report.total_files import total_frontier, winners
 
 REPO = Path(__file__).resolve().parents[1]
 RECORD = REPO / "docs" / "frontier_runs"
 RESULTS = REPO / "docs" / "results"
 PRIVACY = REPO / "docs" / "privacy.md"
+SWEEPS = REPO / "configs" / "sweeps"
 BEGIN, END = "<!-- results:frontier begin -->", "<!-- results:frontier end -->"
+TOTAL_BEGIN, TOTAL_END = "<!-- results:total begin -->", "<!-- results:total end -->"
+#: the results folder of the frontier at equal total ε
+TOTAL = "frontier_total"
 
 #: each family's label in the frontier tables (the sweep file's stem without ``frontier_mnist_``)
 LABELS = {
@@ -156,6 +174,127 @@ def overview(groups: dict[str, list[dict[str, str]]]) -> str:
     return "\n".join(lines).strip("\n")
 
 
+def total_families(record: Path = RECORD) -> list[tuple[Path, str, Path | None]]:
+    """The kept equal-total-ε sweeps: ``(folder, label, non-private twin or None)`` each, the
+    label the sweep file's ``description`` (else the folder's name)."""
+    families = []
+    for folder in sorted(record.glob("total_*")):
+        sweep = SWEEPS / f"{folder.name}.yaml"
+        spec = yaml.safe_load(sweep.read_text()) if sweep.is_file() else {}
+        label = str(spec.get("description") or folder.name)
+        twin = record / f"frontier_{folder.name.removeprefix('total_')}_nonprivate"
+        families.append((folder, label, twin if twin.is_dir() else None))
+    return families
+
+
+def _total_cell(p: TotalPoint, lead: bool) -> str:
+    value = f"{100 * p.test.mean:.1f}"
+    value = f"**{value}**" if lead else value
+    half = p.test.half_width
+    return value + (f" ± {100 * half:.1f}" if math.isfinite(half) else "")
+
+
+def total_overview(points: Sequence[TotalPoint]) -> str:
+    """The equal-total-ε table (one row per method, one column per total ε; the expected test
+    accuracy of its random search, mean ± 95 % half-width over seeds, the best mean per setting
+    in bold) and, per setting and total ε, which method leads and which it does not beat
+    clearly (intervals overlapping)."""
+    if not points:
+        return ""
+    targets = sorted({p.target for p in points})
+    methods = list(dict.fromkeys(p.method for p in points))
+    settings = {m: next((p.clients, p.adversary) for p in points if p.method == m) for m in methods}
+    leads: dict[tuple, list[str]] = {}
+    for setting in dict.fromkeys(settings.values()):
+        mine = [p for p in points if settings[p.method] == setting]
+        for target, ranked in winners(mine).items():
+            leads[setting, target] = ranked
+    by = {(p.method, p.target): p for p in points}
+    columns = [
+        "method",
+        "ε against",
+        "search: K of the grid",
+        *(f"total ε = {t:g}" for t in targets),
+    ]
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for m in methods:
+        first = next(p for p in points if p.method == m)
+        cells = [
+            _total_cell(by[m, t], leads.get((settings[m], t), [None])[0] == m)
+            if (m, t) in by
+            else ""
+            for t in targets
+        ]
+        search = f"{first.distribution}, mean {first.mean:g} of {first.candidates}"
+        lines.append("| " + " | ".join([m, first.adversary, search, *cells]) + " |")
+    said = []
+    for setting in dict.fromkeys(settings.values()):
+        clients, adversary = setting
+        who = "whoever sees the models" if adversary == "models" else "the server"
+        run = [m for m in methods if settings[m] == setting]
+        parts = []
+        for target in targets:
+            if (setting, target) not in leads:
+                continue
+            lead, *tied = leads[setting, target]
+            name = short_label(lead, setting)
+            if len(run) == 1:
+                parts.append(f"ε = {target:g}: {name} (the only family run)")
+            elif tied:
+                level = " and ".join(f"*{short_label(t, setting)}*" for t in tied)
+                parts.append(
+                    f"ε = {target:g}: **{name}**, level with {level} (95 % intervals overlap)"
+                )
+            else:
+                parts.append(f"ε = {target:g}: **{name}**, clear of the others")
+        said.append(f"- {clients:,} clients, ε against {who}: " + "; ".join(parts) + ".")
+    seeds = sorted({p.test.n for p in points})
+    return "\n".join(
+        [
+            "**The frontier at equal total ε (the hyperparameter search paid for)**: expected "
+            "test accuracy (%) of what a private random search over each family's grid selects "
+            "on validation (Papernot & Steinke's random search: K candidates, K logarithmic "
+            "with mean the grid's size, drawn uniformly from the grid; every run calibrated so "
+            "that the whole search costs the total ε against the adversary named, at δ = "
+            f"1e-5), mean ± 95 % half-width over {'/'.join(map(str, seeds))} seeds (one search "
+            "each), the best mean in bold. Figure and full table (the ε of one run, the "
+            f"configuration most likely released): [{TOTAL}](results/{TOTAL}/total.md).",
+            "",
+            *lines,
+            "",
+            "Which family wins once its tuning is paid for (the best mean; level with those "
+            "whose interval overlaps it):",
+            "",
+            *said,
+        ]
+    )
+
+
+def regenerate_total(out: Path = RESULTS, record: Path = RECORD) -> str:
+    """Write the equal-total-ε pages into ``out / TOTAL``; return their overview."""
+    families = total_families(record)
+    if not families:
+        return ""
+    folders = [f for f, _, _ in families]
+    labels = [label for _, label, _ in families]
+    twins = [(t, label) for _, label, t in families if t is not None]
+    total_frontier(
+        folders,
+        out / TOTAL,
+        nonprivate=[t for t, _ in twins],
+        labels=labels,
+        nonprivate_labels=[label for _, label in twins],
+    )
+    return total_overview(total_epsilon_points(folders, labels=labels))
+
+
+def total_overview_of(record: Path = RECORD) -> str:
+    """The equal-total-ε overview of the kept runs (docs/privacy.md's leading block)."""
+    families = total_families(record)
+    folders, labels = [f for f, _, _ in families], [label for _, label, _ in families]
+    return total_overview(total_epsilon_points(folders, labels=labels)) if families else ""
+
+
 def regenerate(out: Path = RESULTS, record: Path = RECORD) -> str:
     """Write every results page into ``out``; return the tables of its ``frontier.md`` (the
     block docs/privacy.md shows)."""
@@ -178,25 +317,29 @@ def regenerate(out: Path = RESULTS, record: Path = RECORD) -> str:
         with kept.open(newline="", encoding="utf-8") as f:
             groups[name] = list(csv.DictReader(f))
     block = overview(groups)
+    total = regenerate_total(out, record)
     page = "# Results: the privacy–utility frontier\n\n" + SETTING + "\n\n"
     page += "Regenerated by `make results` (`benchmarks/results_pages.py`); do not edit.\n\n"
-    (out / "frontier.md").write_text(page + block.replace("(results/", "(") + "\n")
+    both = (total + "\n\n" if total else "") + block
+    (out / "frontier.md").write_text(page + both.replace("(results/", "(") + "\n")
     return block
 
 
-def write_privacy_block(block: str, page: Path = PRIVACY) -> None:
+def write_privacy_block(
+    block: str, page: Path = PRIVACY, begin: str = BEGIN, end: str = END
+) -> None:
     """Replace the generated block of ``page`` (between the markers) with ``block``."""
     text = page.read_text(encoding="utf-8")
-    pattern = re.compile(re.escape(BEGIN) + r".*?" + re.escape(END), re.S)
+    pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.S)
     if not pattern.search(text):
-        raise SystemExit(f"{page}: no {BEGIN} ... {END} block to regenerate")
-    page.write_text(pattern.sub(lambda _: f"{BEGIN}\n{block}\n{END}", text), encoding="utf-8")
+        raise SystemExit(f"{page}: no {begin} ... {end} block to regenerate")
+    page.write_text(pattern.sub(lambda _: f"{begin}\n{block}\n{end}", text), encoding="utf-8")
 
 
-def privacy_block(page: Path = PRIVACY) -> str:
+def privacy_block(page: Path = PRIVACY, begin: str = BEGIN, end: str = END) -> str:
     """The generated block of ``page`` as it stands."""
     text = page.read_text(encoding="utf-8")
-    return text.split(BEGIN, 1)[1].split(END, 1)[0].strip("\n")
+    return text.split(begin, 1)[1].split(end, 1)[0].strip("\n")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -206,6 +349,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     block = regenerate(args.out)
     if args.out.resolve() == RESULTS.resolve():
         write_privacy_block(block)
+        write_privacy_block(total_overview_of(RECORD), begin=TOTAL_BEGIN, end=TOTAL_END)
     print(f"results pages written to {args.out}")
 
 

@@ -2,22 +2,30 @@
 (:mod:`helpers.figure_checks`): the checks themselves on a figure with every defect, then ``compare``'s
 ``comparison.png`` (with and without its utility row; bands on a log axis), the report's curves
 of a run evaluated once, its heatmaps and rounds-to-target with many facet values, the frontier
-with two methods at the same non-private accuracy, and ``TrainingCurves`` of a plain project's
+with two methods at the same non-private accuracy and with one panel per population and
+adversary (the equal-total-ε frontier too), and ``TrainingCurves`` of a plain project's
 many metrics."""
 
 import math
 
 import numpy as np
 import pytest
-from helpers.figure_checks import MAX_PER_ROW, layout_problems, notes_below_panels, panels, per_row
-from helpers.frontier import nonprivate_sweep, private_sweep
+from helpers.figure_checks import (
+    MAX_PER_ROW,
+    layout_problems,
+    notes_below_panels,
+    panels,
+    per_row,
+    renderer,
+)
+from helpers.frontier import nonprivate_sweep, private_sweep, total_sweep
 from helpers.report import band_y, decentralized_sweep, write_results
 from matplotlib.figure import Figure
 
 from pl_privfed import report
 from pl_privfed.callbacks import TrainingCurves
 from pl_privfed.report import frontier
-from pl_privfed.report.frontier_files import _figure, _Names
+from pl_privfed.report.frontier_files import NON_PRIVATE, _figure, _Names
 
 
 def test_the_checks_find_every_defect():
@@ -163,6 +171,19 @@ def test_heatmaps_and_rounds_to_target_wrap_after_four_panels(tmp_path):
     assert len(rounds.legends) == 1  # the local-step counts once, below the panels
 
 
+def references(ax):
+    """The non-private references drawn in ``ax`` (a band, or a line where they agree)."""
+    return sum(a.get_label() == NON_PRIVATE for a in (*ax.lines, *ax.patches))
+
+
+def legend_fraction(fig):
+    """The share of the figure's area its legends take."""
+    rend = renderer(fig)
+    width, height = fig.get_size_inches() * fig.dpi
+    boxes = [leg.get_window_extent(rend) for leg in fig.legends]
+    return sum(b.width * b.height for b in boxes) / (width * height)
+
+
 def test_frontier_two_methods_at_the_same_non_private_accuracy(tmp_path):
     sweeps = [
         private_sweep(tmp_path, name="frontier_a"),
@@ -175,14 +196,79 @@ def test_frontier_two_methods_at_the_same_non_private_accuracy(tmp_path):
     fig = _figure(points, _Names("final_test_accuracy", "final_val_accuracy"))
     assert layout_problems(fig) == []
     (ax,) = fig.axes
-    assert not ax.texts  # no label beside the dashed lines, where two would print as one
+    assert not ax.texts  # no label beside the reference, where two would print as one
     (legend,) = fig.legends
-    assert [t.get_text() for t in legend.get_texts()] == [
-        "a (3 seeds)",
-        "a: non-private",
-        "b (3 seeds)",
-        "b: non-private",
+    # one reference band for the non-private accuracies, last; the seeds said once, above
+    assert [t.get_text() for t in legend.get_texts()] == ["a", "b", NON_PRIVATE]
+    assert "mean over 3 seeds" in fig._suptitle.get_text()
+
+
+def test_frontier_one_panel_per_population_and_adversary(tmp_path):
+    """Four methods in two settings (1,000 clients against the models, 10,000 against the
+    server) and two record-level methods: two panels, each with its own methods and one
+    non-private band; the legend, below the panels, takes less than a fifth of the figure,
+    and the labels drop the population their panel's title gives."""
+    sweeps, labels = [], []
+    for name, clients, adversary in [
+        ("a", 1000, "models"),
+        ("b", 1000, "models"),
+        ("c", 10000, "server"),
+        ("d", 10000, "server"),
+    ]:
+        where = {"clients": clients, "adversary": adversary}
+        sweeps += [
+            private_sweep(tmp_path, name=f"frontier_{name}", **where),
+            nonprivate_sweep(tmp_path, name=f"frontier_{name}_nonprivate", clients=clients),
+        ]
+        label = f"method {name}, a long description of its tuning, {clients:,} clients"
+        labels += [label, label]
+    points = report.frontier_points(sweeps, labels=labels)
+    fig = _figure(points, _Names("final_test_accuracy", "final_val_accuracy"))
+    assert layout_problems(fig) == []
+    axes = panels(fig)
+    assert [ax.get_title() for ax in axes] == [
+        "1,000 clients, ε against whoever sees the models",
+        "10,000 clients, ε against the server",
     ]
+    assert [references(ax) for ax in axes] == [1, 1]  # one non-private reference each
+    assert [len(ax.lines) - references(ax) for ax in axes] == [2, 2]  # each its own methods
+    (legend,) = fig.legends
+    texts = [t.get_text() for t in legend.get_texts()]
+    assert texts[-1] == NON_PRIVATE and texts.count(NON_PRIVATE) == 1
+    assert "method a, a long description of its tuning" in texts
+    assert legend_fraction(fig) < 0.2
+    assert legend.get_window_extent(renderer(fig)).y1 < min(
+        ax.get_window_extent(renderer(fig)).y0 for ax in axes
+    )
+
+
+def test_total_epsilon_figure_compares_like_with_like(tmp_path):
+    """The equal-total-ε figure: one panel per setting, its x the total ε, the non-private
+    twins one band; a compact legend."""
+    from pl_privfed.report.total_files import total_frontier
+
+    val = {(1.0, 0.1): 0.80, (1.0, 1.0): 0.70, (8.0, 0.1): 0.82, (8.0, 1.0): 0.86}
+    test = {(1.0, 0.1): 0.78, (1.0, 1.0): 0.72, (8.0, 0.1): 0.80, (8.0, 1.0): 0.85}
+    sweeps = [
+        total_sweep(tmp_path, "total_a", val, test),
+        total_sweep(tmp_path, "total_b", val, test, clients=10000, adversary="server"),
+    ]
+    twins = [
+        nonprivate_sweep(tmp_path, name="frontier_a_nonprivate"),
+        nonprivate_sweep(tmp_path, name="frontier_b_nonprivate"),
+    ]
+    written = total_frontier(sweeps, tmp_path / "out", nonprivate=twins)
+    assert [p.name for p in written] == ["total.png", "total.csv", "total.md"]
+    from pl_privfed.report.random_search import total_epsilon_points
+    from pl_privfed.report.total_files import _figure as total_figure
+
+    points = total_epsilon_points(sweeps, labels=["a", "b"])
+    fig = total_figure(points, {"a": 0.93, "b": 0.95}, {})
+
+    assert layout_problems(fig) == []
+    assert len(panels(fig)) == 2 and legend_fraction(fig) < 0.2
+    assert [references(ax) for ax in panels(fig)] == [1, 1]
+    assert panels(fig)[0].get_xlabel().startswith("total ε")
 
 
 def test_training_curves_of_many_metrics_wrap_and_one_value_is_noted():

@@ -373,6 +373,17 @@ def test_the_results_pages_are_what_the_kept_record_draws(tmp_path):
         ).read_text()
     assert (tmp_path / "frontier.md").read_text() == (kept / "frontier.md").read_text()
     assert pages.privacy_block() == block, "docs/privacy.md's frontier block: run make results"
+    # the frontier at equal total ε: its data, its page and docs/privacy.md's leading block
+    total = Path(pages.TOTAL)
+    if pages.total_families():
+        assert read_csv(tmp_path / total / "total.csv") == read_csv(kept / total / "total.csv")
+        assert (tmp_path / total / "total.md").read_text() == (
+            kept / total / "total.md"
+        ).read_text()
+        assert (kept / total / "total.png").is_file(), "docs/results/frontier_total: make results"
+    assert pages.privacy_block(begin=pages.TOTAL_BEGIN, end=pages.TOTAL_END) == (
+        pages.total_overview_of()
+    ), "docs/privacy.md's equal-total-ε block: run make results"
 
 
 def _config_value(config: dict, path: str):

@@ -421,6 +421,13 @@ def privacy_plan_line(privacy: dict[str, Any]) -> str:
         if target is not None and privacy.get("calibration") == "target"
         else f"noise std {privacy.get('noise_std', 0.0):.4g}"
     )
+    search = privacy.get("calibrated_for") or {}
+    if target is not None and privacy.get("calibration") == "random_search":
+        goal = (
+            f"total ε = {target:g} of a random search over such runs "
+            f"({search.get('search_distribution')}, mean {search.get('search_mean'):g} "
+            "candidates)"
+        )
     line = (
         f"{privacy.get('privacy_unit')}; {goal} at δ = {privacy.get('delta'):g} against "
         f"{ADVERSARY_NAMES.get(adversary, adversary)} ({privacy.get('adversary_sees')})"

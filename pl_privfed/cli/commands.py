@@ -113,7 +113,10 @@ def _compare_epilog() -> str:
         "Papernot & Steinke's bound for a random search. Frontier: pl-privfed compare --frontier "
         "sweeps/frontier/frontier_<config>/results.csv sweeps/frontier/frontier_<config>_"
         "nonprivate/results.csv ... --out DIR [--labels A A ...]; files with the same label (by "
-        "default the sweep folder's name without frontier_ and _nonprivate) are one method."
+        "default the sweep folder's name without frontier_ and _nonprivate) are one method. "
+        "Equal total ε (tuning included): pl-privfed compare --total-epsilon "
+        "sweeps/total/total_<config>/results.csv ... [--nonprivate sweeps/frontier/frontier_"
+        "<config>_nonprivate/results.csv ...] --out DIR."
     )
 
 
@@ -127,6 +130,8 @@ def compare(
     labels: list[str] | None = None,
     random_search: str | None = None,
     keep_runs: str | None = None,
+    total_epsilon: bool = False,
+    nonprivate: list[str] | None = None,
 ) -> int:
     """The best run of each sweep side by side, against rounds and bits; with --frontier, test
     accuracy against certified ε per method.
@@ -150,11 +155,39 @@ def compare(
         keep_runs: with --frontier: also copy each results.csv and its runs' summaries into
             this folder (one subfolder per sweep with results.csv and summaries.jsonl, merged
             with an earlier copy), which compare --frontier reads again on any machine
-            (docs/frontier_runs/ keeps the docs' frontiers so)
+            (docs/frontier_runs/ keeps the docs' frontiers so); also with --total-epsilon
+        total_epsilon: the frontier at equal total ε (total.png, .csv, .md) of sweeps run with
+            noise.calibration: random_search: per total ε the expected test accuracy of what
+            the random search their runs were calibrated for selects on validation, over seeds
+        nonprivate: with --total-epsilon: the methods' non-private twins' results.csv, drawn as
+            one reference band per panel
     """
     from pl_privfed.report import compare_methods
     from pl_privfed.report import frontier as draw_frontier
 
+    if total_epsilon and frontier:
+        raise ValueError("--total-epsilon and --frontier draw different frontiers: give one")
+    if nonprivate is not None and not total_epsilon:
+        raise ValueError("--nonprivate goes with --total-epsilon")
+    if total_epsilon and random_search is not None:
+        raise ValueError(
+            "--random-search goes with --frontier (with --total-epsilon the runs name their search)"
+        )
+    if total_epsilon:
+        from pl_privfed.report.total_files import total_frontier
+
+        if keep_runs is not None:
+            from pl_privfed.report.frontier_record import keep_runs as keep
+
+            for path in keep(results, keep_runs):
+                print(path)
+        written = total_frontier(
+            results, out, nonprivate=nonprivate or (), select=metric, labels=labels
+        )
+        for path in written:
+            print(path)
+        print(written[-1].read_text(), end="")
+        return 0
     if labels is not None and not frontier:
         raise ValueError("--labels goes with --frontier")
     if random_search is not None and not frontier:

@@ -15,6 +15,7 @@ __all__ = [
     "calibrate_noise_std",
     "epsilon_of_plan",
     "paper_noise_std",
+    "solve_for_epsilon",
 ]
 
 #: a run's releases for a given noise std: ``[(mechanism, how many times), ...]``
@@ -149,20 +150,22 @@ def calibrate_noise_std(
         return accountant_at(std).get_epsilon(delta)
 
     if accountant_at(start).method != "pld":
-        return _solve(eps, target_epsilon, delta, epsilon_tolerance, start=start)
+        return solve_for_epsilon(eps, target_epsilon, delta, epsilon_tolerance, start=start)
     # PLD: solve first for the cheap upper bound (a coarse discretization), whose σ certifies
     # the target; then refine with the exact ε from just below it (a few PLDs, not twenty)
-    upper = _solve(
+    upper = solve_for_epsilon(
         lambda std: accountant_at(std).get_epsilon_upper(delta),
         target_epsilon,
         delta,
         epsilon_tolerance,
         start=start,
     )
-    return _solve(eps, target_epsilon, delta, epsilon_tolerance, start=upper, factor=1.005)
+    return solve_for_epsilon(
+        eps, target_epsilon, delta, epsilon_tolerance, start=upper, factor=1.005
+    )
 
 
-def _solve(
+def solve_for_epsilon(
     eps: Callable[[float], float],
     target_epsilon: float,
     delta: float,
@@ -170,9 +173,10 @@ def _solve(
     start: float = 1.0,
     factor: float = 2.0,
 ) -> float:
-    """The bisection of :func:`calibrate_noise_std`: bracket the σ from ``start`` by powers of
-    ``factor``, then halve the bracket until ``eps(σ)`` is within the tolerance below the
-    target (the σ returned always certifies the target)."""
+    """The bisection of :func:`calibrate_noise_std` for any ``eps(σ)`` that falls as σ grows:
+    bracket the σ from ``start`` by powers of ``factor``, then halve the bracket until
+    ``eps(σ)`` is within the tolerance below the target (the σ returned always certifies the
+    target)."""
     hi = start
     while eps(hi) > target_epsilon:
         hi *= factor

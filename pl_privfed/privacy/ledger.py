@@ -175,6 +175,14 @@ class PrivacyLedger:
             "sample_rate": level_of(release).paper_rate,
             "accountant": noise.accountant,
             **noise.where.record(),
+            **(
+                {
+                    "search_mean": noise.search_mean,
+                    "search_distribution": noise.search_distribution,
+                }
+                if noise.calibration == "random_search"
+                else {}
+            ),
         }
 
     def report(self) -> dict[str, Any]:

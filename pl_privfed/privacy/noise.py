@@ -10,6 +10,7 @@ from pl_privfed.checks import check_choice
 from pl_privfed.privacy.accounting import ACCOUNTANTS, AccountantName
 from pl_privfed.privacy.calibration import paper_noise_std
 from pl_privfed.privacy.placement import NoisePlacement, PlacementName, resolve_placement
+from pl_privfed.privacy.selection import repetition_shape
 
 __all__ = [
     "Calibration",
@@ -21,7 +22,7 @@ __all__ = [
     "relation_factor",
 ]
 
-Calibration = Literal["paper", "target"]
+Calibration = Literal["paper", "target", "random_search"]
 Neighbouring = Literal["add_remove", "replace_one"]
 Draws = Literal["aggregate", "per_client"]
 #: The names of the built-in noise placements (:mod:`pl_privfed.privacy.placement`).
@@ -51,7 +52,15 @@ class DPNoise:
             ``σ = c · p · Φ · sqrt(K log(1/δ))/ε`` (:func:`paper_noise_std`; the accountant's ε is
             reported beside the target and may differ); ``"target"`` — the noise that makes the
             accountant certify ``epsilon`` for the run's K rounds under the defensible accounting
-            (the relation below, amplification only where it holds; docs/privacy.md).
+            (the relation below, amplification only where it holds; docs/privacy.md);
+            ``"random_search"`` — ``epsilon`` is the *total* ε of a hyperparameter search that
+            trains a random number ``K`` of such runs (``K`` drawn with mean ``search_mean``
+            from ``search_distribution``, each candidate drawn at random from a grid) and
+            releases only the best (Papernot & Steinke, ICLR 2022, Thm. 2 and 6): the noise is
+            the one at which dp-accounting's ``RepeatAndSelectDpEvent`` over this run's
+            releases certifies ``epsilon`` (an RDP bound,
+            :func:`~pl_privfed.privacy.selection.random_search_noise_std`). The run's own ε is
+            reported as always, and is smaller.
         constant: the constant ``c`` of the paper calibration (default 1).
         rounds: ``K`` of the calibration; ``None`` → the run's number of rounds. Fixed when a
             run starts and kept in its checkpoints.
@@ -102,6 +111,12 @@ class DPNoise:
               :data:`~pl_privfed.privacy.placement.MAX_ABORT_PROBABILITY` is refused before
               training (:class:`~pl_privfed.privacy.DistributedNoise`, whose ``allow_aborts``
               runs it anyway, uncertified against whoever sees the models).
+        search_mean: with ``calibration: random_search``, the mean number of candidates of the
+            search (``>= 1``; e.g. the size of the grid the candidates are drawn from).
+        search_distribution: with ``calibration: random_search``, the distribution of the
+            number of candidates: ``"poisson"`` (default), ``"geometric"``, ``"logarithmic"``
+            or a truncated negative binomial's shape ``η >= 0``
+            (:func:`~pl_privfed.privacy.selection.repetition_shape`).
         min_contributors: ``t`` of distributed noise: the fewest participants a round may have
             (the noise the accounting relies on; never the noise that was hoped for). With
             ``placement: distributed``; a ``DistributedNoise`` placement carries its own ``t``
@@ -120,6 +135,8 @@ class DPNoise:
     draws: Draws = "aggregate"
     placement: str | NoisePlacement = "local"
     min_contributors: int | None = None
+    search_mean: float | None = None
+    search_distribution: str | float = "poisson"
 
     def __post_init__(self) -> None:
         if (self.epsilon is None) == (self.noise_multiplier is None):
@@ -133,7 +150,8 @@ class DPNoise:
             raise ValueError(f"noise_multiplier must be positive, got {self.noise_multiplier!r}")
         if not 0 < self.delta < 1:
             raise ValueError(f"delta must be in (0, 1), got {self.delta!r}")
-        check_choice("calibration", self.calibration, ("paper", "target"))
+        check_choice("calibration", self.calibration, ("paper", "target", "random_search"))
+        self._check_search()
         if not self.constant > 0:
             raise ValueError(f"constant must be positive, got {self.constant!r}")
         if self.rounds is not None and self.rounds < 1:
@@ -146,6 +164,33 @@ class DPNoise:
         if t is not None and (isinstance(t, bool) or not isinstance(t, int) or t < 1):
             raise ValueError(f"min_contributors must be a positive integer, got {t!r}")
         self.where  # noqa: B018 (raises on an unknown placement or a t it does not take)
+
+    def _check_search(self) -> None:
+        """``ValueError`` for random-search settings that do not fit the calibration."""
+        mean = self.search_mean
+        if self.calibration != "random_search":
+            if mean is not None:
+                raise ValueError(
+                    f"search_mean={mean!r} needs calibration: random_search, got "
+                    f"calibration={self.calibration!r}"
+                )
+            return
+        if self.epsilon is None:
+            raise ValueError(
+                "calibration: random_search needs epsilon (the total ε of the search), got "
+                f"noise_multiplier={self.noise_multiplier!r}"
+            )
+        if isinstance(mean, bool) or not (
+            isinstance(mean, (int, float)) and math.isfinite(mean) and mean >= 1
+        ):
+            raise ValueError(
+                "calibration: random_search needs search_mean, the mean number of candidates, "
+                f">= 1, got search_mean={mean!r}"
+            )
+        try:
+            repetition_shape(self.search_distribution)
+        except ValueError as err:
+            raise ValueError(f"search_distribution={self.search_distribution!r}: {err}") from None
 
     @property
     def where(self) -> NoisePlacement:

@@ -42,6 +42,7 @@ from pl_privfed.privacy.mechanism import AccountingBasis, Mechanism, ReleaseKey
 from pl_privfed.privacy.noise import DPNoise, Neighbouring, relation_factor
 from pl_privfed.privacy.placement import ADVERSARIES, Adversary, LocalNoise
 from pl_privfed.privacy.release import Release
+from pl_privfed.privacy.selection import random_search_noise_std
 
 __all__ = [
     "ADVERSARIES",
@@ -211,7 +212,11 @@ def calibrate(release: Release, noise: DPNoise, rounds: int) -> float:
     noised, so the average carries ``σ/n`` — not the ``σ`` the papers size for one message);
     ``calibration: target``: the ``σ`` at which the accounting against the headline adversary
     certifies ``epsilon`` (:func:`~pl_privfed.privacy.calibrate_noise_std`), solved once per
-    process for the same releases, noise settings and rounds.
+    process for the same releases, noise settings and rounds; ``calibration: random_search``:
+    the ``σ`` at which a random search over such runs (``noise.search_mean`` candidates on
+    average from ``noise.search_distribution``) costs ``epsilon`` in total against the headline
+    adversary (:func:`~pl_privfed.privacy.selection.random_search_noise_std`), solved the same
+    way.
     """
     check_placement(release, noise)
     rel = relation(release, noise)
@@ -266,6 +271,15 @@ def _solve(release: Release, noise: DPNoise, rounds: int) -> float:
     # start at the power of two nearest the sensitivity (a noise multiplier near 1)
     scale = sensitivity(release, relation(release, noise))
     start = 2.0 ** round(math.log2(scale)) if 0 < scale < math.inf else 1.0
+    if noise.calibration == "random_search":
+        return random_search_noise_std(
+            target_epsilon=noise.epsilon,
+            delta=noise.delta,
+            plan=lambda std: release_plan(release, noise, std, rounds),
+            mean=noise.search_mean,
+            shape=noise.search_distribution,
+            start=start,
+        )
     return calibrate_noise_std(
         target_epsilon=noise.epsilon,
         delta=noise.delta,

@@ -19,6 +19,8 @@ charges for it, both computed by the accountant libraries from the runs' recorde
   (``dp_accounting.rdp.RdpAccountant``, which implements both theorems). It holds for *that*
   procedure only: a random number of candidates, each a configuration drawn at random, and
   nothing but the winner released. A fixed grid of configurations is not that procedure.
+* :func:`random_search_noise_std` — the other way round: the noise std at which a random search
+  over runs of a given release plan costs a given *total* ε (``calibration: random_search``).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from dp_accounting import dp_event
 from dp_accounting.rdp import RdpAccountant
 
 from pl_privfed.privacy.accounting import AccountantName, PrivacyAccountant
+from pl_privfed.privacy.calibration import ReleasePlan, solve_for_epsilon
 from pl_privfed.privacy.mechanism import Mechanism, ReleaseKey
 
 __all__ = [
@@ -38,6 +41,7 @@ __all__ = [
     "composed_epsilon",
     "merged_releases",
     "random_search_epsilon",
+    "random_search_noise_std",
     "repetition_shape",
 ]
 
@@ -156,3 +160,39 @@ def random_search_epsilon(
     )
     acc.compose(dp_event.RepeatAndSelectDpEvent(event, float(mean), repetition_shape(shape)))
     return float(acc.get_epsilon(delta))
+
+
+def random_search_noise_std(
+    *,
+    target_epsilon: float,
+    delta: float,
+    plan: ReleasePlan,
+    mean: float,
+    shape: str | float = "poisson",
+    epsilon_tolerance: float = 0.01,
+    start: float = 1.0,
+) -> float:
+    """The noise std at which a random search over runs with the releases ``plan(std)`` spends
+    ``target_epsilon`` in total at ``delta``: :func:`random_search_epsilon` of the run's
+    releases, with ``mean`` candidates on average drawn from ``shape``, solved for the std by
+    the bisection of :func:`~pl_privfed.privacy.calibrate_noise_std` (the total ε is within
+    ``epsilon_tolerance`` below the target, never above it).
+
+    Raises:
+        ValueError: for a target that is not positive, ``mean < 1`` or a bad ``shape``.
+    """
+    if not (target_epsilon > 0 and math.isfinite(target_epsilon)):
+        raise ValueError(f"target_epsilon must be positive, got {target_epsilon!r}")
+    if not mean >= 1:
+        raise ValueError(f"random search needs a mean number of candidates >= 1, got {mean!r}")
+    repetition_shape(shape)
+
+    def total(std: float) -> float:
+        history = [
+            {**mechanism.key().as_dict(), "releases": count}
+            for mechanism, count in plan(std)
+            if count > 0
+        ]
+        return random_search_epsilon(history, delta, mean, shape)
+
+    return solve_for_epsilon(total, target_epsilon, delta, epsilon_tolerance, start=start)

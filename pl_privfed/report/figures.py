@@ -126,14 +126,17 @@ def grid(fig: Figure, count: int | Sequence[int], ncols: int) -> list[Axes]:
     return used
 
 
-def legend_below(fig: Figure, fontsize: float = 7) -> None:
+def legend_below(fig: Figure, fontsize: float = 7, last: Sequence[str] = ()) -> None:
     """One legend for the whole figure, below its panels (outside every axes, so that it never
-    covers a curve), with each label once (the same method in several panels); in as many
-    columns as the figure's width holds."""
+    covers a curve), with each label once (the same method in several panels), the labels
+    ``last`` at its end; in as many columns as the figure's width holds."""
     entries: dict[str, object] = {}
     for ax in fig.axes:
         for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
             entries.setdefault(label, handle)
+    for label in last:
+        if label in entries:
+            entries[label] = entries.pop(label)
     if not entries:
         return
     column = max(map(len, entries)) * 0.6 * fontsize + 40  # points: the text, the handle, a gap

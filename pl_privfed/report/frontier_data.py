@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import os
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,7 +28,14 @@ from pl_privfed.report.stats import Interval
 from pl_privfed.report.text import fmt_names
 from pl_privfed.results import SEED_PARAMETERS, finite_float, result_columns
 
-__all__ = ["FRONTIER_EPSILONS", "FRONTIER_SELECTION", "FrontierPoint", "frontier_points"]
+__all__ = [
+    "FRONTIER_EPSILONS",
+    "FRONTIER_SELECTION",
+    "FrontierPoint",
+    "frontier_points",
+    "frontier_runs",
+    "population",
+]
 
 #: what the frontier's figure, table and caption say about the selection
 FRONTIER_SELECTION = "configuration selected on validation accuracy at each ε"
@@ -59,6 +66,8 @@ class FrontierPoint:
         cost: what the selection among the candidates costs the training data
             (:class:`~pl_privfed.report.selection_cost.SelectionCost`; empty for a non-private
             point).
+        clients: the population the runs trained on (their summaries' ``data.num_clients``;
+            ``None`` when not recorded or not the same for every run).
     """
 
     method: str
@@ -73,6 +82,7 @@ class FrontierPoint:
     rows: list[str]
     values: tuple[float, ...] = field(default=())
     cost: SelectionCost = field(default_factory=SelectionCost)
+    clients: int | None = None
 
     @property
     def x(self) -> float:
@@ -89,6 +99,16 @@ def _config_target(summary: dict) -> str | None:
     if finite_float(target) is None:
         target = get(summary, "config", "model", "algorithm", "init_args", "noise", "epsilon")
     return None if finite_float(target) is None else str(target)
+
+
+def population(summaries: Iterable[object]) -> int | None:
+    """The number of clients (agents) the runs of ``summaries`` trained on (``data.num_clients``),
+    ``None`` when a run does not record it or the runs differ."""
+    sizes = {get(s, "data", "num_clients") for s in summaries}
+    if len(sizes) != 1:
+        return None
+    size = finite_float(sizes.pop())
+    return None if size is None else int(size)
 
 
 def _adversary(row: pd.Series) -> str:
@@ -152,7 +172,7 @@ def _method_runs(path: Path, label: str | None) -> pd.DataFrame:
     return runs.drop(columns=drop).assign(_label=method, _target=target)
 
 
-def _frontier_runs(paths: Sequence[Path], labels: Sequence[str] | None) -> pd.DataFrame:
+def frontier_runs(paths: Sequence[Path], labels: Sequence[str] | None) -> pd.DataFrame:
     """The finished runs of every file with ``_label`` (the method) and ``_target`` (the target
     ε as text, ``""`` for a non-private run); unfinished runs are named in a warning."""
     frames = []
@@ -220,6 +240,7 @@ def _point(
         rows=list(selected["_dirs"]),
         values=tuple(values(chosen, metric).dropna()),
         cost=cost,
+        clients=population(chosen["_summary"]),
     )
 
 
@@ -278,7 +299,7 @@ def frontier_points(
             f"--labels gives {len(labels)} label(s) for {len(paths)} results file(s): one each"
         )
     points: list[FrontierPoint] = []
-    for method, rows in _frontier_runs(paths, labels).groupby("_label", sort=False):
+    for method, rows in frontier_runs(paths, labels).groupby("_label", sort=False):
         warn_missing(rows, select, str(method))
         config_params = [c for c in params(rows) if c not in SEED_PARAMETERS]
         varying = [c for c in config_params if rows[c].nunique() > 1] or config_params

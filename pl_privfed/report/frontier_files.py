@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import math
 import os
+import re
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,7 +15,7 @@ import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from pl_privfed.report.figures import band, legend_below
+from pl_privfed.report.figures import MAX_PER_ROW, band, grid, legend_below
 from pl_privfed.report.frontier_data import (
     FRONTIER_EPSILONS,
     FRONTIER_SELECTION,
@@ -24,7 +26,15 @@ from pl_privfed.report.runs import DEFAULT_METRIC, TEST
 from pl_privfed.report.text import fmt_num, fmt_pm, is_accuracy, limits, markdown
 from pl_privfed.results import finite_float
 
-__all__ = ["frontier"]
+__all__ = [
+    "frontier",
+    "log_epsilon_axis",
+    "non_private_band",
+    "setting_of",
+    "setting_panels",
+    "setting_title",
+    "suptitle_small",
+]
 
 
 @dataclass(frozen=True)
@@ -62,15 +72,13 @@ class _Names:
 
 
 def _private_curve(
-    ax: Axes, method: str, private: list[FrontierPoint], names: _Names, color: str
+    ax: Axes, label: str, private: list[FrontierPoint], names: _Names, color: str
 ) -> None:
     """A method's private points: the mean of the reported metric against the certified ε,
     with its 95 % band over seeds."""
     data = pd.DataFrame(
         [{"epsilon": p.x, "value": v} for p in private for v in (p.values or [p.test.mean])]
     )
-    seeds = max(p.test.n for p in private)
-    label = f"{method} ({seeds} seed{'s' if seeds != 1 else ''})"
     band(
         ax,
         data,
@@ -82,48 +90,130 @@ def _private_curve(
     )
 
 
-def _non_private_line(
-    ax: Axes, method: str, point: FrontierPoint, names: _Names, color: str
-) -> None:
-    """A method's non-private accuracy: a dashed line across the figure, named in the legend
-    (a text at the line's end would print on top of another method's at a close accuracy)."""
-    y = point.test.mean * names.factor
-    ax.axhline(y, color=color, linestyle="--", linewidth=1.2, label=f"{method}: non-private")
+def seeds_label(method: str, seeds: int, common: int | None) -> str:
+    """A curve's legend label: the method, with its number of seeds where the methods differ
+    in it (else the caption says it once)."""
+    if seeds == common:
+        return method
+    return f"{method} ({seeds} seed{'s' if seeds != 1 else ''})"
 
 
-def _figure(points: list[FrontierPoint], names: _Names) -> Figure:
-    """``frontier.png``: one curve per method on a log ε axis, its non-private accuracy dashed."""
-    fig = Figure(figsize=(7.5, 5.2), layout="constrained")
-    ax = fig.add_subplot()
-    ticks: set[float] = set()
-    for i, method in enumerate(dict.fromkeys(p.method for p in points)):
-        color = f"C{i % 10}"
-        mine = [p for p in points if p.method == method]
-        private = sorted(
-            (p for p in mine if p.private and p.test.n and math.isfinite(p.x) and p.x > 0),
-            key=lambda p: p.x,
-        )
-        if private:
-            ticks.update(finite_float(p.target) or p.x for p in private)
-            _private_curve(ax, method, private, names, color)
-        for p in mine:
-            if not p.private and p.test.n:
-                _non_private_line(ax, method, p, names, color)
+def short_label(method: str, setting: tuple[int | None, str]) -> str:
+    """``method`` without the population its panel's title already gives (``, 1,000
+    clients``): shorter legend entries, more of them to a row."""
+    clients = setting[0]
+    if not clients:
+        return method
+    return re.sub(rf",? {clients:,} (clients|agents)\b", "", method).strip(", ") or method
+
+
+def setting_of(points: Sequence[object]) -> tuple[int | None, str]:
+    """A method's setting, what its panel compares like with like: the population its private
+    points trained on and the adversary their ε holds against (``clients``, ``adversary``)."""
+    private = [p for p in points if getattr(p, "adversary", "")]
+    clients = {p.clients for p in private} or {None}
+    adversaries = {p.adversary for p in private} or {""}
+    return (clients.pop() if len(clients) == 1 else None, "/".join(sorted(adversaries)))
+
+
+def setting_title(setting: tuple[int | None, str]) -> str:
+    """A panel's title: its population and adversary (``1,000 clients, ε against the
+    models``)."""
+    clients, adversary = setting
+    who = {"models": "whoever sees the models", "server": "the server"}.get(adversary, adversary)
+    parts = [f"{clients:,} clients" if clients else "", f"ε against {who}" if who else ""]
+    return ", ".join(p for p in parts if p) or "private runs"
+
+
+def setting_panels(
+    fig: Figure, methods: dict[str, tuple[int | None, str]]
+) -> dict[tuple[int | None, str], Axes]:
+    """One panel per setting of ``methods`` (method → setting), in order of first appearance,
+    side by side (wrapping after :data:`~pl_privfed.report.figures.MAX_PER_ROW`), sharing the y
+    axis so that the panels' accuracies compare."""
+    settings = list(dict.fromkeys(methods.values()))
+    axes = grid(fig, len(settings), min(len(settings), MAX_PER_ROW))
+    for ax in axes[1:]:
+        ax.sharey(axes[0])
+    return dict(zip(settings, axes, strict=True))
+
+
+def non_private_band(ax: Axes, values: Sequence[float], label: str) -> None:
+    """The non-private accuracies of the panel's methods as one grey band from the lowest to
+    the highest (a line where they agree): the reference every private curve is read against,
+    one legend entry however many methods."""
+    low, high = min(values), max(values)
+    if high - low < 0.05:
+        ax.axhline((low + high) / 2, color="0.55", linewidth=2.5, alpha=0.6, label=label)
+    else:
+        ax.axhspan(low, high, color="0.82", alpha=0.8, linewidth=0, label=label, zorder=0)
+
+
+def log_epsilon_axis(ax: Axes, ticks: set[float], label: str) -> None:
+    """A log ε axis with a tick at every target."""
     ax.set_xscale("log")
     if ticks:
         ax.set_xticks(sorted(ticks), [f"{t:g}" for t in sorted(ticks)])
         ax.minorticks_off()
-    ax.set_xlabel("certified ε (mean over seeds; log scale)")
-    ax.set_ylabel(f"{names.name}{names.unit}")
-    ax.set_title(
-        f"Privacy–utility frontier: {names.name}, mean over seeds with 95 % t-band;\n"
-        f"{FRONTIER_SELECTION}; dashed: non-private;\n"
-        "x: the selected runs' certified ε (the selection's cost: frontier.md)",
-        fontsize=8,
-    )
+    ax.set_xlabel(label)
     ax.grid(alpha=0.3)
-    legend_below(fig)  # below the axes: it covers no curve
+
+
+#: the legend entry of the non-private band
+NON_PRIVATE = "non-private, each method's selected (lowest to highest)"
+
+
+def _figure(points: list[FrontierPoint], names: _Names) -> Figure:
+    """``frontier.png``: one panel per setting (population and adversary: only methods of one
+    setting are compared in a panel), one curve per method on a log ε axis, the panel's
+    non-private accuracies as one grey band; one legend below the panels, the band last."""
+    methods = list(dict.fromkeys(p.method for p in points))
+    settings = {m: setting_of([p for p in points if p.method == m]) for m in methods}
+    seeds = {
+        m: max((p.test.n for p in points if p.method == m and p.private), default=0)
+        for m in methods
+    }
+    common = next(iter(set(seeds.values()))) if len(set(seeds.values())) == 1 else None
+    count = len(set(settings.values()))
+    fig = Figure(figsize=(max(6.4, min(count, MAX_PER_ROW) * 4.4 + 0.6), 4.8), layout="constrained")
+    axes = setting_panels(fig, settings)
+    for setting, ax in axes.items():
+        ticks: set[float] = set()
+        references = []
+        for method in (m for m in methods if settings[m] == setting):
+            color = f"C{methods.index(method) % 10}"
+            mine = [p for p in points if p.method == method]
+            private = sorted(
+                (p for p in mine if p.private and p.test.n and math.isfinite(p.x) and p.x > 0),
+                key=lambda p: p.x,
+            )
+            if private:
+                ticks.update(finite_float(p.target) or p.x for p in private)
+                label = seeds_label(short_label(method, setting), seeds[method], common)
+                _private_curve(ax, label, private, names, color)
+            references += [p.test.mean * names.factor for p in mine if not p.private and p.test.n]
+        if references:
+            non_private_band(ax, references, NON_PRIVATE)
+        log_epsilon_axis(ax, ticks, "certified ε (mean over seeds; log scale)")
+        ax.set_title(setting_title(setting), fontsize=9)
+        ax.set_ylabel("")
+    next(iter(axes.values())).set_ylabel(f"{names.name}{names.unit}")
+    over = f"mean over {common} seeds" if common else "mean over seeds"
+    suptitle_small(
+        fig,
+        f"Privacy–utility frontier: {names.name}, {over} with 95 % t-band; "
+        f"{FRONTIER_SELECTION}; x: the selected runs' certified ε (the selection's cost: "
+        "frontier.md)",
+    )
+    legend_below(fig, last=[NON_PRIVATE])  # below the panels: it covers no curve
     return fig
+
+
+def suptitle_small(fig: Figure, text: str) -> None:
+    """The figure's caption above its panels, wrapped to its width, small."""
+    fig.suptitle(
+        textwrap.fill(text.replace(" %", "\u00a0%"), int(fig.get_figwidth() * 14)), fontsize=8
+    )
 
 
 def _selection_columns(p: FrontierPoint, names: _Names) -> dict[str, object]:
@@ -253,10 +343,11 @@ def frontier(
     method; return the written paths.
 
     The points are :func:`~pl_privfed.report.frontier_points`'s. Writes ``frontier.png``
-    (``metric``, % for an accuracy, against the mean certified ε on a log scale, one line per
-    method with its 95 % band over seeds clipped to the metric's range, and each method's
-    non-private accuracy as a dashed line in the same colour, named in the legend below the
-    axes), ``frontier.csv`` (one row per
+    (one panel per setting — the population and the adversary of the methods' ε, shared
+    accuracy axis —, each with ``metric``, % for an accuracy, against the mean certified ε on a
+    log scale, one line per method with its 95 % band over seeds clipped to the metric's range,
+    and the panel's non-private accuracies as one grey band from the lowest to the highest; one
+    legend below the panels), ``frontier.csv`` (one row per
     point: method, private, target and certified ε, the selection's cost (``selection_runs``,
     ``epsilon_with_selection``, with ``random_search`` ``epsilon_random_search``), adversary,
     the selected hyperparameters (``selected`` and one ``selected_<name>`` column each),

@@ -9,12 +9,12 @@ NOISE = "model.algorithm.init_args.noise"
 STEP = "model.algorithm.init_args.step_size"
 
 
-def write_sweep_results(root, name, runs, adversary="server", config_epsilon=None):
+def write_sweep_results(root, name, runs, adversary="server", config_epsilon=None, clients=None):
     """``<root>/<name>/results.csv`` as a sweep writes it: ``runs`` are ``(params, result)``
     pairs, ``params`` keyed as in a sweep file, ``result`` the summary's columns (a ``status``
     other than finished makes a failed run; ``privacy``, more of the summary's privacy
     report). Each run directory holds a ``summary.json`` with the adversary (private runs) and
-    the resolved algorithm."""
+    the resolved algorithm, and with ``clients`` the population (``data.num_clients``)."""
     out = root / name
     keys = list(runs[0][0])
     names = column_names(keys)
@@ -40,6 +40,8 @@ def write_sweep_results(root, name, runs, adversary="server", config_epsilon=Non
                 }
             },
         }
+        if clients is not None:
+            summary["data"] = {"num_clients": clients}
         if private:
             summary["privacy"] = {
                 "adversary": adversary,
@@ -61,7 +63,7 @@ TEST = {("1.0", 0.1): 0.50, ("1.0", 1.0): 0.90, ("8.0", 0.1): 0.60, ("8.0", 1.0)
 SPREAD = (0.0, 0.02, -0.01)  # per seed
 
 
-def private_sweep(root, name="frontier_mnist_dpsgd", failed=False):
+def private_sweep(root, name="frontier_mnist_dpsgd", failed=False, **where):
     runs = []
     for eps in (1.0, 8.0):
         for step in (0.1, 1.0):
@@ -81,10 +83,10 @@ def private_sweep(root, name="frontier_mnist_dpsgd", failed=False):
                 {"status": "failed: boom", "final_val_accuracy": 0.99},
             )
         )
-    return write_sweep_results(root, name, runs)
+    return write_sweep_results(root, name, runs, **where)
 
 
-def nonprivate_sweep(root, name="frontier_mnist_dpsgd_nonprivate"):
+def nonprivate_sweep(root, name="frontier_mnist_dpsgd_nonprivate", **where):
     runs = []
     for step, val, test in ((0.1, 0.93, 0.97), (1.0, 0.95, 0.91)):
         for seed in (0, 1, 2):
@@ -94,4 +96,23 @@ def nonprivate_sweep(root, name="frontier_mnist_dpsgd_nonprivate"):
                 "epsilon": None,
             }
             runs.append(({"seed": seed, NOISE: None, STEP: step}, result))
-    return write_sweep_results(root, name, runs)
+    return write_sweep_results(root, name, runs, **where)
+
+
+def total_sweep(root, name, val, test, clients=1000, adversary="models", mean=2, seeds=3):
+    """A sweep run with ``calibration: random_search`` (mean ``mean``, logarithmic): at total
+    ε ∈ {1, 8}, step sizes 0.1 and 1.0, ``seeds`` seeds; ``val`` and ``test`` map ``(ε, step)``
+    to the accuracies (seed ``s`` adds ``SPREAD[s]``)."""
+    search = {"search_mean": mean, "search_distribution": "logarithmic"}
+    runs = []
+    for eps in (1.0, 8.0):
+        for step in (0.1, 1.0):
+            for seed in range(seeds):
+                result = {
+                    "final_val_accuracy": val[eps, step] + SPREAD[seed],
+                    "final_test_accuracy": test[eps, step] + SPREAD[seed],
+                    "epsilon": eps / 2,
+                    "privacy": {"calibration": "random_search", "calibrated_for": search},
+                }
+                runs.append(({"seed": seed, EPS: eps, STEP: step}, result))
+    return write_sweep_results(root, name, runs, adversary=adversary, clients=clients)
