@@ -54,6 +54,8 @@ TOTAL = "frontier_total"
 #: each family's label in the frontier tables (the sweep file's stem without ``frontier_mnist_``)
 LABELS = {
     "dp_fedavg_clip": "DP-FedAvg, clipping (η × Φ tuned), central, 1,000 clients",
+    "dp_fedavg_adaptive_clip": "DP-FedAvg, adaptive clipping (η tuned), central, 1,000 clients",
+    "dp_fedavg_bandmf": "DP-FedAvg, banded MF, cyclic cohorts (η tuned), central, 1,000 clients",
     "dp_fedavg_per_update": "FedAvg, per-update clipping, central, 1,000 clients",
     "dpsgd": "DP-SGD, central, 1,000 clients",
     "dp_fed_alpha_normec": "DP-Fed-α-NormEC (η × β tuned), central, 1,000 clients",
@@ -77,6 +79,8 @@ GROUPS = {
         "Client-level DP on MNIST (one client's whole data protected)",
         [
             "dp_fedavg_clip",
+            "dp_fedavg_adaptive_clip",
+            "dp_fedavg_bandmf",
             "dp_fedavg_per_update",
             "dpsgd",
             "dp_fed_alpha_normec",
