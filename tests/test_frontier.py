@@ -267,6 +267,7 @@ KNOBS = {
     "frontier_mnist_dp_alpha_normec_no_sn": "beta",
     "frontier_mnist_dp_clip21": "clip_threshold",
     "frontier_mnist_dp_fed_alpha_normec": "beta",
+    "frontier_mnist_dp_fedadam": "server_optimizer.init_args.tau",
 }
 
 

@@ -73,6 +73,49 @@ def test_paper_models_parameter_counts():
     assert SimpleCNN()(torch.zeros(2, 3, 32, 32)).shape == (2, 10)
 
 
+def test_small_cnn_parameter_count_shape_and_per_client_gradients():
+    """SmallCNN (the client-level DP CNN of configs/private/mnist_cnn_dp_fedavg.yaml): 11,322
+    parameters on MNIST as its docstring counts them, logits of the right shape, GroupNorm (no
+    buffers), and the engine's layer rules give every client's gradient, at a shared model and
+    at per-client models (local steps), as the plain autograd loop does."""
+    from pl_privfed.grads import GradientOracle
+    from pl_privfed.models import SmallCNN
+
+    model = SmallCNN()
+    assert (
+        sum(p.numel() for p in model.parameters())
+        == ((25 + 1) * 8 + 2 * 8 + (8 * 25 + 1) * 16 + 2 * 16 + (16 * 7 * 7 + 1) * 10)
+        == 11_322
+    )
+    assert not list(model.buffers())
+    assert model(torch.zeros(3, 1, 28, 28)).shape == (3, 10)
+    assert SmallCNN(3, 32, 100, channels=(4, 8), groups=(1, 2))(
+        torch.zeros(2, 3, 32, 32)
+    ).shape == (
+        2,
+        100,
+    )
+    for bad, match in [
+        ({"image_size": 30}, "image_size"),
+        ({"channels": (8,)}, "channels"),
+        ({"channels": (8, 16), "groups": (3, 4)}, "groups"),
+        ({"num_classes": 0}, "num_classes"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            SmallCNN(**bad)
+    torch.manual_seed(0)
+    small = SmallCNN(image_size=8, channels=(4, 4), groups=(2, 2)).double()
+    inputs, targets = torch.randn(3, 5, 1, 8, 8, dtype=torch.float64), torch.randint(0, 10, (3, 5))
+    layers = GradientOracle(small, torch.nn.CrossEntropyLoss(), "layers")
+    loop = GradientOracle(small, torch.nn.CrossEntropyLoss(), "loop")
+    flat = layers.layout.flatten(small)
+    per_client = flat + 0.1 * torch.randn(3, flat.numel(), dtype=torch.float64)
+    for params in (flat, per_client):
+        torch.testing.assert_close(
+            layers(params, inputs, targets).grads, loop(params, inputs, targets).grads
+        )
+
+
 def test_nonconvex_logistic_regression_is_paper_001_loss():
     """CE on the two logits + regularizer = log(1 + exp(−b xᵀf)) + λ Σ x²/(1+x²), b = 2l − 1;
     the oracle's per-client gradients include the regularizer."""

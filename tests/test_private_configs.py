@@ -24,6 +24,8 @@ def test_there_is_a_private_config_per_family():
         "mnist_dpsgd",
         "mnist_dp_fed_alpha_normec",
         "mnist_dp_fedavg_per_update",
+        "mnist_dp_fedadam",
+        "mnist_cnn_dp_fedavg",
         *RECORD_LEVEL,
     }
 

@@ -882,6 +882,8 @@ def test_shipped_sweeps_run_under_the_wandb_agent(path, tmp_path, monkeypatch):
                     obj = obj.local_solver
                 elif ".operator." in key:
                     obj = obj.operator
+                elif ".server_optimizer." in key:
+                    obj = obj.server_optimizer
             elif ".partitioner." in key:
                 obj = obj.partitioner
             actual = getattr(obj, attr, None)

@@ -1,6 +1,6 @@
 """Models (plain ``nn.Module``s, no Lightning imports)."""
 
-from pl_privfed.models.cnn import SimpleCNN
+from pl_privfed.models.cnn import SimpleCNN, SmallCNN
 from pl_privfed.models.logistic import NonconvexLogisticRegression
 from pl_privfed.models.mlp import MLP, LogisticRegression
 from pl_privfed.models.quadratic import HalfSquaredError, QuadraticModel
@@ -15,6 +15,7 @@ __all__ = [
     "NonconvexLogisticRegression",
     "QuadraticModel",
     "SimpleCNN",
+    "SmallCNN",
     "TextClassifier",
     "resnet20",
     "resnet32",
