@@ -6,6 +6,7 @@ the representation's modules names the span (docs/engine.md, "How client rows ar
 represented")."""
 
 import io
+import re
 import tokenize
 from pathlib import Path
 
@@ -30,6 +31,12 @@ SPAN_NAMES_ELSEWHERE = {"client_span", "span_states"}
 SPAN_MENTIONS_ELSEWHERE = 16
 
 
+def _names_span(name: str) -> bool:
+    """An identifier naming the span as a word (``client_span``, ``SpanRows``), not one that
+    only contains the letters (matplotlib's ``axhspan``)."""
+    return "Span" in name or re.search(r"(^|_)span(s|_|$)", name) is not None
+
+
 def _span_names() -> dict[str, list[str]]:
     """Every identifier naming the span (code, not strings or comments) outside its homes."""
     found = {}
@@ -41,7 +48,7 @@ def _span_names() -> dict[str, list[str]]:
         if "span" not in text.lower():
             continue
         tokens = tokenize.generate_tokens(io.StringIO(text).readline)
-        names = [t.string for t in tokens if t.type == tokenize.NAME and "span" in t.string.lower()]
+        names = [t.string for t in tokens if t.type == tokenize.NAME and _names_span(t.string)]
         if names:
             found[rel] = names
     return found
