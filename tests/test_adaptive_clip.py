@@ -13,7 +13,7 @@ from pl_privfed.algorithms import DistributedDPSGD, DPFedAvg, FedAvgPerUpdateCli
 from pl_privfed.engine import run_round
 from pl_privfed.operators import AdaptiveClip
 from pl_privfed.operators.adaptive import adaptive_noise_multiplier
-from pl_privfed.privacy import DPNoise, PrivacyLedger
+from pl_privfed.privacy import BandedMFNoise, DPNoise, PrivacyLedger, TreeNoise
 from pl_privfed.rng import (
     STREAM_CENTRAL_NOISE,
     STREAM_CLIP_COUNT,
@@ -21,7 +21,7 @@ from pl_privfed.rng import (
     STREAM_SERVER_NOISE,
     stream_key,
 )
-from pl_privfed.sampling import PoissonSampler
+from pl_privfed.sampling import CyclicSampler, PoissonSampler
 
 DT = torch.float64
 SEED, ROUNDS, N, D = 5, 6, 12, 3
@@ -299,3 +299,13 @@ def test_refusals_before_training():
         alg.setup(num_clients=N, dim=D, num_rounds=3, dtype=DT)
     with pytest.raises(ValueError, match="clip_threshold"):
         FedAvgPerUpdateClipping(0.5, 0.5, clip_threshold=1.0, adaptive_clip=AdaptiveClip())
+
+
+@pytest.mark.parametrize("placement", [BandedMFNoise(2), TreeNoise(4)])
+def test_correlated_noise_is_refused_before_training(placement):
+    """The noise split and the count's release assume independent noise every round: with a
+    correlated placement the run is refused at setup, naming the placement."""
+    noise = DPNoise(noise_multiplier=2.0, rounds=4, placement=placement, seed=SEED)
+    alg = DPFedAvg(0.5, operator=AdaptiveClip(1.0), sampler=CyclicSampler(2), noise=noise)
+    with pytest.raises(ValueError, match=r"noise\.placement=.*AdaptiveClip"):
+        alg.setup(num_clients=8, dim=2, num_rounds=4, dtype=DT)

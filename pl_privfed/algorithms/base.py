@@ -178,6 +178,12 @@ class FederatedAlgorithm(nn.Module, metaclass=abc.ABCMeta):
         clip = self.adaptive_clipping()
         if clip is None:
             return
+        if self.noise is not None and self.noise.where.round_dependent:
+            raise ValueError(
+                f"noise.placement={self.noise.where.name!r} with an AdaptiveClip: the adaptive "
+                "clip's noise split and its count release assume independent noise in every "
+                "round, which correlated noise is not; use Clip(threshold) with correlated noise"
+            )
         z = None if self.noise is None else self.noise_std / clip.reference_bound
         clip.configure(self.expected_cohort(), z)
         self.register_buffer("clip_norm", torch.tensor(clip.initial_norm, dtype=torch.float64))
