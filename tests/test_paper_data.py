@@ -5,6 +5,7 @@ import hashlib
 import io
 import pickle
 import tarfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -60,6 +61,11 @@ def test_real_a9a():
     assert x.shape == (32_561, 123) and len(dm.test_dataset) == 16_281
     assert set(x.unique().tolist()) == {0.0, 1.0} and set(y.unique().tolist()) == {0, 1}
     assert abs(y.float().mean().item() - 7841 / 32561) < 1e-6  # 7,841 positives (>50K)
+    # README's a9a row quotes the test split's majority class (what always answering "<=50K" scores)
+    test_labels = dm.test_dataset.tensors[1]
+    majority = f"{100 * (test_labels == 0).float().mean().item():.1f}"
+    readme = " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text().split())
+    assert f"majority class {majority} %" in readme, majority
 
 
 def test_real_cifar10_jpeg_copy():

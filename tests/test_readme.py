@@ -11,6 +11,7 @@ hyphens), so moving a section cannot leave a reader at a dead end.
 
 from __future__ import annotations
 
+import csv
 import re
 from pathlib import Path
 
@@ -82,3 +83,30 @@ def test_the_long_pages_stay_short_and_undated(name: str):
     assert len(lines) <= 600, f"docs/{name}.md has {len(lines)} lines (at most 600)"
     dated = [line for line in lines if line.startswith("#") and DATE.search(line)]
     assert not dated, dated
+
+
+def test_the_quickstart_grid_numbers_are_its_kept_runs():
+    """README's "One sweep and its report" quotes the quickstart grid's validation range and its
+    best two configurations; they are the kept results of that sweep
+    (docs/results/quickstart_grid/results.csv, from `pl-privfed sweep
+    configs/sweeps/quickstart_grid.yaml --batch`, the run directories and times left out)."""
+    kept = ROOT / "docs" / "results" / "quickstart_grid" / "results.csv"
+    rows = [r for r in csv.DictReader(kept.open()) if r["status"] == "finished"]
+    assert len(rows) == 8
+    text = " ".join(README.read_text(encoding="utf-8").split())
+    quoted = re.search(
+        r"validation accuracy (\d+)–(\d+) %; the best two \(γ = ([\d.]+) with server "
+        r"normalization, β = ([\d.]+) or ([\d.]+)\) ([\d.]+) % validation, ([\d.]+) % and "
+        r"([\d.]+) % test",
+        text,
+    )
+    assert quoted, "README's quickstart grid sentence changed: update this test with it"
+    low, high, step, beta_a, beta_b, best_val, test_a, test_b = quoted.groups()
+    val = [100 * float(r["final_val_accuracy"]) for r in rows]
+    assert (int(low), int(high)) == (int(min(val)), int(max(val)))
+    best = sorted(rows, key=lambda r: float(r["final_val_accuracy"]), reverse=True)[:2]
+    assert {(r["step_size"], r["server_normalization"]) for r in best} == {(step, "true")}
+    assert sorted(r["beta"] for r in best) == sorted([beta_a, beta_b])
+    assert {f"{100 * float(r['final_val_accuracy']):.1f}" for r in best} == {best_val}
+    by_beta = {r["beta"]: f"{100 * float(r['final_test_accuracy']):.1f}" for r in best}
+    assert [by_beta[beta_a], by_beta[beta_b]] == [test_a, test_b]
