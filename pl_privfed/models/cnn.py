@@ -9,6 +9,19 @@ from pl_privfed.checks import check_positive_int
 __all__ = ["SimpleCNN", "SmallCNN"]
 
 
+def _check_image(in_channels: int, image_size: int, num_classes: int) -> None:
+    """The input and output arguments both CNNs share: positive integers, and a side that two
+    halvings (two poolings or two stride-2 convolutions) divide."""
+    for name, value in [
+        ("in_channels", in_channels),
+        ("image_size", image_size),
+        ("num_classes", num_classes),
+    ]:
+        check_positive_int(name, value)
+    if image_size % 4:
+        raise ValueError(f"image_size must be a multiple of 4, got {image_size!r}")
+
+
 class SimpleCNN(nn.Module):
     """Two convolution layers (32 and 64 channels) and two fully connected layers (hidden 512).
 
@@ -29,15 +42,8 @@ class SimpleCNN(nn.Module):
         self, in_channels: int = 3, image_size: int = 32, num_classes: int = 10, hidden: int = 512
     ) -> None:
         super().__init__()
-        for name, value in [
-            ("in_channels", in_channels),
-            ("image_size", image_size),
-            ("num_classes", num_classes),
-            ("hidden", hidden),
-        ]:
-            check_positive_int(name, value)
-        if image_size % 4:
-            raise ValueError(f"image_size must be a multiple of 4, got {image_size!r}")
+        _check_image(in_channels, image_size, num_classes)
+        check_positive_int("hidden", hidden)
         side = image_size // 4
         self.features = nn.Sequential(
             nn.Conv2d(in_channels, 32, 5, padding=2),
@@ -91,14 +97,7 @@ class SmallCNN(nn.Module):
         groups: tuple[int, int] | list[int] = (2, 4),
     ) -> None:
         super().__init__()
-        for name, value in [
-            ("in_channels", in_channels),
-            ("image_size", image_size),
-            ("num_classes", num_classes),
-        ]:
-            check_positive_int(name, value)
-        if image_size % 4:
-            raise ValueError(f"image_size must be a multiple of 4, got {image_size!r}")
+        _check_image(in_channels, image_size, num_classes)
         for name, pair in [("channels", channels), ("groups", groups)]:
             if not isinstance(pair, tuple | list) or len(pair) != 2:
                 raise ValueError(f"{name} must be two positive integers, got {pair!r}")
