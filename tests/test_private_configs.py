@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from helpers.training import short_fit
 
 from pl_privfed.cli import main
 
@@ -39,24 +40,14 @@ def test_private_config_runs_and_names_its_adversary(config, tmp_path, monkeypat
     machine shared with other jobs, load 2.3-2.6)."""
     monkeypatch.chdir(tmp_path)
     main(
-        [
-            "fit",
-            "--config",
-            str(config),
-            "--trainer.logger",
-            "false",
-            "--trainer.enable_progress_bar",
-            "false",
-            "--trainer.max_steps",
-            "3",
-            "--trainer.val_check_interval",
-            "3",
-            "--output_dir",
-            str(tmp_path),
+        short_fit(
+            config,
+            tmp_path,
+            3,
             "--trainer.callbacks+=pl_privfed.callbacks.PrivacyAudit",
             "--model.client_chunk",
             "all",
-        ]
+        )
     )
     out = capsys.readouterr().out
     data = json.loads((tmp_path / "summary.json").read_text())

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers.noise import noise_sum, server_noise
+from helpers.training import short_fit
 
 from pl_privfed.algorithms import (
     BEER,
@@ -517,24 +518,7 @@ def test_cli_certifies_the_same_epsilon_with_and_without_fedadam(tmp_path, monke
     summaries = []
     for extra in ([], ["--model.algorithm.init_args.server_optimizer", "null"]):
         out = tmp_path / ("plain" if extra else "fedadam")
-        main(
-            [
-                "fit",
-                "--config",
-                str(config),
-                "--trainer.logger",
-                "false",
-                "--trainer.enable_progress_bar",
-                "false",
-                "--trainer.max_steps",
-                "3",
-                "--trainer.val_check_interval",
-                "3",
-                "--output_dir",
-                str(out),
-                *extra,
-            ]
-        )
+        main(short_fit(config, out, 3, *extra))
         summaries.append(json.loads((out / "summary.json").read_text()))
     adam, plain = summaries
     assert adam["status"] == plain["status"] == "finished" and adam["private"]

@@ -42,3 +42,24 @@ class Recorder(pl.Callback):
             self.rounds.append(trainer.global_step)
             logged = trainer.callback_metrics.items()
             self.metrics.append({k: float(v) for k, v in logged if k in ("val/acc", "val/loss")})
+
+
+def short_fit(config, output_dir, rounds=3, *extra):
+    """`pl-privfed fit` arguments of a short, quiet run of ``config`` into ``output_dir``: no
+    logger, no progress bar, ``rounds`` rounds validated once at the end; ``extra`` appended."""
+    return [
+        "fit",
+        "--config",
+        str(config),
+        "--trainer.logger",
+        "false",
+        "--trainer.enable_progress_bar",
+        "false",
+        "--trainer.max_steps",
+        str(rounds),
+        "--trainer.val_check_interval",
+        str(rounds),
+        "--output_dir",
+        str(output_dir),
+        *extra,
+    ]
