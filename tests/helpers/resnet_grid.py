@@ -11,11 +11,13 @@ from pl_privfed.models import resnet20
 
 
 class TinyImages(DigitsDataModule):
-    """The digits as float64 3 × 32 × 32 images, for ResNet-20."""
+    """The digits as float64 3 × 8 × 8 images, for ResNet-20 (its adaptive pooling takes any
+    size: at 8 × 8 its three stages see 8, 4 and 2 pixels a side, every convolution, BatchNorm
+    and downsampling shortcut still runs, at a sixteenth of CIFAR-10's 32 × 32 cost)."""
 
     def preprocess(self, inputs, train, round_index):
-        images = inputs.reshape(-1, 1, 8, 8).repeat(1, 3, 4, 4)
-        return images.view(*inputs.shape[:-1], 3, 32, 32).double()
+        images = inputs.reshape(-1, 1, 8, 8).repeat(1, 3, 1, 1)
+        return images.view(*inputs.shape[:-1], 3, 8, 8).double()
 
 
 def fit_resnet(root, algorithm, grid, accelerator="cpu", steps=6, **module_kwargs):
