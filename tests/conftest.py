@@ -55,7 +55,13 @@ def _shared_data_unchanged():
 
 @pytest.fixture(scope="session")
 def data_cache(tmp_path_factory) -> Path:
-    """One writable cache for the whole session (the CIFAR-10 JPEG copy is decoded once)."""
+    """One writable cache for the whole session (the CIFAR-10 JPEG copy is decoded once), shared
+    by the pytest-xdist workers of one run (the decoding holds a file lock: the first worker
+    decodes, the others load its arrays)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = tmp_path_factory.getbasetemp().parent / "pl_privfed_cache"
+        shared.mkdir(exist_ok=True)
+        return shared
     return tmp_path_factory.mktemp("pl_privfed_cache")
 
 

@@ -203,8 +203,15 @@ SMOKE_EXTRA = {
         "--data.init_args.batch_size",
         "32",
     ],
-    "cifar10_per_update": ["--data.init_args.batch_size", "4"],
 }
+# CIFAR-10 configs (ResNet-20 on 32 × 32 images, most of these tests' time): minibatches of 4
+CIFAR_SMOKE = ["--data.init_args.batch_size", "4"]
+
+
+def smoke_extra(config):
+    if "CIFAR10DataModule" in config.read_text():
+        return CIFAR_SMOKE
+    return SMOKE_EXTRA.get(config.stem, [])
 
 
 @pytest.mark.slow
@@ -222,7 +229,7 @@ def test_paper_config_runs_two_rounds_on_cpu(config, tmp_path, monkeypatch):
             str(REPO / "configs/paper/cpu_smoke.yaml"),
             "--output_dir",
             str(tmp_path),
-            *SMOKE_EXTRA.get(config.stem, []),
+            *smoke_extra(config),
         ]
     )
     data = json.loads((tmp_path / "summary.json").read_text())

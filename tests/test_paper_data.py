@@ -5,6 +5,8 @@ import hashlib
 import io
 import pickle
 import tarfile
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +23,7 @@ from pl_privfed.datamodules import (
     IIDPartitioner,
     MNISTDataModule,
     random_crop_flip,
+    vision,
 )
 from pl_privfed.datamodules.vision import CIFAR10_CLASSES, CIFAR10_MEAN, CIFAR10_STD
 
@@ -135,7 +138,8 @@ def test_generated_canonical_cifar10(tmp_path):
         CIFAR10DataModule(data_dir=str(tmp_path), num_clients=2, batch_size=8).setup("fit")
 
 
-def test_generated_jpeg_archive_is_decoded_once(tmp_path):
+def _write_jpeg_archive(data: Path) -> None:
+    """A miniature CIFAR-10 JPEG archive: 2 training and 1 test image of each class."""
     rng = np.random.default_rng(1)
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
@@ -149,9 +153,13 @@ def test_generated_jpeg_archive_is_decoded_once(tmp_path):
                     info = tarfile.TarInfo(f"{part}/{name}/{k:04d}.jpg")
                     info.size = len(img.getvalue())
                     tar.addfile(info, io.BytesIO(img.getvalue()))
-    data = tmp_path / "data"
     data.mkdir()
     (data / "cifar10-jpeg.tar.gz").write_bytes(buffer.getvalue())
+
+
+def test_generated_jpeg_archive_is_decoded_once(tmp_path):
+    data = tmp_path / "data"
+    _write_jpeg_archive(data)
     cache = tmp_path / "cache"
     dm = CIFAR10DataModule(data_dir=str(data), cache=str(cache), num_clients=2, batch_size=2)
     dm.setup("fit")
@@ -175,6 +183,39 @@ def test_generated_jpeg_archive_is_decoded_once(tmp_path):
     (data / "cifar10-jpeg.tar.gz").unlink()
     with pytest.raises(FileNotFoundError, match="CIFAR-10 not found"):
         CIFAR10DataModule(data_dir=str(data), cache=str(cache)).setup("fit")
+
+
+def test_processes_starting_together_decode_the_archive_once(tmp_path, monkeypatch):
+    """Loads that start together (DDP ranks, a sweep's points, the test workers sharing one
+    cache) decode once under a file lock, and leave only whole arrays behind."""
+    data = tmp_path / "data"
+    _write_jpeg_archive(data)
+    decoded, release = [], threading.Event()
+    real = vision._archive_arrays
+
+    def slow_decode(archive):
+        decoded.append(archive)
+        release.wait(5)  # the second load arrives while the first decodes
+        return real(archive)
+
+    monkeypatch.setattr(vision, "_archive_arrays", slow_decode)
+    out = [None, None]
+
+    def load(k):
+        out[k] = vision.load_cifar10_arrays(data, tmp_path / "cache")
+
+    threads = [threading.Thread(target=load, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    time.sleep(0.5)
+    release.set()
+    for t in threads:
+        t.join(30)
+    assert len(decoded) == 1
+    for a, b in zip(out[0][:4], out[1][:4], strict=True):
+        assert np.array_equal(a, b)
+    left = sorted(p.name for p in (tmp_path / "cache" / "cifar10-jpeg").iterdir())
+    assert left == [".decode.lock", "test_x.npy", "test_y.npy", "train_x.npy", "train_y.npy"]
 
 
 def _reference_crop_flip(img, top, left, flip, padding=4):

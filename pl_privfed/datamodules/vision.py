@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from filelock import FileLock
 from PIL import Image
 from torch import Tensor
 from torch.utils.data import TensorDataset
@@ -299,20 +300,34 @@ def load_cifar10_arrays(
     npy = folder if writable else cache_dir(cache, "cifar10-jpeg")
     files = [npy / f"{part}_{kind}.npy" for part in ("train", "test") for kind in ("x", "y")]
     if not all(f.is_file() for f in files):
-        if folder is not None:
-            parts = [_image_folder_arrays(folder / part) for part in ("train", "test")]
-        else:
-            try:
-                parts = _archive_arrays(archive)
-            except (tarfile.TarError, OSError, EOFError) as exc:
-                raise DataFileError(
-                    f"CIFAR-10 archive {str(archive)!r} cannot be read ({type(exc).__name__}: "
-                    f"{exc}): truncated or corrupted; {where_searched(data_dir)}"
-                ) from exc
-        for f, array in zip(files, [a for pair in parts for a in pair], strict=True):
-            np.save(f, array)
+        # processes that start together (DDP ranks, a sweep's points, test workers sharing a
+        # cache) decode once: the first holds the lock, the others then find the arrays
+        with FileLock(str(npy / ".decode.lock")):
+            if not all(f.is_file() for f in files):
+                _decode_cifar10(folder, archive, files, data_dir)
     arrays = [np.load(f) for f in files]
     return (*arrays, "jpeg")
+
+
+def _decode_cifar10(folder: Path | None, archive: Path | None, files: list[Path], data_dir) -> None:
+    """Decodes the JPEG copy (an image folder or the archive) into the ``.npy`` files, each
+    written whole (a temporary file renamed into place): a process killed while decoding
+    leaves no truncated array for the next one to load."""
+    if folder is not None:
+        parts = [_image_folder_arrays(folder / part) for part in ("train", "test")]
+    else:
+        try:
+            parts = _archive_arrays(archive)
+        except (tarfile.TarError, OSError, EOFError) as exc:
+            raise DataFileError(
+                f"CIFAR-10 archive {str(archive)!r} cannot be read ({type(exc).__name__}: "
+                f"{exc}): truncated or corrupted; {where_searched(data_dir)}"
+            ) from exc
+    for f, array in zip(files, [a for pair in parts for a in pair], strict=True):
+        partial = f.with_name(f".{f.name}.partial")
+        with partial.open("wb") as out:
+            np.save(out, array)
+        os.replace(partial, f)
 
 
 class _UncheckedCIFAR10(datasets.CIFAR10):
