@@ -77,8 +77,9 @@ def warn_missing(runs: pd.DataFrame, metric: str, where: str, stacklevel: int = 
     and the other result columns written but not as finite numbers (their cells stay empty).
 
     Raises:
-        ValueError: naming the same, when no finished run has a number in any result column:
-            nothing is left to report (before, the report exited 0 with empty tables).
+        ValueError: naming the same, when no finished run has a number in any result column,
+            or none in ``metric``: nothing is left to report (before, the report exited 0
+            with empty tables).
     """
     missing = values(runs, metric).isna()
     unreadable = runs.get("_unreadable", pd.Series([{}] * len(runs), index=runs.index))
@@ -100,6 +101,11 @@ def warn_missing(runs: pd.DataFrame, metric: str, where: str, stacklevel: int = 
         raise ValueError(
             f"{where}: none of its {len(runs)} finished runs has a numeric result ({found}): "
             "nothing to report"
+        )
+    if len(runs) and missing.all():  # other columns have numbers, not the one reported
+        raise ValueError(
+            f"{where}: none of its {len(runs)} finished runs has a numeric {metric} "
+            f"({'; '.join(parts)}): nothing to report; give --metric a column they have"
         )
     lines = (
         [

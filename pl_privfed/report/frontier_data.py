@@ -17,6 +17,7 @@ from pl_privfed.report.configs import aggregate, best, check_selection_metric, w
 from pl_privfed.report.runs import (
     DEFAULT_METRIC,
     NULL,
+    check_summaries,
     get,
     load_results,
     params,
@@ -162,6 +163,7 @@ def _targets(runs: pd.DataFrame, target_col: str | None, noise_col: str | None) 
 def _method_runs(path: Path, label: str | None) -> pd.DataFrame:
     """One file's finished runs with ``_label`` (the method) and ``_target``."""
     runs = _finished(load_results(path, finished=False), path)
+    check_summaries(runs)
     target_col = _column(runs, "target_epsilon", "noise.epsilon")
     noise_col = _column(runs, "noise", "init_args.noise")
     target = _targets(runs, target_col, noise_col)
