@@ -162,7 +162,13 @@ def set_up(
     datamodule = trainer.datamodule
     num_clients = getattr(datamodule, "num_clients", None)
     if num_clients is None:
-        raise ValueError("FederatedModule needs a datamodule with a num_clients attribute")
+        given = "no datamodule" if datamodule is None else f"{type(datamodule).__name__}"
+        raise ValueError(
+            f"FederatedModule needs a federated datamodule (its training data split over "
+            f"clients, num_clients), got {given}: wrap your datasets with "
+            "FederatedDataModule.from_datasets(train, test, num_clients=...) (or from_tensors), "
+            "or take a datamodule of pl_privfed.datamodules"
+        )
     device = trainer.strategy.root_device
     num_rounds = trainer_rounds.num_rounds(trainer)
     if not num_rounds and stage != "fit":
