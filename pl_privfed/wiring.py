@@ -125,13 +125,15 @@ class Setup:
 
 def adopt_trainer(trainer: Any, stage: str) -> None:
     """What every ``setup`` of a module does with its trainer, set up or not (a module may be
-    fitted by a second trainer): refuse a strategy that shards the model and an evaluation
-    interval that is not in rounds, name a plain ``ModelCheckpoint``'s files by round (fit), and
+    fitted by a second trainer): refuse a strategy that shards the model, an evaluation
+    interval that is not in rounds and a fit in 16 bits
+    (:func:`~pl_privfed.trainer_rounds.check_precision`), name a plain ``ModelCheckpoint``'s files by round (fit), and
     make ``round`` the step axis of its W&B loggers
     (:func:`~pl_privfed.logdir.round_step_on_wandb`)."""
     check_strategy(trainer.strategy)  # one that shards clients, not the model
     check_evaluation_interval(trainer)
     if stage == "fit":
+        trainer_rounds.check_precision(trainer)  # 32 or 64 bits: clipping and noise exact
         name_checkpoints_by_round(trainer)
     round_step_on_wandb(trainer)
 

@@ -31,6 +31,10 @@ __all__ = [
 #: before Lightning builds them (on a CPU Lightning's own refusal of FSDP is a traceback)
 _SHARDING_STRATEGIES = ("fsdp", "deepspeed", "model_parallel", "xla_fsdp")
 
+#: ``trainer.precision`` values a fit runs under (as :func:`pl_privfed.trainer_rounds.
+#: check_precision` checks the trainer's, before anything is built)
+_PRECISIONS = ("32", "64", "32-true", "64-true")
+
 #: the run folder that the first process reserved, for the processes Lightning's DDP launcher
 #: starts (``<pid of the first process>:<folder>``)
 RUN_DIR_ENV = "PL_PRIVFED_RUN_DIR"
@@ -80,6 +84,14 @@ def check_run_config(config: Namespace, subcommand: str | None) -> None:
         raise ValueError(
             f"trainer.max_steps={max_steps}: a run trains at least one round; give a positive "
             "number of rounds (or -1 with trainer.max_epochs)"
+        )
+    precision = config.get("trainer.precision")
+    if subcommand == "fit" and precision is not None and str(precision) not in _PRECISIONS:
+        raise ValueError(
+            f"trainer.precision={precision!r} is not supported: a federation's clipping, "
+            "normalization, compression and noise need 32 or 64 bits (in 16 bits a clipped "
+            "norm may round above its bound and the noise's scale is rounded); give 32-true "
+            "(the default) or 64-true"
         )
     strategy = config.get("trainer.strategy")
     if isinstance(strategy, str) and strategy.lower().startswith(_SHARDING_STRATEGIES):
