@@ -4,6 +4,7 @@ records nothing, a plain datamodule pointed at ``from_datasets``, 16-bit precisi
 ``status`` in its W&B summary."""
 
 import json
+from pathlib import Path
 
 import pytest
 import pytorch_lightning as pl
@@ -13,7 +14,6 @@ import pl_privfed
 from pl_privfed.algorithms import AlphaNormEC
 from pl_privfed.callbacks import RoundProgressBar, RunSummary
 from pl_privfed.cli import main
-from pl_privfed.datamodules import DigitsDataModule
 from pl_privfed.privacy import DPNoise
 
 L = pytest.importorskip("lightning.pytorch")
@@ -88,7 +88,9 @@ def test_a_16_bit_precision_is_refused_in_one_line(tmp_path, monkeypatch, capsys
     with pytest.raises(ValueError, match=r"^trainer.precision='bf16-mixed' is not supported"):
         trainer(precision="bf16-mixed").fit(module(), datamodule=data())
     monkeypatch.chdir(tmp_path)
-    config = str(pl_privfed.__path__[0] + "/../configs/algorithms/dp_alpha_normec_digits.yaml")
+    config = str(
+        Path(__file__).resolve().parents[1] / "configs/algorithms/dp_alpha_normec_digits.yaml"
+    )
     with pytest.raises(SystemExit) as info:
         main(["fit", "--config", config, "--trainer.precision", "16-mixed"])
     err = capsys.readouterr().err.strip()
