@@ -3,6 +3,7 @@ error naming the file, ``--keep-runs`` keeps only what the frontier accepted, a 
 nothing numeric refuses in one line, intervals only from 3 seeds, heatmaps scaled to their data."""
 
 import csv
+import json
 import math
 
 import pytest
@@ -87,3 +88,24 @@ def test_heatmap_colours_span_the_data(tmp_path):
     texts = [t.get_text() for t in figures["heatmap.png"].axes[0].texts]
     assert all("±" in t for t in texts)  # three seeds a cell
     assert make_report(results, tmp_path / "report")
+
+
+def test_the_frontier_draws_the_majority_class_where_the_runs_record_it(tmp_path):
+    """Before: the a9a frontier's ε = 0.5 point lay below a constant classifier, unmarked."""
+    from pl_privfed.report import frontier_points
+    from pl_privfed.report.frontier_files import MAJORITY, _figure, _markdown, _Names
+
+    results = private_sweep(tmp_path)
+    for path in (results.parent / "runs").glob("*/summary.json"):
+        summary = json.loads(path.read_text())
+        summary["data"] = {"test_majority_class": 0.7638}
+        path.write_text(json.dumps(summary))
+    points = frontier_points([results])
+    assert {p.majority for p in points} == {0.7638}
+    names = _Names("final_test_accuracy", "final_val_accuracy", None)
+    figure = _figure(points, names)
+    (line,) = [ln for ln in figure.axes[0].lines if ln.get_label() == MAJORITY]
+    assert line.get_ydata()[0] == pytest.approx(76.38)
+    low, high = figure.axes[0].get_ylim()
+    assert low < 76.38 < high
+    assert "Majority class" in _markdown(points, names) and "76.38 %" in _markdown(points, names)

@@ -69,6 +69,8 @@ class FrontierPoint:
             point).
         clients: the population the runs trained on (their summaries' ``data.num_clients``;
             ``None`` when not recorded or not the same for every run).
+        majority: the share of the test set's most common class (their summaries'
+            ``data.test_majority_class``; ``None`` when not recorded or not the same).
     """
 
     method: str
@@ -84,6 +86,7 @@ class FrontierPoint:
     values: tuple[float, ...] = field(default=())
     cost: SelectionCost = field(default_factory=SelectionCost)
     clients: int | None = None
+    majority: float | None = None
 
     @property
     def x(self) -> float:
@@ -110,6 +113,14 @@ def population(summaries: Iterable[object]) -> int | None:
         return None
     size = finite_float(sizes.pop())
     return None if size is None else int(size)
+
+
+def majority_class(summaries: Iterable[object]) -> float | None:
+    """The share of the test set's most common class that the runs of ``summaries`` recorded
+    (``data.test_majority_class``: what a constant predictor scores), ``None`` when a run does
+    not record it or the runs differ."""
+    shares = {finite_float(get(s, "data", "test_majority_class")) for s in summaries}
+    return shares.pop() if len(shares) == 1 else None
 
 
 def _adversary(row: pd.Series) -> str:
@@ -243,6 +254,7 @@ def _point(
         values=tuple(values(chosen, metric).dropna()),
         cost=cost,
         clients=population(chosen["_summary"]),
+        majority=majority_class(chosen["_summary"]),
     )
 
 
