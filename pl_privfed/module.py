@@ -34,8 +34,6 @@ from pl_privfed.privacy import Mechanism, PrivacyLedger
 
 __all__ = ["FederatedModule", "NonFiniteLossError"]
 
-compat.name_namespace_mismatches(pl)  # a model of the other Lightning namespace named at fit
-
 
 class NonFiniteLossError(ValueError, ArithmeticError):
     """Raised when the training loss becomes NaN or infinite; the message names the round."""
@@ -155,16 +153,6 @@ class FederatedModule(pl.LightningModule):
         return [("algorithm.", self.algorithm)]
 
     # ------------------------------------------------------------------ setup
-    @override
-    def configure_callbacks(self) -> list[pl.Callback]:
-        """No callbacks of its own; refuses, in one line, the trainer's callbacks and
-        datamodule of the other Lightning namespace (:func:`~pl_privfed.compat.lightning.
-        check_namespaces`: called before any callback is set up)."""
-        trainer = compat.attached_trainer(self)
-        if trainer is not None:
-            compat.check_namespaces(trainer)
-        return []
-
     @override
     def setup(self, stage: str) -> None:
         wiring.adopt_trainer(self.trainer, stage)  # checks it; its checkpoints and W&B in rounds

@@ -32,6 +32,7 @@ from torch import nn
 from pl_privfed import trainer_rounds
 from pl_privfed.algorithms import FederatedAlgorithm
 from pl_privfed.checks import check_choice, check_evaluation_interval
+from pl_privfed.compat.lightning import check_namespaces, name_namespace_mismatches
 from pl_privfed.datamodules.base import round_description
 from pl_privfed.engine import ClientRows, ClientShard, choose_chunk_size, choose_client_rows
 from pl_privfed.engine.distributed import adopt_strategy, check_strategy
@@ -125,11 +126,14 @@ class Setup:
 
 def adopt_trainer(trainer: Any, stage: str) -> None:
     """What every ``setup`` of a module does with its trainer, set up or not (a module may be
-    fitted by a second trainer): refuse a strategy that shards the model, an evaluation
+    fitted by a second trainer): refuse callbacks and a datamodule of the other Lightning
+    namespace (:func:`~pl_privfed.compat.lightning.check_namespaces`), a strategy that shards the
+    model, an evaluation
     interval that is not in rounds and a fit in 16 bits
     (:func:`~pl_privfed.trainer_rounds.check_precision`), name a plain ``ModelCheckpoint``'s files by round (fit), and
     make ``round`` the step axis of its W&B loggers
     (:func:`~pl_privfed.logdir.round_step_on_wandb`)."""
+    check_namespaces(trainer)  # callbacks and datamodule of the trainer's namespace
     check_strategy(trainer.strategy)  # one that shards clients, not the model
     check_evaluation_interval(trainer)
     if stage == "fit":
@@ -296,7 +300,10 @@ def check_arguments(
     client_state,
     client_span="auto",
 ) -> None:
-    """``ValueError`` naming the first bad argument of :class:`~pl_privfed.FederatedModule`."""
+    """``ValueError`` naming the first bad argument of :class:`~pl_privfed.FederatedModule`.
+    Also makes a fit of the module under the other Lightning namespace's trainer say so in one
+    line (:func:`~pl_privfed.compat.lightning.name_namespace_mismatches`)."""
+    name_namespace_mismatches()
     if not isinstance(model, nn.Module):
         raise ValueError(f"model must be an nn.Module, got {model!r}")
     if not isinstance(algorithm, FederatedAlgorithm):

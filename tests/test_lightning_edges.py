@@ -46,9 +46,10 @@ def data(package=pl_privfed.datamodules):
 
 
 @pytest.mark.parametrize("case", ["model", "reverse", "callback"])
-def test_the_other_namespace_is_named_in_one_line(case):
+def test_the_other_namespace_is_named_in_one_line(case, tmp_path, monkeypatch):
     """Before: Lightning's "`model` must be a `LightningModule` ... got `FederatedModule`", and
     another namespace's callbacks taken silently as plain ones (two progress bars)."""
+    monkeypatch.chdir(tmp_path)  # a failed fit's summary of the foreign RunSummary goes here
     if case == "model":  # pytorch_lightning's Trainer, the lightning.pytorch module
         fit, model, dm = trainer(), module(pll), data(pll)
         named, use = "pl_privfed.lightning.module.FederatedModule", "from pl_privfed import"

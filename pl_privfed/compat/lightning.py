@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import importlib
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import ModuleType
@@ -335,8 +336,9 @@ def _role(obj: Any) -> str:
     return "callback" if "Callback" in names else "object"
 
 
-def name_namespace_mismatches(lightning: ModuleType) -> None:
-    """Make Lightning's refusal of a model of the other namespace name it (once per namespace).
+def name_namespace_mismatches() -> None:
+    """Make Lightning's refusal of a model of the other namespace name it, in every Lightning
+    namespace imported so far (once each; called whenever a ``FederatedModule`` is built).
 
     Lightning's own check of mixed imports (``_check_mixed_imports``, called where ``fit``
     refuses a model that is not its ``LightningModule``) reads the class's own module only, so
@@ -344,18 +346,19 @@ def name_namespace_mismatches(lightning: ModuleType) -> None:
     "`model` must be a `LightningModule` ..., got `FederatedModule`". The check is wrapped to
     look at the class's bases first (:func:`namespace_mismatch`); anything else is Lightning's.
 
-    Args:
-        lightning: ``pytorch_lightning`` or ``lightning.pytorch`` (the module object).
     """
-    namespace = lightning.__name__
-    for name in ("utilities.model_helpers", "utilities.compile"):
+    for namespace, name in (
+        (n, m) for n in NAMESPACES for m in ("utilities.model_helpers", "utilities.compile")
+    ):
+        if namespace not in sys.modules:
+            continue
         module = importlib.import_module(f"{namespace}.{name}")
         original = getattr(module, "_check_mixed_imports", None)
         if original is None or getattr(original, "_pl_privfed", False):
             continue
 
-        def check(instance: object, _original: Any = original) -> None:
-            message = namespace_mismatch(instance, _role(instance), namespace)
+        def check(instance: object, _original: Any = original, _namespace: str = namespace) -> None:
+            message = namespace_mismatch(instance, _role(instance), _namespace)
             if message is not None:
                 raise TypeError(message)
             _original(instance)
