@@ -7,7 +7,7 @@ import json
 import math
 
 import pytest
-from helpers.frontier import private_sweep
+from helpers.frontier import private_sweep, total_sweep
 
 from pl_privfed.cli import main
 from pl_privfed.report import make_report
@@ -94,12 +94,23 @@ def test_the_frontier_draws_the_majority_class_where_the_runs_record_it(tmp_path
     """Before: the a9a frontier's ε = 0.5 point lay below a constant classifier, unmarked."""
     from pl_privfed.report import frontier_points
     from pl_privfed.report.frontier_files import MAJORITY, _figure, _markdown, _Names
+    from pl_privfed.report.random_search import total_epsilon_points
+    from pl_privfed.report.total_files import _figure as total_figure
 
-    results = private_sweep(tmp_path)
-    for path in (results.parent / "runs").glob("*/summary.json"):
+    val = {(e, s): 0.8 for e in (1.0, 8.0) for s in (0.1, 1.0)}
+    results, total = private_sweep(tmp_path), total_sweep(tmp_path, "total_x", val, val)
+    for path in [
+        *results.parent.glob("runs/*/summary.json"),
+        *total.parent.glob("runs/*/summary.json"),
+    ]:
         summary = json.loads(path.read_text())
         summary["data"] = {"test_majority_class": 0.7638}
         path.write_text(json.dumps(summary))
+    totals = total_epsilon_points([total])
+    lines = total_figure(totals, {}, {}).axes[0].lines
+    assert [ln.get_ydata()[0] for ln in lines if ln.get_label() == MAJORITY] == [
+        pytest.approx(76.38)
+    ]
     points = frontier_points([results])
     assert {p.majority for p in points} == {0.7638}
     names = _Names("final_test_accuracy", "final_val_accuracy", None)
