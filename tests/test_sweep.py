@@ -725,11 +725,11 @@ def test_report_selects_on_validation_and_reports_test_over_seeds(tmp_path, monk
     assert best["test accuracy (%)"] == f"{np.mean(values):.2f} ± {np.std(values, ddof=1):.2f}"
     assert best["test 95 % CI"] == f"[{low:.2f}, {high:.2f}]"
     assert best["ε"] == "8"
-    # fixed colour range in percent; the curves of both server-normalization variants, with bands
+    # one colour range, the data's (issue 49); the curves of both server-normalization
+    # variants, with bands
     figures, _, _ = report.report_figures(path)
-    assert all(
-        heat(ax).get_clim() == (0.0, 100.0) for ax in figures["heatmap.png"].axes if heat(ax)
-    )
+    ((low, high),) = {heat(ax).get_clim() for ax in figures["heatmap.png"].axes if heat(ax)}
+    assert 0.0 < low < high < 100.0
     _, acc_ax = figures["curves.png"].axes
     labels = [line.get_label() for line in acc_ax.lines]
     assert {label.split(":")[0] for label in labels} == {
@@ -746,7 +746,9 @@ def test_report_selects_on_validation_and_reports_test_over_seeds(tmp_path, monk
         make_report(path, tmp_path / "r3", metric="final_test_accuracy")
 
 
-def test_report_without_accuracy_warns_and_draws_no_grey_heatmap(tmp_path):
+def test_report_without_accuracy_refuses_in_one_line(tmp_path):
+    """No run has the selection metric: nothing to select or draw (before, the report wrote
+    tables without a selection and no heatmap, exit 0; issue 49)."""
     path = fake_results(tmp_path, with_nan=False)
     text = path.read_text().splitlines()
     header = text[0].split(",")
@@ -758,12 +760,10 @@ def test_report_without_accuracy_warns_and_draws_no_grey_heatmap(tmp_path):
         for line in text[1:]
     ]
     path.write_text("\n".join([text[0], *blank]) + "\n")
-    with pytest.warns(UserWarning) as record:
-        written = make_report(path, tmp_path / "report")
-    messages = [str(w.message) for w in record]
-    assert any("8 of 8 finished runs" in m for m in messages)
-    assert any("no heatmap drawn" in m for m in messages)
-    assert "heatmap.png" not in [p.name for p in written]
+    refused = r"none of its 8 finished runs has a numeric final_val_accuracy.*nothing to report"
+    with pytest.raises(ValueError, match=refused):
+        make_report(path, tmp_path / "report")
+    assert not (tmp_path / "report").exists()
 
 
 def test_report_without_beta_and_without_finished_runs(tmp_path, capsys):
@@ -1137,4 +1137,5 @@ def test_mean_interval_matches_scipy():
     )
     assert (r.low, r.high) == (pytest.approx(low), pytest.approx(high))
     assert math.isnan(mean_interval([0.5]).low) and mean_interval([]).n == 0
-    assert mean_interval([0.5, 0.5]).low == 0.5
+    assert mean_interval([0.5, 0.5, 0.5]).low == 0.5  # equal values: the interval is the mean
+    assert math.isnan(mean_interval([0.5, 0.6]).low)  # two seeds: no interval (issue 49)
