@@ -1,19 +1,19 @@
 """Lightning's edges (issue 49): another namespace's objects named in one line, fast_dev_run
 records nothing, a plain datamodule pointed at ``from_datasets``, 16-bit precision refused,
-``RunSummary`` names every metric it cannot find, no carriage returns in piped output, the run's
-``status`` in its W&B summary."""
+``RunSummary`` names every metric it cannot find, no carriage returns in piped output (the run's
+``status`` in its W&B summary: tests/test_run_folders.py)."""
 
 import json
-from pathlib import Path
 
 import pytest
 import pytorch_lightning as pl
+from jsonargparse import Namespace
 from torch import nn
 
 import pl_privfed
 from pl_privfed.algorithms import AlphaNormEC
 from pl_privfed.callbacks import RoundProgressBar, RunSummary
-from pl_privfed.cli import main
+from pl_privfed.cli.folders import check_run_config
 from pl_privfed.privacy import DPNoise
 
 L = pytest.importorskip("lightning.pytorch")
@@ -84,19 +84,18 @@ def test_a_plain_lightning_datamodule_is_pointed_at_from_datasets():
         trainer().fit(module(private=False), datamodule=Plain())
 
 
-def test_a_16_bit_precision_is_refused_in_one_line(tmp_path, monkeypatch, capsys):
-    """Before: ``bf16-mixed`` ran, its clipping and noise in 16-bit autocast, without a word."""
+def test_a_16_bit_precision_is_refused_in_one_line():
+    """Before: ``bf16-mixed`` ran, its clipping and noise in 16-bit autocast, without a word.
+    The command refuses it while checking the parsed config, before anything is built."""
+    fit = trainer(precision="bf16-mixed")
     with pytest.raises(ValueError, match=r"^trainer.precision='bf16-mixed' is not supported"):
-        trainer(precision="bf16-mixed").fit(module(), datamodule=data())
-    monkeypatch.chdir(tmp_path)
-    config = str(
-        Path(__file__).resolve().parents[1] / "configs/algorithms/dp_alpha_normec_digits.yaml"
-    )
-    with pytest.raises(SystemExit) as info:
-        main(["fit", "--config", config, "--trainer.precision", "16-mixed"])
-    err = capsys.readouterr().err.strip()
-    assert info.value.code == 2 and err.count("\n") == 0 and "trainer.precision" in err
-    assert not list(tmp_path.iterdir())  # refused before anything was written
+        fit.fit(module(), datamodule=data())
+    assert fit.global_step == 0
+    for precision in ("16-mixed", "bf16-true", 16):
+        config = Namespace(trainer=Namespace(precision=precision, max_steps=2))
+        with pytest.raises(ValueError, match=r"^trainer.precision=.* is not supported"):
+            check_run_config(config, "fit")
+    check_run_config(Namespace(trainer=Namespace(precision="64-true", max_steps=2)), "fit")
 
 
 def test_run_summary_names_every_metric_it_cannot_find(tmp_path):
@@ -107,19 +106,15 @@ def test_run_summary_names_every_metric_it_cannot_find(tmp_path):
     assert json.loads((tmp_path / "summary.json").read_text())["final_val_loss"] is None
 
 
-def test_piped_output_has_no_carriage_returns_and_wandb_gets_the_status(tmp_path, capsys):
-    """The sanity check's bar was drawn with carriage returns into a piped log. The run's
-    ``status`` goes to its W&B summary with the rest of the record."""
-    logger = pl.loggers.WandbLogger(save_dir=str(tmp_path), offline=True)
+def test_piped_output_has_no_carriage_returns(tmp_path, capsys):
+    """The sanity check's bar was drawn with carriage returns into a piped log."""
     fit = trainer(
         num_sanity_val_steps=2,
         enable_progress_bar=True,
-        logger=logger,
+        default_root_dir=tmp_path,
         callbacks=[RoundProgressBar(), RunSummary(verbose=False)],
     )
     fit.fit(module(private=False), datamodule=data())
     fit.test(fit.lightning_module, datamodule=data())
     captured = capsys.readouterr()
     assert "\r" not in captured.out + captured.err and "round 2/2" in captured.out
-    assert logger.experiment.summary["status"] == "finished"
-    logger.experiment.finish()

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+import pl_privfed.callbacks.summary as summary_module
 import pl_privfed.cli.app as app
 from pl_privfed.cli import main
 
@@ -40,8 +41,14 @@ def test_every_run_keeps_its_own_folder_whatever_the_loggers(tmp_path, monkeypat
     """Before: with ``WandbLogger`` alone ``summary.json``, ``config.yaml`` and the curves went
     straight into ``logs/`` (the logger's ``save_dir``) and the next run overwrote them."""
     monkeypatch.chdir(tmp_path)
+    sent = []  # what the runs' W&B summaries receive: the record's fields, status included
+    record = summary_module.wandb_summary
+    monkeypatch.setattr(
+        summary_module, "wandb_summary", lambda d: sent.append(record(d)) or sent[-1]
+    )
     _fit(tmp_path, [WANDB])
     _fit(tmp_path, [WANDB])
+    assert [s["status"] for s in sent] == ["finished", "finished"] and "rounds" in sent[0]
     wandb_runs = _runs("logs/pl-privfed/*/summary.json", tmp_path)
     assert len(wandb_runs) == 2 and not (tmp_path / "logs/summary.json").exists()
     _fit(tmp_path, [WANDB, CSV])  # W&B first: its run's folder; the CSV logger its version
