@@ -13,6 +13,7 @@ from pl_privfed.cli import main
 from pl_privfed.report import make_report
 from pl_privfed.report.stats import mean_interval
 from pl_privfed.report.text import fmt_ci, fmt_pm
+from pl_privfed.results import result_columns
 
 
 def _fails(args, capsys):
@@ -53,17 +54,21 @@ def test_keep_runs_records_only_what_the_frontier_accepted(tmp_path, capsys):
 
 
 def test_a_report_with_nothing_numeric_refuses_in_one_line(tmp_path, capsys):
-    """Before: a results.csv whose metric is all NaN or text gave empty tables, exit 0."""
+    """Before: a results.csv whose metrics were all NaN or text, but whose rounds and wall
+    times were numbers, gave empty tables, exit 0."""
     results = private_sweep(tmp_path)
     with results.open(newline="") as f:
         rows = list(csv.DictReader(f))
+    outcomes = [c for c in result_columns() if c not in ("rounds", "wall_time_s")]
     for i, row in enumerate(rows):
-        row["final_val_accuracy"] = "nan" if i % 2 else "abc"
+        row.update({c: "nan" if i % 2 else "abc" for c in outcomes if c in row})
+        row.update(rounds="300", wall_time_s="12.5")
     with results.open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
     err = _fails(["report", str(results)], capsys)
+    assert "none of its 12 finished runs has a numeric result" in err, err
     assert "final_val_accuracy" in err and "nothing to report" in err
 
 

@@ -746,9 +746,7 @@ def test_report_selects_on_validation_and_reports_test_over_seeds(tmp_path, monk
         make_report(path, tmp_path / "r3", metric="final_test_accuracy")
 
 
-def test_report_without_accuracy_refuses_in_one_line(tmp_path):
-    """No run has the selection metric: nothing to select or draw (before, the report wrote
-    tables without a selection and no heatmap, exit 0; issue 49)."""
+def test_report_without_accuracy_warns_and_draws_no_grey_heatmap(tmp_path):
     path = fake_results(tmp_path, with_nan=False)
     text = path.read_text().splitlines()
     header = text[0].split(",")
@@ -760,10 +758,12 @@ def test_report_without_accuracy_refuses_in_one_line(tmp_path):
         for line in text[1:]
     ]
     path.write_text("\n".join([text[0], *blank]) + "\n")
-    refused = r"none of its 8 finished runs has a numeric final_val_accuracy.*nothing to report"
-    with pytest.raises(ValueError, match=refused):
-        make_report(path, tmp_path / "report")
-    assert not (tmp_path / "report").exists()
+    with pytest.warns(UserWarning) as record:
+        written = make_report(path, tmp_path / "report")
+    messages = [str(w.message) for w in record]
+    assert any("8 of 8 finished runs" in m for m in messages)
+    assert any("no heatmap drawn" in m for m in messages)
+    assert "heatmap.png" not in [p.name for p in written]
 
 
 def test_report_without_beta_and_without_finished_runs(tmp_path, capsys):

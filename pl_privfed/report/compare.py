@@ -102,8 +102,8 @@ def _sent_bits_per_round(data: dict) -> float | None:
 def _selected(path: Path, metric: str) -> tuple[pd.Series, list[str]]:
     """A sweep's best configuration on ``metric`` and the parameters that vary in it."""
     runs = load_results(path)
-    check_summaries(runs)
     warn_missing(runs, metric, str(path), stacklevel=4)
+    check_summaries(runs)
     config_params = [c for c in params(runs) if c not in SEED_PARAMETERS]
     selected = best(aggregate(runs, config_params, [metric]), metric)
     if selected.empty:
