@@ -43,6 +43,7 @@ def run(config: Path, out: Path, threads: int | None) -> dict:
     cmd = [sys.executable, "-m", "pl_privfed.cli", "fit", "--config", str(config),
            f"--output_dir={run_dir}", f"--trainer.default_root_dir={run_dir}",
            "--trainer.logger=false", "--trainer.enable_progress_bar=false"]  # fmt: skip
+    (run_dir / "summary.json").unlink(missing_ok=True)  # an earlier benchmark's: run anew
     start = time.perf_counter()
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=out)
     wall = time.perf_counter() - start

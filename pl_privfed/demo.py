@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -112,6 +113,8 @@ def run_demo(
     rows = []
     for index, run in enumerate(DEMO_RUNS, 1):
         run_dir = out / run.name
+        if (run_dir / "summary.json").is_file():  # an earlier demo's run: the demo runs anew
+            shutil.rmtree(run_dir)  # (a fit refuses a folder holding another run's summary)
         print(f"[demo {index}/{len(DEMO_RUNS)}] {run.label} ...", flush=True)
         start = time.perf_counter()
         runner(

@@ -22,6 +22,7 @@ __all__ = [
     "check_writable_dir",
     "local_log_dir",
     "log_artifact",
+    "logger_run_dir",
     "reserve_log_dir",
     "round_step_on_wandb",
     "wandb_loggers",
@@ -38,11 +39,23 @@ def local_log_dir(trainer: pl.Trainer) -> str | None:
     has reserved them on rank 0, :func:`reserve_log_dir`).
     """
     if trainer.loggers:
-        logger = trainer.loggers[0]
-        return (
-            logger.log_dir if isinstance(logger, TensorBoardLogger | CSVLogger) else logger.save_dir
-        )
+        return logger_run_dir(trainer.loggers[0], trainer.default_root_dir)
     return trainer.default_root_dir
+
+
+def logger_run_dir(logger: Any, default_root_dir: str) -> str:
+    """The run's own folder under a logger: a CSV or TensorBoard logger's ``log_dir``
+    (``<save_dir>/<name>/version_<k>``, reserved by :func:`reserve_log_dir`); any other logger
+    (``WandbLogger``: ``<save_dir>/<project>/<run id>``) the folder that Lightning's
+    ``ModelCheckpoint`` puts ``checkpoints/`` in, ``<save_dir>/<name>/<version>``. Never the
+    logger's bare ``save_dir``, which every run of that logger shares: the summary, the config
+    and the curves written there by one run were overwritten by the next."""
+    if isinstance(logger, TensorBoardLogger | CSVLogger):
+        return logger.log_dir
+    save_dir = logger.save_dir if logger.save_dir is not None else default_root_dir
+    version = logger.version
+    version = version if isinstance(version, str) else f"version_{version}"
+    return os.path.join(save_dir, str(logger.name), version)
 
 
 def check_writable_dir(path: str | os.PathLike, what: str) -> None:

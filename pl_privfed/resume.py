@@ -175,6 +175,7 @@ def check_resume(
             what a checkpoint of an older version lacks (:func:`refuse_older`).
     """
     allowed = tuple(allow_changes)
+    _check_allowed_names(allowed, checkpoint.get(RECORD_KEY), record)
     diffs = _differences(checkpoint, record, allowed, ckpt_path, private)
     refused = {k: v for k, v in diffs.items() if not _allowed(k, allowed)}
     if refused:
@@ -194,6 +195,34 @@ def check_resume(
             "no epsilon covers them; start the private run from scratch"
         )
     return {k: {"checkpoint": a, "this_run": b} for k, (a, b) in diffs.items()} if diffs else None
+
+
+def _keys(record: Any, key: str = "") -> Iterable[str]:
+    """Every dotted key of a run record (objects and their arguments, nested)."""
+    if key:
+        yield key
+    if isinstance(record, dict):
+        for name, value in record.items():
+            if name != "class":
+                yield from _keys(value, f"{key}.{name}" if key else name)
+
+
+def _check_allowed_names(allowed: tuple[str, ...], saved: Any, record: dict[str, Any]) -> None:
+    """Refuse a ``--resume_allow_changes`` name that is no setting of the run: one that is no
+    key of either record (nor a key's prefix), e.g. a misspelt one, which before was accepted
+    and allowed nothing.
+
+    Raises:
+        ValueError: naming the names and the record's top-level settings.
+    """
+    keys = {*_keys(saved), *_keys(record)}
+    unknown = [a for a in allowed if a not in keys]
+    if unknown:
+        tops = sorted({k.split(".")[0] for k in keys})
+        raise ValueError(
+            f"--resume_allow_changes {','.join(unknown)}: not a setting of this run (a dotted "
+            f"key of its record, under {', '.join(tops)}; e.g. algorithm.step_size)"
+        )
 
 
 def _allowed(key: str, allowed: tuple[str, ...]) -> bool:

@@ -15,10 +15,43 @@ from torch import nn
 
 from pl_privfed.compat.lightning import logging_state_kept
 
-__all__ = ["is_last_round", "logs_round", "num_rounds", "training_dtype", "validate_now"]
+__all__ = [
+    "PRECISIONS",
+    "check_precision",
+    "is_last_round",
+    "logs_round",
+    "num_rounds",
+    "training_dtype",
+    "validate_now",
+]
 
 #: a trainer's true precision → the dtype training runs in
-TRUE_PRECISION = {"64-true": torch.float64, "16-true": torch.float16, "bf16-true": torch.bfloat16}
+TRUE_PRECISION = {"64-true": torch.float64}
+#: the trainer precisions a federation runs under (:func:`check_precision`)
+PRECISIONS = ("32-true", "64-true")
+
+
+def check_precision(trainer: Any) -> None:
+    """Refuse, in one line, a trainer precision other than 32 or 64 bits.
+
+    Under ``16-mixed``/``bf16-mixed`` Lightning runs ``training_step`` in autocast, so the
+    clients' gradients would come out of 16-bit matrix products and be clipped, normalized,
+    compressed and noised in 16 bits; under ``16-true``/``bf16-true`` everything is 16-bit.
+    A clipped norm rounded up in 16 bits may exceed the clipping bound the privacy accounting
+    assumes, and the noise's scale is rounded too: no precision but 32 or 64 bits keeps the
+    guarantee exact, so none is accepted (before, ``bf16-mixed`` ran without a word).
+
+    Raises:
+        ValueError: naming ``trainer.precision`` and what to give.
+    """
+    precision = str(trainer.precision)
+    if precision not in PRECISIONS:
+        raise ValueError(
+            f"trainer.precision={precision!r} is not supported: a federation's clipping, "
+            "normalization, compression and noise need 32 or 64 bits (in 16 bits a clipped "
+            "norm may round above its bound and the noise's scale is rounded); give "
+            "precision='32-true' (the default) or '64-true'"
+        )
 
 
 def num_rounds(trainer: Any) -> int:
@@ -49,8 +82,8 @@ def logs_round(trainer: Any, round_index: int) -> bool:
 
 
 def training_dtype(trainer: Any, module: nn.Module, model: nn.Module) -> torch.dtype:
-    """The dtype training runs in: the trainer's true precision (``"64-true"`` → float64,
-    ``"16-true"`` / ``"bf16-true"`` → float16 / bfloat16), else the model's. ``module`` is
+    """The dtype training runs in: the trainer's true precision (``"64-true"`` → float64;
+    16-bit precisions are refused, :func:`check_precision`), else the model's. ``module`` is
     converted to it here, before an algorithm allocates its state and noise in it (Lightning
     converts the module only after ``setup``, which would leave the algorithm's dtype behind)."""
     dtype = TRUE_PRECISION.get(str(trainer.precision))

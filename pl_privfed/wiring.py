@@ -32,6 +32,7 @@ from torch import nn
 from pl_privfed import trainer_rounds
 from pl_privfed.algorithms import FederatedAlgorithm
 from pl_privfed.checks import check_choice, check_evaluation_interval
+from pl_privfed.compat.lightning import check_namespaces, name_namespace_mismatches
 from pl_privfed.datamodules.base import round_description
 from pl_privfed.engine import ClientRows, ClientShard, choose_chunk_size, choose_client_rows
 from pl_privfed.engine.distributed import adopt_strategy, check_strategy
@@ -125,13 +126,18 @@ class Setup:
 
 def adopt_trainer(trainer: Any, stage: str) -> None:
     """What every ``setup`` of a module does with its trainer, set up or not (a module may be
-    fitted by a second trainer): refuse a strategy that shards the model and an evaluation
-    interval that is not in rounds, name a plain ``ModelCheckpoint``'s files by round (fit), and
+    fitted by a second trainer): refuse callbacks and a datamodule of the other Lightning
+    namespace (:func:`~pl_privfed.compat.lightning.check_namespaces`), a strategy that shards the
+    model, an evaluation
+    interval that is not in rounds and a fit in 16 bits
+    (:func:`~pl_privfed.trainer_rounds.check_precision`), name a plain ``ModelCheckpoint``'s files by round (fit), and
     make ``round`` the step axis of its W&B loggers
     (:func:`~pl_privfed.logdir.round_step_on_wandb`)."""
+    check_namespaces(trainer)  # callbacks and datamodule of the trainer's namespace
     check_strategy(trainer.strategy)  # one that shards clients, not the model
     check_evaluation_interval(trainer)
     if stage == "fit":
+        trainer_rounds.check_precision(trainer)  # 32 or 64 bits: clipping and noise exact
         name_checkpoints_by_round(trainer)
     round_step_on_wandb(trainer)
 
@@ -162,7 +168,13 @@ def set_up(
     datamodule = trainer.datamodule
     num_clients = getattr(datamodule, "num_clients", None)
     if num_clients is None:
-        raise ValueError("FederatedModule needs a datamodule with a num_clients attribute")
+        given = "no datamodule" if datamodule is None else f"{type(datamodule).__name__}"
+        raise ValueError(
+            f"FederatedModule needs a federated datamodule (its training data split over "
+            f"clients, num_clients), got {given}: wrap your datasets with "
+            "FederatedDataModule.from_datasets(train, test, num_clients=...) (or from_tensors), "
+            "or take a datamodule of pl_privfed.datamodules"
+        )
     device = trainer.strategy.root_device
     num_rounds = trainer_rounds.num_rounds(trainer)
     if not num_rounds and stage != "fit":
@@ -288,7 +300,10 @@ def check_arguments(
     client_state,
     client_span="auto",
 ) -> None:
-    """``ValueError`` naming the first bad argument of :class:`~pl_privfed.FederatedModule`."""
+    """``ValueError`` naming the first bad argument of :class:`~pl_privfed.FederatedModule`.
+    Also makes a fit of the module under the other Lightning namespace's trainer say so in one
+    line (:func:`~pl_privfed.compat.lightning.name_namespace_mismatches`)."""
+    name_namespace_mismatches()
     if not isinstance(model, nn.Module):
         raise ValueError(f"model must be an nn.Module, got {model!r}")
     if not isinstance(algorithm, FederatedAlgorithm):

@@ -276,7 +276,10 @@ def test_run_summary_reports_the_metrics_it_is_given_and_warns_about_missing_one
         fit_with_validation(summary)
     assert json.loads((tmp_path / "summary.json").read_text())["final_val_accuracy"] is None
     named = RunSummary(
-        dirpath=str(tmp_path / "named"), accuracy_key="accuracy", loss_key="train_loss"
+        dirpath=str(tmp_path / "named"),
+        accuracy_key="accuracy",
+        loss_key="train_loss",
+        val_loss_key="val_loss",  # not named: a warning too (issue 49)
     )
     import warnings
 
@@ -286,7 +289,7 @@ def test_run_summary_reports_the_metrics_it_is_given_and_warns_about_missing_one
         fit_with_validation(named)
     data = json.loads((tmp_path / "named" / "summary.json").read_text())
     assert data["final_val_accuracy"] == 0.5 and data["final_val_round"] == 4
-    assert data["final_train_loss"] > 0
+    assert data["final_train_loss"] > 0 and data["final_val_loss"] is not None
 
 
 def test_default_callbacks_follow_the_trainer_settings():

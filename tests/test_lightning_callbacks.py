@@ -92,10 +92,15 @@ def test_a_stop_by_a_callback_is_recorded_and_said(tmp_path, capsys, stopper):
     assert f"stopped by {by}: {reason}" in capsys.readouterr().out
 
 
-def test_a_run_that_ends_at_its_last_round_names_no_stop(tmp_path):
-    fit(tmp_path, [RunSummary(dirpath=str(tmp_path))], max_steps=2, logger=False)
+def test_a_run_that_ends_at_its_last_round_names_no_stop(tmp_path, capsys):
+    """Also when ``EarlyStopping`` fires at the last round (issue 49: it was recorded as an
+    early stop of a run that ran every round)."""
+    fires_at_four = EarlyStopping("val/acc", mode="max", patience=1, min_delta=0.5)
+    trainer = fit(tmp_path, [fires_at_four, RunSummary(dirpath=str(tmp_path))], logger=False)
+    assert trainer.global_step == 4 and fires_at_four.wait_count >= fires_at_four.patience  # fired
     data = json.loads((tmp_path / "summary.json").read_text())
     assert data["stopped_by"] is None and data["stopped_reason"] is None
+    assert "stopped by" not in capsys.readouterr().out
 
 
 def test_wandb_plots_every_series_against_the_round(tmp_path, monkeypatch):

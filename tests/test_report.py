@@ -74,7 +74,8 @@ def test_every_report_figure_from_a_small_results_file(tmp_path):
     assert layout_problems(heatmap) == []  # titles inside the figure, apart, 2 panels a row
     # FedAlphaNormEC's step size is η (paper 004), β its β
     assert {(ax.get_xlabel(), ax.get_ylabel()) for ax in panels} == {("β", "η")}
-    assert all(heat(ax).get_clim() == (0.0, 100.0) for ax in panels)
+    ((low, high),) = {heat(ax).get_clim() for ax in panels}  # one range, the data's (issue 49)
+    assert 0.0 < low < high < 100.0
 
     diff = figures["heatmap_server_normalization_difference.png"]
     assert len([ax for ax in diff.axes if heat(ax)]) == 2  # one per p

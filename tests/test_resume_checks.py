@@ -167,6 +167,9 @@ def test_the_check_reads_only_the_two_records():
     changes = resume.check_resume(checkpoint, record, allow_changes=["algorithm.noise"])
     assert changes == {"algorithm.noise.seed": {"checkpoint": 3, "this_run": 4}}
     with pytest.raises(ValueError, match=r"--resume_allow_changes algorithm\.noise\.seed$"):
+        resume.check_resume(checkpoint, record, allow_changes=["data"])
+    # a name that is no setting of the run (issue 49: it was accepted and allowed nothing)
+    with pytest.raises(ValueError, match=r"^--resume_allow_changes algorithm\.nois: not a setting"):
         resume.check_resume(checkpoint, record, allow_changes=["algorithm.nois"])
     with pytest.raises(ValueError, match="holds 2 rounds trained without noise"):
         resume.check_resume(checkpoint, saved, private=True)

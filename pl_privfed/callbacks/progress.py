@@ -44,7 +44,8 @@ class RoundProgressBar(TQDMProgressBar):
     the metrics it logs with ``prog_bar=True`` (after the ones named in ``metrics``).
 
     When standard output is not a terminal (a file, a pipe, a CI or batch job's log) nothing is
-    redrawn: the bar prints one plain line every tenth of the run (every 10 rounds when the run
+    redrawn (no sanity-check, evaluation or test bar either): the bar prints one plain line
+    every tenth of the run (every 10 rounds when the run
     has no bound) and at its last round,
     ``round 30/100 [00:01, 52.1 rounds/s] loss=0.41, ε(server)=5.07, acc=0.83``.
 
@@ -118,9 +119,20 @@ class RoundProgressBar(TQDMProgressBar):
 
     @override
     def init_validation_tqdm(self) -> Tqdm:
-        if self.trainer.state.fn == "fit":  # evaluations between rounds: no second bar
+        if self.trainer.state.fn == "fit" or self.is_plain:  # between rounds: no second bar
             return Tqdm(disable=True)
         return super().init_validation_tqdm()
+
+    @override
+    def init_sanity_tqdm(self) -> Tqdm:
+        """Lightning's sanity-check bar, but none when the output is not a terminal (it was
+        drawn with carriage returns into a log: the Python API's one bar not in plain lines)."""
+        return Tqdm(disable=True) if self.is_plain else super().init_sanity_tqdm()
+
+    @override
+    def init_test_tqdm(self) -> Tqdm:
+        """Lightning's test bar, none when the output is not a terminal."""
+        return Tqdm(disable=True) if self.is_plain else super().init_test_tqdm()
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

@@ -61,9 +61,11 @@ class RunSummary(pl.Callback):
     A key other than ``val/acc`` or ``train/loss`` is named in ``summary.json`` as
     ``val_accuracy_metric`` or ``train_loss_metric``.
 
-    When an evaluation ends without ``accuracy_key`` among the logged metrics, or a fit ends
-    without ``loss_key`` ever logged, it warns once, naming the metrics that were logged, instead
-    of writing ``null`` silently (a module that logs other names gives them here).
+    When an evaluation ends without ``accuracy_key`` or ``val_loss_key`` among the logged
+    metrics, or a fit ends without ``loss_key`` ever logged, it warns once for each, naming the
+    metrics that were logged, instead of writing ``null`` silently (a module that logs other
+    names gives them here; a module with its own ``validation_accuracy_key``, a grid, logs no
+    validation loss, and is not warned about the default ``val/loss``).
 
     From ``setup`` a SIGTERM or Ctrl-C ends the fit (:mod:`~pl_privfed.callbacks.interrupt`):
     before round 1 at once, with ``status: "interrupted: <signal> before training"``; during
@@ -164,7 +166,13 @@ class RunSummary(pl.Callback):
         self._start = time.perf_counter()
         self.first_loss = None
         ledger = getattr(pl_module, "privacy_ledger", None)
-        if self.verbose and ledger is not None and trainer.is_global_zero:
+        if self.verbose and trainer.fast_dev_run and trainer.is_global_zero:
+            print(
+                "[pl-privfed] fast_dev_run: a smoke test of the run's code, not a run: no "
+                "summary.json and no privacy claim",
+                flush=True,
+            )
+        elif self.verbose and ledger is not None and trainer.is_global_zero:
             print(f"[pl-privfed] privacy: {privacy_plan_line(ledger.report())}")
 
     @override
@@ -188,6 +196,10 @@ class RunSummary(pl.Callback):
         key = self.key_of(pl_module)
         if key not in trainer.callback_metrics:
             self._warn_missing(trainer, key, "validation accuracy", "accuracy_key")
+        own_key = getattr(pl_module, "validation_accuracy_key", None)  # a grid logs no loss
+        default_loss = self.val_loss_key == "val/loss" and own_key is not None
+        if self.val_loss_key not in trainer.callback_metrics and not default_loss:
+            self._warn_missing(trainer, self.val_loss_key, "validation loss", "val_loss_key")
         acc = finite_float(trainer.callback_metrics.get(key))
         loss = finite_float(trainer.callback_metrics.get(self.val_loss_key))
         if acc is None and loss is None:
@@ -341,8 +353,8 @@ class RunSummary(pl.Callback):
     @rank_zero_only
     def _write(self, trainer: pl.Trainer, pl_module: pl.LightningModule, status: str) -> None:
         directory = self._dir(trainer)
-        if directory is None:
-            return
+        if directory is None or trainer.fast_dev_run:
+            return  # fast_dev_run: a smoke test of a batch or two, not a run to record
         os.makedirs(directory, exist_ok=True)
         data = self.summary(trainer, pl_module, status)
         self.path = Path(directory) / self.filename
@@ -516,9 +528,13 @@ def stop_entries(trainer: pl.Trainer, unexplained: bool = True) -> dict[str, Any
 
     With ``unexplained``, a run told to stop (``trainer.should_stop``) before its last round
     by something that gives no reason is named as such (``stopped_by: trainer.should_stop``);
-    both entries are ``None`` for a run that ran all its rounds.
+    both entries are ``None`` for a run that ran all its rounds, even when a callback asked to
+    stop at the last one (an ``EarlyStopping`` that fired then stopped nothing).
     """
     names, reasons = [], []
+    planned = trainer_rounds.num_rounds(trainer)
+    if planned and trainer.global_step >= planned:
+        return {"stopped_by": None, "stopped_reason": None}
     for callback in trainer.callbacks:
         reason = _stop_reason(callback)
         if reason is None:
@@ -527,7 +543,6 @@ def stop_entries(trainer: pl.Trainer, unexplained: bool = True) -> dict[str, Any
         if not getattr(callback, "stop_reason", None):  # EarlyStopping: its epoch says nothing
             reason = f"early stopping at round {trainer.global_step}: {reason}"
         reasons.append(reason)
-    planned = trainer_rounds.num_rounds(trainer)
     stopped = trainer.should_stop and 0 < trainer.global_step < planned
     if unexplained and not names and stopped:
         names.append("trainer.should_stop")

@@ -34,7 +34,13 @@ from pl_privfed.callbacks.interrupt import restore_signals, watch_setup_signals
 from pl_privfed.cli.arguments import nested_nulls, sweep_run_name
 from pl_privfed.cli.environment import wandb_offline_unless_logged_in
 from pl_privfed.cli.errors import check_config_files, one_line, raised_here
-from pl_privfed.cli.folders import check_run_config, first_process, place_run, redirect_loggers
+from pl_privfed.cli.folders import (
+    check_run_config,
+    first_process,
+    last_round_checkpoint,
+    place_run,
+    redirect_loggers,
+)
 from pl_privfed.cli.help import list_subcommands, short_module_help
 from pl_privfed.cli.print_config import print_config, take_print_config
 from pl_privfed.cli.seeds import RunSeeds, fan_out, given_on_command_line, seeds_of
@@ -42,7 +48,7 @@ from pl_privfed.compat.lightning import LightningCLIHooks, wandb_init_arguments,
 from pl_privfed.datamodules import FederatedDataModule
 from pl_privfed.engine.distributed import check_strategy, close_process_group
 from pl_privfed.grid import federation
-from pl_privfed.logdir import reserve_log_dir
+from pl_privfed.logdir import local_log_dir, reserve_log_dir
 from pl_privfed.module import FederatedModule
 
 __all__ = ["LoggedConfig", "PrivFedCLI", "run_trainer_command"]
@@ -96,6 +102,27 @@ _ARGUMENTS: dict[str, tuple[Any, str]] = {
 class LoggedConfig(SaveConfigCallback):
     """Saves ``config.yaml`` in the log dir (and in ``--output_dir``) and logs the full resolved
     config to W&B runs."""
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        """Lightning's, with ``config.yaml`` in the run's own folder
+        (:func:`~pl_privfed.logdir.local_log_dir`: beside its summary and checkpoints), not in
+        ``trainer.log_dir``, which for a W&B logger is the ``save_dir`` every run shares."""
+        if self.already_saved:
+            return
+        if trainer.is_global_zero:
+            folder = local_log_dir(trainer)
+            if self.save_to_log_dir and folder is not None:
+                Path(folder).mkdir(parents=True, exist_ok=True)
+                self.parser.save(
+                    self.config,
+                    str(Path(folder) / self.config_filename),
+                    skip_none=False,
+                    overwrite=True,
+                    multifile=self.multifile,
+                )
+            self.save_config(trainer, pl_module, stage)
+            self.already_saved = True
+        self.already_saved = trainer.strategy.broadcast(self.already_saved)
 
     def save_config(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         """Write ``config.yaml`` to ``--output_dir`` and the config to every W&B run."""
@@ -298,9 +325,15 @@ class PrivFedCLI(LightningCLIHooks, LightningCLI):
             restore_signals(self.trainer)
 
     def before_fit(self) -> None:
-        """Check and set up the run; pass on ``--resume_allow_changes``."""
+        """Check and set up the run; pass on ``--resume_allow_changes``; ``--ckpt_path last``
+        becomes the newest round checkpoint of the run's folder
+        (:func:`~pl_privfed.cli.folders.last_round_checkpoint`)."""
         self._before_run()
         self._allow_resume_changes()
+        fit = self.config_init["fit"]
+        if fit.get("ckpt_path") == "last":
+            found = last_round_checkpoint(self.trainer, fit.get("output_dir"))
+            fit["ckpt_path"] = str(check_checkpoint_file(found))
 
     def before_validate(self) -> None:
         """Check and set up the run; say what is scored."""

@@ -91,8 +91,8 @@ def report(
         y: heatmap y column
         facet: one panel per value of this column (default: all others)
         metric: validation column that selects (or best_val_accuracy)
-        vmin: heatmap colour minimum (default 0 %)
-        vmax: heatmap colour maximum (default 100 %)
+        vmin: heatmap colour minimum (default the values' minimum)
+        vmax: heatmap colour maximum (default the values' maximum)
     """
     from pl_privfed.report import make_report
 
@@ -176,14 +176,13 @@ def compare(
     if total_epsilon:
         from pl_privfed.report.total_files import total_frontier
 
-        if keep_runs is not None:
-            from pl_privfed.report.frontier_record import keep_runs as keep
-
-            for path in keep(results, keep_runs):
-                print(path)
         written = total_frontier(
             results, out, nonprivate=nonprivate or (), select=metric, labels=labels
         )
+        if keep_runs is not None:  # only what the frontier accepted goes into the record
+            from pl_privfed.report.frontier_record import keep_runs as keep
+
+            written = [*keep(results, keep_runs), *written]
         for path in written:
             print(path)
         print(written[-1].read_text(), end="")
@@ -195,14 +194,13 @@ def compare(
     if keep_runs is not None and not frontier:
         raise ValueError("--keep-runs goes with --frontier")
     if frontier:
-        if keep_runs is not None:
-            from pl_privfed.report.frontier_record import keep_runs as keep
-
-            for path in keep(results, keep_runs):
-                print(path)
         written = draw_frontier(
             results, out, select=metric, labels=labels, random_search=random_search
         )
+        if keep_runs is not None:  # only what the frontier accepted goes into the record
+            from pl_privfed.report.frontier_record import keep_runs as keep
+
+            written = [*keep(results, keep_runs), *written]
         for path in written:
             print(path)
         print(written[-1].read_text(), end="")

@@ -8,18 +8,32 @@ run in its folder.
 from __future__ import annotations
 
 import os
+import re
+from pathlib import Path
 from typing import Any
 
 from jsonargparse import Namespace
 from pytorch_lightning.loggers import CSVLogger
 
-from pl_privfed.logdir import check_writable_dir, reserve_log_dir
+from pl_privfed.logdir import check_writable_dir, logger_run_dir, reserve_log_dir
 
-__all__ = ["RUN_DIR_ENV", "check_run_config", "first_process", "place_run", "redirect_loggers"]
+__all__ = [
+    "RUN_DIR_ENV",
+    "check_run_config",
+    "check_run_folder_unused",
+    "first_process",
+    "last_round_checkpoint",
+    "place_run",
+    "redirect_loggers",
+]
 
 #: strategies that shard the model (named as ``--trainer.strategy`` strings): refused by name
 #: before Lightning builds them (on a CPU Lightning's own refusal of FSDP is a traceback)
 _SHARDING_STRATEGIES = ("fsdp", "deepspeed", "model_parallel", "xla_fsdp")
+
+#: ``trainer.precision`` values a fit runs under (as :func:`pl_privfed.trainer_rounds.
+#: check_precision` checks the trainer's, before anything is built)
+_PRECISIONS = ("32", "64", "32-true", "64-true")
 
 #: the run folder that the first process reserved, for the processes Lightning's DDP launcher
 #: starts (``<pid of the first process>:<folder>``)
@@ -71,6 +85,14 @@ def check_run_config(config: Namespace, subcommand: str | None) -> None:
             f"trainer.max_steps={max_steps}: a run trains at least one round; give a positive "
             "number of rounds (or -1 with trainer.max_epochs)"
         )
+    precision = config.get("trainer.precision")
+    if subcommand == "fit" and precision is not None and str(precision) not in _PRECISIONS:
+        raise ValueError(
+            f"trainer.precision={precision!r} is not supported: a federation's clipping, "
+            "normalization, compression and noise need 32 or 64 bits (in 16 bits a clipped "
+            "norm may round above its bound and the noise's scale is rounded); give 32-true "
+            "(the default) or 64-true"
+        )
     strategy = config.get("trainer.strategy")
     if isinstance(strategy, str) and strategy.lower().startswith(_SHARDING_STRATEGIES):
         raise ValueError(
@@ -81,6 +103,33 @@ def check_run_config(config: Namespace, subcommand: str | None) -> None:
     for what, folder in _folders(config):
         if isinstance(folder, str | os.PathLike) and str(folder):
             check_writable_dir(folder, what)
+    if subcommand == "fit" and config.get("ckpt_path") is None:
+        check_run_folder_unused(config)
+
+
+def check_run_folder_unused(config: Namespace) -> None:
+    """Refuse a fit into a folder that holds another run's ``summary.json``: ``--output_dir``,
+    or ``trainer.default_root_dir`` of a run without loggers (the run's own folder, where its
+    summary, config and checkpoints go). The new run would overwrite that summary beside the
+    other run's checkpoints; a run that continues it gives ``--ckpt_path`` (this check is not
+    made then). A sweep deletes a point's stale ``summary.json`` before it reruns the point.
+
+    Raises:
+        ValueError: naming the setting, the folder and the summary found there.
+    """
+    named = [("--output_dir", config.get("output_dir"))]
+    if config.get("output_dir") is None and config.get("trainer.logger") in (False, []):
+        named.append(("trainer.default_root_dir", config.get("trainer.default_root_dir")))
+    for what, folder in named:
+        if not isinstance(folder, str | os.PathLike) or not str(folder):
+            continue
+        summary = Path(folder) / "summary.json"
+        if summary.is_file():
+            raise ValueError(
+                f"{what} {str(folder)!r} holds another run already ({summary}): a new run "
+                "there would overwrite it; give a new folder, or continue that run with "
+                "--ckpt_path last"
+            )
 
 
 def place_run(config: Namespace) -> None:
@@ -135,3 +184,36 @@ def redirect_loggers(config: Namespace, run_name: str | None) -> None:
                 init_args["name"] = run_name
             if config.get("run_group"):
                 init_args["group"] = config["run_group"]
+
+
+def _round_of(path: Path) -> int:
+    match = re.fullmatch(r"round=(\d+)\.ckpt", path.name)
+    return int(match.group(1)) if match else -1
+
+
+def last_round_checkpoint(trainer: Any, output_dir: str | None) -> str:
+    """The checkpoint ``--ckpt_path last`` resumes: the newest round checkpoint
+    (``round=<k>.ckpt``, the most recently written; of equally new ones the latest round) under
+    the run's folder, ``--output_dir``, else the folder of the runs of the trainer's first
+    logger (``<save_dir>/<name>``: every ``version_<k>`` or W&B run id beside this run's own
+    new one), else the folder of ``trainer.default_root_dir``'s runs. Lightning's own ``last``
+    looks for a ``last.ckpt`` in this run's new checkpoint folder, so it never resumed.
+
+    Raises:
+        ValueError: when there is no round checkpoint there, naming the folder.
+    """
+    if output_dir is not None:
+        root = Path(output_dir)
+    elif trainer.loggers:
+        logger = trainer.loggers[0]
+        root = Path(logger_run_dir(logger, trainer.default_root_dir)).parent
+    else:
+        root = Path(trainer.default_root_dir)
+        root = root.parent if re.fullmatch(r"version_\d+", root.name) else root
+    found = [p for p in root.rglob("round=*.ckpt") if p.is_file()] if root.is_dir() else []
+    if not found:
+        raise ValueError(
+            f"--ckpt_path last: no round checkpoint (round=<k>.ckpt) under {str(root)!r}, the "
+            "run's folder; give the checkpoint's path, or the --output_dir of the run to resume"
+        )
+    return str(max(found, key=lambda p: (p.stat().st_mtime, _round_of(p))))

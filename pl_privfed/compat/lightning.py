@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import importlib
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import ModuleType
@@ -27,11 +28,15 @@ __all__ = [
     "ModelCheckpointHooks",
     "attached_trainer",
     "callback_state_key",
+    "check_namespaces",
     "hyperparameters_from_cli",
     "is_local_path",
     "lightning_module",
     "logger_version",
     "logging_state_kept",
+    "name_namespace_mismatches",
+    "namespace_mismatch",
+    "namespace_of",
     "reset_initial_hyperparameters",
     "saved_hyperparameters",
     "set_logger_version",
@@ -270,3 +275,93 @@ class LightningCLIHooks:
         """Run ``subcommand`` (``fit``, ``validate``, ...) with the hooks ``before_<it>`` and
         ``after_<it>`` around it (Lightning's, unless overridden)."""
         super()._run_subcommand(subcommand)  # type: ignore[misc]
+
+
+# --------------------------------------------------------------------------------- namespaces
+
+#: the package's module of each namespace, the one to import from
+_PACKAGE_OF = {"pytorch_lightning": "pl_privfed", "lightning.pytorch": "pl_privfed.lightning"}
+
+
+def namespace_of(obj: Any) -> str | None:
+    """The Lightning namespace (``pytorch_lightning`` or ``lightning.pytorch``) of the first
+    class of ``obj``'s MRO that belongs to one; ``None`` for an object of neither."""
+    for cls in type(obj).__mro__:
+        found = [n for n in NAMESPACES if cls.__module__.startswith(n + ".")]
+        if found:
+            return found[0]
+    return None
+
+
+def namespace_mismatch(obj: Any, what: str, namespace: str) -> str | None:
+    """One line naming a mismatch: ``obj`` (the trainer's ``what``: ``model``, a callback, the
+    datamodule) of the other Lightning namespace than the trainer's ``namespace``, and which
+    import to use; ``None`` when it matches or is of neither."""
+    own = namespace_of(obj)
+    if own is None or own == namespace:
+        return None
+    name = f"{type(obj).__module__}.{type(obj).__qualname__}"
+    return (
+        f"{what} {name} is a {own} object, but the Trainer is {namespace}'s: one process may "
+        f"use both, not in one fit; with `import {namespace}` take the package's classes from "
+        f"{_PACKAGE_OF[namespace]} (`from {_PACKAGE_OF[namespace]} import FederatedModule, "
+        f"RunSummary, ...`), or use {own}'s Trainer"
+    )
+
+
+def check_namespaces(trainer: Any) -> None:
+    """Refuse, in one line each, callbacks and a datamodule of the other Lightning namespace
+    than ``trainer``'s: Lightning takes another namespace's callbacks for plain callbacks (its
+    own progress bar and checkpoints beside the package's) without a word.
+
+    Raises:
+        TypeError: naming the object, both namespaces and the import to use.
+    """
+    namespace = namespace_of(trainer) or NAMESPACES[0]
+    things = [("callback:", c) for c in trainer.callbacks]
+    things.append(("datamodule:", getattr(trainer, "datamodule", None)))
+    for what, obj in things:
+        message = namespace_mismatch(obj, what.rstrip(":"), namespace)
+        if message is not None:
+            raise TypeError(message)
+
+
+def _role(obj: Any) -> str:
+    """What ``obj`` is to a trainer, by its Lightning base: ``model``, ``datamodule``,
+    ``callback`` (else ``object``)."""
+    names = {cls.__name__ for cls in type(obj).__mro__}
+    for base, role in (("LightningModule", "model"), ("LightningDataModule", "datamodule")):
+        if base in names:
+            return role
+    return "callback" if "Callback" in names else "object"
+
+
+def name_namespace_mismatches() -> None:
+    """Make Lightning's refusal of a model of the other namespace name it, in every Lightning
+    namespace imported so far (once each; called whenever a ``FederatedModule`` is built).
+
+    Lightning's own check of mixed imports (``_check_mixed_imports``, called where ``fit``
+    refuses a model that is not its ``LightningModule``) reads the class's own module only, so
+    ``pl_privfed.lightning.FederatedModule`` given to a ``pytorch_lightning.Trainer`` ended in
+    "`model` must be a `LightningModule` ..., got `FederatedModule`". The check is wrapped to
+    look at the class's bases first (:func:`namespace_mismatch`); anything else is Lightning's.
+
+    """
+    for namespace, name in (
+        (n, m) for n in NAMESPACES for m in ("utilities.model_helpers", "utilities.compile")
+    ):
+        if namespace not in sys.modules:
+            continue
+        module = importlib.import_module(f"{namespace}.{name}")
+        original = getattr(module, "_check_mixed_imports", None)
+        if original is None or getattr(original, "_pl_privfed", False):
+            continue
+
+        def check(instance: object, _original: Any = original, _namespace: str = namespace) -> None:
+            message = namespace_mismatch(instance, _role(instance), _namespace)
+            if message is not None:
+                raise TypeError(message)
+            _original(instance)
+
+        check._pl_privfed = True  # type: ignore[attr-defined]
+        module._check_mixed_imports = check

@@ -18,7 +18,13 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
 from pl_privfed.checks import check_choice, check_positive_int
-from pl_privfed.datamodules.datasets import labels_of, random_subset, take, tensor_datasets
+from pl_privfed.datamodules.datasets import (
+    labels_of,
+    majority_fraction,
+    random_subset,
+    take,
+    tensor_datasets,
+)
 from pl_privfed.datamodules.partition import IIDPartitioner, Partitioner
 from pl_privfed.datamodules.rounds import (
     RoundBatch,
@@ -467,6 +473,10 @@ class FederatedDataModule(pl.LightningDataModule):
             "rounds_per_epoch": self.rounds_per_epoch,
             "num_classes": self.num_classes,
             "partitioner": repr(self.partitioner),
+            # what a constant predictor scores on the test set: the frontier's floor line
+            "test_majority_class": majority_fraction(getattr(self, "test_dataset", None))
+            if self.num_classes
+            else None,
         }
 
 

@@ -11,7 +11,14 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset, Subset, TensorDataset
 
-__all__ = ["labels_of", "random_subset", "take", "tensor_datasets"]
+__all__ = [
+    "labels_at_hand",
+    "labels_of",
+    "majority_fraction",
+    "random_subset",
+    "take",
+    "tensor_datasets",
+]
 
 
 def take(dataset: Dataset, keep: np.ndarray) -> Dataset:
@@ -30,6 +37,33 @@ def random_subset(dataset: Dataset, size: int | None, seed: int) -> Dataset:
         return dataset
     rng = np.random.default_rng(np.random.SeedSequence([seed, 0x5B5E7]))
     return take(dataset, np.sort(rng.choice(len(dataset), size, replace=False)))
+
+
+def labels_at_hand(dataset: Dataset) -> Tensor | None:
+    """The targets of ``dataset`` where they are at hand without reading every example: a
+    ``TensorDataset``'s second tensor, a ``targets`` attribute, a ``Subset`` of either;
+    ``None`` otherwise."""
+    if isinstance(dataset, Subset):
+        labels = labels_at_hand(dataset.dataset)
+        return (
+            None if labels is None else labels[torch.as_tensor(dataset.indices, dtype=torch.long)]
+        )
+    tensors = getattr(dataset, "tensors", None)
+    if tensors is not None and len(tensors) > 1:
+        return tensors[1]
+    if hasattr(dataset, "targets"):
+        return torch.as_tensor(np.asarray(dataset.targets))
+    return None
+
+
+def majority_fraction(dataset: Dataset | None) -> float | None:
+    """The share of ``dataset``'s most common class: what a constant predictor scores, the
+    floor a model's accuracy is read against (``None`` for float targets, or where the labels
+    are not at hand, :func:`labels_at_hand`)."""
+    labels = None if dataset is None else labels_at_hand(dataset)
+    if labels is None or labels.numel() == 0 or labels.is_floating_point() or labels.ndim != 1:
+        return None
+    return float(torch.unique(labels, return_counts=True)[1].max()) / labels.numel()
 
 
 def labels_of(dataset: Dataset) -> Tensor:

@@ -26,6 +26,7 @@ from pl_privfed.report.figures import (
 from pl_privfed.report.runs import (
     DEFAULT_METRIC,
     TEST,
+    check_summaries,
     load_results,
     params,
     paths,
@@ -102,6 +103,7 @@ def _selected(path: Path, metric: str) -> tuple[pd.Series, list[str]]:
     """A sweep's best configuration on ``metric`` and the parameters that vary in it."""
     runs = load_results(path)
     warn_missing(runs, metric, str(path), stacklevel=4)
+    check_summaries(runs)
     config_params = [c for c in params(runs) if c not in SEED_PARAMETERS]
     selected = best(aggregate(runs, config_params, [metric]), metric)
     if selected.empty:

@@ -70,6 +70,11 @@ def check_selection_metric(metric: str) -> None:
         )
 
 
+#: result columns that say what a run did, not how well: numbers in these alone leave a report
+#: nothing to show (:func:`warn_missing` refuses such a file)
+_BOOKKEEPING = ("best_val_round", "rounds", "wall_time_s", "client_transmissions")
+
+
 def warn_missing(runs: pd.DataFrame, metric: str, where: str, stacklevel: int = 3) -> None:
     """Name in one warning the finished runs without a numeric ``metric`` (left out of the
     selection), those whose value is written but is not a finite number (``nan``, ``abc``: the
@@ -77,8 +82,10 @@ def warn_missing(runs: pd.DataFrame, metric: str, where: str, stacklevel: int = 
     and the other result columns written but not as finite numbers (their cells stay empty).
 
     Raises:
-        ValueError: naming the same, when no finished run has a number in any result column:
-            nothing is left to report (before, the report exited 0 with empty tables).
+        ValueError: naming the same, when no finished run has a number in any result column
+            but the bookkeeping ones (rounds, wall time, round of the best, transmissions):
+            nothing is left to report (before, a file whose accuracies and losses were all
+            ``nan`` or text but whose rounds were numbers gave empty tables, exit 0).
     """
     missing = values(runs, metric).isna()
     unreadable = runs.get("_unreadable", pd.Series([{}] * len(runs), index=runs.index))
@@ -95,7 +102,8 @@ def warn_missing(runs: pd.DataFrame, metric: str, where: str, stacklevel: int = 
         for column in (c for c in cells if c != metric):
             others.setdefault(column, []).append(f"{run} ({cells[column]!r})")
     listed = "; ".join(f"{column} of {fmt_names(names)}" for column, names in others.items())
-    if len(runs) and all(values(runs, c).isna().all() for c in result_columns()):
+    outcomes = [c for c in result_columns() if c not in _BOOKKEEPING]
+    if len(runs) and all(values(runs, c).isna().all() for c in outcomes):
         found = "; ".join([*parts, *([f"not finite numbers: {listed}"] if listed else [])])
         raise ValueError(
             f"{where}: none of its {len(runs)} finished runs has a numeric result ({found}): "

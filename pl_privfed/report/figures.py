@@ -190,13 +190,19 @@ def suptitle(fig: Figure, title: str) -> None:
     fig.suptitle(textwrap.fill(title, int(fig.get_figwidth() * 11)), fontsize=10)
 
 
-def _cell_texts(data: np.ndarray, half: np.ndarray, diff: bool) -> np.ndarray:
-    """Each cell's annotation: the mean (signed for a difference) and ``±`` the half-width."""
+def _cell_texts(
+    data: np.ndarray, half: np.ndarray, diff: bool, seeds: np.ndarray | None = None
+) -> np.ndarray:
+    """Each cell's annotation: the mean (signed for a difference) and ``±`` the half-width
+    (from 3 seeds on), else the seeds' values in brackets (``seeds``: text per cell)."""
     texts = np.full(data.shape, "", dtype=object)
     for (i, j), value in np.ndenumerate(data):
         if np.isfinite(value):
             texts[i, j] = f"{value:+.1f}" if diff else f"{value:.1f}"
-            texts[i, j] += f"\n±{half[i, j]:.1f}" if np.isfinite(half[i, j]) else ""
+            if np.isfinite(half[i, j]):
+                texts[i, j] += f"\n±{half[i, j]:.1f}"
+            elif seeds is not None and isinstance(seeds[i, j], str) and seeds[i, j]:
+                texts[i, j] += f"\n({seeds[i, j]})"
     return texts
 
 
@@ -209,12 +215,17 @@ def _panel(
         cells[k].astype(float).unstack().reindex(index=ys, columns=xs).to_numpy()
         for k in ("mean", "half")
     )
+    seeds = (
+        cells["seeds_text"].unstack().reindex(index=ys, columns=xs).to_numpy()
+        if "seeds_text" in cells
+        else None
+    )
     sns.heatmap(
         pd.DataFrame(data, index=ys, columns=xs),
         ax=ax,
         mask=~np.isfinite(data),
         cbar=False,
-        annot=_cell_texts(data, half, heatmap.pop("diff")),
+        annot=_cell_texts(data, half, heatmap.pop("diff"), seeds),
         fmt="",
         annot_kws={"fontsize": 7},
         xticklabels=xs,
@@ -244,7 +255,9 @@ def heatmap_figure(
     the common title above them all.
 
     Args:
-        cells: columns ``facets``, ``x``, ``y``, ``mean`` and ``half`` (in the drawn unit).
+        cells: columns ``facets``, ``x``, ``y``, ``mean`` and ``half`` (in the drawn unit;
+            ``nan`` where too few seeds give no interval) and optionally ``seeds_text`` (the
+            seeds' values shown in brackets where there is no interval).
         facets: one panel per combination of their values (in rows per value of the first).
         xs: the x values in order; ys: the y values.
         x: the x column; y: the y column.

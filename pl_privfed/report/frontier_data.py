@@ -17,6 +17,7 @@ from pl_privfed.report.configs import aggregate, best, check_selection_metric, w
 from pl_privfed.report.runs import (
     DEFAULT_METRIC,
     NULL,
+    check_summaries,
     get,
     load_results,
     params,
@@ -68,6 +69,8 @@ class FrontierPoint:
             point).
         clients: the population the runs trained on (their summaries' ``data.num_clients``;
             ``None`` when not recorded or not the same for every run).
+        majority: the share of the test set's most common class (their summaries'
+            ``data.test_majority_class``; ``None`` when not recorded or not the same).
     """
 
     method: str
@@ -83,6 +86,7 @@ class FrontierPoint:
     values: tuple[float, ...] = field(default=())
     cost: SelectionCost = field(default_factory=SelectionCost)
     clients: int | None = None
+    majority: float | None = None
 
     @property
     def x(self) -> float:
@@ -109,6 +113,14 @@ def population(summaries: Iterable[object]) -> int | None:
         return None
     size = finite_float(sizes.pop())
     return None if size is None else int(size)
+
+
+def majority_class(summaries: Iterable[object]) -> float | None:
+    """The share of the test set's most common class that the runs of ``summaries`` recorded
+    (``data.test_majority_class``: what a constant predictor scores), ``None`` when a run does
+    not record it or the runs differ."""
+    shares = {finite_float(get(s, "data", "test_majority_class")) for s in summaries}
+    return shares.pop() if len(shares) == 1 else None
 
 
 def _adversary(row: pd.Series) -> str:
@@ -162,6 +174,7 @@ def _targets(runs: pd.DataFrame, target_col: str | None, noise_col: str | None) 
 def _method_runs(path: Path, label: str | None) -> pd.DataFrame:
     """One file's finished runs with ``_label`` (the method) and ``_target``."""
     runs = _finished(load_results(path, finished=False), path)
+    check_summaries(runs)
     target_col = _column(runs, "target_epsilon", "noise.epsilon")
     noise_col = _column(runs, "noise", "init_args.noise")
     target = _targets(runs, target_col, noise_col)
@@ -241,6 +254,7 @@ def _point(
         values=tuple(values(chosen, metric).dropna()),
         cost=cost,
         clients=population(chosen["_summary"]),
+        majority=majority_class(chosen["_summary"]),
     )
 
 

@@ -27,8 +27,10 @@ from pl_privfed.report.text import fmt_num, fmt_pm, is_accuracy, limits, markdow
 from pl_privfed.results import finite_float
 
 __all__ = [
+    "MAJORITY",
     "frontier",
     "log_epsilon_axis",
+    "majority_line",
     "non_private_band",
     "setting_of",
     "setting_panels",
@@ -149,6 +151,15 @@ def non_private_band(ax: Axes, values: Sequence[float], label: str) -> None:
         ax.axhspan(low, high, color="0.82", alpha=0.8, linewidth=0, label=label, zorder=0)
 
 
+def majority_line(ax: Axes, shares: Sequence[float | None]) -> None:
+    """The majority class's test accuracy (%) as a dotted line: the floor a private point can
+    fall below (a constant predictor scores it), where every point of the panel records the
+    same share (:data:`MAJORITY` in the legend)."""
+    floors = set(shares)
+    if len(floors) == 1 and (floor := floors.pop()) is not None:
+        ax.axhline(100.0 * floor, color="0.3", linestyle=":", linewidth=1.5, label=MAJORITY)
+
+
 def log_epsilon_axis(ax: Axes, ticks: set[float], label: str) -> None:
     """A log ε axis with a tick at every target."""
     ax.set_xscale("log")
@@ -161,6 +172,8 @@ def log_epsilon_axis(ax: Axes, ticks: set[float], label: str) -> None:
 
 #: the legend entry of the non-private band
 NON_PRIVATE = "non-private, each method's selected (lowest to highest)"
+#: the legend entry of the majority-class line (a constant predictor's test accuracy)
+MAJORITY = "majority class (a constant predictor)"
 
 
 def _figure(points: list[FrontierPoint], names: _Names) -> Figure:
@@ -194,6 +207,8 @@ def _figure(points: list[FrontierPoint], names: _Names) -> Figure:
             references += [p.test.mean * names.factor for p in mine if not p.private and p.test.n]
         if references:
             non_private_band(ax, references, NON_PRIVATE)
+        if names.factor == 100.0:
+            majority_line(ax, [p.majority for p in points if settings[p.method] == setting])
         log_epsilon_axis(ax, ticks, "certified ε (mean over seeds; log scale)")
         ax.set_title(setting_title(setting), fontsize=9)
         ax.set_ylabel("")
@@ -205,7 +220,7 @@ def _figure(points: list[FrontierPoint], names: _Names) -> Figure:
         f"{FRONTIER_SELECTION}; x: the selected runs' certified ε (the selection's cost: "
         "frontier.md)",
     )
-    legend_below(fig, last=[NON_PRIVATE])  # below the panels: it covers no curve
+    legend_below(fig, last=[NON_PRIVATE, MAJORITY])  # below the panels: it covers no curve
     return fig
 
 
@@ -327,6 +342,19 @@ def _markdown(points: list[FrontierPoint], names: _Names) -> str:
         "them, so the selection is free for them only if they are not private "
         "(docs/privacy.md)."
     )
+    floors = {p.method: p.majority for p in points if p.majority is not None}
+    if floors and names.factor == 100.0:
+        distinct = set(floors.values())
+        shares = (
+            f"{100 * distinct.pop():.2f} %"
+            if len(distinct) == 1
+            else ", ".join(f"{m} {100 * f:.2f} %" for m, f in floors.items())
+        )
+        lines.append(
+            f"Majority class (the test set's most common class: what a constant predictor "
+            f"scores, the dotted line): {shares}; a point at or below it has learnt nothing "
+            "a constant answer would not."
+        )
     return "\n".join(lines) + "\n"
 
 

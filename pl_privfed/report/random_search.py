@@ -31,9 +31,9 @@ from scipy.optimize import brentq
 
 from pl_privfed.privacy.selection import repetition_shape
 from pl_privfed.report.configs import check_selection_metric
-from pl_privfed.report.frontier_data import frontier_runs, population
+from pl_privfed.report.frontier_data import frontier_runs, majority_class, population
 from pl_privfed.report.runs import DEFAULT_METRIC, get, params
-from pl_privfed.report.stats import Interval, mean_interval
+from pl_privfed.report.stats import MIN_SEEDS, Interval, mean_interval
 from pl_privfed.results import SEED_PARAMETERS, finite_float
 
 __all__ = [
@@ -45,9 +45,6 @@ __all__ = [
     "truncated_negative_binomial_gamma",
     "winner_probabilities",
 ]
-
-#: the fewest seeds (independent searches) an interval is given for
-MIN_SEEDS = 3
 
 
 def _tnb_mean(gamma: float, shape: float) -> float:
@@ -184,6 +181,7 @@ class TotalPoint:
         clients: the population (the datamodule's ``num_clients``; ``None`` when not recorded).
         best: each configuration's probability of being released, with its values (the most
             likely first).
+        majority: the share of the test set's most common class (``None`` when not recorded).
     """
 
     method: str
@@ -197,6 +195,7 @@ class TotalPoint:
     adversary: str
     clients: int | None
     best: list[tuple[str, float]] = field(default_factory=list)
+    majority: float | None = None
 
 
 def _search_settings(members: pd.DataFrame, where: str) -> tuple[float, str]:
@@ -271,9 +270,7 @@ def total_epsilon_points(
                 UserWarning,
                 stacklevel=2,
             )
-        interval = mean_interval(per_seed.values())
-        if interval.n < MIN_SEEDS:
-            interval = Interval(interval.n, interval.mean, interval.std, math.nan, math.nan)
+        interval = mean_interval(per_seed.values())  # no interval under MIN_SEEDS seeds
         adversaries = sorted(
             {str(get(s, "privacy", "adversary") or "") for s in members["_summary"]}
         )
@@ -289,6 +286,7 @@ def total_epsilon_points(
                 run_epsilon=mean_interval(members["epsilon"]),
                 adversary="/".join(a for a in adversaries if a),
                 clients=population(members["_summary"]),
+                majority=majority_class(members["_summary"]),
                 best=sorted(released.items(), key=lambda kv: -kv[1]),
             )
         )

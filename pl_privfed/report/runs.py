@@ -22,6 +22,7 @@ __all__ = [
     "NULL",
     "SERVER_NORM",
     "TEST",
+    "check_summaries",
     "get",
     "kept_summaries",
     "load_results",
@@ -213,6 +214,30 @@ def summary(run_dir: str) -> dict:
     except ValueError:
         return {}
     return data if isinstance(data, dict) else {}
+
+
+def check_summaries(runs: pd.DataFrame) -> None:
+    """Refuse runs whose ``summary.json`` cannot be read, naming the file: a report that needs
+    the runs' summaries (their privacy accounting, their method) would otherwise leave cells
+    empty without saying why. A run of a kept record is read from its ``summaries.jsonl``.
+
+    Raises:
+        ValueError: naming the run, its results file and the summary missing or unreadable.
+    """
+    for row in runs.to_dict("records"):
+        if row["_summary"]:
+            continue
+        file = Path(row["_dir"]) / "summary.json"
+        if not file.is_file():
+            kept = Path(row["_dir"]).parent.parent / KEPT_SUMMARIES
+            where = f" nor in {kept}" if kept.is_file() else ""
+            problem = f"has no summary: {file} is missing{where}"
+        else:
+            problem = f"has an unreadable summary: {file} is empty or not a JSON object"
+        raise ValueError(
+            f"{row['_csv']}: run {row.get('run') or row['_dir']} {problem} (the report reads "
+            "each run's summary; rerun the point, or leave the run out of the results file)"
+        )
 
 
 def get(data: object, *keys: str) -> object:

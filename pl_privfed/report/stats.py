@@ -13,9 +13,14 @@ from scipy import stats as scipy_stats
 
 from pl_privfed.results import finite_float
 
-__all__ = ["Interval", "interval_table", "mean_interval", "t_band"]
+__all__ = ["MIN_SEEDS", "Interval", "interval_table", "mean_interval", "t_band"]
 
 _STATISTICS = ("mean", "std", "low", "high")
+
+#: the fewest seeds a 95 % interval is computed from: with two, Student's t has one degree of
+#: freedom (t = 12.7), and the interval says more about t than about the runs (a report showed
+#: "±48.5" and "±0.0"); with fewer the seeds' values are shown instead, labelled as such
+MIN_SEEDS = 3
 
 
 @dataclass(frozen=True)
@@ -26,8 +31,10 @@ class Interval:
         n: how many seeds have a value.
         mean: their mean.
         std: their sample standard deviation (``nan`` when ``n < 2``).
-        low: the lower end of the 95 % Student-t interval of the mean (``nan`` when ``n < 2``).
-        high: its upper end (``nan`` when ``n < 2``).
+        low: the lower end of the 95 % Student-t interval of the mean (``nan`` when
+            ``n <`` :data:`MIN_SEEDS`).
+        high: its upper end (``nan`` when ``n <`` :data:`MIN_SEEDS`).
+        values: the seeds' values (empty where not recorded).
     """
 
     n: int
@@ -35,15 +42,21 @@ class Interval:
     std: float
     low: float
     high: float
+    values: tuple[float, ...] = ()
 
     @classmethod
     def of(cls, row: pd.Series, metric: str) -> Interval:
         """The interval of ``metric`` in a row of :func:`~pl_privfed.report.aggregate`'s table."""
-        return cls(int(row[f"{metric}:n"]), *(float(row[f"{metric}:{s}"]) for s in _STATISTICS))
+        seeds = row.get(f"{metric}:values")
+        return cls(
+            int(row[f"{metric}:n"]),
+            *(float(row[f"{metric}:{s}"]) for s in _STATISTICS),
+            tuple(seeds) if isinstance(seeds, tuple | list) else (),
+        )
 
     @property
     def half_width(self) -> float:
-        """Half the interval's width (``nan`` when ``n < 2``)."""
+        """Half the interval's width (``nan`` when ``n <`` :data:`MIN_SEEDS`)."""
         return (self.high - self.low) / 2
 
     def overlaps(self, other: Interval) -> bool:
@@ -54,13 +67,15 @@ class Interval:
 
 
 def interval_table(grouped, confidence: float = 0.95) -> pd.DataFrame:
-    """``n``, ``mean``, ``std`` (``ddof = 1``) and the Student-t interval ``low``, ``high`` of
-    the mean of each group of a pandas ``SeriesGroupBy``, one row per group."""
+    """``n``, ``mean``, ``std`` (``ddof = 1``), the Student-t interval ``low``, ``high`` of the
+    mean (from :data:`MIN_SEEDS` values on; ``nan`` with fewer) and the ``values`` themselves
+    (a tuple) of each group of a pandas ``SeriesGroupBy``, one row per group."""
     table = grouped.agg(["count", "mean", "std"]).rename(columns={"count": "n"})
-    n = table["n"].astype(float)
-    t = scipy_stats.t.ppf(0.5 + confidence / 2, n.where(n > 1) - 1)
-    half = t * table["std"] / np.sqrt(n.where(n > 1))
-    return table.assign(low=table["mean"] - half, high=table["mean"] + half)
+    n = table["n"].astype(float).where(table["n"] >= MIN_SEEDS)
+    t = scipy_stats.t.ppf(0.5 + confidence / 2, n - 1)
+    half = t * table["std"] / np.sqrt(n)
+    seeds = grouped.agg(lambda s: tuple(float(v) for v in s.dropna()))
+    return table.assign(low=table["mean"] - half, high=table["mean"] + half, values=seeds)
 
 
 def mean_interval(values: Iterable[float], confidence: float = 0.95) -> Interval:
@@ -75,7 +90,7 @@ def mean_interval(values: Iterable[float], confidence: float = 0.95) -> Interval
     if data.empty:
         return Interval(0, math.nan, math.nan, math.nan, math.nan)
     row = interval_table(data.groupby(np.zeros(len(data))), confidence).iloc[0]
-    return Interval(int(row["n"]), *(float(row[s]) for s in _STATISTICS))
+    return Interval(int(row["n"]), *(float(row[s]) for s in _STATISTICS), tuple(data))
 
 
 def t_band(limits: tuple[float, float]):

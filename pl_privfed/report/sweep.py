@@ -23,6 +23,7 @@ from pl_privfed.report.runs import (
     sorted_values,
     values,
 )
+from pl_privfed.report.stats import MIN_SEEDS
 from pl_privfed.report.sweep_figures import (
     curves_figure,
     rounds_to_target_figure,
@@ -88,9 +89,8 @@ def _axes(
 
 
 def _bounds(cells: pd.DataFrame, metric: str, vmin: float | None, vmax: float | None):
-    """The heatmaps' colour range: as given, else [0, 100] % for an accuracy, else the values'."""
-    if is_accuracy(metric):
-        return (0.0 if vmin is None else vmin, 100.0 if vmax is None else vmax)
+    """The heatmaps' colour range: as given, else the values' (an accuracy's too: on a 0-100 %
+    scale 85 % and 94 % looked alike; a single value gets ±0.5 around it)."""
     low, high = cells["mean"].min(), cells["mean"].max()
     low, high = (low, high) if high > low else (low - 0.5, high + 0.5)
     return (low if vmin is None else vmin, high if vmax is None else vmax)
@@ -109,12 +109,26 @@ def _heatmaps(
     if cells.empty:
         return {}
     low, high = cells[f"{metric}:low"], cells[f"{metric}:high"]
-    cells = cells.assign(mean=cells[f"{metric}:mean"] * factor, half=(high - low) / 2 * factor)
-    name = metric.replace("_", " ").replace("val ", "validation ")
-    title = (
-        f"{name}{' (%)' if is_accuracy(metric) else ''}, mean over seeds "
-        "(± the 95 % t-interval's half-width)"
+    seeds = cells.get(f"{metric}:values")
+    seeds_text = [
+        ", ".join(f"{v * factor:.1f}" for v in s) if isinstance(s, tuple) and len(s) > 1 else ""
+        for s in (seeds if seeds is not None else [()] * len(cells))
+    ]
+    cells = cells.assign(
+        mean=cells[f"{metric}:mean"] * factor, half=(high - low) / 2 * factor, seeds_text=seeds_text
     )
+    name = metric.replace("_", " ").replace("val ", "validation ")
+    counts = cells[f"{metric}:n"]
+    if counts.max() <= 1:
+        spread = "one seed a cell"
+    elif counts.min() >= MIN_SEEDS:
+        spread = "mean over seeds (± the 95 % t-interval's half-width)"
+    else:
+        spread = (
+            f"mean over seeds (± the 95 % t-interval's half-width from {MIN_SEEDS} seeds; "
+            "with 2, the seeds' values in brackets)"
+        )
+    title = f"{name}{' (%)' if is_accuracy(metric) else ''}, {spread}"
     unit = "validation accuracy (%)" if is_accuracy(metric) else metric
     figures = {
         "heatmap.png": heatmap_figure(
@@ -272,8 +286,9 @@ def make_report(
         metric: the validation column that selects configurations and fills the heatmaps
             (default ``final_val_accuracy``; ``best_val_accuracy`` is the best round's).
         vmin: the heatmaps' colour range's lower end, in the metric's units (percent for
-            accuracies); default 0 for an accuracy, else the values' minimum.
-        vmax: its upper end; default 100 for an accuracy, else the values' maximum.
+            accuracies); default the values' minimum (an accuracy's too: the colours tell
+            apart what the grid holds; give 0 and 100 for an absolute scale).
+        vmax: its upper end; default the values' maximum.
 
     Where the default x (``beta``) or y (``step_size``) is not a column (a grid over other
     parameters), the first other parameter that varies takes its place. A grid over one

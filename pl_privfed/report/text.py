@@ -14,6 +14,7 @@ __all__ = [
     "fmt_num",
     "fmt_pm",
     "fmt_sd",
+    "fmt_seeds",
     "is_accuracy",
     "limits",
     "markdown",
@@ -52,19 +53,31 @@ def fmt_sd(interval: Interval, factor: float = 1.0, digits: int = 2) -> str:
     return f"{interval.mean * factor:.{digits}f} ± {interval.std * factor:.{digits}f}"
 
 
-def fmt_ci(interval: Interval, factor: float = 1.0, digits: int = 2) -> str:
-    """``[low, high]`` (empty with fewer than two seeds)."""
-    if interval.n < 2:
+def fmt_seeds(interval: Interval, factor: float = 1.0, digits: int = 2) -> str:
+    """``seeds: a, b``: the seeds' values, where too few give no interval (empty with one seed,
+    or when the values are not recorded)."""
+    if interval.n < 2 or not interval.values:
         return ""
+    return "seeds: " + ", ".join(f"{v * factor:.{digits}f}" for v in interval.values)
+
+
+def fmt_ci(interval: Interval, factor: float = 1.0, digits: int = 2) -> str:
+    """``[low, high]``; with fewer than :data:`~pl_privfed.report.stats.MIN_SEEDS` seeds no
+    interval but the seeds' values (:func:`fmt_seeds`; empty with one)."""
+    if not math.isfinite(interval.low):
+        return fmt_seeds(interval, factor, digits)
     return f"[{interval.low * factor:.{digits}f}, {interval.high * factor:.{digits}f}]"
 
 
 def fmt_pm(interval: Interval, factor: float) -> str:
-    """``mean ± 95 % half-width`` (the mean alone with one seed)."""
+    """``mean ± 95 % half-width``; with fewer than
+    :data:`~pl_privfed.report.stats.MIN_SEEDS` seeds the mean and the seeds' values
+    (``84.00 (seeds: 83.00, 85.00)``), with one the mean alone."""
     if interval.n == 0:
         return ""
-    if interval.n < 2:
-        return f"{interval.mean * factor:.2f}"
+    if not math.isfinite(interval.half_width):
+        seeds = fmt_seeds(interval, factor)
+        return f"{interval.mean * factor:.2f}" + (f" ({seeds})" if seeds else "")
     return f"{interval.mean * factor:.2f} ± {interval.half_width * factor:.2f}"
 
 

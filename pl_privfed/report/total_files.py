@@ -15,8 +15,10 @@ from matplotlib.figure import Figure
 from pl_privfed.report.figures import MAX_PER_ROW, band, legend_below
 from pl_privfed.report.frontier_data import frontier_points
 from pl_privfed.report.frontier_files import (
+    MAJORITY,
     NON_PRIVATE,
     log_epsilon_axis,
+    majority_line,
     non_private_band,
     setting_of,
     setting_panels,
@@ -154,6 +156,7 @@ def _figure(
         reference = [100 * references[m] for m in mine if m in references]
         if reference:
             non_private_band(ax, reference, NON_PRIVATE)
+        majority_line(ax, [p.majority for p in points if p.method in mine])
         log_epsilon_axis(ax, ticks, "total ε of the search, tuning included (log scale)")
         ax.set_title(setting_title(setting), fontsize=9)
         ax.set_ylabel("")
@@ -164,7 +167,7 @@ def _figure(
         f"Frontier at equal total ε: {TOTAL_SELECTION}; mean over "
         f"{'/'.join(map(str, seeds))} seeds (one search each) with 95 % t-band",
     )
-    legend_below(fig, last=[NON_PRIVATE])
+    legend_below(fig, last=[NON_PRIVATE, MAJORITY])
     return fig
 
 
