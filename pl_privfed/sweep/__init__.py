@@ -43,9 +43,11 @@ from pl_privfed.sweep.files import (
     write_results,
 )
 from pl_privfed.sweep.runner import run_sweep
+from pl_privfed.sweep.signals import SweepInterrupted
 
 __all__ = [
     "Sweep",
+    "SweepInterrupted",
     "SweepLockedError",
     "failed_runs",
     "grid",
