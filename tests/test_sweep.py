@@ -297,13 +297,17 @@ def test_runner_contract_with_a_stand_in_interpreter(tmp_path, monkeypatch, caps
 
 
 def test_dry_run_writes_nothing(tmp_path, capsys):
+    """Batched by default: the two points (differing in β) are one grid's command; with
+    --separate one command each."""
     sweep = write_sweep(tmp_path, {BETA: {"values": [0.1, 0.2]}})
-    with pytest.raises(SystemExit) as exit_info:
-        main(["sweep", str(sweep), "--out", str(tmp_path / "out"), "--dry-run", "--", *FAST])
-    assert exit_info.value.code == 0
-    lines = [ln for ln in capsys.readouterr().out.splitlines() if "pl_privfed.cli" in ln]
-    assert len(lines) == 2 and f"--{BETA}=0.2" in lines[1] and lines[1].endswith(FAST[-1])
-    assert not (tmp_path / "out").exists()
+    out = str(tmp_path / "out")
+    for flags, commands in (([], 1), (["--separate"], 2)):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["sweep", str(sweep), "--out", out, "--dry-run", *flags, "--", *FAST])
+        assert exit_info.value.code == 0
+        lines = [ln for ln in capsys.readouterr().out.splitlines() if "pl_privfed.cli" in ln]
+        assert len(lines) == commands and lines[-1].endswith(FAST[-1])
+    assert f"--{BETA}=0.2" in lines[1] and not (tmp_path / "out").exists()
 
 
 def test_where_runs_a_subset_in_the_folders_the_whole_sweep_gives_it(tmp_path, monkeypatch, capsys):
