@@ -310,6 +310,30 @@ def test_dry_run_writes_nothing(tmp_path, capsys):
     assert f"--{BETA}=0.2" in lines[1] and not (tmp_path / "out").exists()
 
 
+def test_a_misspelt_key_is_refused_once_before_anything_runs(tmp_path, capsys):
+    """A misspelt init_args key used to cost one process per point (5 processes and 130 s,
+    batched) before the same error was printed 5 times: the points are parsed first, as few as
+    take every value (here 3 of 6), and the first bad one is refused in one line, exit 2."""
+    sweep = write_sweep(
+        tmp_path,
+        {STEP: {"values": [0.1, 0.2, 0.3]}, BETA + "x": {"values": [0.1, 0.2]}},
+    )
+    checked = []
+    run_sweep(sweep, tmp_path / "dry", dry_run=True, check=checked.extend)
+    assert len(checked) == 3 and all(args[0] == "fit" for _, args in checked)
+    assert {a for _, args in checked for a in args if a.startswith(f"--{BETA}x=")} == {
+        f"--{BETA}x=0.1",
+        f"--{BETA}x=0.2",
+    }
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        main(["sweep", str(sweep), "--out", str(tmp_path / "out"), "--", *FAST])
+    assert exit_info.value.code == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("pl-privfed: error: sweep point [1/6]") and "'betax'" in line
+    assert not (tmp_path / "out").exists()
+
+
 def test_where_runs_a_subset_in_the_folders_the_whole_sweep_gives_it(tmp_path, monkeypatch, capsys):
     """`--where` selects points by value (a parameter's full name or its end); they keep their
     run folders, so the whole sweep afterwards runs only the others; bad conditions are

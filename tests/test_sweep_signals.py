@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 from helpers.sweeps import REPO, write_sweep
 
+from pl_privfed.sweep.signals import SignalGuard, SweepInterrupted
+
 CONFIG = str(REPO / "configs/algorithms/alpha_normec.yaml")
 STEP = "model.algorithm.init_args.step_size"
 #: long enough to be stopped while training; a checkpoint every 20 rounds shows it trains
@@ -78,3 +80,42 @@ def test_sigterm_stops_a_batched_sweep_like_fit_and_a_rerun_resumes(tmp_path):
     assert again.returncode == 0, again.stderr
     (command,) = [ln for ln in again.stdout.splitlines() if "--model.grid=" in ln]
     assert f"--ckpt_path={group}/checkpoints/round=" in command
+
+
+def test_ctrl_c_is_forwarded_once_and_ends_the_sweep_with_130(tmp_path, capsys):
+    """The guard forwards the sweep's Ctrl-C to its running process once (the child, in its own
+    session, gets no second one from the terminal), prints one line, and the next start raises
+    SweepInterrupted with exit status 130."""
+    import threading
+
+    ready = tmp_path / "ready"
+    child = (
+        "import pathlib, signal, sys, time\n"
+        "got = []\n"
+        "signal.signal(signal.SIGINT, lambda *a: got.append(1))\n"
+        f"pathlib.Path({str(ready)!r}).write_text('')\n"
+        "deadline = time.time() + 60\n"
+        "while not got and time.time() < deadline:\n"
+        "    time.sleep(0.05)\n"
+        "time.sleep(0.3)\n"
+        "sys.exit(100 + len(got))\n"
+    )
+
+    def ctrl_c_once_ready():
+        deadline = time.monotonic() + 60
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    with SignalGuard() as guard:
+        thread = threading.Thread(target=ctrl_c_once_ready)
+        thread.start()
+        code = guard.call([sys.executable, "-c", child])
+        thread.join()
+        assert code == 101  # one SIGINT reached it
+        with pytest.raises(SweepInterrupted) as stopped:
+            guard.call([sys.executable, "-c", "raise SystemExit(0)"])
+    assert stopped.value.code == 130 and guard.child is None
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("[pl-privfed sweep] SIGINT: stopping the sweep; its running fit (pid")
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
