@@ -92,18 +92,22 @@ def run_sweep(
     sweep = load_sweep(path)
     out = Path(out_dir) if out_dir is not None else Path("sweeps") / sweep.name
     runner = _Runner(sweep, out, overrides, dry_run, python, selected(sweep, where))
-    if check is not None:
-        check(runner.samples())
     if dry_run:
+        if check is not None:
+            check(runner.samples())
         runner.run(rerun, batch)
         return out / "results.csv"
-    with sweep_lock(out), runner.guard:
-        try:
-            runner.run(rerun, batch)
-        finally:
-            write_results(sweep, out, overrides)
-        runner.guard.stop_if_signalled()  # the last process stopped on it: not finished
-        return out / "results.csv"
+    with runner.guard:  # a signal from here on: one line, and the sweep stops
+        if check is not None:
+            check(runner.samples())
+        runner.guard.stop_if_signalled()
+        with sweep_lock(out):
+            try:
+                runner.run(rerun, batch)
+            finally:
+                write_results(sweep, out, overrides)
+            runner.guard.stop_if_signalled()  # the last process stopped on it: not finished
+    return out / "results.csv"
 
 
 class _Runner:

@@ -71,7 +71,7 @@ class SignalGuard:
             what = (
                 f"its running fit (pid {child.pid}) saves its round and stops"
                 if running and child is not None
-                else "no point is started after this one"
+                else "no further point is started"
             )
             print(
                 f"[pl-privfed sweep] {signal.Signals(signum).name}: stopping the sweep; {what}; "
