@@ -31,15 +31,28 @@ The mixing rate (paper 001 eq. 2) is ``α = ||W − 11ᵀ/n||_op`` (:func:`mixin
 
 from __future__ import annotations
 
+import importlib
 import math
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import networkx as nx
 import numpy as np
 import torch
 from torch import Tensor
 
 from pl_privfed.checks import check_choice, check_int, check_positive_int
+
+if TYPE_CHECKING:
+    import networkx as nx
+else:
+
+    class _Networkx:
+        """networkx, imported on first use: every fit imported it (0.1 s of CPU), and only the
+        decentralized algorithms draw graphs."""
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(importlib.import_module("networkx"), name)
+
+    nx = _Networkx()
 
 __all__ = [
     "GraphName",

@@ -86,6 +86,23 @@ def test_no_cache_is_written_when_python_writes_no_bytecode(package, monkeypatch
     assert not (package / "__pycache__").exists()
 
 
+def test_without_bytecode_the_caches_go_to_pl_privfed_cache(package, monkeypatch, tmp_path):
+    """PYTHONDONTWRITEBYTECODE (set on this project's machines) turned the caches off: with
+    $PL_PRIVFED_CACHE set they are kept there instead, nothing written into the package."""
+    monkeypatch.setattr("sys.dont_write_bytecode", True)
+    monkeypatch.setenv("PL_PRIVFED_CACHE", str(tmp_path / "cache"))
+    first = cached_scan(package, "pkg")
+    code = Mirror(first, mirror="pkg.lightning").code("pkg.bound")
+    assert len(list((tmp_path / "cache" / "mirror").iterdir())) == 2
+    assert not (package / "__pycache__").exists()
+    with monkeypatch.context() as patched:
+        patched.setattr(mirror, "scan", _no("scan"))
+        patched.setattr(ast, "parse", _no("ast.parse"))
+        assert cached_scan(package, "pkg") == first
+        again = Mirror(first, mirror="pkg.lightning").code("pkg.bound")
+    assert _run(again) == _run(code)
+
+
 def test_a_folder_that_cannot_be_written_only_means_no_cache(package, monkeypatch):
     (package / "__pycache__").write_text("a file where the folder would be")
     assert cached_scan(package, "pkg") == scan(package, "pkg")

@@ -297,12 +297,40 @@ def test_runner_contract_with_a_stand_in_interpreter(tmp_path, monkeypatch, caps
 
 
 def test_dry_run_writes_nothing(tmp_path, capsys):
+    """Batched by default: the two points (differing in β) are one grid's command; with
+    --separate one command each."""
     sweep = write_sweep(tmp_path, {BETA: {"values": [0.1, 0.2]}})
+    out = str(tmp_path / "out")
+    for flags, commands in (([], 1), (["--separate"], 2)):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["sweep", str(sweep), "--out", out, "--dry-run", *flags, "--", *FAST])
+        assert exit_info.value.code == 0
+        lines = [ln for ln in capsys.readouterr().out.splitlines() if "pl_privfed.cli" in ln]
+        assert len(lines) == commands and lines[-1].endswith(FAST[-1])
+    assert f"--{BETA}=0.2" in lines[1] and not (tmp_path / "out").exists()
+
+
+def test_a_misspelt_key_is_refused_once_before_anything_runs(tmp_path, capsys):
+    """A misspelt init_args key used to cost one process per point (5 processes and 130 s,
+    batched) before the same error was printed 5 times: the points are parsed first, as few as
+    take every value (here 3 of 6), and the first bad one is refused in one line, exit 2."""
+    sweep = write_sweep(
+        tmp_path,
+        {STEP: {"values": [0.1, 0.2, 0.3]}, BETA + "x": {"values": [0.1, 0.2]}},
+    )
+    checked = []
+    run_sweep(sweep, tmp_path / "dry", dry_run=True, check=checked.extend)
+    assert len(checked) == 3 and all(args[0] == "fit" for _, args in checked)
+    assert {a for _, args in checked for a in args if a.startswith(f"--{BETA}x=")} == {
+        f"--{BETA}x=0.1",
+        f"--{BETA}x=0.2",
+    }
+    capsys.readouterr()
     with pytest.raises(SystemExit) as exit_info:
-        main(["sweep", str(sweep), "--out", str(tmp_path / "out"), "--dry-run", "--", *FAST])
-    assert exit_info.value.code == 0
-    lines = [ln for ln in capsys.readouterr().out.splitlines() if "pl_privfed.cli" in ln]
-    assert len(lines) == 2 and f"--{BETA}=0.2" in lines[1] and lines[1].endswith(FAST[-1])
+        main(["sweep", str(sweep), "--out", str(tmp_path / "out"), "--", *FAST])
+    assert exit_info.value.code == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("pl-privfed: error: sweep point [1/6]") and "'betax'" in line
     assert not (tmp_path / "out").exists()
 
 

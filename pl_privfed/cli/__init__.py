@@ -30,13 +30,18 @@ registration each), :mod:`.seeds` (one seed fanned out), :mod:`.print_config`, :
 
 from __future__ import annotations
 
-from pl_privfed.cli.app import LoggedConfig, PrivFedCLI
-from pl_privfed.cli.arguments import agent_arguments, nested_nulls
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from pl_privfed.cli.entry import main
-from pl_privfed.cli.environment import tune_allocator, wandb_offline_unless_logged_in
-from pl_privfed.cli.errors import check_config_files, condense_parser_error, error_line
-from pl_privfed.cli.registry import COMMANDS, Subcommand, subcommand
-from pl_privfed.cli.seeds import check_seed, seeds_of, set_seeds
+
+if TYPE_CHECKING:
+    from pl_privfed.cli.app import LoggedConfig, PrivFedCLI
+    from pl_privfed.cli.arguments import agent_arguments, nested_nulls
+    from pl_privfed.cli.environment import tune_allocator, wandb_offline_unless_logged_in
+    from pl_privfed.cli.errors import check_config_files, condense_parser_error, error_line
+    from pl_privfed.cli.registry import COMMANDS, Subcommand, subcommand
+    from pl_privfed.cli.seeds import check_seed, seeds_of, set_seeds
 
 __all__ = [
     "COMMANDS",
@@ -56,3 +61,36 @@ __all__ = [
     "tune_allocator",
     "wandb_offline_unless_logged_in",
 ]
+
+#: each name → its module, imported on first use: ``pl-privfed --help``, ``report`` and
+#: ``compare`` never import the training stack (torch, Lightning)
+_LAZY = {
+    "COMMANDS": "registry",
+    "LoggedConfig": "app",
+    "PrivFedCLI": "app",
+    "Subcommand": "registry",
+    "agent_arguments": "arguments",
+    "check_config_files": "errors",
+    "check_seed": "seeds",
+    "condense_parser_error": "errors",
+    "error_line": "errors",
+    "nested_nulls": "arguments",
+    "seeds_of": "seeds",
+    "set_seeds": "seeds",
+    "subcommand": "registry",
+    "tune_allocator": "environment",
+    "wandb_offline_unless_logged_in": "environment",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """A name of :data:`__all__`, imported from its module on first use."""
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from jsonargparse import Namespace
+from jsonargparse import ArgumentError, Namespace
 from lightning_fabric.utilities.exceptions import MisconfigurationException
 from pytorch_lightning import LightningModule, Trainer
 from pytorch_lightning.callbacks import ModelCheckpoint, ProgressBar
@@ -31,9 +31,14 @@ from pl_privfed.callbacks import (
     default_callbacks,
 )
 from pl_privfed.callbacks.interrupt import restore_signals, watch_setup_signals
-from pl_privfed.cli.arguments import nested_nulls, sweep_run_name
+from pl_privfed.cli.arguments import agent_arguments, nested_nulls, sweep_run_name
 from pl_privfed.cli.environment import wandb_offline_unless_logged_in
-from pl_privfed.cli.errors import check_config_files, one_line, raised_here
+from pl_privfed.cli.errors import (
+    check_config_files,
+    condense_parser_error,
+    one_line,
+    raised_here,
+)
 from pl_privfed.cli.folders import (
     check_run_config,
     first_process,
@@ -51,7 +56,7 @@ from pl_privfed.grid import federation
 from pl_privfed.logdir import local_log_dir, reserve_log_dir
 from pl_privfed.module import FederatedModule
 
-__all__ = ["LoggedConfig", "PrivFedCLI", "run_trainer_command"]
+__all__ = ["LoggedConfig", "PrivFedCLI", "check_fit_arguments", "run_trainer_command"]
 
 _DESCRIPTION = (
     "Simulate private, communication-efficient federated learning: one training step is one "
@@ -162,6 +167,12 @@ class PrivFedCLI(LightningCLIHooks, LightningCLI):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         wandb_offline_unless_logged_in()
+        given = kwargs.get("args")
+        given = sys.argv[1:] if given is None else given
+        first = given[0] if isinstance(given, list | tuple) and given else None
+        # the parser of the subcommand that runs, not all three (each costs some 0.4 s of CPU
+        # to build); a command line without one first gets them all (and the error naming them)
+        self._only = first if first in ("fit", "validate", "test") else None
         kwargs.setdefault("subclass_mode_data", True)
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
         self._own_callbacks = "trainer_defaults" not in kwargs
@@ -177,13 +188,14 @@ class PrivFedCLI(LightningCLIHooks, LightningCLI):
         kwargs["parser_kwargs"] = parser_kwargs
         super().__init__(federation, FederatedDataModule, *args, **kwargs)
 
-    @staticmethod
-    def subcommands() -> dict[str, set[str]]:
-        """``fit``, ``validate`` and ``test``; Lightning's ``predict`` is not offered."""
+    def subcommands(self) -> dict[str, set[str]]:
+        """``fit``, ``validate`` and ``test``; Lightning's ``predict`` is not offered. Only the
+        one the command line starts with, when it starts with one of them: the parser of each
+        is built from the signatures of the trainer, the module and the datamodules."""
         return {
             name: skip
             for name, skip in LightningCLI.subcommands().items()
-            if name in ("fit", "validate", "test")
+            if name in ("fit", "validate", "test") and getattr(self, "_only", None) in (None, name)
         }
 
     #: not Lightning's merge of the checkpoint's hyperparameters into the config: the config
@@ -410,3 +422,44 @@ def run_trainer_command(argv: list[str], *, from_command_line: bool = False) -> 
     else:
         PrivFedCLI(args=argv)
     close_process_group()  # several processes (--trainer.strategy ddp): exit cleanly
+
+
+class _ParserReady(Exception):
+    """Raised by :class:`_FitParser` once its parser is built: nothing more is wanted."""
+
+    def __init__(self, parser: LightningArgumentParser) -> None:
+        self.parser = parser
+
+
+class _FitParser(PrivFedCLI):
+    """:class:`PrivFedCLI` as far as its parser of ``fit``: parses nothing, builds nothing."""
+
+    def parse_arguments(self, parser: LightningArgumentParser, args: ArgsType) -> None:
+        raise _ParserReady(parser)
+
+
+def check_fit_arguments(points: list[tuple[str, list[str]]]) -> None:
+    """Parse each ``(label, arguments)`` (``fit`` first) as ``pl-privfed fit`` parses its command line
+    (the arguments as ``wandb agent`` writes them, the ``--config`` files checked), with one
+    parser and without building anything: ``pl-privfed sweep`` checks its points so before the
+    first one runs, and a misspelt key or a value of the wrong type is refused once, in one
+    line, rather than by every process of the sweep.
+
+    Raises:
+        ValueError: naming the point's label and what its arguments get wrong.
+    """
+    try:
+        _FitParser(args=["fit"])
+    except _ParserReady as ready:
+        parser = ready.parser
+    else:  # pragma: no cover - parse_arguments always raises
+        raise AssertionError("the parser of fit was not built")
+    for label, args in points:
+        argv = nested_nulls(agent_arguments(list(args)))
+        try:
+            check_config_files(argv)
+            parser.parse_args(argv)
+        except ArgumentError as exc:  # jsonargparse's: one line, as fit prints it
+            raise ValueError(f"sweep point {label}: {condense_parser_error(str(exc))}") from exc
+        except ValueError as exc:
+            raise ValueError(f"sweep point {label}: {one_line(exc)}") from exc

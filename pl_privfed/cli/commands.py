@@ -1,7 +1,8 @@
 """The subcommands beside ``fit``, ``validate`` and ``test``: ``sweep``, ``report``, ``compare``
 and ``demo``, each a typed function and one registration (:func:`~.registry.subcommand`).
 
-Each loads its module when it runs (matplotlib and the sweep machinery stay out of a ``fit``).
+Each loads its module when it runs (matplotlib and the sweep machinery stay out of a ``fit``;
+torch and Lightning out of ``report`` and ``compare``).
 """
 
 from __future__ import annotations
@@ -9,7 +10,6 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from pl_privfed.cli.app import run_trainer_command
 from pl_privfed.cli.registry import subcommand
 
 __all__ = ["compare", "demo", "report", "sweep"]
@@ -29,9 +29,18 @@ def sweep(
     dry_run: bool = False,
     rerun: bool = False,
     batch: bool = False,
+    separate: bool = False,
     where: list[str] | None = None,
 ) -> int:
-    """Run a W&B grid sweep file locally (sequentially, resumable).
+    """Run a W&B grid sweep file locally (batched where points can share a federation,
+    resumable).
+
+    The points that differ only in the algorithm's arguments (step size, target ε, ...) and in
+    their seed train as one federation per group, each point still with its own run folder,
+    summary.json and results.csv row (--separate: one `pl-privfed fit` process per point).
+    Every point's arguments are parsed as `fit` parses them before the first one runs: a
+    misspelt key is refused at once, in one line. SIGTERM or Ctrl-C stop the sweep as they stop
+    a fit (its running fit saves its round; exit status 143 or 130); run again, it resumes.
 
     Args:
         sweep: the sweep YAML (configs/sweeps/*.yaml)
@@ -39,14 +48,18 @@ def sweep(
         out: output directory (default sweeps/<name>)
         dry_run: print the commands only
         rerun: run the points that finished before as well
-        batch: train the points that differ only in the algorithm's arguments (step size,
-            target epsilon, ...) and in their seed as one federation per group, each point
-            still with its own run folder, summary.json and results.csv row
+        batch: train the points that can share a federation as one grid per group (the
+            default; kept for earlier command lines)
+        separate: run every point as its own `pl-privfed fit` process (no batching)
         where: run only the points with these values, KEY=V1,V2 each (a parameter's name or
             the end of it: noise.epsilon=1.0,8.0 seed=0); each keeps its run folder
     """
+    from pl_privfed.cli.app import check_fit_arguments
     from pl_privfed.sweep import SweepLockedError, failed_runs, run_sweep
+    from pl_privfed.sweep.signals import SweepInterrupted
 
+    if batch and separate:
+        raise ValueError("--batch and --separate ask for opposite things: give one")
     try:
         path = run_sweep(
             sweep,
@@ -54,12 +67,15 @@ def sweep(
             overrides=list(overrides),
             dry_run=dry_run,
             rerun=rerun,
-            batch=batch,
+            batch=not separate,
             where=where or (),
+            check=check_fit_arguments,
         )
     except SweepLockedError as error:
         print(f"pl-privfed sweep: {error}", file=sys.stderr)
         return 2
+    except SweepInterrupted as stopped:  # its line was printed when the signal came
+        return stopped.code
     if dry_run:
         return 0
     failed = failed_runs(path)
@@ -223,6 +239,7 @@ def demo(out: str = "logs/demo", configs: str | None = None) -> int:
         out: output directory
         configs: directory of the demo configs
     """
+    from pl_privfed.cli.app import run_trainer_command
     from pl_privfed.demo import main as demo_main
 
     return demo_main(out, configs, runner=run_trainer_command)  # each run as `pl-privfed fit`

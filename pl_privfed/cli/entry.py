@@ -1,15 +1,20 @@
 """The console entry point :func:`main`: a registered subcommand (:mod:`.commands`) or ``fit``,
-``validate``, ``test`` (:class:`~.app.PrivFedCLI`), every error the user can fix on one line."""
+``validate``, ``test`` (:class:`~.app.PrivFedCLI`), every error the user can fix on one line.
+
+Start-up in proportion to the work: this module imports neither torch nor Lightning.
+``pl-privfed --help`` is written from the subcommands' one-line helps (:func:`_print_help`),
+``report`` and ``compare`` load only what they draw with, and the training stack is imported
+when ``fit``, ``validate`` or ``test`` runs (:func:`~.app.run_trainer_command`);
+``benchmarks/startup.py`` measures each command's start-up against ``import pytorch_lightning``.
+"""
 
 from __future__ import annotations
 
+import argparse
 import signal
 import sys
 
-from pytorch_lightning.utilities.exceptions import SIGTERMException
-
 from pl_privfed.cli import commands as _commands  # noqa: F401  (registers the subcommands)
-from pl_privfed.cli.app import run_trainer_command
 from pl_privfed.cli.arguments import agent_arguments
 from pl_privfed.cli.environment import (
     check_environment,
@@ -23,6 +28,31 @@ from pl_privfed.cli.help import TRAINER_COMMANDS
 from pl_privfed.cli.registry import COMMANDS, run_subcommand
 
 __all__ = ["main"]
+
+_DESCRIPTION = (
+    "Simulate private, communication-efficient federated learning: one training step is one "
+    "communication round."
+)
+_EPILOG = (
+    "`pl-privfed <subcommand> --help` describes each subcommand's options. Errors print on one "
+    "line; --debug (or PL_PRIVFED_DEBUG=1) shows the traceback."
+)
+
+
+def _print_help() -> None:
+    """``pl-privfed --help``: the subcommands, each with its one-line help, without building the
+    Trainer's parser (which imports torch and Lightning: seconds before a word is printed)."""
+    parser = argparse.ArgumentParser(
+        prog="pl-privfed", description=_DESCRIPTION, epilog=_EPILOG, add_help=True
+    )
+    parser.add_argument("--debug", action="store_true", help="show tracebacks (anywhere)")
+    names = ",".join([*TRAINER_COMMANDS, *COMMANDS])
+    action = parser.add_subparsers(title="subcommands", metavar=f"{{{names}}}")
+    for name, text in TRAINER_COMMANDS.items():
+        action.add_parser(name, help=text)
+    for name, command in COMMANDS.items():
+        action.add_parser(name, help=command.help)
+    parser.print_help()
 
 
 def _take_debug(argv: list[str]) -> tuple[list[str], bool]:
@@ -40,7 +70,20 @@ def _dispatch(argv: list[str], from_command_line: bool) -> None:
     if not argv:
         names = ", ".join([*TRAINER_COMMANDS, *COMMANDS])
         raise ValueError(f"choose a subcommand: {names} (pl-privfed --help describes them)")
+    if argv in (["--help"], ["-h"]):
+        _print_help()
+        raise SystemExit(0)
+    from pl_privfed.cli.app import run_trainer_command  # the training stack: torch, Lightning
+
     run_trainer_command(argv, from_command_line=from_command_line)
+
+
+def _stopped_by_signal(exc: SystemExit) -> bool:
+    """Whether ``exc`` is Lightning's ``SIGTERMException`` (a fit stopped by a signal), looked
+    up only where Lightning was imported: a command that never loaded it raised none."""
+    lightning = sys.modules.get("pytorch_lightning.utilities.exceptions")
+    kind = getattr(lightning, "SIGTERMException", None)
+    return kind is not None and isinstance(exc, kind)
 
 
 def main(args: list[str] | None = None) -> None:
@@ -65,9 +108,9 @@ def main(args: list[str] | None = None) -> None:
         check_environment()  # an unknown PL_PRIVFED_* value: one line, before anything runs
         tune_allocator()
         _dispatch(argv, from_command_line=args is None)
-    except SIGTERMException as exc:  # stopped on SIGTERM or Ctrl-C after a round: not finished
-        raise SystemExit(exc.code or 128 + signal.SIGTERM) from None
-    except SystemExit:
+    except SystemExit as exc:
+        if _stopped_by_signal(exc):  # SIGTERM or Ctrl-C after a round: not finished
+            raise SystemExit(exc.code or 128 + signal.SIGTERM) from None
         raise
     except KeyboardInterrupt:  # Ctrl-C outside a fit's handling (parsing, a report, a sweep)
         sys.stdout.flush()

@@ -15,10 +15,6 @@ import sys
 import warnings
 from pathlib import Path
 
-import torch
-
-from pl_privfed.engine import choose_chunk_size
-
 __all__ = [
     "ALLOCATOR_ENV",
     "DEBUG_ENV",
@@ -66,7 +62,12 @@ def check_environment() -> None:
             f"{ALLOCATOR_ENV}={allocator!r} is not an allocator setting: give 'tuned' (the "
             "command's thresholds, the default) or 'default' (glibc's own), or unset it"
         )
-    choose_chunk_size(1, 1, torch.device("cpu"))  # PL_PRIVFED_CLIENT_CHUNK: its own check
+    if os.environ.get("PL_PRIVFED_CLIENT_CHUNK"):  # its own check (the engine's: torch)
+        import torch
+
+        from pl_privfed.engine import choose_chunk_size
+
+        choose_chunk_size(1, 1, torch.device("cpu"))
 
 
 #: glibc's mallopt parameters (malloc.h) and the values the command sets

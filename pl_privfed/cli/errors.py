@@ -11,15 +11,12 @@ from __future__ import annotations
 
 import errno
 import re
+import sys
 from pathlib import Path
+from typing import Any
 
 import yaml
 from jsonargparse import ArgumentError
-from lightning_fabric.utilities.exceptions import MisconfigurationException
-from pytorch_lightning.cli import LightningCLI
-
-from pl_privfed.datamodules.files import DataFileError
-from pl_privfed.module import NonFiniteLossError
 
 __all__ = [
     "ERROR_PREFIX",
@@ -33,6 +30,18 @@ __all__ = [
 ERROR_PREFIX = "pl-privfed: error: "
 #: the package's own code: an error raised there is one of its checks
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
+
+
+def _loaded(module: str, name: str) -> Any:
+    """The class ``name`` of ``module`` if that module was imported, else ``None``: an exception
+    of a class never imported was not raised, and a command that does not train (``report``,
+    ``--help``) must not import torch or Lightning to report its own errors."""
+    return getattr(sys.modules.get(module), name, None)
+
+
+def _is(exc: BaseException, module: str, name: str) -> bool:
+    kind = _loaded(module, name)
+    return kind is not None and isinstance(exc, kind)
 
 
 def one_line(text: object) -> str:
@@ -68,7 +77,8 @@ def _raising_class(exc: BaseException) -> str | None:
         frame = tb.tb_frame
         if Path(frame.f_code.co_filename).resolve().is_relative_to(PACKAGE_DIR):
             owner = frame.f_locals.get("self")
-            if owner is not None and not isinstance(owner, LightningCLI):
+            cli = _loaded("pytorch_lightning.cli", "LightningCLI")
+            if owner is not None and not (cli is not None and isinstance(owner, cli)):
                 return type(owner).__name__
         tb = tb.tb_next
     return None
@@ -149,16 +159,17 @@ def error_line(exc: BaseException) -> tuple[str, int] | None:
     """
     chain = _chain(exc)
     for e in reversed(chain):  # innermost first: the package's own check
-        if isinstance(e, NonFiniteLossError):
+        if _is(e, "pl_privfed.module", "NonFiniteLossError"):
             return one_line(e), 1
-        if isinstance(e, ValueError | FileNotFoundError | DataFileError) and raised_here(e):
+        data_file = _is(e, "pl_privfed.datamodules.files", "DataFileError")
+        if (isinstance(e, ValueError | FileNotFoundError) or data_file) and raised_here(e):
             owner = _raising_class(e)
             message = one_line(e)
             return (f"{owner}: {message}" if owner else message), 2
     for e in chain:  # outermost first: the parser's or Lightning's own words
         if isinstance(e, ArgumentError):
             return condense_parser_error(str(e)), 2
-        if isinstance(e, MisconfigurationException):
+        if _is(e, "lightning_fabric.utilities.exceptions", "MisconfigurationException"):
             return one_line(e), 2
     for e in chain:  # a folder or file the run could not write (or a full disk): outermost
         # first, since the package re-raises a staging file's error naming the user's folder

@@ -36,8 +36,6 @@ import dp_accounting
 import numpy as np
 from dp_accounting.rdp import RdpAccountant
 from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon
-from opacus.accountants import RDPAccountant, create_accountant
-from opacus.accountants.analysis import rdp as rdp_analysis
 
 from pl_privfed.checks import check_choice
 from pl_privfed.privacy.mechanism import Mechanism, ReleaseKey, Sampling
@@ -86,6 +84,8 @@ class PrivacyAccountant:
         self.mechanism = mechanism
         # Opacus keeps the history of releases without sampling or Poisson-sampled (its RDP
         # accountant's, whichever ε is computed from it)
+        from opacus.accountants import create_accountant  # loaded when a run accounts
+
         self._accountant = create_accountant("prv" if mechanism == "prv" else "rdp")
         # releases on samples drawn without replacement: [noise_multiplier, b, m, steps]
         self._without_replacement: list[list] = []
@@ -269,6 +269,9 @@ class PrivacyAccountant:
         ``steps`` times the one-step curve (RDP composes additively); for ``q < 1`` one curve
         costs ~0.1 s, which made a per-round ε dominate short runs with client sampling.
         """
+        from opacus.accountants import RDPAccountant
+        from opacus.accountants.analysis import rdp as rdp_analysis
+
         orders = RDPAccountant.DEFAULT_ALPHAS
         rdp = np.zeros(len(orders))
         for noise_multiplier, sample_rate, steps in self._accountant.history:
@@ -317,6 +320,9 @@ class PrivacyAccountant:
 def _opacus_curve(noise_multiplier: float, sample_rate: float) -> np.ndarray:
     """Opacus's one-step RDP curve of a Gaussian release (Poisson-subsampled at
     ``sample_rate``) at ``RDPAccountant.DEFAULT_ALPHAS`` (read-only: it is shared)."""
+    from opacus.accountants import RDPAccountant
+    from opacus.accountants.analysis import rdp as rdp_analysis
+
     curve = np.asarray(
         rdp_analysis.compute_rdp(
             q=sample_rate,

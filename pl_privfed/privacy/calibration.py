@@ -5,8 +5,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from opacus.accountants.utils import get_noise_multiplier
-
 from pl_privfed.privacy.accounting import AccountantName, PrivacyAccountant
 from pl_privfed.privacy.mechanism import Mechanism
 
@@ -76,6 +74,8 @@ def calibrate_noise_multiplier(
             accountant="pld",
             epsilon_tolerance=epsilon_tolerance,
         )
+    from opacus.accountants.utils import get_noise_multiplier  # loaded when a run calibrates
+
     return float(
         get_noise_multiplier(
             target_epsilon=target_epsilon,

@@ -37,19 +37,57 @@ file that is missing, not a ``results.csv``, empty or without a finished run is 
 
 from __future__ import annotations
 
-from pl_privfed.report.compare import compare_methods, comparison_figure
-from pl_privfed.report.configs import aggregate
-from pl_privfed.report.frontier_data import (
-    FRONTIER_EPSILONS,
-    FRONTIER_SELECTION,
-    FrontierPoint,
-    frontier_points,
-)
-from pl_privfed.report.frontier_files import frontier
-from pl_privfed.report.runs import load_results
-from pl_privfed.report.stats import Interval, interval_table, mean_interval
-from pl_privfed.report.sweep import make_report, report_figures
-from pl_privfed.report.text import overlap_notes
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pl_privfed.report.compare import compare_methods, comparison_figure
+    from pl_privfed.report.configs import aggregate
+    from pl_privfed.report.frontier_data import (
+        FRONTIER_EPSILONS,
+        FRONTIER_SELECTION,
+        FrontierPoint,
+        frontier_points,
+    )
+    from pl_privfed.report.frontier_files import frontier
+    from pl_privfed.report.runs import load_results
+    from pl_privfed.report.stats import Interval, interval_table, mean_interval
+    from pl_privfed.report.sweep import make_report, report_figures
+    from pl_privfed.report.text import overlap_notes
+
+#: each name → its module, imported on first use: ``pl-privfed report`` loads what it draws
+#: with and not the frontier's privacy accounting (torch, through Opacus)
+_LAZY = {
+    "FRONTIER_EPSILONS": "frontier_data",
+    "FRONTIER_SELECTION": "frontier_data",
+    "FrontierPoint": "frontier_data",
+    "Interval": "stats",
+    "aggregate": "configs",
+    "compare_methods": "compare",
+    "comparison_figure": "compare",
+    "frontier": "frontier_files",
+    "frontier_points": "frontier_data",
+    "interval_table": "stats",
+    "load_results": "runs",
+    "make_report": "sweep",
+    "mean_interval": "stats",
+    "overlap_notes": "text",
+    "report_figures": "sweep",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """A name of :data:`__all__`, imported from its module on first use."""
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
 
 __all__ = [
     "FRONTIER_EPSILONS",

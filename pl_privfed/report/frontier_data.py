@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pandas as pd
 
-from pl_privfed.privacy.selection import repetition_shape
 from pl_privfed.report.configs import aggregate, best, check_selection_metric, warn_missing
 from pl_privfed.report.runs import (
     DEFAULT_METRIC,
@@ -304,6 +303,8 @@ def frontier_points(
     """
     check_selection_metric(select)
     if random_search is not None:
+        from pl_privfed.privacy.selection import repetition_shape  # accounting: torch (Opacus)
+
         repetition_shape(random_search)  # a bad distribution fails before any accounting
     paths = [Path(p) for p in results_paths]
     if not paths:

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from pl_privfed.privacy.selection import composed_epsilon, merged_releases, random_search_epsilon
 from pl_privfed.report.runs import get
 from pl_privfed.results import finite_float
 
@@ -60,6 +59,8 @@ def _history(summary: dict) -> tuple[list[dict] | None, str]:
 def _key(history: list[dict]) -> frozenset:
     """A history as a comparable value: its releases counted by their key
     (:func:`~pl_privfed.privacy.selection.merged_releases`)."""
+    from pl_privfed.privacy.selection import merged_releases  # accounting: torch (Opacus)
+
     return frozenset(merged_releases([history]).items())
 
 
@@ -95,6 +96,9 @@ def selection_cost(
     it needs every configuration's history to be the same. A history that, composed alone, does
     not give back its run's reported ε (within 1 %) is not used.
     """
+    # the accounting loads torch (through Opacus): only when a frontier is drawn
+    from pl_privfed.privacy.selection import composed_epsilon, random_search_epsilon
+
     runs = len(members)
     histories: dict[str, list[dict]] = {}
     for directory, summary in zip(members["_dir"], members["_summary"], strict=True):

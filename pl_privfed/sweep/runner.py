@@ -1,5 +1,6 @@
 """Running a sweep's points: each as its own ``pl-privfed fit`` process, or, with ``batch``, the
-points that can share a federation as one (:mod:`pl_privfed.sweep.batch`)."""
+points that can share a federation as one (:mod:`pl_privfed.sweep.batch`); stopped by a signal
+as a fit is (:mod:`pl_privfed.sweep.signals`)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from pl_privfed.results import column_names, render_value, write_atomically
@@ -28,6 +29,7 @@ from pl_privfed.sweep.files import (
     sweep_lock,
     write_results,
 )
+from pl_privfed.sweep.signals import SignalGuard
 from pl_privfed.sweep.wandb_runs import log_point_runs
 
 __all__ = ["run_sweep"]
@@ -43,6 +45,7 @@ def run_sweep(
     python: str = sys.executable,
     batch: bool = False,
     where: Sequence[str] = (),
+    check: Callable[[list[tuple[str, list[str]]]], None] | None = None,
 ) -> Path:
     """Run every point of a grid sweep file sequentially; return the path of ``results.csv``.
 
@@ -74,20 +77,37 @@ def run_sweep(
         where: conditions ``KEY=V1,V2`` that select the points to run (:func:`selected`:
             ``noise.epsilon=1.0,8.0``, ``seed=0``); the others are left as they are, and
             ``results.csv`` still lists every point that has a ``summary.json``.
+        check: called once, before anything runs, with ``(label, arguments)`` of points that
+            together take every value of every parameter (:meth:`_Runner.samples`); it raises
+            for arguments a run would refuse (``pl-privfed sweep`` parses them as ``fit``
+            does, so that a misspelt key is refused in one line, not once per process).
 
     Raises:
         SweepLockedError: when another sweep runs in ``out_dir``.
         ValueError: when a condition of ``where`` names no parameter or value of the sweep.
+        SweepInterrupted: when a SIGTERM or Ctrl-C stopped the sweep
+            (:mod:`~pl_privfed.sweep.signals`: its running fit saved its round and stopped,
+            ``results.csv`` is written and the lock released; run again, it resumes).
     """
     sweep = load_sweep(path)
     out = Path(out_dir) if out_dir is not None else Path("sweeps") / sweep.name
     runner = _Runner(sweep, out, overrides, dry_run, python, selected(sweep, where))
     if dry_run:
+        if check is not None:
+            check(runner.samples())
         runner.run(rerun, batch)
         return out / "results.csv"
-    with sweep_lock(out):
-        runner.run(rerun, batch)
-        return write_results(sweep, out, overrides)
+    with runner.guard:  # a signal from here on: one line, and the sweep stops
+        if check is not None:
+            check(runner.samples())
+        runner.guard.stop_if_signalled()
+        with sweep_lock(out):
+            try:
+                runner.run(rerun, batch)
+            finally:
+                write_results(sweep, out, overrides)
+            runner.guard.stop_if_signalled()  # the last process stopped on it: not finished
+    return out / "results.csv"
 
 
 class _Runner:
@@ -115,6 +135,37 @@ class _Runner:
         self.width = len(str(len(self.points)))
         self.identity = identity(sweep, overrides)
         self.chosen = list(chosen)
+        self.guard = SignalGuard()
+
+    def samples(self) -> list[tuple[str, list[str]]]:
+        """``(label, fit arguments)`` of as few of the chosen points as take every value of
+        every parameter among them (as many as the longest list of values): what the sweep's
+        command refuses for one value (a misspelt key, a wrong type) it refuses for these."""
+        values: dict[str, list[str]] = {}
+        for index in self.chosen:
+            for name, value in self.points[index].items():
+                rendered = values.setdefault(name, [])
+                if render_value(value) not in rendered:
+                    rendered.append(render_value(value))
+        picked: list[int] = []
+        for k in range(max((len(v) for v in values.values()), default=0)):
+            want = {name: vs[k % len(vs)] for name, vs in values.items()}
+            index = next(
+                (
+                    i
+                    for i in self.chosen
+                    if all(render_value(self.points[i][n]) == v for n, v in want.items())
+                ),
+                None,
+            )
+            if index is not None and index not in picked:
+                picked.append(index)
+        out = []
+        for index in picked:
+            params = self.points[index]
+            args = run_args(self.sweep, params, self.run_dir(index), None, self.sweep.name)
+            out.append((self.label(index), [*args, *self.overrides]))
+        return out
 
     def run_dir(self, index: int) -> Path:
         return point_dir(self.out, index, self.points[index], self.identity)
@@ -152,19 +203,25 @@ class _Runner:
         name = run_name(params, self.shown)
         cmd = [self.python, "-m", "pl_privfed.cli"]
         cmd += [*run_args(self.sweep, params, run_dir, name, self.sweep.name), *self.overrides]
+        resume = interrupted_checkpoint(run_dir)
+        cmd += [f"--ckpt_path={resume}"] if resume is not None else []
         if self.dry_run:
             print(shlex.join(cmd), flush=True)
             return
-        print(f"{self.label(index)}: ", end="", flush=True)
+        self.guard.stop_if_signalled()
+        print(f"{self.label(index)}: {_resuming(resume)}", end="", flush=True)
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "summary.json").unlink(missing_ok=True)  # a stale result must not linger
         (run_dir / "command.txt").write_text(shlex.join(cmd) + "\n")
         start = time.perf_counter()
-        with (run_dir / "output.log").open("w") as log:
-            code = subprocess.call(cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT)
+        with (run_dir / "output.log").open("a" if resume else "w") as log:
+            code = self.guard.call(cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT)
         seconds = time.perf_counter() - start
         summary = read_summary(run_dir)
-        if summary is None:  # it failed before training started (e.g. a configuration error)
+        if summary is None and self.guard.received is not None:  # stopped while it started
+            summary = {"status": f"interrupted: {self.guard.name} before training"}
+            write_atomically(run_dir / "summary.json", json.dumps(summary, indent=2))
+        elif summary is None:  # it failed before training started (e.g. a configuration error)
             lines = (run_dir / "output.log").read_text(errors="replace").strip().splitlines()
             summary = {"status": f"failed: exit code {code}: {lines[-1] if lines else ''}"}
             write_atomically(run_dir / "summary.json", json.dumps(summary, indent=2))
@@ -184,25 +241,29 @@ class _Runner:
         cmd = [self.python, "-m", "pl_privfed.cli"]
         cmd += [*run_args(self.sweep, first, folder, name, self.sweep.name)]
         cmd += [*group_args(group, folder), *self.overrides]
+        resume = interrupted_checkpoint(folder)
+        cmd += [f"--ckpt_path={resume}"] if resume is not None else []
         if self.dry_run:
             print(shlex.join(cmd), flush=True)
             return True
+        self.guard.stop_if_signalled()
         numbers = ", ".join(str(i + 1) for i in group.indices)
         print(f"[batch of {len(group.indices)}: points {numbers}] {folder.name}: ", end="")
-        print("running", flush=True)
+        print(_resuming(resume) or "running", flush=True)
         run_dirs = [self.run_dir(i) for i in group.indices]
         names = [run_name(self.points[i], self.shown) for i in group.indices]
         for run_dir in run_dirs:
             (run_dir / "summary.json").unlink(missing_ok=True)
-        shutil.rmtree(folder, ignore_errors=True)  # an earlier try's results must not linger
-        folder.mkdir(parents=True)
+        if resume is None:
+            shutil.rmtree(folder, ignore_errors=True)  # an earlier try's results must not linger
+        folder.mkdir(parents=True, exist_ok=True)
         (folder / "command.txt").write_text(shlex.join(cmd) + "\n")
         start = time.perf_counter()
         # the group's own W&B run would hold the grid, not a point: each point gets its own
         # (log_point_runs, below), so the group's process logs nothing to W&B
         env = {**self.env, "WANDB_MODE": "disabled"}
-        with (folder / "output.log").open("w") as log:
-            code = subprocess.call(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+        with (folder / "output.log").open("a" if resume else "w") as log:
+            code = self.guard.call(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
         seconds = time.perf_counter() - start
         output = (folder / "output.log").read_text(errors="replace")
         parts = split(group, read_summary(folder)) if code != 0 else None
@@ -215,6 +276,8 @@ class _Runner:
                         self.run_point(index)
             return True
         summaries = write_point_records(group, folder, run_dirs, names, code, seconds)
+        if summaries is None and self.guard.received is not None:  # stopped while it started
+            return True  # its points are left to the next run (no summary: not run)
         if summaries is None:
             lines = output.strip().splitlines()
             print(f"  the group failed before training ({lines[-1] if lines else code}): "
@@ -226,6 +289,23 @@ class _Runner:
             print(_outcome(summary, seconds, folder / "output.log", batched=True), flush=True)
         write_results(self.sweep, self.out, self.overrides)
         return True
+
+
+def interrupted_checkpoint(folder: Path) -> str | None:
+    """The checkpoint to continue from when the run in ``folder`` was stopped by a signal
+    after a round (its ``summary.json``'s ``interrupted.checkpoint``, a file that exists)."""
+    summary = read_summary(folder) or {}
+    stopped = summary.get("interrupted")
+    if not str(summary.get("status", "")).startswith("interrupted") or not isinstance(
+        stopped, dict
+    ):
+        return None
+    checkpoint = stopped.get("checkpoint")
+    return str(checkpoint) if checkpoint and Path(checkpoint).is_file() else None
+
+
+def _resuming(checkpoint: str | None) -> str:
+    return f"resuming from {checkpoint}: " if checkpoint else ""
 
 
 def _outcome(summary: dict, seconds: float, log: Path, batched: bool = False) -> str:

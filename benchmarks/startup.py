@@ -1,0 +1,130 @@
+"""Start-up of each ``pl-privfed`` command against ``python -c "import pytorch_lightning"``,
+measured in the same run (same machine, same load): wall and CPU seconds of each process (the
+median of ``--repeats`` runs, interleaved so that a change of load hits every command alike),
+and each command's ratio to the Lightning import.
+
+The commands: ``--help``, ``report --help``, ``compare --help``, ``report`` of a kept
+``results.csv`` (``docs/results/quickstart_grid/results.csv``: parsing, statistics and every
+figure), ``fit --print_config`` (the training stack imported and the config resolved: what
+every ``fit`` pays before its first round) and ``fit`` of one round of the digits quickstart
+(no logger, no bar, no checkpoint: start-up, one round, the test). The package's own import
+beside Lightning's is printed too (``import pl_privfed.cli.app`` above ``import
+pytorch_lightning``, in one process). Usage::
+
+    python benchmarks/startup.py                 # 3 repeats of each
+    python benchmarks/startup.py --repeats 5 --only help report
+    python benchmarks/startup.py --repo ../main      # another checkout (before/after a change)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+CLI = [sys.executable, "-m", "pl_privfed.cli"]
+RESULTS = REPO / "docs/results/quickstart_grid/results.csv"
+CONFIG = REPO / "configs/algorithms/alpha_normec.yaml"
+QUIET = ["--trainer.logger=false", "--trainer.enable_progress_bar=false"]
+
+
+def commands(scratch: Path) -> dict[str, list[str]]:
+    """Each measured command line, by name."""
+    one_round = ["--trainer.max_steps=1", "--trainer.val_check_interval=1"]
+    return {
+        "import_pytorch_lightning": [sys.executable, "-c", "import pytorch_lightning"],
+        "help": [*CLI, "--help"],
+        "report_help": [*CLI, "report", "--help"],
+        "compare_help": [*CLI, "compare", "--help"],
+        "report": [*CLI, "report", str(RESULTS), "--out", str(scratch / "report")],
+        "fit_print_config": [*CLI, "fit", "--config", str(CONFIG), "--print_config"],
+        "fit_one_round": [
+            *CLI,
+            "fit",
+            "--config",
+            str(CONFIG),
+            *QUIET,
+            "--trainer.enable_checkpointing=false",
+            *one_round,
+            "--output_dir",
+            str(scratch / "fit"),
+        ],
+    }
+
+
+def timed(cmd: list[str], env: dict[str, str], cwd: Path) -> tuple[float, float]:
+    """Wall and CPU (user + system) seconds of one process; it must exit 0."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    done = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed ({done.returncode}): {done.stderr[-2000:]}")
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, cpu
+
+
+def package_import(env: dict[str, str], cwd: Path) -> str:
+    """CPU seconds of ``import pytorch_lightning`` and of the package's CLI above it, in one
+    process (what ``fit`` imports beyond Lightning)."""
+    code = (
+        "import time\n"
+        "t = time.process_time(); import pytorch_lightning; a = time.process_time() - t\n"
+        "t = time.process_time(); import pl_privfed.cli.app; b = time.process_time() - t\n"
+        "print(f'{a:.2f} {b:.2f}')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=cwd, capture_output=True)
+    return out.stdout.decode().strip()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--only", nargs="+", help="the commands to measure (with the import)")
+    parser.add_argument(
+        "--repo",
+        type=Path,
+        nargs="+",
+        default=[REPO],
+        help="the checkouts to measure, interleaved in one run (e.g. before and after a change)",
+    )
+    args = parser.parse_args()
+    repos = [r.resolve() for r in args.repo]
+    envs = {r: {**os.environ, "PYTHONPATH": str(r), "WANDB_MODE": "disabled"} for r in repos}
+    print(f"python {sys.version.split()[0]}, load average {os.getloadavg()}", flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        cmds = commands(Path(tmp))
+        names = [n for n in cmds if not args.only or n in args.only or n.startswith("import")]
+        times = {(r, n): [] for r in repos for n in names}
+        for repeat in range(args.repeats):
+            for name in names:
+                for repo in repos:
+                    times[repo, name].append(timed(cmds[name], envs[repo], repo))
+            print(f"repeat {repeat + 1}/{args.repeats} done", file=sys.stderr, flush=True)
+    for repo in repos:
+        base_wall = statistics.median(w for w, _ in times[repo, "import_pytorch_lightning"])
+        base_cpu = statistics.median(c for _, c in times[repo, "import_pytorch_lightning"])
+        print(f"\n{repo} (median of {args.repeats})")
+        print(f"{'command':<26} {'wall s':>7} {'cpu s':>7} {'wall/PL':>8} {'cpu/PL':>7}")
+        for name in names:
+            wall = statistics.median(w for w, _ in times[repo, name])
+            cpu = statistics.median(c for _, c in times[repo, name])
+            ratio = f"{wall / base_wall:8.2f} {cpu / base_cpu:7.2f}"
+            print(f"{name:<26} {wall:7.2f} {cpu:7.2f} {ratio}")
+        lightning, package = package_import(envs[repo], repo).split()
+        print(
+            f"import pytorch_lightning {lightning} s CPU; pl_privfed.cli.app above it {package} s"
+        )
+    print(f"load average after: {os.getloadavg()}")
+
+
+if __name__ == "__main__":
+    main()
