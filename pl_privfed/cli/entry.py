@@ -63,8 +63,9 @@ def _take_debug(argv: list[str]) -> tuple[list[str], bool]:
     return [a for a in argv[:cut] if a != "--debug"] + argv[cut:], debug
 
 
-def _dispatch(argv: list[str], from_command_line: bool) -> None:
-    """Run the subcommand ``argv[0]``."""
+def _dispatch(argv: list[str], from_command_line: bool, quiet: bool = True) -> None:
+    """Run the subcommand ``argv[0]`` (``quiet``: third-party noise filtered, also from the
+    loggers Lightning creates when the training stack is imported here)."""
     if argv and argv[0] in COMMANDS:
         raise SystemExit(run_subcommand(COMMANDS[argv[0]], argv[1:]))
     if not argv:
@@ -75,6 +76,8 @@ def _dispatch(argv: list[str], from_command_line: bool) -> None:
         raise SystemExit(0)
     from pl_privfed.cli.app import run_trainer_command  # the training stack: torch, Lightning
 
+    if quiet:
+        quiet_third_party()  # Lightning's loggers exist only now ("Seed set to 0", tips)
     run_trainer_command(argv, from_command_line=from_command_line)
 
 
@@ -107,7 +110,7 @@ def main(args: list[str] | None = None) -> None:
     try:
         check_environment()  # an unknown PL_PRIVFED_* value: one line, before anything runs
         tune_allocator()
-        _dispatch(argv, from_command_line=args is None)
+        _dispatch(argv, from_command_line=args is None, quiet=not debug)
     except SystemExit as exc:
         if _stopped_by_signal(exc):  # SIGTERM or Ctrl-C after a round: not finished
             raise SystemExit(exc.code or 128 + signal.SIGTERM) from None
