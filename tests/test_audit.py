@@ -217,12 +217,13 @@ def _client_canaries(d, m=12, **kwargs):
 def test_canary_clients_join_the_received_sum_and_change_no_other_draw(noise):
     """One round of DP-SGD with and without canaries, from the same state: the server's sum
     differs by exactly the inserted canaries' clipped messages and their own noise (the
-    audit's stream); the real clients' noise and metrics are the same."""
+    chunk's per-client draw, keyed by the canary's client index ``n + j``); the real clients'
+    noise and metrics are the same."""
     n, d, gamma = 4, 60, 0.3
     _, grad_fn = _quadratic(n, d)
     x = torch.zeros(d, dtype=DT)
     outs = []
-    for canaries in (None, _client_canaries(d)):
+    for canaries in (None, _client_canaries(d, operator=Clip(0.5))):
         alg = DistributedDPSGD(gamma, Clip(0.5), noise=noise)
         alg.setup(num_clients=n, dim=d, num_rounds=3, dtype=DT)
         alg.canaries = canaries
@@ -234,8 +235,8 @@ def test_canary_clients_join_the_received_sum_and_change_no_other_draw(noise):
     expected = 0.5 * canaries.directions[inserted].sum(0)  # Clip(0.5) of a 50-times-longer u
     std = alg.message_stage().client_noise_std
     if noise.placement != "central":
-        for j in inserted.nonzero().flatten().tolist():  # each canary's own draw
-            gen = keyed_generator(noise.seed, STREAM_AUDIT, AUDIT_NOISE, 2, j)
+        for j in inserted.nonzero().flatten().tolist():  # each canary's own draw, as client n + j
+            gen = keyed_generator(noise.seed, STREAM_NOISE, 2, n + j, 0)
             expected += torch.empty(d, dtype=DT).normal_(0.0, std, generator=gen)
     moved = (plain.params - audited.params) * n / gamma  # x − γ Σ/n
     torch.testing.assert_close(moved, expected, rtol=0, atol=1e-10)
@@ -257,8 +258,10 @@ def test_canary_clients_join_the_received_sum_and_change_no_other_draw(noise):
         shared = total_shares / 2 + torch.empty(d, dtype=DT).normal_(0.0, std, generator=gen)
     own = torch.zeros(12, dtype=DT)
     if noise.placement == "local":  # a canary's own noise is what local noise rests on
-        for j in range(12):  # every canary that would take part draws, the held-out ones too
-            gen = keyed_generator(noise.seed, STREAM_AUDIT, AUDIT_NOISE, 2, j)
+        for j in range(12):  # every canary that would take part draws: the inserted ones as
+            # clients n + j of the noise stream, the held-out ones (the null) the audit's
+            key = (STREAM_NOISE, 2, n + j, 0) if inserted[j] else (STREAM_AUDIT, AUDIT_NOISE, 2, j)
+            gen = keyed_generator(noise.seed, *key)
             own[j] = u[j] @ torch.empty(d, dtype=DT).normal_(0.0, std, generator=gen)
     white = alg.canaries.white
     assert white.releases == 1

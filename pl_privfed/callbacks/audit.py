@@ -200,10 +200,8 @@ class PrivacyAudit(pl.Callback):
             self.count, x.numel(), self.seed, device=x.device, dtype=x.dtype
         )
         if level == "client":
-            if release is not None:
-                participation = release.participation
-            else:
-                participation = float(getattr(algorithm, "participation_rate", 1.0))
+            rate = float(getattr(algorithm, "participation_rate", 1.0))
+            participation = release.participation if release is not None else rate
             return ClientCanaries(
                 directions,
                 canary_membership(self.count, self.seed, half=True),
@@ -211,6 +209,7 @@ class PrivacyAudit(pl.Callback):
                 seed=self.seed,
                 overshoot=self.overshoot,
                 norm=self.canary_norm,
+                operator=getattr(algorithm, "operator", None),
             )
         records = None if release is None else release.records
         size = records.release_size if records else int(getattr(algorithm, "batch_size", 1))
