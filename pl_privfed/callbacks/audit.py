@@ -69,9 +69,9 @@ class PrivacyAudit(pl.Callback):
 
     * **client-level DP** (every noise placement: local, central, distributed; full
       participation, Poisson or fixed-size cohorts): ``canaries`` canary clients, half of them
-      inserted, as extra senders of the engine's message stage
-      (:class:`~pl_privfed.privacy.audit.ClientCanaries`: the round's operator clips them, they
-      take part with the cohort's rate and carry their own noise as a client would). After
+      inserted, as clients of the round (:class:`~pl_privfed.privacy.audit.ClientCanaries`:
+      placed among the real ones, through the same chunks, operator call and noise draw, with
+      the cohort's rate; their gradient a fixed direction). After
       training, the cosine between the model's change and each canary's direction, for the
       final model and summed over every round's change, gives Andrew et al.'s ε **estimate**
       (Gaussian fit, μ-GDP at δ);

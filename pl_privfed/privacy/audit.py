@@ -31,16 +31,24 @@ presence can be told from the trained model. Two methods, each needing one run:
 
 What the canaries enter and why it is sound:
 
-* A client canary is an extra sender in the message stage, never a client of the federation: it
-  has no data, no state and no row in any table. Its message is ``β·Ψ(N·u_j)`` with the round's
-  operator ``Ψ`` and factor ``β`` (those the real clients' ``transmit`` used) and ``N`` large
-  (``overshoot`` times ``Ψ``'s bound), so ``Ψ`` must clip it to the bound ``Φ`` the accounting
-  assumes — a clip that is skipped shows as a canary ``overshoot`` times too loud. It takes part
-  with the cohort's rate (a Poisson cohort's ``q``, a fixed cohort's ``B/N``; keyed, independent
-  of the real cohort), adds its own ``N(0, σ²)`` under local noise or its share ``N(0, σ²/t)``
-  under distributed noise (drawn from the audit's stream, so nobody else's draw changes) and
-  nothing under central noise (the aggregator's draw covers the sum). The server's denominator
-  is not changed: one canary moves the noised sum by ``Φ``, as one client does (add/remove).
+* A client canary is a client of the round: client ``n + j`` (no real client's index, so no
+  real client's stream), placed among the round's real clients at a place drawn from the
+  audit's stream (:meth:`ClientCanaries.place`: anywhere in the sequence the engine cuts into
+  chunks, the last chunk and a chunk's tail included). The engine runs the algorithm's client
+  lines on it in that chunk like on any client (:class:`~pl_privfed.engine.ClientChunk`): its
+  gradient is ``N·u_j`` where the oracle gives the real clients' (``N`` large: ``overshoot``
+  times the operator's bound), its state rows start from zeros each round and are never kept,
+  and its message goes through the chunk's own operator call and, under local or distributed
+  noise, the chunk's own per-client draw ``N(0, σ²)`` or ``N(0, σ²/t)`` (keyed by its index
+  as a real client's is by its own), to the sum the server receives (``key:canaries``); under
+  central noise the aggregator's draw covers it. So whatever changes a real client's clip or
+  noise on its path through the engine changes a canary's that lands there: a clip skipped on
+  one path shows as a canary ``overshoot`` times too loud. It takes part with the cohort's
+  rate (a Poisson cohort's ``q``, a fixed cohort's ``B/N``; keyed, independent of the real
+  cohort); it is never a sender of the abort rule, a message counted, a statistic or a
+  loss, and the server's denominator is not changed: one canary moves the noised sum by
+  ``Φ``, as one client does (add/remove). Under several processes the canaries sit among the
+  first process's clients.
 * A record canary joins its host client's minibatch in every round its record is drawn (the
   release's record rate ``L/N``, keyed), adding ``Ψ(G·u_j)/b`` to the clipped mean of ``b``
   records (per-example clipping) or ``G·u_j/b`` to the minibatch gradient that the algorithm then
@@ -203,14 +211,16 @@ class WhiteBox:
 
 # ---------------------------------------------------------------------------- client canaries
 class ClientCanaries:
-    """Canary clients for the engine's message stage (module docstring, first bullet of "what
-    the canaries enter").
+    """Canary clients of the round (module docstring, first bullet of "what the canaries
+    enter").
 
     The message stage's hook (:class:`~pl_privfed.engine.MessageHook`, put on the stage from
-    ``algorithm.canaries``): :meth:`~pl_privfed.engine.Reduction.received` adds
-    :meth:`messages` (and the canaries' own noise,
-    :meth:`~pl_privfed.engine.MessageStage.canary_noise`) to the sum ``key`` the server
-    receives, then hands the received sum to :meth:`observe`; :meth:`gradients` adds nothing.
+    ``algorithm.canaries``): the engine places them among the round's clients
+    (:meth:`place`), the chunks give them their gradients (:meth:`client_gradients`) and report
+    what they sent through the chunk's operator and noise (:meth:`sent`),
+    :meth:`~pl_privfed.engine.Reduction.received` adds their sum and hands the received sum to
+    :meth:`observe`; the held-out ones draw the white-box null (:meth:`noise`);
+    :meth:`gradients` adds nothing.
 
     Args:
         directions: ``[m, d]`` unit directions, on the training device.
