@@ -269,6 +269,26 @@ def test_canary_clients_join_the_received_sum_and_change_no_other_draw(noise):
     np.testing.assert_allclose(white.base, (own + u @ shared).numpy(), atol=1e-9)
 
 
+def test_canary_clients_are_placed_anywhere_among_the_real_clients():
+    """``ClientCanaries.place``: the real clients keep their order, the inserted canaries are
+    clients ``n + j``, the places are keyed by (audit seed, round) and, over rounds, reach every
+    position of the sequence, the last (the last chunk's tail) included."""
+    n, m = 7, 12
+    canaries = _client_canaries(8, m=m)
+    ids = torch.arange(n)
+    seen = torch.zeros(n + m // 2, dtype=torch.bool)
+    for k in range(200):
+        placed = canaries.place(k, ids, n)
+        assert torch.equal(placed[placed < n], ids)
+        assert sorted((placed[placed >= n] - n).tolist()) == sorted(
+            canaries.inserted.nonzero().flatten().tolist()
+        )
+        assert torch.equal(placed, canaries.place(k, ids, n))  # keyed: the same every time
+        seen |= placed >= n
+    assert seen.all()  # every place, the first and the last included
+    assert torch.equal(canaries.place(-1, ids, n), ids)  # the initialization has none
+
+
 @pytest.mark.parametrize(("senders", "t"), [(10, 5), (7, 2), (3, 3)])
 def test_the_honest_shares_of_a_distributed_sum_have_the_law_of_t_shares(senders, t):
     """The white-box auditor's split of a distributed sum of ``n`` shares ``N(0, s²)`` (drawn
