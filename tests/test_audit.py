@@ -27,6 +27,7 @@ from pl_privfed.algorithms import (
     DistributedDPSGD,
     DPFedAvg,
     FedAvgPerSampleClipping,
+    FedAvgPerUpdateClipping,
     SoteriaFL,
 )
 from pl_privfed.callbacks import PrivacyAudit, RunSummary
@@ -454,6 +455,17 @@ def _fit(alg, audit, *, dim=2000, clients=10, steps=50, tmp_path=None, datamodul
         **kw,
     ).fit(module, datamodule=dm)
     return module, audit.report() if isinstance(audit, PrivacyAudit) else None
+
+
+def test_canary_clients_whose_messages_point_against_their_direction_are_read_too():
+    """Per-update clipping sends the model delta ``−η_l Σ g``: a canary client's gradient
+    ``N u_j`` becomes a message along ``−u_j``, which the server adds. The black box signs its
+    statistic by the server's step and by the canaries' messages along ``u_j``, so a
+    non-private run still reads the canaries far above any certificate."""
+    alg = FedAvgPerUpdateClipping(0.5, local_step_size=0.5, clip_threshold=1.0)
+    _, audit = _fit(alg, PrivacyAudit(), dim=5000, steps=20)
+    assert audit["threat_models"]["white_box"]["epsilon_estimate"] > 50
+    assert audit["epsilon_estimate"] > 50, audit
 
 
 def test_a_non_private_run_is_audited_far_above_any_certificate():

@@ -237,8 +237,8 @@ class PrivacyAudit(pl.Callback):
             minibatch_norm=minibatch_norm,
         )
 
-    #: canaries join the clients' d-dimensional rows: no data span (engine.choose_client_rows)
-    needs_client_rows = True
+    #: canaries are d-dimensional rows of the chunks: no data span; the chunk size's cap (wiring)
+    needs_client_rows, extra_client_rows = True, property(lambda self: self.count // 2)
 
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -353,10 +353,11 @@ class PrivacyAudit(pl.Callback):
             return None
         delta = self._delta()
         inserted = canaries.inserted.numpy()
-        # the direction the server's step follows the sum it receives: measured from the run
-        # (client level; it depends on the algorithm, not on which canaries were inserted); a
-        # canary record is a gradient, which every algorithm descends
-        sign = 1.0 if canaries.level == "client" and self._alignment > 0 else -1.0
+        # the direction the server's step follows the sum it receives, measured from the run,
+        # times that of the canary clients' messages along u_j (client level: the algorithm's,
+        # not which canaries were inserted); a canary record is a gradient, always descended
+        sign = -1.0 if canaries.level != "client" else (1.0 if self._alignment > 0 else -1.0)
+        sign *= canaries.message_sign if canaries.level == "client" else 1.0
         stats = self._statistics(sign)
         certified = self._certified(delta)
         entry: dict[str, Any] = {

@@ -272,6 +272,12 @@ class ClientCanaries:
     def count(self) -> int:
         return int(self.inserted.numel())
 
+    @property
+    def message_sign(self) -> float:
+        """``-1`` when the inserted canaries' messages point against their directions (the
+        algorithm's lines negate a gradient, e.g. a model delta ``−η Σ g``), else ``1``."""
+        return -1.0 if self.white.shift.sum() < 0 else 1.0
+
     def input_norm(self, operator: Any) -> float:
         """``N``, the norm of a canary's vector before the operator."""
         if self.norm is not None:
