@@ -523,17 +523,18 @@ def test_private_client_level_audits_stay_at_or_below_the_certificate(name):
     or below the certified ε against whoever sees the models, beyond the estimate's sampling
     error; under local and distributed noise far below (the other senders' noise, the
     canaries' own included, hides a canary better than its own noise, all the certificate
-    counts). Measured estimates (every round) against certificates: local 2.14 / 22.0,
-    central 7.65 (5.15 to 10.4) / 7.08, distributed 1.65 / 5.72, central with a Poisson cohort
-    9.23 / 10.3, with a fixed cohort 3.64 / 5.78, distributed with a fixed cohort 0.85 / 5.78
-    (a fixed cohort is sampled without replacement: the PLD accountant's certificate).
+    counts). Measured estimates (every round; canary clients on the real clients' path, their
+    noise the chunk's per-client draw) against certificates: local 0.51 / 20.7, central 7.65
+    (5.15 to 10.4) / 6.57, distributed 0.03 / 5.30, central with a Poisson cohort 9.23 / 9.47,
+    with a fixed cohort 3.64 / 5.78, distributed with a fixed cohort 0.00 / 5.78 (a fixed cohort
+    is sampled without replacement: the PLD accountant's certificate).
 
     The white-box auditor, who subtracts every known contribution, reads the mechanism's own
-    statistic where the certificate is tight: local 20.8 / 22.0, central 7.95 / 7.08 (5.42 to
-    10.7), central with a Poisson cohort 9.77 / 10.3, distributed with 10 senders for t = 5
-    4.51 / 5.72 (2.83 to 6.32: only the t honest shares are left in the statistic; 3.31 when it
-    kept every sender's share); with a fixed cohort central 6.56 (4.28 to 9.03) and
-    distributed 4.95 / 5.78."""
+    statistic where the certificate is tight: local 22.4 (17.2 to 28.2) / 20.7, central 7.95 /
+    6.57 (5.42 to 10.7), central with a Poisson cohort 9.77 / 9.47, distributed with 10 senders
+    for t = 5 4.51 / 5.30 (2.83 to 6.32: only the t honest shares are left in the statistic;
+    3.31 when it kept every sender's share); with a fixed cohort central 6.56 (4.28 to 9.03)
+    and distributed 4.95 / 5.78."""
     _, audit = _fit(PRIVATE_CLIENT[name](), PrivacyAudit())
     cert = audit["certified_epsilon"]
     assert audit["certified_adversary"] == "models" and cert > 0
