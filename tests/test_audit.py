@@ -318,9 +318,9 @@ def test_canaries_never_count_as_contributors_of_distributed_noise():
         hook=_client_canaries(8),
     )
     red = Reduction(8, round_index=0, stage=stage, dtype=DT)
-    red.message_operators["sent"] = (Clip(1.0), 1.0)
     red.add_rows("sent", torch.ones(2, 8, dtype=DT))
     red.stat("sent:senders", torch.ones(2))
+    red.add_rows("sent:canaries", torch.ones(3, 8, dtype=DT))  # three canary clients' messages
     total, metrics = red.received()
     assert metrics["aborted"] == 1 and not total.any()  # two senders < t = 3: nothing released
 

@@ -383,10 +383,6 @@ class ClientChunk:
             own memory updates.
         """
         stage, k = self.ctx.stage, self.round_index
-        self.reduction.message_operators[key] = (
-            operator,
-            factor,
-        )  # what the hook's senders go through
         canaries = None
         if self.canary is not None:  # the canary clients that send, and the real ones
             joins = torch.ones(self.size, dtype=torch.bool) if select is None else select.cpu()

@@ -70,9 +70,6 @@ class Reduction:
         self.buffer_sums: dict[str, Tensor] = {}
         self.buffer_count = 0
         self.released = True
-        #: the operator and factor the clients' ``transmit`` applied, per sum (the stage hook's
-        #: messages go through the same)
-        self.message_operators: dict[str, tuple[object, float]] = {}
         #: sums a row representation deferred (:meth:`defer`), per name: the chunks' ``(ids,
         #: rows)``, expanded into :attr:`sums` by :meth:`flush` (or :func:`expand_together`)
         self.pending: dict[str, list[tuple[Tensor, Tensor]]] = {}
