@@ -3,7 +3,9 @@
 Issue 29, item 2: an audit that can fail must flag every break of the catalogue
 (``tests/helpers/audit_breaks.py``: noise ×0.5 at each placement, the client or per-example clip skipped
 or at 2× its threshold, distributed shares at σ²/t², central noise on the average instead of
-the sum) in one run at the shipped ε = 8, and must not flag the unbroken mechanism. For each
+the sum; issue 48: the client clip skipped for a subset of clients on one engine path, the
+round's last chunk or a chunk's remainder past its last block of 8, each with the config's own
+chunking) in one run at the shipped ε = 8, and must not flag the unbroken mechanism. For each
 config this script runs the unbroken mechanism, then every break that applies to its mechanism
 (its noise placement, or record level), each through the CLI with a ``PrivacyAudit``
 (100 canaries), the accounting untouched, and prints one row per run: the certified ε against

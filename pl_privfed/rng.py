@@ -31,6 +31,7 @@ __all__ = [
     "AUDIT_MEMBERSHIP",
     "AUDIT_NOISE",
     "AUDIT_PARTICIPATION",
+    "AUDIT_PLACEMENT",
     "STREAM_AUDIT",
     "STREAM_AUGMENTATION",
     "STREAM_CENTRAL_NOISE",
@@ -66,8 +67,10 @@ STREAM_CORRELATED_NOISE = 11  # row j of Z of correlated noise (pl_privfed.priva
 #: What a draw of :data:`STREAM_AUDIT` is for (the key's third element): a canary's direction
 #: ``(audit seed, STREAM_AUDIT, AUDIT_DIRECTION, canary)``, which canaries are inserted
 #: ``(audit seed, STREAM_AUDIT, AUDIT_MEMBERSHIP)``, which take part in a round ``(audit seed,
-#: STREAM_AUDIT, AUDIT_PARTICIPATION, round)``, the canary clients' own DP noise ``(noise
-#: seed, STREAM_AUDIT, AUDIT_NOISE, round)``, and the white-box auditor's split of a
+#: STREAM_AUDIT, AUDIT_PARTICIPATION, round)``, where the canary clients sit among the
+#: round's clients ``(audit seed, STREAM_AUDIT, AUDIT_PLACEMENT, round)``, the held-out canary
+#: clients' own DP noise (the white-box null) ``(noise seed, STREAM_AUDIT, AUDIT_NOISE, round,
+#: canary)``, and the white-box auditor's split of a
 #: distributed sum's noise into the colluders' shares and the honest ones ``(noise seed,
 #: STREAM_AUDIT, AUDIT_COLLUSION, round)``. No other stream's key starts like these, so the
 #: canaries never change another client's noise, cohort or data.
@@ -76,6 +79,7 @@ AUDIT_MEMBERSHIP = 1
 AUDIT_PARTICIPATION = 2
 AUDIT_NOISE = 3
 AUDIT_COLLUSION = 4
+AUDIT_PLACEMENT = 5
 
 _MASK64 = (1 << 64) - 1
 

@@ -244,10 +244,12 @@ def set_up(
         if note is not None:
             rank_zero_info(note)
         width = min(width, rows.width(module.layout.dim))
+    # an audit's canary clients are rows of the round's chunks too (PrivacyAudit)
+    extra = sum(int(getattr(c, "extra_client_rows", 0)) for c in trainer.callbacks)
     return Setup(
         oracle=oracle,
         chunk_size=choose_chunk_size(
-            num_clients, width, device, module.client_chunk, dtype.itemsize
+            num_clients + extra, width, device, module.client_chunk, dtype.itemsize
         ),
         num_rounds=num_rounds,
         local_batches=rounds["local_batches"],

@@ -27,6 +27,7 @@ from pl_privfed.algorithms import (
     DistributedDPSGD,
     DPFedAvg,
     FedAvgPerSampleClipping,
+    FedAvgPerUpdateClipping,
     SoteriaFL,
 )
 from pl_privfed.callbacks import PrivacyAudit, RunSummary
@@ -217,12 +218,13 @@ def _client_canaries(d, m=12, **kwargs):
 def test_canary_clients_join_the_received_sum_and_change_no_other_draw(noise):
     """One round of DP-SGD with and without canaries, from the same state: the server's sum
     differs by exactly the inserted canaries' clipped messages and their own noise (the
-    audit's stream); the real clients' noise and metrics are the same."""
+    chunk's per-client draw, keyed by the canary's client index ``n + j``); the real clients'
+    noise and metrics are the same."""
     n, d, gamma = 4, 60, 0.3
     _, grad_fn = _quadratic(n, d)
     x = torch.zeros(d, dtype=DT)
     outs = []
-    for canaries in (None, _client_canaries(d)):
+    for canaries in (None, _client_canaries(d, operator=Clip(0.5))):
         alg = DistributedDPSGD(gamma, Clip(0.5), noise=noise)
         alg.setup(num_clients=n, dim=d, num_rounds=3, dtype=DT)
         alg.canaries = canaries
@@ -234,8 +236,8 @@ def test_canary_clients_join_the_received_sum_and_change_no_other_draw(noise):
     expected = 0.5 * canaries.directions[inserted].sum(0)  # Clip(0.5) of a 50-times-longer u
     std = alg.message_stage().client_noise_std
     if noise.placement != "central":
-        for j in inserted.nonzero().flatten().tolist():  # each canary's own draw
-            gen = keyed_generator(noise.seed, STREAM_AUDIT, AUDIT_NOISE, 2, j)
+        for j in inserted.nonzero().flatten().tolist():  # each canary's own draw, as client n + j
+            gen = keyed_generator(noise.seed, STREAM_NOISE, 2, n + j, 0)
             expected += torch.empty(d, dtype=DT).normal_(0.0, std, generator=gen)
     moved = (plain.params - audited.params) * n / gamma  # x − γ Σ/n
     torch.testing.assert_close(moved, expected, rtol=0, atol=1e-10)
@@ -257,13 +259,35 @@ def test_canary_clients_join_the_received_sum_and_change_no_other_draw(noise):
         shared = total_shares / 2 + torch.empty(d, dtype=DT).normal_(0.0, std, generator=gen)
     own = torch.zeros(12, dtype=DT)
     if noise.placement == "local":  # a canary's own noise is what local noise rests on
-        for j in range(12):  # every canary that would take part draws, the held-out ones too
-            gen = keyed_generator(noise.seed, STREAM_AUDIT, AUDIT_NOISE, 2, j)
+        for j in range(12):  # every canary that would take part draws: the inserted ones as
+            # clients n + j of the noise stream, the held-out ones (the null) the audit's
+            key = (STREAM_NOISE, 2, n + j, 0) if inserted[j] else (STREAM_AUDIT, AUDIT_NOISE, 2, j)
+            gen = keyed_generator(noise.seed, *key)
             own[j] = u[j] @ torch.empty(d, dtype=DT).normal_(0.0, std, generator=gen)
     white = alg.canaries.white
     assert white.releases == 1
     np.testing.assert_allclose(white.shift, 0.5 * inserted.double().numpy(), atol=1e-12)
     np.testing.assert_allclose(white.base, (own + u @ shared).numpy(), atol=1e-9)
+
+
+def test_canary_clients_are_placed_anywhere_among_the_real_clients():
+    """``ClientCanaries.place``: the real clients keep their order, the inserted canaries are
+    clients ``n + j``, the places are keyed by (audit seed, round) and, over rounds, reach every
+    position of the sequence, the last (the last chunk's tail) included."""
+    n, m = 7, 12
+    canaries = _client_canaries(8, m=m)
+    ids = torch.arange(n)
+    seen = torch.zeros(n + m // 2, dtype=torch.bool)
+    for k in range(200):
+        placed = canaries.place(k, ids, n)
+        assert torch.equal(placed[placed < n], ids)
+        assert sorted((placed[placed >= n] - n).tolist()) == sorted(
+            canaries.inserted.nonzero().flatten().tolist()
+        )
+        assert torch.equal(placed, canaries.place(k, ids, n))  # keyed: the same every time
+        seen |= placed >= n
+    assert seen.all()  # every place, the first and the last included
+    assert torch.equal(canaries.place(-1, ids, n), ids)  # the initialization has none
 
 
 @pytest.mark.parametrize(("senders", "t"), [(10, 5), (7, 2), (3, 3)])
@@ -294,9 +318,9 @@ def test_canaries_never_count_as_contributors_of_distributed_noise():
         hook=_client_canaries(8),
     )
     red = Reduction(8, round_index=0, stage=stage, dtype=DT)
-    red.message_operators["sent"] = (Clip(1.0), 1.0)
     red.add_rows("sent", torch.ones(2, 8, dtype=DT))
     red.stat("sent:senders", torch.ones(2))
+    red.add_rows("sent:canaries", torch.ones(3, 8, dtype=DT))  # three canary clients' messages
     total, metrics = red.received()
     assert metrics["aborted"] == 1 and not total.any()  # two senders < t = 3: nothing released
 
@@ -433,6 +457,17 @@ def _fit(alg, audit, *, dim=2000, clients=10, steps=50, tmp_path=None, datamodul
     return module, audit.report() if isinstance(audit, PrivacyAudit) else None
 
 
+def test_canary_clients_whose_messages_point_against_their_direction_are_read_too():
+    """Per-update clipping sends the model delta ``−η_l Σ g``: a canary client's gradient
+    ``N u_j`` becomes a message along ``−u_j``, which the server adds. The black box signs its
+    statistic by the server's step and by the canaries' messages along ``u_j``, so a
+    non-private run still reads the canaries far above any certificate."""
+    alg = FedAvgPerUpdateClipping(0.5, local_step_size=0.5, clip_threshold=1.0)
+    _, audit = _fit(alg, PrivacyAudit(), dim=5000, steps=20)
+    assert audit["threat_models"]["white_box"]["epsilon_estimate"] > 50
+    assert audit["epsilon_estimate"] > 50, audit
+
+
 def test_a_non_private_run_is_audited_far_above_any_certificate():
     """Without noise the inserted canaries stand out of the model: the estimate is in the
     hundreds (measured 234, μ = 17.8, near the √(d/50) = 20 that the canaries' own overlap
@@ -488,17 +523,18 @@ def test_private_client_level_audits_stay_at_or_below_the_certificate(name):
     or below the certified ε against whoever sees the models, beyond the estimate's sampling
     error; under local and distributed noise far below (the other senders' noise, the
     canaries' own included, hides a canary better than its own noise, all the certificate
-    counts). Measured estimates (every round) against certificates: local 2.14 / 22.0,
-    central 7.65 (5.15 to 10.4) / 7.08, distributed 1.65 / 5.72, central with a Poisson cohort
-    9.23 / 10.3, with a fixed cohort 3.64 / 5.78, distributed with a fixed cohort 0.85 / 5.78
-    (a fixed cohort is sampled without replacement: the PLD accountant's certificate).
+    counts). Measured estimates (every round; canary clients on the real clients' path, their
+    noise the chunk's per-client draw) against certificates: local 0.51 / 20.7, central 7.65
+    (5.15 to 10.4) / 6.57, distributed 0.03 / 5.30, central with a Poisson cohort 9.23 / 9.47,
+    with a fixed cohort 3.64 / 5.78, distributed with a fixed cohort 0.00 / 5.78 (a fixed cohort
+    is sampled without replacement: the PLD accountant's certificate).
 
     The white-box auditor, who subtracts every known contribution, reads the mechanism's own
-    statistic where the certificate is tight: local 20.8 / 22.0, central 7.95 / 7.08 (5.42 to
-    10.7), central with a Poisson cohort 9.77 / 10.3, distributed with 10 senders for t = 5
-    4.51 / 5.72 (2.83 to 6.32: only the t honest shares are left in the statistic; 3.31 when it
-    kept every sender's share); with a fixed cohort central 6.56 (4.28 to 9.03) and
-    distributed 4.95 / 5.78."""
+    statistic where the certificate is tight: local 22.4 (17.2 to 28.2) / 20.7, central 7.95 /
+    6.57 (5.42 to 10.7), central with a Poisson cohort 9.77 / 9.47, distributed with 10 senders
+    for t = 5 4.51 / 5.30 (2.83 to 6.32: only the t honest shares are left in the statistic;
+    3.31 when it kept every sender's share); with a fixed cohort central 6.56 (4.28 to 9.03)
+    and distributed 4.95 / 5.78."""
     _, audit = _fit(PRIVATE_CLIENT[name](), PrivacyAudit())
     cert = audit["certified_epsilon"]
     assert audit["certified_adversary"] == "models" and cert > 0

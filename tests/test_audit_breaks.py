@@ -33,7 +33,7 @@ def test_every_break_is_flagged_in_one_run_at_the_shipped_epsilon(brk, mechanism
     models' certificate is 3.58): the white-box estimate's low end exceeds the certified ε of
     the audited adversary (whoever sees the models), so the run ends flagged."""
     with broken(brk):
-        audit = audit_small(mechanism)
+        audit = audit_small(mechanism, client_chunk=BREAKS[brk].get("client_chunk", "auto"))
     white = audit["threat_models"]["white_box"]
     assert audit["headline_epsilon"] == pytest.approx(EPSILON, abs=0.05)  # what the run asked
     assert white["epsilon_low"] > audit["certified_epsilon"], white

@@ -69,9 +69,9 @@ class PrivacyAudit(pl.Callback):
 
     * **client-level DP** (every noise placement: local, central, distributed; full
       participation, Poisson or fixed-size cohorts): ``canaries`` canary clients, half of them
-      inserted, as extra senders of the engine's message stage
-      (:class:`~pl_privfed.privacy.audit.ClientCanaries`: the round's operator clips them, they
-      take part with the cohort's rate and carry their own noise as a client would). After
+      inserted, as clients of the round (:class:`~pl_privfed.privacy.audit.ClientCanaries`:
+      placed among the real ones, through the same chunks, operator call and noise draw, with
+      the cohort's rate; their gradient a fixed direction). After
       training, the cosine between the model's change and each canary's direction, for the
       final model and summed over every round's change, gives Andrew et al.'s ε **estimate**
       (Gaussian fit, μ-GDP at δ);
@@ -200,10 +200,8 @@ class PrivacyAudit(pl.Callback):
             self.count, x.numel(), self.seed, device=x.device, dtype=x.dtype
         )
         if level == "client":
-            if release is not None:
-                participation = release.participation
-            else:
-                participation = float(getattr(algorithm, "participation_rate", 1.0))
+            rate = float(getattr(algorithm, "participation_rate", 1.0))
+            participation = release.participation if release is not None else rate
             return ClientCanaries(
                 directions,
                 canary_membership(self.count, self.seed, half=True),
@@ -211,6 +209,7 @@ class PrivacyAudit(pl.Callback):
                 seed=self.seed,
                 overshoot=self.overshoot,
                 norm=self.canary_norm,
+                operator=getattr(algorithm, "operator", None),
             )
         records = None if release is None else release.records
         size = records.release_size if records else int(getattr(algorithm, "batch_size", 1))
@@ -238,8 +237,8 @@ class PrivacyAudit(pl.Callback):
             minibatch_norm=minibatch_norm,
         )
 
-    #: canaries join the clients' d-dimensional rows: no data span (engine.choose_client_rows)
-    needs_client_rows = True
+    #: canaries are d-dimensional rows of the chunks: no data span; the chunk size's cap (wiring)
+    needs_client_rows, extra_client_rows = True, property(lambda self: self.count // 2)
 
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -354,10 +353,11 @@ class PrivacyAudit(pl.Callback):
             return None
         delta = self._delta()
         inserted = canaries.inserted.numpy()
-        # the direction the server's step follows the sum it receives: measured from the run
-        # (client level; it depends on the algorithm, not on which canaries were inserted); a
-        # canary record is a gradient, which every algorithm descends
-        sign = 1.0 if canaries.level == "client" and self._alignment > 0 else -1.0
+        # the direction the server's step follows the sum it receives, measured from the run,
+        # times that of the canary clients' messages along u_j (client level: the algorithm's,
+        # not which canaries were inserted); a canary record is a gradient, always descended
+        sign = -1.0 if canaries.level != "client" else (1.0 if self._alignment > 0 else -1.0)
+        sign *= canaries.message_sign if canaries.level == "client" else 1.0
         stats = self._statistics(sign)
         certified = self._certified(delta)
         entry: dict[str, Any] = {

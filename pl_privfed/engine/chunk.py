@@ -9,6 +9,16 @@ so the algorithm's code does not know the chunk size; nothing it does may depend
 client of the round (a map). What a client sends the server goes through
 :meth:`ClientChunk.transmit`, the client side of the message stage
 (:mod:`pl_privfed.engine.message`).
+
+An audit's canary clients (indices from ``n`` on, placed among the round's clients by the
+stage's hook, :meth:`~pl_privfed.engine.MessageHook.place`) are rows of the chunks they land in,
+like any client: the algorithm's lines run on them, their gradient is their fixed direction
+(:meth:`~pl_privfed.engine.MessageHook.client_gradients`, where the oracle's would be), their
+state rows start from zeros every round and are never kept, and :meth:`transmit` puts them
+through the same operator call and the placement's same per-client noise draw
+(:meth:`normal`) as the chunk's real clients. Only the message stage's sum (the hook's ``key``)
+receives them, as ``key:canaries``; every other sum, statistic and message count is the real
+clients'.
 """
 
 from __future__ import annotations
@@ -20,7 +30,7 @@ import torch
 from torch import Tensor
 
 from pl_privfed.communication import count_nonzeros
-from pl_privfed.engine.message import Message, MessageStage
+from pl_privfed.engine.message import CANARIES, Message, MessageStage
 from pl_privfed.engine.reduce import Reduction
 from pl_privfed.engine.rows import DENSE, ClientRows
 from pl_privfed.operators.adaptive import UNCLIPPED, AdaptiveClip
@@ -87,6 +97,8 @@ class RoundContext:
     #: how the clients' rows (gradients, state, messages) are represented
     #: (:class:`~pl_privfed.engine.rows.ClientRows`; default: ``[c, d]``)
     rows: ClientRows = DENSE
+    #: ``n``, the federation's clients: indices from ``n`` on are an audit's canary clients
+    clients: int | None = None
 
 
 class ClientChunk:
@@ -112,6 +124,35 @@ class ClientChunk:
         self._buffer_sums: dict[str, Tensor] | None = None
         #: examples per client of the last per-example computation (record-level checks)
         self.examples_per_client: int | None = None
+        #: ``[c]`` bool on the CPU, the rows that are an audit's canary clients (``None``: none)
+        self.canary: Tensor | None = None
+        if ctx.clients is not None and ids.numel() and int(ids.max()) >= ctx.clients:
+            self.canary = ids.cpu() >= ctx.clients
+            ctx.rows.require_dense("an audit's canary clients")
+
+    @property
+    def real_ids(self) -> Tensor:
+        """The chunk's clients that are not canaries (all of :attr:`ids` in a run unaudited)."""
+        return self.ids if self.canary is None else self.ids[~self.canary]
+
+    def _real(self, values: Tensor) -> Tensor:
+        """``values`` (one row per client of the chunk) without the canary clients' rows."""
+        if self.canary is None or values.shape[0] != self.size:
+            return values
+        return values[(~self.canary).to(values.device)]
+
+    def _canary_rows(self, real: Tensor, fill: Tensor) -> Tensor:
+        """Rows of every client of the chunk: ``real`` for the real clients, ``fill`` for the
+        canary clients (each in its place)."""
+        out = real.new_empty((self.size, *real.shape[1:]))
+        out[(~self.canary).to(out.device)] = real
+        out[self.canary.to(out.device)] = fill.to(out.device, out.dtype)
+        return out
+
+    def _canary_gradients(self, like: Tensor) -> Tensor:
+        """The canary clients' gradients ``[a, d]``: each its fixed direction (the hook's)."""
+        index = self.ids[self.canary] - self.ctx.clients
+        return self.ctx.stage.hook.client_gradients(index, self.round_index, like)
 
     @property
     def statistics(self) -> bool:
@@ -130,6 +171,13 @@ class ClientChunk:
     def grad(self, params: Tensor, step: int | None = None) -> Tensor:
         """The chunk's clients' gradients ``[c, d]`` of their minibatch losses at ``params``
         (shared ``[d]`` or per client ``[c, d]``); ``step``: the local minibatch (local SGD)."""
+        if self.canary is not None:  # the real clients' from the oracle, the canaries' fixed
+            if not bool((~self.canary).any()):  # a chunk of canaries only
+                return self._canary_gradients(self.x.new_empty(0, self.ctx.dim))
+            real = params if params.dim() == 1 else self._real(params)
+            out = self.ctx.oracle(real, self.real_ids, step=step)
+            self._record(out, params.dim() == 1)
+            return self._canary_rows(out.grads, self._canary_gradients(out.grads))
         out = self.ctx.oracle(params, self.ids, step=step)
         self._record(out, params.dim() == 1)
         return self._with_hook(out.grads, step)
@@ -148,11 +196,18 @@ class ClientChunk:
         return grads if extra is None else grads + extra
 
     def example_grads(self, params: Tensor, step: int | None = None) -> Tensor:
-        """Every example's gradient ``[c, B, d]`` (record-level clipping)."""
-        out = self.ctx.oracle(params, self.ids, per_example=True, step=step)
+        """Every example's gradient ``[c, B, d]`` (record-level clipping); a canary client's
+        examples all have its fixed direction."""
+        if self.canary is not None and not bool((~self.canary).any()):  # canaries only
+            return self._canary_gradients(self.x.new_empty(0, self.ctx.dim)).unsqueeze(1)
+        real = params if params.dim() == 1 else self._real(params)
+        out = self.ctx.oracle(real, self.real_ids, per_example=True, step=step)
         self._record(out, False)
         self.examples_per_client = int(out.grads.shape[1])
-        return out.grads
+        if self.canary is None:
+            return out.grads
+        fill = self._canary_gradients(out.grads[:, 0]).unsqueeze(1)
+        return self._canary_rows(out.grads, fill.expand(-1, out.grads.shape[1], -1))
 
     def clipped_mean(
         self,
@@ -170,7 +225,7 @@ class ClientChunk:
         product, the ghost-clipping identity); otherwise from the per-example gradients of the
         chunk. Records the per-example operator statistics."""
         clipped = getattr(self.ctx.oracle, "clipped_mean", None)
-        if callable(clipped) and operator.norm_based:
+        if callable(clipped) and operator.norm_based and self.canary is None:
             out = clipped(params, self.ids, operator.scale, step=step)
             self._record(out, False)
             self.examples_per_client = int(out.norms.shape[-1])
@@ -187,7 +242,10 @@ class ClientChunk:
         """The chunk's rows ``[c, ...]`` of the algorithm's per-client state ``name``; changes
         made in place are kept (written back when the chunk closes)."""
         rows = self._rows.get(name)
-        if rows is None:
+        if rows is None and self.canary is not None:  # a canary client's start from zeros
+            real = self._store.read(name, self.real_ids)
+            rows = self._rows[name] = self._canary_rows(real, real.new_zeros(()))
+        elif rows is None:
             rows = self._rows[name] = self._store.read(name, self.ids)
         return rows
 
@@ -215,6 +273,7 @@ class ClientChunk:
 
     # ------------------------------------------------------------------ operators
     def _operator_stats(self, before: Tensor, after: Tensor) -> None:
+        before, after = self._real(before), self._real(after)
         self.reduction.stat("clip_fraction", (after < before * (1 - 1e-6)).float())
         self.reduction.stat("norm_before", before)
         self.reduction.stat("update_norm", after)
@@ -238,7 +297,7 @@ class ClientChunk:
         norms = torch.linalg.vector_norm(v, dim=-1)
         scale = operator.scale(norms)
         if isinstance(operator, AdaptiveClip):  # each sender's bit b_i, whatever the statistics
-            self.reduction.stat(UNCLIPPED, operator.unclipped(norms))
+            self.reduction.stat(UNCLIPPED, self._real(operator.unclipped(norms)))
         if factor != 1.0:
             scale = scale * factor
         if statistics:
@@ -324,10 +383,10 @@ class ClientChunk:
             own memory updates.
         """
         stage, k = self.ctx.stage, self.round_index
-        self.reduction.message_operators[key] = (
-            operator,
-            factor,
-        )  # what the hook's senders go through
+        canaries = None
+        if self.canary is not None:  # the canary clients that send, and the real ones
+            joins = torch.ones(self.size, dtype=torch.bool) if select is None else select.cpu()
+            canaries, select = joins & self.canary, joins & ~self.canary
         if select is not None and bool(select.all()):
             select = None
         mask = None if select is None else select.to(v.device)
@@ -340,9 +399,11 @@ class ClientChunk:
                 weights = scale if mask is None else scale * mask.to(scale.dtype)
                 self.add(key, v, weights=weights)
                 self._sent(key, channel, senders, compressed=False)
+            self._send_canaries(key, canaries, v, scale)
             return Message(v, scale)
         if operator is not None:
             v = self.apply(operator, v, seed=seed, factor=factor, inplace=True)
+        self._send_canaries(key, canaries, v)
         sent = v if mask is None else v[mask]
         if sent.shape[0] == 0:
             return Message(v)
@@ -356,6 +417,27 @@ class ClientChunk:
         sparse = operator is not None and operator.sparsifying and not stage.clients_noise(k)
         self._sent(key, channel, sent, compressed=sparse)
         return Message(v)
+
+    def _send_canaries(
+        self, key: str, canaries: Tensor | None, v: Tensor, scale: Tensor | None = None
+    ) -> None:
+        """The canary clients ``canaries`` (a mask over the chunk) send their rows of the
+        message ``v`` (times ``scale``: the same operator call as the real clients') to the sum
+        ``key:canaries`` that :meth:`Reduction.received` adds to ``key``, with the noise the
+        placement gives a sender (:meth:`normal`, keyed by the canary's index as a client's is
+        by its own) where clients noise; the hook reads both (the white-box auditor). Only the
+        hook's sum receives canaries; they are never counted as senders or messages."""
+        hook, stage, k = self.ctx.stage.hook, self.ctx.stage, self.round_index
+        if canaries is None or not bool(canaries.any()) or key != getattr(hook, "key", key):
+            return
+        clean = v[canaries.to(v.device)]
+        if scale is not None:
+            clean = clean * scale[canaries.to(scale.device)].unsqueeze(1)
+        noise = None
+        if stage.clients_noise(k):
+            noise = self.normal(stage.noise_seed, stage.client_noise_std, select=canaries)
+        self.reduction.add_rows(key + CANARIES, clean if noise is None else clean + noise)
+        hook.sent(k, key, self.ids[canaries] - self.ctx.clients, clean, noise)
 
     def _sent(self, key: str, channel: str, rows: Tensor, compressed: bool) -> None:
         """Count the messages ``rows`` on ``channel`` and their senders for the sum ``key``."""
@@ -376,12 +458,17 @@ class ClientChunk:
     def add(self, name: str, rows: Tensor, weights: Tensor | None = None) -> None:
         """Add ``Σ_i w_i rows_i`` over the chunk's rows to the round's sum ``name``, as the
         round's row representation adds them (:meth:`~pl_privfed.engine.rows.ClientRows.add`:
-        rows of ``d`` at once, coordinates deferred and expanded to ``[d]``)."""
-        self.ctx.rows.add(self.reduction, name, self.ids, rows, weights)
+        rows of ``d`` at once, coordinates deferred and expanded to ``[d]``); the canary
+        clients' rows are left out (they reach only the message stage's sum)."""
+        ids = self.ids
+        if self.canary is not None and rows.shape[0] == self.size:
+            ids, rows = self.real_ids, self._real(rows)
+            weights = None if weights is None else self._real(weights)
+        self.ctx.rows.add(self.reduction, name, ids, rows, weights)
 
     def stat(self, name: str, values: Tensor) -> None:
         """Per-client values of statistic ``name`` (its mean over clients is logged)."""
-        self.reduction.stat(name, values)
+        self.reduction.stat(name, self._real(values))
 
     def send(self, channel: str, rows: Tensor | None = None, *, compressed: bool = False) -> None:
         """Record the messages ``rows`` (one per client; without ``rows`` one per client of the
@@ -389,7 +476,8 @@ class ClientChunk:
         counted by its non-zeros, which the encoding may then send sparse; any other message (a
         gradient, a clipped or normalized vector, a noised vector, a model) is dense, as a
         deployed system sends it (:data:`~pl_privfed.communication.ENCODING`)."""
-        count = self.size if rows is None else rows.shape[0]
+        rows = None if rows is None else self._real(rows)
+        count = int(self.real_ids.numel()) if rows is None else rows.shape[0]
         if compressed and rows is not None:
             nnz = count_nonzeros(rows)
         else:
@@ -400,8 +488,8 @@ class ClientChunk:
     def close(self) -> None:
         """Write the state rows back and hand the chunk's buffers to the reduce."""
         for name, rows in self._rows.items():
-            self._store.write(name, self.ids, rows)
+            self._store.write(name, self.real_ids, self._real(rows))
         self._rows = {}
         if self._buffer_sums is not None:
-            self.reduction.add_buffers(self._buffer_sums, self.size)
+            self.reduction.add_buffers(self._buffer_sums, int(self.real_ids.numel()))
             self._buffer_sums = None

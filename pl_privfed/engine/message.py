@@ -32,12 +32,13 @@ same for every algorithm and is this module's job, not the algorithm's:
 * the stage's one hook (:class:`MessageHook`, :attr:`MessageStage.hook`): an audit's canaries
   (``algorithm.canaries``, set by :class:`~pl_privfed.callbacks.PrivacyAudit`; the algorithm's
   :meth:`~pl_privfed.algorithms.FederatedAlgorithm.message_stage` puts them on the stage, the
-  only way they enter the engine). Canary clients are extra senders whose messages pass through
-  the round's operator and factor and carry their own noise as a client's would
-  (:meth:`MessageStage.canary_noise`, from the audit's stream), added to the sum the server
-  receives; never counted as senders, messages or contributors, and never changing another
-  client's draw; canary records join the clients' minibatch gradients
-  (:mod:`pl_privfed.privacy.audit`).
+  only way they enter the engine). Canary clients are clients of the round: placed among the
+  real ones (:meth:`MessageHook.place`, chunk positions from the audit's stream), they go through
+  the same chunks, algorithm lines, operator call and per-client noise draw
+  (:class:`~pl_privfed.engine.ClientChunk`), their gradient being their fixed direction; their
+  messages reach the sum the server receives (as ``key:canaries``, :data:`CANARIES`), never
+  counted as senders, messages or contributors, and never changing another client's draw;
+  canary records join the clients' minibatch gradients (:mod:`pl_privfed.privacy.audit`).
 
 Client side: :meth:`pl_privfed.engine.ClientChunk.transmit`; server side:
 :meth:`pl_privfed.engine.Reduction.received`. The noise placements are this module's and the
@@ -67,6 +68,7 @@ from pl_privfed.rng import (
 )
 
 __all__ = [
+    "CANARIES",
     "Message",
     "MessageHook",
     "MessageStage",
@@ -75,15 +77,25 @@ __all__ = [
 ]
 
 
+#: the suffix of the sum that holds the canary clients' messages to a sum (``"sent:canaries"``)
+CANARIES = ":canaries"
+
+
 class MessageHook(Protocol):
     """The message stage's one hook (:attr:`MessageStage.hook`): what the engine asks of an
     audit's canaries, every method answering "nothing" where they do not enter.
 
-    * :meth:`messages`: extra senders' clean messages for the sum ``key`` of round
-      ``round_index`` (:meth:`~pl_privfed.engine.Reduction.received` adds them and their own
-      noise), or ``None``;
-    * :meth:`noise`: the canaries' own noise (each drawn by the stage,
-      :meth:`MessageStage.canary_noise`), summed over the inserted ones that sent, or ``None``;
+    * :attr:`key`: the sum the canary clients send to (their messages to any other are dropped);
+    * :meth:`place`: the round's clients ``ids`` (sorted) with the canary clients that take
+      part inserted among them (indices ``n + j``, at places the audit draws), which the engine
+      then cuts into chunks;
+    * :meth:`client_gradients`: the gradients ``[a, d]`` of the canary clients ``index`` (their
+      fixed directions), where the oracle gives the real clients';
+    * :meth:`sent`: what the canary clients ``index`` of a chunk sent to the sum ``key``, their
+      clean messages through the round's operator and their own noise (``None`` where
+      clients add none), as :meth:`~pl_privfed.engine.ClientChunk.transmit` formed them;
+    * :meth:`noise`: the own noise of the canaries that would take part but are held out (each
+      drawn by the stage, :meth:`MessageStage.canary_noise`): the white-box null; adds nothing;
     * :meth:`observe`: the sum the server received (canaries included) and, where the
       placement's guarantee rests on the noise of the sum (central, distributed), that noise
       as the real clients' part of it (``shared_noise``): what a white-box auditor, who knows
@@ -101,9 +113,15 @@ class MessageHook(Protocol):
     :class:`~pl_privfed.privacy.audit.RecordCanaries` (record level).
     """
 
-    def messages(
-        self, round_index: int, key: str, used: tuple[Any, float] | None, like: Tensor
-    ) -> tuple[Tensor, int] | None: ...
+    key: str
+
+    def place(self, round_index: int, ids: Tensor, num_clients: int) -> Tensor: ...
+
+    def client_gradients(self, index: Tensor, round_index: int, like: Tensor) -> Tensor: ...
+
+    def sent(
+        self, round_index: int, key: str, index: Tensor, clean: Tensor, noise: Tensor | None
+    ) -> None: ...
 
     def noise(
         self, round_index: int, key: str, draw: Callable[[int], Tensor | None]
@@ -251,11 +269,11 @@ class MessageStage:
     def canary_noise(
         self, index: int, round_index: int, keyed: KeyedGenerator, like: Tensor
     ) -> Tensor | None:
-        """The own noise of canary client ``index`` in round ``round_index``, ``N(0, s² I)``
-        (``s`` a sender's std, :attr:`client_noise_std`: ``σ`` local, ``σ/√t`` distributed)
-        from the audit's stream ``(noise seed, STREAM_AUDIT, AUDIT_NOISE, round, index)``, so
-        no client's draw changes and each canary's draw is its own (the white-box auditor
-        subtracts the other canaries'); ``None`` where a client adds no noise of its own
+        """The own noise of held-out canary client ``index`` in round ``round_index`` (the
+        white-box null; an inserted canary's noise is the chunk's per-client draw),
+        ``N(0, s² I)`` (``s`` a sender's std, :attr:`client_noise_std`: ``σ`` local, ``σ/√t``
+        distributed) from the audit's stream ``(noise seed, STREAM_AUDIT, AUDIT_NOISE, round,
+        index)``, so no client's draw changes; ``None`` where a client adds no noise of its own
         (central noise covers the canaries in its one draw, and a non-private round has none)."""
         std = self.client_noise_std
         if not self.clients_noise(round_index) or std <= 0:

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from pl_privfed.communication import Messages
-from pl_privfed.engine.message import MessageStage, noise_to_signal
+from pl_privfed.engine.message import CANARIES, MessageStage, noise_to_signal
 from pl_privfed.rng import KeyedGenerator
 
 __all__ = ["Reduction", "expand_together"]
@@ -70,9 +70,6 @@ class Reduction:
         self.buffer_sums: dict[str, Tensor] = {}
         self.buffer_count = 0
         self.released = True
-        #: the operator and factor the clients' ``transmit`` applied, per sum (the stage hook's
-        #: messages go through the same)
-        self.message_operators: dict[str, tuple[object, float]] = {}
         #: sums a row representation deferred (:meth:`defer`), per name: the chunks' ``(ids,
         #: rows)``, expanded into :attr:`sums` by :meth:`flush` (or :func:`expand_together`)
         self.pending: dict[str, list[tuple[Tensor, Tensor]]] = {}
@@ -183,8 +180,8 @@ class Reduction:
         ``update_norm``) and, when noised and someone sent, ``noise_to_signal``. A round the
         stage aborts (distributed noise with fewer than ``t`` senders) receives zeros, sets
         :attr:`released` to ``False`` and reports ``metrics["aborted"] = 1``: nothing was
-        released. The stage hook's senders (an audit's canary clients) are added last, with
-        their own noise (:meth:`_with_hook`); the metrics and the abort rule are the real
+        released. The canary clients' messages (``key:canaries``, noised as the chunks' senders
+        are) are added last (:meth:`_with_hook`); the metrics and the abort rule are the real
         clients'.
         """
         stage, k = self.stage, self.round_index
@@ -213,11 +210,13 @@ class Reduction:
 
     def _with_hook(self, key: str, total: Tensor, clean: Tensor, senders: int) -> Tensor:
         """``total`` (the real clients' sum as received, ``clean`` before its noise) plus the
-        stage hook's senders of this round (an audit's canary clients): their messages
-        through the round's operator and factor, and their own noise where clients noise
-        (:meth:`~pl_privfed.engine.MessageStage.canary_noise`, one draw per canary); they are
-        not senders of the abort rule, and every other draw of the round is the same with or
-        without them. The hook then observes the received sum and, where the placement's
+        canary clients' messages of this round (``key:canaries``: what the chunks'
+        :meth:`~pl_privfed.engine.ClientChunk.transmit` formed for them, through the round's
+        operator call and with their per-client noise where clients noise); they are not
+        senders of the abort rule, and every other draw of the round is the same with or
+        without them. The held-out canaries draw their white-box null
+        (:meth:`~pl_privfed.engine.MessageStage.canary_noise`, adding nothing). The hook
+        then observes the received sum and, where the placement's
         guarantee rests on the sum's noise (central, distributed), the part of the real
         clients' noise ``total − clean`` that the certificate's adversary cannot subtract
         (:meth:`~pl_privfed.engine.MessageStage.unknown_noise`: the aggregator's draw, or the
@@ -228,12 +227,10 @@ class Reduction:
         shared = None
         if stage.noised and k >= 0 and stage.placement.noises_sum:
             shared = stage.unknown_noise(total - clean, senders, k, self.keyed)
-        part = hook.messages(k, key, self.message_operators.get(key), total)
+        part = self.sums.get(key + CANARIES)
         if part is not None:
-            total = total + part[0]
-        noise = hook.noise(k, key, lambda j: stage.canary_noise(j, k, self.keyed, total))
-        if noise is not None:
-            total = total + noise
+            total = total + part.to(total.device, total.dtype)
+        hook.noise(k, key, lambda j: stage.canary_noise(j, k, self.keyed, total))
         hook.observe(k, key, total, shared_noise=shared)
         return total
 

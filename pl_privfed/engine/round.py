@@ -171,7 +171,9 @@ def _chunk_override(value: str) -> int | str:
 
 
 def chunk_ids(ids: Tensor, size: int) -> list[Tensor]:
-    """Consecutive pieces of at most ``size`` of the sorted client indices ``ids``."""
+    """Consecutive pieces of at most ``size`` of the round's client indices ``ids`` (sorted;
+    an audit's canary clients, indices from ``n`` on, sit among them at the places
+    :meth:`~pl_privfed.engine.MessageHook.place` drew)."""
     return list(torch.split(ids, size)) if ids.numel() else []
 
 
@@ -286,7 +288,9 @@ def _map(
     statistics: bool,
 ) -> Generator[None, None, Reduction]:
     """The map over this process's participating clients, phase by phase and chunk by chunk
-    (the reduce across processes follows in :func:`iter_round`)."""
+    (the reduce across processes follows in :func:`iter_round`). An audit's canary clients
+    (the stage's hook, :meth:`~pl_privfed.engine.MessageHook.place`) are placed among the first
+    process's clients, so they go through the same chunks, phases and calls as theirs."""
     if participants is None:
         participants = torch.arange(algorithm.num_clients)
     stage = algorithm.message_stage()  # with its hook (an audit's canaries), if any
@@ -311,8 +315,12 @@ def _map(
         stage=stage,
         participants=participants,
         rows=getattr(algorithm, "client_rows", DENSE),
+        clients=algorithm.num_clients,
     )
-    pieces = chunk_ids(algorithm.shard.owned(participants), chunk_size)
+    owned = algorithm.shard.owned(participants)
+    if stage.hook is not None and algorithm.shard.rank == 0:  # an audit's canary clients
+        owned = stage.hook.place(round_index, owned, algorithm.num_clients)
+    pieces = chunk_ids(owned, chunk_size)
     for p, phase in enumerate(phases):
         for ids in pieces:
             chunk = ClientChunk(ctx, ids, algorithm.state)

@@ -31,16 +31,24 @@ presence can be told from the trained model. Two methods, each needing one run:
 
 What the canaries enter and why it is sound:
 
-* A client canary is an extra sender in the message stage, never a client of the federation: it
-  has no data, no state and no row in any table. Its message is ``β·Ψ(N·u_j)`` with the round's
-  operator ``Ψ`` and factor ``β`` (those the real clients' ``transmit`` used) and ``N`` large
-  (``overshoot`` times ``Ψ``'s bound), so ``Ψ`` must clip it to the bound ``Φ`` the accounting
-  assumes — a clip that is skipped shows as a canary ``overshoot`` times too loud. It takes part
-  with the cohort's rate (a Poisson cohort's ``q``, a fixed cohort's ``B/N``; keyed, independent
-  of the real cohort), adds its own ``N(0, σ²)`` under local noise or its share ``N(0, σ²/t)``
-  under distributed noise (drawn from the audit's stream, so nobody else's draw changes) and
-  nothing under central noise (the aggregator's draw covers the sum). The server's denominator
-  is not changed: one canary moves the noised sum by ``Φ``, as one client does (add/remove).
+* A client canary is a client of the round: client ``n + j`` (no real client's index, so no
+  real client's stream), placed among the round's real clients at a place drawn from the
+  audit's stream (:meth:`ClientCanaries.place`: anywhere in the sequence the engine cuts into
+  chunks, the last chunk and a chunk's tail included). The engine runs the algorithm's client
+  lines on it in that chunk like on any client (:class:`~pl_privfed.engine.ClientChunk`): its
+  gradient is ``N·u_j`` where the oracle gives the real clients' (``N`` large: ``overshoot``
+  times the operator's bound), its state rows start from zeros each round and are never kept,
+  and its message goes through the chunk's own operator call and, under local or distributed
+  noise, the chunk's own per-client draw ``N(0, σ²)`` or ``N(0, σ²/t)`` (keyed by its index
+  as a real client's is by its own), to the sum the server receives (``key:canaries``); under
+  central noise the aggregator's draw covers it. So whatever changes a real client's clip or
+  noise on its path through the engine changes a canary's that lands there: a clip skipped on
+  one path shows as a canary ``overshoot`` times too loud. It takes part with the cohort's
+  rate (a Poisson cohort's ``q``, a fixed cohort's ``B/N``; keyed, independent of the real
+  cohort); it is never a sender of the abort rule, a message counted, a statistic or a
+  loss, and the server's denominator is not changed: one canary moves the noised sum by
+  ``Φ``, as one client does (add/remove). Under several processes the canaries sit among the
+  first process's clients.
 * A record canary joins its host client's minibatch in every round its record is drawn (the
   release's record rate ``L/N``, keyed), adding ``Ψ(G·u_j)/b`` to the clipped mean of ``b``
   records (per-example clipping) or ``G·u_j/b`` to the minibatch gradient that the algorithm then
@@ -83,6 +91,7 @@ from pl_privfed.rng import (
     AUDIT_DIRECTION,
     AUDIT_MEMBERSHIP,
     AUDIT_PARTICIPATION,
+    AUDIT_PLACEMENT,
     STREAM_AUDIT,
     keyed_generator,
 )
@@ -202,14 +211,16 @@ class WhiteBox:
 
 # ---------------------------------------------------------------------------- client canaries
 class ClientCanaries:
-    """Canary clients for the engine's message stage (module docstring, first bullet of "what
-    the canaries enter").
+    """Canary clients of the round (module docstring, first bullet of "what the canaries
+    enter").
 
     The message stage's hook (:class:`~pl_privfed.engine.MessageHook`, put on the stage from
-    ``algorithm.canaries``): :meth:`~pl_privfed.engine.Reduction.received` adds
-    :meth:`messages` (and the canaries' own noise,
-    :meth:`~pl_privfed.engine.MessageStage.canary_noise`) to the sum ``key`` the server
-    receives, then hands the received sum to :meth:`observe`; :meth:`gradients` adds nothing.
+    ``algorithm.canaries``): the engine places them among the round's clients
+    (:meth:`place`), the chunks give them their gradients (:meth:`client_gradients`) and report
+    what they sent through the chunk's operator and noise (:meth:`sent`),
+    :meth:`~pl_privfed.engine.Reduction.received` adds their sum and hands the received sum to
+    :meth:`observe`; the held-out ones draw the white-box null (:meth:`noise`);
+    :meth:`gradients` adds nothing.
 
     Args:
         directions: ``[m, d]`` unit directions, on the training device.
@@ -221,6 +232,8 @@ class ClientCanaries:
         norm: the vector's norm before the operator, instead (needed for an operator with no
             bound, e.g. a non-private run without clipping).
         key: the server's sum the canaries join (``"sent"``, what ``transmit`` uses).
+        operator: the algorithm's operator, whose bound sets ``N`` (read every round: an
+            adaptive clip's moves).
     """
 
     level = "client"
@@ -235,6 +248,7 @@ class ClientCanaries:
         overshoot: float = 100.0,
         norm: float | None = None,
         key: str = "sent",
+        operator: Any = None,
     ) -> None:
         self.directions = directions
         self.inserted = inserted.to("cpu", torch.bool)
@@ -247,8 +261,9 @@ class ClientCanaries:
         self.messages_sent = 0
         self.rounds_sent = 0
         self.input_norm_used: float | None = None  # N, the last one sent
-        self.message_norm: float | None = None  # ||β Ψ(N u)||, the last one sent
-        self._operator: tuple[Any, float] | None = None
+        self.message_norm: float | None = None  # ||c_j||, the last one sent
+        self.operator = operator
+        self._sent_round = False
         self.white = WhiteBox(self.count)
         #: this round's (round, who would take part, own-noise projections, contributions)
         self._round: tuple[int, Tensor, np.ndarray, np.ndarray] | None = None
@@ -256,6 +271,12 @@ class ClientCanaries:
     @property
     def count(self) -> int:
         return int(self.inserted.numel())
+
+    @property
+    def message_sign(self) -> float:
+        """``-1`` when the inserted canaries' messages point against their directions (the
+        algorithm's lines negate a gradient, e.g. a model delta ``−η Σ g``), else ``1``."""
+        return -1.0 if self.white.shift.sum() < 0 else 1.0
 
     def input_norm(self, operator: Any) -> float:
         """``N``, the norm of a canary's vector before the operator."""
@@ -269,75 +290,80 @@ class ClientCanaries:
             )
         return self.overshoot * float(bound)
 
-    def messages(
-        self, round_index: int, key: str, used: tuple[Any, float] | None, like: Tensor
-    ) -> tuple[Tensor, int] | None:
-        """``(Σ_j β·Ψ(N·u_j), count)`` over the inserted canaries that take part in round
-        ``round_index`` (``None`` when none does, for the initialization's round ``-1`` and for
-        a sum other than :attr:`key`): ``used`` is the round's ``(Ψ, β)`` as the clients'
-        ``transmit`` used them (``None`` when no client sent: the last round's)."""
-        if round_index < 0 or key != self.key:
-            return None
+    def place(self, round_index: int, ids: Tensor, num_clients: int) -> Tensor:
+        """The round's clients ``ids`` with the inserted canaries that take part in round
+        ``round_index`` among them: canary ``j`` is client ``n + j`` (``n = num_clients``: no
+        real client's index, so no real client's stream), the places uniform over the
+        sequence (the last chunk's included) and the order of the canaries shuffled, from
+        ``(seed, STREAM_AUDIT, AUDIT_PLACEMENT, round)``. The initialization's round (``-1``)
+        has none."""
         self._round = None
-        if used is not None:
-            self._operator = used
-        elif self._operator is None:
-            return None  # no operator seen yet: nothing to clip the canaries with
-        operator, factor = self._operator
+        if round_index < 0:
+            return ids
         takes = canary_participation(self.count, self.participation, self.seed, round_index)
-        active = self.inserted & takes
-        shift = np.zeros(self.count)
-        self._round = (round_index, takes, np.zeros(self.count), shift)
-        count = int(active.sum())
-        if count == 0:
-            return None
-        norm = self.input_norm_used = self.input_norm(operator)
-        directions = self.directions
-        if operator is None or operator.norm_based:
-            scale = (
-                1.0
-                if operator is None
-                else float(operator.scale(torch.tensor([norm], dtype=torch.float64))[0])
-            )
-            weight = float(factor) * scale * norm
-            total = active.to(directions.device, directions.dtype).mul(weight) @ directions
-            self.message_norm = abs(weight)
-            shift[active.numpy()] = weight  # <c_j, u_j>
-        elif not operator.random:
-            chosen = directions[active.to(directions.device)]
-            rows = operator(chosen * norm) * float(factor)
-            total = rows.sum(0)
-            self.message_norm = float(torch.linalg.vector_norm(rows[0]))
-            shift[active.numpy()] = (rows * chosen).sum(1).double().cpu().numpy()
-        else:
-            raise ValueError(
-                f"PrivacyAudit: client canaries cannot pass through a random operator ({operator!r})"
-            )
-        self.messages_sent += count
-        self.rounds_sent += 1
-        return total.to(like.device, like.dtype), count
+        self._round = (round_index, takes, np.zeros(self.count), np.zeros(self.count))
+        self._sent_round = False
+        active = (self.inserted & takes).nonzero().flatten()
+        if active.numel() == 0:
+            return ids
+        gen = keyed_generator(self.seed, STREAM_AUDIT, AUDIT_PLACEMENT, round_index)
+        total = ids.numel() + active.numel()
+        where = torch.zeros(total, dtype=torch.bool)
+        where[torch.randperm(total, generator=gen)[: active.numel()]] = True
+        placed = torch.empty(total, dtype=ids.dtype)
+        placed[~where] = ids.cpu()
+        placed[where] = active[torch.randperm(active.numel(), generator=gen)] + num_clients
+        return placed.to(ids.device)
+
+    def client_gradients(self, index: Tensor, round_index: int, like: Tensor) -> Tensor:
+        """``[a, d]``: canary ``j``'s gradient ``N·u_j`` for each ``j`` of ``index``, every
+        local step (``N``: :meth:`input_norm` of the algorithm's operator, or the given
+        norm), so the algorithm's lines make its message of it as of a real gradient."""
+        norm = self.input_norm_used = self.input_norm(self.operator)
+        rows = self.directions[index.to(self.directions.device)] * norm
+        return rows.to(like.device, like.dtype)
+
+    def sent(
+        self, round_index: int, key: str, index: Tensor, clean: Tensor, noise: Tensor | None
+    ) -> None:
+        """What the canary clients ``index`` of a chunk sent to the sum ``key``: their clean
+        messages ``c_j`` (the chunk's operator call, the algorithm's lines) and their own
+        noise (the chunk's per-client draw, ``None`` where clients add none). The white-box
+        statistic (:class:`WhiteBox`) reads ``⟨c_j, u_j⟩`` and, under local noise,
+        ``⟨z_j, u_j⟩``."""
+        state = self._round
+        if state is None or state[0] != round_index or key != self.key or not index.numel():
+            return
+        _, _, own, shift = state
+        index = index.to("cpu", torch.int64)
+        u = self.directions[index.to(self.directions.device)]
+        shift[index.numpy()] += (u * clean.to(u.device, u.dtype)).sum(1).double().cpu().numpy()
+        if noise is not None:
+            own[index.numpy()] = (u * noise.to(u.device, u.dtype)).sum(1).double().cpu().numpy()
+        self.messages_sent += int(index.numel())
+        self.message_norm = float(torch.linalg.vector_norm(clean[0].double()))
+        if not self._sent_round:
+            self.rounds_sent += 1
+            self._sent_round = True
 
     def noise(
         self, round_index: int, key: str, draw: Callable[[int], Tensor | None]
     ) -> Tensor | None:
-        """The inserted canaries' own noise this round, summed (``None`` when clients add none):
-        ``draw(j)`` is canary ``j``'s (the stage's,
-        :meth:`~pl_privfed.engine.MessageStage.canary_noise`). The held-out canaries that would
-        have taken part draw theirs too and add nothing: the white-box null."""
+        """The own noise the held-out canaries that would take part this round would have
+        drawn (``draw(j)``, :meth:`~pl_privfed.engine.MessageStage.canary_noise`), projected
+        on ``u_j``: the white-box null under local noise (an inserted canary's is its real
+        draw, :meth:`sent`). Adds nothing (``None``)."""
         state = self._round
         if state is None or state[0] != round_index or key != self.key:
             return None
         _, takes, own, _ = state
-        total = None
-        for j in takes.nonzero().flatten().tolist():
+        for j in (takes & ~self.inserted).nonzero().flatten().tolist():
             z = draw(j)
             if z is None:
                 return None
             u = self.directions[j]
             own[j] = float(torch.dot(u, z.to(u.device, u.dtype)))
-            if bool(self.inserted[j]):
-                total = z if total is None else total + z
-        return total
+        return None
 
     def observe(
         self, round_index: int, key: str, received: Tensor, shared_noise: Tensor | None = None
@@ -444,11 +470,19 @@ class RecordCanaries:
     def count(self) -> int:
         return int(self.inserted.numel())
 
-    def messages(
-        self, round_index: int, key: str, used: tuple[Any, float] | None, like: Tensor
-    ) -> tuple[Tensor, int] | None:
-        """Nothing: record canaries are records, not senders."""
-        return None
+    key = "sent"
+
+    def place(self, round_index: int, ids: Tensor, num_clients: int) -> Tensor:
+        """The round's clients as they are: record canaries are records, not clients."""
+        return ids
+
+    def client_gradients(self, index: Tensor, round_index: int, like: Tensor) -> Tensor:
+        raise ValueError("record canaries place no canary client")
+
+    def sent(
+        self, round_index: int, key: str, index: Tensor, clean: Tensor, noise: Tensor | None
+    ) -> None:
+        """Nothing: record canaries send no message of their own."""
 
     def noise(
         self, round_index: int, key: str, draw: Callable[[int], Tensor | None]

@@ -7,16 +7,17 @@ a ``with`` block (:func:`unittest.mock.patch`, so nothing outlives the block). U
 ``tests/test_audit_breaks.py`` (a small quadratic problem) and ``benchmarks/audit_breaks.py``
 (the shipped configs).
 
-``BREAKS[name]``: ``patch`` (a function returning the ``mock.patch.object`` context) and
+``BREAKS[name]``: ``patch`` (a function returning the ``mock.patch.object`` context),
 ``applies`` (where the break exists: a client-level placement, ``"local"``, ``"central"``,
-``"distributed"``, or ``"record"`` for record-level DP).
+``"distributed"``, or ``"record"`` for record-level DP) and, for a break that exists only
+where a round has several chunks, ``client_chunk`` (the small problem's chunk size for it).
 """
 
 from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Any
 from unittest import mock
 
@@ -28,6 +29,7 @@ from pl_privfed.algorithms import DistributedDPSGD, FedAvgPerSampleClipping
 from pl_privfed.callbacks import PrivacyAudit
 from pl_privfed.datamodules import QuadraticDataModule
 from pl_privfed.engine import ClientChunk, MessageStage
+from pl_privfed.engine import round as engine_round
 from pl_privfed.models import HalfSquaredError, QuadraticModel
 from pl_privfed.operators import Clip
 from pl_privfed.privacy import DistributedNoise, DPNoise, LocalNoise
@@ -38,6 +40,8 @@ _noise_of_sum = MessageStage.noise_of_sum
 _clip_scale = Clip.scale
 _distributed_std = DistributedNoise.sender_std
 _normal = ClientChunk.normal
+_scales = ClientChunk.scales
+_chunk_ids = engine_round.chunk_ids
 
 
 def _central_scaled(factor: Callable[[int], float]) -> Any:
@@ -60,6 +64,47 @@ def _record_noise_times(factor: float) -> Any:
         return _normal(self, seed, std * factor, extra, select)
 
     return mock.patch.object(ClientChunk, "normal", normal)
+
+
+def _clip_skipped_on(rows_of: Callable[[ClientChunk], Any]) -> Any:
+    """The client clip skipped on one engine path: for the rows ``rows_of(chunk)`` of a chunk
+    (an index, or ``None`` for none) a :class:`Clip`'s scale is left at the factor, as a
+    branch that forgot the clip would; every other row, and the accounting, as they were."""
+
+    def scales(self, operator, v, *, factor=1.0, statistics=True):
+        scale = _scales(self, operator, v, factor=factor, statistics=statistics)
+        rows = rows_of(self) if isinstance(operator, Clip) else None
+        if scale is not None and rows is not None:
+            scale = scale.clone()
+            scale[rows] = factor
+        return scale
+
+    return mock.patch.object(ClientChunk, "scales", scales)
+
+
+@contextmanager
+def _last_chunk_unclipped() -> Iterator[None]:
+    """The round's last chunk skips the client clip (a branch for the partial last chunk that
+    forgot it): the engine's chunking is watched for the round's last piece."""
+    last: dict[str, Any] = {}
+
+    def chunk_ids(ids, size):
+        pieces = _chunk_ids(ids, size)
+        last["ids"] = pieces[-1] if pieces else None
+        return pieces
+
+    with ExitStack() as stack:
+        stack.enter_context(mock.patch.object(engine_round, "chunk_ids", chunk_ids))
+        stack.enter_context(
+            _clip_skipped_on(lambda chunk: slice(None) if chunk.ids is last.get("ids") else None)
+        )
+        yield
+
+
+def _remainder(chunk: ClientChunk) -> Any:
+    """A chunk's rows past its last full block of 8 (a vectorized kernel's remainder)."""
+    tail = chunk.size % 8
+    return slice(chunk.size - tail, None) if tail else None
 
 
 CLIENT = ("local", "central", "distributed")
@@ -90,6 +135,15 @@ BREAKS: dict[str, dict[str, Any]] = {
     },
     "client clip skipped": {"applies": CLIENT, "patch": lambda: _clip_times(None)},
     "client clip at 2x": {"applies": CLIENT, "patch": lambda: _clip_times(2.0)},
+    "client clip skipped in the last chunk": {
+        "applies": CLIENT,
+        "patch": _last_chunk_unclipped,
+        "client_chunk": 8,
+    },
+    "client clip skipped in a chunk's remainder": {
+        "applies": CLIENT,
+        "patch": lambda: _clip_skipped_on(_remainder),
+    },
     "record noise x0.5": {"applies": ("record",), "patch": lambda: _record_noise_times(0.5)},
     "per-example clip skipped": {"applies": ("record",), "patch": lambda: _clip_times(None)},
     "record clip at 2x": {"applies": ("record",), "patch": lambda: _clip_times(2.0)},
@@ -118,12 +172,23 @@ MECHANISMS = {
 }
 
 
-def audit_small(mechanism: str, *, noise_seed: int = 0, audit_seed: int = 0, dim: int = 2000):
+def audit_small(
+    mechanism: str,
+    *,
+    noise_seed: int = 0,
+    audit_seed: int = 0,
+    dim: int = 2000,
+    client_chunk: int | str = "auto",
+):
     """One run of the catalogue's small problem (a 2,000-dimensional quadratic, 10 clients,
-    every client every round, 50 rounds) at ε = 8 with a :class:`PrivacyAudit`: its report."""
+    every client every round, 50 rounds) at ε = 8 with a :class:`PrivacyAudit`: its report.
+    The round is one chunk (its 10 clients and the canary clients that take part) unless
+    ``client_chunk`` says otherwise."""
     build, settings = MECHANISMS[mechanism]
     noise = DPNoise(epsilon=EPSILON, delta=1e-5, calibration="target", seed=noise_seed, **settings)
-    module = FederatedModule(QuadraticModel(dim), build(noise), criterion=HalfSquaredError())
+    module = FederatedModule(
+        QuadraticModel(dim), build(noise), criterion=HalfSquaredError(), client_chunk=client_chunk
+    )
     audit = PrivacyAudit(seed=audit_seed)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the alarm is read from the report
