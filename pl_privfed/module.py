@@ -30,7 +30,7 @@ from pl_privfed.algorithms import FederatedAlgorithm
 from pl_privfed.datamodules.base import TensorRoundBatch
 from pl_privfed.engine import Placement, RoundResult, run_round
 from pl_privfed.grads import Backend, GradientOracle, ParameterLayout, RoundOracle
-from pl_privfed.privacy import Mechanism, PrivacyLedger
+from pl_privfed.privacy import Mechanism, PrivacyLedger, invariants
 
 __all__ = ["FederatedModule", "NonFiniteLossError"]
 
@@ -237,6 +237,8 @@ class FederatedModule(pl.LightningModule):
             self.log("comm/client_transmissions_total", total, batch_size=1)
         if self.privacy_ledger is not None:
             self.privacy_ledger.account(round_index, released=result.released)
+            if result.released:  # the check mode: a charged round drew its noise
+                invariants.charged(self.algorithm, round_index)
             last = trainer_rounds.is_last_round(self.trainer, round_index)
             every = self.epsilon_every
             due = self._logging_round if every is None else (round_index + 1) % every == 0

@@ -47,7 +47,7 @@ from pl_privfed.grid.shared import GridBatch, GridConfigOracle
 from pl_privfed.grid.views import SeedViews
 from pl_privfed.logdir import local_log_dir, log_artifact
 from pl_privfed.module import FederatedModule, NonFiniteLossError
-from pl_privfed.privacy import PrivacyLedger
+from pl_privfed.privacy import PrivacyLedger, invariants
 
 __all__ = ["STACKED_PARAMETER_BYTES", "GridModule"]
 
@@ -280,6 +280,8 @@ class GridModule(FederatedModule):
             ledger = self.grid_ledger(k)
             if ledger is not None:  # what its separate run accounts after this round
                 ledger.account(round_index, released=result.released)
+                if result.released:  # the check mode: a charged round drew its noise
+                    invariants.charged(self.grid_algorithms[k], round_index)
             for name, value in (result.buffers or {}).items():
                 getattr(self, self._grid_buffer_names[name])[k].copy_(value)
             if loss is not None and record:
