@@ -13,9 +13,10 @@ import torch
 
 from pl_privfed import FederatedModule
 from pl_privfed.algorithms import DistributedDPSGD, FedAvgPerSampleClipping
-from pl_privfed.datamodules import QuadraticDataModule
-from pl_privfed.engine import ClientChunk, MessageStage
-from pl_privfed.models import HalfSquaredError, QuadraticModel
+from pl_privfed.datamodules import DigitsDataModule, FixedSizePartitioner, QuadraticDataModule
+from pl_privfed.engine import ClientChunk, MessageStage, SpanRows
+from pl_privfed.grid import GridModule
+from pl_privfed.models import HalfSquaredError, LogisticRegression, QuadraticModel
 from pl_privfed.operators import AdaptiveClip, Clip
 from pl_privfed.privacy import (
     BandedMFNoise,
@@ -235,3 +236,40 @@ def test_the_expected_stds_of_each_placement():
     assert distributed.expected_std("client") == pytest.approx(sigma / 2)
     assert distributed.expected_std("sum", 16) == pytest.approx(2 * sigma)
     assert distributed.expected_std("central") == sigma
+
+
+def _grid_in_span() -> GridModule:
+    """Two configurations of DP-SGD (local noise, clip 0.05) in one federation of 40 digits
+    clients, each client in the span of its 6 examples (coordinates, never rows of d)."""
+    torch.manual_seed(0)
+    noise = DPNoise(noise_multiplier=1.0, seed=5)
+    alg = DistributedDPSGD(0.5, Clip(0.05), noise=noise)
+    grid = [{"step_size": 0.1}, {"step_size": 0.3}]
+    return GridModule(LogisticRegression(64, 10), alg, grid=grid, client_span="on")
+
+
+def _fit_grid(module: GridModule) -> None:
+    partitioner = FixedSizePartitioner(examples_per_client=6, concentration=1.0, seed=0)
+    data = DigitsDataModule(num_clients=40, batch_size=4, partitioner=partitioner)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pl.Trainer(
+            max_steps=2,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            num_sanity_val_steps=0,
+            limit_val_batches=0,
+        ).fit(module, datamodule=data)
+
+
+def test_a_grid_in_the_span_is_checked_configuration_by_configuration(monkeypatch):
+    module = _grid_in_span()
+    _fit_grid(module)
+    assert all(isinstance(module.grid_rows(k), SpanRows) for k in range(2))
+    counts = invariants.COUNTS  # two configurations, two rounds each, their own keys
+    assert counts["drawn"] == 4 and counts["key_once"] == counts["std"] == 4, dict(counts)
+    _skip_clip_for_last_client(monkeypatch)
+    with pytest.raises(invariants.InvariantViolation, match=r"\(a\) bound.*round 0"):
+        _fit_grid(_grid_in_span())

@@ -211,6 +211,13 @@ class FederatedAlgorithm(nn.Module, metaclass=abc.ABCMeta):
             count_std,
         )
 
+    def restore_noise_std(self, std: float) -> None:
+        """Keep the noise the run started with (a resumed run's σ, which its ledger restores),
+        and the check mode's declared σ with it."""
+        self.noise_std = float(std)
+        if self.invariants is not None:
+            self.invariants = self._invariant_checks(self.release())
+
     def adaptive_clipping(self) -> AdaptiveClip | None:
         """The algorithm's :class:`~pl_privfed.operators.AdaptiveClip`, or ``None``."""
         found = [op for op in self.operators() if isinstance(op, AdaptiveClip)]

@@ -285,9 +285,10 @@ def checks_for(
     return RunChecks(label, float(noise_std), placement, bound, record_level, split, count_std)
 
 
-def charged(algorithm: Any, round_index: int) -> None:
-    """(d) for ``algorithm``'s round ``round_index``, which its ledger has just charged (a
-    no-op when the mode is off or the algorithm has no checks)."""
+def charged(algorithm: Any, round_index: int, released: bool = True) -> None:
+    """(d) for ``algorithm``'s round ``round_index``, which its ledger has just accounted
+    (charged where ``released``; a no-op when the mode is off, the algorithm has no checks, or
+    the round released nothing)."""
     checks = getattr(algorithm, "invariants", None)
-    if checks is not None:
+    if checks is not None and released:
         checks.charged(round_index)
