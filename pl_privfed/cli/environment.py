@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from pl_privfed.engine import choose_chunk_size
+from pl_privfed.privacy import invariants
 
 __all__ = [
     "ALLOCATOR_ENV",
@@ -44,7 +45,8 @@ def debug_asked() -> bool:
 
 def check_environment() -> None:
     """Refuse an unknown value of the package's environment variables that take one of a
-    fixed set of values, before anything runs: :data:`DEBUG_ENV` (on/off),
+    fixed set of values, before anything runs: :data:`DEBUG_ENV` and
+    ``PL_PRIVFED_CHECK_INVARIANTS`` (on/off; :mod:`pl_privfed.privacy.invariants`),
     :data:`ALLOCATOR_ENV` (``tuned`` or ``default``) and ``PL_PRIVFED_CLIENT_CHUNK`` (a
     positive integer, ``all`` or ``auto``; :data:`~pl_privfed.engine.CHUNK_ENV`). Before, a
     typo (``PL_PRIVFED_MALLOC=defualt``) was accepted without a word and did nothing.
@@ -65,6 +67,12 @@ def check_environment() -> None:
         raise ValueError(
             f"{ALLOCATOR_ENV}={allocator!r} is not an allocator setting: give 'tuned' (the "
             "command's thresholds, the default) or 'default' (glibc's own), or unset it"
+        )
+    checks = os.environ.get(invariants.ENV, "")
+    if checks.strip().lower() not in _OFF + _ON:
+        raise ValueError(
+            f"{invariants.ENV}={checks!r} is not an on/off value: give one of "
+            f"{', '.join(v for v in _OFF + _ON if v)} (or unset it)"
         )
     choose_chunk_size(1, 1, torch.device("cpu"))  # PL_PRIVFED_CLIENT_CHUNK: its own check
 
