@@ -1,11 +1,10 @@
 """``FederatedModule``: the whole federation in one LightningModule; one training step = one round.
 
-Each ``training_step`` runs the algorithm's round through the engine
-(:func:`~pl_privfed.engine.run_round`) on the round's data (a
-:class:`~pl_privfed.datamodules.RoundBatch`, which serves each client's minibatches on demand,
-or stacked tensors ``[n, B, ...]`` / ``[n, T, B, ...]``) and writes the new parameters (and
-BatchNorm statistics) into the global model. Optimization is manual; a no-op optimizer is stepped
-once per round, so ``trainer.global_step`` and ``max_steps`` count communication rounds.
+Each ``training_step`` runs the round through :func:`~pl_privfed.engine.run_round` on the
+round's data (a :class:`~pl_privfed.datamodules.RoundBatch`, which serves each client's
+minibatches on demand, or stacked tensors ``[n, B, ...]`` / ``[n, T, B, ...]``) and
+writes the new parameters (and BatchNorm statistics) into the global model. Optimization is
+manual; a no-op optimizer is stepped once per round: ``global_step`` counts communication rounds.
 
 The module holds a round and delegates the rest: its arguments and parts to
 :mod:`pl_privfed.wiring`, evaluation to :mod:`pl_privfed.evaluation`, the privacy accounting to
@@ -30,7 +29,7 @@ from pl_privfed.algorithms import FederatedAlgorithm
 from pl_privfed.datamodules.base import TensorRoundBatch
 from pl_privfed.engine import Placement, RoundResult, run_round
 from pl_privfed.grads import Backend, GradientOracle, ParameterLayout, RoundOracle
-from pl_privfed.privacy import Mechanism, PrivacyLedger
+from pl_privfed.privacy import Mechanism, PrivacyLedger, invariants
 
 __all__ = ["FederatedModule", "NonFiniteLossError"]
 
@@ -237,6 +236,7 @@ class FederatedModule(pl.LightningModule):
             self.log("comm/client_transmissions_total", total, batch_size=1)
         if self.privacy_ledger is not None:
             self.privacy_ledger.account(round_index, released=result.released)
+            invariants.charged(self.algorithm, round_index, result.released)  # the check mode
             last = trainer_rounds.is_last_round(self.trainer, round_index)
             every = self.epsilon_every
             due = self._logging_round if every is None else (round_index + 1) % every == 0

@@ -104,15 +104,20 @@ class KeyedGenerator:
     """One reusable ``torch.Generator`` on ``device``, re-seeded for every key.
 
     ``gen(seed, *keys)`` returns the generator seeded with :func:`stream_key`; the next draw from
-    it is a pure function of the key.
+    it is a pure function of the key. :attr:`last_key` (``(seed, *keys)``) and :attr:`last_seed`
+    name the key of the last call, which the privacy invariants' check mode reads
+    (:mod:`pl_privfed.privacy.invariants`: a noise key is used once in a run).
     """
 
     def __init__(self, device: torch.device | str = "cpu") -> None:
         self.device = torch.device(device)
         self._gen = torch.Generator(device=self.device)
+        self.last_key: tuple[int, ...] = ()
+        self.last_seed = -1
 
     def __call__(self, seed: int, *keys: int) -> torch.Generator:
-        self._gen.manual_seed(stream_key(seed, *keys))
+        self.last_key, self.last_seed = (seed, *keys), stream_key(seed, *keys)
+        self._gen.manual_seed(self.last_seed)
         return self._gen
 
 

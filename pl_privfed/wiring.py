@@ -274,7 +274,7 @@ def restore_ledger(module: Any, checkpoint: dict[str, Any]) -> None:
     (:meth:`~pl_privfed.privacy.PrivacyLedger.load`) on every algorithm."""
     stds = module.privacy_ledger.load(checkpoint)
     for (_, algorithm), std in zip(module.algorithms(), stds or []):
-        algorithm.noise_std = std
+        algorithm.restore_noise_std(std)
 
 
 def privacy_ledger(

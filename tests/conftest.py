@@ -1,6 +1,11 @@
 import os
 from pathlib import Path
 
+# The privacy invariants' check mode (pl_privfed/privacy/invariants.py) is on in the whole suite,
+# and in every process a test starts: read once, when the package is first imported, so set
+# before anything imports it (PL_PRIVFED_CHECK_INVARIANTS=0 runs the suite without it).
+os.environ.setdefault("PL_PRIVFED_CHECK_INVARIANTS", "1")
+
 import pytest
 import torch
 from helpers import layout

@@ -684,6 +684,7 @@ def test_a_run_just_inside_the_abort_bound_is_set_up():
     [
         ("PL_PRIVFED_MALLOC", "garbage", "'tuned'"),
         ("PL_PRIVFED_DEBUG", "maybe", "0, false"),
+        ("PL_PRIVFED_CHECK_INVARIANTS", "maybe", "0, false"),
         ("PL_PRIVFED_CLIENT_CHUNK", "-3", "'all' or 'auto'"),
     ],
 )

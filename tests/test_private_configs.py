@@ -9,6 +9,7 @@ import pytest
 from helpers.training import short_fit
 
 from pl_privfed.cli import main
+from pl_privfed.privacy import invariants
 
 REPO = Path(__file__).resolve().parents[1]
 PRIVATE = sorted((REPO / "configs/private").glob("*.yaml"))
@@ -34,11 +35,14 @@ def test_there_is_a_private_config_per_family():
 @pytest.mark.slow
 @pytest.mark.parametrize("config", PRIVATE, ids=[c.stem for c in PRIVATE])
 def test_private_config_runs_and_names_its_adversary(config, tmp_path, monkeypatch, capsys):
-    """Three rounds of each config, its whole federation as one chunk: the iterates do not
+    """Three rounds of each config, its whole federation as one chunk, under the privacy
+    invariants' check mode (each invariant checked every round): the iterates do not
     depend on the chunk size (tests/test_engine.py), and the four 10,000-client configs took
     21-27 s each in the engine's CPU chunks of 89 clients (then) against 4-7 s as one chunk (2-core
     machine shared with other jobs, load 2.3-2.6)."""
     monkeypatch.chdir(tmp_path)
+    assert invariants.enabled()  # the privacy invariants' check mode (tests/conftest.py)
+    invariants.COUNTS.clear()
     main(
         short_fit(
             config,
@@ -50,6 +54,10 @@ def test_private_config_runs_and_names_its_adversary(config, tmp_path, monkeypat
         )
     )
     out = capsys.readouterr().out
+    # every invariant was checked on the real path, every round (the canaries aside)
+    counts = invariants.COUNTS
+    assert counts["drawn"] == 3 and counts["bound"] >= 3, dict(counts)
+    assert counts["key_once"] == counts["std"] >= 3, dict(counts)
     data = json.loads((tmp_path / "summary.json").read_text())
     privacy = data["privacy"]
     assert data["status"] == "finished" and data["private"]

@@ -39,8 +39,8 @@ from pl_privfed.engine import (
     RoundResult,
 )
 from pl_privfed.operators import AdaptiveClip, Operator
-from pl_privfed.operators.adaptive import UNCLIPPED
-from pl_privfed.privacy import DPNoise, Release, plan
+from pl_privfed.operators.adaptive import UNCLIPPED, adaptive_noise_multiplier
+from pl_privfed.privacy import DPNoise, Release, invariants, plan
 from pl_privfed.rng import STREAM_CLIP_COUNT, KeyedGenerator
 
 __all__ = ["CLIENT_LEVEL_DP", "FederatedAlgorithm", "RoundResult"]
@@ -105,6 +105,9 @@ class FederatedAlgorithm(nn.Module, metaclass=abc.ABCMeta):
         #: the aggregator's noise across rounds where the placement correlates it (an
         #: ``nn.Module``: its state is in this module's ``state_dict``), else ``None``
         self.noise_process = None
+        #: the run's privacy invariants in the check mode (:mod:`pl_privfed.privacy.invariants`:
+        #: ``PL_PRIVFED_CHECK_INVARIANTS=1``), set at :meth:`setup`; ``None`` otherwise
+        self.invariants: invariants.RunChecks | None = None
         self.state = ClientStates(self)
         self.shard = ClientShard(0)
         self.keyed = KeyedGenerator()
@@ -167,6 +170,7 @@ class FederatedAlgorithm(nn.Module, metaclass=abc.ABCMeta):
             # correlated noise keeps its state across rounds in this module's buffers
             self.noise_process = self.noise.where.noise_process(dim, rounds, self.device)
         self._setup_adaptive_clip()
+        self.invariants = None if self.noise is None else self._invariant_checks(release)
         self.allocate()
         self.server_optimizer.setup(dim, self.device, dtype)
         self.state.allocate(self.device, client_state, state_dir, state_in_memory)
@@ -187,6 +191,32 @@ class FederatedAlgorithm(nn.Module, metaclass=abc.ABCMeta):
         z = None if self.noise is None else self.noise_std / clip.reference_bound
         clip.configure(self.expected_cohort(), z)
         self.register_buffer("clip_norm", torch.tensor(clip.initial_norm, dtype=torch.float64))
+
+    def _invariant_checks(self, release: Release) -> invariants.RunChecks | None:
+        """The run's privacy invariants in the check mode (``None`` when it is off): the
+        declared bound and the calibrated σ the ledger composes, and an adaptive clip's noise
+        split written from Andrew et al.'s formula, not read from the clip's own factor."""
+        clip, split, count_std = self.adaptive_clipping(), 1.0, None
+        if clip is not None:
+            count_std = clip.count_std
+            z = self.noise_std / clip.reference_bound
+            split = adaptive_noise_multiplier(z, count_std) / z
+        return invariants.checks_for(
+            type(self).__name__,
+            self.noise_std,
+            self.noise.where,
+            release.bound,
+            release.records is not None,
+            split,
+            count_std,
+        )
+
+    def restore_noise_std(self, std: float) -> None:
+        """Keep the noise the run started with (a resumed run's σ, which its ledger restores),
+        and the check mode's declared σ with it."""
+        self.noise_std = float(std)
+        if self.invariants is not None:
+            self.invariants = self._invariant_checks(self.release())
 
     def adaptive_clipping(self) -> AdaptiveClip | None:
         """The algorithm's :class:`~pl_privfed.operators.AdaptiveClip`, or ``None``."""
@@ -221,6 +251,9 @@ class FederatedAlgorithm(nn.Module, metaclass=abc.ABCMeta):
             gen = self.keyed(self.noise.seed, STREAM_CLIP_COUNT, reduced.round_index)
             draw = torch.randn((), generator=gen, device=self.keyed.device, dtype=torch.float64)
             noise = float(draw) * std
+            if self.invariants is not None:
+                k = reduced.round_index
+                self.invariants.drew(k, "clip_count", self.keyed, std, senders, release="count")
         fraction = clip.released_fraction(unclipped, senders, noise)
         metrics["unclipped_fraction"] = torch.tensor(fraction, dtype=torch.float64)
         clip.norm = clip.next_norm(fraction)
@@ -278,6 +311,8 @@ class FederatedAlgorithm(nn.Module, metaclass=abc.ABCMeta):
         if clip is not None and hasattr(self, "clip_norm"):
             clip.norm = float(self.clip_norm)  # C_t (restored from a checkpoint, too)
             factor = clip.noise_factor(None if noise is None else self.noise_std)
+            if self.invariants is not None:  # this round's bound and std follow C_t/C_0
+                self.invariants.ratio = float(self.clip_norm) / clip.reference_bound
         if noise is None:
             return MessageStage(secure_aggregation=self.secure_aggregation, hook=self.canaries)
         return MessageStage(
@@ -289,6 +324,7 @@ class FederatedAlgorithm(nn.Module, metaclass=abc.ABCMeta):
             secure_aggregation=self.secure_aggregation,
             hook=self.canaries,
             process=self.noise_process,
+            checks=self.invariants,
         )
 
     # ------------------------------------------------------------------ the round

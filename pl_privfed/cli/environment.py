@@ -30,6 +30,8 @@ DEBUG_ENV = "PL_PRIVFED_DEBUG"
 
 #: the values of an on/off variable (:data:`DEBUG_ENV`), read case-insensitively; empty is off
 _OFF, _ON = ("", "0", "false", "no", "off"), ("1", "true", "yes", "on")
+#: pl_privfed.privacy.invariants.ENV, named here without importing it (it imports torch)
+INVARIANTS_ENV = "PL_PRIVFED_CHECK_INVARIANTS"
 
 
 def debug_asked() -> bool:
@@ -40,7 +42,8 @@ def debug_asked() -> bool:
 
 def check_environment() -> None:
     """Refuse an unknown value of the package's environment variables that take one of a
-    fixed set of values, before anything runs: :data:`DEBUG_ENV` (on/off),
+    fixed set of values, before anything runs: :data:`DEBUG_ENV` and
+    ``PL_PRIVFED_CHECK_INVARIANTS`` (on/off; :mod:`pl_privfed.privacy.invariants`),
     :data:`ALLOCATOR_ENV` (``tuned`` or ``default``) and ``PL_PRIVFED_CLIENT_CHUNK`` (a
     positive integer, ``all`` or ``auto``; :data:`~pl_privfed.engine.CHUNK_ENV`). Before, a
     typo (``PL_PRIVFED_MALLOC=defualt``) was accepted without a word and did nothing.
@@ -61,6 +64,12 @@ def check_environment() -> None:
         raise ValueError(
             f"{ALLOCATOR_ENV}={allocator!r} is not an allocator setting: give 'tuned' (the "
             "command's thresholds, the default) or 'default' (glibc's own), or unset it"
+        )
+    checks = os.environ.get(INVARIANTS_ENV, "")
+    if checks.strip().lower() not in _OFF + _ON:
+        raise ValueError(
+            f"{INVARIANTS_ENV}={checks!r} is not an on/off value: give one of "
+            f"{', '.join(v for v in _OFF + _ON if v)} (or unset it)"
         )
     if os.environ.get("PL_PRIVFED_CLIENT_CHUNK"):  # its own check (the engine's: torch)
         import torch

@@ -232,10 +232,35 @@ class ClientChunk:
             if statistics:
                 norms = out.norms
                 self._operator_stats(norms, norms * operator.scale(norms).abs())
+            if self._record_checks() is not None:  # the scales the oracle applied
+                self._check_bound(out.norms * operator.scale(out.norms).abs(), operator.bound)
+                self._check_bound(torch.linalg.vector_norm(out.grads, dim=-1), operator.bound)
             return self._with_hook(out.grads, step, operator)
         per_example = self.example_grads(params, step)
         out = self.apply(operator, per_example, statistics=statistics, inplace=True)
-        return self._with_hook(out.mean(1), step, operator)
+        mean = out.mean(1)
+        if self._record_checks() is not None:
+            self._check_bound(torch.linalg.vector_norm(mean, dim=-1), operator.bound)
+        return self._with_hook(mean, step, operator)
+
+    # ------------------------------------------------------------------ the check mode
+    def _record_checks(self) -> Any:
+        """The run's privacy invariants when its release is record-level (else ``None``)."""
+        checks = self.ctx.stage.checks
+        return checks if checks is not None and checks.record_level else None
+
+    def _check_bound(
+        self,
+        norms: Tensor,
+        bound: float | None = None,
+        ids: Tensor | None = None,
+        release: str = "clipped examples",
+    ) -> None:
+        """(a) of the check mode (:mod:`pl_privfed.privacy.invariants`): the clients' released
+        contributions ``norms`` (``[c]``, or ``[c, B]`` per example) within ``bound``
+        (default: the run's declared message bound of the round)."""
+        ids = self.ids if ids is None else ids
+        self.ctx.stage.checks.bounded(self.round_index, ids, norms.detach(), release, bound)
 
     # ------------------------------------------------------------------ state rows
     def rows(self, name: str) -> Tensor:
@@ -257,9 +282,12 @@ class ClientChunk:
         ids = self.ids if select is None else self.ids[select.cpu()]
         self.ctx.rows.require_dense("per-client noise draws")
         out = torch.empty(ids.numel(), self.ctx.dim, device=self.ctx.device, dtype=self.ctx.dtype)
+        checks, keyed = self.ctx.stage.checks, self.ctx.keyed
         for row, client in zip(out, ids.tolist()):
-            gen = self.ctx.keyed(seed, STREAM_NOISE, self.round_index, client, extra)
+            gen = keyed(seed, STREAM_NOISE, self.round_index, client, extra)
             row.normal_(0.0, std, generator=gen)
+            if checks is not None:  # the check mode: the key used once, the declared std
+                checks.drew(self.round_index, "client", keyed, std, client=client)
         hook = self.ctx.stage.hook
         if hook is not None:  # an audit's record canaries: the white-box auditor reads the draw
             hook.noise_drawn(ids, self.round_index, out)
@@ -332,7 +360,11 @@ class ClientChunk:
             hook = self.ctx.stage.hook
             if hook is not None and v.dim() == 2:  # record canaries in a clipped minibatch
                 hook.operator_applied(self.ids, self.round_index, operator, v, factor)
-            return v.mul_(scale.unsqueeze(-1)) if inplace else v * scale.unsqueeze(-1)
+            out = v.mul_(scale.unsqueeze(-1)) if inplace else v * scale.unsqueeze(-1)
+            if self._record_checks() is not None and operator.bound is not None:
+                bound = operator.bound * abs(factor)
+                self._check_bound(torch.linalg.vector_norm(out, dim=-1), bound)
+            return out
         if operator.random:
             out = torch.empty_like(v)
             for i, gen in enumerate(self.generators(seed, STREAM_COMPRESSION, extra)):
@@ -393,8 +425,17 @@ class ClientChunk:
         scale = None
         if operator is not None and not stage.forms_rows(k):
             scale = self.scales(operator, v, factor=factor)
+        checks = stage.checks if stage.noised and k >= 0 else None
+        if checks is not None and checks.record_level:
+            checks = None  # a record-level release is bounded by its clip (clipped_mean, apply)
         if scale is not None:  # Ψ(v_i) = s_i v_i: the sum Σ_i s_i v_i, nothing formed
             senders = v if mask is None else v[mask]
+            if checks is not None:  # (a) of the check mode: ||s_i v_i|| within the bound
+                norms = torch.linalg.vector_norm(senders, dim=-1)
+                sent_scale = scale if mask is None else scale[mask]
+                self._check_bound(
+                    norms * sent_scale.abs(), ids=self._sender_ids(select), release=key
+                )
             if senders.shape[0]:
                 weights = scale if mask is None else scale * mask.to(scale.dtype)
                 self.add(key, v, weights=weights)
@@ -407,6 +448,9 @@ class ClientChunk:
         sent = v if mask is None else v[mask]
         if sent.shape[0] == 0:
             return Message(v)
+        if checks is not None:  # (a) of the check mode: the formed messages before their noise
+            norms = torch.linalg.vector_norm(sent, dim=-1)
+            self._check_bound(norms, ids=self._sender_ids(select), release=key)
         if stage.draws_per_client(k):  # Δ̂_i = Δ_i + z_i, each client's own draw
             self.add(key + ":clean", sent)
             sent = sent + self.normal(stage.noise_seed, stage.client_noise_std, select=select)
@@ -438,6 +482,10 @@ class ClientChunk:
             noise = self.normal(stage.noise_seed, stage.client_noise_std, select=canaries)
         self.reduction.add_rows(key + CANARIES, clean if noise is None else clean + noise)
         hook.sent(k, key, self.ids[canaries] - self.ctx.clients, clean, noise)
+
+    def _sender_ids(self, select: Tensor | None) -> Tensor:
+        """The chunk's clients that send (``select``: a boolean mask over the chunk)."""
+        return self.ids if select is None else self.ids[select.cpu()]
 
     def _sent(self, key: str, channel: str, rows: Tensor, compressed: bool) -> None:
         """Count the messages ``rows`` on ``channel`` and their senders for the sum ``key``."""

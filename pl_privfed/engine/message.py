@@ -189,6 +189,9 @@ class MessageStage:
         process: the aggregator's noise across rounds where the placement correlates it
             (:meth:`~pl_privfed.privacy.NoisePlacement.noise_process`: correlated noise,
             ``draw(round, std, seed, keyed, like)``), or ``None`` (independent draws).
+        checks: the run's privacy invariants in the check mode
+            (:class:`~pl_privfed.privacy.invariants.RunChecks`), told of every bounded release
+            and every noise draw, or ``None`` (the mode off, or no noise).
     """
 
     noise_std: float = 0.0
@@ -200,6 +203,7 @@ class MessageStage:
     secure_aggregation: SecureAggregation | None = None
     hook: MessageHook | None = None
     process: Any = None
+    checks: Any = None
 
     def __post_init__(self) -> None:
         placement = resolve_placement(self.placement, self.min_contributors)
@@ -243,15 +247,22 @@ class MessageStage:
         aggregator's ``N(0, σ² I)`` (central) from its own stream ``(noise seed,
         STREAM_CENTRAL_NOISE, round)``: two purposes, two keys, never the same draw twice.
         Correlated noise: the aggregator's ``(C^{-1} Z)_t`` from the stage's :attr:`process`."""
+        checks, std = self.checks, self.noise_std
         if self.placement.aggregator_draws and self.process is not None:
-            return self.process.draw(round_index, self.noise_std, self.noise_seed, keyed, like)
+            return self.process.draw(round_index, std, self.noise_seed, keyed, like, checks=checks)
         out = torch.zeros_like(like)
         if self.placement.aggregator_draws:
             gen = keyed(self.noise_seed, STREAM_CENTRAL_NOISE, round_index)
-            return out.normal_(0.0, self.noise_std, generator=gen)
+            out.normal_(0.0, std, generator=gen)
+            if checks is not None:
+                checks.drew(round_index, "central", keyed, std, release="the aggregator's sum")
+            return out
         if count > 0:
             gen = keyed(self.noise_seed, STREAM_SERVER_NOISE, round_index)
-            out.normal_(0.0, self.client_noise_std * math.sqrt(count), generator=gen)
+            std = self.client_noise_std * math.sqrt(count)
+            out.normal_(0.0, std, generator=gen)
+            if checks is not None:
+                checks.drew(round_index, "sum", keyed, std, count, release="the senders' sum")
         return out
 
     def unknown_noise(

@@ -83,7 +83,7 @@ class Configuration:
             return
         stds = self.ledger.load(self.saved_ledger)
         if stds:
-            self.algorithm.noise_std = stds[0]
+            self.algorithm.restore_noise_std(stds[0])
 
     def record(self, rounds: int, entries: dict[str, Any] | None = None) -> dict[str, Any]:
         """Its run record (:func:`~pl_privfed.record.make_record`): its curves, status and

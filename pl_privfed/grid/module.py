@@ -47,7 +47,7 @@ from pl_privfed.grid.shared import GridBatch, GridConfigOracle
 from pl_privfed.grid.views import SeedViews
 from pl_privfed.logdir import local_log_dir, log_artifact
 from pl_privfed.module import FederatedModule, NonFiniteLossError
-from pl_privfed.privacy import PrivacyLedger
+from pl_privfed.privacy import PrivacyLedger, invariants
 
 __all__ = ["STACKED_PARAMETER_BYTES", "GridModule"]
 
@@ -174,6 +174,7 @@ class GridModule(FederatedModule):
         if self.oracle is None:  # before the algorithms are configured with their data
             self.seed_views.build(self.trainer)
         super().setup(stage)
+        self.algorithm.invariants = None  # the check mode: the template draws nothing
 
     def algorithm_datamodule(self, prefix: str) -> Any:
         """The datamodule of the algorithm with this ``state_dict`` prefix: its seed's
@@ -280,6 +281,7 @@ class GridModule(FederatedModule):
             ledger = self.grid_ledger(k)
             if ledger is not None:  # what its separate run accounts after this round
                 ledger.account(round_index, released=result.released)
+                invariants.charged(self.grid_algorithms[k], round_index, result.released)
             for name, value in (result.buffers or {}).items():
                 getattr(self, self._grid_buffer_names[name])[k].copy_(value)
             if loss is not None and record:

@@ -16,6 +16,9 @@ calibration, a run's ledger and secure aggregation.
 * :mod:`~pl_privfed.privacy.ledger` — :class:`PrivacyLedger`, one run's accountants and reports;
 * :mod:`~pl_privfed.privacy.audit` — an empirical audit beside the certified ε: canary clients
   and canary records, their statistics, ε estimates and one-run lower bounds;
+* :mod:`~pl_privfed.privacy.invariants` — the check mode (``PL_PRIVFED_CHECK_INVARIANTS=1``,
+  on in the test suite): bounds, noise keys used once, declared stds and no skipped draw,
+  asserted on the run's real path;
 * :mod:`~pl_privfed.privacy.pld` — dp-accounting's privacy loss distributions of the releases'
   tight dominating pairs (Zhu, Dong & Wang 2022 for sampling without replacement), the PLD
   accountant behind ``accountant: auto`` / ``pld``;
@@ -26,7 +29,7 @@ calibration, a run's ledger and secure aggregation.
   :mod:`~pl_privfed.privacy.secagg`.
 """
 
-from pl_privfed.privacy import audit, plan
+from pl_privfed.privacy import audit, invariants, plan
 from pl_privfed.privacy.accounting import AccountantName, PrivacyAccountant
 from pl_privfed.privacy.calibration import (
     calibrate_noise_multiplier,
@@ -93,6 +96,7 @@ __all__ = [
     "calibrate_noise_multiplier",
     "calibrate_noise_std",
     "epsilon_of_plan",
+    "invariants",
     "largest_min_contributors",
     "level_of",
     "paper_noise_std",

@@ -37,7 +37,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -224,20 +224,32 @@ class CorrelatedNoiseProcess(nn.Module):
         self.register_buffer("next_round", torch.tensor(0, dtype=torch.int64))
 
     def draw(
-        self, round_index: int, std: float, seed: int, keyed: KeyedGenerator, like: Tensor
+        self,
+        round_index: int,
+        std: float,
+        seed: int,
+        keyed: KeyedGenerator,
+        like: Tensor,
+        checks: Any = None,
     ) -> Tensor:
         """Round ``round_index``'s noise ``(C^{-1} Z)_t`` (rows of ``Z`` ~ ``N(0, std² I)``),
-        shaped and typed like ``like``."""
+        shaped and typed like ``like``. ``checks``: the run's privacy invariants (check mode),
+        told of the round's fresh row ``z_t`` (the rows drawn again are not fresh)."""
         if int(self.next_round) != round_index:
             self.recent.zero_()
             for t in range(round_index):
                 self._advance(t, std, seed, keyed)
-        return self._advance(round_index, std, seed, keyed).to(like.dtype)
+        return self._advance(round_index, std, seed, keyed, checks).to(like.dtype)
 
-    def _advance(self, t: int, std: float, seed: int, keyed: KeyedGenerator) -> Tensor:
+    def _advance(
+        self, t: int, std: float, seed: int, keyed: KeyedGenerator, checks: Any = None
+    ) -> Tensor:
         def z(row: int) -> Tensor:
             out = torch.empty(self.recent.shape[1], dtype=torch.float64, device=self.recent.device)
-            return out.normal_(0.0, std, generator=keyed(seed, STREAM_CORRELATED_NOISE, row))
+            out.normal_(0.0, std, generator=keyed(seed, STREAM_CORRELATED_NOISE, row))
+            if checks is not None and row == t:  # the round's fresh row z_t
+                checks.drew(t, "correlated", keyed, std, release="the aggregator's sum")
+            return out
 
         w = self.strategy.round_noise(t, z, self.recent, self.horizon)
         if self.recent.shape[0]:
