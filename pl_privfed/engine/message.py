@@ -171,6 +171,10 @@ class MessageStage:
         process: the aggregator's noise across rounds where the placement correlates it
             (:meth:`~pl_privfed.privacy.NoisePlacement.noise_process`: correlated noise,
             ``draw(round, std, seed, keyed, like)``), or ``None`` (independent draws).
+        monitor: an audit's noise monitor, or ``None``: every noised release's realized noise
+            (``released − clean``, the real senders' sum) is handed to its
+            ``observe(round, key, noise, senders)``
+            (:class:`~pl_privfed.privacy.audit_noise.RealizedNoise`).
     """
 
     noise_std: float = 0.0
@@ -182,6 +186,7 @@ class MessageStage:
     secure_aggregation: SecureAggregation | None = None
     hook: MessageHook | None = None
     process: Any = None
+    monitor: Any = None
 
     def __post_init__(self) -> None:
         placement = resolve_placement(self.placement, self.min_contributors)
