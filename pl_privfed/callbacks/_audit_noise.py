@@ -44,6 +44,8 @@ class NoiseAudit:
         self.sigma = float(ledger.noise_std)
         index = noise_coordinates(dim, NOISE_COORDINATES, seed)
         self.monitor = RealizedNoise(index, self._declared)
+        #: why :meth:`report` tested nothing
+        self.reason = "no noised release"
 
     @classmethod
     def create(cls, algorithm: Any, ledger: Any, level: str, seed: int, dim: int) -> Any:
@@ -107,6 +109,7 @@ class NoiseAudit:
             sums[key] = noise_tests(w).as_dict()
         tested = [s for s in sums.values() if "p_value" in s]
         if not tested:
+            self.reason = "; ".join(f"{k}: {v['skipped']}" for k, v in sums.items())
             return None
         p = min(1.0, len(tested) * min(s["p_value"] for s in tested))
         head = sums.get("sent", tested[0])

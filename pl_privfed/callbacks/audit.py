@@ -105,7 +105,9 @@ class PrivacyAudit(pl.Callback):
     each of the run's ``m`` tests (``alarm_tests``: the threat models' fits or bounds, the white
     box's) read at ``1 − (1 − confidence)/m`` (``alarm_confidence``, Bonferroni), so that a run
     of a correct mechanism is flagged with probability at most ``1 − confidence`` whatever
-    ``m``; the intervals reported stay at ``confidence``.
+    ``m``; the intervals reported stay at ``confidence``. One of the ``m`` is the **noise
+    test** (client level; ``noise_test``, :mod:`pl_privfed.privacy.audit_noise`): each
+    release's realized noise against the ledger's σ and placement; flagged, it warns too.
     Attached to another LightningModule (no ``algorithm`` and ``layout``) it warns once and
     audits nothing. An
     audit is never a certificate: a low value says the canaries were not found, not that the run
@@ -451,7 +453,7 @@ class PrivacyAudit(pl.Callback):
         noise = self._noise if isinstance(self._noise, NoiseAudit) else None
         test = None if noise is None else noise.report((1 - self.confidence) / (len(alarms) + 1))
         tests = len(alarms) + (test is not None)
-        entry["noise_test"] = test or {"skipped": self._noise if noise is None else "no release"}
+        entry["noise_test"] = test or {"skipped": self._noise if noise is None else noise.reason}
         entry["alarm_tests"] = tests
         entry["alarm_confidence"] = 1.0 - (1.0 - self.confidence) / tests
         values = [(value(self.confidence, tests), where) for where, value in alarms]

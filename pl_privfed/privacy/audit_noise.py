@@ -20,10 +20,11 @@ coordinate and release":
   ``r = 1``);
 * **isotropy (independence across coordinates)** — ``S = Σ_{k<l} r_kl²``: each ``r_kl²`` is
   ``Beta(1/2, (m−1)/2)`` (mean ``1/m``) and the ``r_kl`` are pairwise independent, so ``S`` has
-  mean ``P/m`` and variance ``P·2(m−1)/(m²(m+2))`` exactly; its one-sided p-value is Cantelli's
-  bound (no distributional assumption beyond those moments). Coordinates drawn correlated
-  (covariance ``Σ`` with ``tr Σ² > m``) or releases correlated raise ``E r_kl²`` to
-  ``tr Σ²/(tr Σ)²``.
+  mean ``P/m`` and variance ``P·2(m−1)/(m²(m+2))`` exactly; its one-sided p-value is that of
+  the scaled ``χ²`` with those two moments (Satterthwaite; ``m·S`` is close to ``χ²_P``, the
+  off-diagonal of a Wishart matrix: an approximation, whose level the tests measure on iid
+  rows). Coordinates drawn correlated (covariance ``Σ`` with ``tr Σ² > m``) or releases
+  correlated raise ``E r_kl²`` to ``tr Σ²/(tr Σ)²``.
 
 The five p-values are combined by Bonferroni (:attr:`NoiseTest.p_value`): the test rejects at
 level ``α`` when the smallest is below ``α/5``, so a correct mechanism is flagged with
@@ -76,8 +77,8 @@ TESTS = {
         "Bonferroni over the K(K−1)/2 pairs"
     ),
     "isotropy": (
-        "Σ_{k<l} cos(w_k, w_l)² against its mean P/m and variance P·2(m−1)/(m²(m+2)) "
-        "(Cantelli's one-sided bound)"
+        "Σ_{k<l} cos(w_k, w_l)² against the scaled χ² of its mean P/m and variance "
+        "P·2(m−1)/(m²(m+2)) (one-sided)"
     ),
 }
 
@@ -253,8 +254,8 @@ def noise_tests(w: np.ndarray) -> NoiseTest:
         statistics["independence_across_releases"] = top
         s = float(np.sum(upper * upper))
         mean, var = pairs / m, pairs * 2.0 * (m - 1) / (m * m * (m + 2))
-        excess = s - mean
-        p["isotropy"] = 1.0 if excess <= 0 else var / (var + excess * excess)
+        scale, dof = var / (2.0 * mean), 2.0 * mean * mean / var  # S ≈ scale · χ²_dof
+        p["isotropy"] = float(stats.chi2.sf(s / scale, dof))
         statistics["isotropy"] = s / mean  # E r² over its isotropic value 1/m
     else:
         p["independence_across_releases"] = p["isotropy"] = 1.0
