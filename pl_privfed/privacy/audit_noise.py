@@ -112,7 +112,8 @@ def noise_coordinates(dim: int, count: int, seed: int) -> Tensor:
 
 class RealizedNoise:
     """The message stage's noise monitor (module docstring): per released sum ``key`` and round,
-    the realized noise ``released − clean`` on :attr:`index`, and its declared std.
+    the realized noise ``released − clean`` on :attr:`index` (float32: the test's numbers need
+    no more, and a run of 300 rounds of 11,322 coordinates keeps 14 MB), and its declared std.
 
     Args:
         index: the coordinates kept (:func:`noise_coordinates`).
@@ -140,7 +141,7 @@ class RealizedNoise:
         picked = noise.detach().reshape(-1)[self.index.to(noise.device)]
         kept = self.rows.setdefault(key, [])
         kept[:] = [r for r in kept if r[0] != round_index]  # a round redone after a resume
-        kept.append((int(round_index), picked.to("cpu", torch.float64), float(std)))
+        kept.append((int(round_index), picked.to("cpu", torch.float32), float(std)))
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -149,7 +150,7 @@ class RealizedNoise:
                     "rounds": torch.tensor([r for r, _, _ in rows], dtype=torch.int64),
                     "noise": torch.stack([x for _, x, _ in rows])
                     if rows
-                    else torch.zeros(0, self.index.numel(), dtype=torch.float64),
+                    else torch.zeros(0, self.index.numel(), dtype=torch.float32),
                     "stds": torch.tensor([s for _, _, s in rows], dtype=torch.float64),
                 }
                 for key, rows in self.rows.items()
@@ -160,7 +161,7 @@ class RealizedNoise:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.rows = {
             key: [
-                (int(r), x.double(), float(s))
+                (int(r), x.float(), float(s))
                 for r, x, s in zip(v["rounds"].tolist(), v["noise"], v["stds"].tolist())
             ]
             for key, v in state["rows"].items()
@@ -176,7 +177,7 @@ def whiten(
     ``0..K−1``), ``C X / σ`` (``X = (C^{-1} Z)``, so ``C X = Z``, whose rows are iid
     ``N(0, σ² I)``). Correlated noise needs the releases of rounds ``0, 1, …, K−1``."""
     order = np.argsort(rounds, kind="stable")
-    x, s = noise[order], stds[order]
+    x, s = np.asarray(noise, dtype=np.float64)[order], np.asarray(stds, dtype=np.float64)[order]
     if c_matrix is None:
         return x / s[:, None]
     k = len(rounds)
