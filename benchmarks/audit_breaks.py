@@ -1,23 +1,28 @@
-"""The white-box audit against the catalogue of broken mechanisms, on the shipped configs.
+"""The privacy audit against the catalogue of broken mechanisms, on the shipped configs.
 
 Issue 29, item 2: an audit that can fail must flag every break of the catalogue
 (``tests/helpers/audit_breaks.py``: noise ×0.5 at each placement, the client or per-example clip skipped
 or at 2× its threshold, distributed shares at σ²/t², central noise on the average instead of
 the sum; issue 48: the client clip skipped for a subset of clients on one engine path, the
 round's last chunk or a chunk's remainder past its last block of 8, each with the config's own
-chunking) in one run at the shipped ε = 8, and must not flag the unbroken mechanism. For each
+chunking; a draw reused across rounds, draws correlated across rounds or coordinates, the sum's
+draw scaled for the average) in one run at the shipped ε = 8, and must not flag the unbroken
+mechanism. For each
 config this script runs the unbroken mechanism, then every break that applies to its mechanism
 (its noise placement, or record level), each through the CLI with a ``PrivacyAudit``
 (100 canaries), the accounting untouched, and prints one row per run: the certified ε against
 whoever sees the models, the white-box estimate with its interval, the black-box estimate (or
-record-level lower bound) and whether the run was flagged. ``--seeds N`` adds the false-alarm
-rate of the unbroken mechanism on the catalogue's small problem (the tests'), over ``N`` seeds
-of the noise and the canaries per mechanism. Usage::
+record-level lower bound), the noise test's p-value (with the realized over declared variance
+and the largest correlation between two releases) and whether the run's alarm was raised, and
+by which part. ``--seeds N`` adds the false-alarm rate of the whole alarm (ε tests and noise
+test) for the unbroken mechanism on the catalogue's small problem (the tests'), over ``N`` seeds
+of the noise and the canaries per mechanism (correlated placements included). Usage::
 
     PL_PRIVFED_DATA=../shared/data python benchmarks/audit_breaks.py \\
         configs/private/mnist_dpsgd.yaml configs/demo/fedavg_private.yaml
     python benchmarks/audit_breaks.py --max-steps 100 configs/private/*.yaml
-    python benchmarks/audit_breaks.py --seeds 20 --no-configs
+    python benchmarks/audit_breaks.py --seeds 40 --no-configs
+    python benchmarks/audit_breaks.py --breaks "draw reused across rounds" configs/private/*.yaml
 
 ``--max-steps`` shortens a config's run (the noise is calibrated for the rounds run, so the
 certificate stays at ε = 8); the table in docs/privacy.md says which lengths it ran.
@@ -38,9 +43,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from helpers.audit_breaks import BREAKS, MECHANISMS, audit_small, broken  # noqa: E402
+from helpers.audit_breaks import BREAKS, CORRELATED, MECHANISMS, audit_small, broken  # noqa: E402
 
 from pl_privfed.cli import main  # noqa: E402
+from pl_privfed.engine import MessageStage  # noqa: E402
 from pl_privfed.operators import Clip  # noqa: E402
 
 
@@ -60,6 +66,23 @@ def clip_calls():
         yield calls
     finally:
         Clip.scale = patched
+
+
+@contextlib.contextmanager
+def draw_calls():
+    """Counts the calls of ``MessageStage.noise_of_sum`` (as a break patched it): a break of
+    the sum's draw whose count stays 0 did not touch the run (its noise is drawn per client)."""
+    patched, calls = MessageStage.noise_of_sum, [0]
+
+    def counting(self, *args, **kwargs):
+        calls[0] += 1
+        return patched(self, *args, **kwargs)
+
+    MessageStage.noise_of_sum = counting
+    try:
+        yield calls
+    finally:
+        MessageStage.noise_of_sum = patched
 
 
 def run_config(config: Path, max_steps: int | None) -> dict:
@@ -94,25 +117,44 @@ def row(config: str, name: str, audit: dict, seconds: float) -> str:
         bb = f"≥ {audit['epsilon_lower_bound']:.2f}"
     else:
         bb = f"{audit['epsilon_estimate']:.2f}"
-    flag = "FLAGGED" if audit["exceeds_certified"] else "no"
+    test = audit.get("noise_test") or {}
+    if "p_value" in test:
+        noise = f"{test['p_value']:.2g} (var. {test['variance_ratio']:.3g}, r {test['max_release_correlation']:.2f})"
+    else:
+        noise = "—"
+    parts = (("ε tests", audit["exceeds_certified"]), ("noise test", test.get("flagged")))
+    by = [where for where, flagged in parts if flagged]
+    flag = f"**yes** ({', '.join(by)})" if by else "no"
     cert = audit["certified_epsilon"]
-    return f"| {config} | {name} | {cert:.2f} | {wb} | {bb} | {flag} | {seconds:.0f} |"
+    return f"| {config} | {name} | {cert:.2f} | {wb} | {bb} | {noise} | {flag} | {seconds:.0f} |"
 
 
 def false_alarms(seeds: int, mechanisms: list[str] | None = None) -> None:
     """The unbroken mechanism's false-alarm rate on the catalogue's small problem (every
-    mechanism, or ``mechanisms``)."""
+    mechanism, or ``mechanisms``): the whole alarm (``alarm``: the white and black boxes'
+    ε tests and the noise test), and each part."""
     print(f"\nfalse alarms of the unbroken mechanism, small problem, {seeds} seeds each:")
-    for name in mechanisms or MECHANISMS:
-        flagged, ratios = 0, []
+    total = runs = 0
+    for name in mechanisms or [*MECHANISMS, *CORRELATED]:
+        flagged = by_eps = by_noise = 0
+        ratios, p_values = [], []
         for seed in range(seeds):
             audit = audit_small(name, noise_seed=seed, audit_seed=seed)
-            flagged += bool(audit["exceeds_certified"])
+            flagged += bool(audit["alarm"])
+            by_eps += bool(audit["exceeds_certified"])
+            test = audit["noise_test"]
+            by_noise += bool(test.get("flagged"))
+            if "p_value" in test:
+                p_values.append(test["p_value"])
             white = audit["threat_models"]["white_box"]
             ratios.append(white["epsilon_estimate"] / audit["certified_epsilon"])
+        total, runs = total + flagged, runs + seeds
         ratios.sort()
-        print(f"  {name}: {flagged}/{seeds} flagged; white-box / certified: median "
-              f"{ratios[len(ratios) // 2]:.2f}, range {ratios[0]:.2f} to {ratios[-1]:.2f}")  # fmt: skip
+        noise = f"{by_noise}/{len(p_values)} by the noise test" if p_values else "no noise test"
+        print(f"  {name}: {flagged}/{seeds} flagged ({by_eps} by the ε tests, {noise}); "
+              f"white-box / certified: median {ratios[len(ratios) // 2]:.2f}, range "
+              f"{ratios[0]:.2f} to {ratios[-1]:.2f}", flush=True)  # fmt: skip
+    print(f"  all: {total}/{runs} runs flagged ({total / runs:.1%})")
 
 
 def main_(argv: list[str] | None = None) -> None:
@@ -122,12 +164,12 @@ def main_(argv: list[str] | None = None) -> None:
     parser.add_argument("--breaks", nargs="*", default=None, help="only these breaks")
     parser.add_argument("--seeds", type=int, default=0, help="false-alarm seeds (small problem)")
     parser.add_argument("--no-configs", action="store_true", help="only the false-alarm rate")
-    parser.add_argument("--mechanisms", nargs="*", default=None, choices=list(MECHANISMS),
+    parser.add_argument("--mechanisms", nargs="*", default=None, choices=[*MECHANISMS, *CORRELATED],
                         help="false alarms of these mechanisms only")  # fmt: skip
     args = parser.parse_args(argv)
     if not args.no_configs:
         print("| config | break | certified ε (models) | white box [interval] | black box | "
-              "flagged | s |\n|---|---|---|---|---|---|---|")  # fmt: skip
+              "noise test p | flagged | s |\n|---|---|---|---|---|---|---|---|")  # fmt: skip
         for config in args.configs:
             start = time.perf_counter()
             summary = run_config(config, args.max_steps)
@@ -138,11 +180,13 @@ def main_(argv: list[str] | None = None) -> None:
                 if kind not in spec["applies"] or (args.breaks and name not in args.breaks):
                     continue
                 start = time.perf_counter()
-                with broken(name), clip_calls() as calls:
+                with broken(name), clip_calls() as calls, draw_calls() as draws:
                     audit = run_config(config, args.max_steps)["privacy"]["audit"]
                 line = row(config.stem, name, audit, time.perf_counter() - start)
                 if "clip" in name and not calls[0]:
                     line = line.replace("| no |", "| n/a: no clip in this mechanism |")
+                if spec.get("alarm") == "noise_test" and not draws[0]:
+                    line = line.replace("| no |", "| n/a: no sum's draw in this mechanism |")
                 print(line, flush=True)
     if args.seeds:
         false_alarms(args.seeds, args.mechanisms)

@@ -30,6 +30,7 @@ __all__ = [
     "AUDIT_DIRECTION",
     "AUDIT_MEMBERSHIP",
     "AUDIT_NOISE",
+    "AUDIT_NOISE_COORDINATES",
     "AUDIT_PARTICIPATION",
     "AUDIT_PLACEMENT",
     "STREAM_AUDIT",
@@ -70,16 +71,19 @@ STREAM_CORRELATED_NOISE = 11  # row j of Z of correlated noise (pl_privfed.priva
 #: STREAM_AUDIT, AUDIT_PARTICIPATION, round)``, where the canary clients sit among the
 #: round's clients ``(audit seed, STREAM_AUDIT, AUDIT_PLACEMENT, round)``, the held-out canary
 #: clients' own DP noise (the white-box null) ``(noise seed, STREAM_AUDIT, AUDIT_NOISE, round,
-#: canary)``, and the white-box auditor's split of a
+#: canary)``, the white-box auditor's split of a
 #: distributed sum's noise into the colluders' shares and the honest ones ``(noise seed,
-#: STREAM_AUDIT, AUDIT_COLLUSION, round)``. No other stream's key starts like these, so the
-#: canaries never change another client's noise, cohort or data.
+#: STREAM_AUDIT, AUDIT_COLLUSION, round)``, and the coordinates on which the noise test keeps
+#: each release's realized noise ``(audit seed, STREAM_AUDIT, AUDIT_NOISE_COORDINATES)``. No
+#: other stream's key starts like these, so the canaries never change another client's noise,
+#: cohort or data.
 AUDIT_DIRECTION = 0
 AUDIT_MEMBERSHIP = 1
 AUDIT_PARTICIPATION = 2
 AUDIT_NOISE = 3
 AUDIT_COLLUSION = 4
 AUDIT_PLACEMENT = 5
+AUDIT_NOISE_COORDINATES = 6
 
 _MASK64 = (1 << 64) - 1
 

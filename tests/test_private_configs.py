@@ -84,6 +84,9 @@ def test_private_config_runs_and_names_its_adversary(config, tmp_path, monkeypat
     audit = privacy["audit"]
     assert audit["level"] == ("record" if config.stem in RECORD_LEVEL else "client")
     assert audit["canaries"] == 100 and not audit["exceeds_certified"]
+    # the realized noise against the declared mechanism (issue 48): every client-level config
+    noise = audit["noise_test"]
+    assert not audit["alarm"] and ("skipped" in noise) == (config.stem in RECORD_LEVEL), noise
     assert audit["certified_epsilon"] == pytest.approx(privacy["adversaries"]["models"]["epsilon"])
     # the white-box auditor beside it on every shipped config (SoteriaFL's included: its
     # canaries are followed through the clip of the whole minibatch gradient)

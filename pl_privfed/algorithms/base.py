@@ -78,6 +78,10 @@ class FederatedAlgorithm(nn.Module, metaclass=abc.ABCMeta):
     #: adds to the message stage or the clients' minibatches; set by
     #: :class:`~pl_privfed.callbacks.PrivacyAudit`, never by an algorithm
     canaries = None
+    #: an audit's noise monitor (:class:`~pl_privfed.privacy.audit_noise.RealizedNoise`), which
+    #: the message stage hands every noised release's realized noise; set by
+    #: :class:`~pl_privfed.callbacks.PrivacyAudit`, never by an algorithm
+    noise_monitor = None
 
     def __init__(
         self,
@@ -325,6 +329,7 @@ class FederatedAlgorithm(nn.Module, metaclass=abc.ABCMeta):
             hook=self.canaries,
             process=self.noise_process,
             checks=self.invariants,
+            monitor=self.noise_monitor,
         )
 
     # ------------------------------------------------------------------ the round

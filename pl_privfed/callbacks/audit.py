@@ -13,6 +13,9 @@ from pytorch_lightning.utilities import rank_zero_only, rank_zero_warn
 from torch import Tensor
 from typing_extensions import override
 
+from pl_privfed.callbacks._audit_alarm import bound as lower_bound
+from pl_privfed.callbacks._audit_alarm import fit_low
+from pl_privfed.callbacks._audit_noise import NoiseAudit
 from pl_privfed.callbacks._logging import warn_once
 from pl_privfed.checks import check_choice
 from pl_privfed.privacy import level_of, plan
@@ -102,7 +105,9 @@ class PrivacyAudit(pl.Callback):
     each of the run's ``m`` tests (``alarm_tests``: the threat models' fits or bounds, the white
     box's) read at ``1 − (1 − confidence)/m`` (``alarm_confidence``, Bonferroni), so that a run
     of a correct mechanism is flagged with probability at most ``1 − confidence`` whatever
-    ``m``; the intervals reported stay at ``confidence``.
+    ``m``; the intervals reported stay at ``confidence``. One of the ``m`` is the **noise
+    test** (client level; ``noise_test``, :mod:`pl_privfed.privacy.audit_noise`): each
+    release's realized noise against the ledger's σ and placement; flagged, it warns too.
     Attached to another LightningModule (no ``algorithm`` and ``layout``) it warns once and
     audits nothing. An
     audit is never a certificate: a low value says the canaries were not found, not that the run
@@ -162,6 +167,8 @@ class PrivacyAudit(pl.Callback):
         self._last: Tensor | None = None
         self._before: Tensor | None = None
         self._white_state: dict[str, Any] | None = None
+        self._noise: NoiseAudit | str | None = None  # the noise test, or why there is none
+        self._noise_state: dict[str, Any] | None = None
         self._reset_statistics()
 
     def _reset_statistics(self) -> None:
@@ -268,6 +275,8 @@ class PrivacyAudit(pl.Callback):
         algorithm.canaries = self.canaries
         self._algorithm = algorithm
         self._ledger = getattr(pl_module, "privacy_ledger", None)
+        args = (self.canaries.level, self.seed, x.numel(), self._noise_state)
+        self._noise = NoiseAudit.start(algorithm, self._ledger, *args)
         self._report = None
         if self._x0 is None:  # a resumed run keeps the start its checkpoint recorded
             self._x0 = x.clone()
@@ -278,6 +287,8 @@ class PrivacyAudit(pl.Callback):
     def _detach(self) -> None:
         if self._algorithm is not None and self._algorithm.canaries is self.canaries:
             self._algorithm.canaries = None
+        if isinstance(self._noise, NoiseAudit):
+            self._noise.detach()
 
     # ------------------------------------------------------------------ watching
     @override
@@ -392,7 +403,7 @@ class PrivacyAudit(pl.Callback):
                     **fit.as_dict(),
                     "epsilon_estimate": fit.epsilon,
                 }
-                alarms.append((name, _fit_low(s[inserted], s[~inserted], delta)))
+                alarms.append((name, fit_low(s[inserted], s[~inserted], delta)))
             head = threats["every_round"]
             entry["epsilon_estimate"] = head["epsilon_estimate"]
             entry["epsilon_interval"] = [head["epsilon_low"], head["epsilon_high"]]
@@ -417,7 +428,7 @@ class PrivacyAudit(pl.Callback):
                     "gaussian_fit": fit.as_dict(),
                     "epsilon_estimate": fit.epsilon,
                 }
-                alarms.append((name, _bound(s, inserted, delta)))
+                alarms.append((name, lower_bound(s, inserted, delta)))
             entry["epsilon_lower_bound"] = threats["every_round"]["epsilon_lower_bound"]
             entry["ceiling"] = threats["every_round"]["lower_bound_ceiling"]
         white = self._white_box(canaries, inserted, delta, certified["certified_adversary"], alarms)
@@ -439,16 +450,22 @@ class PrivacyAudit(pl.Callback):
             )
         # the alarm's false-alarm rate is the run's, over its tests (Bonferroni): each test at
         # 1 − (1 − confidence)/m, as the record level's lower bounds already are among themselves
-        tests = len(alarms)
+        noise = self._noise if isinstance(self._noise, NoiseAudit) else None
+        test = None if noise is None else noise.report((1 - self.confidence) / (len(alarms) + 1))
+        tests = len(alarms) + (test is not None)
+        entry["noise_test"] = test or {"skipped": self._noise if noise is None else noise.reason}
         entry["alarm_tests"] = tests
         entry["alarm_confidence"] = 1.0 - (1.0 - self.confidence) / tests
         values = [(value(self.confidence, tests), where) for where, value in alarms]
         cert = certified["certified_epsilon"]
         top, where = max(values)
         entry["exceeds_certified"] = bool(cert is not None and top > cert)
+        entry["alarm"] = entry["exceeds_certified"] or bool(test and test["flagged"])
         self._report = entry
         if entry["exceeds_certified"]:
             self._warn(entry, top, where)
+        if test and test["flagged"]:
+            NoiseAudit.warn(test)
         return entry
 
     def _white_box(
@@ -474,13 +491,13 @@ class PrivacyAudit(pl.Callback):
         if scores is None or inserted.all() or not inserted.any():
             return None
         fit = gaussian_estimate(scores[inserted], scores[~inserted], delta, self.confidence)
-        alarms.append(("white_box", _fit_low(scores[inserted], scores[~inserted], delta)))
+        alarms.append(("white_box", fit_low(scores[inserted], scores[~inserted], delta)))
         bound = None
         if canaries.level == "record":
             added = canaries.white.values(1.0)
             bound = one_run_audit(added, inserted, delta, self.confidence)
             if relation == "add_remove":
-                alarms.append(("white_box", _bound(added, inserted, delta)))
+                alarms.append(("white_box", lower_bound(added, inserted, delta)))
         return {
             "threat_model": THREAT_MODELS["white_box"],
             "statistic": WHITE_BOX_STATISTIC,
@@ -562,6 +579,7 @@ class PrivacyAudit(pl.Callback):
             "rounds": self._rounds,
             "alignment": self._alignment,
             "white_box": None if self.canaries is None else self.canaries.white.state_dict(),
+            "noise_test": self._noise.state_dict() if isinstance(self._noise, NoiseAudit) else None,
         }
 
     @override
@@ -577,24 +595,4 @@ class PrivacyAudit(pl.Callback):
         self._min = state_dict["min"].double().numpy().copy()
         self._rounds, self._alignment = int(state_dict["rounds"]), float(state_dict["alignment"])
         self._white_state = state_dict.get("white_box")  # applied when the canaries are planted
-
-
-def _fit_low(
-    inserted: np.ndarray, held_out: np.ndarray, delta: float
-) -> Callable[[float, int], float]:
-    """The low end of a Gaussian fit's ε interval at ``1 − (1 − confidence)/tests``."""
-
-    def low(confidence: float, tests: int) -> float:
-        level = 1.0 - (1.0 - confidence) / tests
-        return gaussian_estimate(inserted, held_out, delta, level).epsilon_low
-
-    return low
-
-
-def _bound(scores: np.ndarray, inserted: np.ndarray, delta: float) -> Callable[[float, int], float]:
-    """A one-run lower bound with ``tests`` audits sharing the confidence (Bonferroni)."""
-
-    def bound(confidence: float, tests: int) -> float:
-        return one_run_audit(scores, inserted, delta, confidence, tests=tests).epsilon
-
-    return bound
+        self._noise_state = state_dict.get("noise_test")

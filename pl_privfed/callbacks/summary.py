@@ -506,6 +506,8 @@ def audit_line(audit: dict[str, Any]) -> str:
         line += f"; white box {white['epsilon_estimate']:.3f} [{low:.2f}, {high:.2f}]"
     if audit.get("exceeds_certified"):
         line += " -- AUDIT EXCEEDS THE CERTIFIED EPSILON"
+    if (audit.get("noise_test") or {}).get("flagged"):
+        line += " -- THE REALIZED NOISE DOES NOT MATCH THE DECLARED MECHANISM"
     return line
 
 

@@ -192,6 +192,10 @@ class MessageStage:
         checks: the run's privacy invariants in the check mode
             (:class:`~pl_privfed.privacy.invariants.RunChecks`), told of every bounded release
             and every noise draw, or ``None`` (the mode off, or no noise).
+        monitor: an audit's noise monitor, or ``None``: every noised release's realized noise
+            (``released − clean``, the real senders' sum) is handed to its
+            ``observe(round, key, noise, senders)``
+            (:class:`~pl_privfed.privacy.audit_noise.RealizedNoise`).
     """
 
     noise_std: float = 0.0
@@ -204,6 +208,7 @@ class MessageStage:
     hook: MessageHook | None = None
     process: Any = None
     checks: Any = None
+    monitor: Any = None
 
     def __post_init__(self) -> None:
         placement = resolve_placement(self.placement, self.min_contributors)

@@ -206,6 +206,8 @@ class Reduction:
                 total = total + stage.noise_of_sum(senders, k, self.keyed, total)
             if senders:
                 metrics["noise_to_signal"] = noise_to_signal(total, clean)
+            if stage.monitor is not None:  # an audit's noise test: the noise as released
+                stage.monitor.observe(k, key, total.double() - clean.double(), senders)
         return self._with_hook(key, total, clean, senders), metrics
 
     def _with_hook(self, key: str, total: Tensor, clean: Tensor, senders: int) -> Tensor:

@@ -9,12 +9,17 @@ a ``with`` block (:func:`unittest.mock.patch`, so nothing outlives the block). U
 
 ``BREAKS[name]``: ``patch`` (a function returning the ``mock.patch.object`` context),
 ``applies`` (where the break exists: a client-level placement, ``"local"``, ``"central"``,
-``"distributed"``, or ``"record"`` for record-level DP) and, for a break that exists only
-where a round has several chunks, ``client_chunk`` (the small problem's chunk size for it).
+``"distributed"``, ``"banded_mf"``, ``"tree_aggregation"``, or ``"record"`` for record-level
+DP), ``alarm``, the part of the audit that must flag it: ``"white_box"`` (the default) or
+``"noise_test"`` (issue 48: the realized noise against the declared mechanism,
+``tests/test_audit_noise.py``; the breaks of the draw itself: reused across rounds, correlated,
+scaled for the average) and, for a break that exists only where a round has several chunks,
+``client_chunk`` (the small problem's chunk size for it).
 """
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -32,7 +37,14 @@ from pl_privfed.engine import ClientChunk, MessageStage
 from pl_privfed.engine import round as engine_round
 from pl_privfed.models import HalfSquaredError, QuadraticModel
 from pl_privfed.operators import Clip
-from pl_privfed.privacy import DistributedNoise, DPNoise, LocalNoise, invariants
+from pl_privfed.privacy import (
+    BandedMFNoise,
+    DistributedNoise,
+    DPNoise,
+    LocalNoise,
+    TreeNoise,
+    invariants,
+)
 
 EPSILON = 8.0  # the shipped private configs' target
 
@@ -107,7 +119,46 @@ def _remainder(chunk: ClientChunk) -> Any:
     return slice(chunk.size - tail, None) if tail else None
 
 
+def _noise_of_sum_patched(change: Callable[[Any, Any, int, int, Callable[[int], Any]], Any]) -> Any:
+    """``noise_of_sum`` replaced by ``change(stage, out, round, count, draw)``, ``draw(k)`` the
+    unbroken draw of round ``k`` (every placement: the senders' sum, the aggregator's draw, the
+    correlated process's row)."""
+
+    def noise_of_sum(self, count, round_index, keyed, like):
+        def draw(k):
+            return _noise_of_sum(self, count, k, keyed, like)
+
+        return change(self, draw(round_index), round_index, count, draw)
+
+    return mock.patch.object(MessageStage, "noise_of_sum", noise_of_sum)
+
+
+def _correlated_across_rounds(rho: float) -> Any:
+    """Each round's draw ``ρ z_{k−1} + √(1−ρ²) e_k``: the right variance, rounds correlated
+    (a noise state carried over, as a buggy stateful generator would)."""
+    last: dict[str, Any] = {}
+
+    def change(stage, out, round_index, count, draw):
+        prev = last.get("z")
+        z = out if prev is None else rho * prev + math.sqrt(1 - rho * rho) * out
+        last["z"] = z
+        return z
+
+    return _noise_of_sum_patched(change)
+
+
+def _correlated_coordinates(stage, out, round_index, count, draw):
+    """Odd coordinates copy the even ones before them: each coordinate's variance is right,
+    pairs of coordinates are one draw."""
+    z = out.clone()
+    half = z.numel() // 2 * 2
+    z.view(-1)[1:half:2] = z.view(-1)[0:half:2]
+    return z
+
+
 CLIENT = ("local", "central", "distributed")
+#: the placements the noise breaks apply to: every placement whose sum's draw is noise_of_sum
+NOISE_DRAWN = (*CLIENT, "banded_mf", "tree_aggregation")
 BREAKS: dict[str, dict[str, Any]] = {
     "noise x0.5": {
         "applies": ("local",),
@@ -132,6 +183,27 @@ BREAKS: dict[str, dict[str, Any]] = {
     "central noise on the average": {
         "applies": ("central",),
         "patch": lambda: _central_scaled(lambda n: 1.0 / max(1, n)),
+    },
+    # issue 48: breaks of the draw itself, which the noise test catches (the white box need not)
+    "draw reused across rounds": {  # a noise key that forgets the round
+        "applies": NOISE_DRAWN,
+        "alarm": "noise_test",
+        "patch": lambda: _noise_of_sum_patched(lambda st, out, k, n, draw: draw(0)),
+    },
+    "draws correlated across rounds": {
+        "applies": NOISE_DRAWN,
+        "alarm": "noise_test",
+        "patch": lambda: _correlated_across_rounds(0.5),
+    },
+    "draws correlated across coordinates": {
+        "applies": NOISE_DRAWN,
+        "alarm": "noise_test",
+        "patch": lambda: _noise_of_sum_patched(_correlated_coordinates),
+    },
+    "noise on the average": {  # the sum's draw scaled for the mean of its n senders
+        "applies": ("local", "distributed", "banded_mf", "tree_aggregation"),
+        "alarm": "noise_test",
+        "patch": lambda: _noise_of_sum_patched(lambda st, out, k, n, draw: out / max(1, n)),
     },
     "client clip skipped": {"applies": CLIENT, "patch": lambda: _clip_times(None)},
     "client clip at 2x": {"applies": CLIENT, "patch": lambda: _clip_times(2.0)},
@@ -172,6 +244,19 @@ MECHANISMS = {
 }
 
 
+#: correlated noise on the small problem (the noise test's; every client every round)
+CORRELATED = {
+    "banded_mf": (
+        lambda noise: DistributedDPSGD(0.5, Clip(1.0), noise=noise),
+        {"placement": BandedMFNoise(bands=4)},
+    ),
+    "tree_aggregation": (
+        lambda noise: DistributedDPSGD(0.5, Clip(1.0), noise=noise),
+        {"placement": TreeNoise()},
+    ),
+}
+
+
 def audit_small(
     mechanism: str,
     *,
@@ -179,12 +264,13 @@ def audit_small(
     audit_seed: int = 0,
     dim: int = 2000,
     client_chunk: int | str = "auto",
+    rounds: int = 50,
 ):
     """One run of the catalogue's small problem (a 2,000-dimensional quadratic, 10 clients,
     every client every round, 50 rounds) at ε = 8 with a :class:`PrivacyAudit`: its report.
     The round is one chunk (its 10 clients and the canary clients that take part) unless
     ``client_chunk`` says otherwise."""
-    build, settings = MECHANISMS[mechanism]
+    build, settings = {**MECHANISMS, **CORRELATED}[mechanism]
     noise = DPNoise(epsilon=EPSILON, delta=1e-5, calibration="target", seed=noise_seed, **settings)
     module = FederatedModule(
         QuadraticModel(dim), build(noise), criterion=HalfSquaredError(), client_chunk=client_chunk
@@ -193,7 +279,7 @@ def audit_small(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the alarm is read from the report
         pl.Trainer(
-            max_steps=50,
+            max_steps=rounds,
             logger=False,
             enable_checkpointing=False,
             enable_progress_bar=False,
