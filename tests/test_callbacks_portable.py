@@ -260,9 +260,12 @@ def test_privacy_audit_on_a_plain_module_audits_nothing(tmp_path):
     assert trainer.global_step == 4 and audit.summary_entries() == {}
 
 
-def test_run_summary_names_the_missing_accuracy_once(tmp_path):
+def test_run_summary_names_each_missing_key_once(tmp_path):
     _, messages = fit(tmp_path, RunSummary(verbose=False))
-    one_warning(messages, r"no metric 'val/acc' was logged.*\(logged: my_acc, my_loss\)")
+    assert len(messages) == 2, messages  # the accuracy and the validation loss, once each
+    logged = r".*\(logged: my_acc, my_loss\)"
+    assert re.search(r"no metric 'val/acc' was logged" + logged, messages[0]), messages[0]
+    assert re.search(r"no metric 'val/loss' was logged" + logged, messages[1]), messages[1]
     data = json.loads((tmp_path / "summary.json").read_text())
     assert data["rounds"] == 4 and data["final_train_loss"] > 0
 
@@ -272,7 +275,9 @@ def test_run_summary_names_the_missing_accuracy_once(tmp_path):
     [
         lambda: CommunicationCost(),
         lambda: OperatorStatistics(clip_threshold=1.0),
-        lambda: RunSummary(accuracy_key="my_acc", loss_key="my_loss", verbose=False),
+        lambda: RunSummary(
+            accuracy_key="my_acc", loss_key="my_loss", val_loss_key="my_loss", verbose=False
+        ),
         lambda: RoundCheckpoint(),
     ],
     ids=["CommunicationCost", "OperatorStatistics", "RunSummary", "RoundCheckpoint"],

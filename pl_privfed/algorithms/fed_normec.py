@@ -188,7 +188,10 @@ class FedAlphaNormEC(LocalUpdateAlgorithm):
     def client_update(self, chunk: ClientChunk) -> None:
         pseudo = self._pseudo_gradient(chunk)  # line 4: (x^k − T_i(x^k))/γ
         v = chunk.rows("client_memory")
-        transmits = self._transmits[chunk.ids]  # line 7: q_i ≠ 0
+        transmits = self._transmits[chunk.real_ids]  # line 7: q_i ≠ 0
+        if chunk.canary is not None:  # an audit's canary clients took part: they send
+            transmits = chunk.canary.clone()
+            transmits[~chunk.canary] = self._transmits[chunk.real_ids]
         # line 5: Δ_i = Norm_α(pseudo − v_i); lines 8-9: the transmitting clients send Δ_i (+ z_i)
         # (the factor q_i = 1/p is the server's)
         delta = chunk.transmit(pseudo.sub_(v), self.operator, select=transmits)
