@@ -492,13 +492,14 @@ def test_a_grid_takes_a_seed_axis_through_a_sweep(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def finished_grid(tmp_path_factory):
-    """A real 2-point grid (β ∈ {0.01, 0.1}), 4 rounds each."""
+    """A real 2-point grid (β ∈ {0.01, 0.1}), 4 rounds each, run batched (one process; as
+    the command does by default)."""
     tmp = tmp_path_factory.mktemp("grid")
     sweep = write_sweep(tmp, {STEP: {"value": 0.2}, BETA: {"values": [0.01, 0.1]}}, name="grid")
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(tmp)
         mp.setenv("WANDB_MODE", "offline")
-        path = run_sweep(sweep, tmp / "out", overrides=FAST)
+        path = run_sweep(sweep, tmp / "out", overrides=FAST, batch=True)
     return sweep, path
 
 
@@ -563,7 +564,9 @@ def test_real_failure_does_not_stop_the_grid(tmp_path, monkeypatch):
     sweep = write_sweep(tmp_path, {STEP: {"value": 0.2}, BETA: {"values": [-1.0, 0.1]}})
     out = tmp_path / "out"
     with pytest.raises(SystemExit) as exit_info:  # β = -1 is rejected: exit status 1
-        main(["sweep", str(sweep), "--out", str(out), "--", *FAST])
+        # one process a point: the failure of a point alone (a batched group's failure and
+        # its points' retry: tests/test_sweep_batch.py)
+        main(["sweep", str(sweep), "--out", str(out), "--separate", "--", *FAST])
     assert exit_info.value.code == 1
     table = rows(out / "results.csv")
     assert [r["beta"] for r in table] == ["-1.0", "0.1"]
