@@ -7,8 +7,9 @@ fraction of the time ``import pytorch_lightning`` takes (``benchmarks/startup.py
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from pl_privfed.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from pl_privfed.callbacks import default_callbacks
@@ -38,14 +39,4 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    """An exported name, imported from its submodule on first use."""
-    if name not in _LAZY:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, __all__)

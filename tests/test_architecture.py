@@ -46,7 +46,7 @@ RULES = {
         # every private name of another library, one module per library: import nothing of ours
         ("the run record and compatibility", ("record", "compat")),
         # mirror reads the package's files (ast) and imports none of them
-        ("ground floor", ("rng", "results", "logdir", "checks", "communication", "mirror")),
+        ("ground floor", ("rng", "results", "logdir", "checks", "communication", "mirror", "lazy")),
         # layer_rules imports nothing of the package and grads imports it: a building block
         (
             "building blocks",

@@ -30,10 +30,10 @@ registration each), :mod:`.seeds` (one seed fanned out), :mod:`.print_config`, :
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pl_privfed.cli.entry import main
+from pl_privfed.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from pl_privfed.cli.app import LoggedConfig, PrivFedCLI
@@ -83,14 +83,4 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    """A name of :data:`__all__`, imported from its module on first use."""
-    if name not in _LAZY:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, __all__)

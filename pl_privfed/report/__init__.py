@@ -37,8 +37,9 @@ file that is missing, not a ``results.csv``, empty or without a finished run is 
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from pl_privfed.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from pl_privfed.report.compare import compare_methods, comparison_figure
@@ -76,19 +77,6 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    """A name of :data:`__all__`, imported from its module on first use."""
-    if name not in _LAZY:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
-
-
 __all__ = [
     "FRONTIER_EPSILONS",
     "FRONTIER_SELECTION",
@@ -106,3 +94,5 @@ __all__ = [
     "overlap_notes",
     "report_figures",
 ]
+
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, __all__)
