@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 
 import pytest
+from helpers.training import short_fit
 
 from pl_privfed import FederatedModule
 from pl_privfed.cli import PrivFedCLI, main
@@ -269,23 +270,7 @@ NEW_ALGORITHM_CONFIGS = [
 )
 def test_federated_algorithm_config_runs_two_rounds(config, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    main(
-        [
-            "fit",
-            "--config",
-            str(config),
-            "--trainer.logger",
-            "false",
-            "--trainer.enable_progress_bar",
-            "false",
-            "--trainer.max_steps",
-            "2",
-            "--trainer.val_check_interval",
-            "2",
-            "--output_dir",
-            str(tmp_path),
-        ]
-    )
+    main(short_fit(config, tmp_path, 2))
     data = json.loads((tmp_path / "summary.json").read_text())
     assert data["status"] == "finished" and data["rounds"] == 2
     assert 0 < data["client_transmissions"] <= 20

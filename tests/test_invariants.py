@@ -8,8 +8,8 @@ from __future__ import annotations
 import warnings
 
 import pytest
-import pytorch_lightning as pl
 import torch
+from helpers.training import trainer
 
 from pl_privfed import FederatedModule
 from pl_privfed.algorithms import DistributedDPSGD, FedAvgPerSampleClipping
@@ -65,15 +65,9 @@ def fit(algorithm, rounds: int = 2) -> None:
     module = FederatedModule(QuadraticModel(DIM), algorithm, criterion=HalfSquaredError())
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        pl.Trainer(
-            max_steps=rounds,
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            num_sanity_val_steps=0,
-            limit_val_batches=0,
-        ).fit(module, datamodule=QuadraticDataModule(num_clients=CLIENTS, dim=DIM, seed=0))
+        trainer(max_steps=rounds).fit(
+            module, datamodule=QuadraticDataModule(num_clients=CLIENTS, dim=DIM, seed=0)
+        )
 
 
 @pytest.fixture(autouse=True)
@@ -162,24 +156,22 @@ def test_local_noise_at_half_the_std_fails(monkeypatch):
         fit(_algorithm("local per client"))
 
 
-def test_record_noise_at_half_the_std_fails(monkeypatch):
-    normal = ClientChunk.normal
+def _std_halved(monkeypatch, owner, name: str) -> None:
+    """``owner.name(self, first, std, ...)`` draws at half the ``std`` it is given."""
+    real = getattr(owner, name)
     monkeypatch.setattr(
-        ClientChunk,
-        "normal",
-        lambda self, seed, std, *a, **k: normal(self, seed, 0.5 * std, *a, **k),
+        owner, name, lambda self, first, std, *a, **k: real(self, first, 0.5 * std, *a, **k)
     )
+
+
+def test_record_noise_at_half_the_std_fails(monkeypatch):
+    _std_halved(monkeypatch, ClientChunk, "normal")
     with pytest.raises(invariants.InvariantViolation, match=r"\(c\) std.*round 0"):
         fit(_algorithm("record"))
 
 
 def test_correlated_rows_at_half_the_std_fail(monkeypatch):
-    draw = CorrelatedNoiseProcess.draw
-    monkeypatch.setattr(
-        CorrelatedNoiseProcess,
-        "draw",
-        lambda self, k, std, *a, **kw: draw(self, k, 0.5 * std, *a, **kw),
-    )
+    _std_halved(monkeypatch, CorrelatedNoiseProcess, "draw")
     with pytest.raises(invariants.InvariantViolation, match=r"\(c\) std.*correlated"):
         fit(_algorithm("banded_mf"))
 
@@ -253,15 +245,7 @@ def _fit_grid(module: GridModule) -> None:
     data = DigitsDataModule(num_clients=40, batch_size=4, partitioner=partitioner)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        pl.Trainer(
-            max_steps=2,
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            num_sanity_val_steps=0,
-            limit_val_batches=0,
-        ).fit(module, datamodule=data)
+        trainer(max_steps=2).fit(module, datamodule=data)
 
 
 def test_a_grid_in_the_span_is_checked_configuration_by_configuration(monkeypatch):

@@ -26,9 +26,9 @@ from contextlib import ExitStack, contextmanager
 from typing import Any
 from unittest import mock
 
-import pytorch_lightning as pl
 import torch
 
+from helpers.training import trainer
 from pl_privfed import FederatedModule
 from pl_privfed.algorithms import DistributedDPSGD, FedAvgPerSampleClipping
 from pl_privfed.callbacks import PrivacyAudit
@@ -278,16 +278,9 @@ def audit_small(
     audit = PrivacyAudit(seed=audit_seed)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the alarm is read from the report
-        pl.Trainer(
-            max_steps=rounds,
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            num_sanity_val_steps=0,
-            limit_val_batches=0,
-            callbacks=[audit],
-        ).fit(module, datamodule=QuadraticDataModule(num_clients=10, dim=dim, seed=0))
+        trainer(max_steps=rounds, callbacks=[audit]).fit(
+            module, datamodule=QuadraticDataModule(num_clients=10, dim=dim, seed=0)
+        )
     return audit.report()
 
 
