@@ -14,7 +14,7 @@ from helpers.training import trainer
 from pl_privfed import FederatedModule
 from pl_privfed.algorithms import DistributedDPSGD, FedAvgPerSampleClipping
 from pl_privfed.datamodules import DigitsDataModule, FixedSizePartitioner, QuadraticDataModule
-from pl_privfed.engine import ClientChunk, MessageStage, SpanRows
+from pl_privfed.engine import CHUNK_ENV, ClientChunk, MessageStage, SpanRows
 from pl_privfed.grid import GridModule
 from pl_privfed.models import HalfSquaredError, LogisticRegression, QuadraticModel
 from pl_privfed.operators import AdaptiveClip, Clip
@@ -96,6 +96,14 @@ def test_unbroken_runs_pass_every_check(mechanism):
 
 
 # ---------------------------------------------------------------------------- (a) bounds
+@pytest.fixture
+def one_chunk(monkeypatch):
+    """The engine's own chunking (the suite may set PL_PRIVFED_CLIENT_CHUNK): the round of 6
+    clients is one chunk, which the plants below (the chunk's last row, a chunk's draw) and the
+    per-chunk counts assume."""
+    monkeypatch.delenv(CHUNK_ENV, raising=False)
+
+
 def _skip_clip_for_last_client(monkeypatch):
     """A clip skipped on one path for some clients: the last client of every chunk."""
     clip_scale = Clip.scale
@@ -109,13 +117,13 @@ def _skip_clip_for_last_client(monkeypatch):
 
 
 @pytest.mark.parametrize("mechanism", ["local", "local per client", "central", "record"])
-def test_a_clip_skipped_for_one_client_fails_the_bound(mechanism, monkeypatch):
+def test_a_clip_skipped_for_one_client_fails_the_bound(mechanism, monkeypatch, one_chunk):
     _skip_clip_for_last_client(monkeypatch)
     with pytest.raises(invariants.InvariantViolation, match=r"\(a\) bound.*round 0.*client 5"):
         fit(_algorithm(mechanism))
 
 
-def test_the_adaptive_bound_is_this_rounds(monkeypatch):
+def test_the_adaptive_bound_is_this_rounds(monkeypatch, one_chunk):
     """C_t grows (every update is clipped at C_0 = 0.05): the messages at C_1 > C_0 pass the
     check against round 1's bound, and a clip at 1.5 C_t fails it."""
     algorithm = _algorithm("local", AdaptiveClip(0.05, learning_rate=1.0, count_stddev=5.0))
@@ -199,7 +207,7 @@ def test_a_release_without_its_sum_draw_fails(mechanism, monkeypatch):
 
 
 @pytest.mark.parametrize("mechanism", ["local per client", "record"])
-def test_clients_without_their_own_draw_fail(mechanism, monkeypatch):
+def test_clients_without_their_own_draw_fail(mechanism, monkeypatch, one_chunk):
     """Only the first client of a chunk draws: the others' releases carry no noise."""
     normal = ClientChunk.normal
 
