@@ -353,6 +353,14 @@ def test_refusals():
     )
     with pytest.raises(ValueError, match="without secret sampling"):
         poisson.setup(num_clients=4, dim=2, num_rounds=4)
+    # distributed shares of correlated noise (a t of contributors): refused, by name or object
+    for placement in ("banded_mf", BandedMFNoise(2), "tree_aggregation"):
+        with pytest.raises(
+            ValueError,
+            match=r"min_contributors=5: placement='(banded_mf|tree_a).*"
+            "distributed shares of correlated noise are not supported",
+        ):
+            DPNoise(noise_multiplier=1.0, placement=placement, min_contributors=5)
     # without noise.rounds the run's rounds are the horizon, fixed at setup
     derived = dp_fedavg(BandedMFNoise(2), 2, None)
     derived.setup(num_clients=4, dim=2, num_rounds=4)

@@ -25,11 +25,16 @@ the run the whole training's (dp-accounting's analytic Gaussian ε; the tests co
 ``GaussianDpEvent`` and, for the tree restarted every epoch, with
 ``SingleEpochTreeAggregationDpEvent``).
 
-Distributed shares: ``C^{-1}`` is linear, so the same noise can be added by the clients under
-secure aggregation — every contributor adds its share ``Z_t^{(i)} ~ N(0, σ²/m I)`` of the row
-``Z_t`` and the server applies the recursion to the unmasked sums. That needs a guaranteed
-number ``m`` of honest contributors in every round and shares of every past row within the
-band; it is not implemented here (this placement is central: a trusted aggregator draws ``Z``).
+Distributed shares are refused (``min_contributors`` with a correlated placement: one
+``ValueError``). Under secure aggregation the server sees each round's sum and nothing else, so
+its view is private only if those sums are post-processing of ``C G + Z``. Shares of ``Z_t``
+added to round ``t``'s updates give the server ``G_t + Z_t``, and the recursion ``C^{-1}`` does
+not turn that into ``G_t + (C^{-1} Z)_t`` (it would also transform ``G``). Shares of
+``(C^{-1} Z)_t`` need noise correlated across rounds, that is across the disjoint cohorts of
+cyclic participation: a secret the clients share and the server lacks (one colluding client
+then reveals every round's noise). The third way, each round's secure sum being ``(C G)_t +
+Z_t``, needs every client to send ``C[t, j]``-scaled copies of its round-``j`` update in the
+``bands − 1`` rounds after ``j`` (sums over several cohorts): not what a round is here.
 """
 
 from __future__ import annotations
@@ -49,7 +54,7 @@ from pl_privfed.privacy.factorization import (
     cyclic_prefix_sensitivities,
 )
 from pl_privfed.privacy.mechanism import Mechanism
-from pl_privfed.privacy.placement import CentralNoise, register_placement
+from pl_privfed.privacy.placement import CentralNoise, NoisePlacement, register_placement
 from pl_privfed.rng import STREAM_CORRELATED_NOISE, KeyedGenerator
 
 if TYPE_CHECKING:
@@ -86,6 +91,16 @@ class CorrelatedNoise(CentralNoise):
     a subclass names the strategy (:meth:`strategy`)."""
 
     name: ClassVar[str] = ""
+
+    @classmethod
+    def from_settings(cls, min_contributors: int | None = None) -> NoisePlacement:
+        if min_contributors is not None:  # distributed shares (module docstring)
+            raise ValueError(
+                f"min_contributors={min_contributors!r}: placement={cls.name!r} is central "
+                "(a trusted aggregator draws Z); distributed shares of correlated noise are "
+                "not supported (see docs/correlated_noise.md)"
+            )
+        return cls()
 
     def strategy(self) -> Factorization:
         """The factorization ``C``."""

@@ -242,6 +242,8 @@ def resolve_placement(
     the settings' ``min_contributors`` may repeat but not contradict)."""
     if isinstance(placement, NoisePlacement):
         own = placement.min_contributors
+        if min_contributors is not None and own is None:
+            type(placement).from_settings(min_contributors)  # its own refusal, if it takes no t
         if min_contributors is not None and min_contributors != own:
             raise ValueError(
                 f"min_contributors={min_contributors!r} contradicts placement={placement!r}: "
