@@ -438,6 +438,54 @@ def test_adaptive_state_starts_at_tau_squared():
     assert dict(ServerSGD().named_buffers()) == {}
 
 
+def flower_step(kind, x, m, v, delta, eta, beta_1, beta_2, tau):
+    """Flower's ``aggregate_fit`` server lines (adap/flower, flwr/server/strategy/fedadam.py at
+    18638bc, fedyogi.py at 05c252a, fedadagrad.py at 187f825: the blocks under ``# m_t``, ``#
+    v_t`` and ``new_weights``), transcribed on lists; ``x`` the current weights, ``delta`` the
+    averaged update minus them."""
+    sgn = [(a > 0) - (a < 0) for a in (vi - di * di for vi, di in zip(v, delta))]
+    m = [beta_1 * mi + (1 - beta_1) * di for mi, di in zip(m, delta)]
+    if kind == "adam":
+        v = [beta_2 * vi + (1 - beta_2) * di * di for vi, di in zip(v, delta)]
+    elif kind == "yogi":
+        v = [vi - (1.0 - beta_2) * di * di * s for vi, di, s in zip(v, delta, sgn)]
+    else:  # adagrad
+        v = [vi + di * di for vi, di in zip(v, delta)]
+    x = [xi + eta * mi / (math.sqrt(vi) + tau) for xi, mi, vi in zip(x, m, v)]
+    return x, m, v
+
+
+@pytest.mark.parametrize(
+    "kind, make",
+    [
+        ("adam", lambda: FedAdam(beta1=0.5, beta2=0.8, tau=0.1)),
+        ("yogi", lambda: FedYogi(beta1=0.8, beta2=0.9, tau=0.02)),
+        ("adagrad", lambda: FedAdagrad(beta1=0.0, tau=0.05)),  # Flower's FedAdagrad: β₁ = 0
+    ],
+)
+def test_update_lines_are_flowers_from_a_zero_second_moment(kind, make):
+    """The maintained implementation of Reddi et al.'s arXiv v5 (Flower) starts ``v`` at 0;
+    with ``v`` zeroed, every iterate equals Flower's lines (the paper's ``v_{−1} = τ²`` start
+    is the only difference, test_adaptive_state_starts_at_tau_squared)."""
+    opt = make()
+    d = 5
+    opt.setup(d, "cpu", DT)
+    opt.second_moment.zero_()
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(d, generator=g, dtype=DT)
+    fx, fm, fv = x.tolist(), [0.0] * d, [0.0] * d
+    beta_2 = getattr(opt, "beta2", 0.0)
+    for k in range(10):
+        delta = torch.randn(d, generator=g, dtype=DT) * (0.1 if k % 3 else 2.0)
+        delta[k % d] = 0.0  # a zero coordinate: Yogi's sign(v − 0) and Adagrad's v + 0
+        x = opt.step(x, delta, 0.7)
+        fx, fm, fv = flower_step(kind, fx, fm, fv, delta.tolist(), 0.7, opt.beta1, beta_2, opt.tau)
+        torch.testing.assert_close(x, torch.tensor(fx, dtype=DT), rtol=1e-13, atol=1e-14)
+        torch.testing.assert_close(
+            opt.second_moment, torch.tensor(fv, dtype=DT), rtol=1e-13, atol=0
+        )
+
+
 # ---------------------------------------------------------------------------- validation
 @pytest.mark.parametrize(
     "factory, message",

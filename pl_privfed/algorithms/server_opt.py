@@ -29,6 +29,16 @@ exactly):
   initialized as Algorithm 2's line 1 allows, ``v_{−1} = τ²`` (its lower bound ``v_{−1} ≥ τ²``
   taken with equality), and ``m_{−1} = 0``. No bias correction (Algorithm 2 has none).
 
+  Checked line by line against a maintained implementation of the paper's arXiv v5: Flower's
+  ``flwr/server/strategy/fedadam.py`` and ``fedyogi.py`` (adap/flower commits 18638bc and
+  05c252a, ``FedAdam.aggregate_fit`` / ``FedYogi.aggregate_fit``, the blocks under ``# m_t``,
+  ``# v_t`` and ``new_weights``) and ``fedadagrad.py`` (187f825): the same ``m_t``, the same
+  three ``v_t`` (Yogi's ``x − (1 − β₂) y² sign(x − y²)``, ``np.sign(0) = 0``), ``τ`` outside the
+  square root, no bias correction. Two differences: Flower starts ``v`` at zero (Algorithm 2's
+  line 1 asks ``v_{−1} ≥ τ²``, kept here), and its FedAdagrad fixes ``β₁ = 0`` (Algorithm 2's
+  ``m_t`` line serves all three; here ``β₁`` is FedAdagrad's parameter too).
+  tests/test_server_optimizers.py runs Flower's lines beside these (``v`` zeroed).
+
 Privacy: the optimizer reads only what the algorithm released (``Δ_t`` is a function of the
 noised messages and of the server's earlier outputs), so it is post-processing: an algorithm's
 privacy declaration, calibration and ε do not depend on it.
