@@ -30,11 +30,14 @@ from pl_privfed.operators import Clip
 from pl_privfed.privacy import BandedMFNoise, DPNoise, PrivacyLedger, TreeNoise, plan
 from pl_privfed.privacy.correlated import CorrelatedNoiseProcess
 from pl_privfed.privacy.factorization import (
+    Banded,
     BandedToeplitz,
     TreeAggregation,
+    banded_matrix,
     cyclic_patterns,
     cyclic_prefix_sensitivities,
     min_separation_sensitivity,
+    optimize_banded,
     optimize_banded_toeplitz,
     sqrt_toeplitz_coefficients,
     toeplitz,
@@ -83,7 +86,7 @@ def _covariance_z(noise, expected):
     return (emp - expected) / se
 
 
-@pytest.mark.parametrize("strategy", [BandedToeplitz(3), TreeAggregation(4)])
+@pytest.mark.parametrize("strategy", [BandedToeplitz(3), Banded(3), TreeAggregation(4)])
 def test_realized_noise_covariance_is_sigma_squared_c_inverse_c_inverse_t(strategy):
     n, d, std = 8, 40_000, 1.7
     noise = realized(strategy, n, d, std)
@@ -145,7 +148,9 @@ def dp_fedavg(placement, groups, rounds, multiplier=0.7, seed=5):
     )
 
 
-@pytest.mark.parametrize("placement", [BandedMFNoise(3), TreeNoise(4)])
+@pytest.mark.parametrize(
+    "placement", [BandedMFNoise(3), BandedMFNoise(3, toeplitz=False), TreeNoise(4)]
+)
 def test_dp_fedavg_iterates_match_plain_reference_and_resume_exactly(placement):
     centers, x0 = centers_and_x0()
     n, d, rounds, groups = 6, 3, 9, 3
@@ -168,6 +173,22 @@ def test_dp_fedavg_iterates_match_plain_reference_and_resume_exactly(placement):
     for _ in range(5, rounds):
         x = run_round(again, x, oracle(centers), chunk_size=None).params
     assert torch.equal(x, xs[-1])
+
+
+def test_general_banded_past_its_horizon_starts_again_exactly():
+    """A general banded ``C`` built for 5 rounds, run for 12: the process's noise is ``C^{-1} Z``
+    for the block-diagonal ``C`` (the horizon's ``C`` again every 5 rounds), by plain forward
+    substitution on the keyed rows."""
+    strategy, horizon, rounds, d, std = Banded(3), 5, 12, 4, 1.3
+    proc = CorrelatedNoiseProcess(strategy, horizon, d)
+    keyed, like = KeyedGenerator(), torch.zeros(d, dtype=DT)
+    drawn = torch.stack([proc.draw(t, std, 3, keyed, like) for t in range(rounds)])
+    c = strategy.matrix(rounds, horizon)
+    block = strategy.block(horizon)
+    assert torch.equal(c[5:10, 5:10], block) and torch.equal(c[10:, 10:], block[:2, :2])
+    assert not c[5:, :5].any() and not c[10:, :10].any()
+    ref = forward_substitution(c.tolist(), [z_row(3, t, d, std) for t in range(rounds)])
+    torch.testing.assert_close(drawn, torch.tensor(ref, dtype=DT), rtol=1e-12, atol=1e-12)
 
 
 def test_process_without_its_state_catches_up_to_the_same_noise():
@@ -203,15 +224,23 @@ def brute_sensitivity(c, patterns):
     return best
 
 
+def banded_c(n, bands, general):
+    """The optimized ``bands``-banded ``C`` for horizon ``n``: general or Toeplitz."""
+    if general:
+        return banded_matrix(optimize_banded(n, bands))
+    return toeplitz(list(optimize_banded_toeplitz(n, bands)), n)
+
+
+@pytest.mark.parametrize("general", [False, True])
 @pytest.mark.parametrize("bands,sep", [(2, 2), (2, 3), (3, 3)])
-def test_banded_sensitivity_is_theorem_2_and_brute_force(bands, sep):
+def test_banded_sensitivity_is_theorem_2_and_brute_force(bands, sep, general):
     n, k = 8, 3
-    c = toeplitz(list(optimize_banded_toeplitz(n, bands)), n)
+    c = banded_c(n, bands, general)
     brute = brute_sensitivity(c, min_sep_patterns(n, sep, k))
     assert min_separation_sensitivity(c, sep, k) == pytest.approx(brute, rel=1e-12)
     assert brute <= math.sqrt(k) * float(c.norm(dim=0).max()) + 1e-12  # Theorem 2's bound
     # n = k·sep with unit columns far enough from the end: Theorem 2 with equality, √k
-    full = toeplitz(list(optimize_banded_toeplitz(k * sep, bands)), k * sep)
+    full = banded_c(k * sep, bands, general)
     assert min_separation_sensitivity(full, sep, k) == pytest.approx(math.sqrt(k), rel=1e-9)
     s2, exact = cyclic_prefix_sensitivities(c, sep)
     assert exact
@@ -249,10 +278,11 @@ def ledger_epsilon(placement, groups, rounds, multiplier, relation=None):
     return ledger
 
 
-def test_banded_mf_epsilon_is_one_gaussian_mechanism_by_dp_accounting():
-    """20 rounds, 4 groups, 4-banded C (unit columns): sensitivity √5 Φ over the run, so the run
-    is ``GaussianDpEvent(σ / (√5 Φ))``; the noise multiplier σ/Φ = 2."""
-    ledger = ledger_epsilon(BandedMFNoise(4), 4, 20, 2.0)
+@pytest.mark.parametrize("toeplitz_c", [True, False])
+def test_banded_mf_epsilon_is_one_gaussian_mechanism_by_dp_accounting(toeplitz_c):
+    """20 rounds, 4 groups, 4-banded C (unit columns, Toeplitz or general): sensitivity √5 Φ
+    over the run, so the run is ``GaussianDpEvent(σ / (√5 Φ))``; the noise multiplier σ/Φ = 2."""
+    ledger = ledger_epsilon(BandedMFNoise(4, toeplitz_c), 4, 20, 2.0)
     acc = PLDAccountant(ADD_REMOVE, value_discretization_interval=1e-4)
     acc.compose(dp_accounting.GaussianDpEvent(2.0 / math.sqrt(5)))
     assert ledger.epsilon() == pytest.approx(acc.get_epsilon(1e-5), rel=2e-3)
@@ -263,7 +293,7 @@ def test_banded_mf_epsilon_is_one_gaussian_mechanism_by_dp_accounting():
     assert ledger.accountant.get_epsilon_rdp(1e-5) == pytest.approx(rdp.get_epsilon(1e-5), rel=2e-2)
     # replace-one: one client's updates swapped, the sensitivity doubles (the noise multiplier
     # is per the relation's sensitivity, so σ doubles and ε stays)
-    swapped = ledger_epsilon(BandedMFNoise(4), 4, 20, 2.0, relation="replace_one")
+    swapped = ledger_epsilon(BandedMFNoise(4, toeplitz_c), 4, 20, 2.0, relation="replace_one")
     assert swapped.noise_std == pytest.approx(2 * ledger.noise_std)
     assert swapped.report()["sensitivity"] == pytest.approx(2 * ledger.report()["sensitivity"])
     assert swapped.epsilon() == pytest.approx(ledger.epsilon(), rel=1e-9)
@@ -323,6 +353,54 @@ def test_optimized_banded_beats_identity_and_approaches_the_square_root():
     mnist = toeplitz(list(optimize_banded_toeplitz(300, 10)), 300)
     assert total_squared_error(mnist) == pytest.approx(6045, abs=1)
     assert total_squared_error(toeplitz([1.0], 300)) == 45150
+    # and docs/correlated_noise.md's general banded C of the same band: 5,936
+    assert total_squared_error(banded_matrix(optimize_banded(300, 10))) == pytest.approx(
+        5936, abs=1
+    )
+
+
+def primal_banded_optimum(n, bands):
+    """The construction pfl's ``BandedMatrixFactorizationMechanism`` (and google-research's
+    ``primal_optimization``) use, the banded MF paper's eq. (6): minimize ``tr(AᵀA X^{-1})``
+    over symmetric ``X`` with unit diagonal and ``X[i, j] = 0`` for ``|i − j| ≥ bands``, from
+    ``X = I``; the optimal value (L-BFGS on the free entries, written here independently)."""
+    a = torch.tril(torch.ones(n, n, dtype=DT))
+    gram = a.T @ a
+    mask = torch.tensor([[float(0 < abs(i - j) < bands) for j in range(n)] for i in range(n)])
+    y = torch.zeros(n, n, dtype=DT, requires_grad=True)
+    opt = torch.optim.LBFGS(
+        [y],
+        max_iter=2000,
+        line_search_fn="strong_wolfe",
+        tolerance_grad=1e-12,
+        tolerance_change=1e-15,
+    )
+
+    def loss():
+        x = torch.eye(n, dtype=DT) + mask.to(DT) * (y + y.T) / 2
+        return torch.trace(torch.linalg.solve(x, gram))
+
+    def closure():
+        opt.zero_grad()
+        value = loss()
+        value.backward()
+        return value
+
+    opt.step(closure)
+    return float(loss().detach())
+
+
+@pytest.mark.parametrize("n,bands", [(12, 3), (16, 4)])
+def test_general_banded_solves_the_papers_banded_problem(n, bands):
+    """The general banded ``C`` (unit columns, banded, lower-triangular) reaches the optimum of
+    the banded MF paper's problem over ``X = CᵀC`` (pfl's construction), and beats the
+    optimized Toeplitz ``C`` of the same band (a special case)."""
+    c = banded_matrix(optimize_banded(n, bands))
+    torch.testing.assert_close(c.norm(dim=0), torch.ones(n, dtype=DT), rtol=1e-12, atol=0)
+    assert not torch.triu(c, 1).any() and not torch.tril(c, -bands).any()
+    error = total_squared_error(c)
+    assert error == pytest.approx(primal_banded_optimum(n, bands), rel=1e-9)
+    assert error < total_squared_error(toeplitz(list(optimize_banded_toeplitz(n, bands)), n))
 
 
 def test_tree_prefix_noise_counts_the_nodes_of_the_binary_decomposition():
@@ -343,6 +421,8 @@ def test_refusals():
         CyclicSampler(4).setup(10)
     with pytest.raises(ValueError, match="bands"):
         BandedMFNoise(0)
+    with pytest.raises(ValueError, match="toeplitz must be true or false, got 'no'"):
+        BandedMFNoise(2, toeplitz="no")
     with pytest.raises(ValueError, match="restart"):
         TreeNoise(0)
     poisson = DPFedAvg(

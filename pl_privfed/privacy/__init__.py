@@ -38,7 +38,7 @@ from pl_privfed.privacy.calibration import (
     paper_noise_std,
 )
 from pl_privfed.privacy.correlated import BandedMFNoise, CorrelatedNoise, TreeNoise
-from pl_privfed.privacy.factorization import BandedToeplitz, Factorization, TreeAggregation
+from pl_privfed.privacy.factorization import Banded, BandedToeplitz, Factorization, TreeAggregation
 from pl_privfed.privacy.ledger import PrivacyLedger
 from pl_privfed.privacy.levels import ClientLevel, PrivacyLevel, RecordLevel, level_of
 from pl_privfed.privacy.mechanism import AccountingBasis, Mechanism, ReleaseKey, Sampling
@@ -64,6 +64,7 @@ __all__ = [
     "PLACEMENTS",
     "AccountantName",
     "AccountingBasis",
+    "Banded",
     "BandedMFNoise",
     "BandedToeplitz",
     "BatchSampling",

@@ -7,7 +7,7 @@ releases are then ``x_{t+1} = x_0 − (η/B) Σ_{s≤t} (G_s + (C^{-1}Z)_s)``: t
 ``A (G + C^{-1} Z) = A C^{-1} (C G + Z)``, post-processing of one Gaussian mechanism on ``C G``
 (DP-FTRL, Kairouz et al. 2021; the MF mechanism, Denisov et al. 2022, Choquette-Choo et al.
 2023; :mod:`pl_privfed.privacy.factorization`). The strategy ``C`` is the placement's:
-:class:`BandedMFNoise` (a banded Toeplitz ``C``, optimized for the run's horizon) or
+:class:`BandedMFNoise` (a banded ``C``, Toeplitz or general, optimized for the run's horizon) or
 :class:`TreeNoise` (DP-FTRL's binary tree with restarts).
 
 Accounting (against whoever sees the released models; the aggregator is trusted, as for
@@ -48,6 +48,7 @@ import torch
 from torch import Tensor, nn
 
 from pl_privfed.privacy.factorization import (
+    Banded,
     BandedToeplitz,
     Factorization,
     TreeAggregation,
@@ -175,23 +176,29 @@ class CorrelatedNoise(CentralNoise):
 @dataclass(frozen=True)
 class BandedMFNoise(CorrelatedNoise):
     """Banded matrix factorization noise (Choquette-Choo et al. 2023): a ``bands``-banded
-    lower-triangular Toeplitz ``C`` with unit columns, optimized for the prefix sums of the
-    run's horizon ``noise.rounds``. With cyclic cohorts of ``b ≥ bands`` groups a client's
-    columns never overlap, and the sensitivity over the run is ``√k`` for ``k`` participations
-    (the paper's Theorem 2). ``bands: 1`` is independent central noise.
+    lower-triangular ``C`` with unit columns, optimized for the prefix sums of the run's
+    horizon ``noise.rounds``: Toeplitz (McKenna et al. 2024's banded Toeplitz, the default) or,
+    with ``toeplitz: false``, the paper's general banded ``C`` (every entry of the band free;
+    :class:`~pl_privfed.privacy.factorization.Banded`). With cyclic cohorts of ``b ≥ bands``
+    groups a client's columns never overlap, and the sensitivity over the run is ``√k`` for
+    ``k`` participations (the paper's Theorem 2). ``bands: 1`` is independent central noise.
 
     Args:
         bands: ``b̂``, the nonzero diagonals of ``C``.
+        toeplitz: whether ``C`` is Toeplitz (one coefficient per diagonal) or general banded.
     """
 
     name: ClassVar[str] = "banded_mf"
     bands: int = 1
+    toeplitz: bool = True
 
     def __post_init__(self) -> None:
         BandedToeplitz(self.bands)  # ValueError naming bands
+        if not isinstance(self.toeplitz, bool):
+            raise ValueError(f"toeplitz must be true or false, got {self.toeplitz!r}")
 
     def strategy(self) -> Factorization:
-        return BandedToeplitz(self.bands)
+        return BandedToeplitz(self.bands) if self.toeplitz else Banded(self.bands)
 
 
 @register_placement

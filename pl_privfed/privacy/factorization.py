@@ -22,6 +22,12 @@ Thm. 2.1):
   squared error ``‖A C^{-1}‖_F²`` for the horizon ``n`` under unit column norm
   (:func:`optimize_banded_toeplitz`, L-BFGS in float64, started at the square-root
   factorization's first ``b̂`` coefficients); ``bands = 1`` is ``C = I`` (independent noise);
+* :class:`Banded` — the banded MF paper's general ``bands``-banded lower-triangular ``C`` (its
+  entries free, not Toeplitz), unit columns, minimizing ``‖A C^{-1}‖_F²`` for the horizon
+  (:func:`optimize_banded`: the problem of the paper's eq. (6) and of pfl's
+  ``BandedMatrixFactorizationMechanism``, ``min tr(AᵀA X^{-1})`` over banded ``X = CᵀC`` with
+  unit diagonal, solved here over ``C``'s band by L-BFGS from the optimized Toeplitz ``C``, so
+  never worse than it); past the horizon the factorization starts again (block diagonal);
 * :class:`TreeAggregation` — the binary tree of Kairouz, McMahan, Song, Thakkar, Thakurta & Xu
   (ICML 2021, "Practical and Private (Deep) Learning without Sampling or Shuffling", DP-FTRL
   with the plain tree estimator and restarts every ``restart`` rounds): row ``t`` of ``C`` is
@@ -59,12 +65,14 @@ from torch import Tensor
 from pl_privfed.checks import check_positive_int
 
 __all__ = [
+    "Banded",
     "BandedToeplitz",
     "Factorization",
     "TreeAggregation",
     "cyclic_patterns",
     "cyclic_prefix_sensitivities",
     "min_separation_sensitivity",
+    "optimize_banded",
     "optimize_banded_toeplitz",
     "pattern_sensitivity_squared",
     "prefix_sum_matrix",
@@ -146,6 +154,56 @@ def optimize_banded_toeplitz(n: int, bands: int, iterations: int = 200) -> tuple
     if c[0] < 0:
         c = -c
     return tuple(float(v) for v in c)
+
+
+def banded_matrix(columns: Tensor) -> Tensor:
+    """The ``n × n`` lower-triangular ``C`` with ``C[j + i, j] = columns[j, i]`` (``columns``
+    ``[n, b̂]``; entries past row ``n − 1`` ignored)."""
+    n, bands = columns.shape
+    out = torch.zeros(n, n, dtype=columns.dtype)
+    for i in range(min(bands, n)):
+        out = out + torch.diag(columns[: n - i, i], -i)
+    return out
+
+
+def _unit_columns(theta: Tensor) -> Tensor:
+    """``theta`` ``[n, b̂]`` with the entries past row ``n − 1`` zeroed and each row (a column of
+    ``C``) scaled to norm 1."""
+    n, bands = theta.shape
+    valid = (torch.arange(n).unsqueeze(1) + torch.arange(bands).unsqueeze(0)) < n
+    theta = theta * valid
+    return theta / theta.norm(dim=1, keepdim=True)
+
+
+@functools.lru_cache(maxsize=16)
+def optimize_banded(n: int, bands: int, iterations: int = 500) -> Tensor:
+    """The columns ``[n, b̂]`` (``C[j + i, j] = out[j, i]``, each of norm 1) of a ``bands``-banded
+    lower-triangular ``C`` minimizing ``‖A C^{-1}‖_F²`` for horizon ``n``, every entry in the
+    band free (the banded MF paper's strategy class), by L-BFGS in float64 started at the
+    optimized Toeplitz coefficients (:func:`optimize_banded_toeplitz`); cached per process
+    (callers must not modify the result)."""
+    check_positive_int("n", n)
+    check_positive_int("bands", bands)
+    bands = min(bands, n)
+    start = torch.tensor(optimize_banded_toeplitz(n, bands), dtype=_F64)
+    theta = _unit_columns(start.expand(n, bands).clone()).requires_grad_(True)
+    if bands == 1:
+        return theta.detach()
+    eye, a = torch.eye(n, dtype=_F64), prefix_sum_matrix(n)
+
+    def closure() -> Tensor:
+        opt.zero_grad()
+        c = banded_matrix(_unit_columns(theta))
+        value = (a @ torch.linalg.solve_triangular(c, eye, upper=False)).square().sum()
+        value.backward()
+        return value
+
+    opt = torch.optim.LBFGS(
+        [theta], lr=1.0, max_iter=iterations, line_search_fn="strong_wolfe", tolerance_grad=1e-12
+    )
+    opt.step(closure)
+    cols = _unit_columns(theta.detach())
+    return cols * torch.where(cols[:, :1] < 0, -1.0, 1.0)  # a positive diagonal
 
 
 def cyclic_patterns(n: int, groups: int) -> list[list[int]]:
@@ -270,6 +328,54 @@ class BandedToeplitz(Factorization):
 
     def describe(self) -> str:
         return f"{self.bands}-banded Toeplitz C, optimized for the prefix sums (unit columns)"
+
+
+@dataclass(frozen=True)
+class Banded(Factorization):
+    """The banded MF paper's general ``bands``-banded lower-triangular ``C`` (entries free
+    within the band, unit columns), optimized for the run's horizon ``h``
+    (:func:`optimize_banded`); rounds past ``h`` start the factorization again (block diagonal,
+    each block the horizon's ``C``). Round ``t = s + τ`` (``s`` its block's first round) adds
+    ``w_t = (Z_t − Σ_{i=1}^{min(b̂−1, τ)} C[τ, τ − i] w_{t−i}) / C[τ, τ]``, keeping the last
+    ``b̂ − 1`` noise rows.
+
+    Args:
+        bands: ``b̂``, the number of nonzero diagonals (1: independent noise every round).
+    """
+
+    name: ClassVar[str] = "banded"
+    bands: int = 1
+
+    def __post_init__(self) -> None:
+        check_positive_int("bands", self.bands)
+
+    def block(self, horizon: int) -> Tensor:
+        """The horizon's ``C`` (``h × h``)."""
+        return banded_matrix(optimize_banded(int(horizon), self.bands))
+
+    def matrix(self, n: int, horizon: int | None = None) -> Tensor:
+        h = int(horizon or n)
+        block, out = self.block(h), torch.zeros(n, n, dtype=_F64)
+        for s in range(0, n, h):
+            e = min(s + h, n)
+            out[s:e, s:e] = block[: e - s, : e - s]
+        return out
+
+    def memory(self, horizon: int) -> int:
+        return min(self.bands, int(horizon)) - 1
+
+    def round_noise(
+        self, t: int, z: Callable[[int], Tensor], recent: Tensor, horizon: int
+    ) -> Tensor:
+        cols = optimize_banded(int(horizon), self.bands)
+        tau = t % int(horizon)
+        w = z(t)
+        for i in range(1, min(cols.shape[1], tau + 1)):
+            w.add_(recent[i - 1], alpha=-float(cols[tau - i, i]))
+        return w.div_(float(cols[tau, 0]))
+
+    def describe(self) -> str:
+        return f"{self.bands}-banded C (general, not Toeplitz), optimized for the prefix sums"
 
 
 def _valuation(m: int) -> int:
