@@ -199,6 +199,22 @@ def test_tff_round_arithmetic():
     assert float(alg.clip_norm) == pytest.approx(math.exp(1 / 6), rel=1e-15)
 
 
+@pytest.mark.parametrize(
+    "gamma, eta_c, published", [(0.5, 0.1, 3.0), (0.2, 0.2, 2.825293600752746)]
+)
+def test_pfl_geometric_update_figures(gamma, eta_c, published):
+    """pfl's published values for the geometric update (apple/pfl-research,
+    tests/privacy/test_adaptive_clipping.py, ``test_adaptive_clipping``: initial bound 3, half
+    the updates unclipped, no count noise): target 0.5 with step 0.1 keeps 3, target 0.2 with
+    step 0.2 gives 2.825293600752746 (``3 exp(−0.2 (0.5 − 0.2))``). Here 4 clients, update
+    norms 1, 2 (unclipped at 3) and 4, 5."""
+    b = torch.tensor([[-1.0], [-2.0], [-4.0], [-5.0]], dtype=DT)
+    alg = DistributedDPSGD(1.0, operator=AdaptiveClip(3.0, gamma, eta_c))
+    alg.setup(num_clients=4, dim=1, num_rounds=2, dtype=DT)
+    run_round(alg, torch.zeros(1, dtype=DT), grad_fn_for(b))
+    assert float(alg.clip_norm) == pytest.approx(published, rel=1e-15)
+
+
 def test_noise_split_is_tffs_and_composes_to_one_gaussian():
     """``z_Δ = (z^{-2} − (2σ_b)^{-2})^{-1/2}`` (the paper's noise split; TFF's ``adaptive_clip_noise_params``
     with its default σ_b = 0.05·m): the update at ``z_Δ`` and the count at ``2σ_b`` composed by

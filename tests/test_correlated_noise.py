@@ -12,7 +12,9 @@ factorization and DP-FTRL's tree aggregation, with cyclic cohorts.
 * published values: the square-root factorization's binomial coefficients
   (Fichtenberger, Henzinger & Upadhyay 2023) and the tree's depth and per-prefix noise
   (Kairouz et al. 2021: the prefix sum of ``t`` rounds carries popcount(t) node noises);
-* refusals.
+* the general banded ``C`` (``BandedMFNoise(bands, toeplitz=False)``) against pfl's
+  construction, the banded MF paper's eq. (6) over ``X = CᵀC`` solved independently here;
+* refusals (distributed shares of correlated noise among them).
 """
 
 import itertools
