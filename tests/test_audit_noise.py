@@ -81,7 +81,10 @@ def test_each_synthetic_break_is_rejected_by_the_test_built_for_it():
             assert test.p_values[name] < 0.01, (name, test.p_values)
 
 
-@pytest.mark.parametrize("placement", [BandedMFNoise(bands=3), TreeNoise(), TreeNoise(restart=4)])
+@pytest.mark.parametrize(
+    "placement",
+    [BandedMFNoise(bands=3), BandedMFNoise(3, toeplitz=False), TreeNoise(), TreeNoise(restart=4)],
+)
 def test_whitening_correlated_noise_recovers_the_keyed_rows_of_z(placement):
     """The process's rounds ``X = C^{-1} Z`` (pl_privfed.privacy.correlated), whitened with
     the strategy's ``C``: the rows of ``Z`` as drawn from their keyed stream here, σ = 2."""

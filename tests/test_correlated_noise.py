@@ -13,7 +13,7 @@ factorization and DP-FTRL's tree aggregation, with cyclic cohorts.
   (Fichtenberger, Henzinger & Upadhyay 2023) and the tree's depth and per-prefix noise
   (Kairouz et al. 2021: the prefix sum of ``t`` rounds carries popcount(t) node noises);
 * the general banded ``C`` (``BandedMFNoise(bands, toeplitz=False)``) against pfl's
-  construction, the banded MF paper's eq. (6) over ``X = CᵀC`` solved independently here;
+  optimization, the banded MF paper's eq. (6) over ``X = CᵀC`` solved independently here;
 * refusals (distributed shares of correlated noise among them).
 """
 
@@ -23,8 +23,10 @@ import math
 import dp_accounting
 import pytest
 import torch
+import yaml
 from dp_accounting.pld import PLDAccountant
 from dp_accounting.rdp import RdpAccountant
+from jsonargparse import ArgumentParser
 
 from pl_privfed.algorithms import DPFedAvg
 from pl_privfed.engine import run_round
@@ -362,8 +364,8 @@ def test_optimized_banded_beats_identity_and_approaches_the_square_root():
 
 
 def primal_banded_optimum(n, bands):
-    """The construction pfl's ``BandedMatrixFactorizationMechanism`` (and google-research's
-    ``primal_optimization``) use, the banded MF paper's eq. (6): minimize ``tr(AᵀA X^{-1})``
+    """The optimization pfl's ``BandedMatrixFactorizationMechanism`` (and google-research's
+    ``primal_optimization``) run, the banded MF paper's eq. (6): minimize ``tr(AᵀA X^{-1})``
     over symmetric ``X`` with unit diagonal and ``X[i, j] = 0`` for ``|i − j| ≥ bands``, from
     ``X = I``; the optimal value (L-BFGS on the free entries, written here independently)."""
     a = torch.tril(torch.ones(n, n, dtype=DT))
@@ -395,7 +397,7 @@ def primal_banded_optimum(n, bands):
 @pytest.mark.parametrize("n,bands", [(12, 3), (16, 4)])
 def test_general_banded_solves_the_papers_banded_problem(n, bands):
     """The general banded ``C`` (unit columns, banded, lower-triangular) reaches the optimum of
-    the banded MF paper's problem over ``X = CᵀC`` (pfl's construction), and beats the
+    the banded MF paper's problem over ``X = CᵀC`` (pfl's optimization), and beats the
     optimized Toeplitz ``C`` of the same band (a special case)."""
     c = banded_matrix(optimize_banded(n, bands))
     torch.testing.assert_close(c.norm(dim=0), torch.ones(n, dtype=DT), rtol=1e-12, atol=0)
@@ -450,6 +452,20 @@ def test_refusals():
     loose = DPNoise(noise_multiplier=1.0, placement=BandedMFNoise(2))
     with pytest.raises(ValueError, match=r"noise\.rounds"):
         plan.round_mechanisms(derived.release(), loose, 1.0, 0)
+
+
+def test_a_configuration_chooses_the_general_banded_c():
+    """``placement: {class_path: ...BandedMFNoise, init_args: {bands, toeplitz: false}}`` in a
+    YAML configuration builds the general banded strategy, named in the run's report."""
+    parser = ArgumentParser()
+    parser.add_argument("--noise", type=DPNoise)
+    spec = {"class_path": "pl_privfed.privacy.BandedMFNoise"}
+    noise = {"noise_multiplier": 1.0, "rounds": 6}
+    noise["placement"] = {**spec, "init_args": {"bands": 3, "toeplitz": False}}
+    built = parser.instantiate(parser.parse_string(yaml.safe_dump({"noise": noise}))).noise
+    assert built.where == BandedMFNoise(3, toeplitz=False)
+    assert built.where.strategy() == Banded(3)
+    assert "general, not Toeplitz" in built.where.record()["strategy"]
 
 
 def test_resuming_with_another_horizon_is_refused():

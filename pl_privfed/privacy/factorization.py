@@ -24,9 +24,9 @@ Thm. 2.1):
   factorization's first ``b̂`` coefficients); ``bands = 1`` is ``C = I`` (independent noise);
 * :class:`Banded` — the banded MF paper's general ``bands``-banded lower-triangular ``C`` (its
   entries free, not Toeplitz), unit columns, minimizing ``‖A C^{-1}‖_F²`` for the horizon
-  (:func:`optimize_banded`: the problem of the paper's eq. (6) and of pfl's
-  ``BandedMatrixFactorizationMechanism``, ``min tr(AᵀA X^{-1})`` over banded ``X = CᵀC`` with
-  unit diagonal, solved here over ``C``'s band by L-BFGS from the optimized Toeplitz ``C``, so
+  (:func:`optimize_banded`: the paper's eq. (6), ``min tr(AᵀA X^{-1})`` over banded ``X = CᵀC``
+  with unit diagonal, the problem pfl's ``BandedMatrixFactorizationMechanism`` optimizes over
+  ``X``; solved here over ``C``'s band by L-BFGS from the optimized Toeplitz ``C``, so
   never worse than it); past the horizon the factorization starts again (block diagonal);
 * :class:`TreeAggregation` — the binary tree of Kairouz, McMahan, Song, Thakkar, Thakurta & Xu
   (ICML 2021, "Practical and Private (Deep) Learning without Sampling or Shuffling", DP-FTRL
