@@ -43,7 +43,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from helpers.audit_breaks import BREAKS, CORRELATED, MECHANISMS, audit_small, broken  # noqa: E402
+from helpers.audit_breaks import (  # noqa: E402
+    BREAKS,
+    CORRELATED,
+    MECHANISMS,
+    SKIPPED,
+    audit_small,
+    broken,
+)
 
 from pl_privfed.cli import main  # noqa: E402
 from pl_privfed.engine import MessageStage  # noqa: E402
@@ -183,7 +190,10 @@ def main_(argv: list[str] | None = None) -> None:
                 with broken(name), clip_calls() as calls, draw_calls() as draws:
                     audit = run_config(config, args.max_steps)["privacy"]["audit"]
                 line = row(config.stem, name, audit, time.perf_counter() - start)
-                if "clip" in name and not calls[0]:
+                subset = spec.get("subset", False)
+                if subset and not SKIPPED[0]:  # a bounding operator of any kind, none skipped
+                    line = line.replace("| no |", "| n/a: no row skipped in this mechanism |")
+                elif "clip" in name and not subset and not calls[0]:
                     line = line.replace("| no |", "| n/a: no clip in this mechanism |")
                 if spec.get("alarm") == "noise_test" and not draws[0]:
                     line = line.replace("| no |", "| n/a: no sum's draw in this mechanism |")

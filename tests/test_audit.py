@@ -43,6 +43,7 @@ from pl_privfed.privacy.audit import (
     canary_directions,
     canary_membership,
     canary_participation,
+    covering_places,
     gaussian_estimate,
     guess_counts,
     one_run_audit,
@@ -288,6 +289,28 @@ def test_canary_clients_are_placed_anywhere_among_the_real_clients():
         seen |= placed >= n
     assert seen.all()  # every place, the first and the last included
     assert torch.equal(canaries.place(-1, ids, n), ids)  # the initialization has none
+
+
+def test_canary_clients_take_every_path_of_a_round_in_every_round():
+    """The distributed configs' rounds (10,000 real clients, 50 inserted canaries, chunks of
+    1,000: 10 full chunks and one of 50): every round a canary is the round's last row (the
+    last chunk's last, in its remainder past any block that does not divide 50), its first
+    row, the first chunk's last row and the last chunk's first row; the other canaries' places
+    are keyed and vary. With uniform places alone a chunk's 2-row remainder met a canary about
+    0.3 times in 30 rounds, and the break "client clip skipped in a chunk's remainder" was
+    missed there."""
+    n, m = 10_000, 100
+    canaries = ClientCanaries(torch.zeros(m, 4), canary_membership(m, 0))
+    ids = torch.arange(n)
+    assert covering_places(10_050, 1000) == [10_049, 0, 999, 10_000]
+    assert covering_places(60) == [59, 0]  # one chunk
+    rest = set()
+    for k in range(3):
+        placed = canaries.place(k, ids, n, 1000)
+        assert placed.numel() == 10_050 and torch.equal(placed[placed < n], ids)
+        assert bool((placed[[10_049, 0, 999, 10_000]] >= n).all())
+        rest.add(tuple((placed >= n).nonzero().flatten().tolist()))
+    assert len(rest) == 3  # the other places change with the round
 
 
 @pytest.mark.parametrize(("senders", "t"), [(10, 5), (7, 2), (3, 3)])

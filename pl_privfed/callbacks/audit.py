@@ -27,6 +27,7 @@ from pl_privfed.privacy.audit import (
     gaussian_estimate,
     one_run_audit,
 )
+from pl_privfed.privacy.audit_records import record_hosts
 
 __all__ = ["AuditLevel", "PrivacyAudit"]
 
@@ -232,11 +233,11 @@ class PrivacyAudit(pl.Callback):
                 )
             norm = self.overshoot * float(bound) * size
             minibatch_norm = norm * size  # its part of the average outweighs the others'
-        hosts = torch.arange(self.count) % max(1, int(algorithm.num_clients))
+        inserted = canary_membership(self.count, self.seed, half=False)
         return RecordCanaries(
             directions,
-            canary_membership(self.count, self.seed, half=False),
-            hosts,
+            inserted,
+            record_hosts(inserted, int(algorithm.num_clients), self.seed),
             release_size=size,
             norm=norm,
             rate=rate,
