@@ -39,7 +39,6 @@ from pl_privfed.operators import Clip
 from pl_privfed.privacy import DistributedNoise, DPNoise, invariants
 from pl_privfed.privacy.audit import (
     ClientCanaries,
-    RecordCanaries,
     canary_directions,
     canary_membership,
     canary_participation,
@@ -50,6 +49,7 @@ from pl_privfed.privacy.audit import (
     one_run_lower_bound,
     one_run_p_value,
 )
+from pl_privfed.privacy.audit_records import RecordCanaries
 from pl_privfed.privacy.pld import gaussian_epsilon
 from pl_privfed.rng import (
     AUDIT_COLLUSION,

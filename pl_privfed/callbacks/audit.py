@@ -21,13 +21,12 @@ from pl_privfed.checks import check_choice
 from pl_privfed.privacy import level_of, plan
 from pl_privfed.privacy.audit import (
     ClientCanaries,
-    RecordCanaries,
     canary_directions,
     canary_membership,
     gaussian_estimate,
     one_run_audit,
 )
-from pl_privfed.privacy.audit_records import record_hosts
+from pl_privfed.privacy.audit_records import RecordCanaries, record_hosts
 
 __all__ = ["AuditLevel", "PrivacyAudit"]
 
@@ -81,7 +80,7 @@ class PrivacyAudit(pl.Callback):
       (Gaussian fit, μ-GDP at δ);
     * **record-level DP** (FedAvg with per-sample clipping, PORTER-DP, SoteriaFL, the demo):
       ``canaries`` canary records, each inserted with probability 1/2 into one client's data,
-      whose gradient is a fixed direction (:class:`~pl_privfed.privacy.audit.RecordCanaries`:
+      whose gradient is a fixed direction (:class:`~pl_privfed.privacy.audit_records.RecordCanaries`:
       joined to its host's minibatch by the gradient oracle and clipped like every other
       record). The scores give Steinke et al.'s ε **lower bound** at ``confidence`` (and a
       Gaussian-fit estimate beside it).

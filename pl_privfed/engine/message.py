@@ -114,7 +114,7 @@ class MessageHook(Protocol):
       through which a white-box auditor follows its canary records.
 
     Implemented by :class:`~pl_privfed.privacy.audit.ClientCanaries` (client level) and
-    :class:`~pl_privfed.privacy.audit.RecordCanaries` (record level).
+    :class:`~pl_privfed.privacy.audit_records.RecordCanaries` (record level).
     """
 
     key: str

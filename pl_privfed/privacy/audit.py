@@ -102,7 +102,6 @@ __all__ = [
     "ClientCanaries",
     "GaussianEstimate",
     "OneRunAudit",
-    "RecordCanaries",
     "WhiteBox",
     "canary_directions",
     "canary_membership",
@@ -441,7 +440,3 @@ class ClientCanaries:
         self, ids: Tensor, round_index: int, operator: Any, rows: Tensor, factor: float = 1.0
     ) -> None:
         """Nothing: client canaries go through the round's operator in :meth:`messages`."""
-
-
-# the record canaries (their own module: pl_privfed/privacy/audit_records.py)
-from pl_privfed.privacy.audit_records import RecordCanaries  # noqa: E402
