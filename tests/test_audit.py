@@ -371,6 +371,45 @@ def test_record_canaries_join_the_clipped_mean_of_their_host():
     assert int(alg.canaries.uses.sum()) == int(inserted.sum())
 
 
+def test_record_canaries_share_the_operator_call_of_their_hosts_examples(monkeypatch):
+    """Where the examples' gradients are formed (a plain gradient function), a canary record
+    is a row of its host's per-example tensor, through the same operator call: a clip planted
+    to skip each minibatch's last place (an off-by-one) skips it for the canary there (a host's
+    first canary, in keyed order, takes its last place): that canary's white-box shift is
+    ``G/b``, every other canary's the clipped ``τ/b``. With canaries clipped by their own call
+    every shift read ``τ/b``."""
+    n, d, m, b = 3, 40, 9, 4
+    _, grad_fn = _quadratic(n, d)
+    scales = ClientChunk.scales
+
+    def last_place_unclipped(self, operator, v, *, factor=1.0, statistics=True):
+        out = scales(self, operator, v, factor=factor, statistics=statistics)
+        if v.dim() == 3:
+            out = out.clone()
+            out[:, -1] = factor
+        return out
+
+    monkeypatch.setattr(ClientChunk, "scales", last_place_unclipped)
+    alg = FedAvgPerSampleClipping(
+        0.2, clip_threshold=0.7, clip_level="example", noise=DPNoise(noise_multiplier=1.0, seed=3)
+    )
+    with invariants.disabled():  # the plant breaks the bound the check mode asserts
+        alg.setup(num_clients=n, dim=d, num_rounds=2, dtype=DT)
+    alg.initialized.fill_(True)
+    inserted = canary_membership(m, 1, half=False)
+    directions = canary_directions(m, d, 1, dtype=DT)
+    alg.canaries = RecordCanaries(
+        directions, inserted, torch.arange(m) % n, release_size=b, norm=1e3, seed=5
+    )
+    alg.rounds_done.fill_(1)
+    run_round(alg, torch.zeros(d, dtype=DT), grad_fn, chunk_size=2)
+    shift, mine = alg.canaries.white.shift, inserted.numpy()
+    loud = shift > 1.0
+    assert int(loud.sum()) == len({j % n for j in np.flatnonzero(mine)})  # one a host
+    np.testing.assert_allclose(shift[loud], 1e3 / b, rtol=1e-12)
+    np.testing.assert_allclose(shift[mine & ~loud], 0.7 / b, rtol=1e-12)
+
+
 @pytest.mark.parametrize("m, rate", [(9, 1.0), (12, 0.3)])
 def test_the_white_box_reads_each_record_canary_through_its_hosts_noise_draw(m, rate):
     """Per-example clipping with local noise, one round: a canary record's white-box statistic

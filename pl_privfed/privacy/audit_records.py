@@ -93,8 +93,8 @@ class RecordJoin:
             gen = keyed_generator(*self._key, host)
             order = mine[torch.randperm(mine.numel(), generator=gen)]
             fixed = [width - 1, 0][: order.numel()]
-            rest = torch.tensor([p for p in torch.randperm(width, generator=gen).tolist()
-                                 if p not in fixed])  # fmt: skip
+            drawn = torch.randperm(width, generator=gen).tolist()
+            rest = torch.tensor([p for p in drawn if p not in fixed])
             places = torch.cat([torch.tensor(fixed), rest])[: order.numel()]
             slot[order] = places
         self._slots[batch] = (slot, width)
