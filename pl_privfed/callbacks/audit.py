@@ -79,10 +79,11 @@ class PrivacyAudit(pl.Callback):
       final model and summed over every round's change, gives Andrew et al.'s ε **estimate**
       (Gaussian fit, μ-GDP at δ);
     * **record-level DP** (FedAvg with per-sample clipping, PORTER-DP, SoteriaFL, the demo):
-      ``canaries`` canary records, each inserted with probability 1/2 into one client's data,
-      whose gradient is a fixed direction (:class:`~pl_privfed.privacy.audit_records.RecordCanaries`:
-      joined to its host's minibatch by the gradient oracle and clipped like every other
-      record). The scores give Steinke et al.'s ε **lower bound** at ``confidence`` (and a
+      ``canaries`` canary records, each inserted with probability 1/2 into one client's data
+      (hosts keyed over every client), whose gradient is a fixed direction
+      (:class:`~pl_privfed.privacy.audit_records.RecordCanaries`: examples of the real
+      per-example path, at keyed places among their host's examples, through the same
+      operator calls and noise draw as every other record). The scores give Steinke et al.'s ε **lower bound** at ``confidence`` (and a
       Gaussian-fit estimate beside it).
 
     Beside either method, the **white-box** threat model (``threat_models["white_box"]``; Nasr
