@@ -3,9 +3,10 @@
 Issue 29, item 2: an audit that can fail must flag every break of the catalogue
 (``tests/helpers/audit_breaks.py``: noise ×0.5 at each placement, the client or per-example clip skipped
 or at 2× its threshold, distributed shares at σ²/t², central noise on the average instead of
-the sum; issue 48: the client clip skipped for a subset of clients on one engine path, the
-round's last chunk or a chunk's remainder past its last block of 8, each with the config's own
-chunking; a draw reused across rounds, draws correlated across rounds or coordinates, the sum's
+the sum; issue 48: the client's bounding operator (a clip, or α-NormEC's smoothed
+normalization) skipped for a subset of clients on one engine path, the round's last chunk or a
+chunk's remainder past its last block of 8, each with the config's own chunking, and the
+per-example clip skipped for the records of each oracle call's last client; a draw reused across rounds, draws correlated across rounds or coordinates, the sum's
 draw scaled for the average) in one run at the shipped ε = 8, and must not flag the unbroken
 mechanism. For each
 config this script runs the unbroken mechanism, then every break that applies to its mechanism
@@ -22,7 +23,9 @@ of the noise and the canaries per mechanism (correlated placements included). Us
         configs/private/mnist_dpsgd.yaml configs/demo/fedavg_private.yaml
     python benchmarks/audit_breaks.py --max-steps 100 configs/private/*.yaml
     python benchmarks/audit_breaks.py --seeds 40 --no-configs
-    python benchmarks/audit_breaks.py --breaks "draw reused across rounds" configs/private/*.yaml
+    python benchmarks/audit_breaks.py configs/private/*.yaml --breaks "draw reused across rounds"
+
+(``--breaks`` takes every word after it: the configs go before it.)
 
 ``--max-steps`` shortens a config's run (the noise is calibrated for the rounds run, so the
 certificate stays at ε = 8); the table in docs/privacy.md says which lengths it ran.
