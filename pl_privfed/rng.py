@@ -28,11 +28,13 @@ from torch import Tensor
 __all__ = [
     "AUDIT_COLLUSION",
     "AUDIT_DIRECTION",
+    "AUDIT_HOSTS",
     "AUDIT_MEMBERSHIP",
     "AUDIT_NOISE",
     "AUDIT_NOISE_COORDINATES",
     "AUDIT_PARTICIPATION",
     "AUDIT_PLACEMENT",
+    "AUDIT_RECORD_PLACES",
     "STREAM_AUDIT",
     "STREAM_AUGMENTATION",
     "STREAM_CENTRAL_NOISE",
@@ -74,7 +76,10 @@ STREAM_CORRELATED_NOISE = 11  # row j of Z of correlated noise (pl_privfed.priva
 #: canary)``, the white-box auditor's split of a
 #: distributed sum's noise into the colluders' shares and the honest ones ``(noise seed,
 #: STREAM_AUDIT, AUDIT_COLLUSION, round)``, and the coordinates on which the noise test keeps
-#: each release's realized noise ``(audit seed, STREAM_AUDIT, AUDIT_NOISE_COORDINATES)``. No
+#: each release's realized noise ``(audit seed, STREAM_AUDIT, AUDIT_NOISE_COORDINATES)``, the
+#: clients holding the canary records ``(audit seed, STREAM_AUDIT, AUDIT_HOSTS)`` and a canary
+#: record's place among its host's examples ``(audit seed, STREAM_AUDIT, AUDIT_RECORD_PLACES,
+#: round, step, host)``. No
 #: other stream's key starts like these, so the canaries never change another client's noise,
 #: cohort or data.
 AUDIT_DIRECTION = 0
@@ -84,6 +89,8 @@ AUDIT_NOISE = 3
 AUDIT_COLLUSION = 4
 AUDIT_PLACEMENT = 5
 AUDIT_NOISE_COORDINATES = 6
+AUDIT_HOSTS = 7
+AUDIT_RECORD_PLACES = 8
 
 _MASK64 = (1 << 64) - 1
 

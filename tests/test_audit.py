@@ -39,16 +39,17 @@ from pl_privfed.operators import Clip
 from pl_privfed.privacy import DistributedNoise, DPNoise, invariants
 from pl_privfed.privacy.audit import (
     ClientCanaries,
-    RecordCanaries,
     canary_directions,
     canary_membership,
     canary_participation,
+    covering_places,
     gaussian_estimate,
     guess_counts,
     one_run_audit,
     one_run_lower_bound,
     one_run_p_value,
 )
+from pl_privfed.privacy.audit_records import RecordCanaries
 from pl_privfed.privacy.pld import gaussian_epsilon
 from pl_privfed.rng import (
     AUDIT_COLLUSION,
@@ -290,6 +291,28 @@ def test_canary_clients_are_placed_anywhere_among_the_real_clients():
     assert torch.equal(canaries.place(-1, ids, n), ids)  # the initialization has none
 
 
+def test_canary_clients_take_every_path_of_a_round_in_every_round():
+    """The distributed configs' rounds (10,000 real clients, 50 inserted canaries, chunks of
+    1,000: 10 full chunks and one of 50): every round a canary is the round's last row (the
+    last chunk's last, in its remainder past any block that does not divide 50), its first
+    row, the first chunk's last row and the last chunk's first row; the other canaries' places
+    are keyed and vary. With uniform places alone a chunk's 2-row remainder met a canary about
+    0.3 times in 30 rounds, and the break "client clip skipped in a chunk's remainder" was
+    missed there."""
+    n, m = 10_000, 100
+    canaries = ClientCanaries(torch.zeros(m, 4), canary_membership(m, 0))
+    ids = torch.arange(n)
+    assert covering_places(10_050, 1000) == [10_049, 0, 999, 10_000]
+    assert covering_places(60) == [59, 0]  # one chunk
+    rest = set()
+    for k in range(3):
+        placed = canaries.place(k, ids, n, 1000)
+        assert placed.numel() == 10_050 and torch.equal(placed[placed < n], ids)
+        assert bool((placed[[10_049, 0, 999, 10_000]] >= n).all())
+        rest.add(tuple((placed >= n).nonzero().flatten().tolist()))
+    assert len(rest) == 3  # the other places change with the round
+
+
 @pytest.mark.parametrize(("senders", "t"), [(10, 5), (7, 2), (3, 3)])
 def test_the_honest_shares_of_a_distributed_sum_have_the_law_of_t_shares(senders, t):
     """The white-box auditor's split of a distributed sum of ``n`` shares ``N(0, s²)`` (drawn
@@ -346,6 +369,45 @@ def test_record_canaries_join_the_clipped_mean_of_their_host():
     moved = (outs[0] - outs[1]) * n / eta  # x − η mean_i(clipped mean_i + canaries_i)
     torch.testing.assert_close(moved, 0.7 * directions[inserted].sum(0), rtol=0, atol=1e-10)
     assert int(alg.canaries.uses.sum()) == int(inserted.sum())
+
+
+def test_record_canaries_share_the_operator_call_of_their_hosts_examples(monkeypatch):
+    """Where the examples' gradients are formed (a plain gradient function), a canary record
+    is a row of its host's per-example tensor, through the same operator call: a clip planted
+    to skip each minibatch's last place (an off-by-one) skips it for the canary there (a host's
+    first canary, in keyed order, takes its last place): that canary's white-box shift is
+    ``G/b``, every other canary's the clipped ``τ/b``. With canaries clipped by their own call
+    every shift read ``τ/b``."""
+    n, d, m, b = 3, 40, 9, 4
+    _, grad_fn = _quadratic(n, d)
+    scales = ClientChunk.scales
+
+    def last_place_unclipped(self, operator, v, *, factor=1.0, statistics=True):
+        out = scales(self, operator, v, factor=factor, statistics=statistics)
+        if v.dim() == 3:
+            out = out.clone()
+            out[:, -1] = factor
+        return out
+
+    monkeypatch.setattr(ClientChunk, "scales", last_place_unclipped)
+    alg = FedAvgPerSampleClipping(
+        0.2, clip_threshold=0.7, clip_level="example", noise=DPNoise(noise_multiplier=1.0, seed=3)
+    )
+    with invariants.disabled():  # the plant breaks the bound the check mode asserts
+        alg.setup(num_clients=n, dim=d, num_rounds=2, dtype=DT)
+    alg.initialized.fill_(True)
+    inserted = canary_membership(m, 1, half=False)
+    directions = canary_directions(m, d, 1, dtype=DT)
+    alg.canaries = RecordCanaries(
+        directions, inserted, torch.arange(m) % n, release_size=b, norm=1e3, seed=5
+    )
+    alg.rounds_done.fill_(1)
+    run_round(alg, torch.zeros(d, dtype=DT), grad_fn, chunk_size=2)
+    shift, mine = alg.canaries.white.shift, inserted.numpy()
+    loud = shift > 1.0
+    assert int(loud.sum()) == len({j % n for j in np.flatnonzero(mine)})  # one a host
+    np.testing.assert_allclose(shift[loud], 1e3 / b, rtol=1e-12)
+    np.testing.assert_allclose(shift[mine & ~loud], 0.7 / b, rtol=1e-12)
 
 
 @pytest.mark.parametrize("m, rate", [(9, 1.0), (12, 0.3)])

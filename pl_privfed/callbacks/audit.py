@@ -21,12 +21,12 @@ from pl_privfed.checks import check_choice
 from pl_privfed.privacy import level_of, plan
 from pl_privfed.privacy.audit import (
     ClientCanaries,
-    RecordCanaries,
     canary_directions,
     canary_membership,
     gaussian_estimate,
     one_run_audit,
 )
+from pl_privfed.privacy.audit_records import RecordCanaries, record_hosts
 
 __all__ = ["AuditLevel", "PrivacyAudit"]
 
@@ -79,10 +79,11 @@ class PrivacyAudit(pl.Callback):
       final model and summed over every round's change, gives Andrew et al.'s ε **estimate**
       (Gaussian fit, μ-GDP at δ);
     * **record-level DP** (FedAvg with per-sample clipping, PORTER-DP, SoteriaFL, the demo):
-      ``canaries`` canary records, each inserted with probability 1/2 into one client's data,
-      whose gradient is a fixed direction (:class:`~pl_privfed.privacy.audit.RecordCanaries`:
-      joined to its host's minibatch by the gradient oracle and clipped like every other
-      record). The scores give Steinke et al.'s ε **lower bound** at ``confidence`` (and a
+      ``canaries`` canary records, each inserted with probability 1/2 into one client's data
+      (hosts keyed over every client), whose gradient is a fixed direction
+      (:class:`~pl_privfed.privacy.audit_records.RecordCanaries`: examples of the real
+      per-example path, at keyed places among their host's examples, through the same
+      operator calls and noise draw as every other record). The scores give Steinke et al.'s ε **lower bound** at ``confidence`` (and a
       Gaussian-fit estimate beside it).
 
     Beside either method, the **white-box** threat model (``threat_models["white_box"]``; Nasr
@@ -232,11 +233,11 @@ class PrivacyAudit(pl.Callback):
                 )
             norm = self.overshoot * float(bound) * size
             minibatch_norm = norm * size  # its part of the average outweighs the others'
-        hosts = torch.arange(self.count) % max(1, int(algorithm.num_clients))
+        inserted = canary_membership(self.count, self.seed, half=False)
         return RecordCanaries(
             directions,
-            canary_membership(self.count, self.seed, half=False),
-            hosts,
+            inserted,
+            record_hosts(inserted, int(algorithm.num_clients), self.seed),
             release_size=size,
             norm=norm,
             rate=rate,

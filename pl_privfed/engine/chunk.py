@@ -182,17 +182,17 @@ class ClientChunk:
         self._record(out, params.dim() == 1)
         return self._with_hook(out.grads, step)
 
-    def _with_hook(self, grads: Tensor, step: int | None, operator: Any = None) -> Tensor:
-        """``grads`` (``[c, d]``, each client's average over its records) with an audit's
-        canary records of these clients joined to the average (:class:`RecordCanaries
-        <pl_privfed.privacy.audit.RecordCanaries>`: ``Ψ(G·u_j)/b`` each, ``Ψ`` the
-        per-example ``operator`` or none for the plain minibatch gradient); the real
-        records' part is untouched."""
+    def _with_hook(self, grads: Tensor, step: int | None) -> Tensor:
+        """``grads`` (``[c, d]``, each client's minibatch gradient) with an audit's canary
+        records of these clients joined to the average (:meth:`RecordCanaries.gradients
+        <pl_privfed.privacy.audit_records.RecordCanaries.gradients>`: ``G·u_j/b`` each, which
+        the algorithm's clip of the whole gradient then bounds); the real records' part is
+        untouched."""
         hook = self.ctx.stage.hook
         if hook is None:
             return grads
         self.ctx.rows.require_dense("an audit's canaries")
-        extra = hook.gradients(self.ids, self.round_index, step, operator, grads)
+        extra = hook.gradients(self.ids, self.round_index, step, grads)
         return grads if extra is None else grads + extra
 
     def example_grads(self, params: Tensor, step: int | None = None) -> Tensor:
@@ -224,9 +224,14 @@ class ClientChunk:
         backend: per-example norms from the layers' factors, then one weighted backward
         product, the ghost-clipping identity); otherwise from the per-example gradients of the
         chunk. Records the per-example operator statistics."""
+        hook, join = self.ctx.stage.hook, None
+        if hook is not None:  # an audit's canary records: examples of these clients' minibatches
+            self.ctx.rows.require_dense("an audit's canaries")
+            join = hook.records(self.ids, self.round_index, step)
         clipped = getattr(self.ctx.oracle, "clipped_mean", None)
         if callable(clipped) and operator.norm_based and self.canary is None:
-            out = clipped(params, self.ids, operator.scale, step=step)
+            scale = operator.scale if join is None else join.scale_with(operator.scale, self.size)
+            out = clipped(params, self.ids, scale, step=step)
             self._record(out, False)
             self.examples_per_client = int(out.norms.shape[-1])
             if statistics:
@@ -235,13 +240,41 @@ class ClientChunk:
             if self._record_checks() is not None:  # the scales the oracle applied
                 self._check_bound(out.norms * operator.scale(out.norms).abs(), operator.bound)
                 self._check_bound(torch.linalg.vector_norm(out.grads, dim=-1), operator.bound)
-            return self._with_hook(out.grads, step, operator)
+            if join is None:
+                return out.grads
+            scales = join.scales.to(join.grads.device, join.grads.dtype).unsqueeze(1)
+            return out.grads + join.finish(join.grads * scales, out.grads)
         per_example = self.example_grads(params, step)
+        if join is not None:
+            return self._joined_mean(operator, per_example, join, statistics)
         out = self.apply(operator, per_example, statistics=statistics, inplace=True)
         mean = out.mean(1)
         if self._record_checks() is not None:
             self._check_bound(torch.linalg.vector_norm(mean, dim=-1), operator.bound)
-        return self._with_hook(mean, step, operator)
+        return mean
+
+    def _joined_mean(self, operator: Operator, examples: Tensor, join: Any, stats: bool) -> Tensor:
+        """:meth:`clipped_mean` with an audit's canary records among the examples: one
+        ``[c, B + A, d]`` tensor, each canary at its place among its host's examples
+        (:meth:`~pl_privfed.privacy.audit_records.RecordJoin.slots`), through the same
+        operator call; the real examples' clipped mean plus each host's canaries' ``Ψ(G·u_j)/b``.
+        The statistics and the check mode's bound are the real examples' (a host's empty
+        places are zero rows, dropped)."""
+        c, batch, d = examples.shape
+        real, slot, width = join.layout(c, batch, examples.device)
+        rows, slot = join.rows.to(examples.device), slot.to(examples.device)
+        both = examples.new_zeros(c, width, d)
+        both[real] = examples.reshape(-1, d)
+        both[rows, slot] = join.grads.to(examples.dtype)
+        before = torch.linalg.vector_norm(both, dim=-1) if stats else None
+        out = self.apply(operator, both, statistics=False, inplace=True)
+        if before is not None:
+            after = torch.linalg.vector_norm(out, dim=-1)
+            self._operator_stats(before[real].view(c, batch), after[real].view(c, batch))
+        mean = out.masked_fill(~real.unsqueeze(-1), 0.0).sum(1).div_(batch)
+        if self._record_checks() is not None:
+            self._check_bound(torch.linalg.vector_norm(mean, dim=-1), operator.bound)
+        return mean + join.finish(out[rows, slot], mean)
 
     # ------------------------------------------------------------------ the check mode
     def _record_checks(self) -> Any:

@@ -87,8 +87,9 @@ class MessageHook(Protocol):
 
     * :attr:`key`: the sum the canary clients send to (their messages to any other are dropped);
     * :meth:`place`: the round's clients ``ids`` (sorted) with the canary clients that take
-      part inserted among them (indices ``n + j``, at places the audit draws), which the engine
-      then cuts into chunks;
+      part inserted among them (indices ``n + j``, at places the audit draws, the rows every
+      engine path passes through included: the engine's ``chunk_size`` says where its chunks
+      start and end), which the engine then cuts into chunks;
     * :meth:`client_gradients`: the gradients ``[a, d]`` of the canary clients ``index`` (their
       fixed directions), where the oracle gives the real clients';
     * :meth:`sent`: what the canary clients ``index`` of a chunk sent to the sum ``key``, their
@@ -102,20 +103,25 @@ class MessageHook(Protocol):
       every clean contribution, cannot subtract;
     * :meth:`noise_drawn`: a record-level noise draw of the clients ``ids``
       (:meth:`~pl_privfed.engine.ClientChunk.normal`), which a white-box auditor reads;
-    * :meth:`gradients`: extra records' part of the minibatch gradients of the clients ``ids``
-      (:class:`~pl_privfed.engine.ClientChunk` adds it to ``grad`` and ``clipped_mean``), or
-      ``None``;
+    * :meth:`records`: extra records of the clients ``ids`` that join their per-example
+      computation (:meth:`~pl_privfed.engine.ClientChunk.clipped_mean`: each at its place among
+      its host's examples, through the same operator call; a
+      :class:`~pl_privfed.privacy.audit_records.RecordJoin`), or ``None``;
+    * :meth:`gradients`: extra records' part of the plain minibatch gradients of the clients
+      ``ids`` (:class:`~pl_privfed.engine.ClientChunk` adds it to ``grad``), or ``None``;
     * :meth:`operator_applied`: the rows ``[c, d]`` a norm-based operator is about to act on
       (:meth:`~pl_privfed.engine.ClientChunk.apply`): a minibatch gradient clipped whole,
       through which a white-box auditor follows its canary records.
 
     Implemented by :class:`~pl_privfed.privacy.audit.ClientCanaries` (client level) and
-    :class:`~pl_privfed.privacy.audit.RecordCanaries` (record level).
+    :class:`~pl_privfed.privacy.audit_records.RecordCanaries` (record level).
     """
 
     key: str
 
-    def place(self, round_index: int, ids: Tensor, num_clients: int) -> Tensor: ...
+    def place(
+        self, round_index: int, ids: Tensor, num_clients: int, chunk_size: int | None = None
+    ) -> Tensor: ...
 
     def client_gradients(self, index: Tensor, round_index: int, like: Tensor) -> Tensor: ...
 
@@ -134,8 +140,10 @@ class MessageHook(Protocol):
     def noise_drawn(self, ids: Tensor, round_index: int, rows: Tensor) -> None: ...
 
     def gradients(
-        self, ids: Tensor, round_index: int, step: int | None, operator: Any, like: Tensor
+        self, ids: Tensor, round_index: int, step: int | None, like: Tensor
     ) -> Tensor | None: ...
+
+    def records(self, ids: Tensor, round_index: int, step: int | None) -> Any: ...
 
     def operator_applied(
         self, ids: Tensor, round_index: int, operator: Any, rows: Tensor, factor: float = 1.0

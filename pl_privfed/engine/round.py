@@ -319,7 +319,7 @@ def _map(
     )
     owned = algorithm.shard.owned(participants)
     if stage.hook is not None and algorithm.shard.rank == 0:  # an audit's canary clients
-        owned = stage.hook.place(round_index, owned, algorithm.num_clients)
+        owned = stage.hook.place(round_index, owned, algorithm.num_clients, chunk_size)
     pieces = chunk_ids(owned, chunk_size)
     for p, phase in enumerate(phases):
         for ids in pieces:

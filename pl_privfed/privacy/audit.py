@@ -49,11 +49,13 @@ What the canaries enter and why it is sound:
   loss, and the server's denominator is not changed: one canary moves the noised sum by
   ``Φ``, as one client does (add/remove). Under several processes the canaries sit among the
   first process's clients.
-* A record canary joins its host client's minibatch in every round its record is drawn (the
-  release's record rate ``L/N``, keyed), adding ``Ψ(G·u_j)/b`` to the clipped mean of ``b``
-  records (per-example clipping) or ``G·u_j/b`` to the minibatch gradient that the algorithm then
-  clips; the real records, their order and their noise are unchanged. One canary moves the
-  average by at most the sensitivity the accountant is given.
+* A record canary is a record of the real per-example path
+  (:mod:`pl_privfed.privacy.audit_records`): in every round its record is drawn (the release's
+  record rate ``L/N``, keyed) it is an example of its host client's minibatch, at a keyed place
+  among the real ones, through the same operator call, sum and noise draw as they are, adding
+  ``Ψ(G·u_j)/b`` to the clipped mean of ``b`` records (per-example clipping), or ``G·u_j/b`` to
+  the minibatch gradient that the algorithm then clips; the real records and their noise are
+  unchanged. One canary moves the average by at most the sensitivity the accountant is given.
 
 Beside both, a **white-box** statistic (:class:`WhiteBox`): the auditor of a simulation knows
 every contribution to a release except whether each canary took part, so the engine's hook
@@ -100,11 +102,11 @@ __all__ = [
     "ClientCanaries",
     "GaussianEstimate",
     "OneRunAudit",
-    "RecordCanaries",
     "WhiteBox",
     "canary_directions",
     "canary_membership",
     "canary_participation",
+    "covering_places",
     "gaussian_estimate",
     "guess_counts",
     "one_run_audit",
@@ -209,6 +211,20 @@ class WhiteBox:
         self.unknown = bool(state.get("unknown", False))
 
 
+def covering_places(total: int, chunk_size: int | None = None) -> list[int]:
+    """The places of a round's sequence of ``total`` rows, cut into chunks of ``chunk_size``
+    (``None``: one chunk), that every engine path of a client row passes through, most
+    telling first: the last row (the last chunk's last row, in its remainder past any block
+    that does not divide it), the first row (the first chunk's), the first chunk's last row
+    (a full chunk's remainder) and the last chunk's first row; no place twice."""
+    if total <= 0:
+        return []
+    size = total if chunk_size is None else max(1, min(int(chunk_size), total))
+    last_start = (total - 1) // size * size
+    places = [total - 1, 0, size - 1, last_start]
+    return list(dict.fromkeys(places))
+
+
 # ---------------------------------------------------------------------------- client canaries
 class ClientCanaries:
     """Canary clients of the round (module docstring, first bullet of "what the canaries
@@ -290,13 +306,24 @@ class ClientCanaries:
             )
         return self.overshoot * float(bound)
 
-    def place(self, round_index: int, ids: Tensor, num_clients: int) -> Tensor:
+    def place(
+        self, round_index: int, ids: Tensor, num_clients: int, chunk_size: int | None = None
+    ) -> Tensor:
         """The round's clients ``ids`` with the inserted canaries that take part in round
         ``round_index`` among them: canary ``j`` is client ``n + j`` (``n = num_clients``: no
-        real client's index, so no real client's stream), the places uniform over the
-        sequence (the last chunk's included) and the order of the canaries shuffled, from
-        ``(seed, STREAM_AUDIT, AUDIT_PLACEMENT, round)``. The initialization's round (``-1``)
-        has none."""
+        real client's index, so no real client's stream), from ``(seed, STREAM_AUDIT,
+        AUDIT_PLACEMENT, round)``. The initialization's round (``-1``) has none.
+
+        Every engine path a client row can take is covered in every round: with the engine's
+        chunks of ``chunk_size`` rows (``None``: one chunk) cut from the sequence of ``n_ids +
+        a`` rows, the first canaries (in a keyed order) take :func:`covering_places`, the last
+        row of the round (the last chunk's last row: in that chunk's remainder past any block
+        size that does not divide it), the first row (the first chunk's), the first chunk's
+        last row (a full chunk's remainder) and the last chunk's first row; the others take
+        places uniform over the rest of the sequence. So a branch that treats some rows of a
+        round differently from the others is met by a canary every round, not by chance (a
+        chunk's remainder is 2 rows of 10,050 on the distributed configs: with uniform places
+        alone a canary landed there about 0.3 times in 30 rounds)."""
         self._round = None
         if round_index < 0:
             return ids
@@ -308,11 +335,16 @@ class ClientCanaries:
             return ids
         gen = keyed_generator(self.seed, STREAM_AUDIT, AUDIT_PLACEMENT, round_index)
         total = ids.numel() + active.numel()
+        fixed = torch.tensor(covering_places(total, chunk_size)[: active.numel()])
         where = torch.zeros(total, dtype=torch.bool)
-        where[torch.randperm(total, generator=gen)[: active.numel()]] = True
+        where[fixed] = True
+        free = (~where).nonzero().flatten()
+        drawn = free[torch.randperm(free.numel(), generator=gen)[: active.numel() - fixed.numel()]]
+        where[drawn] = True
+        order = active[torch.randperm(active.numel(), generator=gen)] + num_clients
         placed = torch.empty(total, dtype=ids.dtype)
         placed[~where] = ids.cpu()
-        placed[where] = active[torch.randperm(active.numel(), generator=gen)] + num_clients
+        placed[torch.cat([fixed, drawn])] = order.to(ids.dtype)
         return placed.to(ids.device)
 
     def client_gradients(self, index: Tensor, round_index: int, like: Tensor) -> Tensor:
@@ -395,8 +427,12 @@ class ClientCanaries:
         """Nothing: client canaries read the sums, not record-level draws."""
 
     def gradients(
-        self, ids: Tensor, round_index: int, step: int | None, operator: Any, like: Tensor
+        self, ids: Tensor, round_index: int, step: int | None, like: Tensor
     ) -> Tensor | None:
+        """Nothing: client canaries are senders, not records."""
+        return None
+
+    def records(self, ids: Tensor, round_index: int, step: int | None) -> None:
         """Nothing: client canaries are senders, not records."""
         return None
 
@@ -404,196 +440,3 @@ class ClientCanaries:
         self, ids: Tensor, round_index: int, operator: Any, rows: Tensor, factor: float = 1.0
     ) -> None:
         """Nothing: client canaries go through the round's operator in :meth:`messages`."""
-
-
-# ---------------------------------------------------------------------------- record canaries
-class RecordCanaries:
-    """Canary records for the engine's gradient oracle (module docstring, second bullet of "what
-    the canaries enter").
-
-    :class:`~pl_privfed.engine.ClientChunk` finds them as the message stage's hook
-    (:class:`~pl_privfed.engine.MessageHook`, from ``algorithm.canaries``) and adds
-    :meth:`gradients` to what ``grad`` (the minibatch gradient) and ``clipped_mean`` (the
-    clipped per-example mean) return for the chunk's clients; :meth:`messages` sends nothing.
-
-    Args:
-        directions: ``[m, d]`` unit directions, on the training device.
-        inserted: ``[m]`` bool: the canaries inserted into their host's data.
-        hosts: ``[m]`` the client (agent) holding each canary.
-        release_size: ``b``, the records one noised average is over (the declaration's).
-        norm: ``G``, the norm of a canary record's gradient (large: the clip must act).
-        minibatch_norm: the norm of a canary record's gradient where it joins a plain
-            minibatch gradient that the algorithm then clips whole (default ``norm``): large
-            enough that its part of the average, ``minibatch_norm / b``, outweighs the real
-            records' gradient, so the clip points along it (the callback gives ``b`` times
-            ``norm``); a record's gradient is unbounded there, which is why the certificate
-            counts ``2τ`` for one record.
-        rate: the probability that a record is in a round's sample (the declaration's
-            ``positions / population``, at most 1).
-        seed: the audit's seed (sampling draws).
-    """
-
-    level = "record"
-
-    def __init__(
-        self,
-        directions: Tensor,
-        inserted: Tensor,
-        hosts: Tensor,
-        *,
-        release_size: int,
-        norm: float,
-        rate: float = 1.0,
-        seed: int = 0,
-        minibatch_norm: float | None = None,
-    ) -> None:
-        self.directions = directions
-        self.inserted = inserted.to("cpu", torch.bool)
-        self.hosts = hosts.to("cpu", torch.int64)
-        self.release_size = int(release_size)
-        self.norm = float(norm)
-        self.minibatch_norm = self.norm if minibatch_norm is None else float(minibatch_norm)
-        self.rate = min(1.0, float(rate))
-        self.seed = int(seed)
-        self.uses = torch.zeros(self.count, dtype=torch.int64)
-        self.last_received: Tensor | None = None  # record canaries observe no sum
-        self._last_round = torch.full((self.count,), -1, dtype=torch.int64)
-        self.white = WhiteBox(self.count)
-        #: the last gradients' (round, who would take part, contributions ⟨c_j, u_j⟩), read by
-        #: the noise draw that follows them (:meth:`noise_drawn`)
-        self._pending: tuple[int, Tensor, np.ndarray] | None = None
-        #: canaries joined to a plain minibatch gradient, whose contribution the operator that
-        #: follows decides (:meth:`operator_applied`): (round, active canaries, their weight)
-        self._awaiting: tuple[int, Tensor, float] | None = None
-
-    @property
-    def count(self) -> int:
-        return int(self.inserted.numel())
-
-    key = "sent"
-
-    def place(self, round_index: int, ids: Tensor, num_clients: int) -> Tensor:
-        """The round's clients as they are: record canaries are records, not clients."""
-        return ids
-
-    def client_gradients(self, index: Tensor, round_index: int, like: Tensor) -> Tensor:
-        raise ValueError("record canaries place no canary client")
-
-    def sent(
-        self, round_index: int, key: str, index: Tensor, clean: Tensor, noise: Tensor | None
-    ) -> None:
-        """Nothing: record canaries send no message of their own."""
-
-    def noise(
-        self, round_index: int, key: str, draw: Callable[[int], Tensor | None]
-    ) -> Tensor | None:
-        """Nothing: record canaries send no message of their own."""
-        return None
-
-    def observe(
-        self, round_index: int, key: str, received: Tensor, shared_noise: Tensor | None = None
-    ) -> None:
-        """Nothing to observe: the audit reads the model and the record-level draws."""
-
-    def noise_drawn(self, ids: Tensor, round_index: int, rows: Tensor) -> None:
-        """The record-level noise ``rows`` (``[c, d]``) the clients ``ids`` just added to the
-        gradients that the canaries last joined (:meth:`gradients`): the white-box statistic
-        (:class:`WhiteBox`) of every canary hosted by these clients is the projection of its
-        host's draw on ``u_j`` plus, inserted and drawn into this round's sample, its
-        contribution ``⟨Ψ(G·u_j)/b, u_j⟩`` (or, joined to a minibatch gradient that the
-        algorithm then clips whole, what :meth:`operator_applied` found). Every round the host
-        draws noise counts, whether or not the canary was sampled: the record sample is secret
-        from the adversary the certificate names (that is what its amplification by sampling
-        rests on), so an auditor that kept only the rounds the canary was drawn into would audit
-        a mechanism without that amplification and read above a correct certificate. A canary
-        joined to a plain minibatch gradient that no norm-based operator followed before the
-        noise has no known contribution, and no white-box statistic that round."""
-        state, self._pending = self._pending, None
-        awaiting, self._awaiting = self._awaiting, None
-        if awaiting is not None:  # canaries in a minibatch gradient no clip followed
-            self.white.unknown = True
-        if state is None or state[0] != round_index or awaiting is not None:
-            return
-        _, _, shift = state
-        ids = ids.to("cpu", torch.int64)
-        chosen = torch.isin(self.hosts, ids).nonzero().squeeze(1)
-        if chosen.numel() == 0:
-            return
-        u = self.directions[chosen.to(self.directions.device)]
-        drawn = rows[torch.searchsorted(ids, self.hosts[chosen]).to(rows.device)]
-        base, picked = np.zeros(self.count), np.zeros(self.count)
-        index = chosen.numpy()
-        base[index] = (u * drawn.to(u.device, u.dtype)).sum(1).double().cpu().numpy()
-        picked[index] = shift[index]
-        self.white.add(base, picked)
-
-    def gradients(
-        self, ids: Tensor, round_index: int, step: int | None, operator: Any, like: Tensor
-    ) -> Tensor | None:
-        """``[c, d]``: for each client of ``ids``, ``Σ_j Ψ(G·u_j)/b`` over its inserted canaries
-        drawn in round ``round_index`` (``Ψ`` the per-example operator, ``None`` for the plain
-        minibatch gradient); ``None`` when no canary of these clients is in the round. A canary
-        joins the round's first local minibatch (``step`` 0) or, for solvers that reuse the
-        round's batch (``step`` ``None``), every local step, as the record would."""
-        self._pending = self._awaiting = None
-        if round_index < 0 or step not in (None, 0):
-            return None
-        ids = ids.to("cpu", torch.int64)
-        takes = torch.isin(self.hosts, ids)
-        takes &= canary_participation(self.count, self.rate, self.seed, round_index)
-        active = self.inserted & takes
-        shift = np.zeros(self.count)
-        self._pending = (round_index, takes, shift)
-        norm = self.norm if operator is not None else self.minibatch_norm
-        if operator is None and bool(active.any()):  # the clip that follows decides c_j
-            self._awaiting = (round_index, active.nonzero().squeeze(1), norm / self.release_size)
-        if not bool(active.any()):
-            return None
-        fresh = active & (self._last_round != round_index)
-        self.uses += fresh.to(torch.int64)
-        self._last_round[active] = round_index
-        if operator is not None:
-            if not operator.norm_based:
-                raise ValueError(
-                    f"PrivacyAudit: record canaries need a norm-based operator, got {operator!r}"
-                )
-            norm *= float(operator.scale(torch.tensor([norm], dtype=torch.float64))[0])
-        chosen = active.nonzero().squeeze(1)
-        if operator is not None:
-            shift[chosen.numpy()] = norm / self.release_size
-        rows = torch.searchsorted(ids, self.hosts[chosen])
-        weights = torch.zeros(ids.numel(), self.count, dtype=torch.float64)
-        weights[rows, chosen] = norm / self.release_size
-        directions = self.directions
-        out = weights.to(directions.device, directions.dtype) @ directions
-        return out.to(like.device, like.dtype)
-
-    def operator_applied(
-        self, ids: Tensor, round_index: int, operator: Any, rows: Tensor, factor: float = 1.0
-    ) -> None:
-        """The chunk's minibatch gradients ``rows`` (``[c, d]``, the canaries of
-        :meth:`gradients` joined) just before the norm-based ``operator`` ``Ψ`` (times
-        ``factor``) acts on them: the algorithm clips the whole minibatch gradient (SoteriaFL,
-        FedAvg's ``clip_level: minibatch``). The white-box auditor knows every record, so canary
-        ``j``'s contribution is ``c_j = β Ψ(v) − β Ψ(v − a_j)`` with ``v`` its host's row and
-        ``a_j = G u_j / b`` its record's part of the average (the other canaries' parts stay
-        known); ``⟨c_j, u_j⟩`` is its shift for :meth:`noise_drawn`. With ``G/b`` far above
-        the clip (the callback's canary norm is ``overshoot`` times the clip times ``b``)
-        ``Ψ(v)`` points along the canaries and ``⟨c_j, u_j⟩`` is about the clip ``τ``, so under
-        replace-one (counted twice, ``2τ``) the statistic is the mechanism's own at its
-        sensitivity ``2τ``. Only the first norm-based operator after the gradients counts."""
-        state, self._awaiting = self._awaiting, None
-        if state is None or state[0] != round_index or self._pending is None:
-            return
-        _, chosen, weight = state
-        ids = ids.to("cpu", torch.int64)
-        u = self.directions[chosen.to(self.directions.device)]
-        v = rows[torch.searchsorted(ids, self.hosts[chosen]).to(rows.device)].to(u.dtype)
-        without = v - weight * u
-
-        def through(x: Tensor) -> Tensor:
-            norms = torch.linalg.vector_norm(x, dim=1).double()
-            return x * operator.scale(norms).to(x.dtype).unsqueeze(1) * float(factor)
-
-        contribution = ((through(v) - through(without)) * u).sum(1)
-        self._pending[2][chosen.numpy()] = contribution.double().cpu().numpy()

@@ -13,8 +13,10 @@ a ``with`` block (:func:`unittest.mock.patch`, so nothing outlives the block). U
 DP), ``alarm``, the part of the audit that must flag it: ``"white_box"`` (the default) or
 ``"noise_test"`` (issue 48: the realized noise against the declared mechanism,
 ``tests/test_audit_noise.py``; the breaks of the draw itself: reused across rounds, correlated,
-scaled for the average) and, for a break that exists only where a round has several chunks,
-``client_chunk`` (the small problem's chunk size for it).
+scaled for the average), ``subset`` (issue 48: a break for some rows of one engine path only,
+which canaries must land in to be seen; :data:`SKIPPED` counts the rows it touched) and, for
+a break that exists only where a round has several chunks, ``client_chunk`` (the small
+problem's chunk size for it).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from pl_privfed.callbacks import PrivacyAudit
 from pl_privfed.datamodules import QuadraticDataModule
 from pl_privfed.engine import ClientChunk, MessageStage
 from pl_privfed.engine import round as engine_round
+from pl_privfed.grads import GradientOracle
 from pl_privfed.models import HalfSquaredError, QuadraticModel
 from pl_privfed.operators import Clip
 from pl_privfed.privacy import (
@@ -54,6 +57,7 @@ _distributed_std = DistributedNoise.sender_std
 _normal = ClientChunk.normal
 _scales = ClientChunk.scales
 _chunk_ids = engine_round.chunk_ids
+_oracle_clipped_mean = GradientOracle.clipped_mean
 
 
 def _central_scaled(factor: Callable[[int], float]) -> Any:
@@ -78,20 +82,62 @@ def _record_noise_times(factor: float) -> Any:
     return mock.patch.object(ClientChunk, "normal", normal)
 
 
+#: rows a subset break left unbounded in the last ``with broken(...)`` block (client messages,
+#: or clients whose records skipped the clip; ``benchmarks/audit_breaks.py`` reports "n/a" for a
+#: subset break that touched none)
+SKIPPED = [0]
+
+
+def _bounding(operator: Any) -> bool:
+    """Whether ``operator`` is what bounds a client's message (a clip, an adaptive clip, the
+    α-NormEC family's smoothed normalization): norm-based, with a bound, not the identity."""
+    return bool(operator.norm_based) and operator.bound is not None and not operator.is_identity
+
+
 def _clip_skipped_on(rows_of: Callable[[ClientChunk], Any]) -> Any:
-    """The client clip skipped on one engine path: for the rows ``rows_of(chunk)`` of a chunk
-    (an index, or ``None`` for none) a :class:`Clip`'s scale is left at the factor, as a
-    branch that forgot the clip would; every other row, and the accounting, as they were."""
+    """The client's bounding operator (its clip, or the smoothed normalization that bounds
+    α-NormEC's messages) skipped on one engine path: for the rows ``rows_of(chunk)`` of a
+    chunk's client messages (an index, or ``None`` for none) the operator's scale is left at
+    the factor, as a branch that forgot the clip would; every other row, and the accounting,
+    as they were."""
 
     def scales(self, operator, v, *, factor=1.0, statistics=True):
         scale = _scales(self, operator, v, factor=factor, statistics=statistics)
-        rows = rows_of(self) if isinstance(operator, Clip) else None
+        rows = rows_of(self) if _bounding(operator) and v.dim() == 2 else None
         if scale is not None and rows is not None:
             scale = scale.clone()
             scale[rows] = factor
+            SKIPPED[0] += int(scale[rows].numel())
         return scale
 
     return mock.patch.object(ClientChunk, "scales", scales)
+
+
+def _last_client_records_unclipped() -> Any:
+    """The per-example clip skipped for the records of each oracle call's last client: the
+    oracle's clipped mean (:meth:`GradientOracle.clipped_mean`, every per-example clipped run
+    of a model) never puts that client's examples through the operator's scale (an
+    off-by-one in a loop over the clients), so they keep their norms; every other client's
+    records, and the accounting, as they were."""
+
+    def clipped_mean(self, params, inputs, targets, scale, *args, **kwargs):
+        clients, batch = inputs.shape[:2]
+        done = [0]
+
+        def forgetful(norms):
+            rows = norms.reshape(-1, batch)
+            done[0] += rows.shape[0]
+            if done[0] < clients:
+                return scale(norms)
+            out = torch.ones_like(rows)
+            if rows.shape[0] > 1:
+                out[:-1] = scale(rows[:-1]).reshape(-1, batch)
+            SKIPPED[0] += 1
+            return out.reshape(norms.shape)
+
+        return _oracle_clipped_mean(self, params, inputs, targets, forgetful, *args, **kwargs)
+
+    return mock.patch.object(GradientOracle, "clipped_mean", clipped_mean)
 
 
 @contextmanager
@@ -208,15 +254,25 @@ BREAKS: dict[str, dict[str, Any]] = {
     "client clip skipped": {"applies": CLIENT, "patch": lambda: _clip_times(None)},
     "client clip at 2x": {"applies": CLIENT, "patch": lambda: _clip_times(2.0)},
     "client clip skipped in the last chunk": {
+        "subset": True,
         "applies": CLIENT,
         "patch": _last_chunk_unclipped,
         "client_chunk": 8,
     },
     "client clip skipped in a chunk's remainder": {
+        "subset": True,
         "applies": CLIENT,
         "patch": lambda: _clip_skipped_on(_remainder),
     },
     "record noise x0.5": {"applies": ("record",), "patch": lambda: _record_noise_times(0.5)},
+    # issue 48: the per-example clip skipped for some real records on the real path (the canary
+    # records are records of that path, their norms in the oracle's calls of the scale)
+    "per-example clip skipped for a chunk's last client": {
+        "applies": ("record",),
+        "subset": True,
+        "patch": _last_client_records_unclipped,
+        "client_chunk": 4,  # the small problem's 10 clients in chunks of 4, 4 and 2
+    },
     "per-example clip skipped": {"applies": ("record",), "patch": lambda: _clip_times(None)},
     "record clip at 2x": {"applies": ("record",), "patch": lambda: _clip_times(2.0)},
 }
@@ -288,6 +344,7 @@ def audit_small(
 def broken(name: str) -> Iterator[None]:
     """Run the ``with`` block with break ``name`` of :data:`BREAKS` applied, the privacy
     invariants' check mode off (it would stop the broken run, which the audit must read)."""
+    SKIPPED[0] = 0
     with invariants.disabled(), BREAKS[name]["patch"]():
         yield
 
