@@ -16,6 +16,7 @@ import datetime
 import json
 import os
 import platform
+import re
 import shlex
 import sys
 from collections.abc import Sequence
@@ -24,6 +25,11 @@ from pathlib import Path
 #: what every artefact carries beside its tables (tests/test_benchmark_pages.py checks)
 REQUIRED = ("benchmark", "command", "date_utc", "machine", "load_start", "load_end", "tables")
 MACHINE = ("cpu", "logical_cores", "torch_threads", "torch")
+#: what a block says when its artefact or table is missing (a benchmark that failed)
+MISSING = (
+    "*Not measured: no table `{table}` in `docs/results/benchmarks/{name}.json`; run "
+    "`python benchmarks/run_cpu.py --only {name}`.*"
+)
 
 
 def cpu_model() -> str:
@@ -161,3 +167,26 @@ def render(data: dict, key: str) -> str:
 
 def read(folder: Path, name: str) -> dict:
     return json.loads((Path(folder) / f"{name}.json").read_text(encoding="utf-8"))
+
+
+#: a benchmark table's block in docs/performance.md: artefact name and table key
+BLOCK = re.compile(
+    r"<!-- bench:(?P<name>[\w.-]+)/(?P<table>[\w.-]+) begin -->\n.*?"
+    r"<!-- bench:(?P=name)/(?P=table) end -->",
+    re.S,
+)
+
+
+def performance_page(text: str, folder: Path) -> str:
+    """``text`` (docs/performance.md) with every benchmark block rendered from its artefact in
+    ``folder``; a missing artefact or table is said in its block (:data:`MISSING`)."""
+
+    def block(match: re.Match) -> str:
+        name, table = match["name"], match["table"]
+        try:
+            body = render(read(folder, name), table)
+        except (OSError, KeyError):  # tests/test_benchmark_pages.py fails on it
+            body = MISSING.format(name=name, table=table)
+        return f"<!-- bench:{name}/{table} begin -->\n{body}\n<!-- bench:{name}/{table} end -->"
+
+    return BLOCK.sub(block, text)
