@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_artefact import Artefact, add_json_argument  # noqa: E402
 
-LABELS = ("forward_backward", "norms", "clipped_sums", "client_sums")
+LABELS = ("forward_backward", "norms", "clipped_sums", "client_sums", "one_client")
 
 
 def main() -> None:
