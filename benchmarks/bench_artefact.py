@@ -25,6 +25,11 @@ from pathlib import Path
 #: what every artefact carries beside its tables (tests/test_benchmark_pages.py checks)
 REQUIRED = ("benchmark", "command", "date_utc", "machine", "load_start", "load_end", "tables")
 MACHINE = ("cpu", "logical_cores", "torch_threads", "torch")
+#: what a block says above a table from ``run_cpu.py --tiny`` (artefact field ``size``)
+TINY = (
+    "**A check run at a tiny size, not a measurement** (`run_cpu.py --tiny`): "
+    "`python benchmarks/run_cpu.py --only {name}` measures it at the documented size."
+)
 #: what a block says when its artefact or table is missing (a benchmark that failed)
 MISSING = (
     "*Not measured: no table `{table}` in `docs/results/benchmarks/{name}.json`; run "
@@ -159,6 +164,8 @@ def render(data: dict, key: str) -> str:
         lines += [table["title"], ""]
     lines += ["| " + " | ".join(table["columns"]) + " |", "|" + "---|" * len(table["columns"])]
     lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in table["rows"]]
+    if data.get("size") == "tiny":
+        lines[:0] = [TINY.format(name=Path(data["command"].split("--json ")[-1]).stem), ""]
     notes = table.get("notes") or {}
     if notes:
         lines += ["", "; ".join(f"{k}: {cell(v)}" for k, v in notes.items()) + "."]

@@ -24,6 +24,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import subprocess
@@ -141,8 +142,11 @@ GPU = {
 }
 
 
-def run(name: str, script: str, args: str, out: Path, limit: float) -> str | None:
-    """Run one benchmark into ``out/<name>.json``; None on success, else why it failed."""
+def run(
+    name: str, script: str, args: str, out: Path, limit: float, size: str = "documented"
+) -> str | None:
+    """Run one benchmark into ``out/<name>.json`` (``size``: "documented" or "tiny", kept in
+    the artefact and said on the page); None on success, else why it failed."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     env.setdefault("PL_PRIVFED_DATA", str(REPO.parent / "shared" / "data"))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
@@ -165,9 +169,10 @@ def run(name: str, script: str, args: str, out: Path, limit: float) -> str | Non
         partial.unlink(missing_ok=True)
         return f"exit status {proc.returncode}" + ("" if partial.is_file() else ", no artefact")
     # the artefact's command names the kept path, not the temporary one
-    text = partial.read_text(encoding="utf-8")
-    rel = target.relative_to(REPO).as_posix()
-    target.write_text(text.replace(str(partial), rel), encoding="utf-8")
+    data = json.loads(partial.read_text(encoding="utf-8"))
+    data["command"] = data["command"].replace(str(partial), target.relative_to(REPO).as_posix())
+    data["size"] = size
+    target.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     partial.unlink()
     return None
 
@@ -201,7 +206,9 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     for n in names:
         script, sizes, tiny, estimate = table[n]
-        why = run(n, script, tiny if args.tiny else sizes, out, args.limit_factor * estimate + 60)
+        limit = args.limit_factor * estimate + 60
+        size = "tiny" if args.tiny else "documented"
+        why = run(n, script, tiny if args.tiny else sizes, out, limit, size)
         if why:
             failed[n] = why
             print(f"### {n} FAILED: {why}", file=sys.stderr, flush=True)

@@ -91,5 +91,8 @@ def test_a_block_renders_the_artefact_cells_and_its_machine(tmp_path):
     assert "`python benchmarks/demo.py --clients 10`" in out
     assert f"{data['machine']['logical_cores']} logical cores" in out
     assert "load average" in out
+    data["size"] = "tiny"  # as run_cpu.py --tiny marks it
+    (tmp_path / "demo.json").write_text(json.dumps(data))
+    assert "A check run at a tiny size, not a measurement" in bench.performance_page(page, tmp_path)
     missing = bench.performance_page(page.replace("demo/t", "demo/missing"), tmp_path)
     assert "Not measured: no table `missing` in `docs/results/benchmarks/demo.json`" in missing
