@@ -146,6 +146,14 @@ def main() -> None:
             table.append([name, key, round_ms, round_ms / base, fit_s, *audit])
             print(f"{name:<16} {key:<18} {round_ms:9.2f} {round_ms / base:8.3f} {fit_s:7.2f} "
                   f"{extra:>29}")  # fmt: skip
+    noised = [r[3] for r in table if r[1] in ("central", "distributed")]
+    audited = [x for r in table for x in r[5:] if x is not None]
+    if noised:
+        record.note(
+            "rounds", "central or distributed noise, the most over none (target 1.05)", max(noised)
+        )
+    if audited:
+        record.note("rounds", "the audit, the most over the same run (target 1.10)", max(audited))
     record.write(ns.json)
 
 

@@ -96,3 +96,56 @@ def test_a_block_renders_the_artefact_cells_and_its_machine(tmp_path):
     assert "A check run at a tiny size, not a measurement" in bench.performance_page(page, tmp_path)
     missing = bench.performance_page(page.replace("demo/t", "demo/missing"), tmp_path)
     assert "Not measured: no table `missing` in `docs/results/benchmarks/demo.json`" in missing
+
+
+def test_the_peers_targets_are_read_off_the_rows():
+    """benchmarks/peers.py says issue 12's targets under its table from its own rows."""
+    spec = importlib.util.spec_from_file_location("peers", REPO / "benchmarks/peers.py")
+    peers = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(peers)
+
+    def row(workload, nt, system, seconds, peak, own=None):
+        cells = dict.fromkeys(peers.COLUMNS)
+        cells.update(
+            {
+                "model": "mlp",
+                "workload": workload,
+                "n × T": nt,
+                "system": system,
+                "s/round": seconds,
+                "peak MB": peak,
+                "own work / gradients": own,
+            }
+        )
+        return [cells[c] for c in peers.COLUMNS]
+
+    rows = [
+        row("fedavg", "100 × 1", "loop", 1.0, 1000),
+        row("fedavg", "100 × 1", "package", 0.5, 1000, own=0.2),
+        row("fedavg", "100 × 1", "fit", 0.6, 1600),
+        row("alpha_normec", "100 × 1", "loop", 1.0, 1000),
+        row("alpha_normec", "100 × 1", "package", 0.8, 1000, own=0.4),
+        row("alpha_normec", "100 × 1", "fit", 1.2, 1000),
+        row("per_example_dp", "10 × 1", "opacus", 9.0, 1000),
+        row("per_example_dp", "10 × 1", "opacus_ghost", 2.0, 1000),
+        row("per_example_dp", "10 × 1", "package", 1.0, 1000),
+        row("per_example_dp", "10 × 1", "fit", 3.0, 1000),
+    ]
+    notes = peers.target_notes(rows)
+    assert notes["fit ≤ 1.0× the loop (FedAvg, α-NormEC)"] == "met in 1 of 2 cells (0.60–1.20×)"
+    # against Opacus with ghost clipping, the faster peer, where both ran
+    assert notes["package and fit ≤ 1.0× Opacus (per-example DP)"] == (
+        "met in 1 of 2 cells (0.50–1.50×)"
+    )
+    assert notes["peak memory ≤ 1.5× the peer's"] == "met in 5 of 6 cells (1.00–1.60×)"
+    assert notes["α-NormEC's own work ≤ 0.15 of the gradients at 100 clients"] == (
+        "met in 0 of 1 cells (0.40–0.40×)"
+    )
+    assert notes["fit ≤ 1.05× package at 100 × 1 (the CLI's overhead)"] == (
+        "met in 0 of 2 cells (1.20–1.50×)"
+    )
+    assert peers.target_notes(rows[:3]).keys() == {
+        "fit ≤ 1.0× the loop (FedAvg, α-NormEC)",
+        "peak memory ≤ 1.5× the peer's",
+        "fit ≤ 1.05× package at 100 × 1 (the CLI's overhead)",
+    }
