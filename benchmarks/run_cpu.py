@@ -27,6 +27,7 @@ import argparse
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -160,14 +161,18 @@ def run(
         str(partial),
     ]
     print(f"\n### {name}: {' '.join(cmd[1:])}", flush=True)
+    # its own process group, so that an overrun ends the workers it started too
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, start_new_session=True)
     try:
-        proc = subprocess.run(cmd, cwd=REPO, env=env, timeout=limit)
+        code = proc.wait(timeout=limit)
     except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
         partial.unlink(missing_ok=True)
         return f"ran past its limit of {limit:.0f} s"
-    if proc.returncode or not partial.is_file():
+    if code or not partial.is_file():
         partial.unlink(missing_ok=True)
-        return f"exit status {proc.returncode}" + ("" if partial.is_file() else ", no artefact")
+        return f"exit status {code}" + ("" if partial.is_file() else ", no artefact")
     # the artefact's command names the kept path, not the temporary one
     data = json.loads(partial.read_text(encoding="utf-8"))
     data["command"] = data["command"].replace(str(partial), target.relative_to(REPO).as_posix())
