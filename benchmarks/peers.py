@@ -772,7 +772,9 @@ def target_notes(rows: list[list], dp_target: float = 1.0) -> dict[str, str]:
             cli.append(systems["fit"][col["s/round"]] / package[col["s/round"]])
     notes = {
         "fit ≤ 1.0× the loop (FedAvg, α-NormEC)": _span(fit_loop, 1.0),
-        f"package and fit ≤ {dp_target}× Opacus (per-example DP)": _span(dp, dp_target),
+        f"package and fit ≤ {dp_target}× Opacus ghost clipping, else Opacus (per-example DP)": _span(
+            dp, dp_target
+        ),
         "peak memory ≤ 1.5× the peer's": _span(memory, 1.5),
         "α-NormEC's own work ≤ 0.15 of the gradients at 100 clients": _span(own, 0.15),
         "fit ≤ 1.05× package at 100 × 1 (the CLI's overhead)": _span(cli, 1.05),

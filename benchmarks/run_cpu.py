@@ -114,7 +114,7 @@ CPU = {
     "scale": (
         "scale.py",
         "--ddp --population",
-        "--ddp --ddp-clients 20 --repeats 1 --population --clients 100 --mlp-clients --rounds 4 "
+        "--ddp --ddp-clients 20 --repeats 1 --population --clients 100 200 --mlp-clients --rounds 4 "
         "--warmup 1",
         300,
     ),
