@@ -204,7 +204,8 @@ def main(argv: list[str] | None = None) -> int:
             script, sizes, tiny, estimate = table[n]
             shown = tiny if args.tiny else sizes
             print(f"{n:<26} ~{estimate:4d} s  python benchmarks/{script} {shown}")
-        print(f"estimated total: {total / 60:.0f} min (documented sizes, quiet 2-core CPU)")
+        where = "a lent GPU" if args.device == "cuda" else "a quiet 2-core CPU"
+        print(f"estimated total: {total / 60:.0f} min (documented sizes, {where})")
         return 0
     out.mkdir(parents=True, exist_ok=True)
     failed: dict[str, str] = {}
