@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 import yaml
+from bench_artefact import Artefact, add_json_argument  # benchmarks/, the script's own folder
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -65,7 +66,20 @@ def run(path: Path, out: Path, rounds: int | None, batch: bool) -> tuple[float, 
     return time.perf_counter() - start, before, os.getloadavg()
 
 
-def sampled(path: Path, tmp_path: Path, args: argparse.Namespace) -> None:
+#: the artefact's table (one row a sweep)
+COLUMNS = [
+    "points",
+    "rounds",
+    "batched s",
+    "separate s",
+    "separate: how",
+    "batched / separate",
+    "load before / after (batched)",
+    "batched rows equal separate runs",
+]
+
+
+def sampled(path: Path, tmp_path: Path, args: argparse.Namespace, table: list) -> None:
     """The batched sweep against ``points ×`` the median of ``K`` separate runs of its point
     (seed 0, the largest ε, the middle value of every other axis), whose row must equal the
     batched one."""
@@ -98,6 +112,19 @@ def sampled(path: Path, tmp_path: Path, args: argparse.Namespace) -> None:
           f"{seconds / (len(batched) * median):.3f}x; its ({label}) "
           f"row equals the separate run (test accuracy {single['final_test_accuracy']}, "
           f"certified eps {single['epsilon']}): {equal}")  # fmt: skip
+    how = f"{len(batched)} × the median of {len(times)} runs of ({label}), {median:.1f} s"
+    table.append(
+        [
+            len(batched),
+            args.rounds,
+            seconds,
+            len(batched) * median,
+            how,
+            seconds / (len(batched) * median),
+            f"{before[0]:.2f} / {after[0]:.2f}",
+            bool(equal),
+        ]
+    )
 
 
 def middle(name: str, values: list) -> object:
@@ -156,7 +183,10 @@ def main() -> None:
     parser.add_argument(
         "--out", default=None, help="keep the sweeps' folders here (default: a temporary folder)"
     )
+    add_json_argument(parser)
     args = parser.parse_args()
+    record = Artefact("batched_sweep")
+    table = record.table("sweep", COLUMNS)
     with tempfile.TemporaryDirectory() as tmp:
         tmp_path = Path(args.out) if args.out else Path(tmp)
         tmp_path.mkdir(parents=True, exist_ok=True)
@@ -167,13 +197,14 @@ def main() -> None:
             args.rounds = 30 if args.rounds is None else args.rounds
             path = sweep_file(tmp_path, args.config, args.seeds, args.epsilons, args.step_sizes)
         if args.separate_sample:
-            sampled(path, tmp_path, args)
+            sampled(path, tmp_path, args, table)
+            record.write(args.json)
             return
-        times = {}
+        times, loads = {}, {}
         for batch in (True, False):
             name = "batched" if batch else "separate"
             seconds, before, after = run(path, tmp_path / name, args.rounds, batch)
-            times[name] = seconds
+            times[name], loads[name] = seconds, (before[0], after[0])
             print(f"{name}: {seconds:.1f} s (load average {before[0]:.2f} before, "
                   f"{after[0]:.2f} after)", flush=True)  # fmt: skip
         batched, separate = rows(tmp_path / "batched"), rows(tmp_path / "separate")
@@ -188,6 +219,20 @@ def main() -> None:
         print(f"{points} points, {args.rounds} rounds: batched / separate = "
               f"{times['batched'] / times['separate']:.2f}; every batched row equals its "
               f"separate run's (test accuracy, certified epsilon): {same}")  # fmt: skip
+        load = "{:.2f} / {:.2f}".format(*loads["batched"])
+        table.append(
+            [
+                points,
+                args.rounds,
+                times["batched"],
+                times["separate"],
+                "every point run",
+                times["batched"] / times["separate"],
+                load,
+                same,
+            ]
+        )
+        record.write(args.json)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-LABELS = ("forward_backward", "norms", "clipped_sums", "client_sums")
+from bench_artefact import Artefact, add_json_argument  # noqa: E402
+
+LABELS = ("forward_backward", "norms", "clipped_sums", "client_sums", "one_client")
 
 
 def main() -> None:
@@ -36,7 +38,9 @@ def main() -> None:
     parser.add_argument("--local-steps", type=int, default=1, help="T (FedAvg's local steps)")
     parser.add_argument("--ops", type=int, default=0, help="also print the N costliest operators")
     parser.add_argument("--rounds", type=int, default=4, help="profiled rounds (after one warm-up)")
+    add_json_argument(parser)
     args = parser.parse_args()
+    record = Artefact("layer_profile")
     os.environ.setdefault("PL_PRIVFED_DATA", str(ROOT.parent / "shared" / "data"))
     import peers
     import pytorch_lightning as pl
@@ -99,8 +103,15 @@ def main() -> None:
     rows = [*((f"layer rules: {k}", v) for k, v in phases.items() if v),
             ("the rest (algorithm, engine, data)", rest), ("round", total),
             ("floor: one centralized fwd/bwd", floor)]  # fmt: skip
+    table = record.table(
+        f"{args.model}_{args.workload}",
+        ["model, workload", "n × T", "part", "s/round", "share of the round", "× floor"],
+    )
     for name, value in rows:
         print(f"{name:>34} {value:8.4f} {value / total:6.1%} {value / floor:8.2f}")
+        cells = f"{args.clients} × {args.local_steps}", name, value, value / total, value / floor
+        table.append([f"{args.model}, {args.workload}", *cells])
+    record.write(args.json)
     if args.ops:
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.ops))
 

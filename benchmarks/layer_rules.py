@@ -33,6 +33,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
+from bench_artefact import Artefact, add_json_argument  # noqa: E402
+
 LR, CLIP, NOISE, BATCH = 0.1, 1.0, 1.0, 32
 
 
@@ -126,7 +128,9 @@ def main() -> None:
         action="store_true",
         help="torch.set_flush_denormal(True) (float32 denormals flushed to 0)",
     )
+    add_json_argument(parser)
     args = parser.parse_args()
+    record = Artefact("layer_rules")
     os.environ.setdefault("PL_PRIVFED_DATA", str(ROOT.parent / "shared" / "data"))
     import peers
     import torch
@@ -139,6 +143,19 @@ def main() -> None:
     dm = peers._data(dict(n=10, T=1, cache=tempfile.mkdtemp(prefix="layer-rules-")))
     idx = dm.round_indices(0).reshape(10, BATCH)[0]
     x, y = dm.train_inputs[idx], dm.train_targets[idx]
+    names = ["plain", "layers", "plain_dp_floor", "opacus_ghost", "layers_dp", "opacus_hooks"]
+    table = record.table(
+        "steps",
+        [
+            "model",
+            "d",
+            *(f"{name} ms" for name in names),
+            "layers / plain",
+            "layers_dp / opacus_ghost",
+            "layers_dp / layers",
+            "load",
+        ],
+    )
     for kind in args.models:
         fns, d, reset = systems(kind, x, y)
         names = list(fns)
@@ -168,6 +185,13 @@ def main() -> None:
             f"layers_dp / plain_dp_floor: {med['layers_dp'] / med['plain_dp_floor']:.2f}x"
         )
         sys.stdout.flush()
+        ratios = [
+            med["layers"] / med["plain"],
+            med["layers_dp"] / med["opacus_ghost"],
+            med["layers_dp"] / med["layers"],
+        ]
+        table.append([kind, d, *(1e3 * med[name] for name in names), *ratios, os.getloadavg()[0]])
+    record.write(args.json)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ import time
 
 import pytorch_lightning as pl
 import torch
+from bench_artefact import Artefact, add_json_argument  # benchmarks/, the script's own folder
 
 from pl_privfed import FederatedModule
 from pl_privfed.algorithms import AlphaNormEC, DistributedDPSGD
@@ -99,7 +100,21 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
+    add_json_argument(parser)
     ns = parser.parse_args()
+    record = Artefact("noise_placement")
+    table = record.table(
+        "rounds",
+        [
+            "algorithm",
+            "noise",
+            "ms/round",
+            "vs none",
+            "fit s",
+            "audit: round vs without",
+            "audit: fit vs without",
+        ],
+    )
     torch.set_num_threads(ns.threads)
     for name in ("pytorch_lightning", "lightning_fabric", "lightning.pytorch"):
         logging.getLogger(name).setLevel(logging.ERROR)
@@ -123,12 +138,23 @@ def main() -> None:
                for k, v in times.items()}  # fmt: skip
         base = med["none"][0]
         for key, (round_ms, fit_s) in med.items():
-            extra = ""
+            extra, audit = "", [None, None]
             if key.endswith("+audit"):
                 plain = med[key.removesuffix("+audit")]
                 extra = f"{round_ms / plain[0]:.3f}, {fit_s / plain[1]:.3f}"
+                audit = [round_ms / plain[0], fit_s / plain[1]]
+            table.append([name, key, round_ms, round_ms / base, fit_s, *audit])
             print(f"{name:<16} {key:<18} {round_ms:9.2f} {round_ms / base:8.3f} {fit_s:7.2f} "
                   f"{extra:>29}")  # fmt: skip
+    noised = [r[3] for r in table if r[1] in ("central", "distributed")]
+    audited = [x for r in table for x in r[5:] if x is not None]
+    if noised:
+        record.note(
+            "rounds", "central or distributed noise, the most over none (target 1.05)", max(noised)
+        )
+    if audited:
+        record.note("rounds", "the audit, the most over the same run (target 1.10)", max(audited))
+    record.write(ns.json)
 
 
 if __name__ == "__main__":

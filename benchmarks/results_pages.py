@@ -19,10 +19,17 @@ sweep file and its kept runs away. Its table and the winners per total ε lead t
 section of ``docs/privacy.md`` (between ``<!-- results:total begin -->`` and ``<!--
 results:total end -->``).
 
+The benchmarks' tables of ``docs/performance.md`` are rendered from their kept artefacts,
+``docs/results/benchmarks/<name>.json`` (written by each benchmark's ``--json``; all of them at
+once by ``benchmarks/run_cpu.py``), between ``<!-- bench:<name>/<table> begin -->`` and
+``<!-- bench:<name>/<table> end -->`` (:func:`bench_artefact.performance_page`, with the
+machine and load line).
+
 Usage::
 
-    python benchmarks/results_pages.py                # docs/results/ and docs/privacy.md's block
-    python benchmarks/results_pages.py --out /tmp/r   # elsewhere (the privacy page untouched)
+    python benchmarks/results_pages.py                # docs/results/, privacy.md's and performance.md's blocks
+    python benchmarks/results_pages.py --out /tmp/r   # elsewhere (the docs pages untouched)
+    python benchmarks/results_pages.py --performance  # only docs/performance.md's blocks
 """
 
 from __future__ import annotations
@@ -31,10 +38,14 @@ import argparse
 import csv
 import math
 import re
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_artefact
 
 from pl_privfed.report import frontier
 from pl_privfed.report.frontier_files import short_label
@@ -45,6 +56,9 @@ REPO = Path(__file__).resolve().parents[1]
 RECORD = REPO / "docs" / "frontier_runs"
 RESULTS = REPO / "docs" / "results"
 PRIVACY = REPO / "docs" / "privacy.md"
+PERFORMANCE = REPO / "docs" / "performance.md"
+#: the benchmarks' kept artefacts (``--json`` of each benchmark; ``benchmarks/run_cpu.py``)
+BENCHMARKS = RESULTS / "benchmarks"
 SWEEPS = REPO / "configs" / "sweeps"
 BEGIN, END = "<!-- results:frontier begin -->", "<!-- results:frontier end -->"
 TOTAL_BEGIN, TOTAL_END = "<!-- results:total begin -->", "<!-- results:total end -->"
@@ -350,14 +364,28 @@ def privacy_block(page: Path = PRIVACY, begin: str = BEGIN, end: str = END) -> s
     return text.split(begin, 1)[1].split(end, 1)[0].strip("\n")
 
 
+def write_performance_page(page: Path = PERFORMANCE, folder: Path = BENCHMARKS) -> None:
+    """Render docs/performance.md's benchmark blocks from the kept artefacts."""
+    text = page.read_text(encoding="utf-8")
+    page.write_text(bench_artefact.performance_page(text, folder), encoding="utf-8")
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--performance", action="store_true", help="only docs/performance.md's benchmark tables"
+    )
     args = parser.parse_args(argv)
+    if args.performance:
+        write_performance_page()
+        print(f"benchmark tables of {PERFORMANCE} rendered from {BENCHMARKS}")
+        return
     block = regenerate(args.out)
     if args.out.resolve() == RESULTS.resolve():
         write_privacy_block(block)
         write_privacy_block(total_overview_of(RECORD), begin=TOTAL_BEGIN, end=TOTAL_END)
+        write_performance_page()
     print(f"results pages written to {args.out}")
 
 

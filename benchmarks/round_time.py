@@ -29,6 +29,7 @@ import platform
 import time
 
 import torch
+from bench_artefact import Artefact, add_json_argument  # benchmarks/, the script's own folder
 from torch import nn
 
 from pl_privfed.algorithms import AlphaNormEC
@@ -124,7 +125,9 @@ def main() -> None:
     parser.add_argument(
         "--cudnn-benchmark", action="store_true", help="torch.backends.cudnn.benchmark = True"
     )
+    add_json_argument(parser)
     args = parser.parse_args()
+    record = Artefact("round_time")
     torch.backends.cudnn.benchmark = args.cudnn_benchmark
     torch.backends.cudnn.allow_tf32 = args.tf32
     torch.backends.cuda.matmul.allow_tf32 = args.tf32
@@ -144,6 +147,10 @@ def main() -> None:
         f"{'loop/floor':>10} {'loop/vmap':>9} {'alg/vmap':>8}"
     )
     print(header)
+    columns = ["model", "d", "n", "central ms", "vmap ms", "loop ms", "layers ms"]
+    columns += ["graph ms"] if device.type == "cuda" else []
+    columns += ["vmap/floor", "layers/floor", "loop/floor", "loop/vmap", "alg/vmap"]
+    table = record.table("rounds", columns)
     for n in args.clients:
         r = bench(args.model, n, args.batch, device, args.repeats)
         alg = max(r["algorithm_ms"] - r["clone_ms"], 0.0)
@@ -155,6 +162,12 @@ def main() -> None:
             f"{r['loop_ms'] / r['central_ms']:>10.2f} {r['loop_ms'] / r['vmap_ms']:>9.2f} "
             f"{alg / r['vmap_ms']:>8.3f}"
         )
+        central = r["central_ms"]
+        row = [r["model"], r["d"], r["n"], central, r["vmap_ms"], r["loop_ms"], r["analytic_ms"]]
+        row += [r["graph_ms"]] if device.type == "cuda" else []
+        row += [r["vmap_ms"] / central, r["analytic_ms"] / central, r["loop_ms"] / central]
+        table.append([*row, r["loop_ms"] / r["vmap_ms"], alg / r["vmap_ms"]])
+    record.write(args.json)
 
 
 if __name__ == "__main__":

@@ -41,6 +41,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from bench_artefact import Artefact, add_json_argument  # noqa: E402
 
 
 def _trainer(rounds: int, callbacks: list, **kwargs):
@@ -146,10 +148,18 @@ def _env() -> dict:
     return env
 
 
-def run_ddp(args, tmp: Path) -> None:
+def run_ddp(args, tmp: Path, record: Artefact) -> None:
     print("\n## Clients sharded over processes: α-NormEC, MNIST, MLP (d = 199,210), "
           f"{args.ddp_clients} clients, B = 32")  # fmt: skip
     print(f"{'processes':>9} {'s/round':>9} {'rounds/s':>9} {'state MB/rank':>14} {'peak MB':>8}")
+    columns = [
+        "processes",
+        "s/round",
+        "rounds/s",
+        "client state MB per rank",
+        "peak RSS MB (rank 0)",
+    ]
+    table = record.table("ddp", columns)
     results = {}
     for processes in (1, 2):
         runs = []
@@ -173,15 +183,30 @@ def run_ddp(args, tmp: Path) -> None:
             results[processes] = median
             print(f"{processes:>9} {median:9.3f} {1 / median:9.2f} "
                   f"{runs[0]['state_bytes'] / 2**20:14.1f} {runs[0]['peak_mb']:8.0f}")  # fmt: skip
+            state = runs[0]["state_bytes"] / 2**20
+            table.append([processes, median, 1 / median, state, runs[0]["peak_mb"]])
     if 1 in results and 2 in results:
         print(f"throughput of 2 processes / 1: {results[1] / results[2]:.2f}x")
+        record.note("ddp", "throughput of 2 processes / 1 (target ≥ 1.6)", results[1] / results[2])
 
 
-def run_population(args, tmp: Path) -> None:
+def run_population(args, tmp: Path, record: Artefact) -> None:
     print(f"\n## Populations with cohorts of m = {args.cohort}: Fed-α-NormEC (practical "
           "participation), MNIST, 32 examples per client")  # fmt: skip
     print(f"{'model':>8} {'N':>8} {'d':>8} {'state GB':>9} {'placement':>9} {'setup s':>8} "
           f"{'s/round':>9} {'peak MB':>8}")  # fmt: skip
+    columns = [
+        "model",
+        "N",
+        "d",
+        "client state GB",
+        "placement",
+        "data setup s",
+        "s/round",
+        "vs the smallest N",
+        "peak RSS MB",
+    ]
+    table = record.table("population", columns)
     configs = [("logistic", n) for n in args.clients] + [("mlp", n) for n in args.mlp_clients]
     base = {}
     for model, n in configs:
@@ -201,6 +226,13 @@ def run_population(args, tmp: Path) -> None:
               f"{r['placement']:>9} {r['setup_s']:8.1f} {r['round_s']:9.4f} {r['peak_mb']:8.0f}"
               f"   ({r['round_s'] / base[model]:.2f}x the smallest N)")  # fmt: skip
         sys.stdout.flush()
+        row = [model, n, r["dim"], r["state_bytes"] / 1e9, r["placement"], r["setup_s"]]
+        table.append([*row, r["round_s"], r["round_s"] / base[model], r["peak_mb"]])
+    logistic = [row for row in table if row[0] == "logistic"]
+    if len(logistic) > 1:
+        largest = logistic[-1]
+        key = f"round at N = {largest[1]:,} over N = {logistic[0][1]:,} (target ≤ 1.3)"
+        record.note("population", key, largest[7])
 
 
 def main() -> None:
@@ -216,6 +248,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--worker-ddp", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--worker-population", default=None, help=argparse.SUPPRESS)
+    add_json_argument(parser)
     args = parser.parse_args()
     if args.worker_ddp:
         ddp_worker(json.loads(args.worker_ddp))
@@ -229,11 +262,13 @@ def main() -> None:
 
     print(f"# {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, one thread "
           f"per process; {time.strftime('%Y-%m-%d')}")  # fmt: skip
+    record = Artefact("scale")
     tmp = Path(tempfile.mkdtemp(prefix="scale-"))
     if args.ddp:
-        run_ddp(args, tmp)
+        run_ddp(args, tmp, record)
     if args.population:
-        run_population(args, tmp)
+        run_population(args, tmp, record)
+    record.write(args.json, torch_threads=1)  # every worker's (the driver only waits)
 
 
 if __name__ == "__main__":

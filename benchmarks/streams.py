@@ -32,6 +32,7 @@ import time
 import numpy as np
 import pytorch_lightning as pl
 import torch
+from bench_artefact import Artefact, add_json_argument
 from noise_placement import RoundTimer  # benchmarks/ is the script's own folder
 
 from pl_privfed.datamodules import ClientStreams, ReferenceClientStreams
@@ -107,7 +108,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=8, help="timed rounds per fit")
     parser.add_argument("--repeats", type=int, default=2, help="fits per streams (alternating)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    add_json_argument(parser)
     args = parser.parse_args()
+    record = Artefact("streams")
+    table = record.table("streams", ["what", "old ms", "new ms", "new / old", "load after"])
     if args.threads:
         torch.set_num_threads(args.threads)
     print(
@@ -121,6 +125,8 @@ def main() -> None:
             f"old {t['old'] * 1e3:.1f} ms, new {t['new'] * 1e3:.1f} ms, "
             f"new/old {t['new'] / t['old']:.3f}; {load()}"
         )
+        row = [1e3 * t["old"], 1e3 * t["new"], t["new"] / t["old"], os.getloadavg()[0]]
+        table.append([f"indices, {n:,} clients", *row])
     if not args.no_round:
         r = time_rounds(args.config, args.warmup, args.rounds, args.repeats)
         print(
@@ -128,6 +134,10 @@ def main() -> None:
             f"old {r['old'] * 1e3:.0f} ms, new {r['new'] * 1e3:.0f} ms, "
             f"new/old {r['new'] / r['old']:.3f}, same parameters: {r['same']}; {load()}"
         )
+        row = [1e3 * r["old"], 1e3 * r["new"], r["new"] / r["old"], os.getloadavg()[0]]
+        table.append([f"round of {args.config} (chunk {r['chunk']})", *row])
+        record.note("streams", "every fit ended at the same parameters", r["same"])
+    record.write(args.json)
 
 
 if __name__ == "__main__":
