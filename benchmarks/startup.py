@@ -6,14 +6,17 @@ and each command's ratio to the Lightning import.
 The commands: ``--help``, ``report --help``, ``compare --help``, ``report`` of a kept
 ``results.csv`` (``docs/results/quickstart_grid/results.csv``: parsing, statistics and every
 figure), ``fit --print_config`` (the training stack imported and the config resolved: what
-every ``fit`` pays before its first round) and ``fit`` of one round of the digits quickstart
+every ``fit`` pays before its first round), ``fit`` refused in one line before training (a
+negative β: what a test of a refusal pays) and ``fit`` of one round of the digits quickstart
 (no logger, no bar, no checkpoint: start-up, one round, the test). The package's own import
 beside Lightning's is printed too (``import pl_privfed.cli.app`` above ``import
-pytorch_lightning``, in one process). Usage::
+pytorch_lightning``, in one process), and ``fit``'s start-up above ``import
+pytorch_lightning`` for each checkout with its change between checkouts. Usage::
 
     python benchmarks/startup.py                 # 3 repeats of each
     python benchmarks/startup.py --repeats 5 --only help report
-    python benchmarks/startup.py --repo ../main      # another checkout (before/after a change)
+    python benchmarks/startup.py --repo ../main .    # two checkouts: before and after a change
+    python benchmarks/startup.py --only fit_print_config fit_refused --repo ../main .
 """
 
 from __future__ import annotations
@@ -45,6 +48,15 @@ def commands(scratch: Path) -> dict[str, list[str]]:
         "compare_help": [*CLI, "compare", "--help"],
         "report": [*CLI, "report", str(RESULTS), "--out", str(scratch / "report")],
         "fit_print_config": [*CLI, "fit", "--config", str(CONFIG), "--print_config"],
+        "fit_refused": [  # a one-line ValueError before training: exit 2
+            *CLI,
+            "fit",
+            "--config",
+            str(CONFIG),
+            *QUIET,
+            "--model.algorithm.init_args.beta",
+            "-1",
+        ],
         "fit_one_round": [
             *CLI,
             "fit",
@@ -59,14 +71,18 @@ def commands(scratch: Path) -> dict[str, list[str]]:
     }
 
 
-def timed(cmd: list[str], env: dict[str, str], cwd: Path) -> tuple[float, float]:
-    """Wall and CPU (user + system) seconds of one process; it must exit 0."""
+#: the exit status each command must end with (0 unless named)
+EXPECTED = {"fit_refused": 2}
+
+
+def timed(cmd: list[str], env: dict[str, str], cwd: Path, code: int = 0) -> tuple[float, float]:
+    """Wall and CPU (user + system) seconds of one process; it must exit with ``code``."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     done = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True)
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if done.returncode != 0:
+    if done.returncode != code:
         raise SystemExit(f"{' '.join(cmd)} failed ({done.returncode}): {done.stderr[-2000:]}")
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return wall, cpu
@@ -107,7 +123,8 @@ def main() -> None:
         for repeat in range(args.repeats):
             for name in names:
                 for repo in repos:
-                    times[repo, name].append(timed(cmds[name], envs[repo], repo))
+                    code = EXPECTED.get(name, 0)
+                    times[repo, name].append(timed(cmds[name], envs[repo], repo, code))
             print(f"repeat {repeat + 1}/{args.repeats} done", file=sys.stderr, flush=True)
     for repo in repos:
         base_wall = statistics.median(w for w, _ in times[repo, "import_pytorch_lightning"])
@@ -123,7 +140,30 @@ def main() -> None:
         print(
             f"import pytorch_lightning {lightning} s CPU; pl_privfed.cli.app above it {package} s"
         )
+    fit_startup(times, repos, names)
     print(f"load average after: {os.getloadavg()}")
+
+
+def fit_startup(times: dict, repos: list[Path], names: list[str]) -> None:
+    """``fit``'s start-up: the CPU seconds of each ``fit`` command that ends before training
+    above ``import pytorch_lightning`` (the medians of the same run), for each checkout, and
+    the change from the first checkout to each other (before/after a change)."""
+    fits = [n for n in names if n in ("fit_print_config", "fit_refused")]
+    if not fits:
+        return
+
+    def cpu(repo: Path, name: str) -> float:
+        return statistics.median(c for _, c in times[repo, name])
+
+    print("\nfit start-up, CPU s above import pytorch_lightning (same run)")
+    print(f"{'checkout':<40} " + " ".join(f"{n:>17}" for n in fits))
+    for repo in repos:
+        base = cpu(repo, "import_pytorch_lightning")
+        cells = " ".join(f"{cpu(repo, n) - base:8.2f} of {cpu(repo, n):5.2f}" for n in fits)
+        print(f"{str(repo)[-40:]:<40} {cells}")
+    for repo in repos[1:]:
+        change = " ".join(f"{cpu(repo, n) - cpu(repos[0], n):+17.2f}" for n in fits)
+        print(f"{'change ' + repo.name + ' - ' + repos[0].name:<40} {change}")
 
 
 if __name__ == "__main__":
