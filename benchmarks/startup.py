@@ -5,7 +5,8 @@ and each command's ratio to the Lightning import.
 
 The commands: ``--help``, ``report --help``, ``compare --help``, ``report`` of a kept
 ``results.csv`` (``docs/results/quickstart_grid/results.csv``: parsing, statistics and every
-figure), ``fit --print_config`` (the training stack imported and the config resolved: what
+figure), ``report`` refused in one line (a results file without runs: what a test of a
+refusal pays), ``fit --print_config`` (the training stack imported and the config resolved: what
 every ``fit`` pays before its first round), ``fit`` refused in one line before training (a
 negative β: what a test of a refusal pays) and ``fit`` of one round of the digits quickstart
 (no logger, no bar, no checkpoint: start-up, one round, the test). The package's own import
@@ -47,6 +48,7 @@ def commands(scratch: Path) -> dict[str, list[str]]:
         "report_help": [*CLI, "report", "--help"],
         "compare_help": [*CLI, "compare", "--help"],
         "report": [*CLI, "report", str(RESULTS), "--out", str(scratch / "report")],
+        "report_refused": [*CLI, "report", str(scratch / "empty.csv")],  # no runs: exit 2
         "fit_print_config": [*CLI, "fit", "--config", str(CONFIG), "--print_config"],
         "fit_refused": [  # a one-line ValueError before training: exit 2
             *CLI,
@@ -72,7 +74,7 @@ def commands(scratch: Path) -> dict[str, list[str]]:
 
 
 #: the exit status each command must end with (0 unless named)
-EXPECTED = {"fit_refused": 2}
+EXPECTED = {"fit_refused": 2, "report_refused": 2}
 
 
 def timed(cmd: list[str], env: dict[str, str], cwd: Path, code: int = 0) -> tuple[float, float]:
@@ -117,6 +119,7 @@ def main() -> None:
     envs = {r: {**os.environ, "PYTHONPATH": str(r), "WANDB_MODE": "disabled"} for r in repos}
     print(f"python {sys.version.split()[0]}, load average {os.getloadavg()}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "empty.csv").write_text("run,status,final_val_accuracy,run_dir\n")
         cmds = commands(Path(tmp))
         names = [n for n in cmds if not args.only or n in args.only or n.startswith("import")]
         times = {(r, n): [] for r in repos for n in names}
