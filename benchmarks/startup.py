@@ -18,6 +18,7 @@ pytorch_lightning`` for each checkout with its change between checkouts. Usage::
     python benchmarks/startup.py --repeats 5 --only help report
     python benchmarks/startup.py --repo ../main .    # two checkouts: before and after a change
     python benchmarks/startup.py --only fit_print_config fit_refused --repo ../main .
+    python benchmarks/startup.py --repeats 1 --only help --imports 25   # where fit's imports go
 """
 
 from __future__ import annotations
@@ -103,6 +104,42 @@ def package_import(env: dict[str, str], cwd: Path) -> str:
     return out.stdout.decode().strip()
 
 
+def import_costs(env: dict[str, str], cwd: Path, top: int) -> None:
+    """Where ``fit --print_config``'s imports go (``python -X importtime``): the self time of
+    each top-level package, the package's own modules apart, and the ``top`` costliest modules
+    with the chain of modules that imported them (the first import of each; times from
+    ``-X importtime``, which inflates them somewhat)."""
+    cmd = [sys.executable, "-X", "importtime", *CLI[1:], "fit", "--config", str(CONFIG)]
+    done = subprocess.run([*cmd, "--print_config"], env=env, cwd=cwd, capture_output=True)
+    rows = []  # (self s, cumulative s, depth, module), children before their parent
+    for line in done.stderr.decode().splitlines():
+        parts = line.removeprefix("import time:").split("|")
+        if len(parts) == 3 and parts[0].strip().isdigit():
+            name = parts[2].rstrip()
+            depth = (len(name) - len(name.lstrip()) - 1) // 2
+            rows.append((int(parts[0]) / 1e6, int(parts[1]) / 1e6, depth, name.strip()))
+    parent: dict[int, int] = {}
+    pending: list[int] = []
+    for i, (_, _, depth, _) in enumerate(rows):
+        while pending and rows[pending[-1]][2] == depth + 1:
+            parent[pending.pop()] = i
+        pending.append(i)
+    by_package: dict[str, float] = {}
+    for own, _, _, name in rows:
+        by_package[name.split(".")[0]] = by_package.get(name.split(".")[0], 0.0) + own
+    total = sum(by_package.values())
+    print(f"\nimports of fit --print_config: {total:.2f} s in all (-X importtime), by package")
+    for name, own in sorted(by_package.items(), key=lambda kv: -kv[1])[:15]:
+        print(f"  {own:6.2f} s  {name}")
+    print(f"the {top} costliest modules (cumulative s) and what imported them")
+    for i in sorted(range(len(rows)), key=lambda i: -rows[i][1])[:top]:
+        chain, j = [rows[i][3]], parent.get(i)
+        while j is not None:
+            chain.append(rows[j][3])
+            j = parent.get(j)
+        print(f"  {rows[i][1]:6.2f} s  {' <- '.join(chain[:5])}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
@@ -113,6 +150,13 @@ def main() -> None:
         nargs="+",
         default=[REPO],
         help="the checkouts to measure, interleaved in one run (e.g. before and after a change)",
+    )
+    parser.add_argument(
+        "--imports",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also print where fit --print_config's imports go: by package and the N costliest",
     )
     args = parser.parse_args()
     repos = [r.resolve() for r in args.repo]
@@ -144,6 +188,8 @@ def main() -> None:
             f"import pytorch_lightning {lightning} s CPU; pl_privfed.cli.app above it {package} s"
         )
     fit_startup(times, repos, names)
+    if args.imports:
+        import_costs(envs[repos[-1]], repos[-1], args.imports)
     print(f"load average after: {os.getloadavg()}")
 
 
