@@ -1,6 +1,8 @@
 """Reports that refuse what they cannot read (issue 49): a run summary missing or cut is an
 error naming the file, ``--keep-runs`` keeps only what the frontier accepted, a report with
-nothing numeric refuses in one line, intervals only from 3 seeds, heatmaps scaled to their data."""
+nothing numeric refuses in one line, intervals only from 3 seeds, heatmaps scaled to their data.
+The refusals run as real ``pl-privfed`` processes (the exit status and the one line are the
+point; ``report`` and ``compare`` import no torch, so each costs about a second of CPU)."""
 
 import csv
 import json
@@ -8,25 +10,15 @@ import math
 
 import pytest
 from helpers.frontier import private_sweep, total_sweep
+from helpers.processes import refused
 
-from pl_privfed.cli import main
 from pl_privfed.report import make_report
 from pl_privfed.report.stats import mean_interval
 from pl_privfed.report.text import fmt_ci, fmt_pm
 from pl_privfed.results import result_columns
 
 
-def _fails(args, capsys):
-    """The one stderr line of a command that exits 2."""
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as info:
-        main(args)
-    err = capsys.readouterr().err.strip()
-    assert info.value.code == 2 and len(err.splitlines()) == 1, err
-    return err
-
-
-def test_a_frontier_over_a_missing_or_cut_summary_names_the_file(tmp_path, capsys):
+def test_a_frontier_over_a_missing_or_cut_summary_names_the_file(tmp_path):
     """Before: exit 0 with the "ε with selection" cells empty, warning "no privacy accounting
     in the run's summary.json" without saying which."""
     results = private_sweep(tmp_path / "sweeps")
@@ -35,25 +27,25 @@ def test_a_frontier_over_a_missing_or_cut_summary_names_the_file(tmp_path, capsy
     text = cut.read_text()
     deleted.unlink()
     frontier = ["compare", "--frontier", str(results), "--out", str(tmp_path / "out")]
-    err = _fails(frontier, capsys)
+    err = refused(frontier, tmp_path)
     assert str(deleted) in err and "missing" in err
     deleted.write_text(text)  # back, and the other one cut short
     cut.write_text(text[: len(text) // 2])
-    err = _fails(frontier, capsys)
+    err = refused(frontier, tmp_path)
     assert str(cut) in err and "unreadable" in err
 
 
-def test_keep_runs_records_only_what_the_frontier_accepted(tmp_path, capsys):
+def test_keep_runs_records_only_what_the_frontier_accepted(tmp_path):
     """Before: a duplicate the frontier refused was copied into the record first."""
     a = private_sweep(tmp_path / "a", name="one")
     b = private_sweep(tmp_path / "b", name="two")  # the same runs: one method with --labels
     record = tmp_path / "record"
     args = ["compare", "--frontier", str(a), str(b), "--labels", "m", "m", "--out"]
-    err = _fails([*args, str(tmp_path / "out"), "--keep-runs", str(record)], capsys)
+    err = refused([*args, str(tmp_path / "out"), "--keep-runs", str(record)], tmp_path)
     assert "have the same" in err and not record.exists()
 
 
-def test_a_report_with_nothing_numeric_refuses_in_one_line(tmp_path, capsys):
+def test_a_report_with_nothing_numeric_refuses_in_one_line(tmp_path):
     """Before: a results.csv whose metrics were all NaN or text, but whose rounds and wall
     times were numbers, gave empty tables, exit 0."""
     results = private_sweep(tmp_path)
@@ -67,7 +59,7 @@ def test_a_report_with_nothing_numeric_refuses_in_one_line(tmp_path, capsys):
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-    err = _fails(["report", str(results)], capsys)
+    err = refused(["report", results], tmp_path)
     assert "none of its 12 finished runs has a numeric result" in err, err
     assert "final_val_accuracy" in err and "nothing to report" in err
 

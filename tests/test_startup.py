@@ -4,6 +4,7 @@ machine, more than ``import pytorch_lightning``, since it built the Trainer's pa
 against that import are measured by ``benchmarks/startup.py``. A subprocess: what a process
 imported is the point, and the test session has torch loaded already."""
 
+import ast
 import json
 import subprocess
 import sys
@@ -49,3 +50,37 @@ def test_help_report_and_compare_do_not_import_the_training_stack():
         assert f"\n    {name} " in help_text, name
     assert "predict" not in help_text and "--debug" in help_text
     assert "--separate" in loaded["sweep --help output"]
+
+
+#: libraries a module imports where it uses them (inside the function), not when it loads: each
+#: costs 0.3-1 s of CPU in every process that imports the module (``benchmarks/startup.py``),
+#: sklearn in every ``fit`` that ends before loading data (a one-line refusal,
+#: ``--print_config``), seaborn and scipy.stats in every ``report``/``compare`` that draws
+#: nothing (a refusal); by library, the package folder where none may load with its module
+ON_USE = {"sklearn": "pl_privfed", "seaborn": "pl_privfed", "scipy.stats": "pl_privfed/report"}
+
+
+def _module_level_imports(path):
+    """The modules ``path`` imports when it loads (outside functions and classes, inside
+    top-level ``if`` and ``try`` blocks too), ``from a import b`` as ``a.b``."""
+    found, nodes = [], list(ast.parse(path.read_text()).body)
+    while nodes:
+        node = nodes.pop()
+        if isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            found += [f"{node.module}.{alias.name}" for alias in node.names]
+        elif isinstance(node, ast.If | ast.Try):
+            nodes += [*node.body, *node.orelse, *getattr(node, "finalbody", [])]
+            nodes += [n for h in getattr(node, "handlers", []) for n in h.body]
+    return found
+
+
+def test_costly_libraries_are_imported_where_they_are_used():
+    loaded = []
+    for library, folder in ON_USE.items():
+        for path in sorted((REPO / folder).rglob("*.py")):
+            for name in _module_level_imports(path):
+                if name == library or name.startswith(library + "."):
+                    loaded.append(f"{path.relative_to(REPO)}: {name}")
+    assert not loaded, loaded

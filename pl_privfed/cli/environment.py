@@ -149,7 +149,10 @@ _NOISE_WARNINGS = (
     r"The '(val|test)_dataloader' does not have many workers.*",
     r"LightningCLI's args parameter is intended to run from within Python.*",  # main(args)
 )
-#: Lightning info lines that are advertisements or restate the config
+#: Lightning info lines that are advertisements or restate the config; "Restoring states"
+#: restates ``--ckpt_path`` before the checkpoint is read, so a resume refused as a different
+#: run printed it above its one-line error ("Restored all states ..." still says that a resume
+#: succeeded)
 _NOISE_INFO = (
     "💡 Tip:",
     "GPU available:",
@@ -157,6 +160,7 @@ _NOISE_INFO = (
     "HPU available:",
     "Seed set to",
     "`Trainer.fit` stopped:",
+    "Restoring states from the checkpoint path at",
 )
 _LIGHTNING_LOGGERS = (
     "pytorch_lightning",

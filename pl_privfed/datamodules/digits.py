@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from sklearn.datasets import load_digits
-from sklearn.model_selection import train_test_split
 from torch.utils.data import TensorDataset
 
 from pl_privfed.datamodules.base import FederatedDataModule
@@ -27,6 +25,9 @@ class DigitsDataModule(FederatedDataModule):
     num_classes = 10
 
     def load_datasets(self) -> tuple[TensorDataset, TensorDataset]:
+        from sklearn.datasets import load_digits  # on use: 0.4 s of CPU to import
+        from sklearn.model_selection import train_test_split
+
         data = load_digits()
         x = (data.data / 16.0).astype(np.float32)
         y = data.target.astype(np.int64)

@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
-from sklearn.model_selection import train_test_split
 
 from pl_privfed.checks import check_choice
 
@@ -81,5 +80,7 @@ def resplit(
         return x_train, y_train, x_test, y_test
     x = np.concatenate([x_train, x_test])
     y = np.concatenate([y_train, y_test])
+    from sklearn.model_selection import train_test_split  # on use: 0.3 s of CPU to import
+
     x_tr, x_te, y_tr, y_te = train_test_split(x, y, test_size=0.1, random_state=seed, shuffle=True)
     return x_tr, y_tr, x_te, y_te

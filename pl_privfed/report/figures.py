@@ -17,7 +17,6 @@ from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
-import seaborn as sns
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
@@ -71,6 +70,8 @@ def band(
     data = data.assign(value=data["value"] * factor)
     spread = data.groupby(x)["value"].std().fillna(0.0).gt(0).any()  # else no band, as one seed
     before = len(ax.lines)
+    import seaborn as sns  # on use: with scipy.stats about 1 s of CPU to import
+
     sns.lineplot(
         data=data,
         x=x,
@@ -220,6 +221,8 @@ def _panel(
         if "seeds_text" in cells
         else None
     )
+    import seaborn as sns  # on use: with scipy.stats about 1 s of CPU to import
+
     sns.heatmap(
         pd.DataFrame(data, index=ys, columns=xs),
         ax=ax,
