@@ -95,7 +95,7 @@ def tune_allocator() -> bool:
     back to the kernel, and the next round's allocation faults every page in again: on this
     project's CPU that made a CNN client step through the layer rules' capturing pass (which
     holds every layer's activations at once) 1.35× as long as with these settings, and the
-    plain loop's up to 1.12× (docs/performance.md). Fixed thresholds of 32 MiB (glibc's own
+    plain loop's up to 1.12× (CHANGELOG.md). Fixed thresholds of 32 MiB (glibc's own
     ceiling for its adaptive one) and 256 MiB keep that memory in the process; blocks above 32 MiB
     are still returned (``PL_PRIVFED_MALLOC=tuned``, the default; :func:`check_environment`
     refuses other values). Skipped (``False``) off Linux/glibc, with ``PL_PRIVFED_MALLOC=default``,

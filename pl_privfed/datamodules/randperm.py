@@ -4,7 +4,7 @@ once, bit for bit, in NumPy.
 The client streams (:mod:`pl_privfed.datamodules.streams`) draw every client's permutation of
 every local epoch from its own freshly seeded generator. One ``manual_seed`` + ``randperm``
 per client is the last per-client Python call of a round (about a sixth of the 10,000-client
-quickstart's round on this project's CPU, docs/performance.md). What torch computes there is
+quickstart's round on this project's CPU, CHANGELOG.md). What torch computes there is
 fixed and small:
 
 - ``manual_seed(s)`` seeds a 32-bit Mersenne Twister (MT19937) with ``s mod 2**32``

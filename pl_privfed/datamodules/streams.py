@@ -265,7 +265,7 @@ class ClientStreams:
 class ReferenceClientStreams(ClientStreams):
     """The streams of :class:`ClientStreams` computed by their definition, one client at a time
     in Python (the package's implementation up to 2026-11-26: 80–130 µs a client and round on
-    this project's shared 2-core CPU, docs/performance.md): the specification the vectorized
+    this project's shared 2-core CPU, CHANGELOG.md): the specification the vectorized
     path is tested against, and the baseline ``benchmarks/streams.py`` times it against."""
 
     def __init__(self, *args, **kwargs) -> None:

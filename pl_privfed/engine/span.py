@@ -195,7 +195,7 @@ def _costs_more(datamodule: Any, rules: Callable[[], LayerGradients]) -> bool:
     :data:`SPAN_WIDEST_BASIS` minibatches of ``B`` examples, where ``client_span: auto`` keeps
     rows of ``d`` (docs/scaling.md: 10,000 clients of 5 examples at ``B = 5`` ran a round
     0.36-0.44x in the span; 1,000 Dirichlet shards of up to 154-188 examples at ``B = 16``:
-    its 9-point grid 2.9x slower, docs/performance.md)."""
+    its 9-point grid 2.9x slower, CHANGELOG.md)."""
     rows, batch = _basis_rows(datamodule, rules), getattr(datamodule, "batch_size", 0)
     return rows is not None and bool(batch) and rows > SPAN_WIDEST_BASIS * int(batch)
 

@@ -53,7 +53,7 @@ __all__ = ["STACKED_PARAMETER_BYTES", "GridModule"]
 
 #: on the CPU, the largest per-client parameter copy ``[K·c, d]`` (bytes) a grid's stacked
 #: gradient call makes; larger calls are made one configuration at a time
-#: (:meth:`GridModule._stacks`; measured: ``benchmarks/grid_paths.py``, docs/performance.md)
+#: (:meth:`GridModule._stacks`; measured: ``benchmarks/grid_paths.py``, CHANGELOG.md)
 STACKED_PARAMETER_BYTES = 8 * 2**20
 
 

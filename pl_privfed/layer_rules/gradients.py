@@ -117,7 +117,7 @@ class LayerGradients:
         its ordinary forward and backward on leaves that are views of ``flat`` (no capturing
         hooks; each gradient lands in its parameter's columns once). Measured on the CNN, one
         client step with its SGD update: 1.02× the plain loop's, where the capturing pass took
-        1.25× (docs/performance.md)."""
+        1.25× (CHANGELOG.md)."""
         with record_function("layer_rules.one_client"), torch.enable_grad():
             leaves = {
                 k: v.detach().requires_grad_() for k, v in self.layout.unflatten(flat).items()

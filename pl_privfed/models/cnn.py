@@ -76,7 +76,7 @@ class SmallCNN(nn.Module):
     be a function of its own examples only, and the engine's per-client layer rules refuse
     buffers (docs/engine.md). Strided convolutions instead of convolution and pooling: a
     quarter of the multiply-adds at each layer and no pooling (about a fifth of the CPU time
-    of :class:`SimpleCNN`'s round, docs/performance.md). On ``[1, 28, 28]`` inputs (MNIST) with
+    of :class:`SimpleCNN`'s round, CHANGELOG.md). On ``[1, 28, 28]`` inputs (MNIST) with
     the defaults it has 11,322 parameters: conv 1→8 (208), GroupNorm(2, 8) (16), conv 8→16
     (3,216), GroupNorm(4, 16) (32), linear 16·7·7→10 (7,850).
 
