@@ -292,21 +292,27 @@ class Factorization:
 
 
 @dataclass(frozen=True)
-class BandedToeplitz(Factorization):
-    """``bands``-banded lower-triangular Toeplitz ``C`` with coefficients optimized for the
-    run's horizon (:func:`optimize_banded_toeplitz`). Round ``t``'s noise is the recursion
-    ``w_t = (Z_t − Σ_{i=1}^{b̂−1} c_i w_{t−i}) / c_0`` (``C w = Z``), which keeps the last
-    ``b̂ − 1`` noise rows.
+class _Bands(Factorization):
+    """A ``bands``-banded lower-triangular ``C`` (the two banded strategies below).
 
     Args:
         bands: ``b̂``, the number of nonzero diagonals (1: independent noise every round).
     """
 
-    name: ClassVar[str] = "banded_toeplitz"
     bands: int = 1
 
     def __post_init__(self) -> None:
         check_positive_int("bands", self.bands)
+
+
+@dataclass(frozen=True)
+class BandedToeplitz(_Bands):
+    """``bands``-banded lower-triangular Toeplitz ``C`` with coefficients optimized for the
+    run's horizon (:func:`optimize_banded_toeplitz`). Round ``t``'s noise is the recursion
+    ``w_t = (Z_t − Σ_{i=1}^{b̂−1} c_i w_{t−i}) / c_0`` (``C w = Z``), which keeps the last
+    ``b̂ − 1`` noise rows."""
+
+    name: ClassVar[str] = "banded_toeplitz"
 
     def coefficients(self, horizon: int) -> tuple[float, ...]:
         return optimize_banded_toeplitz(int(horizon), self.bands)
@@ -331,23 +337,15 @@ class BandedToeplitz(Factorization):
 
 
 @dataclass(frozen=True)
-class Banded(Factorization):
+class Banded(_Bands):
     """The banded MF paper's general ``bands``-banded lower-triangular ``C`` (entries free
     within the band, unit columns), optimized for the run's horizon ``h``
     (:func:`optimize_banded`); rounds past ``h`` start the factorization again (block diagonal,
     each block the horizon's ``C``). Round ``t = s + τ`` (``s`` its block's first round) adds
     ``w_t = (Z_t − Σ_{i=1}^{min(b̂−1, τ)} C[τ, τ − i] w_{t−i}) / C[τ, τ]``, keeping the last
-    ``b̂ − 1`` noise rows.
-
-    Args:
-        bands: ``b̂``, the number of nonzero diagonals (1: independent noise every round).
-    """
+    ``b̂ − 1`` noise rows."""
 
     name: ClassVar[str] = "banded"
-    bands: int = 1
-
-    def __post_init__(self) -> None:
-        check_positive_int("bands", self.bands)
 
     def block(self, horizon: int) -> Tensor:
         """The horizon's ``C`` (``h × h``)."""
