@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
+from matplotlib import colormaps
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
@@ -40,6 +41,16 @@ __all__ = [
 
 #: the most panels a figure puts side by side (more would make a figure too wide to read)
 MAX_PER_ROW = 4
+
+
+def series_color(index: int, count: int) -> str | tuple[float, ...]:
+    """The colour of series ``index`` of ``count`` in one figure: matplotlib's ``C0``…``C9``
+    while they are enough, else ``tab20`` with its ten dark hues first and their light twins
+    after, so that up to 20 series (the frontier figures' families) never share a colour."""
+    if count <= 10:
+        return f"C{index % 10}"
+    i = index % 20
+    return tuple(colormaps["tab20"](2 * i if i < 10 else 2 * (i - 10) + 1))
 
 
 def band(

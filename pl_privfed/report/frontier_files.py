@@ -15,7 +15,7 @@ import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from pl_privfed.report.figures import MAX_PER_ROW, band, grid, legend_below
+from pl_privfed.report.figures import MAX_PER_ROW, band, grid, legend_below, series_color
 from pl_privfed.report.frontier_data import (
     FRONTIER_EPSILONS,
     FRONTIER_SELECTION,
@@ -194,7 +194,7 @@ def _figure(points: list[FrontierPoint], names: _Names) -> Figure:
         ticks: set[float] = set()
         references = []
         for method in (m for m in methods if settings[m] == setting):
-            color = f"C{methods.index(method) % 10}"
+            color = series_color(methods.index(method), len(methods))
             mine = [p for p in points if p.method == method]
             private = sorted(
                 (p for p in mine if p.private and p.test.n and math.isfinite(p.x) and p.x > 0),

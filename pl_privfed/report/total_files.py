@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 from matplotlib.figure import Figure
 
-from pl_privfed.report.figures import MAX_PER_ROW, band, legend_below
+from pl_privfed.report.figures import MAX_PER_ROW, band, legend_below, series_color
 from pl_privfed.report.frontier_data import frontier_points
 from pl_privfed.report.frontier_files import (
     MAJORITY,
@@ -151,7 +151,7 @@ def _figure(
                 factor=100.0,
                 label=short_label(labels.get(method, method), setting),
                 limits=(0.0, 100.0),
-                color=f"C{methods.index(method) % 10}",
+                color=series_color(methods.index(method), len(methods)),
             )
         reference = [100 * references[m] for m in mine if m in references]
         if reference:
