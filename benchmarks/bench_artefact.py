@@ -22,6 +22,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from pl_privfed.report.text import markdown
+
 #: what every artefact carries beside its tables (tests/test_benchmark_pages.py checks)
 REQUIRED = ("benchmark", "command", "date_utc", "machine", "load_start", "load_end", "tables")
 MACHINE = ("cpu", "logical_cores", "torch_threads", "torch")
@@ -162,8 +164,7 @@ def render(data: dict, key: str) -> str:
     lines = []
     if table.get("title"):
         lines += [table["title"], ""]
-    lines += ["| " + " | ".join(table["columns"]) + " |", "|" + "---|" * len(table["columns"])]
-    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in table["rows"]]
+    lines += markdown(table["columns"], ([cell(v) for v in row] for row in table["rows"]))
     if data.get("size") == "tiny":
         lines[:0] = [TINY.format(name=Path(data["command"].split("--json ")[-1]).stem), ""]
     notes = table.get("notes") or {}
