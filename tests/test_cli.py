@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 
 import pytest
+from helpers import processes
 from helpers.training import short_fit
 
 from pl_privfed import FederatedModule
@@ -438,29 +439,9 @@ def test_help_lists_every_subcommand_and_predict_is_not_offered(capsys):
 def test_a_normal_run_prints_no_warning(tmp_path):
     """Every run printed Lightning's two tips, its pytree deprecation and logging-interval
     warnings and W&B's offline warnings (the console script, as a user runs it)."""
-    import os
-    import subprocess
-    import sys
-
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pl_privfed.cli",
-            "fit",
-            "--config",
-            str(REPO / "configs/algorithms/dp_alpha_normec_digits.yaml"),
-            "--trainer.max_steps",
-            "12",
-            "--trainer.val_check_interval",
-            "6",
-        ],
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    config = REPO / "configs/algorithms/dp_alpha_normec_digits.yaml"
+    overrides = ["--trainer.max_steps", "12", "--trainer.val_check_interval", "6"]
+    proc = processes.cli(["fit", "--config", config, *overrides], tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stderr
     for noise in ("Warning", "warn", "deprecated", "Tip", "wandb:", "GPU available", "Seed set"):
         assert noise not in proc.stderr, proc.stderr
