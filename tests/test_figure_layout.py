@@ -20,6 +20,7 @@ from helpers.figure_checks import (
 )
 from helpers.frontier import nonprivate_sweep, private_sweep, total_sweep
 from helpers.report import band_y, decentralized_sweep, write_results
+from matplotlib.colors import to_hex
 from matplotlib.figure import Figure
 
 from pl_privfed import report
@@ -318,3 +319,18 @@ def test_the_curves_legend_covers_no_curve(tmp_path):
     assert layout_problems(fig) == []
     (legend,) = fig.legends
     assert len(legend.get_texts()) == 4 and not any(ax.get_legend() for ax in fig.axes)
+
+
+def test_more_than_ten_families_never_share_a_colour(tmp_path):
+    """The equal-total-ε figure drew its 11th family (distributed DP-SGD) in the colour of its
+    first (``C{i % 10}``), so the legend named two methods by one colour."""
+    from pl_privfed.report.random_search import total_epsilon_points
+    from pl_privfed.report.total_files import _figure as total_figure
+
+    val = {(1.0, 0.1): 0.80, (1.0, 1.0): 0.70, (8.0, 0.1): 0.82, (8.0, 1.0): 0.86}
+    names = [f"m{i}" for i in range(12)]
+    sweeps = [total_sweep(tmp_path, f"total_{n}", val, val, seeds=1) for n in names]
+    fig = total_figure(total_epsilon_points(sweeps, labels=names), {}, {})
+    drawn = [line for line in panels(fig)[0].get_lines() if not line.get_label().startswith("_")]
+    assert len(drawn) == len(names)
+    assert len({to_hex(line.get_color()) for line in drawn}) == len(names)
