@@ -62,6 +62,22 @@ BENCHMARKS = RESULTS / "benchmarks"
 SWEEPS = REPO / "configs" / "sweeps"
 BEGIN, END = "<!-- results:frontier begin -->", "<!-- results:frontier end -->"
 TOTAL_BEGIN, TOTAL_END = "<!-- results:total begin -->", "<!-- results:total end -->"
+PAPER_EXPERIMENTS = REPO / "docs" / "paper_experiments.md"
+CLAIMS_BEGIN, CLAIMS_END = "<!-- results:claims-d begin -->", "<!-- results:claims-d end -->"
+#: paper 002's claims D1 and D2 at equal total ε: the four 10,000-client distributed families
+#: (kept sweep ``total_<family>``, column heading) and the comparisons the claims make
+CLAIM_FAMILIES = {
+    "dp_alpha_normec": "DP-α-NormEC, with server normalization",
+    "dp_alpha_normec_no_sn": "DP-α-NormEC, without server normalization",
+    "dp_clip21": "DP-Clip21",
+    "dpsgd_distributed": "distributed DP-SGD",
+}
+CLAIM_GAPS = (
+    ("D2", "dp_alpha_normec", "dp_alpha_normec_no_sn"),
+    ("D1", "dp_alpha_normec_no_sn", "dp_clip21"),
+    ("D1", "dp_alpha_normec", "dp_clip21"),
+    ("—", "dp_alpha_normec", "dpsgd_distributed"),
+)
 #: the results folder of the frontier at equal total ε
 TOTAL = "frontier_total"
 
@@ -292,6 +308,61 @@ def total_overview(points: Sequence[TotalPoint]) -> str:
     )
 
 
+def claims_block(record: Path = RECORD) -> str:
+    """Paper 002's claims D1 and D2 at equal total ε (docs/paper_experiments.md's generated
+    block): the expected test accuracy of each 10,000-client distributed family's random
+    search (mean ± 95 % half-width over seeds, as in docs/privacy.md's leading table, the best
+    mean per total ε in bold), then the gaps each claim reads, with whether the two 95 %
+    intervals are disjoint. A family whose ``total_*`` sweep is not kept reads "not run"."""
+    kept = {f: record / f"total_mnist_{f}" for f in CLAIM_FAMILIES}
+    kept = {f: folder for f, folder in kept.items() if folder.is_dir()}
+    points = total_epsilon_points(list(kept.values()), labels=list(kept)) if kept else []
+    by = {(p.method, p.target): p for p in points}
+    targets = sorted({p.target for p in points})
+    sizes = {p.method: p.candidates for p in points}
+    heads = [
+        f"{CLAIM_FAMILIES[f]} ({sizes[f]} configurations)" if f in sizes else CLAIM_FAMILIES[f]
+        for f in CLAIM_FAMILIES
+    ]
+    lines = ["| total ε | " + " | ".join(heads) + " |", "|" + "---|" * (len(heads) + 1)]
+    for t in targets:
+        here = [by[f, t] for f in CLAIM_FAMILIES if (f, t) in by]
+        lead = max(here, key=lambda p: p.test.mean) if here else None
+        cells = [
+            _total_cell(by[f, t], by[f, t] is lead) if (f, t) in by else "not run"
+            for f in CLAIM_FAMILIES
+        ]
+        lines.append(f"| {t:g} | " + " | ".join(cells) + " |")
+    gaps = ["| claim | comparison | " + " | ".join(f"total ε = {t:g}" for t in targets) + " |"]
+    gaps.append("|" + "---|" * (len(targets) + 2))
+    for claim, a, b in CLAIM_GAPS:
+        cells = []
+        for t in targets:
+            if (a, t) not in by or (b, t) not in by:
+                cells.append("not run")
+                continue
+            pa, pb = by[a, t], by[b, t]
+            gap = 100 * (pa.test.mean - pb.test.mean)
+            cells.append(f"{gap:+.1f} ({'overlap' if pa.test.overlaps(pb.test) else 'disjoint'})")
+        comparison = f"{CLAIM_FAMILIES[a]} − {CLAIM_FAMILIES[b]}"
+        gaps.append(f"| {claim} | {comparison} | " + " | ".join(cells) + " |")
+    seeds = "/".join(map(str, sorted({p.test.n for p in points}))) or "no"
+    return "\n".join(
+        [
+            "Expected test accuracy (%) of what each family's random search releases at total "
+            f"ε, mean ± 95 % half-width over {seeds} seeds (the best mean in bold), from the "
+            "runs kept in `docs/frontier_runs/total_mnist_<family>/` (`make results`):",
+            "",
+            *lines,
+            "",
+            "The gaps the claims read (points of expected test accuracy, first minus second; "
+            "whether the two 95 % intervals over seeds overlap or are disjoint):",
+            "",
+            *gaps,
+        ]
+    )
+
+
 def regenerate_total(out: Path = RESULTS, record: Path = RECORD) -> str:
     """Write the equal-total-ε pages into ``out / TOTAL``; return their overview."""
     families = total_families(record)
@@ -385,6 +456,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.out.resolve() == RESULTS.resolve():
         write_privacy_block(block)
         write_privacy_block(total_overview_of(RECORD), begin=TOTAL_BEGIN, end=TOTAL_END)
+        write_privacy_block(
+            claims_block(RECORD), page=PAPER_EXPERIMENTS, begin=CLAIMS_BEGIN, end=CLAIMS_END
+        )
         write_performance_page()
     print(f"results pages written to {args.out}")
 
