@@ -471,9 +471,11 @@ def test_banded_toeplitz_recursion_gives_the_published_inverse_square_root():
     assert rows == pytest.approx([1, -1 / 2, -1 / 8, -1 / 16, -5 / 128], abs=1e-15)
 
 
-@pytest.mark.parametrize("multiplier, published", [(1.13, 19.74), (8.83, 2.04)])
+@pytest.mark.parametrize(
+    "multiplier, published, current", [(1.13, 19.74, 18.71), (8.83, 2.04, 1.77)]
+)
 def test_one_tree_in_the_stackoverflow_setting_reproduces_the_published_epsilons(
-    multiplier, published
+    multiplier, published, current
 ):
     """DP-FTRL's StackOverflow setting (Kairouz et al., ICML 2021): one tree over 1,600 rounds,
     every client at most once, δ = 1e-6. dp-accounting pins ε < 19.74 at z = 1.13 and ε < 2.04
@@ -486,8 +488,9 @@ def test_one_tree_in_the_stackoverflow_setting_reproduces_the_published_epsilons
     is ours: ``TreeNoise()`` over 1,600 cyclic groups (each client once), and its ledger's
     releases (their number set by the strategy's exact sensitivity) must give (i) those
     figures under the classic conversion, (ii) the RDP ε of dp-accounting's
-    ``SingleEpochTreeAggregationDpEvent(z, 1600)`` under the current one, below them, and (iii)
-    a certified (PLD) ε below that."""
+    ``SingleEpochTreeAggregationDpEvent(z, 1600)`` under the current one (18.71 and 1.77, the
+    figures docs/correlated_noise.md quotes), below them, and (iii) a certified (PLD) ε below
+    that."""
     from opacus.accountants.analysis.rdp import compute_rdp
 
     rounds = 1600
@@ -512,7 +515,7 @@ def test_one_tree_in_the_stackoverflow_setting_reproduces_the_published_epsilons
     assert ledger.accountant.get_epsilon_rdp(1e-6) == pytest.approx(
         tree.get_epsilon(1e-6), rel=1e-6
     )
-    assert ledger.accountant.get_epsilon_rdp(1e-6) < published
+    assert round(ledger.accountant.get_epsilon_rdp(1e-6), 2) == current < published
     assert ledger.epsilon() < ledger.accountant.get_epsilon_rdp(1e-6)
 
 
