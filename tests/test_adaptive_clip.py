@@ -204,10 +204,10 @@ def test_tff_round_arithmetic():
 )
 def test_pfl_geometric_update_figures(gamma, eta_c, published):
     """pfl's published values for the geometric update (apple/pfl-research,
-    tests/privacy/test_adaptive_clipping.py, ``test_adaptive_clipping``: initial bound 3, half
-    the updates unclipped, no count noise): target 0.5 with step 0.1 keeps 3, target 0.2 with
-    step 0.2 gives 2.825293600752746 (``3 exp(−0.2 (0.5 − 0.2))``). Here 4 clients, update
-    norms 1, 2 (unclipped at 3) and 4, 5."""
+    tests/privacy/test_adaptive_clipping.py at commit 238775c3b9e38bd959620320736437ad7d0b93d8,
+    ``test_adaptive_clipping``: initial bound 3, half the updates unclipped, no count noise):
+    target 0.5 with step 0.1 keeps 3, target 0.2 with step 0.2 gives 2.825293600752746
+    (``3 exp(−0.2 (0.5 − 0.2))``). Here 4 clients, update norms 1, 2 (unclipped at 3) and 4, 5."""
     b = torch.tensor([[-1.0], [-2.0], [-4.0], [-5.0]], dtype=DT)
     alg = DistributedDPSGD(1.0, operator=AdaptiveClip(3.0, gamma, eta_c))
     alg.setup(num_clients=4, dim=1, num_rounds=2, dtype=DT)
