@@ -4,6 +4,7 @@
 #               run on the embedded digits, its non-private twin and a second algorithm at the same ε)
 #   make test   creates .venv, installs pl-privfed[dev], runs ruff (lint + format) and pytest,
 #               the whole suite spread over the machine's cores (pytest-xdist, one worker a core)
+#               and the 40 slowest tests listed at the end (where the CI time goes)
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -31,7 +32,7 @@ lint: $(BIN)/.installed
 	$(BIN)/ruff format --check pl_privfed tests benchmarks examples
 
 test: lint
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=40
 
 benchmark: $(BIN)/.installed
 	$(BIN)/python benchmarks/round_time.py
