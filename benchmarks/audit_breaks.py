@@ -7,15 +7,16 @@ the sum; issue 48: the client's bounding operator (a clip, or α-NormEC's smooth
 normalization) skipped for a subset of clients on one engine path, the round's last chunk or a
 chunk's remainder past its last block of 8, each with the config's own chunking, and the
 per-example clip skipped for the records of each oracle call's last client; a draw reused across rounds, draws correlated across rounds or coordinates, the sum's
-draw scaled for the average) in one run at the shipped ε = 8, and must not flag the unbroken
-mechanism. For each
+draw scaled for the average; one client or one record of a chunk left unbounded, which the
+exact per-canary check against the declared bound flags) in one run at the shipped ε = 8, and
+must not flag the unbroken mechanism. For each
 config this script runs the unbroken mechanism, then every break that applies to its mechanism
 (its noise placement, or record level), each through the CLI with a ``PrivacyAudit``
 (100 canaries), the accounting untouched, and prints one row per run: the certified ε against
 whoever sees the models, the white-box estimate with its interval, the black-box estimate (or
 record-level lower bound), the noise test's p-value (with the realized over declared variance
 and the largest correlation between two releases) and whether the run's alarm was raised, and
-by which part. ``--seeds N`` adds the false-alarm rate of the whole alarm (ε tests and noise
+by which part (the ε tests, the noise test, the per-canary bound check). ``--seeds N`` adds the false-alarm rate of the whole alarm (ε tests and noise
 test) for the unbroken mechanism on the catalogue's small problem (the tests'), over ``N`` seeds
 of the noise and the canaries per mechanism (correlated placements included). Usage::
 
@@ -132,7 +133,11 @@ def row(config: str, name: str, audit: dict, seconds: float) -> str:
         noise = f"{test['p_value']:.2g} (var. {test['variance_ratio']:.3g}, r {test['max_release_correlation']:.2f})"
     else:
         noise = "—"
-    parts = (("ε tests", audit["exceeds_certified"]), ("noise test", test.get("flagged")))
+    parts = (
+        ("ε tests", audit["exceeds_certified"]),
+        ("noise test", test.get("flagged")),
+        ("bound check", audit.get("exceeds_bound")),
+    )
     by = [where for where, flagged in parts if flagged]
     flag = f"**yes** ({', '.join(by)})" if by else "no"
     cert = audit["certified_epsilon"]
