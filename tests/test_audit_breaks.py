@@ -72,7 +72,7 @@ def test_one_unit_of_a_chunk_left_unbounded_is_flagged_by_the_per_canary_bound(
     chunk's per-example norms) of the round's one chunk skips its clip. A canary lands there
     every round (the covering places; the first inserted canary record is held by the last
     client at its last place), one of about fifty: the pooled fits dilute it (the record
-    break's white box read 29.2 [7.77, …] against 8.00, not flagged), but its contribution is
+    break's white box read 29.2 [7.77, 59.3] against 8.00, not flagged), but its contribution is
     ``overshoot`` = 100 times the declared bound, which the exact per-canary check flags in
     one run; the first canary over it is named with its round, norm and bound."""
     monkeypatch.delenv(CHUNK_ENV, raising=False)  # the round in one chunk
