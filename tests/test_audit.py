@@ -35,7 +35,7 @@ from pl_privfed.datamodules import QuadraticDataModule, SyntheticLogisticDataMod
 from pl_privfed.engine import ClientChunk, MessageStage, Reduction, run_round
 from pl_privfed.grads import RoundOracle
 from pl_privfed.models import HalfSquaredError, QuadraticModel
-from pl_privfed.operators import Clip
+from pl_privfed.operators import AdaptiveClip, Clip
 from pl_privfed.privacy import DistributedNoise, DPNoise, invariants
 from pl_privfed.privacy.audit import (
     ClientCanaries,
@@ -648,6 +648,23 @@ def test_private_record_level_audits_stay_below_the_certificate(name):
     assert not audit["exceeds_bound"] and check["canaries_over"] == 0, check
     assert check["canaries_checked"] == audit["canaries_inserted"]
     assert check["largest_ratio"] <= 1 + 1e-4
+
+
+def test_the_per_canary_bound_follows_an_adaptive_clip_round_by_round():
+    """An adaptive clip's round bounds a message by ``Φ · C_t/C_0`` (the certificate's noise
+    follows ``C_t``): the check reads each canary message against that round's bound, so an
+    unbroken run is not flagged and its largest ratio is 1 although ``C_t`` moved far from
+    ``C_0`` (the declared ``Φ = C_0`` alone would read ``max C_t/C_0``)."""
+    alg = DistributedDPSGD(
+        0.5,
+        operator=AdaptiveClip(0.2, 0.5, 0.5, count_stddev=5.0),
+        noise=DPNoise(noise_multiplier=1.0, placement="central"),
+    )
+    module, audit = _fit(alg, PrivacyAudit(), dim=200, steps=10)
+    check = audit["bound_check"]
+    assert float(module.algorithm.clip_norm) > 1.5 * 0.2  # C_t moved (up: norms ~ above C_0)
+    assert not audit["exceeds_bound"] and check["declared_bound"] == pytest.approx(0.2)
+    assert 0.999 < check["largest_ratio"] <= 1 + 1e-4, check
 
 
 # ---------------------------------------------------------------------------- broken on purpose
