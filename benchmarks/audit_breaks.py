@@ -7,15 +7,16 @@ the sum; issue 48: the client's bounding operator (a clip, or α-NormEC's smooth
 normalization) skipped for a subset of clients on one engine path, the round's last chunk or a
 chunk's remainder past its last block of 8, each with the config's own chunking, and the
 per-example clip skipped for the records of each oracle call's last client; a draw reused across rounds, draws correlated across rounds or coordinates, the sum's
-draw scaled for the average) in one run at the shipped ε = 8, and must not flag the unbroken
-mechanism. For each
+draw scaled for the average; one client or one record of a chunk left unbounded, which the
+exact per-canary check against the declared bound flags) in one run at the shipped ε = 8, and
+must not flag the unbroken mechanism. For each
 config this script runs the unbroken mechanism, then every break that applies to its mechanism
 (its noise placement, or record level), each through the CLI with a ``PrivacyAudit``
 (100 canaries), the accounting untouched, and prints one row per run: the certified ε against
 whoever sees the models, the white-box estimate with its interval, the black-box estimate (or
 record-level lower bound), the noise test's p-value (with the realized over declared variance
 and the largest correlation between two releases) and whether the run's alarm was raised, and
-by which part. ``--seeds N`` adds the false-alarm rate of the whole alarm (ε tests and noise
+by which part (the ε tests, the noise test, the per-canary bound check). ``--seeds N`` adds the false-alarm rate of the whole alarm (ε tests and noise
 test) for the unbroken mechanism on the catalogue's small problem (the tests'), over ``N`` seeds
 of the noise and the canaries per mechanism (correlated placements included). Usage::
 
@@ -132,8 +133,19 @@ def row(config: str, name: str, audit: dict, seconds: float) -> str:
         noise = f"{test['p_value']:.2g} (var. {test['variance_ratio']:.3g}, r {test['max_release_correlation']:.2f})"
     else:
         noise = "—"
-    parts = (("ε tests", audit["exceeds_certified"]), ("noise test", test.get("flagged")))
+    parts = (
+        ("ε tests", audit["exceeds_certified"]),
+        ("noise test", test.get("flagged")),
+        ("bound check", audit.get("exceeds_bound")),
+    )
     by = [where for where, flagged in parts if flagged]
+    check = audit.get("bound_check") or {}
+    if check.get("flagged"):  # how far over, and from which round
+        over, first = check["canaries_over"], check["first_over"]
+        by[-1] += (
+            f": {over} canar{'y' if over == 1 else 'ies'} over, ratio "
+            f"{check['largest_ratio']:.4g}, from round {first['round']}"
+        )
     flag = f"**yes** ({', '.join(by)})" if by else "no"
     cert = audit["certified_epsilon"]
     return f"| {config} | {name} | {cert:.2f} | {wb} | {bb} | {noise} | {flag} | {seconds:.0f} |"
@@ -142,18 +154,20 @@ def row(config: str, name: str, audit: dict, seconds: float) -> str:
 def false_alarms(seeds: int, mechanisms: list[str] | None = None) -> None:
     """The unbroken mechanism's false-alarm rate on the catalogue's small problem (every
     mechanism, or ``mechanisms``): the whole alarm (``alarm``: the white and black boxes'
-    ε tests and the noise test), and each part."""
+    ε tests, the noise test and the per-canary bound check), and each part."""
     print(f"\nfalse alarms of the unbroken mechanism, small problem, {seeds} seeds each:")
     total = runs = 0
     for name in mechanisms or [*MECHANISMS, *CORRELATED]:
-        flagged = by_eps = by_noise = 0
-        ratios, p_values = [], []
+        flagged = by_eps = by_noise = by_bound = 0
+        ratios, p_values, largest = [], [], 0.0
         for seed in range(seeds):
             audit = audit_small(name, noise_seed=seed, audit_seed=seed)
             flagged += bool(audit["alarm"])
             by_eps += bool(audit["exceeds_certified"])
             test = audit["noise_test"]
             by_noise += bool(test.get("flagged"))
+            by_bound += bool(audit["exceeds_bound"])
+            largest = max(largest, audit["bound_check"].get("largest_ratio") or 0.0)
             if "p_value" in test:
                 p_values.append(test["p_value"])
             white = audit["threat_models"]["white_box"]
@@ -161,7 +175,8 @@ def false_alarms(seeds: int, mechanisms: list[str] | None = None) -> None:
         total, runs = total + flagged, runs + seeds
         ratios.sort()
         noise = f"{by_noise}/{len(p_values)} by the noise test" if p_values else "no noise test"
-        print(f"  {name}: {flagged}/{seeds} flagged ({by_eps} by the ε tests, {noise}); "
+        print(f"  {name}: {flagged}/{seeds} flagged ({by_eps} by the ε tests, {noise}, "
+              f"{by_bound} by the bound check, largest ratio {largest:.8f}); "
               f"white-box / certified: median {ratios[len(ratios) // 2]:.2f}, range "
               f"{ratios[0]:.2f} to {ratios[-1]:.2f}", flush=True)  # fmt: skip
     print(f"  all: {total}/{runs} runs flagged ({total / runs:.1%})")

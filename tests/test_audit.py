@@ -35,7 +35,7 @@ from pl_privfed.datamodules import QuadraticDataModule, SyntheticLogisticDataMod
 from pl_privfed.engine import ClientChunk, MessageStage, Reduction, run_round
 from pl_privfed.grads import RoundOracle
 from pl_privfed.models import HalfSquaredError, QuadraticModel
-from pl_privfed.operators import Clip
+from pl_privfed.operators import AdaptiveClip, Clip
 from pl_privfed.privacy import DistributedNoise, DPNoise, invariants
 from pl_privfed.privacy.audit import (
     ClientCanaries,
@@ -49,7 +49,9 @@ from pl_privfed.privacy.audit import (
     one_run_lower_bound,
     one_run_p_value,
 )
+from pl_privfed.privacy.audit_bound import CanaryBound
 from pl_privfed.privacy.audit_records import RecordCanaries
+from pl_privfed.privacy.invariants import NORM_RTOL
 from pl_privfed.privacy.pld import gaussian_epsilon
 from pl_privfed.rng import (
     AUDIT_COLLUSION,
@@ -608,6 +610,10 @@ def test_private_client_level_audits_stay_at_or_below_the_certificate(name):
         assert audit["epsilon_estimate"] < 0.35 * cert
     white = audit["threat_models"]["white_box"]
     assert white["releases"] == 50 and white["inserted"] == white["held_out"] == 50
+    check = audit["bound_check"]  # every canary message within Φ = 1: no alarm, exactly
+    assert not audit["exceeds_bound"] and check["canaries_over"] == 0 and not audit["alarm"]
+    assert check["declared_bound"] == 1.0 and 0.99 < check["largest_ratio"] <= 1 + 1e-4
+    assert check["releases_checked"] == audit["canary_messages"] > 0
     if name in ("local", "central", "central-poisson", "distributed"):  # the mechanism's own
         assert white["epsilon_estimate"] >= 0.75 * cert
     if "poisson" in name:
@@ -636,9 +642,53 @@ def test_private_record_level_audits_stay_below_the_certificate(name):
     assert audit["epsilon_lower_bound"] <= audit["certified_epsilon"]
     assert not audit["exceeds_certified"]
     assert audit["canary_uses"] == 50 * audit["canaries_inserted"]  # every round, rate 1
+    # every canary record's contribution within the declared bound (c/b through the
+    # per-example path; SoteriaFL's clipped minibatch gradient: 2c, the replace-one bound)
+    check = audit["bound_check"]
+    assert not audit["exceeds_bound"] and check["canaries_over"] == 0, check
+    assert check["canaries_checked"] == audit["canaries_inserted"]
+    assert check["largest_ratio"] <= 1 + 1e-4
+
+
+def test_the_per_canary_bound_follows_an_adaptive_clip_round_by_round():
+    """An adaptive clip's round bounds a message by ``Φ · C_t/C_0`` (the certificate's noise
+    follows ``C_t``): the check reads each canary message against that round's bound, so an
+    unbroken run is not flagged and its largest ratio is 1 although ``C_t`` moved far from
+    ``C_0`` (the declared ``Φ = C_0`` alone would read ``max C_t/C_0``)."""
+    alg = DistributedDPSGD(
+        0.5,
+        operator=AdaptiveClip(0.2, 0.5, 0.5, count_stddev=5.0),
+        noise=DPNoise(noise_multiplier=1.0, placement="central"),
+    )
+    module, audit = _fit(alg, PrivacyAudit(), dim=200, steps=10)
+    check = audit["bound_check"]
+    assert float(module.algorithm.clip_norm) > 1.5 * 0.2  # C_t moved (up: norms ~ above C_0)
+    assert not audit["exceeds_bound"] and check["declared_bound"] == pytest.approx(0.2)
+    assert 0.999 < check["largest_ratio"] <= 1 + 1e-4, check
 
 
 # ---------------------------------------------------------------------------- broken on purpose
+def test_the_per_canary_bound_flags_any_release_past_float_rounding_and_no_other():
+    """CanaryBound: a norm within the check mode's relative tolerance of the bound is float
+    rounding (a float32 clip), one past it a violation, named with its canary and round; a
+    release's own bound (an adaptive clip's C_t, the minibatch path's) replaces the declared
+    one; the state goes through a checkpoint."""
+    check = CanaryBound(4, 2.0, minibatch=4.0)
+    check.add(0, torch.tensor([0, 1]), torch.tensor([2.0 * (1 + 1e-5), 1.0], dtype=DT))
+    assert not check.report()["flagged"]
+    check.add(3, torch.tensor([1, 2]), torch.tensor([3.0, 3.9]), bound=4.0)
+    assert not check.report()["flagged"]
+    check.add(5, torch.tensor([3, 2]), torch.tensor([1.0, 2.0 * (1 + 3 * NORM_RTOL)], dtype=DT))
+    report = check.report()
+    assert report["flagged"] and report["canaries_over"] == report["releases_over"] == 1
+    assert report["first_over"] == {"canary": 2, "round": 5, "norm": 2.0006, "bound": 2.0}
+    assert report["canaries_checked"] == 4 and report["releases_checked"] == 6
+    assert report["largest_ratio"] == pytest.approx(1 + 3 * NORM_RTOL)
+    again = CanaryBound(4, 2.0)
+    again.load_state_dict(check.state_dict())
+    assert again.report() == {**report, "minibatch_bound": None}
+
+
 def _no_clip(self, norms):
     return torch.ones_like(norms)  # the clip "removed" on every path; the accounting still says τ
 
@@ -829,6 +879,9 @@ def test_a_resumed_run_audits_what_the_uninterrupted_run_audits(tmp_path):
         assert resumed["threat_models"][name]["mu"] == pytest.approx(
             whole["threat_models"][name]["mu"], rel=1e-9
         )
+    for key in ("releases_checked", "canaries_checked", "largest_ratio"):  # the bound check too
+        assert resumed["bound_check"][key] == pytest.approx(whole["bound_check"][key], rel=1e-9)
+    assert resumed["bound_check"]["releases_checked"] == 20 * 50
 
 
 # ---------------------------------------------------------------------------- the report

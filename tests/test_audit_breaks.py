@@ -19,8 +19,10 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers.audit_breaks import BREAKS, EPSILON, MECHANISMS, audit_small, broken
+from helpers.audit_breaks import BREAKS, EPSILON, MECHANISMS, SKIPPED, audit_small, broken
 
+from pl_privfed.callbacks._audit_alarm import warn_bound
+from pl_privfed.callbacks.summary import audit_line
 from pl_privfed.cli import main
 from pl_privfed.engine import CHUNK_ENV
 
@@ -40,7 +42,8 @@ def test_every_break_is_flagged_in_one_run_at_the_shipped_epsilon(brk, mechanism
     the audited adversary (whoever sees the models), so the run ends flagged. A break that
     needs several chunks runs with the chunk size it names, whatever the suite's
     PL_PRIVFED_CLIENT_CHUNK (the per-example clip skipped for a chunk's last client touches
-    a tenth of the records with the round in one chunk: seen, 97 [10, 255], not alarmed)."""
+    a tenth of the records with the round in one chunk: seen, 97 [10, 255], not alarmed by
+    the white box; the per-canary bound check alarms it, next test)."""
     if "client_chunk" in BREAKS[brk]:
         monkeypatch.delenv(CHUNK_ENV, raising=False)
     with broken(brk):
@@ -49,6 +52,44 @@ def test_every_break_is_flagged_in_one_run_at_the_shipped_epsilon(brk, mechanism
     assert audit["headline_epsilon"] == pytest.approx(EPSILON, abs=0.05)  # what the run asked
     assert white["epsilon_low"] > audit["certified_epsilon"], white
     assert audit["exceeds_certified"]
+
+
+BOUND_CASES = [
+    (name, mechanism)
+    for name, spec in BREAKS.items()
+    if spec.get("alarm") == "bound"
+    for mechanism in spec["applies"]
+]
+
+
+@pytest.mark.parametrize(
+    ("brk", "mechanism"), BOUND_CASES, ids=[f"{b}-{m}" for b, m in BOUND_CASES]
+)
+def test_one_unit_of_a_chunk_left_unbounded_is_flagged_by_the_per_canary_bound(
+    brk, mechanism, monkeypatch
+):
+    """Issue 48: one client (the chunk's last row) or one record (the last place of the
+    chunk's per-example norms) of the round's one chunk skips its clip. A canary lands there
+    every round (the covering places; the first inserted canary record is held by the last
+    client at its last place), one of about fifty: the pooled fits dilute it (the record
+    break's white box read 29.2 [7.77, 59.3] against 8.00, not flagged), but its contribution is
+    ``overshoot`` = 100 times the declared bound, which the exact per-canary check flags in
+    one run; the first canary over it is named with its round, norm and bound."""
+    monkeypatch.delenv(CHUNK_ENV, raising=False)  # the round in one chunk
+    with broken(brk):
+        audit = audit_small(mechanism)
+    check = audit["bound_check"]
+    assert SKIPPED[0] > 0  # the break touched the run
+    assert audit["exceeds_bound"] and audit["alarm"] and check["flagged"], check
+    assert check["largest_ratio"] == pytest.approx(100.0, rel=1e-4)
+    assert check["releases_over"] >= 50 > check["canaries_over"] >= 1  # every round
+    first = check["first_over"]
+    assert first["round"] == 0 and first["norm"] == pytest.approx(100.0 * first["bound"], 1e-4)
+    assert first["bound"] == check["declared_bound"] == 1.0  # Φ = τ = 1; c/b with b = 1
+    # the run's warning and result line (the callback raised it; audit_small silences it)
+    with pytest.warns(UserWarning, match="contribution EXCEEDS THE DECLARED BOUND: canary"):
+        warn_bound(check, audit["level"])
+    assert "A CANARY'S CONTRIBUTION EXCEEDS THE DECLARED BOUND" in audit_line(audit)
 
 
 @pytest.mark.parametrize("mechanism", list(MECHANISMS))
@@ -64,6 +105,11 @@ def test_the_unbroken_mechanism_is_not_flagged_and_the_white_box_reaches_half_th
     white = audit["threat_models"]["white_box"]
     assert not audit["exceeds_certified"], white
     assert not audit["alarm"], audit["noise_test"]  # the whole alarm: the noise test's too
+    check = audit["bound_check"]  # exact: every canary's every release within the bound
+    assert not audit["exceeds_bound"] and check["canaries_over"] == 0, check
+    assert check["canaries_checked"] == audit["canaries_inserted"]
+    assert check["releases_checked"] == 50 * audit["canaries_inserted"]
+    assert 0.99 < check["largest_ratio"] <= 1 + 1e-4  # the canaries are clipped to the bound
     assert white["epsilon_estimate"] >= 0.5 * audit["certified_epsilon"], white
 
 

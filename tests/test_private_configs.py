@@ -87,6 +87,11 @@ def test_private_config_runs_and_names_its_adversary(config, tmp_path, monkeypat
     # the realized noise against the declared mechanism (issue 48): every client-level config
     noise = audit["noise_test"]
     assert not audit["alarm"] and ("skipped" in noise) == (config.stem in RECORD_LEVEL), noise
+    # every canary's contribution within the declared bound (issue 48: exact, every config;
+    # a record canary drawn at its rate b/m may not be drawn in three rounds)
+    check = audit["bound_check"]
+    assert not audit["exceeds_bound"] and check["canaries_over"] == 0, check
+    assert check["canaries_checked"] > 0 or config.stem in RECORD_LEVEL, check
     assert audit["certified_epsilon"] == pytest.approx(privacy["adversaries"]["models"]["epsilon"])
     # the white-box auditor beside it on every shipped config (SoteriaFL's included: its
     # canaries are followed through the clip of the whole minibatch gradient)

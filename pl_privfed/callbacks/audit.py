@@ -13,12 +13,19 @@ from pytorch_lightning.utilities import rank_zero_only, rank_zero_warn
 from torch import Tensor
 from typing_extensions import override
 
+from pl_privfed.callbacks._audit_alarm import (
+    THREAT_MODELS,
+    bound_check,
+    fit_low,
+    warn_bound,
+    warn_exceeds,
+    white_box,
+)
 from pl_privfed.callbacks._audit_alarm import bound as lower_bound
-from pl_privfed.callbacks._audit_alarm import fit_low
 from pl_privfed.callbacks._audit_noise import NoiseAudit
 from pl_privfed.callbacks._logging import warn_once
 from pl_privfed.checks import check_choice
-from pl_privfed.privacy import level_of, plan
+from pl_privfed.privacy import level_of
 from pl_privfed.privacy.audit import (
     ClientCanaries,
     canary_directions,
@@ -32,20 +39,6 @@ __all__ = ["AuditLevel", "PrivacyAudit"]
 
 AuditLevel = Literal["auto", "client", "record"]
 
-#: the threat models audited: the final model only, and every round's model
-THREAT_MODELS = {
-    "final_model": "the final model only",
-    "every_round": "every round's model (what the server releases after each round)",
-    "white_box": (
-        "the white-box auditor: every contribution to each release known except each canary's "
-        "(Nasr et al. 2021, 2023), the rest subtracted"
-    ),
-}
-WHITE_BOX_STATISTIC = (
-    "Σ over releases of ⟨release − every known contribution, u_j⟩: the noise the certificate "
-    "counts on (the sum's, central and distributed; the canary's own, local and record level) "
-    "plus, inserted, the canary's contribution through the run's operator"
-)
 ROUND_STATISTICS = {
     "sum": "Σ_k cos(x^{k+1} − x^k, u_j)/√K",
     "max": "max_k cos(x^{k+1} − x^k, u_j)",
@@ -109,6 +102,10 @@ class PrivacyAudit(pl.Callback):
     ``m``; the intervals reported stay at ``confidence``. One of the ``m`` is the **noise
     test** (client level; ``noise_test``, :mod:`pl_privfed.privacy.audit_noise`): each
     release's realized noise against the ledger's σ and placement; flagged, it warns too.
+    Beside the tests, an exact check (``bound_check``, ``exceeds_bound``; private runs,
+    :mod:`pl_privfed.privacy.audit_bound`): every inserted canary's contribution to every
+    release before its noise against the declared bound of one unit's; one canary over it by
+    more than float rounding raises the alarm and warns (no test's share: no false alarms).
     Attached to another LightningModule (no ``algorithm`` and ``layout``) it warns once and
     audits nothing. An
     audit is never a certificate: a low value says the canaries were not found, not that the run
@@ -170,6 +167,8 @@ class PrivacyAudit(pl.Callback):
         self._white_state: dict[str, Any] | None = None
         self._noise: NoiseAudit | str | None = None  # the noise test, or why there is none
         self._noise_state: dict[str, Any] | None = None
+        self._bound: str | None = None  # why there is no per-canary bound check (None: there is)
+        self._bound_state: dict[str, Any] | None = None
         self._reset_statistics()
 
     def _reset_statistics(self) -> None:
@@ -278,6 +277,8 @@ class PrivacyAudit(pl.Callback):
         self._ledger = getattr(pl_module, "privacy_ledger", None)
         args = (self.canaries.level, self.seed, x.numel(), self._noise_state)
         self._noise = NoiseAudit.start(algorithm, self._ledger, *args)
+        self._bound = bound_check(self.canaries, self._ledger, self._bound_state)
+        self._bound_state = None
         self._report = None
         if self._x0 is None:  # a resumed run keeps the start its checkpoint recorded
             self._x0 = x.clone()
@@ -432,7 +433,9 @@ class PrivacyAudit(pl.Callback):
                 alarms.append((name, lower_bound(s, inserted, delta)))
             entry["epsilon_lower_bound"] = threats["every_round"]["epsilon_lower_bound"]
             entry["ceiling"] = threats["every_round"]["lower_bound_ceiling"]
-        white = self._white_box(canaries, inserted, delta, certified["certified_adversary"], alarms)
+        adversary = certified["certified_adversary"]
+        args = (delta, self.confidence, self._ledger, adversary, alarms)
+        white = white_box(canaries, inserted, *args)
         if white is not None:
             threats["white_box"] = white
             entry["white_box_epsilon_estimate"] = white["epsilon_estimate"]
@@ -461,79 +464,19 @@ class PrivacyAudit(pl.Callback):
         cert = certified["certified_epsilon"]
         top, where = max(values)
         entry["exceeds_certified"] = bool(cert is not None and top > cert)
+        check = canaries.bound.report() if canaries.bound is not None else None
+        entry["bound_check"] = check or {"skipped": self._bound}
+        entry["exceeds_bound"] = bool(check and check["flagged"])  # exact: no test's share
         entry["alarm"] = entry["exceeds_certified"] or bool(test and test["flagged"])
+        entry["alarm"] = entry["alarm"] or entry["exceeds_bound"]
         self._report = entry
         if entry["exceeds_certified"]:
-            self._warn(entry, top, where)
+            warn_exceeds(entry, top, where)
         if test and test["flagged"]:
             NoiseAudit.warn(test)
+        if entry["exceeds_bound"]:
+            warn_bound(check, canaries.level)
         return entry
-
-    def _white_box(
-        self,
-        canaries: Any,
-        inserted: np.ndarray,
-        delta: float,
-        adversary: str | None,
-        alarms: list[tuple[str, Callable[[float, int], float]]],
-    ) -> dict[str, Any] | None:
-        """The white-box threat model (:class:`~pl_privfed.privacy.audit.WhiteBox`): the
-        Gaussian fit of its statistic read under the certificate's neighbouring relation (the
-        inserted canary against its opposite under replace-one: twice its contribution), and
-        the one-run lower bound of the same scores under add/remove of the canary (record
-        level, where each canary is inserted independently with probability 1/2); the fit's
-        low end and, under add/remove, the bound join the run's ``alarms``."""
-        relation = "add_remove"
-        ledger = self._ledger
-        if ledger is not None and adversary is not None:
-            relation = plan.relation(ledger.release, ledger.noise, adversary)
-        factor = 2.0 if relation == "replace_one" else 1.0
-        scores = canaries.white.values(factor)
-        if scores is None or inserted.all() or not inserted.any():
-            return None
-        fit = gaussian_estimate(scores[inserted], scores[~inserted], delta, self.confidence)
-        alarms.append(("white_box", fit_low(scores[inserted], scores[~inserted], delta)))
-        bound = None
-        if canaries.level == "record":
-            added = canaries.white.values(1.0)
-            bound = one_run_audit(added, inserted, delta, self.confidence)
-            if relation == "add_remove":
-                alarms.append(("white_box", lower_bound(added, inserted, delta)))
-        return {
-            "threat_model": THREAT_MODELS["white_box"],
-            "statistic": WHITE_BOX_STATISTIC,
-            "relation": relation,
-            "releases": canaries.white.releases,
-            **fit.as_dict(),
-            "epsilon_estimate": fit.epsilon,
-            "epsilon_interval": [fit.epsilon_low, fit.epsilon_high],
-            "epsilon_lower_bound": None if bound is None else bound.epsilon,
-            "lower_bound": None if bound is None else bound.as_dict(),
-        }
-
-    def _warn(self, entry: dict[str, Any], value: float, where: str) -> None:
-        if where == "white_box":
-            fit = entry["threat_models"][where]
-            what = (
-                f"white-box ε estimate {fit['epsilon_estimate']:.4g} ({value:.4g} at the low end "
-                f"of its {entry['alarm_confidence']:.2%} interval or its lower bound)"
-            )
-        elif entry["level"] == "record":
-            what = f"ε lower bound {value:.4g} ({entry['alarm_confidence']:.2%} confidence)"
-        else:
-            fit = entry["threat_models"][where]
-            what = (
-                f"ε estimate {fit['epsilon_estimate']:.4g} (Gaussian fit; {value:.4g} at the "
-                f"low end of its {entry['alarm_confidence']:.2%} interval)"
-            )
-        rank_zero_warn(
-            f"PRIVACY AUDIT: the audit's {what} from {THREAT_MODELS[where]} EXCEEDS the certified "
-            f"ε {entry['certified_epsilon']:.4g} against {entry['certified_adversary']} at "
-            f"δ={entry['delta']:g}: the run that ran is less private than its certificate says "
-            "(look for noise added to the wrong tensor, a clip skipped, a reused key or a "
-            "sensitivity off by a factor)",
-            category=UserWarning,
-        )
 
     @override
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -571,6 +514,7 @@ class PrivacyAudit(pl.Callback):
     def state_dict(self) -> dict[str, Any]:
         """The statistics so far (a resumed run's audit goes on from them; the canaries'
         directions and draws are keyed, so they need no state)."""
+        bound = None if self.canaries is None else self.canaries.bound
         return {
             "x0": None if self._x0 is None else self._x0.cpu(),
             "last": None if self._last is None else self._last.cpu(),
@@ -581,6 +525,7 @@ class PrivacyAudit(pl.Callback):
             "alignment": self._alignment,
             "white_box": None if self.canaries is None else self.canaries.white.state_dict(),
             "noise_test": self._noise.state_dict() if isinstance(self._noise, NoiseAudit) else None,
+            "bound_check": None if bound is None else bound.state_dict(),
         }
 
     @override
@@ -597,3 +542,4 @@ class PrivacyAudit(pl.Callback):
         self._rounds, self._alignment = int(state_dict["rounds"]), float(state_dict["alignment"])
         self._white_state = state_dict.get("white_box")  # applied when the canaries are planted
         self._noise_state = state_dict.get("noise_test")
+        self._bound_state = state_dict.get("bound_check")

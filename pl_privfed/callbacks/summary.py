@@ -508,6 +508,8 @@ def audit_line(audit: dict[str, Any]) -> str:
         line += " -- AUDIT EXCEEDS THE CERTIFIED EPSILON"
     if (audit.get("noise_test") or {}).get("flagged"):
         line += " -- THE REALIZED NOISE DOES NOT MATCH THE DECLARED MECHANISM"
+    if audit.get("exceeds_bound"):
+        line += " -- A CANARY'S CONTRIBUTION EXCEEDS THE DECLARED BOUND"
     return line
 
 

@@ -80,6 +80,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from pl_privfed.privacy.audit_bound import CanaryBound, operator_ratio
 from pl_privfed.privacy.audit_estimates import (
     GaussianEstimate,
     OneRunAudit,
@@ -281,6 +282,8 @@ class ClientCanaries:
         self.operator = operator
         self._sent_round = False
         self.white = WhiteBox(self.count)
+        #: the per-canary check against the declared bound (the callback's; ``None``: none)
+        self.bound: CanaryBound | None = None
         #: this round's (round, who would take part, own-noise projections, contributions)
         self._round: tuple[int, Tensor, np.ndarray, np.ndarray] | None = None
 
@@ -362,7 +365,7 @@ class ClientCanaries:
         messages ``c_j`` (the chunk's operator call, the algorithm's lines) and their own
         noise (the chunk's per-client draw, ``None`` where clients add none). The white-box
         statistic (:class:`WhiteBox`) reads ``⟨c_j, u_j⟩`` and, under local noise,
-        ``⟨z_j, u_j⟩``."""
+        ``⟨z_j, u_j⟩``; the per-canary check (:attr:`bound`) reads ``||c_j||``."""
         state = self._round
         if state is None or state[0] != round_index or key != self.key or not index.numel():
             return
@@ -372,6 +375,10 @@ class ClientCanaries:
         shift[index.numpy()] += (u * clean.to(u.device, u.dtype)).sum(1).double().cpu().numpy()
         if noise is not None:
             own[index.numpy()] = (u * noise.to(u.device, u.dtype)).sum(1).double().cpu().numpy()
+        if self.bound is not None:  # each message against Φ (times an adaptive clip's C_t/C_0)
+            norms = torch.linalg.vector_norm(clean, dim=-1, dtype=torch.float64)
+            bound = self.bound.declared * operator_ratio(self.operator)
+            self.bound.add(round_index, index, norms, bound)
         self.messages_sent += int(index.numel())
         self.message_norm = float(torch.linalg.vector_norm(clean[0].double()))
         if not self._sent_round:

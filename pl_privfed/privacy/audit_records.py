@@ -36,6 +36,7 @@ import torch
 from torch import Tensor
 
 from pl_privfed.privacy.audit import WhiteBox, canary_participation
+from pl_privfed.privacy.audit_bound import CanaryBound
 from pl_privfed.rng import AUDIT_HOSTS, AUDIT_RECORD_PLACES, STREAM_AUDIT, keyed_generator
 
 __all__ = ["RecordCanaries", "RecordJoin", "record_hosts"]
@@ -70,6 +71,7 @@ class RecordJoin:
     ) -> None:
         self.owner, self.rows, self.canaries, self.grads = owner, rows, canaries, grads
         self.weight = 1.0 / owner.release_size
+        self.round_index = int(key[3])
         self._key = key
         self._slots: dict[int, tuple[Tensor, int]] = {}
         #: each canary's scale as the oracle's calls of the operator gave it (ghost path)
@@ -140,8 +142,12 @@ class RecordJoin:
 
     def finish(self, clipped: Tensor, like: Tensor) -> Tensor:
         """``[c, d]``: each host's ``Σ_j Ψ(G·u_j)/b`` from its canaries' clipped rows
-        ``clipped [A, d]``; each canary's white-box shift ``⟨Ψ(G·u_j)/b, u_j⟩``."""
+        ``clipped [A, d]``; each canary's white-box shift ``⟨Ψ(G·u_j)/b, u_j⟩`` and its
+        norm for the per-canary check (:attr:`RecordCanaries.bound`)."""
         owner = self.owner
+        if owner.bound is not None:
+            norms = torch.linalg.vector_norm(clipped, dim=-1, dtype=torch.float64) * self.weight
+            owner.bound.add(self.round_index, self.canaries, norms)
         u = owner.directions[self.canaries.to(owner.directions.device)]
         shift = (u * clipped.to(u.device, u.dtype)).sum(1).double().cpu().numpy() * self.weight
         if owner._pending is not None:
@@ -204,6 +210,8 @@ class RecordCanaries:
         self.last_received: Tensor | None = None  # record canaries observe no sum
         self._last_round = torch.full((self.count,), -1, dtype=torch.int64)
         self.white = WhiteBox(self.count)
+        #: the per-canary check against the declared bound (the callback's; ``None``: none)
+        self.bound: CanaryBound | None = None
         #: the last gradients' (round, who would take part, contributions ⟨c_j, u_j⟩), read by
         #: the noise draw that follows them (:meth:`noise_drawn`)
         self._pending: tuple[int, Tensor, np.ndarray] | None = None
@@ -351,5 +359,8 @@ class RecordCanaries:
             norms = torch.linalg.vector_norm(x, dim=1).double()
             return x * operator.scale(norms).to(x.dtype).unsqueeze(1) * float(factor)
 
-        contribution = ((through(v) - through(without)) * u).sum(1)
-        self._pending[2][chosen.numpy()] = contribution.double().cpu().numpy()
+        contribution = through(v) - through(without)
+        self._pending[2][chosen.numpy()] = (contribution * u).sum(1).double().cpu().numpy()
+        if self.bound is not None and self.bound.minibatch is not None:
+            norms = torch.linalg.vector_norm(contribution, dim=-1, dtype=torch.float64)
+            self.bound.add(round_index, chosen, norms, self.bound.minibatch)

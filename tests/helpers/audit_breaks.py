@@ -10,10 +10,11 @@ a ``with`` block (:func:`unittest.mock.patch`, so nothing outlives the block). U
 ``BREAKS[name]``: ``patch`` (a function returning the ``mock.patch.object`` context),
 ``applies`` (where the break exists: a client-level placement, ``"local"``, ``"central"``,
 ``"distributed"``, ``"banded_mf"``, ``"tree_aggregation"``, or ``"record"`` for record-level
-DP), ``alarm``, the part of the audit that must flag it: ``"white_box"`` (the default) or
+DP), ``alarm``, the part of the audit that must flag it: ``"white_box"`` (the default),
 ``"noise_test"`` (issue 48: the realized noise against the declared mechanism,
 ``tests/test_audit_noise.py``; the breaks of the draw itself: reused across rounds, correlated,
-scaled for the average), ``subset`` (issue 48: a break for some rows of one engine path only,
+scaled for the average) or ``"bound"`` (issue 48: the exact per-canary check against the
+declared bound, :mod:`pl_privfed.privacy.audit_bound`; one unit of a chunk unbounded), ``subset`` (issue 48: a break for some rows of one engine path only,
 which canaries must land in to be seen; :data:`SKIPPED` counts the rows it touched) and, for
 a break that exists only where a round has several chunks, ``client_chunk`` (the small
 problem's chunk size for it).
@@ -140,6 +141,24 @@ def _last_client_records_unclipped() -> Any:
     return mock.patch.object(GradientOracle, "clipped_mean", clipped_mean)
 
 
+def _last_record_unclipped() -> Any:
+    """The per-example clip skipped for one record of each call: the clip's scale over a
+    ``[clients, examples]`` block of per-example norms leaves its last element at 1 (a kernel
+    whose loop stops one short), so the last client's last record of every chunk keeps its
+    norm; the clients' messages (one norm each), every other record, and the accounting, as
+    they were."""
+
+    def scale(self, norms):
+        out = _clip_scale(self, norms)
+        if norms.dim() == 2 and norms.numel():
+            out = out.clone()
+            out[-1, -1] = 1.0
+            SKIPPED[0] += 1
+        return out
+
+    return mock.patch.object(Clip, "scale", scale)
+
+
 @contextmanager
 def _last_chunk_unclipped() -> Iterator[None]:
     """The round's last chunk skips the client clip (a branch for the partial last chunk that
@@ -163,6 +182,11 @@ def _remainder(chunk: ClientChunk) -> Any:
     """A chunk's rows past its last full block of 8 (a vectorized kernel's remainder)."""
     tail = chunk.size % 8
     return slice(chunk.size - tail, None) if tail else None
+
+
+def _last_row(chunk: ClientChunk) -> Any:
+    """A chunk's last row (a loop over the clients that stops one short)."""
+    return slice(chunk.size - 1, None)
 
 
 def _noise_of_sum_patched(change: Callable[[Any, Any, int, int, Callable[[int], Any]], Any]) -> Any:
@@ -263,6 +287,22 @@ BREAKS: dict[str, dict[str, Any]] = {
         "subset": True,
         "applies": CLIENT,
         "patch": lambda: _clip_skipped_on(_remainder),
+    },
+    # issue 48: one unit of a chunk left unbounded, the round in one chunk: a canary lands
+    # there every round (the covering places, a host's last place), but it is one canary of
+    # fifty, which the pooled tests dilute; the exact per-canary check against the declared
+    # bound must flag it (``alarm: bound``)
+    "client clip skipped for a chunk's last client": {
+        "subset": True,
+        "applies": CLIENT,
+        "alarm": "bound",
+        "patch": lambda: _clip_skipped_on(_last_row),
+    },
+    "per-example clip skipped for one record of a chunk": {
+        "applies": ("record",),
+        "subset": True,
+        "alarm": "bound",
+        "patch": _last_record_unclipped,
     },
     "record noise x0.5": {"applies": ("record",), "patch": lambda: _record_noise_times(0.5)},
     # issue 48: the per-example clip skipped for some real records on the real path (the canary
