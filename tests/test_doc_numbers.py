@@ -1,0 +1,563 @@
+"""The measured numbers of the reference pages are their kept artefacts' or computed here (issue
+46: "every number in README and docs is either regenerated from an artefact or asserted by a
+test, so drift fails CI").
+
+The pages checked here are the ones the results pages do not render: docs/configs.md,
+accounting.md, algorithms.md, correlated_noise.md, audit.md and scaling.md (README, privacy.md,
+performance.md, callbacks.md, python_api.md and the demo table have their own tests). A number
+is either read off a kept artefact (the frontier record in docs/frontier_runs/, the results
+pages' CSVs in docs/results/, the audit and start-up output kept there) or computed by the
+accountant the package uses, at a cost of well under a second each. Each check writes the
+number as the page states it and looks for that text on the page, so a page edited without
+its artefact, or an artefact replaced without its page, fails here. File-only: nothing trains.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import re
+import statistics
+from functools import cache
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+RECORD = DOCS / "frontier_runs"
+RESULTS = DOCS / "results"
+EPS = "model.algorithm.init_args.noise.epsilon"
+
+
+@cache
+def page(name: str) -> str:
+    """docs/<name>.md with its line breaks and runs of spaces as single spaces."""
+    return " ".join((DOCS / f"{name}.md").read_text(encoding="utf-8").split())
+
+
+def states(text: str, value: float) -> bool:
+    """Whether ``text`` (a number as a page writes it: ``90.6``, ``7,850``) is ``value`` rounded
+    to the digits the page gives."""
+    text = text.replace(",", "")
+    decimals = len(text.partition(".")[2])
+    return abs(float(text) - value) <= 0.5 * 10**-decimals + 1e-9
+
+
+def assert_states(name: str, template: str, value: float, fmt: str) -> None:
+    """docs/<name>.md contains ``template`` with ``value`` written as ``fmt`` in its ``{}``."""
+    expected = template.format(format(value, fmt))
+    assert expected in page(name), f"docs/{name}.md should say {expected!r} (its artefact's value)"
+
+
+def assert_numbers(name: str, pattern: str, values: list[float]) -> None:
+    """docs/<name>.md has a passage matching ``pattern`` (a regular expression whose groups are
+    the numbers) and each number is its value rounded as the page writes it."""
+    found = re.search(pattern, page(name))
+    assert found, f"docs/{name}.md has no passage like {pattern!r}: update the page or the test"
+    wrong = [(s, v) for s, v in zip(found.groups(), values, strict=True) if not states(s, v)]
+    assert not wrong, f"docs/{name}.md: {wrong} (stated, artefact's value)"
+
+
+@cache
+def kept(sweep: str) -> tuple[dict, ...]:
+    """The kept runs of one sweep: its results.csv rows, each with its summary."""
+    folder = RECORD / sweep
+    summaries = {}
+    with open(folder / "summaries.jsonl", encoding="utf-8") as f:
+        for line in f:
+            entry = json.loads(line)
+            summaries[entry["run"]] = entry["summary"]
+    with open(folder / "results.csv", newline="") as f:
+        rows = [r | {"summary": summaries[r["run"]]} for r in csv.DictReader(f)]
+    return tuple(r for r in rows if r["status"] == "finished")
+
+
+def knobs(sweep: str) -> list[str]:
+    """The sweep's parameters besides the seed and the noise (results.csv's columns between
+    them and the results)."""
+    columns = list(kept(sweep)[0])
+    return columns[columns.index("seed") + 2 : columns.index("final_val_accuracy")]
+
+
+def find(tree, key: str):
+    """The first value of ``key`` anywhere in a parsed config."""
+    if isinstance(tree, dict):
+        if key in tree:
+            return tree[key]
+        tree = list(tree.values())
+    if isinstance(tree, list):
+        for item in tree:
+            found = find(item, key)
+            if found is not None:
+                return found
+    return None
+
+
+@cache
+def shipped(config: str) -> dict[str, float]:
+    """The values configs/private/<config>.yaml gives its frontier sweep's parameters."""
+    tree = yaml.safe_load((ROOT / "configs/private" / f"{config}.yaml").read_text())
+    family = config.removeprefix("mnist_")
+    return {k: float(find(tree, k)) for k in knobs(f"frontier_mnist_{family}")}
+
+
+def runs_of(config: str, *, private: bool = True, epsilon: float = 8.0, seeds=("0",)) -> list:
+    """The kept runs of the shipped configuration (its step size and knobs) at ``epsilon``, or
+    of its non-private twin, for ``seeds``."""
+    family = config.removeprefix("mnist_")
+    sweep = f"frontier_mnist_{family}" + ("" if private else "_nonprivate")
+    point = shipped(config)
+    rows = [
+        r
+        for r in kept(sweep)
+        if r["seed"] in seeds
+        and all(float(r[k]) == v for k, v in point.items())
+        and (not private or float(r[EPS]) == epsilon)
+    ]
+    assert len(rows) == len(seeds), (config, private, len(rows))
+    return sorted(rows, key=lambda r: r["seed"])
+
+
+def test_acc(row) -> float:
+    return 100 * float(row["final_test_accuracy"])
+
+
+test_acc.__test__ = False  # a helper, not a test
+
+
+# ------------------------------------------------------------------ docs/configs.md's table
+def private_rows() -> list[list[str]]:
+    """The rows of configs.md's table of configs/private/ on MNIST."""
+    text = (DOCS / "configs.md").read_text(encoding="utf-8")
+    rows = [line.split("|")[1:-1] for line in text.splitlines() if line.startswith("| `mnist_")]
+    return [[cell.strip() for cell in row] for row in rows]
+
+
+def number(cell: str) -> str:
+    found = re.search(r"\d[\d,]*\.?\d*", cell)
+    assert found, cell
+    return found.group(0)
+
+
+@pytest.mark.parametrize("row", private_rows(), ids=lambda row: row[0].strip("`"))
+def test_the_private_configs_table_is_the_kept_record(row):
+    """Each configuration's seed-0 run at ε = 8 with its shipped knobs, its non-private twin's
+    and the twin grid's best (seed 0, selected on validation) are the frontier record's."""
+    config = row[0].strip("`")
+    assert (ROOT / "configs/private" / f"{config}.yaml").exists(), config
+    acc, eps, twin, best = row[3], row[4], row[5], row[6]
+    (run,) = runs_of(config)
+    assert states(number(acc), test_acc(run)), (config, acc, test_acc(run))
+    privacy = run["summary"]["privacy"]
+    adversaries = privacy["adversaries"]
+    server, models = re.match(r"(\(trusted\)|[\d.]+) / ([\d.]+)", eps).groups()
+    if server == "(trusted)":
+        assert "server" not in adversaries, config
+    else:
+        assert states(server, adversaries["server"]["epsilon"]), (config, eps)
+    assert states(models, adversaries["models"]["epsilon"]), (config, eps)
+    rdp = re.search(r"RDP bound ([\d.]+)", eps).group(1)
+    assert states(rdp, privacy["epsilon_rdp"]), (config, eps, privacy["epsilon_rdp"])
+    (twin_run,) = runs_of(config, private=False)
+    assert states(number(twin), test_acc(twin_run)), (config, twin, test_acc(twin_run))
+    family = config.removeprefix("mnist_")
+    grid = [r for r in kept(f"frontier_mnist_{family}_nonprivate") if r["seed"] == "0"]
+    chosen = max(grid, key=lambda r: float(r["final_val_accuracy"]))
+    assert states(number(best), test_acc(chosen)), (config, best, test_acc(chosen))
+
+
+def test_every_mnist_private_config_has_its_row():
+    listed = {row[0].strip("`") for row in private_rows()}
+    shipped_configs = {p.stem for p in (ROOT / "configs/private").glob("mnist_*.yaml")}
+    assert listed == shipped_configs
+
+
+# ------------------------------------------------------------ numbers read off kept summaries
+def summary_of(config: str, **kwargs) -> dict:
+    return runs_of(config, **kwargs)[0]["summary"]
+
+
+def noise(config: str, key: str = "noise_multiplier") -> float:
+    return summary_of(config)["privacy"][key]
+
+
+def rdp_bound(config: str) -> float:
+    return summary_of(config)["privacy"]["epsilon_rdp"]
+
+
+def frontier_row(group: str, private: bool, target: float | None = None) -> dict:
+    with open(RESULTS / group / "frontier.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    return next(
+        r
+        for r in rows
+        if r["private"] == str(private).lower()
+        and (target is None or float(r["target_epsilon"]) == target)
+    )
+
+
+def total_run_epsilon(sweep: str, target: float) -> tuple[float, float]:
+    """(a run's own ε, its noise multiplier) in a kept equal-total-ε sweep at total ``target``."""
+    row = next(r for r in kept(sweep) if float(r[EPS]) == target)
+    return float(row["epsilon"]), row["summary"]["privacy"]["noise_multiplier"]
+
+
+#: (page, the text with ``{}`` where the number stands, the number, its format)
+RECORDED = [
+    (
+        "configs",
+        "ε = 8 needs noise multiplier {} (RDP's",
+        lambda: noise("mnist_dp_fedavg_clip"),
+        ".3f",
+    ),
+    ("configs", "{} (11.05) with every client", lambda: noise("mnist_dpsgd"), ".2f"),
+    (
+        "configs",
+        "and σ = {} (22.1) on the distributed sum",
+        lambda: noise("mnist_dp_alpha_normec", "noise_std"),
+        ".1f",
+    ),
+    (
+        "configs",
+        "bounded by 0.1: {} instead of 2.21",
+        lambda: noise("mnist_dp_clip21", "noise_std"),
+        ".2f",
+    ),
+    (
+        "configs",
+        "the RDP bound on the same releases is {} and",
+        lambda: rdp_bound("mnist_dp_fedavg_clip"),
+        ".2f",
+    ),
+    ("configs", "is 8.75 and {}, in", lambda: rdp_bound("mnist_dpsgd"), ".2f"),
+    (
+        "configs",
+        "ε = 8 needs σ = {} on the rows of `Z`",
+        lambda: noise("mnist_dp_fedavg_bandmf", "noise_std"),
+        ".2f",
+    ),
+    ("configs", "(RDP bound {};", lambda: rdp_bound("mnist_dp_fedavg_bandmf"), ".2f"),
+    (
+        "configs",
+        "ε = 8 needs noise multiplier {} where RDP's",
+        lambda: noise("mnist_dp_fedavg_per_sample"),
+        ".3f",
+    ),
+    (
+        "configs",
+        "η = 0.1, reaches {} ±",
+        lambda: float(frontier_row("frontier_a9a_record", True, 8.0)["final_test_accuracy_mean"]),
+        ".1f",
+    ),
+    (
+        "configs",
+        "reaches 83.5 ± {} % test",
+        lambda: float(
+            frontier_row("frontier_a9a_record", True, 8.0)["final_test_accuracy_half_width"]
+        ),
+        ".1f",
+    ),
+    (
+        "configs",
+        "against {} % without noise (η = 1)",
+        lambda: float(frontier_row("frontier_a9a_record", False)["final_test_accuracy_mean"]),
+        ".1f",
+    ),
+    (
+        "configs",
+        "| **{} %** (η = 0.1 selected, mean of 3 seeds) | 7.997",
+        lambda: float(frontier_row("frontier_a9a_record", True, 8.0)["final_test_accuracy_mean"]),
+        ".1f",
+    ),
+    (
+        "configs",
+        "mean of 3 seeds) | {} / 7.997 (PLD; RDP bound 14.2)",
+        lambda: float(frontier_row("frontier_a9a_record", True, 8.0)["certified_epsilon"]),
+        ".3f",
+    ),
+    (
+        "accounting",
+        "`target` gives noise multiplier {} with PLD",
+        lambda: noise("mnist_dpsgd"),
+        ".2f",
+    ),
+    (
+        "accounting",
+        "(the default; σ = {},",
+        lambda: noise("mnist_dp_alpha_normec", "noise_std"),
+        ".1f",
+    ),
+    ("accounting", "the RDP bound there is {})", lambda: rdp_bound("mnist_dpsgd"), ".2f"),
+    (
+        "accounting",
+        "(`mnist_dp_fedavg_clip`: multiplier {} instead of",
+        lambda: noise("mnist_dp_fedavg_clip"),
+        ".3f",
+    ),
+    (
+        "accounting",
+        "instead of 1.360, RDP bound {})",
+        lambda: rdp_bound("mnist_dp_fedavg_clip"),
+        ".2f",
+    ),
+    (
+        "accounting",
+        "a round, 300 rounds) needs noise multiplier {} where",
+        lambda: noise("mnist_dp_fedavg_per_sample"),
+        ".3f",
+    ),
+    (
+        "accounting",
+        "RDP bound at 1.618 is {},",
+        lambda: rdp_bound("mnist_dp_fedavg_per_sample"),
+        ".1f",
+    ),
+    (
+        "accounting",
+        "(smaller: {} for a total of 1 with three",
+        lambda: total_run_epsilon("total_mnist_dp_fedavg_per_update", 1.0)[0],
+        ".2f",
+    ),
+    (
+        "accounting",
+        "mean 9: noise multiplier {} at total ε = 8",
+        lambda: total_run_epsilon("total_mnist_dp_fedavg_clip", 8.0)[1],
+        ".2f",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "name, template, value, fmt", RECORDED, ids=[f"{p}:{t[:40]}" for p, t, *_ in RECORDED]
+)
+def test_a_number_read_off_the_record(name, template, value, fmt):
+    assert_states(name, template, value(), fmt)
+
+
+# ------------------------------------------------------------- numbers the accountants give
+def rdp_epsilon(multiplier: float, rate: float = 1.0, steps: int = 300, **sampling) -> float:
+    """ε at δ = 1e-5 that the package's RDP accountant (Opacus's) certifies."""
+    from pl_privfed.privacy.calibration import epsilon_of_plan
+    from pl_privfed.privacy.mechanism import Mechanism
+
+    kind = sampling.pop("sampling", "poisson" if rate < 1 else "none")
+    mechanism = Mechanism(multiplier, rate, sampling=kind, **sampling)
+    return epsilon_of_plan([(mechanism, steps)], sampling.get("delta", 1e-5), "rdp")
+
+
+def paper_sigma(rate: float = 1.0) -> float:
+    from pl_privfed.privacy.calibration import paper_noise_std
+
+    return paper_noise_std(sensitivity=1.0, epsilon=8.0, delta=1e-5, rounds=300, sample_rate=rate)
+
+
+def accounting_rows() -> list[list[str]]:
+    """docs/accounting.md's first table: the papers' calibration against the defensible ε."""
+    text = (DOCS / "accounting.md").read_text(encoding="utf-8")
+    rows = [line.split("|")[1:-1] for line in text.splitlines() if line.startswith("| DP-")]
+    return [[c.strip().strip("*") for c in row] for row in rows]
+
+
+@pytest.mark.parametrize("p", [1.0, 0.5, 0.25])
+def test_the_papers_calibration_against_the_defensible_epsilon(p):
+    """Paper 004's σ = p sqrt(K log(1/δ))/ε at K = 300: the defensible ε (replace-one, no
+    amplification: noise multiplier σ/2), the papers' (add/remove, Poisson at p) and add/remove
+    without amplification, by Opacus's RDP as the package's ``rdp`` accountant composes them."""
+    row = accounting_rows()[[1.0, 0.5, 0.25].index(p)]
+    sigma = paper_sigma(p)
+    assert states(row[1], sigma), (row, sigma)
+    assert states(row[2], rdp_epsilon(sigma / 2)), row
+    assert states(row[3], rdp_epsilon(sigma, p)), row
+    assert states(row[4], rdp_epsilon(sigma)), row
+
+
+def test_the_calibrations_quoted_beside_the_record():
+    from pl_privfed.privacy.calibration import calibrate_noise_multiplier, epsilon_of_plan
+    from pl_privfed.privacy.mechanism import Mechanism
+
+    sigma = paper_sigma()
+    assert_states("accounting", "`paper` gives σ = {} (defensible", sigma, ".3f")
+    assert_states("accounting", "(defensible ε = {}, papers'", rdp_epsilon(sigma / 2), ".1f")
+    assert_states("accounting", "papers' {}); `target`", rdp_epsilon(sigma), ".1f")
+    # RDP's calibration without sampling, and for a sensitivity of 2 and of 0.2 (Clip21's bound)
+    rdp = calibrate_noise_multiplier(
+        target_epsilon=8.0, delta=1e-5, sample_rate=1.0, steps=300, accountant="rdp"
+    )
+    assert_states("configs", "10.41 ({}) with every client", rdp, ".2f")
+    assert_states("accounting", "8.59), {} with RDP", rdp, ".2f")
+    assert_states("configs", "σ = 20.8 ({}) on the distributed sum", 2 * rdp, ".1f")
+    assert_states("accounting", "with RDP (σ = {})", 2 * rdp, ".1f")
+    assert_states("configs", "2.08 instead of {})", 0.2 * rdp, ".2f")
+    pld = noise("mnist_dpsgd")
+    assert_states("accounting", "ε: {} % less noise than RDP", 100 * (1 - pld / rdp), ".0f")
+    # RDP's calibration with the Poisson cohort at q = 0.1: 1.360 certifies 8, 1.350 does not
+    assert rdp_epsilon(1.360, 0.1) <= 8.0 < rdp_epsilon(1.350, 0.1)
+    assert "calibration: 1.360) with the Poisson cohort" in page("configs")
+    assert "multiplier 1.286 instead of 1.360" in page("accounting")
+    poisson = noise("mnist_dp_fedavg_clip")
+    assert_states(
+        "accounting", "{} % with Poisson sampling at q = 0.1", 100 * (1 - poisson / 1.360), ".0f"
+    )
+    # the record-level configurations' old noise under PLD (256 of 2,102, 300 rounds)
+    old = Mechanism(2.840, 256 / 2102, sampling="without_replacement", population=2102)
+    assert_states(
+        "accounting",
+        "the PLD ε at 2.840 was {})",
+        epsilon_of_plan([(old, 300)], 1e-5, "pld"),
+        ".2f",
+    )
+    # a9a_soteriafl: one of 29 records a round, 1,000 rounds, at its noise multiplier
+    a9a = rdp_epsilon(1.047, 1 / 29, 1000, sampling="without_replacement", population=29)
+    assert_states(
+        "configs", "noise multiplier 1.047 for ε = 8 over 1,000 rounds, RDP bound {})", a9a, ".1f"
+    )
+    assert "(PLD; RDP bound 14.2) | not kept" in page("configs")
+
+
+@pytest.mark.parametrize(
+    "data, target, m",
+    [("a9a", "0.01", 3256), ("a9a", "0.1", 3256), ("MNIST", "0.01", 6000), ("MNIST", "0.1", 6000)],
+)
+def test_porter_dp_theorem_1_noise(data, target, m):
+    """Paper 001 Theorem 1's σ_p = τ sqrt(T log(1/δ))/(m ε) at T = 1000, δ = 1e-3, τ = 1."""
+    sigma = math.sqrt(1000 * math.log(1e3)) / (m * float(target))
+    assert_states("accounting", f"| {data}, {target} | {{}} |", sigma, ".3f")
+
+
+def test_what_pld_saves_against_rdp():
+    """accounting.md's percentages, from the kept runs' PLD and RDP ε and their calibrations."""
+    record = noise("mnist_dp_fedavg_per_sample")
+    assert_states(
+        "accounting", "the tight accountant buys {} % less noise", 100 * (1 - record / 2.840), ".0f"
+    )
+    below = [
+        100 * (1 - summary_of(c)["privacy"]["epsilon"] / rdp_bound(c))
+        for c in ("mnist_dp_fedavg_clip", "mnist_dpsgd")
+    ]
+    low, high = re.search(
+        r"PLD is (\d+)–(\d+) % below RDP at the same noise", page("accounting")
+    ).groups()
+    assert float(low) - 0.5 <= min(below) and max(below) <= float(high) + 0.5, below
+    less = re.search(r"at the same noise, (\d+)–(\d+) % less noise", page("accounting")).groups()
+    assert [int(x) for x in less] == [
+        round(100 * (1 - noise("mnist_dp_fedavg_clip") / 1.360)),
+        round(100 * (1 - noise("mnist_dpsgd") / 11.05)),
+    ]
+
+
+def test_porter_dp_at_epsilon_0_1_is_no_guarantee():
+    """accounting.md's arithmetic on paper 001's noise at ε = 0.1 (replace-one: multiplier σ_p/2)."""
+    for data, m, use, loss in (("a9a", 3256, "0.26", "31"), ("MNIST", 6000, "0.15", "104")):
+        multiplier = math.sqrt(1000 * math.log(1e3)) / (m * 0.1) / 2
+        shown = f"{multiplier:.3f}"
+        assert f"is {shown} (a9a)" in page("accounting") or f"or {shown} (MNIST)" in page(
+            "accounting"
+        )
+        assert states(use, 1 - (1 - 1 / m) ** 1000), data
+        assert states(loss, 1 / (2 * multiplier**2)), data
+    # the calibration kept when a run resumed for 400 rounds used to change σ
+    assert_states(
+        "accounting",
+        "from 7.35 to {} for the remaining rounds",
+        paper_sigma() * math.sqrt(400 / 300),
+        ".2f",
+    )
+
+
+# ------------------------------------------ algorithms.md and correlated_noise.md, per family
+def client_frontier(label_start: str, target: float | None) -> dict:
+    """A method's row of the client-level frontier at ``target`` (None: its non-private row)."""
+    with open(RESULTS / "frontier_mnist_client" / "frontier.csv", newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r["method"].startswith(label_start)]
+    private = target is not None
+    return next(
+        r
+        for r in rows
+        if r["private"] == str(private).lower()
+        and (not private or float(r["target_epsilon"]) == target)
+    )
+
+
+def seeds_line(config: str, private: bool) -> tuple[list[float], float]:
+    accs = [test_acc(r) for r in runs_of(config, private=private, seeds=("0", "1", "2"))]
+    return accs, statistics.mean(accs)
+
+
+N = r"([\d.]+)"  # one number as a page writes it
+
+
+def test_adaptive_clipping_numbers():
+    name, config = "algorithms", "mnist_dp_fedavg_adaptive_clip"
+    (run,) = runs_of(config)
+    models = run["summary"]["privacy"]["adversaries"]["models"]
+    assert_numbers(
+        name,
+        rf"certifies ε = {N} against whoever sees the models \(RDP bound {N}\)",
+        [models["epsilon"], rdp_bound(config)],
+    )
+    accs, mean = seeds_line(config, True)
+    twin, twin_mean = seeds_line(config, False)
+    assert_numbers(
+        name,
+        rf"\*\*{N} / {N} / {N} % test\*\* over seeds 0, 1, 2 \(mean {N} %\), against {N} / {N} / "
+        rf"{N} % for its non-private twin \(mean {N} %, {N} points more\)",
+        [*accs, mean, *twin, twin_mean, twin_mean - mean],
+    )
+    adaptive, fixed = "DP-FedAvg, adaptive clipping", "DP-FedAvg, clipping ("
+    a8, f8 = client_frontier(adaptive, 8.0), client_frontier(fixed, 8.0)
+    acc, half = "final_test_accuracy_mean", "final_test_accuracy_half_width"
+    assert_numbers(
+        name,
+        rf"at ε = 8 \({N} % ± {N} against {N} % ± {N}, .*? its ε with selection is {N}, this "
+        rf"one's {N}\) and at ε = 2 \({N} against {N}\), .*?\(ε = 1: {N} against {N}; ε = 0.5: "
+        rf"{N} against {N}\)",
+        [float(a8[acc]), float(a8[half]), float(f8[acc]), float(f8[half])]
+        + [float(f8["epsilon_with_selection"]), float(a8["epsilon_with_selection"])]
+        + [float(client_frontier(m, e)[acc]) for e in (2.0, 1.0, 0.5) for m in (adaptive, fixed)],
+    )
+    for target in (0.5, 1.0):
+        assert client_frontier(fixed, target)["selected_threshold"] == "0.3"
+    assert {client_frontier(adaptive, t)["selected_step_size"] for t in (0.5, 1.0, 2.0)} == {"0.17"}
+    # z at ε = 0.5 and the count's share of the noise, z_Δ = (z⁻² − (2σ_b)⁻²)^(−1/2), σ_b = 10
+    z = next(r for r in kept("frontier_mnist_dp_fedavg_adaptive_clip") if float(r[EPS]) == 0.5)
+    z = z["summary"]["privacy"]["noise_multiplier"]
+    assert_numbers(name, rf"ε = 0.5 \(z = {N}\) is out of reach", [z])
+    assert_numbers(name, rf"\(`z_Δ = {N} z` at ε = 0.5", [(z**-2 - 20.0**-2) ** -0.5 / z])
+
+
+def test_banded_mf_numbers():
+    name, config = "correlated_noise", "mnist_dp_fedavg_bandmf"
+    assert_numbers(
+        name,
+        rf"needs σ = {N} on the rows of `Z` \(the run one Gaussian mechanism of sensitivity "
+        rf"`√30`; RDP bound {N}\)",
+        [noise(config, "noise_std"), rdp_bound(config)],
+    )
+    accs, mean = seeds_line(config, True)
+    twin, twin_mean = seeds_line(config, False)
+    assert_numbers(
+        name,
+        rf"\*\*{N}, {N}, {N} %\*\* \(mean {N} %\) against {N}, {N}, {N} % \(mean {N} %\) for the "
+        rf"non-private twin \(the same cyclic cohorts, `noise: null`\): {N} points",
+        [*accs, mean, *twin, twin_mean, twin_mean - mean],
+    )
+    acc, half = "final_test_accuracy_mean", "final_test_accuracy_half_width"
+    targets = (0.5, 1.0, 2.0, 4.0, 8.0)
+    banded = [client_frontier("DP-FedAvg, banded MF", t) for t in targets]
+    free = client_frontier("DP-FedAvg, banded MF", None)
+    update = [float(client_frontier("FedAvg, per-update clipping", t)[acc]) for t in targets]
+    assert_numbers(
+        name,
+        rf"gives {N} ± {N}, {N} ± {N}, {N} ± {N}, {N} ± {N} and {N} ± {N} % test \(95 % "
+        rf"half-widths\) at ε = 0.5, 1, 2, 4, 8, against {N} ± {N} % without noise \(η = {N}\)",
+        [float(r[k]) for r in banded for k in (acc, half)]
+        + [float(free[acc]), float(free[half]), float(free["selected_step_size"])],
+    )
+    assert_numbers(name, rf"gives {N}, {N}, {N}, {N} and {N} %: correlated", update)
+    gaps = [float(b[acc]) - u for b, u in zip(banded, update, strict=True)]
+    assert max(abs(g) for g in gaps[2:]) <= 0.5, gaps
+    assert "within half a point of it from ε = 2 on" in page(name)
+    assert_numbers(name, rf"and {N} points below it at ε = 0.5", [-gaps[0]])
