@@ -561,3 +561,107 @@ def test_banded_mf_numbers():
     assert max(abs(g) for g in gaps[2:]) <= 0.5, gaps
     assert "within half a point of it from ε = 2 on" in page(name)
     assert_numbers(name, rf"and {N} points below it at ε = 0.5", [-gaps[0]])
+
+
+def test_the_quickstart_result_line_is_its_kept_run():
+    """configs.md's quickstart output: the seed-0 run of configs/private/mnist_dp_alpha_normec.yaml
+    (= configs/quickstart.yaml) at ε = 8 in the record."""
+    (run,) = runs_of("mnist_dp_alpha_normec")
+    adversaries = run["summary"]["privacy"]["adversaries"]
+    assert_numbers(
+        "configs",
+        rf"rounds=300, val accuracy={N} \(round 300\), test accuracy={N}, train loss={N}, "
+        rf"epsilon={N} against the server \(whoever sees the models: {N}\), papers' convention {N} ",
+        [float(run[k]) for k in ("final_val_accuracy", "final_test_accuracy", "final_train_loss")]
+        + [adversaries["server"]["epsilon"], adversaries["models"]["epsilon"]]
+        + [run["summary"]["epsilon_paper_convention"]],
+    )
+    assert run["best_val_round"] == "300"
+
+
+def test_the_quickstart_grid_on_the_configs_page():
+    with open(RESULTS / "quickstart_grid" / "results.csv", newline="") as f:
+        normalized = [
+            float(r["final_val_accuracy"])
+            for r in csv.DictReader(f)
+            if r["server_normalization"] == "true" and r["rounds"] == "300"
+        ]
+    assert len(normalized) == 4
+    stated = re.search(r"validation accuracy ([\d.]+) with server normalization\)", page("configs"))
+    assert stated and all(states(stated.group(1), v) for v in normalized), normalized
+
+
+# ------------------------------------------------------------------------- docs/scaling.md
+def benchmark_table(name: str, table: str) -> list[dict]:
+    data = json.loads((RESULTS / "benchmarks" / f"{name}.json").read_text(encoding="utf-8"))
+    columns = data["tables"][table]["columns"]
+    return [dict(zip(columns, row, strict=True)) for row in data["tables"][table]["rows"]]
+
+
+def test_scaling_numbers_from_the_benchmarks():
+    (sweep,) = benchmark_table("batched_sweep", "sweep")
+    assert (
+        sweep["points"] == 45
+        and sweep["rounds"] == 300
+        and sweep["batched rows equal separate runs"]
+    )
+    assert_numbers(
+        "scaling",
+        rf"300 rounds, took {N} s batched against ([\d,.]+) s as separate processes \({N}×\)",
+        [sweep["batched s"], sweep["separate s"], sweep["batched / separate"]],
+    )
+    population = {(r["model"], r["N"]): r for r in benchmark_table("scale", "population")}
+    assert_numbers(
+        "scaling",
+        rf"\(d = 7,850\) are {N} GB: in memory on this 24 GB machine; for 10,000 clients of the "
+        rf"200k MLP they are {N} GB and go to disk",
+        [
+            population["logistic", 100000]["client state GB"],
+            population["mlp", 10000]["client state GB"],
+        ],
+    )
+    assert population["mlp", 10000]["placement"] == "disk"
+    assert population["logistic", 100000]["placement"] == "device"
+    # the frontier group's arithmetic: d = 7,850 float32 memories of 10,000 clients, a quarter of 24 GB
+    each = 10_000 * 7_850 * 4 / 1e9
+    fit = int(24 / 4 / each)
+    assert_numbers(
+        "scaling",
+        rf"\({N} GB of memories each\) runs in groups of {N} on this 24 GB machine rather than "
+        rf"paging {N} GB",
+        [each, fit, (135 - fit) * each],
+    )
+
+
+def test_scaling_start_up_numbers_are_the_kept_profile():
+    before_after = (RESULTS / "startup" / "before_after.txt").read_text(encoding="utf-8")
+    imports = (RESULTS / "startup" / "imports.txt").read_text(encoding="utf-8")
+    after = before_after.split("/work/wt-proc (median of 3)")[1]
+    before = before_after.split("/tmp/proc_base (median of 3)")[1]
+    lightning, cli = re.search(
+        r"import pytorch_lightning ([\d.]+) s CPU; pl_privfed.cli.app above it ([\d.]+) s", after
+    ).groups()
+    refused = float(re.search(r"report_refused\s+[\d.]+\s+([\d.]+)", after).group(1))
+    refused_before = float(re.search(r"report_refused\s+[\d.]+\s+([\d.]+)", before).group(1))
+    by_package = dict(
+        (m[1], float(m[0])) for m in re.findall(r"^\s+([\d.]+) s  (\w+)$", imports, re.M)
+    )
+    loads = [
+        float(x)
+        for m in re.findall(r"load average[^(]*\(([^)]*)\)", before_after + imports)
+        for x in m.split(",")
+    ]
+    assert_numbers(
+        "scaling",
+        rf"\(load average {N}–{N}, shared with other jobs\): `import pytorch_lightning` {N} s of CPU, "
+        rf"the package's CLI above it {N} s; a refused `report` {N} s of CPU \({N} s when seaborn",
+        [min(loads), max(loads), float(lightning), float(cli), refused, refused_before],
+    )
+    assert_numbers(
+        "scaling",
+        rf"torchvision's own modules \({N} s and {N} s in the kept import profile\)",
+        [by_package["scipy"], by_package["torchvision"]],
+    )
+    assert_numbers(
+        "scaling", rf"imports wandb \({N} s in the kept import profile\)", [by_package["wandb"]]
+    )
