@@ -665,3 +665,28 @@ def test_scaling_start_up_numbers_are_the_kept_profile():
     assert_numbers(
         "scaling", rf"imports wandb \({N} s in the kept import profile\)", [by_package["wandb"]]
     )
+
+
+# -------------------------------------------------------------------------- docs/engine.md
+def test_the_cpu_chunk_sizes_engine_md_quotes(monkeypatch):
+    import torch
+
+    from pl_privfed.engine.round import CHUNK_ENV, choose_chunk_size
+
+    monkeypatch.delenv(CHUNK_ENV, raising=False)
+
+    def chunk(dim: int) -> int:
+        return choose_chunk_size(10_000, dim, torch.device("cpu"))
+
+    assert_numbers(
+        "engine",
+        rf"within about 16 MiB: {N} clients for d ≈ 200k, {N} for logistic regression on MNIST "
+        rf"\(d = 7,850\), at most {N} \(the digits MLP's d = 2,410;",
+        [chunk(199_210), chunk(7_850), chunk(2_410)],
+    )
+    # the 8 MiB budget it is compared with: half the clients of 16 MiB
+    assert_numbers(
+        "engine", rf"not 8 MiB \({N} clients for d = 7,850\)", [8 * 2**20 // (3 * 7_850 * 4)]
+    )
+    assert_numbers("engine", rf"`import pytorch_lightning` alone takes {N} s of CPU here", [4.5])
+    assert "`import pytorch_lightning` 4.5 s of CPU" in page("scaling")
