@@ -690,3 +690,141 @@ def test_the_cpu_chunk_sizes_engine_md_quotes(monkeypatch):
     )
     assert_numbers("engine", rf"`import pytorch_lightning` alone takes {N} s of CPU here", [4.5])
     assert "`import pytorch_lightning` 4.5 s of CPU" in page("scaling")
+
+
+# --------------------------------------------------------------------------- docs/audit.md
+def table_rows(text: str, first: str) -> list[list[str]]:
+    """The cells of every Markdown table row of ``text`` whose first cell starts with ``first``."""
+    rows = [line.split("|")[1:-1] for line in text.splitlines() if line.startswith(f"| {first}")]
+    return [[c.strip().strip("`*") for c in row] for row in rows]
+
+
+def sig_equal(stated: str, value: float) -> bool:
+    """``stated`` (``9.66``, ``1.2e+06``, ``0.086``) is ``value`` to the significant digits shown."""
+    mantissa = stated.lower().split("e")[0].lstrip("0.").replace(".", "")
+    digits = max(len(mantissa), 1)
+    return float(f"{value:.{digits}g}") == float(stated) or states(stated, value)
+
+
+def kept_audit_rows(path: Path) -> dict[tuple[str, str], list[str]]:
+    rows = table_rows(path.read_text(encoding="utf-8"), "mnist_")
+    return {(r[0], r[1]): r for r in rows}
+
+
+def test_the_draw_breaks_table_is_its_kept_output():
+    """audit.md's table of the draw's breaks on the shipped configs is
+    docs/results/audit_noise/breaks_configs.txt (benchmarks/audit_breaks.py's output)."""
+    kept_rows = kept_audit_rows(RESULTS / "audit_noise" / "breaks_configs.txt")
+    text = (DOCS / "audit.md").read_text(encoding="utf-8")
+    section = text[text.index("**The breaks of the draw on the shipped configs**") :]
+    section = section[: section.index("### Canaries on the real path")]
+    page_rows = table_rows(section, "`mnist_")
+    assert len(page_rows) == len(kept_rows) == 64
+    for config, brk, certified, white, noise_p, flagged in page_rows:
+        kept_row = kept_rows[config, brk.replace("σ²/t²", "sigma^2/t^2")]
+        assert certified == kept_row[2], (config, brk)
+        assert sig_equal(white, float(kept_row[3].split(" [")[0])), (
+            config,
+            brk,
+            white,
+            kept_row[3],
+        )
+        assert noise_p.replace(" (underflow)", "") == kept_row[5], (config, brk, noise_p)
+        assert (flagged == "no") == (kept_row[6] == "no"), (config, brk)
+        if flagged != "no":
+            assert f"({flagged})" in kept_row[6], (config, brk, flagged, kept_row[6])
+    unbroken = [r for r in page_rows if r[1] == "none"]
+    assert_numbers(
+        "audit",
+        rf"\*\*No unbroken config is flagged\*\* \({N} of {N}; .*?every break is flagged in one "
+        rf"run: {N} of {N}\*\*",
+        [
+            len(unbroken),
+            len(unbroken),
+            len(page_rows) - len(unbroken),
+            len(page_rows) - len(unbroken),
+        ],
+    )
+
+
+def test_the_subset_breaks_with_covering_places_are_their_kept_output():
+    kept_rows = kept_audit_rows(RESULTS / "audit_paths" / "distributed_subset_breaks.txt")
+    kept_rows |= kept_audit_rows(RESULTS / "audit_paths" / "clip21_remainder.txt")
+    text = (DOCS / "audit.md").read_text(encoding="utf-8")
+    covering = text[text.index("| **with the covering places:** |") :].split("\n\n")[0]
+    names = {
+        "a chunk's remainder": "client clip skipped in a chunk's remainder",
+        "last chunk": "client clip skipped in the last chunk",
+    }
+    rows = table_rows(covering, "`mnist_")
+    assert len(rows) == len(kept_rows) == 8
+    for config, brk, _, certified, white, black, flagged in rows:
+        config = config.split("`")[0].strip()
+        brk = next((v for k, v in names.items() if brk.startswith(k)), brk)
+        kept_row = kept_rows[config, brk]
+        estimate, low, high = re.match(r"([\d.]+) \[([\d.]+), ([\d.]+)\]", white).groups()
+        kept_estimate = re.match(r"([\d.]+) \[([\d.]+), ([\d.]+)\]", kept_row[3]).groups()
+        assert all(
+            sig_equal(s, float(k))
+            for s, k in zip((estimate, low, high), kept_estimate, strict=True)
+        ), (config, brk)
+        assert certified == kept_row[2] and sig_equal(black, float(kept_row[4])), (config, brk)
+        assert (flagged == "no") == (kept_row[6] == "no"), (config, brk)
+
+
+def false_alarms(path: Path) -> dict[str, tuple]:
+    """``mechanism: (flagged, runs, median, low, high)`` and ``all`` from a kept false-alarm run."""
+    text = path.read_text(encoding="utf-8")
+    found = {
+        m[0]: (int(m[1]), int(m[2]), float(m[3]), float(m[4]), float(m[5]))
+        for m in re.findall(
+            r"(\w+): (\d+)/(\d+) flagged.*?median ([\d.]+), range ([\d.]+) to ([\d.]+)", text
+        )
+    }
+    flagged, runs = re.search(r"all: (\d+)/(\d+) runs flagged", text).groups()
+    found["all"] = (int(flagged), int(runs))
+    return found
+
+
+def test_the_false_alarm_rates_are_their_kept_output():
+    noise = false_alarms(RESULTS / "audit_noise" / "false_alarms.txt")
+    flagged, runs = noise["all"]
+    assert_numbers(
+        "audit",
+        rf"\*\*{N} of {N} runs flagged \({N} %\)\*\*",
+        [flagged, runs, 100 * flagged / runs],
+    )
+    per = [
+        noise[m][0]
+        for m in ("local", "central", "distributed", "record", "banded_mf", "tree_aggregation")
+    ]
+    assert_numbers(
+        "audit",
+        rf"local {N}/40, central {N}/40 \(one by the ε tests, one by the noise test\), distributed "
+        rf"{N}/40, record level {N}/40 \(no noise test\), banded MF {N}/40 and tree aggregation {N}/40",
+        per,
+    )
+    ratios = [x for m in ("local", "central", "distributed", "record") for x in noise[m][2:]]
+    assert_numbers(
+        "audit",
+        rf"median \(range\): local {N} \({N} to {N}\), central {N} \({N} to {N}\), distributed {N} "
+        rf"\({N} to {N}\), record {N} \({N} to {N}\)",
+        ratios,
+    )
+    record = false_alarms(RESULTS / "audit_paths" / "false_alarms_record.txt")
+    client = false_alarms(RESULTS / "audit_paths" / "false_alarms_client.txt")
+    assert_numbers(
+        "audit",
+        rf"{N} of 40 flagged \(by the ε tests; {N} %\), white box over certified median {N} \({N} to {N}\)",
+        [record["record"][0], 100 * record["record"][0] / 40, *record["record"][2:]],
+    )
+    assert_numbers(
+        "audit",
+        rf"local {N} of 40, central {N} of 40 \(one by the ε tests, one by the noise test\), "
+        rf"distributed {N} of 40",
+        [client[m][0] for m in ("local", "central", "distributed")],
+    )
+    both = record["all"][0] + client["all"][0], record["all"][1] + client["all"][1]
+    assert_numbers(
+        "audit", rf"with the record level, {N} of {N} \({N} %\)", [*both, 100 * both[0] / both[1]]
+    )
