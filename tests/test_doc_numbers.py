@@ -828,3 +828,78 @@ def test_the_false_alarm_rates_are_their_kept_output():
     assert_numbers(
         "audit", rf"with the record level, {N} of {N} \({N} %\)", [*both, 100 * both[0] / both[1]]
     )
+
+
+# ---------------------------------------------------------------- docs/paper_experiments.md
+def test_the_headline_point_is_its_kept_curve():
+    """paper_experiments.md's CIFAR-10 run in the papers' reading: its validation curve, kept in
+    docs/figures/ (one row per epoch; the page counts epochs from 1)."""
+    path = DOCS / "figures" / "paper002_alpha_normec_papers_reading_h100.csv"
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 300 and rows[-1]["round"] == "45600"
+    acc = [100 * float(r["val_acc"]) for r in rows]
+    loss = [float(r["val_loss"]) for r in rows]
+    train = [float(r["mean_train_loss_of_epoch"]) for r in rows]
+    epochs = range(30, 301, 30)
+    text = (DOCS / "paper_experiments.md").read_text(encoding="utf-8")
+    for label, values in (
+        ("validation accuracy", acc),
+        ("validation loss", loss),
+        ("training loss (epoch mean)", train),
+    ):
+        (row,) = table_rows(text, label)
+        stated = [cell.removesuffix(" %") for cell in row[1:]]
+        assert all(states(s, values[e - 1]) for s, e in zip(stated, epochs, strict=True)), label
+    best = max(range(300), key=lambda i: acc[i])
+    lowest = min(range(300), key=lambda i: loss[i])
+    last = acc[-62:]
+    assert_numbers(
+        "paper_experiments",
+        rf"Final validation accuracy {N} %, best {N} % \(epoch {N}\); from epoch 150 on it stays "
+        rf"between {N} and {N} % while the validation loss rises from its minimum {N} \(epoch "
+        rf"{N}\): the run overfits its 4,860 images per worker \(the last 62 epochs average {N} %, "
+        rf"at most {N} %\)",
+        [
+            acc[-1],
+            acc[best],
+            best + 1,
+            min(acc[149:]),
+            max(acc[149:]),
+            loss[lowest],
+            lowest + 1,
+            statistics.mean(last),
+            max(last),
+        ],
+    )
+    assert max(acc) < 85 and "(validation below 85 % throughout)" in page("paper_experiments")
+    assert_numbers(
+        "paper_experiments",
+        rf"validation accuracy after 45,600 iterations {N} %, best {N} % \(epoch {N}\)",
+        [acc[-1], acc[best], best + 1],
+    )
+
+
+def test_the_cifar_round_time_paper_experiments_quotes():
+    (row,) = benchmark_table("round_time_resnet20", "rounds")
+    best = min(row["vmap ms"], row["loop ms"]) / 1000
+    assert_numbers(
+        "paper_experiments",
+        rf"takes {N} s at best .*? so a 300-iteration run is about {N} minutes and the papers' "
+        rf"reading \(45,600 iterations\) about {N} hours",
+        [best, round(300 * best / 60), round(45_600 * best / 3600)],
+    )
+
+
+def test_claim_d3_the_papers_noise():
+    sigma = paper_sigma()
+    assert_numbers(
+        "paper_experiments",
+        rf"`σ = sqrt\(K log\(1/δ\)\)/ε = {N}` per client",
+        [sigma],
+    )
+    assert_numbers(
+        "paper_experiments",
+        rf"ε = {N} against the server \(replace-one, no amplification\), {N} under the papers' own",
+        [rdp_epsilon(sigma / 2), rdp_epsilon(sigma)],
+    )
