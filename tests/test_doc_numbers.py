@@ -903,3 +903,27 @@ def test_claim_d3_the_papers_noise():
         rf"ε = {N} against the server \(replace-one, no amplification\), {N} under the papers' own",
         [rdp_epsilon(sigma / 2), rdp_epsilon(sigma)],
     )
+
+
+def test_claims_e1_and_f1_computed():
+    """E1: DP-SGD with Norm_1 on Example 1 (f₁,₂ = ½(x ∓ 3)², x⁰ = 2, γ = 0.01) moves, to x after
+    2,000 rounds; F1: RDP's noise multipliers for ε = 8 over 300 rounds at p = 0.1 and 1."""
+    x = 2.0
+    for _ in range(2000):
+        grads = (x - 3.0, x + 3.0)
+        x -= 0.01 * sum(g / (1.0 + abs(g)) for g in grads) / 2
+    assert_numbers(
+        "paper_experiments", rf"at α = 1 DP-SGD moves \(x = {N} after 2,000 rounds\)", [x]
+    )
+    assert rdp_epsilon(1.36, 0.1) <= 8.0 < rdp_epsilon(1.35, 0.1)
+    from pl_privfed.privacy.calibration import calibrate_noise_multiplier
+
+    full = calibrate_noise_multiplier(
+        target_epsilon=8.0, delta=1e-5, sample_rate=1.0, steps=300, accountant="rdp"
+    )
+    assert_numbers(
+        "paper_experiments",
+        rf"quotes \(1.36, {N}\) are RDP's \(PLD: {N}, {N}\)",
+        [full, noise("mnist_dp_fedavg_clip"), noise("mnist_dpsgd")],
+    )
+    assert_numbers("paper_experiments", rf"1.36 at p = 0.1, {N} at p = 1\)", [full])
