@@ -927,3 +927,36 @@ def test_claims_e1_and_f1_computed():
         [full, noise("mnist_dp_fedavg_clip"), noise("mnist_dpsgd")],
     )
     assert_numbers("paper_experiments", rf"1.36 at p = 0.1, {N} at p = 1\)", [full])
+
+
+def test_the_small_cnn_parameter_count():
+    """The model of configs/private/mnist_cnn_dp_fedavg.yaml, built as the config builds it."""
+    from pl_privfed.models import SmallCNN
+
+    tree = yaml.safe_load((ROOT / "configs/private/mnist_cnn_dp_fedavg.yaml").read_text())
+    model = SmallCNN(**tree["model"]["model"]["init_args"])
+    count = sum(p.numel() for p in model.parameters())
+    assert f"`SmallCNN` ({count:,} parameters)" in page("configs")
+
+
+def test_banded_mf_errors_quoted():
+    """correlated_noise.md's total squared errors at 300 rounds and 10 bands: independent noise's
+    is n(n+1)/2 (the prefix sums of identity rows); the optimized Toeplitz and general banded
+    `C`'s (6,045 and 5,936) are computed by tests/test_correlated_noise.py, and the page's ratios
+    follow from them."""
+    n = 300
+    found = re.search(
+        r"total squared error of ([\d,]+) against ([\d,]+) for independent noise \(`C = I`\) at the "
+        r"same sensitivity, ([\d.]+) times less",
+        page("correlated_noise"),
+    )
+    assert found, "correlated_noise.md's error sentence changed: update this test with it"
+    toeplitz, independent, ratio = found.groups()
+    assert int(independent.replace(",", "")) == n * (n + 1) // 2
+    assert int(toeplitz.replace(",", "")) == 6045  # tests/test_correlated_noise.py computes it
+    assert states(ratio, n * (n + 1) / 2 / 6045)
+    assert_numbers(
+        "correlated_noise",
+        rf"its error is 5,936, {N} % below the Toeplitz `C`",
+        [100 * (1 - 5936 / 6045)],
+    )
