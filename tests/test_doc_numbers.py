@@ -751,7 +751,8 @@ def test_the_subset_breaks_with_covering_places_are_their_kept_output():
     kept_rows = kept_audit_rows(RESULTS / "audit_paths" / "distributed_subset_breaks.txt")
     kept_rows |= kept_audit_rows(RESULTS / "audit_paths" / "clip21_remainder.txt")
     text = (DOCS / "audit.md").read_text(encoding="utf-8")
-    covering = text[text.index("| **with the covering places:** |") :].split("\n\n")[0]
+    covering = text[text.index("| config | break | real clients it touches a round |") :]
+    covering = covering.split("\n\n")[0]
     names = {
         "a chunk's remainder": "client clip skipped in a chunk's remainder",
         "last chunk": "client clip skipped in the last chunk",
@@ -959,4 +960,38 @@ def test_banded_mf_errors_quoted():
         "correlated_noise",
         rf"its error is 5,936, {N} % below the Toeplitz `C`",
         [100 * (1 - 5936 / 6045)],
+    )
+
+
+def run_time_and_load(path: Path) -> tuple[str, float, float]:
+    """A kept benchmark output's wall time (``4 min 13 s``) and the lowest and highest load
+    average (first figure) it recorded."""
+    text = path.read_text(encoding="utf-8")
+    found = re.search(r"Elapsed \(wall clock\) time.*?: (\d+):(\d+)\.(\d+)", text)
+    if found:
+        minutes, seconds, hundredths = (int(x) for x in found.groups())
+        seconds += round(hundredths / 100)
+    else:
+        minutes, seconds, millis = (
+            int(x) for x in re.search(r"real\s+(\d+)m(\d+)\.(\d+)s", text).groups()
+        )
+        seconds += round(millis / 1000)
+    loads = [float(x) for x in re.findall(r"load average: ([\d.]+)", text)]
+    return f"{minutes} min {seconds} s", min(loads), max(loads)
+
+
+def test_the_false_alarm_runs_machine_lines():
+    for name, template in (
+        ("audit_noise/false_alarms.txt", rf"load average {N} to {N}, {{}};"),
+        ("audit_paths/false_alarms_record.txt", rf"load average {N}–{N}, {{}};"),
+        ("audit_paths/false_alarms_client.txt", rf"load average {N}–{N}, {{}};"),
+    ):
+        wall, low, high = run_time_and_load(RESULTS / name)
+        assert_numbers("audit", template.format(wall), [low, high])
+    # the expected canary rounds in a chunk's remainder: rows × 50 × rounds / rows a round
+    assert_numbers(
+        "audit",
+        rf"\(rows a round\): {N} on `mnist_dpsgd`'s remainder \(2 rows of 1,050, 300 rounds;.*? {N} "
+        rf"on the distributed configs' remainder \(2 rows of 10,050, 30 rounds\)",
+        [2 * 50 * 300 / 1050, 2 * 50 * 30 / 10050],
     )
