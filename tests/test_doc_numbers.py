@@ -430,6 +430,9 @@ def test_porter_dp_theorem_1_noise(data, target, m):
 def test_what_pld_saves_against_rdp():
     """accounting.md's percentages, from the kept runs' PLD and RDP ε and their calibrations."""
     record = noise("mnist_dp_fedavg_per_sample")
+    assert_numbers(
+        "accounting", rf"where RDP needed 2.840 \({N} % less noise;", [100 * (1 - record / 2.840)]
+    )
     assert_states(
         "accounting", "the tight accountant buys {} % less noise", 100 * (1 - record / 2.840), ".0f"
     )
