@@ -121,11 +121,8 @@ def runs_of(config: str, *, private: bool = True, epsilon: float = 8.0, seeds=("
     return sorted(rows, key=lambda r: r["seed"])
 
 
-def test_acc(row) -> float:
+def accuracy_of(row) -> float:
     return 100 * float(row["final_test_accuracy"])
-
-
-test_acc.__test__ = False  # a helper, not a test
 
 
 # ------------------------------------------------------------------ docs/configs.md's table
@@ -150,7 +147,7 @@ def test_the_private_configs_table_is_the_kept_record(row):
     assert (ROOT / "configs/private" / f"{config}.yaml").exists(), config
     acc, eps, twin, best = row[3], row[4], row[5], row[6]
     (run,) = runs_of(config)
-    assert states(number(acc), test_acc(run)), (config, acc, test_acc(run))
+    assert states(number(acc), accuracy_of(run)), (config, acc, accuracy_of(run))
     privacy = run["summary"]["privacy"]
     adversaries = privacy["adversaries"]
     server, models = re.match(r"(\(trusted\)|[\d.]+) / ([\d.]+)", eps).groups()
@@ -162,11 +159,11 @@ def test_the_private_configs_table_is_the_kept_record(row):
     rdp = re.search(r"RDP bound ([\d.]+)", eps).group(1)
     assert states(rdp, privacy["epsilon_rdp"]), (config, eps, privacy["epsilon_rdp"])
     (twin_run,) = runs_of(config, private=False)
-    assert states(number(twin), test_acc(twin_run)), (config, twin, test_acc(twin_run))
+    assert states(number(twin), accuracy_of(twin_run)), (config, twin, accuracy_of(twin_run))
     family = config.removeprefix("mnist_")
     grid = [r for r in kept(f"frontier_mnist_{family}_nonprivate") if r["seed"] == "0"]
     chosen = max(grid, key=lambda r: float(r["final_val_accuracy"]))
-    assert states(number(best), test_acc(chosen)), (config, best, test_acc(chosen))
+    assert states(number(best), accuracy_of(chosen)), (config, best, accuracy_of(chosen))
 
 
 def test_every_mnist_private_config_has_its_row():
@@ -485,7 +482,7 @@ def client_frontier(label_start: str, target: float | None) -> dict:
 
 
 def seeds_line(config: str, private: bool) -> tuple[list[float], float]:
-    accs = [test_acc(r) for r in runs_of(config, private=private, seeds=("0", "1", "2"))]
+    accs = [accuracy_of(r) for r in runs_of(config, private=private, seeds=("0", "1", "2"))]
     return accs, statistics.mean(accs)
 
 
