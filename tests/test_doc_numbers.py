@@ -995,3 +995,15 @@ def test_the_false_alarm_runs_machine_lines():
         rf"on the distributed configs' remainder \(2 rows of 10,050, 30 rounds\)",
         [2 * 50 * 300 / 1050, 2 * 50 * 30 / 10050],
     )
+
+
+def test_every_private_config_is_within_5_points_of_its_twin_but_soteriafl():
+    gaps = {
+        row[0].strip("`"): accuracy_of(runs_of(row[0].strip("`"), private=False)[0])
+        - accuracy_of(runs_of(row[0].strip("`"))[0])
+        for row in private_rows()
+    }
+    assert [c for c, gap in gaps.items() if gap >= 5] == ["mnist_soteriafl"], gaps
+    assert "Every configuration is within 5 points of its twin except **SoteriaFL**" in page(
+        "configs"
+    )
