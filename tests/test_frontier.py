@@ -386,9 +386,12 @@ def test_the_results_pages_are_what_the_kept_record_draws(tmp_path):
         pages.total_overview_of()
     ), "docs/privacy.md's equal-total-ε block: run make results"
     # paper 002's claims D1 and D2 at equal total ε, in docs/paper_experiments.md
-    assert pages.privacy_block(
-        page=pages.PAPER_EXPERIMENTS, begin=pages.CLAIMS_BEGIN, end=pages.CLAIMS_END
-    ) == pages.claims_block(), "docs/paper_experiments.md's D1/D2 block: run make results"
+    assert (
+        pages.privacy_block(
+            page=pages.PAPER_EXPERIMENTS, begin=pages.CLAIMS_BEGIN, end=pages.CLAIMS_END
+        )
+        == pages.claims_block()
+    ), "docs/paper_experiments.md's D1/D2 block: run make results"
 
 
 def _config_value(config: dict, path: str):
