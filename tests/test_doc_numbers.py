@@ -1033,3 +1033,44 @@ def test_the_per_canary_bound_readings_are_their_kept_output():
             r"([\d.]+)e4 times it",
             [int(count), int(first), float(ratio) / 1e4],
         )
+
+
+def test_the_slow_accountant_figures_are_their_kept_output():
+    """accounting.md's figures that take seconds each (PRV at large ε, RDP and PRV calibrations
+    by bisection, a random search's calibration) are docs/results/accounting/figures.json's,
+    written by ``python benchmarks/accounting_figures.py`` with the package's accountants."""
+    kept_figures = json.loads((RESULTS / "accounting" / "figures.json").read_text())["figures"]
+    for row in kept_figures["porter"]:
+        found = re.search(
+            rf"\| {row['data']}, {row['target']:g} \| ([\d.]+) \| ([\d.,]+) \| ([\d.]+) \| "
+            r"([\d.]+) \|",
+            page("accounting"),
+        )
+        assert found, row
+        stated = found.groups()
+        assert states(stated[0], row["sigma_p"]), (stated, row)
+        for text, key in zip(stated[1:], ("defensible", "paper_convention", "before")):
+            assert sig_equal(text.replace(",", ""), row[key]), (text, key, row)
+    record = kept_figures["rdp_record_calibration"]
+    assert_states("accounting", "where RDP needed {} (", record, ".3f")
+    assert_states("configs", "{} (256 of the smallest shard's 2,102 images", record, ".3f")
+    assert_states(
+        "accounting", "the PLD ε at 2.840 was {})", kept_figures["pld_epsilon_at_2840"], ".2f"
+    )
+    one_direction = kept_figures["one_direction_epsilon_at_2840"]
+    assert_states("accounting", "gives less ({} instead of", one_direction, ".2f")
+    assert_states(
+        "accounting",
+        "and {} with PRV, each certifying 8",
+        kept_figures["prv_calibration_full"],
+        ".2f",
+    )
+    assert_states(
+        "accounting",
+        "noise multiplier {} at total ε = 8",
+        kept_figures["search_logarithmic_mean_9"],
+        ".2f",
+    )
+    assert_states(
+        "accounting", "against {} for Poisson;", kept_figures["search_poisson_mean_9"], ".2f"
+    )
