@@ -1074,3 +1074,12 @@ def test_the_slow_accountant_figures_are_their_kept_output():
     assert_states(
         "accounting", "against {} for Poisson;", kept_figures["search_poisson_mean_9"], ".2f"
     )
+
+
+def test_the_record_level_shard_sizes_are_the_kept_runs():
+    """The smallest of mnist_dp_fedavg_per_sample's 10 shards (2,102 images) and their mean
+    (~5,400), as the kept run's summary records its split (data.client_sizes)."""
+    sizes = summary_of("mnist_dp_fedavg_per_sample")["data"]["client_sizes"]
+    for name in ("accounting", "configs"):
+        assert_states(name, "256 of the smallest shard's {} images", min(sizes), ",d")
+    assert_states("configs", "b = 256 of ~{} |", round(statistics.mean(sizes), -2), ",.0f")
