@@ -19,7 +19,7 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers.audit_breaks import BREAKS, EPSILON, MECHANISMS, SKIPPED, audit_small, broken
+from helpers.audit_breaks import BREAKS, EPSILON, MECHANISMS, SKIPPED, audit_small, broken, cases
 
 from pl_privfed.callbacks._audit_alarm import warn_bound
 from pl_privfed.callbacks.summary import audit_line
@@ -54,12 +54,7 @@ def test_every_break_is_flagged_in_one_run_at_the_shipped_epsilon(brk, mechanism
     assert audit["exceeds_certified"]
 
 
-BOUND_CASES = [
-    (name, mechanism)
-    for name, spec in BREAKS.items()
-    if spec.get("alarm") == "bound"
-    for mechanism in spec["applies"]
-]
+BOUND_CASES = cases("bound")
 
 
 @pytest.mark.parametrize(

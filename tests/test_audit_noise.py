@@ -14,7 +14,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from helpers.audit_breaks import BREAKS, CORRELATED, audit_small, broken
+from helpers.audit_breaks import CORRELATED, audit_small, broken, cases
 
 from pl_privfed.callbacks._audit_noise import NoiseAudit
 from pl_privfed.callbacks.summary import audit_line
@@ -139,12 +139,7 @@ def test_the_monitor_keeps_its_coordinates_and_resumes():
 
 
 ROUNDS = 20
-NOISE_CASES = [
-    (name, mechanism)
-    for name, spec in BREAKS.items()
-    if spec.get("alarm") == "noise_test"
-    for mechanism in spec["applies"]
-]
+NOISE_CASES = cases("noise_test")
 
 
 @pytest.mark.parametrize(

@@ -353,6 +353,17 @@ CORRELATED = {
 }
 
 
+def cases(alarm: str) -> list[tuple[str, str]]:
+    """``(break, mechanism)`` for every break the catalogue expects ``alarm`` to flag, on every
+    mechanism it applies to (the parametrization of the suite's catalogue tests)."""
+    return [
+        (name, mechanism)
+        for name, spec in BREAKS.items()
+        if spec.get("alarm") == alarm
+        for mechanism in spec["applies"]
+    ]
+
+
 def audit_small(
     mechanism: str,
     *,
