@@ -173,14 +173,21 @@ def test_a_grid_in_the_span_equals_the_dense_grid(seeds, tmp_path):
     assert torch.allclose(runs["off"].grid_params, runs["on"].grid_params, rtol=1e-4, atol=1e-5)
 
 
-def test_an_audited_run_keeps_its_clients_in_d_dimensions(tmp_path):
-    """The audit's canaries join the clients' d-dimensional gradients and messages."""
+def test_an_audited_run_keeps_its_clients_in_the_span(tmp_path):
+    """The audit's canary clients are clients of the span (tests/test_span_audit.py); canary
+    records, which join the clients' d-dimensional gradients, are refused there."""
     torch.manual_seed(0)
     alg = DistributedDPSGD(0.5, Clip(1.0), noise=DPNoise(noise_multiplier=1.0, seed=5))
     module = FederatedModule(LogisticRegression(64, 10), alg, client_chunk=50)
     audit = PrivacyAudit()
     trainer(tmp_path, max_steps=2, callbacks=[audit]).fit(module, datamodule=_data())
-    assert module.algorithm.client_rows is DENSE and audit.report() is not None
+    assert isinstance(module.algorithm.client_rows, SpanRows) and audit.report() is not None
+    alg = DistributedDPSGD(0.5, Clip(1.0), noise=DPNoise(noise_multiplier=1.0, seed=5))
+    module = FederatedModule(LogisticRegression(64, 10), alg, client_chunk=50, client_span="on")
+    with pytest.raises(ValueError, match="PrivacyAudit reads the clients' d-dimensional rows"):
+        trainer(tmp_path, max_steps=1, callbacks=[PrivacyAudit(level="record")]).fit(
+            module, datamodule=_data()
+        )
 
 
 def test_the_basis_forward_gives_the_cross_entropy_gradients_of_a_plain_loop():

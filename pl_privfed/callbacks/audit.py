@@ -206,7 +206,9 @@ class PrivacyAudit(pl.Callback):
         directions = canary_directions(
             self.count, x.numel(), self.seed, device=x.device, dtype=x.dtype
         )
-        if level == "client":
+        rows = getattr(algorithm, "client_rows", None)
+        if level == "client":  # each a client of the run's row representation
+            directions = directions if rows is None else rows.canary_directions(directions)
             rate = float(getattr(algorithm, "participation_rate", 1.0))
             participation = release.participation if release is not None else rate
             return ClientCanaries(
@@ -218,6 +220,8 @@ class PrivacyAudit(pl.Callback):
                 norm=self.canary_norm,
                 operator=getattr(algorithm, "operator", None),
             )
+        if rows is not None:  # records join the clients' d-dimensional gradients
+            rows.require_dense("an audit's canary records")
         records = None if release is None else release.records
         size = records.release_size if records else int(getattr(algorithm, "batch_size", 1))
         rate = min(1.0, records.positions / records.population) if records else 1.0
@@ -244,8 +248,10 @@ class PrivacyAudit(pl.Callback):
             minibatch_norm=minibatch_norm,
         )
 
-    #: canaries are d-dimensional rows of the chunks: no data span; the chunk size's cap (wiring)
-    needs_client_rows, extra_client_rows = True, property(lambda self: self.count // 2)
+    #: canary records join d-dimensional gradients (no data span; canary clients are clients of
+    #: the run's rows), and canary clients count towards the chunk size's cap (wiring)
+    needs_client_rows = property(lambda self: self.level == "record")
+    extra_client_rows = property(lambda self: self.count // 2)
 
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

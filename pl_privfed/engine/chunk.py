@@ -13,7 +13,8 @@ client of the round (a map). What a client sends the server goes through
 An audit's canary clients (indices from ``n`` on, placed among the round's clients by the
 stage's hook, :meth:`~pl_privfed.engine.MessageHook.place`) are rows of the chunks they land in,
 like any client: the algorithm's lines run on them, their gradient is their fixed direction
-(:meth:`~pl_privfed.engine.MessageHook.client_gradients`, where the oracle's would be), their
+(:meth:`~pl_privfed.engine.MessageHook.client_gradients`, where the oracle's would be; in the
+clients' data span, coordinates in a basis of their own: ``ClientRows.canary_rows``), their
 state rows start from zeros every round and are never kept, and :meth:`transmit` puts them
 through the same operator call and the placement's same per-client noise draw
 (:meth:`normal`) as the chunk's real clients. Only the message stage's sum (the hook's ``key``)
@@ -128,7 +129,6 @@ class ClientChunk:
         self.canary: Tensor | None = None
         if ctx.clients is not None and ids.numel() and int(ids.max()) >= ctx.clients:
             self.canary = ids.cpu() >= ctx.clients
-            ctx.rows.require_dense("an audit's canary clients")
 
     @property
     def real_ids(self) -> Tensor:
@@ -150,9 +150,11 @@ class ClientChunk:
         return out
 
     def _canary_gradients(self, like: Tensor) -> Tensor:
-        """The canary clients' gradients ``[a, d]``: each its fixed direction (the hook's)."""
+        """The canary clients' gradients: each its fixed direction (the hook's), as rows of
+        the round's representation (:meth:`~pl_privfed.engine.ClientRows.canary_rows`)."""
         index = self.ids[self.canary] - self.ctx.clients
-        return self.ctx.stage.hook.client_gradients(index, self.round_index, like)
+        grads = self.ctx.stage.hook.client_gradients(index, self.round_index, like)
+        return self.ctx.rows.canary_rows(index, grads).to(like.device, like.dtype)
 
     @property
     def statistics(self) -> bool:
@@ -189,11 +191,11 @@ class ClientChunk:
         the algorithm's clip of the whole gradient then bounds); the real records' part is
         untouched."""
         hook = self.ctx.stage.hook
-        if hook is None:
+        extra = None if hook is None else hook.gradients(self.ids, self.round_index, step, grads)
+        if extra is None:  # none (client canaries: clients of their own)
             return grads
-        self.ctx.rows.require_dense("an audit's canaries")
-        extra = hook.gradients(self.ids, self.round_index, step, grads)
-        return grads if extra is None else grads + extra
+        self.ctx.rows.require_dense("an audit's canary records")
+        return grads + extra
 
     def example_grads(self, params: Tensor, step: int | None = None) -> Tensor:
         """Every example's gradient ``[c, B, d]`` (record-level clipping); a canary client's
@@ -313,7 +315,8 @@ class ClientChunk:
         ``(seed, noise, round, i, extra)`` (``extra``: e.g. the local step); with ``select`` (a
         boolean mask over the chunk) only the selected clients' rows."""
         ids = self.ids if select is None else self.ids[select.cpu()]
-        self.ctx.rows.require_dense("per-client noise draws")
+        if self.ctx.clients is None or bool((ids < self.ctx.clients).any()):  # not canaries'
+            self.ctx.rows.require_dense("per-client noise draws")
         out = torch.empty(ids.numel(), self.ctx.dim, device=self.ctx.device, dtype=self.ctx.dtype)
         checks, keyed = self.ctx.stage.checks, self.ctx.keyed
         for row, client in zip(out, ids.tolist()):
@@ -499,22 +502,24 @@ class ClientChunk:
         self, key: str, canaries: Tensor | None, v: Tensor, scale: Tensor | None = None
     ) -> None:
         """The canary clients ``canaries`` (a mask over the chunk) send their rows of the
-        message ``v`` (times ``scale``: the same operator call as the real clients') to the sum
-        ``key:canaries`` that :meth:`Reduction.received` adds to ``key``, with the noise the
-        placement gives a sender (:meth:`normal`, keyed by the canary's index as a client's is
-        by its own) where clients noise; the hook reads both (the white-box auditor). Only the
-        hook's sum receives canaries; they are never counted as senders or messages."""
+        message ``v`` (times ``scale``: the same operator call as the real clients'), each
+        summed by the representation's own code (:meth:`~pl_privfed.engine.ClientRows.
+        contributions`), to the sum ``key:canaries`` that :meth:`Reduction.received` adds to
+        ``key``, with the noise the placement gives a sender (:meth:`normal`, keyed by the
+        canary's index as a client's is by its own) where clients noise; the hook reads both
+        (the white-box auditor). Only the hook's sum receives canaries; they are never counted
+        as senders or messages."""
         hook, stage, k = self.ctx.stage.hook, self.ctx.stage, self.round_index
         if canaries is None or not bool(canaries.any()) or key != getattr(hook, "key", key):
             return
-        clean = v[canaries.to(v.device)]
-        if scale is not None:
-            clean = clean * scale[canaries.to(scale.device)].unsqueeze(1)
+        weights = None if scale is None else scale[canaries.to(scale.device)]
+        rows, ids = self.ctx.rows, self.ids[canaries]  # summed as the real clients' are
+        clean = rows.contributions(ids, v[canaries.to(v.device)], weights, self.ctx.dim)
         noise = None
         if stage.clients_noise(k):
             noise = self.normal(stage.noise_seed, stage.client_noise_std, select=canaries)
         self.reduction.add_rows(key + CANARIES, clean if noise is None else clean + noise)
-        hook.sent(k, key, self.ids[canaries] - self.ctx.clients, clean, noise)
+        hook.sent(k, key, ids - self.ctx.clients, clean, noise)
 
     def _sender_ids(self, select: Tensor | None) -> Tensor:
         """The chunk's clients that send (``select``: a boolean mask over the chunk)."""

@@ -15,7 +15,10 @@ from __future__ import annotations
 import abc
 from typing import Any, ClassVar
 
+import torch
 from torch import Tensor
+
+from pl_privfed.engine.reduce import Reduction
 
 __all__ = ["DENSE", "ClientRows", "DenseRows"]
 
@@ -44,8 +47,9 @@ class ClientRows(abc.ABC):
 
     @abc.abstractmethod
     def require_dense(self, what: str) -> None:
-        """``ValueError`` when ``what`` (something only ``d``-dimensional rows have: per-client
-        noise draws, masked shares, an audit's canaries) is asked of this representation."""
+        """``ValueError`` when ``what`` (something only ``d``-dimensional rows have: the real
+        clients' per-client noise draws, masked shares, an audit's canary records) is asked of
+        this representation."""
 
     @abc.abstractmethod
     def add(
@@ -60,6 +64,30 @@ class ClientRows(abc.ABC):
         """The ``[d]`` sums ``Σ_i x_i`` of the rows ``tables`` (each ``[c, ·]``, the clients
         ``ids``) that :meth:`add` deferred (:meth:`~pl_privfed.engine.Reduction.defer`), one
         per table."""
+
+    def canary_directions(self, directions: Tensor) -> Tensor:
+        """The unit directions ``[m, d]`` an audit's canary clients ``n + j`` send, from the
+        audit's ``directions`` (rows of ``d``: themselves)."""
+        return directions
+
+    def canary_rows(self, index: Tensor, vectors: Tensor) -> Tensor:
+        """The rows of this representation of the canary clients ``n + index`` whose vectors
+        of the parameter space are ``vectors [a, d]`` (their gradients; rows of ``d``:
+        themselves)."""
+        return vectors
+
+    def contributions(self, ids: Tensor, rows: Tensor, weights: Tensor | None, dim: int) -> Tensor:
+        """``[c, d]`` (``d = dim``): each client's ``w_i rows_i`` as the server's sum adds
+        it, by :meth:`add` and :meth:`expand`, one client a call (an audit's canary clients'
+        messages, summed by the code that sums the real clients')."""
+        out = []
+        for i in range(ids.numel()):
+            one = Reduction(dim, device=rows.device, dtype=rows.dtype)
+            weight = None if weights is None else weights[i : i + 1]
+            self.add(one, "row", ids[i : i + 1], rows[i : i + 1], weight)
+            one.flush()
+            out.append(one.sums["row"])
+        return torch.stack(out)
 
     def gradients(self, params: Tensor, ids: Tensor, data: Any) -> list[Any]:
         """Where :attr:`computes_gradients`: the gradients (:class:`~pl_privfed.engine.

@@ -9,9 +9,14 @@ subspace as the round's :class:`~pl_privfed.engine.rows.ClientRows`: the chunk's
 state rows and messages are coordinates, their sums are deferred until the round's map is done
 and expanded to ``[d]`` in one product (:meth:`~pl_privfed.engine.Reduction.defer`,
 :func:`~pl_privfed.engine.expand_together`), and whatever only ``d``-dimensional rows have
-(per-client noise draws, secure aggregation's masked shares, an audit's canaries, per-example
-gradients, local steps) is refused. Everything the package knows of the span beyond its
-mathematics is here; docs/scaling.md, "Clients in the span of their data".
+(the real clients' per-client noise draws, secure aggregation's masked shares, an audit's
+canary records, per-example gradients, local steps) is refused. An audit's canary clients are
+clients of the span: each gets a basis of its own, made from its direction as a client's from
+its examples (:meth:`SpanRows.canary_directions`); its gradient, state rows and message are
+coordinates there, through the chunk's operator call, each message summed by
+:meth:`SpanRows.add` and :meth:`SpanRows.expand` (:meth:`~pl_privfed.engine.ClientRows.
+contributions`). Everything the package knows of the span beyond its mathematics is here;
+docs/scaling.md, "Clients in the span of their data".
 """
 
 from __future__ import annotations
@@ -37,12 +42,12 @@ def runs_in_span(algorithm: Any) -> bool:
     """Whether ``algorithm``'s clients can run in their data span: it declares which of its
     states stay linear combinations of its gradients (``span_states()``, not ``None``) and its
     messages are never formed per client (no per-client noise draws, no secure aggregation, no
-    audit canaries)."""
-    noise = algorithm.noise
+    audit canary records; canary clients are clients of the span)."""
+    noise, canaries = algorithm.noise, algorithm.canaries
     return (
         algorithm.span_states() is not None
         and algorithm.secure_aggregation is None
-        and algorithm.canaries is None
+        and (canaries is None or getattr(canaries, "level", None) == "client")
         and (noise is None or noise.draws != "per_client")
     )
 
@@ -58,6 +63,8 @@ class SpanRows(ClientRows):
 
     def __init__(self, span: ClientSpan) -> None:
         self.span = span
+        #: an audit's canary clients' bases ``[m, r, in]`` (:meth:`canary_directions`)
+        self.canary_basis: Tensor | None = None
 
     @property
     def rank(self) -> int:
@@ -90,8 +97,32 @@ class SpanRows(ClientRows):
 
     def expand(self, ids: Tensor, tables: list[Tensor]) -> list[Tensor]:
         """One product for all the tables: the clients' bases are read once
-        (:meth:`~pl_privfed.layer_rules.ClientSpan.expand_many`)."""
-        return self.span.expand_many(self.span.rows(ids), tables)
+        (:meth:`~pl_privfed.layer_rules.ClientSpan.expand_many`); an audit's canary client
+        ``n + j`` has the basis :meth:`canary_directions` made it."""
+        return self.span.expand_many(self._bases(ids), tables)
+
+    def _bases(self, ids: Tensor) -> Tensor:
+        """The basis rows ``[c, r, in]`` of the clients ``ids`` (real ones, or canaries)."""
+        n = self.span.clients
+        if not ids.numel() or int(ids.min()) < n:
+            return self.span.rows(ids)
+        if self.canary_basis is None:
+            raise ValueError(f"client_span: clients {ids.tolist()} have no basis")
+        return self.canary_basis.index_select(0, (ids - n).to(self.canary_basis.device))
+
+    def canary_directions(self, directions: Tensor) -> Tensor:
+        """Each canary client a basis of its own, made from its direction as a client's from
+        its examples (:meth:`~pl_privfed.layer_rules.ClientSpan.fit`: the audit's direction
+        itself where a basis holds ``out`` rows, its projection on the span of its first
+        ``r`` rows otherwise), and the unit direction it sends there."""
+        basis, coords = self.span.fit(directions.to(self.span.basis.device, self.span.basis.dtype))
+        self.canary_basis = basis
+        return self.span.lift(basis, coords).to(directions.device, directions.dtype)
+
+    def canary_rows(self, index: Tensor, vectors: Tensor) -> Tensor:
+        """The coordinates ``[a, rank]`` of the canary clients' vectors in their bases."""
+        basis = self._bases(index.to(torch.int64) + self.span.clients)
+        return self.span.coordinates(basis, vectors.to(basis.device, basis.dtype))
 
     def gradients(self, params: Tensor, ids: Tensor, data: Any) -> list[OracleOutput]:
         """The coordinates ``[c, rank]`` and losses ``[c]`` of the clients' gradients at each
@@ -136,7 +167,7 @@ def choose_client_rows(
     cross-entropy without a regularizer (its layer ``rules``), the datamodule serves its
     examples unpreprocessed (:meth:`~pl_privfed.datamodules.FederatedDataModule.
     client_examples`), and no trainer callback reads the clients' d-dimensional rows
-    (``needs_client_rows``: an audit's canaries). ``made``: the spans made so far, by
+    (``needs_client_rows``: an audit's canary records). ``made``: the spans made so far, by
     datamodule; the basis is made on the training ``device`` in its ``dtype``."""
     if requested == "off":
         return DENSE

@@ -168,6 +168,33 @@ class ClientSpan:
             sums.append(flat)
         return sums
 
+    def fit(self, vectors: Tensor) -> tuple[Tensor, Tensor]:
+        """For each vector ``v = (V, b)`` of ``vectors [m, d]`` (an audit's canary direction),
+        a client of its own that can send it: its basis rows ``[m, r, in]``, made by
+        :meth:`orthonormal` (every client's code) from its "examples", the first ``r`` rows of
+        ``V`` (zero rows past ``out``), and the coordinates ``[m, rank]`` of ``v``'s
+        projection on that client's span, scaled to norm 1 (``(B Vᵀ, b)``: ``v`` itself when
+        ``r >= out``, the projection on the span of ``V``'s first ``r`` rows otherwise)."""
+        m, out, width = vectors.shape[0], self.out_features, self.in_features
+        start = self.weight[0]
+        weight = vectors[:, start : start + out * width].reshape(m, out, width)
+        examples = weight.new_zeros(m, self.r, width)
+        examples[:, : min(out, self.r)] = weight[:, : self.r]
+        basis = self.orthonormal(examples)
+        coords = self.coordinates(basis, vectors)
+        return basis, coords / torch.linalg.vector_norm(coords, dim=1, keepdim=True)
+
+    def coordinates(self, basis: Tensor, vectors: Tensor) -> Tensor:
+        """The coordinates ``[c, rank]`` of ``vectors [c, d]`` that lie in the spans of the
+        basis rows ``basis [c, r, in]`` (their projections on them otherwise)."""
+        c, out, width = vectors.shape[0], self.out_features, self.in_features
+        start = self.weight[0]
+        weight = vectors[:, start : start + out * width].reshape(c, out, width)
+        parts = [torch.bmm(basis, weight.transpose(1, 2)).reshape(c, self.r * out)]
+        if self.bias is not None:
+            parts.append(vectors[:, self.bias[0] : self.bias[0] + out])
+        return torch.cat(parts, dim=1)
+
     def lift(self, basis: Tensor, rows: Tensor) -> Tensor:
         """Every client's vector ``[c, d]`` from its coordinates (checks and tests; the rounds
         only need :meth:`expand`)."""
