@@ -1041,6 +1041,19 @@ FLAGGED_BY = (
 )
 
 
+def assert_flag_is_kept(flagged: str, over: str, kept_flag: str) -> None:
+    """A page's "flagged by" and "canaries over the bound (largest ratio, first round)" cells
+    are the kept row's flag: ``no`` or ``n/a: ...`` as kept, else the parts that raised it and
+    the bound check's canaries over, largest ratio and first round."""
+    if not kept_flag.startswith("yes"):  # "no", or "n/a: ..." where no row was skipped
+        assert (flagged, over) == (kept_flag, "—"), (flagged, over, kept_flag)
+        return
+    by = re.fullmatch(FLAGGED_BY, kept_flag)
+    assert by, kept_flag
+    assert flagged == by[1], (flagged, kept_flag)
+    assert over == (f"{by[2]} ({by[3]}, round {by[4]})" if by[2] else "—"), (over, kept_flag)
+
+
 def test_the_one_unit_breaks_table_is_its_kept_output():
     """audit.md's table of the two one-unit breaks on the shipped configs is
     docs/results/audit_paths/one_unit_breaks_configs.txt and one_unit_breaks_bandmf.txt
@@ -1060,15 +1073,8 @@ def test_the_one_unit_breaks_table_is_its_kept_output():
     for config, brk, certified, white, flagged, over in page_rows:
         kept_row = kept_rows[config, brk]
         assert certified == kept_row[2] and white == kept_row[3], (config, brk)
-        kept_flag = kept_row[6]
-        if not kept_flag.startswith("yes"):  # "no", or "n/a: ..." where no row was skipped
-            assert (flagged, over) == (kept_flag, "—"), (config, brk, kept_flag)
-            continue
-        flagged_breaks += brk != "none"
-        by = re.fullmatch(FLAGGED_BY, kept_flag)
-        assert by, kept_flag
-        assert flagged == by[1], (config, brk, flagged, kept_flag)
-        assert over == (f"{by[2]} ({by[3]}, round {by[4]})" if by[2] else "—"), (config, brk)
+        assert_flag_is_kept(flagged, over, kept_row[6])
+        flagged_breaks += brk != "none" and kept_row[6].startswith("yes")
     unbroken = [r for r in page_rows if r[1] == "none"]
     applied = [r for r in page_rows if r[1] != "none" and not r[4].startswith("n/a")]
     assert not any(r[4] != "no" for r in unbroken)
@@ -1078,3 +1084,20 @@ def test_the_one_unit_breaks_table_is_its_kept_output():
         rf"applies is flagged in one run: {N} of {N}\*\*",
         [len(unbroken), len(unbroken), flagged_breaks, len(applied)],
     )
+
+
+def test_the_cnn_subset_breaks_are_their_kept_output():
+    """audit.md's subset breaks on mnist_cnn_dp_fedavg (20 rounds, covering places) are
+    docs/results/audit_paths/cnn_subset_breaks.txt: each row's certificate, white box, black
+    box and flag as kept."""
+    kept_rows = kept_audit_rows(RESULTS / "audit_paths" / "cnn_subset_breaks.txt")
+    text = (DOCS / "audit.md").read_text(encoding="utf-8")
+    section = text[
+        text.index("| config | break | certified ε (models) | white box [interval] | black box |") :
+    ]
+    page_rows = table_rows(section.split("\n\n")[0], "`mnist_cnn_dp_fedavg")
+    assert len(page_rows) == len(kept_rows) == 3
+    for config, brk, certified, white, black, flagged, over in page_rows:
+        kept_row = kept_rows[config.split("`")[0].strip(), brk]
+        assert [certified, white, black] == kept_row[2:5], (config, brk)
+        assert_flag_is_kept(flagged, over, kept_row[6])
