@@ -706,8 +706,8 @@ def sig_equal(stated: str, value: float) -> bool:
     return float(f"{value:.{digits}g}") == float(stated) or states(stated, value)
 
 
-def kept_audit_rows(path: Path) -> dict[tuple[str, str], list[str]]:
-    rows = table_rows(path.read_text(encoding="utf-8"), "mnist_")
+def kept_audit_rows(path: Path, first: str = "mnist_") -> dict[tuple[str, str], list[str]]:
+    rows = table_rows(path.read_text(encoding="utf-8"), first)
     return {(r[0], r[1]): r for r in rows}
 
 
@@ -1083,3 +1083,71 @@ def test_the_record_level_shard_sizes_are_the_kept_runs():
     for name in ("accounting", "configs"):
         assert_states(name, "256 of the smallest shard's {} images", min(sizes), ",d")
     assert_states("configs", "b = 256 of ~{} |", round(statistics.mean(sizes), -2), ",.0f")
+
+
+#: a kept row's flag: the parts that raised it, and the bound check's canaries, ratio and round
+FLAGGED_BY = (
+    r"yes\*\* \((.*?)(?:: (\d+) canar(?:y|ies) over, ratio ([\d.e+]+), from round (\d+))?\)"
+)
+
+
+def assert_flag_is_kept(flagged: str, over: str, kept_flag: str) -> None:
+    """A page's "flagged by" and "canaries over the bound (largest ratio, first round)" cells
+    are the kept row's flag: ``no`` or ``n/a: ...`` as kept, else the parts that raised it and
+    the bound check's canaries over, largest ratio and first round."""
+    if not kept_flag.startswith("yes"):  # "no", or "n/a: ..." where no row was skipped
+        assert (flagged, over) == (kept_flag, "—"), (flagged, over, kept_flag)
+        return
+    by = re.fullmatch(FLAGGED_BY, kept_flag)
+    assert by, kept_flag
+    assert flagged == by[1], (flagged, kept_flag)
+    assert over == (f"{by[2]} ({by[3]}, round {by[4]})" if by[2] else "—"), (over, kept_flag)
+
+
+def test_the_one_unit_breaks_table_is_its_kept_output():
+    """audit.md's table of the two one-unit breaks on the shipped configs is
+    docs/results/audit_paths/one_unit_breaks_configs.txt and one_unit_breaks_bandmf.txt
+    (benchmarks/audit_breaks.py's output):
+    each row's certificate, white box and flag (by which part; the bound check's canaries over,
+    largest ratio and first round) as kept, and the count of flagged runs the page states."""
+    path = RESULTS / "audit_paths" / "one_unit_breaks_configs.txt"
+    kept_rows = kept_audit_rows(path) | kept_audit_rows(path, "a9a_")
+    # the client break on the banded MF config, the catalogue's applies widened for that process
+    kept_rows |= kept_audit_rows(RESULTS / "audit_paths" / "one_unit_breaks_bandmf.txt")
+    text = (DOCS / "audit.md").read_text(encoding="utf-8")
+    section = text[text.index("**The one-unit breaks on the shipped configs**") :]
+    section = section[: section.index("## A catalogue of breaks")]
+    page_rows = table_rows(section, "`mnist_") + table_rows(section, "`a9a_")
+    assert len(page_rows) == len(kept_rows)
+    flagged_breaks = 0
+    for config, brk, certified, white, flagged, over in page_rows:
+        kept_row = kept_rows[config, brk]
+        assert certified == kept_row[2] and white == kept_row[3], (config, brk)
+        assert_flag_is_kept(flagged, over, kept_row[6])
+        flagged_breaks += brk != "none" and kept_row[6].startswith("yes")
+    unbroken = [r for r in page_rows if r[1] == "none"]
+    applied = [r for r in page_rows if r[1] != "none" and not r[4].startswith("n/a")]
+    assert not any(r[4] != "no" for r in unbroken)
+    assert_numbers(
+        "audit",
+        rf"\*\*No unbroken config is flagged \({N} of {N}\) and every one-unit break that "
+        rf"applies is flagged in one run: {N} of {N}\*\*",
+        [len(unbroken), len(unbroken), flagged_breaks, len(applied)],
+    )
+
+
+def test_the_cnn_subset_breaks_are_their_kept_output():
+    """audit.md's subset breaks on mnist_cnn_dp_fedavg (20 rounds, covering places) are
+    docs/results/audit_paths/cnn_subset_breaks.txt: each row's certificate, white box, black
+    box and flag as kept."""
+    kept_rows = kept_audit_rows(RESULTS / "audit_paths" / "cnn_subset_breaks.txt")
+    text = (DOCS / "audit.md").read_text(encoding="utf-8")
+    section = text[
+        text.index("| config | break | certified ε (models) | white box [interval] | black box |") :
+    ]
+    page_rows = table_rows(section.split("\n\n")[0], "`mnist_cnn_dp_fedavg")
+    assert len(page_rows) == len(kept_rows) == 3
+    for config, brk, certified, white, black, flagged, over in page_rows:
+        kept_row = kept_rows[config.split("`")[0].strip(), brk]
+        assert [certified, white, black] == kept_row[2:5], (config, brk)
+        assert_flag_is_kept(flagged, over, kept_row[6])
