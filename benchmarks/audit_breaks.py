@@ -202,7 +202,12 @@ def main_(argv: list[str] | None = None) -> None:
                   flush=True)  # fmt: skip
             kind = mechanism(summary)
             for name, spec in BREAKS.items():
-                if kind not in spec["applies"] or (args.breaks and name not in args.breaks):
+                if args.breaks and name not in args.breaks:
+                    continue
+                if kind not in spec["applies"]:
+                    if args.breaks:  # asked for by name: say why it did not run
+                        print(f"| {config.stem} | {name} | | | | | n/a: the catalogue does not "
+                              f"apply it to {kind} | |", flush=True)  # fmt: skip
                     continue
                 start = time.perf_counter()
                 with broken(name), clip_calls() as calls, draw_calls() as draws:

@@ -294,7 +294,7 @@ BREAKS: dict[str, dict[str, Any]] = {
     # bound must flag it (``alarm: bound``)
     "client clip skipped for a chunk's last client": {
         "subset": True,
-        "applies": CLIENT,
+        "applies": (*CLIENT, "banded_mf", "tree_aggregation"),
         "alarm": "bound",
         "patch": lambda: _clip_skipped_on(_last_row),
     },
