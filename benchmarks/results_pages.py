@@ -81,27 +81,28 @@ CLAIM_GAPS = (
 #: the results folder of the frontier at equal total ε
 TOTAL = "frontier_total"
 
-#: each family's label in the frontier tables (the sweep file's stem without ``frontier_mnist_``)
+#: each family's label in the frontier tables (the sweep file's stem without ``frontier_``)
 LABELS = {
-    "dp_fedavg_clip": "DP-FedAvg, clipping (η × Φ tuned), central, 1,000 clients",
-    "dp_fedavg_adaptive_clip": "DP-FedAvg, adaptive clipping (η tuned), central, 1,000 clients",
-    "dp_fedavg_bandmf": "DP-FedAvg, banded MF, cyclic cohorts (η tuned), central, 1,000 clients",
-    "dp_fedadam": "DP-FedAdam (η × τ tuned), central, 1,000 clients",
-    "cnn_dp_fedavg": "DP-FedAvg, clipping, small CNN (11 k parameters), central, 1,000 clients",
-    "dp_fedavg_per_update": "FedAvg, per-update clipping, central, 1,000 clients",
-    "dpsgd": "DP-SGD, central, 1,000 clients",
-    "dp_fed_alpha_normec": "DP-Fed-α-NormEC (η × β tuned), central, 1,000 clients",
-    "dpsgd_distributed": (
+    "mnist_dp_fedavg_clip": "DP-FedAvg, clipping (η × Φ tuned), central, 1,000 clients",
+    "mnist_dp_fedavg_adaptive_clip": "DP-FedAvg, adaptive clipping (η tuned), central, 1,000 clients",
+    "mnist_dp_fedavg_bandmf": "DP-FedAvg, banded MF, cyclic cohorts (η tuned), central, 1,000 clients",
+    "mnist_dp_fedadam": "DP-FedAdam (η × τ tuned), central, 1,000 clients",
+    "mnist_cnn_dp_fedavg": "DP-FedAvg, clipping, small CNN (11 k parameters), central, 1,000 clients",
+    "mnist_dp_fedavg_per_update": "FedAvg, per-update clipping, central, 1,000 clients",
+    "mnist_dpsgd": "DP-SGD, central, 1,000 clients",
+    "mnist_dp_fed_alpha_normec": "DP-Fed-α-NormEC (η × β tuned), central, 1,000 clients",
+    "mnist_dpsgd_distributed": (
         "distributed DP-SGD, noise shares under secure aggregation, 10,000 clients"
     ),
-    "dp_alpha_normec": "DP-α-NormEC (γ × β tuned), distributed, 10,000 clients",
-    "dp_alpha_normec_no_sn": (
+    "mnist_dp_alpha_normec": "DP-α-NormEC (γ × β tuned), distributed, 10,000 clients",
+    "mnist_dp_alpha_normec_no_sn": (
         "DP-α-NormEC without server normalization (γ × β tuned), distributed, 10,000 clients"
     ),
-    "dp_clip21": "DP-Clip21 (γ × τ tuned), distributed, 10,000 clients",
-    "dp_fedavg_per_sample": "FedAvg, per-example clipping, local noise, 10 clients",
-    "porter_dp": "PORTER-DP, local noise, 10 agents (gossip)",
-    "soteriafl": "SoteriaFL, local noise, 10 clients",
+    "mnist_dp_clip21": "DP-Clip21 (γ × τ tuned), distributed, 10,000 clients",
+    "mnist_dp_fedavg_per_sample": "FedAvg, per-example clipping, local noise, 10 clients",
+    "mnist_porter_dp": "PORTER-DP, local noise, 10 agents (gossip)",
+    "mnist_soteriafl": "SoteriaFL, local noise, 10 clients",
+    "a9a_soteriafl": "SoteriaFL, local noise, a9a, 1,000 clients",
 }
 
 #: the results folder's frontier groups: (title, families), each family's private sweep and
@@ -110,34 +111,28 @@ GROUPS = {
     "frontier_mnist_client": (
         "Client-level DP on MNIST (one client's whole data protected)",
         [
-            "dp_fedavg_clip",
-            "dp_fedavg_adaptive_clip",
-            "dp_fedavg_bandmf",
-            "dp_fedadam",
-            "cnn_dp_fedavg",
-            "dp_fedavg_per_update",
-            "dpsgd",
-            "dp_fed_alpha_normec",
-            "dpsgd_distributed",
-            "dp_alpha_normec",
-            "dp_alpha_normec_no_sn",
-            "dp_clip21",
+            "mnist_dp_fedavg_clip",
+            "mnist_dp_fedavg_adaptive_clip",
+            "mnist_dp_fedavg_bandmf",
+            "mnist_dp_fedadam",
+            "mnist_cnn_dp_fedavg",
+            "mnist_dp_fedavg_per_update",
+            "mnist_dpsgd",
+            "mnist_dp_fed_alpha_normec",
+            "mnist_dpsgd_distributed",
+            "mnist_dp_alpha_normec",
+            "mnist_dp_alpha_normec_no_sn",
+            "mnist_dp_clip21",
         ],
     ),
     "frontier_mnist_record": (
         "Record-level DP on MNIST (one training image protected)",
-        ["dp_fedavg_per_sample", "porter_dp", "soteriafl"],
+        ["mnist_dp_fedavg_per_sample", "mnist_porter_dp", "mnist_soteriafl"],
     ),
-}
-
-#: groups whose runs were not kept, only their ``frontier.csv`` (in ``docs/results/<group>/``):
-#: the results page tabulates that file; its rows cannot be drawn again from runs
-TABLE_ONLY = {
     "frontier_a9a_record": (
         "Record-level DP on a9a, SoteriaFL over 1,000 clients, one record each a round, 1,000 "
-        "rounds (`make frontier-a9a`, run on a 2-core Intel Xeon CPU; its runs were not kept, "
-        "so this table is read from its `frontier.csv`, not drawn again; the majority class is "
-        "76.4 % of the test set)"
+        "rounds (`make frontier-a9a`)",
+        ["a9a_soteriafl"],
     ),
 }
 
@@ -146,7 +141,10 @@ SETTING = (
     "(`configs/private/`); every family's own sweep `configs/sweeps/frontier_mnist_<family>.yaml` "
     "at target ε ∈ {0.5, 1, 2, 4, 8} (δ = 1e-5) and its non-private twin, three seeds per "
     "configuration, run with `make frontier-mnist` on this project's 2-core AMD EPYC CPU (no "
-    "GPU) and kept in [`docs/frontier_runs/`](../frontier_runs/)."
+    "GPU) and kept in [`docs/frontier_runs/`](../frontier_runs/). The a9a group: SoteriaFL "
+    "(`configs/private/a9a_soteriafl.yaml`: logistic regression, 1,000 clients, one record each "
+    "a round, 1,000 rounds) by `configs/sweeps/frontier_a9a_soteriafl.yaml` and its twin, run "
+    "with `make frontier-a9a` on the project's 2-core Intel Xeon CPU and kept there too."
 )
 
 
@@ -197,14 +195,13 @@ def overview(groups: dict[str, list[dict[str, str]]]) -> str:
     """The tables of ``docs/results/frontier.md`` (also docs/privacy.md's leading block)."""
     lines = []
     for name, rows in groups.items():
-        title = GROUPS[name][0] if name in GROUPS else TABLE_ONLY[name]
-        table = "frontier.md" if name in GROUPS else "frontier.csv"
+        title = GROUPS[name][0]
         lines += [
             f"**{title}**: test accuracy (%) of the configuration selected on "
             "validation at each ε (mean over 3 seeds; in brackets the selected step size and "
             "knob; the best mean at each ε in bold, though 95 % intervals can overlap: the "
             f"widest here is ± {_spread(rows):.1f} points). The full table with intervals, the "
-            f"certified ε and the ε with selection: [{name}](results/{name}/{table}).",
+            f"certified ε and the ε with selection: [{name}](results/{name}/frontier.md).",
             "",
             *best_table(rows),
             "",
@@ -396,18 +393,11 @@ def regenerate(out: Path = RESULTS, record: Path = RECORD) -> str:
     for name, (_, families) in GROUPS.items():
         files, labels = [], []
         for family in families:
-            for stem in (f"frontier_mnist_{family}", f"frontier_mnist_{family}_nonprivate"):
+            for stem in (f"frontier_{family}", f"frontier_{family}_nonprivate"):
                 files.append(record / stem)
                 labels.append(LABELS[family])
         written = frontier(files, out / name, labels=labels)
         with written[1].open(newline="", encoding="utf-8") as f:
-            groups[name] = list(csv.DictReader(f))
-    for name in TABLE_ONLY:
-        kept = RESULTS / name / "frontier.csv"
-        if out.resolve() != RESULTS.resolve():
-            (out / name).mkdir(exist_ok=True)
-            (out / name / "frontier.csv").write_bytes(kept.read_bytes())
-        with kept.open(newline="", encoding="utf-8") as f:
             groups[name] = list(csv.DictReader(f))
     block = overview(groups)
     total = regenerate_total(out, record)
