@@ -411,7 +411,7 @@ def test_the_calibrations_quoted_beside_the_record():
     assert_states(
         "configs", "noise multiplier 1.047 for ε = 8 over 1,000 rounds, RDP bound {})", a9a, ".1f"
     )
-    assert "(PLD; RDP bound 14.2) | not kept" in page("configs")
+    assert "(PLD; RDP bound 14.2) | 84.6 % (its η = 0.3, seed 0)" in page("configs")
 
 
 @pytest.mark.parametrize(
@@ -1151,3 +1151,27 @@ def test_the_cnn_subset_breaks_are_their_kept_output():
         kept_row = kept_rows[config.split("`")[0].strip(), brk]
         assert [certified, white, black] == kept_row[2:5], (config, brk)
         assert_flag_is_kept(flagged, over, kept_row[6])
+
+
+def test_a9a_numbers_are_its_kept_runs():
+    """configs.md's a9a_soteriafl passage: its noise multiplier at ε = 8, the test set's
+    majority class and the shipped η = 0.3's non-private twin (seed 0) are the kept runs'
+    (docs/frontier_runs/frontier_a9a_soteriafl{,_nonprivate}/)."""
+    private = [
+        r
+        for r in kept("frontier_a9a_soteriafl")
+        if r["seed"] == "0" and float(r[EPS]) == 8.0 and float(r["step_size"]) == 0.3
+    ]
+    (run,) = private
+    multiplier = run["summary"]["privacy"]["noise_multiplier"]
+    assert_states("configs", "noise multiplier {} for ε = 8 over 1,000 rounds", multiplier, ".3f")
+    majority = run["summary"]["data"]["test_majority_class"]
+    assert_states("configs", "the majority class is {} % of the test set", 100 * majority, ".1f")
+    rdp = run["summary"]["privacy"]["epsilon_rdp"]
+    assert_states("configs", "7.997 / 7.997 (PLD; RDP bound {}) | 84.6", rdp, ".1f")
+    (twin,) = [
+        r
+        for r in kept("frontier_a9a_soteriafl_nonprivate")
+        if r["seed"] == "0" and float(r["step_size"]) == 0.3
+    ]
+    assert_states("configs", "| {} % (its η = 0.3, seed 0) |", accuracy_of(twin), ".1f")
