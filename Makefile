@@ -109,7 +109,8 @@ clean:
 # under other jobs' load (2-9), not in one sitting; of the 10,000-client ones
 # (`frontier-total-distributed`) distributed DP-SGD's 60 runs took 82 min wall, 740 s of CPU,
 # batched under other jobs' load (2-14); DP-α-NormEC's 108 in 68 min (load 2-8), without server
-# normalization 180 in 37 min (one torch thread, beside the test suite); DP-Clip21's 288 not run.
+# normalization 180 in 37 min (one torch thread, beside the test suite); DP-Clip21's 288 in 81 min (one
+# torch thread, beside the a9a frontier and other jobs, load 2-5).
 TOTAL_CENTRAL := mnist_dp_fedavg_clip mnist_dp_fedavg_adaptive_clip mnist_dp_fedavg_bandmf \
 	mnist_dp_fedadam mnist_cnn_dp_fedavg mnist_dp_fedavg_per_update mnist_dpsgd mnist_dp_fed_alpha_normec
 TOTAL_DISTRIBUTED := mnist_dpsgd_distributed mnist_dp_alpha_normec mnist_dp_alpha_normec_no_sn mnist_dp_clip21

@@ -1175,3 +1175,29 @@ def test_a9a_numbers_are_its_kept_runs():
         if r["seed"] == "0" and float(r["step_size"]) == 0.3
     ]
     assert_states("configs", "| {} % (its η = 0.3, seed 0) |", accuracy_of(twin), ".1f")
+
+
+def test_claim_d1_at_equal_total_epsilon_numbers():
+    """paper_experiments.md's D1 reading at equal total ε: the gaps' range (DP-α-NormEC without
+    server normalization minus DP-Clip21, points) and the DP-Clip21 sweep's wall time are the
+    kept runs' (docs/results/frontier_total/total.csv, docs/frontier_runs/total_mnist_dp_clip21)."""
+    with open(RESULTS / "frontier_total" / "total.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+
+    def acc(prefix: str) -> dict[str, float]:
+        return {
+            r["total_epsilon"]: float(r["expected_test_accuracy_mean"])
+            for r in rows
+            if r["method"].startswith(prefix)
+        }
+
+    no_sn, clip21 = acc("DP-α-NormEC without server"), acc("DP-Clip21")
+    gaps = [no_sn[t] - clip21[t] for t in clip21]
+    assert_numbers(
+        "paper_experiments",
+        rf"the search's cost charged: {N}–{N} points ahead",
+        [min(gaps), max(gaps)],
+    )
+    # one group: each point's wall_time_s is its share of the group's wall time
+    wall = sum(float(r["wall_time_s"]) for r in kept("total_mnist_dp_clip21"))
+    assert_numbers("paper_experiments", rf"batched in one group of {N} minutes", [wall / 60])
