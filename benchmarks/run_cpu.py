@@ -111,6 +111,12 @@ CPU = {
         "--rounds 3 --epsilons 8 --step-sizes 0.5 1.0",
         120,
     ),
+    "sweep_vs_point": (
+        "sweep_vs_point.py",
+        "--repeats 2",
+        "--repeats 1",
+        600,
+    ),
     "scale": (
         "scale.py",
         "--ddp --population",

@@ -20,6 +20,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_artefact import Artefact, add_json_argument  # benchmarks/, the script's own folder
+
 REPO = Path(__file__).resolve().parents[1]
 CLI = [sys.executable, "-m", "pl_privfed.cli"]
 
@@ -50,11 +53,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sweep", default="configs/sweeps/quickstart_grid.yaml")
     parser.add_argument("--repeats", type=int, default=1)
+    add_json_argument(parser)
     args = parser.parse_args()
+    record = Artefact("sweep_vs_point")
+    rows = record.table(
+        "ratio",
+        ["repeat", "sweep s", "one point alone s", "sweep / point", "load before sweep"],
+        f"{args.sweep} batched (no flag) against its first point run alone, wall seconds",
+    )
     with tempfile.TemporaryDirectory() as tmp:
         for repeat in range(args.repeats):
             out = Path(tmp) / f"sweep{repeat}"
-            before = os.getloadavg()
+            before = sweep_load = os.getloadavg()[0]
             sweep_s, code = timed(
                 [*CLI, "sweep", args.sweep, "--out", str(out)], out.with_suffix(".log")
             )
@@ -66,6 +76,8 @@ def main() -> None:
                 f"one point alone: {point_s:.1f} s (exit {code}), load {before} -> {os.getloadavg()}"
             )
             print(f"repeat {repeat + 1}: sweep / point = {sweep_s / point_s:.2f}", flush=True)
+            rows.append([repeat + 1, sweep_s, point_s, sweep_s / point_s, sweep_load])
+    record.write(args.json)
 
 
 if __name__ == "__main__":
