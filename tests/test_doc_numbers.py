@@ -1201,3 +1201,33 @@ def test_claim_d1_at_equal_total_epsilon_numbers():
     # one group: each point's wall_time_s is its share of the group's wall time
     wall = sum(float(r["wall_time_s"]) for r in kept("total_mnist_dp_clip21"))
     assert_numbers("paper_experiments", rf"batched in one group of {N} minutes", [wall / 60])
+
+
+def test_the_kept_record_size_privacy_md_quotes():
+    """privacy.md's description of docs/frontier_runs/: its files, size and runs (the per-ε
+    frontiers' and their twins', the equal-total-ε searches')."""
+    files = [p for p in RECORD.rglob("*") if p.is_file()]
+    count = {
+        prefix: sum(len(kept_rows) for kept_rows in (all_rows(d) for d in RECORD.glob(prefix)))
+        for prefix in ("frontier_*", "frontier_*_nonprivate", "total_*")
+    }
+    assert_numbers(
+        "privacy",
+        rf"two files each \({N} files, {N} MB, for ([\d,]+) runs: the per-ε frontiers' ([\d,]+), "
+        rf"a9a's included, of which {N} are non-private twins, and the equal-total-ε searches' "
+        rf"([\d,]+)\)",
+        [
+            len(files),
+            sum(p.stat().st_size for p in files) / 1e6,
+            count["frontier_*"] + count["total_*"],
+            count["frontier_*"],
+            count["frontier_*_nonprivate"],
+            count["total_*"],
+        ],
+    )
+
+
+def all_rows(folder: Path) -> list[dict]:
+    """Every row of a kept sweep's results.csv, finished or not."""
+    with open(folder / "results.csv", newline="") as f:
+        return list(csv.DictReader(f))
