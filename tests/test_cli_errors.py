@@ -283,11 +283,16 @@ def test_a_diverged_run_is_one_line_with_status_1(tmp_path, monkeypatch, capsys)
 @pytest.mark.slow
 def test_stderr_is_one_line_in_a_real_process(tmp_path):
     """The console script as a user runs it: nothing else on stderr (no Lightning or W&B lines
-    before the error, no traceback), with the quickstart's CSV and W&B loggers on."""
+    before the error, no traceback), with the quickstart's CSV and W&B loggers on; a reused
+    ``--output_dir`` (another run's summary.json there) refused the same way, the summary kept."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
+    used = tmp_path / "used"
+    used.mkdir()
+    (used / "summary.json").write_text('{"status": "finished"}')
     cases = [
         (["--data.init_args.batch_size", "0"], "DigitsDataModule: batch_size must be"),
         (["--data.init_args.batch_size", "300"], "DigitsDataModule: batch_size=300 is larger"),
+        (["--output_dir", str(used)], f"--output_dir {str(used)!r} holds another run already"),
     ]
     command = [sys.executable, "-m", "pl_privfed.cli", "fit", "--config", QUICKSTART]
     pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
@@ -301,6 +306,7 @@ def test_stderr_is_one_line_in_a_real_process(tmp_path):
         assert proc.returncode == 2, stderr
         (line,) = stderr.splitlines()
         assert line.startswith(f"pl-privfed: error: {expected}")
+    assert (used / "summary.json").read_text() == '{"status": "finished"}'
 
 
 def _files(tmp_path):
