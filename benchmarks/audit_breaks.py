@@ -16,8 +16,8 @@ config this script runs the unbroken mechanism, then every break that applies to
 whoever sees the models, the white-box estimate with its interval, the black-box estimate (or
 record-level lower bound), the noise test's p-value (with the realized over declared variance
 and the largest correlation between two releases) and whether the run's alarm was raised, and
-by which part (the ε tests, the noise test, the per-canary bound check). ``--seeds N`` adds the false-alarm rate of the whole alarm (ε tests and noise
-test) for the unbroken mechanism on the catalogue's small problem (the tests'), over ``N`` seeds
+by which part (the ε tests, the noise test, the per-canary bound check). ``--seeds N`` adds
+the false-alarm rate of the whole alarm (all three parts) for the unbroken mechanism on the catalogue's small problem (the tests'), over ``N`` seeds
 of the noise and the canaries per mechanism (correlated placements included). Usage::
 
     PL_PRIVFED_DATA=../shared/data python benchmarks/audit_breaks.py \\
