@@ -486,6 +486,14 @@ def seeds_line(config: str, private: bool) -> tuple[list[float], float]:
     return accs, statistics.mean(accs)
 
 
+def seeds_against_twin(config: str) -> list[float]:
+    """The shipped config's test accuracy over seeds 0-2 and their mean, its non-private
+    twin's and their mean, and the twin's lead in points (as the pages quote them)."""
+    accs, mean = seeds_line(config, True)
+    twin, twin_mean = seeds_line(config, False)
+    return [*accs, mean, *twin, twin_mean, twin_mean - mean]
+
+
 N = r"([\d.]+)"  # one number as a page writes it
 
 
@@ -498,13 +506,11 @@ def test_adaptive_clipping_numbers():
         rf"certifies ε = {N} against whoever sees the models \(RDP bound {N}\)",
         [models["epsilon"], rdp_bound(config)],
     )
-    accs, mean = seeds_line(config, True)
-    twin, twin_mean = seeds_line(config, False)
     assert_numbers(
         name,
         rf"\*\*{N} / {N} / {N} % test\*\* over seeds 0, 1, 2 \(mean {N} %\), against {N} / {N} / "
         rf"{N} % for its non-private twin \(mean {N} %, {N} points more\)",
-        [*accs, mean, *twin, twin_mean, twin_mean - mean],
+        seeds_against_twin(config),
     )
     adaptive, fixed = "DP-FedAvg, adaptive clipping", "DP-FedAvg, clipping ("
     a8, f8 = client_frontier(adaptive, 8.0), client_frontier(fixed, 8.0)
@@ -536,13 +542,11 @@ def test_banded_mf_numbers():
         rf"`√30`; RDP bound {N}\)",
         [noise(config, "noise_std"), rdp_bound(config)],
     )
-    accs, mean = seeds_line(config, True)
-    twin, twin_mean = seeds_line(config, False)
     assert_numbers(
         name,
         rf"\*\*{N}, {N}, {N} %\*\* \(mean {N} %\) against {N}, {N}, {N} % \(mean {N} %\) for the "
         rf"non-private twin \(the same cyclic cohorts, `noise: null`\): {N} points",
-        [*accs, mean, *twin, twin_mean, twin_mean - mean],
+        seeds_against_twin(config),
     )
     acc, half = "final_test_accuracy_mean", "final_test_accuracy_half_width"
     targets = (0.5, 1.0, 2.0, 4.0, 8.0)
