@@ -56,16 +56,18 @@ def test_groups_are_the_points_that_differ_only_in_algorithm_arguments_and_seed(
     assert [(g.indices, g.varying) for g in groups(mixed)] == [([0], []), ([1], [])]
 
 
-def _sweep(tmp_path, name, parameters, batch):
+def _sweep(tmp_path, name, parameters, batch, where=((),)):
+    """The sweep batched, or its points selected by each of ``where`` as separate processes."""
     path = write_sweep(
         tmp_path,
         parameters,
         name=name,
         command=["${env}", "pl-privfed", "fit", "--config", CLIENT_LEVEL, "${args}"],
     )
-    return run_sweep(
-        path, tmp_path / ("batched" if batch else "separate") / name, overrides=FAST, batch=batch
-    )
+    out = tmp_path / ("batched" if batch else "separate") / name
+    for chosen in [()] if batch else where:
+        results = run_sweep(path, out, overrides=FAST, batch=batch, where=chosen)
+    return results
 
 
 def _f32(value):
@@ -77,9 +79,11 @@ def both(tmp_path_factory):
     """A client-level private sweep over the seed and the target ε (each seed its own initial
     model, validation split, partition, minibatches, cohorts and noise) and its non-private
     twin over the step size (one step size diverges), each run batched and as separate
-    processes."""
+    processes (the private sweep's diagonal, (seed 0, ε 2) and (seed 1, ε 8): the seed and the
+    target ε both differ between them, with half its processes)."""
     tmp = tmp_path_factory.mktemp("batch")
     private = {"seed": {"values": [0, 1]}, ALG + "noise.epsilon": {"values": [2.0, 8.0]}}
+    diagonal = (("seed=0", "noise.epsilon=2.0"), ("seed=1", "noise.epsilon=8.0"))
     twin = {
         "seed": {"value": 0},
         ALG + "noise": {"value": None},
@@ -89,8 +93,8 @@ def both(tmp_path_factory):
         mp.chdir(tmp)
         mp.setenv("WANDB_MODE", "offline")
         out = {
-            (name, batch): _sweep(tmp, name, params, batch)
-            for name, params in (("private", private), ("twin", twin))
+            (name, batch): _sweep(tmp, name, params, batch, where)
+            for name, params, where in (("private", private, diagonal), ("twin", twin, ((),)))
             for batch in (True, False)
         }
     return tmp, out
@@ -101,10 +105,14 @@ def both(tmp_path_factory):
 def test_a_batched_point_writes_what_its_separate_run_writes(both, name):
     tmp, out = both
     batched, separate = rows(out[name, True]), rows(out[name, False])
-    assert [r["run"] for r in batched] == [r["run"] for r in separate]  # the same run folders
+    by_run = {r["run"]: r for r in batched}
+    assert len(separate) == 2 and len(batched) == (4 if name == "private" else 2)
+    pairs = [(by_run[s["run"]], s) for s in separate]  # the same run folders
+    if name == "private":  # the diagonal: its first and last points
+        assert [s["run"] for s in separate] == [batched[0]["run"], batched[3]["run"]]
     groups_made = list((tmp / "batched" / name / "groups").iterdir())
     assert len(groups_made) == 1  # one process trained every point
-    for b, s in zip(batched, separate):
+    for b, s in pairs:
         assert b["status"].startswith("failed") == s["status"].startswith("failed"), (b, s)
         assert b["rounds"] == s["rounds"]
         if s["status"] != "finished":  # the diverging step size: failed alone, at its round
