@@ -112,7 +112,8 @@ class Artefact:
         info = machine()
         if torch_threads is not None:
             info["torch_threads"] = torch_threads
-        data = _finite({**self.data, "machine": info, "load_end": load()})
+        end = self.data.get("load_end") or load()  # set beforehand: a sitting read from logs
+        data = _finite({**self.data, "machine": info, "load_end": end})
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
