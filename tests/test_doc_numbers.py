@@ -829,6 +829,14 @@ def test_the_false_alarm_rates_are_their_kept_output():
         rf"distributed {N} of 40",
         [client[m][0] for m in ("local", "central", "distributed")],
     )
+    noised = false_alarms(RESULTS / "audit_noise" / "false_alarms_record.txt")["record"]
+    assert_numbers(
+        "audit",
+        rf"\*\*{N} of 40 runs flagged\*\*, by none of the three parts \(the noise test {N} of 40, "
+        rf"on 500 draws of\s+2,000 coordinates a run\); white box over certified median {N} "
+        rf"\({N} to {N}\)",
+        [noised[0], noised[0], *noised[2:]],
+    )
     both = record["all"][0] + client["all"][0], record["all"][1] + client["all"][1]
     assert_numbers(
         "audit", rf"with the record level, {N} of {N} \({N} %\)", [*both, 100 * both[0] / both[1]]
@@ -988,6 +996,7 @@ def test_the_false_alarm_runs_machine_lines():
     for name, template in (
         ("audit_noise/false_alarms.txt", rf"load average {N} to {N}, {{}};"),
         ("audit_paths/false_alarms_record.txt", rf"load average {N}–{N}, {{}};"),
+        ("audit_noise/false_alarms_record.txt", rf"load average {N}–{N}, {{}};"),
         ("audit_paths/false_alarms_client.txt", rf"load average {N}–{N}, {{}};"),
     ):
         wall, low, high = run_time_and_load(RESULTS / name)
