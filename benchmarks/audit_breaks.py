@@ -7,7 +7,9 @@ the sum; issue 48: the client's bounding operator (a clip, or α-NormEC's smooth
 normalization) skipped for a subset of clients on one engine path, the round's last chunk or a
 chunk's remainder past its last block of 8, each with the config's own chunking, and the
 per-example clip skipped for the records of each oracle call's last client; a draw reused across rounds, draws correlated across rounds or coordinates, the sum's
-draw scaled for the average; one client or one record of a chunk left unbounded, which the
+draw scaled for the average, and at record level a client's own draw per local step reused
+across rounds, shared by the clients, correlated across rounds or coordinates, or scaled for
+the average of the n clients; one client or one record of a chunk left unbounded, which the
 exact per-canary check against the declared bound flags) in one run at the shipped ε = 8, and
 must not flag the unbroken mechanism. For each
 config this script runs the unbroken mechanism, then every break that applies to its mechanism
@@ -57,7 +59,7 @@ from helpers.audit_breaks import (  # noqa: E402
 )
 
 from pl_privfed.cli import main  # noqa: E402
-from pl_privfed.engine import MessageStage  # noqa: E402
+from pl_privfed.engine import ClientChunk, MessageStage  # noqa: E402
 from pl_privfed.operators import Clip  # noqa: E402
 
 
@@ -80,20 +82,21 @@ def clip_calls():
 
 
 @contextlib.contextmanager
-def draw_calls():
-    """Counts the calls of ``MessageStage.noise_of_sum`` (as a break patched it): a break of
-    the sum's draw whose count stays 0 did not touch the run (its noise is drawn per client)."""
-    patched, calls = MessageStage.noise_of_sum, [0]
+def draw_calls(owner: type = MessageStage, method: str = "noise_of_sum"):
+    """Counts the calls of ``owner.method`` (as a break patched it; default the sum's draw,
+    ``MessageStage.noise_of_sum``; ``ClientChunk.normal`` for a client's record-level draw): a
+    break of a draw whose count stays 0 did not touch the run (its noise is drawn elsewhere)."""
+    patched, calls = getattr(owner, method), [0]
 
     def counting(self, *args, **kwargs):
         calls[0] += 1
         return patched(self, *args, **kwargs)
 
-    MessageStage.noise_of_sum = counting
+    setattr(owner, method, counting)
     try:
         yield calls
     finally:
-        MessageStage.noise_of_sum = patched
+        setattr(owner, method, patched)
 
 
 def run_config(config: Path, max_steps: int | None) -> dict:
@@ -210,7 +213,8 @@ def main_(argv: list[str] | None = None) -> None:
                               f"apply it to {kind} | |", flush=True)  # fmt: skip
                     continue
                 start = time.perf_counter()
-                with broken(name), clip_calls() as calls, draw_calls() as draws:
+                drawn = (ClientChunk, "normal") if kind == "record" else ()
+                with broken(name), clip_calls() as calls, draw_calls(*drawn) as draws:
                     audit = run_config(config, args.max_steps)["privacy"]["audit"]
                 line = row(config.stem, name, audit, time.perf_counter() - start)
                 subset = spec.get("subset", False)
@@ -219,7 +223,8 @@ def main_(argv: list[str] | None = None) -> None:
                 elif "clip" in name and not subset and not calls[0]:
                     line = line.replace("| no |", "| n/a: no clip in this mechanism |")
                 if spec.get("alarm") == "noise_test" and not draws[0]:
-                    line = line.replace("| no |", "| n/a: no sum's draw in this mechanism |")
+                    what = "record-level draw" if kind == "record" else "sum's draw"
+                    line = line.replace("| no |", f"| n/a: no {what} in this mechanism |")
                 print(line, flush=True)
     if args.seeds:
         false_alarms(args.seeds, args.mechanisms)

@@ -31,6 +31,7 @@ __all__ = [
     "AUDIT_HOSTS",
     "AUDIT_MEMBERSHIP",
     "AUDIT_NOISE",
+    "AUDIT_NOISE_CLIENTS",
     "AUDIT_NOISE_COORDINATES",
     "AUDIT_PARTICIPATION",
     "AUDIT_PLACEMENT",
@@ -79,7 +80,8 @@ STREAM_CORRELATED_NOISE = 11  # row j of Z of correlated noise (pl_privfed.priva
 #: each release's realized noise ``(audit seed, STREAM_AUDIT, AUDIT_NOISE_COORDINATES)``, the
 #: clients holding the canary records ``(audit seed, STREAM_AUDIT, AUDIT_HOSTS)`` and a canary
 #: record's place among its host's examples ``(audit seed, STREAM_AUDIT, AUDIT_RECORD_PLACES,
-#: round, step, host)``. No
+#: round, step, host)``, and the order in which the record-level noise test keeps the clients'
+#: draws ``(audit seed, STREAM_AUDIT, AUDIT_NOISE_CLIENTS)``. No
 #: other stream's key starts like these, so the canaries never change another client's noise,
 #: cohort or data.
 AUDIT_DIRECTION = 0
@@ -91,6 +93,7 @@ AUDIT_PLACEMENT = 5
 AUDIT_NOISE_COORDINATES = 6
 AUDIT_HOSTS = 7
 AUDIT_RECORD_PLACES = 8
+AUDIT_NOISE_CLIENTS = 9
 
 _MASK64 = (1 << 64) - 1
 

@@ -4,30 +4,46 @@ The statistics (:mod:`pl_privfed.privacy.audit_noise`) on synthetic rows: their 
 null (iid ``N(0, 1)``) and each break they are built for; the whitening of correlated noise
 against an independent draw of ``Z`` from its keyed stream; the declared std per placement; and
 on the catalogue's small problem (tests/helpers/audit_breaks.py, ε = 8) every break of the draw
-flagged in one run, the unbroken correlated placements not.
+flagged in one run, the unbroken correlated placements not. At record level: the chunk's one
+noising method hands the monitor the real clients' clean and noised gradients (canary rows left
+out), the monitor keeps a bounded keyed set of draws and resumes, and the declared std is the
+ledger's, whatever the engine passed.
 """
 
 from __future__ import annotations
 
 import math
+from unittest import mock
 
 import numpy as np
 import pytest
 import torch
 from helpers.audit_breaks import CORRELATED, audit_small, broken, cases
+from helpers.training import StopAt
+from pytorch_lightning.callbacks import ModelCheckpoint
 
 from pl_privfed.callbacks._audit_noise import NoiseAudit
 from pl_privfed.callbacks.summary import audit_line
-from pl_privfed.privacy import BandedMFNoise, CentralNoise, DistributedNoise, LocalNoise, TreeNoise
+from pl_privfed.engine import ClientChunk, MessageStage, RoundContext
+from pl_privfed.privacy import (
+    BandedMFNoise,
+    CentralNoise,
+    DistributedNoise,
+    LocalNoise,
+    TreeNoise,
+    invariants,
+)
 from pl_privfed.privacy.audit_noise import (
     RealizedNoise,
+    RecordNoise,
+    client_order,
     declared_sum_std,
     noise_coordinates,
     noise_tests,
     whiten,
 )
 from pl_privfed.privacy.correlated import CorrelatedNoiseProcess
-from pl_privfed.rng import STREAM_CORRELATED_NOISE, KeyedGenerator, keyed_generator
+from pl_privfed.rng import STREAM_CORRELATED_NOISE, STREAM_NOISE, KeyedGenerator, keyed_generator
 
 
 def test_the_level_under_the_null_is_at_most_alpha():
@@ -170,3 +186,100 @@ def test_unbroken_correlated_noise_passes_the_test_against_its_covariance(mechan
     assert not test["flagged"], test
     assert test["releases"] == ROUNDS and test["coordinates"] == 2000
     assert test["variance_ratio"] == pytest.approx(1.0, abs=0.03)
+
+
+def test_the_chunk_hands_the_record_monitor_the_real_clients_realized_noise():
+    """``ClientChunk.noised``: ``clean + normal(...)`` bit for bit; the monitor receives the
+    real clients' rows only (clients 1 and 2; 4 and 5 are canary rows, ``n = 4``), and their
+    difference is each client's keyed draw at ``std`` on the kept coordinates (float32
+    rounding); the monitor's std is its own (the ledger's), not the one the engine passed."""
+    d, n = 40, 4
+    index = noise_coordinates(d, 16, seed=1)
+    monitor = RecordNoise(index, 3.0, client_order(n, seed=1))
+    ctx = RoundContext(
+        x=torch.zeros(d),
+        oracle=None,
+        reduction=None,
+        round_index=3,
+        dim=d,
+        device=torch.device("cpu"),
+        dtype=torch.float32,
+        keyed=KeyedGenerator(),
+        stage=MessageStage(monitor=monitor),
+        clients=n,
+    )
+    chunk = ClientChunk(ctx, torch.tensor([1, 2, 4, 5]), store=None)
+    clean = torch.randn(4, d, generator=torch.Generator().manual_seed(0)) * 10
+    out = chunk.noised(clean, 7, 2.0, extra=1)
+    assert torch.equal(out, clean + chunk.normal(7, 2.0, extra=1))
+    keys, noise = monitor.kept()
+    assert keys.tolist() == [[3, 1, 1], [3, 2, 1]] and monitor.std == 3.0
+    for row, client in zip(noise, (1, 2)):
+        z = torch.empty(d).normal_(
+            0.0, 2.0, generator=keyed_generator(7, STREAM_NOISE, 3, client, 1)
+        )
+        np.testing.assert_allclose(row, z[index].numpy(), atol=1e-5)
+
+
+def test_the_record_monitor_keeps_a_bounded_keyed_set_of_draws_and_resumes():
+    """At most ``releases`` draws, the first in the order (client's place, round, step): all
+    10 draws of the first client in the keyed order, then the next's first 3; a draw seen
+    again replaces its row; the state reloads to the same rows."""
+    order = client_order(3, seed=2)
+    first, second = (int(c) for c in torch.argsort(order)[:2])
+    monitor = RecordNoise(torch.arange(2), 1.0, order, releases=13)
+    for k in range(5):
+        for step in (0, 1):
+            rows = torch.full((3, 4), float(10 * k + step))
+            monitor.observe_draws(k, step, torch.arange(3), rows, torch.zeros(3, 4))
+    kept = {tuple(x) for x in monitor.kept()[0].tolist()}
+    ahead = {(k, first, s) for k in range(5) for s in (0, 1)}
+    assert kept == ahead | {(0, second, 0), (0, second, 1), (1, second, 0)}
+    monitor.observe_draws(0, 0, torch.tensor([first]), torch.full((1, 4), 9.0), torch.zeros(1, 4))
+    other = RecordNoise(torch.arange(2), 1.0, order, releases=13)
+    other.load_state_dict(monitor.state_dict())
+    keys, noise = other.kept()
+    assert keys.tolist() == monitor.kept()[0].tolist()
+    assert float(noise[keys.tolist().index([0, first, 0]), 0]) == 9.0
+
+
+def test_the_record_noise_test_uses_the_declared_std_not_the_engines():
+    """A bug that scales the std the algorithm hands ``ClientChunk.noised`` (×0.5), the
+    ledger untouched: the realized variance is a quarter of the declared one, flagged; and the
+    catalogue's record noise ×0.5 (alarmed by the white box) is flagged by the noise test too."""
+    noised = ClientChunk.noised
+
+    def halved(self, clean, seed, std, extra=0):
+        return noised(self, clean, seed, 0.5 * std, extra)
+
+    for patch in (mock.patch.object(ClientChunk, "noised", halved), broken("record noise x0.5")):
+        with invariants.disabled(), patch:  # the check mode would stop the first run
+            test = audit_small("record", rounds=ROUNDS)["noise_test"]
+        assert test["flagged"] and test["variance_ratio"] == pytest.approx(0.25, rel=0.02), test
+
+
+def test_the_unbroken_record_level_draws_pass():
+    """The small problem at record level (10 clients, 20 rounds, one local step: 200 draws of
+    its 2,000 coordinates): not flagged, the realized variance the declared one."""
+    audit = audit_small("record", noise_seed=3, audit_seed=3, rounds=ROUNDS)
+    test = audit["noise_test"]
+    assert not test["flagged"] and not audit["alarm"], test
+    assert test["releases"] == 200 and test["coordinates"] == 2000
+    assert test["sums"]["client_draws"]["clients"] == 10
+    assert test["variance_ratio"] == pytest.approx(1.0, abs=0.02)
+
+
+def test_a_resumed_record_level_run_tests_the_draws_of_the_uninterrupted_run(tmp_path):
+    """The record-level monitor's kept draws are the audit's checkpoint state: a run stopped
+    after 10 of 20 rounds and resumed from its checkpoint tests the same 200 draws as the
+    uninterrupted run, to the same p-values."""
+    whole = audit_small("record", rounds=ROUNDS)["noise_test"]
+    ckpt = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=10, save_top_k=-1)
+    audit_small("record", rounds=ROUNDS, callbacks=(ckpt, StopAt(10)), enable_checkpointing=True)
+    (path,) = tmp_path.glob("*.ckpt")
+    resumed = audit_small("record", rounds=ROUNDS, ckpt_path=str(path))["noise_test"]
+    assert resumed["releases"] == whole["releases"] == 200
+    for name, test in whole["sums"]["client_draws"]["tests"].items():
+        again = resumed["sums"]["client_draws"]["tests"][name]
+        assert again["p_value"] == pytest.approx(test["p_value"], rel=1e-6, abs=1e-12), name
+        assert again["statistic"] == pytest.approx(test["statistic"], rel=1e-6), name

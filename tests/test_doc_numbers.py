@@ -751,6 +751,38 @@ def test_the_draw_breaks_table_is_its_kept_output():
     )
 
 
+def test_the_record_draw_breaks_table_is_its_kept_output():
+    """audit.md's table of the record-level draw breaks on the record configs is
+    docs/results/audit_noise/record_breaks_configs.txt (benchmarks/audit_breaks.py's output)."""
+    path = RESULTS / "audit_noise" / "record_breaks_configs.txt"
+    kept_rows = kept_audit_rows(path) | kept_audit_rows(path, "a9a_")
+    text = (DOCS / "audit.md").read_text(encoding="utf-8")
+    section = text[text.index("**The record-level draw breaks on the shipped configs**") :]
+    section = section[: section.index("## The per-canary bound check")]
+    page_rows = table_rows(section, "`mnist_") + table_rows(section, "`a9a_")
+    assert len(page_rows) == len(kept_rows) == 28
+    for config, brk, certified, white, noise_p, flagged in page_rows:
+        kept_row = kept_rows[config, brk]
+        assert (certified, white) == (kept_row[2], kept_row[3]), (config, brk)
+        assert noise_p.replace(" (underflow)", "") == kept_row[5], (config, brk, noise_p)
+        assert (flagged == "no") == (kept_row[6] == "no"), (config, brk)
+        if flagged != "no":
+            assert f"({flagged})" in kept_row[6], (config, brk, flagged, kept_row[6])
+    unbroken = [r for r in page_rows if r[1] == "none"]
+    assert_numbers(
+        "audit",
+        rf"\*\*No unbroken record-level config is flagged \({N} of {N}\) and every record-level "
+        rf"draw break is\s+flagged in one run: {N} of {N}\*\*",
+        [len(unbroken)] * 2 + [len(page_rows) - len(unbroken)] * 2,
+    )
+    wall, low, high = run_time_and_load(path)
+    assert_numbers(
+        "audit",
+        rf"load average {N}–{N}, {wall};\s+raw output in `docs/results/audit_noise/record",
+        [low, high],
+    )
+
+
 def test_the_subset_breaks_with_covering_places_are_their_kept_output():
     kept_rows = kept_audit_rows(RESULTS / "audit_paths" / "distributed_subset_breaks.txt")
     kept_rows |= kept_audit_rows(RESULTS / "audit_paths" / "clip21_remainder.txt")
@@ -806,7 +838,7 @@ def test_the_false_alarm_rates_are_their_kept_output():
     assert_numbers(
         "audit",
         rf"local {N}/40, central {N}/40 \(one by the ε tests, one by the noise test\), distributed "
-        rf"{N}/40, record level {N}/40 \(no noise test\), banded MF {N}/40 and tree aggregation {N}/40",
+        rf"{N}/40, record level {N}/40 \(no noise test then: next item\), banded MF {N}/40 and tree aggregation {N}/40",
         per,
     )
     ratios = [x for m in ("local", "central", "distributed", "record") for x in noise[m][2:]]
@@ -828,6 +860,14 @@ def test_the_false_alarm_rates_are_their_kept_output():
         rf"local {N} of 40, central {N} of 40 \(one by the ε tests, one by the noise test\), "
         rf"distributed {N} of 40",
         [client[m][0] for m in ("local", "central", "distributed")],
+    )
+    noised = false_alarms(RESULTS / "audit_noise" / "false_alarms_record.txt")["record"]
+    assert_numbers(
+        "audit",
+        rf"\*\*{N} of 40 runs flagged\*\*, by none of the three parts \(the noise test {N} of 40, "
+        rf"on 500 draws of\s+2,000 coordinates a run\); white box over certified median {N} "
+        rf"\({N} to {N}\)",
+        [noised[0], noised[0], *noised[2:]],
     )
     both = record["all"][0] + client["all"][0], record["all"][1] + client["all"][1]
     assert_numbers(
@@ -988,6 +1028,7 @@ def test_the_false_alarm_runs_machine_lines():
     for name, template in (
         ("audit_noise/false_alarms.txt", rf"load average {N} to {N}, {{}};"),
         ("audit_paths/false_alarms_record.txt", rf"load average {N}–{N}, {{}};"),
+        ("audit_noise/false_alarms_record.txt", rf"load average {N}–{N}, {{}};"),
         ("audit_paths/false_alarms_client.txt", rf"load average {N}–{N}, {{}};"),
     ):
         wall, low, high = run_time_and_load(RESULTS / name)

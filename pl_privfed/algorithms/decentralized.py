@@ -359,7 +359,7 @@ class PORTER(DecentralizedAlgorithm):
                 )
             if self.noise is None:  # the non-private twin: G_p = G_τ
                 return g_tau
-            g_p = g_tau + chunk.normal(self.noise.seed, self.noise_std)  # line 174: G_τ + E
+            g_p = chunk.noised(g_tau, self.noise.seed, self.noise_std)  # line 174: G_τ + E
             chunk.add("clean", g_tau)
             chunk.add("noisy", g_p)
             return g_p

@@ -434,7 +434,7 @@ class FedAvgPerSampleClipping(LocalUpdateAlgorithm):
         def transform(g: Tensor, j: int) -> Tensor:
             clipped = g if example else chunk.apply(self.operator, g, statistics=j == 0)  # l. 8
             if self.noise is not None:  # Corollary I: y ← y − η(g + z), z fresh at every step
-                clipped = clipped + chunk.normal(self.noise.seed, self.noise_std, extra=j)
+                clipped = chunk.noised(clipped, self.noise.seed, self.noise_std, extra=j)
             return clipped
 
         local = self.local_solver.run(

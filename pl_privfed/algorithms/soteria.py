@@ -151,7 +151,7 @@ class SoteriaFL(FederatedAlgorithm):
         noisy = clipped
         if self.noise is not None:  # g_i = clip_G(∇f_i) + e_i
             chunk.add("clean", clipped)
-            noisy = clipped + chunk.normal(self.noise.seed, self.noise_std)
+            noisy = chunk.noised(clipped, self.noise.seed, self.noise_std)
             chunk.add("noisy", noisy)
         shift = chunk.rows("client_shift")
         sent = chunk.apply(self.compressor, noisy - shift, seed=self.seed, statistics=False)

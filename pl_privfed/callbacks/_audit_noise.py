@@ -1,6 +1,7 @@
 """The noise test of :class:`~pl_privfed.callbacks.PrivacyAudit`: the realized noise of every
-client-level release against the mechanism the ledger certified
-(:mod:`pl_privfed.privacy.audit_noise`), its report entry and its warning."""
+client-level release, or of every record-level client's draw per local step, against the
+mechanism the ledger certified (:mod:`pl_privfed.privacy.audit_noise`), its report entry and its
+warning."""
 
 from __future__ import annotations
 
@@ -11,7 +12,11 @@ import torch
 from pytorch_lightning.utilities import rank_zero_warn
 
 from pl_privfed.privacy.audit_noise import (
+    RECORD_COORDINATES,
+    RECORD_RELEASES,
     RealizedNoise,
+    RecordNoise,
+    client_order,
     declared_sum_std,
     noise_coordinates,
     noise_tests,
@@ -31,21 +36,30 @@ DECLARED = {
     "distributed": "the sum of the n senders' shares N(0, (n/t) σ² I)",
     "local": "the sum of the n senders' own draws N(0, n σ² I)",
     "correlated": "the aggregator's (C^-1 Z)_t, whitened: the rows of C X are N(0, σ² I)",
+    "record": "each client's own draw N(0, σ² I) per local step, added to its clipped gradient",
 }
 
 
 class NoiseAudit:
     """The monitor on ``algorithm`` (:attr:`~pl_privfed.algorithms.FederatedAlgorithm.
-    noise_monitor`) and the test of what it kept. Built only for a client-level private run
-    whose ledger declares a placement the test knows; otherwise :meth:`create` says why not
-    (:attr:`skipped`)."""
+    noise_monitor`) and the test of what it kept. Built for a client-level private run whose
+    ledger declares a placement the test knows (every release's noise,
+    :class:`~pl_privfed.privacy.audit_noise.RealizedNoise`), and for a record-level private run
+    (each client's own draw per local step, on at most ``RECORD_RELEASES`` draws of
+    ``RECORD_COORDINATES`` coordinates, :class:`~pl_privfed.privacy.audit_noise.RecordNoise`);
+    otherwise :meth:`create` says why not (:attr:`skipped`)."""
 
-    def __init__(self, algorithm: Any, ledger: Any, seed: int, dim: int) -> None:
-        self.algorithm, self.ledger = algorithm, ledger
+    def __init__(self, algorithm: Any, ledger: Any, seed: int, dim: int, level: str = "client"):
+        self.algorithm, self.ledger, self.level = algorithm, ledger, level
         self.placement = ledger.noise.where
         self.sigma = float(ledger.noise_std)
-        index = noise_coordinates(dim, NOISE_COORDINATES, seed)
-        self.monitor = RealizedNoise(index, self._declared)
+        if level == "record":  # the declared std of one draw: the ledger's σ, nothing else
+            index = noise_coordinates(dim, RECORD_COORDINATES, seed)
+            order = client_order(int(algorithm.num_clients), seed)
+            self.monitor: Any = RecordNoise(index, self.sigma, order, RECORD_RELEASES)
+        else:
+            index = noise_coordinates(dim, NOISE_COORDINATES, seed)
+            self.monitor = RealizedNoise(index, self._declared)
         #: why :meth:`report` tested nothing
         self.reason = "no noised release"
 
@@ -54,8 +68,10 @@ class NoiseAudit:
         """A :class:`NoiseAudit`, or the reason (a string) there is none."""
         if ledger is None or getattr(algorithm, "noise", None) is None:
             return "not a private run"
-        if level != "client":
-            return "record-level noise is drawn inside the local steps: no clean release"
+        if level == "record":
+            if algorithm.adaptive_clipping() is not None:
+                return "record-level noise under an adaptive clip: no declared law known"
+            return cls(algorithm, ledger, seed, dim, level)
         if declared_sum_std(ledger.noise.where, 1.0, 1) is None:
             return f"placement {ledger.noise.where!r}: no declared law known to the test"
         return cls(algorithm, ledger, seed, dim)
@@ -87,12 +103,20 @@ class NoiseAudit:
         if self.algorithm.noise_monitor is self.monitor:
             self.algorithm.noise_monitor = None
 
-    def report(self, alpha: float) -> dict[str, Any] | None:
-        """The test at level ``alpha`` (the run's alarm's share), or ``None`` when no release
-        was kept."""
+    def _record_sums(self) -> dict[str, Any]:
+        """The record-level test: every kept draw one release, whitened by the ledger's σ."""
+        keys, noise = self.monitor.kept()
+        if not len(keys):
+            return {}
+        w = whiten(list(range(len(keys))), noise, np.full(len(keys), self.monitor.std))
+        test = noise_tests(w).as_dict()
+        test["clients"] = len(set(keys[:, 1].tolist()))
+        test["rounds"] = len(set(keys[:, 0].tolist()))
+        return {"client_draws": test}
+
+    def _client_sums(self) -> dict[str, Any]:
+        """The client-level test: every released sum's rounds, whitened by its declared std."""
         rows = {k: v for k, v in self.monitor.rows.items() if v}
-        if not rows:
-            return None
         correlated = isinstance(self.placement, CorrelatedNoise)
         sums: dict[str, Any] = {}
         for key, kept in rows.items():
@@ -109,19 +133,40 @@ class NoiseAudit:
                 sums[key] = {"skipped": str(err)}
                 continue
             sums[key] = noise_tests(w).as_dict()
+        return sums
+
+    def report(self, alpha: float) -> dict[str, Any] | None:
+        """The test at level ``alpha`` (the run's alarm's share), or ``None`` when no release
+        was kept."""
+        record = self.level == "record"
+        sums = self._record_sums() if record else self._client_sums()
+        if not sums:
+            return None
         tested = [s for s in sums.values() if "p_value" in s]
         if not tested:
             self.reason = "; ".join(f"{k}: {v['skipped']}" for k, v in sums.items())
             return None
         p = min(1.0, len(tested) * min(s["p_value"] for s in tested))
         head = sums.get("sent", tested[0])
-        kind = "correlated" if correlated else self.placement.name
+        correlated = isinstance(self.placement, CorrelatedNoise)
+        kind = "record" if record else "correlated" if correlated else self.placement.name
+        if record:
+            statistic = (
+                "the realized noise of each client's draw per local step (noised − clean "
+                f"gradient) on {head['coordinates']} coordinates, whitened by the ledger's σ; "
+                f"the draws kept: at most {self.monitor.releases}, every round and step of the "
+                "clients in a keyed order"
+            )
+        else:
+            statistic = (
+                "the realized noise of each release (released − clean sum) on "
+                f"{head['coordinates']} coordinates, whitened by the declared std"
+            )
         return {
-            "statistic": "the realized noise of each release (released − clean sum) on "
-            f"{head['coordinates']} coordinates, whitened by the declared std",
+            "statistic": statistic,
             "declared": DECLARED[kind],
             "sigma": self.sigma,
-            "min_contributors": self.placement.min_contributors,
+            "min_contributors": None if record else self.placement.min_contributors,
             "releases": head["releases"],
             "coordinates": head["coordinates"],
             "variance_ratio": head["tests"]["variance"]["statistic"],

@@ -100,8 +100,10 @@ class PrivacyAudit(pl.Callback):
     box's) read at ``1 − (1 − confidence)/m`` (``alarm_confidence``, Bonferroni), so that a run
     of a correct mechanism is flagged with probability at most ``1 − confidence`` whatever
     ``m``; the intervals reported stay at ``confidence``. One of the ``m`` is the **noise
-    test** (client level; ``noise_test``, :mod:`pl_privfed.privacy.audit_noise`): each
-    release's realized noise against the ledger's σ and placement; flagged, it warns too.
+    test** (private runs; ``noise_test``, :mod:`pl_privfed.privacy.audit_noise`): at client
+    level each release's realized noise against the ledger's σ and placement, at record level
+    each client's own draw per local step against the ledger's σ (a bounded keyed set of
+    draws); flagged, it warns too.
     Beside the tests, an exact check (``bound_check``, ``exceeds_bound``; private runs,
     :mod:`pl_privfed.privacy.audit_bound`): every inserted canary's contribution to every
     release before its noise against the declared bound of one unit's; one canary over it by

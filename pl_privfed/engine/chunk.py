@@ -329,6 +329,22 @@ class ClientChunk:
             hook.noise_drawn(ids, self.round_index, out)
         return out
 
+    def noised(self, clean: Tensor, seed: int, std: float, extra: int = 0) -> Tensor:
+        """``clean + z_i`` for every client ``i`` of the chunk: its record-level noise
+        (:meth:`normal`: ``N(0, std² I)`` from its stream ``(seed, noise, round, i, extra)``,
+        ``extra`` the local step) added to its clean clipped gradient ``clean`` (``[c, d]``).
+
+        With an audit's record-level noise monitor on the stage
+        (:class:`~pl_privfed.privacy.audit_noise.RecordNoise`), it is handed the real clients'
+        rows of ``clean`` and of the result, whose difference is the noise that ran (taken from
+        the two tensors, not from the draw; its declared std is the monitor's, from the ledger,
+        not ``std``); an audit's canary clients' rows are not."""
+        out = clean + self.normal(seed, std, extra)
+        observe = getattr(self.ctx.stage.monitor, "observe_draws", None)
+        if observe is not None and self.round_index >= 0 and self.real_ids.numel():
+            observe(self.round_index, extra, self.real_ids, self._real(out), self._real(clean))
+        return out
+
     def generators(self, seed: int, stream: int = STREAM_COMPRESSION, extra: int = 0):
         """Each client's generator of ``(seed, stream, round, client, extra)``, in chunk order
         (each is valid until the next one is drawn)."""

@@ -31,12 +31,27 @@ level ``α`` when the smallest is below ``α/5``, so a correct mechanism is flag
 probability at most ``α`` (the callback gives it its share of the run's alarm,
 :class:`~pl_privfed.callbacks.PrivacyAudit`).
 
+**Record level** (:class:`RecordNoise`): record-level noise is drawn inside the clients' local
+steps, one ``N(0, σ² I)`` per client and local step added to its clipped gradient
+(:meth:`~pl_privfed.engine.ClientChunk.noised`), so the release tested is each such draw: the
+chunk hands the monitor the clean and the noised gradient, and the realized noise is their
+difference, declared ``N(0, σ² I)`` with the ledger's ``σ``. A run holds ``K = rounds × clients
+× local steps`` of them (a9a's 1,000 rounds of 1,000 clients: 10⁶), and the test across releases
+costs ``O(K²m)``: the monitor keeps at most :data:`RECORD_RELEASES` draws, on at most
+:data:`RECORD_COORDINATES` coordinates, chosen by a keyed order of the clients (every draw of the
+first client in that order, every round and step, then the second's, …; the first
+:data:`RECORD_RELEASES` of that order), so that the kept draws hold whole runs of one client's
+rounds (a draw reused or correlated across rounds) and the same rounds of several clients (a
+draw shared by clients) whenever ``rounds × steps`` is below :data:`RECORD_RELEASES`.
+
 What it cannot see: noise the clean sum already contains (a client that noises its message and
-then also reports it as clean), a per-client draw under ``draws: aggregate`` (only the sum of the
+then also reports it as clean; at record level, noise already in the clipped gradient the
+algorithm hands the chunk), a per-client draw under ``draws: aggregate`` (only the sum of the
 senders' noises exists; its variance is tested, not how it splits among the senders), anything
-outside the ``m`` coordinates kept, record-level noise (drawn inside the clients' local steps,
-with no clean release to subtract), and a deviation too small for the run's ``K·m`` numbers
-(the variance test's relative resolution is about ``√(2/(Km))``).
+outside the ``m`` coordinates kept, at record level the draws not kept (clients late in the keyed
+order; in a run of more than :data:`RECORD_RELEASES` draws per client, the first client's later
+rounds), and a deviation too small for the run's ``K·m`` numbers (the variance test's relative
+resolution is about ``√(2/(Km))``).
 """
 
 from __future__ import annotations
@@ -53,17 +68,31 @@ from torch import Tensor
 
 from pl_privfed.privacy.correlated import CorrelatedNoise
 from pl_privfed.privacy.placement import CentralNoise, DistributedNoise, LocalNoise
-from pl_privfed.rng import AUDIT_NOISE_COORDINATES, STREAM_AUDIT, keyed_generator
+from pl_privfed.rng import (
+    AUDIT_NOISE_CLIENTS,
+    AUDIT_NOISE_COORDINATES,
+    STREAM_AUDIT,
+    keyed_generator,
+)
 
 __all__ = [
+    "RECORD_COORDINATES",
+    "RECORD_RELEASES",
     "TESTS",
     "NoiseTest",
     "RealizedNoise",
+    "RecordNoise",
+    "client_order",
     "declared_sum_std",
     "noise_coordinates",
     "noise_tests",
     "whiten",
 ]
+
+#: the record-level test's bounds (module docstring): the draws kept (the test across releases
+#: costs ``O(K²m)``: about 2·10⁹ products at these values) and the coordinates of each
+RECORD_RELEASES = 1024
+RECORD_COORDINATES = 2048
 
 #: the tests of :func:`noise_tests`, in words (the report's ``tests``)
 TESTS = {
@@ -165,6 +194,99 @@ class RealizedNoise:
                 for r, x, s in zip(v["rounds"].tolist(), v["noise"], v["stds"].tolist())
             ]
             for key, v in state["rows"].items()
+        }
+        self.unknown = bool(state.get("unknown", False))
+
+
+def client_order(clients: int, seed: int) -> Tensor:
+    """Every client's place ``[n]`` in the record-level monitor's keyed order (a uniform
+    permutation from the audit's stream ``(seed, STREAM_AUDIT, AUDIT_NOISE_CLIENTS)``)."""
+    gen = keyed_generator(seed, STREAM_AUDIT, AUDIT_NOISE_CLIENTS)
+    return torch.argsort(torch.randperm(clients, generator=gen))
+
+
+class RecordNoise:
+    """The record-level noise monitor (module docstring): per client, round and local step, the
+    realized noise ``noised − clean`` of the client's own draw on :attr:`index`, for at most
+    ``releases`` draws: the first in the order (client's place in ``order``, round, step).
+
+    Args:
+        index: the coordinates kept (:func:`noise_coordinates`).
+        std: the declared std of one draw (the ledger's ``σ``; never the engine's argument).
+        order: every client's place in the keyed order (:func:`client_order`).
+        releases: the most draws kept.
+    """
+
+    def __init__(self, index: Tensor, std: float, order: Tensor, releases: int = RECORD_RELEASES):
+        self.index = index.to("cpu", torch.int64)
+        self.std = float(std)
+        self.order = order.to("cpu", torch.int64)
+        self.releases = int(releases)
+        #: ``(place, round, step) -> (client, row [m] float32)``
+        self.rows: dict[tuple[int, int, int], tuple[int, Tensor]] = {}
+        self.unknown = False  # a sum released through the message stage (not a local draw)
+
+    def observe(self, round_index: int, key: str, noise: Tensor, senders: int) -> None:
+        """A noised sum released through the message stage: not a record-level draw (the
+        record-level algorithms release none); marked as a release of unknown law."""
+        self.unknown = True
+
+    def _last(self) -> tuple[int, int, int] | None:
+        """The last key kept when the monitor is full (a later key in the order is not kept)."""
+        return max(self.rows) if len(self.rows) >= self.releases else None
+
+    def observe_draws(
+        self, round_index: int, step: int, clients: Tensor, noised: Tensor, clean: Tensor
+    ) -> None:
+        """Round ``round_index``'s local step ``step``: the real clients ``clients`` (``[c]``)
+        added their draws to ``clean`` (``[c, d]``), giving ``noised``."""
+        places = self.order[clients.cpu()].tolist()
+        last = self._last()
+        rows = [
+            i for i, place in enumerate(places) if last is None or (place, round_index, step) < last
+        ]
+        if not rows:
+            return
+        at = torch.tensor(rows, device=noised.device)
+        index = self.index.to(noised.device)
+        picked = noised[at][:, index].double() - clean[at][:, index].double()
+        picked = picked.to("cpu", torch.float32)
+        ids = clients.cpu().tolist()
+        for row, i in zip(picked, rows):  # a draw seen again (a resumed round) replaces its row
+            self.rows[(places[i], int(round_index), int(step))] = (int(ids[i]), row)
+        if len(self.rows) > self.releases:
+            for key in sorted(self.rows)[self.releases :]:
+                del self.rows[key]
+
+    def kept(self) -> tuple[np.ndarray, np.ndarray]:
+        """The kept draws in the order (round, client, step): ``(keys [K, 3] of (round, client,
+        step), noise [K, m])``."""
+        items = sorted(((k[1], client, k[2]), row) for k, (client, row) in self.rows.items())
+        keys = np.array([k for k, _ in items], dtype=np.int64).reshape(-1, 3)
+        noise = (
+            torch.stack([row for _, row in items]).numpy()
+            if items
+            else np.zeros((0, self.index.numel()), dtype=np.float32)
+        )
+        return keys, noise
+
+    def state_dict(self) -> dict[str, Any]:
+        keys = list(self.rows)
+        return {
+            "keys": torch.tensor(keys, dtype=torch.int64).reshape(-1, 3),
+            "clients": torch.tensor([self.rows[k][0] for k in keys], dtype=torch.int64),
+            "noise": torch.stack([self.rows[k][1] for k in keys])
+            if keys
+            else torch.zeros(0, self.index.numel(), dtype=torch.float32),
+            "unknown": self.unknown,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.rows = {
+            tuple(key): (int(client), row.float())
+            for key, client, row in zip(
+                state["keys"].tolist(), state["clients"].tolist(), state["noise"]
+            )
         }
         self.unknown = bool(state.get("unknown", False))
 

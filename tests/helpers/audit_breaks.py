@@ -13,7 +13,9 @@ a ``with`` block (:func:`unittest.mock.patch`, so nothing outlives the block). U
 DP), ``alarm``, the part of the audit that must flag it: ``"white_box"`` (the default),
 ``"noise_test"`` (issue 48: the realized noise against the declared mechanism,
 ``tests/test_audit_noise.py``; the breaks of the draw itself: reused across rounds, correlated,
-scaled for the average) or ``"bound"`` (issue 48: the exact per-canary check against the
+scaled for the average; at record level a client's own draw per local step, through
+:meth:`ClientChunk.normal`, reused across rounds, shared by the clients, correlated across
+rounds or coordinates, scaled for the average) or ``"bound"`` (issue 48: the exact per-canary check against the
 declared bound, :mod:`pl_privfed.privacy.audit_bound`; one unit of a chunk unbounded), ``subset`` (issue 48: a break for some rows of one engine path only,
 which canaries must land in to be seen; :data:`SKIPPED` counts the rows it touched) and, for
 a break that exists only where a round has several chunks, ``client_chunk`` (the small
@@ -81,6 +83,50 @@ def _record_noise_times(factor: float) -> Any:
         return _normal(self, seed, std * factor, extra, select)
 
     return mock.patch.object(ClientChunk, "normal", normal)
+
+
+def _record_keyed(change: Callable[[tuple], tuple]) -> Any:
+    """A client's record-level draw (:meth:`ClientChunk.normal`) from the key ``change(key)``
+    instead of its own ``(seed, noise, round, client, extra)``: a key that forgets a part."""
+
+    def normal(self, seed, std, extra=0, select=None):
+        keyed = self.ctx.keyed
+        self.ctx.keyed = lambda *key: keyed(*change(key))
+        try:
+            return _normal(self, seed, std, extra, select)
+        finally:
+            self.ctx.keyed = keyed
+
+    return mock.patch.object(ClientChunk, "normal", normal)
+
+
+def _record_changed(change: Callable[[ClientChunk, Any, int, Any], Any]) -> Any:
+    """A client's record-level draw replaced by ``change(chunk, out, extra, ids)`` (``out`` the
+    unbroken draw ``[c, d]`` of the clients ``ids``)."""
+
+    def normal(self, seed, std, extra=0, select=None):
+        out = _normal(self, seed, std, extra, select)
+        ids = self.ids if select is None else self.ids[select.cpu()]
+        return change(self, out, extra, ids)
+
+    return mock.patch.object(ClientChunk, "normal", normal)
+
+
+def _record_correlated_across_rounds(rho: float) -> Any:
+    """Each client's draw at a step ``ρ z_{k−1} + √(1−ρ²) e_k``, ``z_{k−1}`` its draw at the
+    same step of its previous round (a noise state carried over per client)."""
+    last: dict[tuple[int, int], Any] = {}
+
+    def change(chunk, out, extra, ids):
+        z = out.clone()
+        for row, client in zip(z, ids.tolist()):
+            prev = last.get((client, extra))
+            if prev is not None:
+                row.mul_(math.sqrt(1 - rho * rho)).add_(prev, alpha=rho)
+            last[(client, extra)] = row.clone()
+        return z
+
+    return _record_changed(change)
 
 
 #: rows a subset break left unbounded in the last ``with broken(...)`` block (client messages,
@@ -313,6 +359,35 @@ BREAKS: dict[str, dict[str, Any]] = {
         "patch": _last_client_records_unclipped,
         "client_chunk": 4,  # the small problem's 10 clients in chunks of 4, 4 and 2
     },
+    # issue 48: breaks of a client's record-level draw (per client and local step, added to
+    # its clipped gradient), which the record-level noise test catches
+    "record draw reused across rounds": {  # a client's noise key that forgets the round
+        "applies": ("record",),
+        "alarm": "noise_test",
+        "patch": lambda: _record_keyed(lambda key: (*key[:2], 0, *key[3:])),
+    },
+    "record draw shared by the clients": {  # a noise key that forgets the client
+        "applies": ("record",),
+        "alarm": "noise_test",
+        "patch": lambda: _record_keyed(lambda key: (*key[:3], 0, *key[4:])),
+    },
+    "record draws correlated across rounds": {
+        "applies": ("record",),
+        "alarm": "noise_test",
+        "patch": lambda: _record_correlated_across_rounds(0.5),
+    },
+    "record draws correlated across coordinates": {
+        "applies": ("record",),
+        "alarm": "noise_test",
+        "patch": lambda: _record_changed(
+            lambda chunk, out, extra, ids: _correlated_coordinates(None, out, 0, 0, None)
+        ),
+    },
+    "record noise on the average": {  # each client's draw scaled for the mean of the n clients
+        "applies": ("record",),
+        "alarm": "noise_test",
+        "patch": lambda: _record_changed(lambda chunk, out, extra, ids: out / chunk.ctx.clients),
+    },
     "per-example clip skipped": {"applies": ("record",), "patch": lambda: _clip_times(None)},
     "record clip at 2x": {"applies": ("record",), "patch": lambda: _clip_times(2.0)},
 }
@@ -372,11 +447,15 @@ def audit_small(
     dim: int = 2000,
     client_chunk: int | str = "auto",
     rounds: int = 50,
+    callbacks: tuple = (),
+    ckpt_path: str | None = None,
+    **trainer_args: Any,
 ):
     """One run of the catalogue's small problem (a 2,000-dimensional quadratic, 10 clients,
     every client every round, 50 rounds) at ε = 8 with a :class:`PrivacyAudit`: its report.
     The round is one chunk (its 10 clients and the canary clients that take part) unless
-    ``client_chunk`` says otherwise."""
+    ``client_chunk`` says otherwise; ``callbacks``, ``ckpt_path`` and ``trainer_args`` go to
+    the trainer and its fit (a checkpointed or resumed run)."""
     build, settings = {**MECHANISMS, **CORRELATED}[mechanism]
     noise = DPNoise(epsilon=EPSILON, delta=1e-5, calibration="target", seed=noise_seed, **settings)
     module = FederatedModule(
@@ -385,8 +464,10 @@ def audit_small(
     audit = PrivacyAudit(seed=audit_seed)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the alarm is read from the report
-        trainer(max_steps=rounds, callbacks=[audit]).fit(
-            module, datamodule=QuadraticDataModule(num_clients=10, dim=dim, seed=0)
+        trainer(max_steps=rounds, callbacks=[audit, *callbacks], **trainer_args).fit(
+            module,
+            datamodule=QuadraticDataModule(num_clients=10, dim=dim, seed=0),
+            ckpt_path=ckpt_path,
         )
     return audit.report()
 
