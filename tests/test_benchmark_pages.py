@@ -8,12 +8,12 @@ its artefact, when an artefact does not name its machine and load, or when a blo
 no artefact holds. In-process and file-only: no benchmark runs here.
 """
 
-import importlib.util
 import json
 import re
 from pathlib import Path
 
 import pytest
+from helpers.benchmarks import benchmark_module
 
 REPO = Path(__file__).resolve().parents[1]
 PAGE = REPO / "docs" / "performance.md"
@@ -22,12 +22,7 @@ ARTEFACTS = REPO / "docs" / "results" / "benchmarks"
 
 def _artefact_module():
     """benchmarks/bench_artefact.py (what results_pages.py renders the page with)."""
-    spec = importlib.util.spec_from_file_location(
-        "bench_artefact", REPO / "benchmarks/bench_artefact.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return benchmark_module("bench_artefact")
 
 
 def _artefacts() -> list[Path]:
@@ -100,9 +95,7 @@ def test_a_block_renders_the_artefact_cells_and_its_machine(tmp_path):
 
 def test_the_peers_targets_are_read_off_the_rows():
     """benchmarks/peers.py says issue 12's targets under its table from its own rows."""
-    spec = importlib.util.spec_from_file_location("peers", REPO / "benchmarks/peers.py")
-    peers = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(peers)
+    peers = benchmark_module("peers")
 
     def row(workload, nt, system, seconds, peak, own=None):
         cells = dict.fromkeys(peers.COLUMNS)

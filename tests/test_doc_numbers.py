@@ -733,10 +733,7 @@ def test_the_draw_breaks_table_is_its_kept_output():
             white,
             kept_row[3],
         )
-        assert noise_p.replace(" (underflow)", "") == kept_row[5], (config, brk, noise_p)
-        assert (flagged == "no") == (kept_row[6] == "no"), (config, brk)
-        if flagged != "no":
-            assert f"({flagged})" in kept_row[6], (config, brk, flagged, kept_row[6])
+        assert_noise_and_flag(kept_row, (config, brk), noise_p, flagged)
     unbroken = [r for r in page_rows if r[1] == "none"]
     assert_numbers(
         "audit",
@@ -749,6 +746,14 @@ def test_the_draw_breaks_table_is_its_kept_output():
             len(page_rows) - len(unbroken),
         ],
     )
+
+
+def assert_noise_and_flag(kept_row, where, noise_p: str, flagged: str) -> None:
+    """A page row's noise-test p and alarm cells against benchmarks/audit_breaks.py's kept row."""
+    assert noise_p.replace(" (underflow)", "") == kept_row[5], (*where, noise_p)
+    assert (flagged == "no") == (kept_row[6] == "no"), where
+    if flagged != "no":
+        assert f"({flagged})" in kept_row[6], (*where, flagged, kept_row[6])
 
 
 def test_the_record_draw_breaks_table_is_its_kept_output():
@@ -764,10 +769,7 @@ def test_the_record_draw_breaks_table_is_its_kept_output():
     for config, brk, certified, white, noise_p, flagged in page_rows:
         kept_row = kept_rows[config, brk]
         assert (certified, white) == (kept_row[2], kept_row[3]), (config, brk)
-        assert noise_p.replace(" (underflow)", "") == kept_row[5], (config, brk, noise_p)
-        assert (flagged == "no") == (kept_row[6] == "no"), (config, brk)
-        if flagged != "no":
-            assert f"({flagged})" in kept_row[6], (config, brk, flagged, kept_row[6])
+        assert_noise_and_flag(kept_row, (config, brk), noise_p, flagged)
     unbroken = [r for r in page_rows if r[1] == "none"]
     assert_numbers(
         "audit",

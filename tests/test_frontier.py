@@ -3,7 +3,6 @@
 the frontier sweep files of ``configs/sweeps``."""
 
 import csv
-import importlib.util
 import json
 import re
 import shutil
@@ -12,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers.benchmarks import benchmark_module
 from helpers.frontier import (
     EPS,
     NOISE,
@@ -358,11 +358,7 @@ def test_the_results_pages_are_what_the_kept_record_draws(tmp_path):
     docs/frontier_runs/: drawing them again gives every kept table (the frontier tables and
     their data, and the overview docs/privacy.md leads with), so a number cannot drift from
     its record."""
-    spec = importlib.util.spec_from_file_location(
-        "results_pages", REPO / "benchmarks/results_pages.py"
-    )
-    pages = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(pages)
+    pages = benchmark_module("results_pages")
     block = pages.regenerate(tmp_path)
     kept = REPO / "docs/results"
     for name in pages.GROUPS:

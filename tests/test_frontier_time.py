@@ -3,20 +3,10 @@ file's wall time from the make log's start and end lines (past midnight too), th
 from ``/usr/bin/time -v``, each point against the kept record. File-only."""
 
 import csv
-import importlib.util
 import json
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-
-
-def _module():
-    spec = importlib.util.spec_from_file_location(
-        "frontier_time", REPO / "benchmarks/frontier_time.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from helpers.benchmarks import benchmark_module
 
 
 def _results(folder: Path, rows: list[dict]) -> None:
@@ -28,7 +18,7 @@ def _results(folder: Path, rows: list[dict]) -> None:
 
 
 def test_a_sitting_is_read_back_from_its_logs(tmp_path, monkeypatch):
-    timing = _module()
+    timing = benchmark_module("frontier_time")
     logs, sitting, kept = tmp_path / "logs", tmp_path / "sitting", tmp_path / "kept"
     logs.mkdir()
     (logs / "make.log").write_text(
