@@ -57,11 +57,10 @@ results: $(BIN)/.installed
 # selections sat on the grid's edge) (× 3 values (5 for DP-Fed-α-NormEC's β, 4 for DP-Clip21's τ) of the family's own knob where its paper tunes one: β or τ of the four paper-002/004
 # error-compensation families, DP-FedAvg's clipping threshold) × 3 seeds
 # (configs/sweeps/frontier_<config>.yaml) and its non-private twin
-# (frontier_<config>_nonprivate.yaml), 1,980 runs (the CNN's 100 rounds, the others' 300). The
-# 1,656 runs before adaptive clipping, banded MF, DP-FedAdam and the CNN took about 2 h 23 min on the
-# project's 2-core CPU (its first 1,494 in one sitting in 2 h 05 min, load 1.3-2.6; docs/performance.md);
-# those four's 324 runs ran batched only under other jobs' load (2-12), so the whole target's time
-# with them is not measured in one sitting; three quarters of it the four 10,000-client families, whose clients run in the span of
+# (frontier_<config>_nonprivate.yaml), 1,980 runs (the CNN's 100 rounds, the others' 300): 2 h 18 min
+# in one sitting on the project's 2-core CPU from a fresh clone, install included (load 2.0-2.5 for
+# nine tenths of it; benchmarks/frontier_time.py, docs/performance.md); 69 % of its process time the
+# four 10,000-client families, whose clients run in the span of
 # their data (client_span; docs/performance.md), batched (`--batch`: the points of a sweep that differ only in ε, the step size, the knob
 # and the seed train as one federation, each point's results as its separate run's; resumable:
 # run it again to go on). The configuration is selected on validation accuracy at

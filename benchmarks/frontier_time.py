@@ -78,16 +78,25 @@ def points(results: Path) -> tuple[int, int]:
     return len(rows), sum(r.get("status") == "finished" for r in rows)
 
 
+def parameters(row: dict) -> tuple:
+    """A results.csv row's point: its swept parameters (the columns between ``status`` and
+    the first result column, ``final_val_accuracy``), by name. A run folder's name also hashes
+    the sweep file's other settings, which the record's older runs were made with."""
+    names = list(row)
+    swept = names[names.index("status") + 1 : names.index("final_val_accuracy")]
+    return tuple((k, row[k]) for k in swept)
+
+
 def against(results: Path, kept: Path) -> tuple[int, int, float]:
     """How the sitting's finished points compare with the kept record's runs of the same
-    points (the same run folder name): how many were compared, how many have the same final
+    points (the same swept parameters, :func:`parameters`): how many were compared, how many have the same final
     test accuracy and certified ε to the last written digit, and the largest difference in
     final test accuracy (percentage points)."""
-    record = {r["run"]: r for r in read_rows(kept)}
+    record = {parameters(r): r for r in read_rows(kept)}
     compared = same = 0
     largest = 0.0
     for row in read_rows(results):
-        old = record.get(row["run"])
+        old = record.get(parameters(row))
         if row.get("status") != "finished" or old is None or old.get("status") != "finished":
             continue
         compared += 1

@@ -12,7 +12,8 @@ from helpers.benchmarks import benchmark_module
 def _results(folder: Path, rows: list[dict]) -> None:
     folder.mkdir(parents=True)
     with (folder / "results.csv").open("w", newline="") as f:
-        writer = csv.DictWriter(f, ["run", "status", "final_test_accuracy", "epsilon"])
+        columns = ["run", "status", "seed", "final_val_accuracy", "final_test_accuracy", "epsilon"]
+        writer = csv.DictWriter(f, columns, restval="")
         writer.writeheader()
         writer.writerows(rows)
 
@@ -30,12 +31,12 @@ def test_a_sitting_is_read_back_from_its_logs(tmp_path, monkeypatch):
     )
     (logs / "time.log").write_text("\tElapsed (wall clock) time (h:mm:ss or m:ss): 1:02:03\n")
     (logs / "load.log").write_text("23:59:00 2.01 1.5 1.2 3/200 1\n00:00:00 2.50 1.5 1.2 3/2 1\n")
-    a = [{"run": "0000-x", "status": "finished", "final_test_accuracy": "0.9", "epsilon": "8.0"}]
-    a += [{"run": "0001-y", "status": "failed: nan", "final_test_accuracy": "", "epsilon": ""}]
-    b = [{"run": "0000-z", "status": "finished", "final_test_accuracy": "0.5", "epsilon": "1.0"}]
+    a = [{"run": "0000-x", "status": "finished", "seed": 0, "final_test_accuracy": "0.9"}]
+    a += [{"run": "0001-y", "status": "failed: nan", "seed": 1}]
+    b = [{"run": "0000-z", "status": "finished", "seed": 0, "final_test_accuracy": "0.5"}]
     _results(sitting / "frontier_a", a)
     _results(sitting / "frontier_b", b)
-    _results(kept / "frontier_a", a)
+    _results(kept / "frontier_a", [{**a[0], "run": "0000-older-hash"}])  # matched by its seed
     _results(kept / "frontier_b", [{**b[0], "final_test_accuracy": "0.4975"}])
     out = tmp_path / "t.json"
     argv = ["x", "--logs", str(logs), "--results", str(sitting), "--kept", str(kept)]
