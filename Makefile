@@ -80,7 +80,7 @@ frontier-mnist: $(BIN)/.installed
 	$(BIN)/pl-privfed compare --frontier $(call frontier_results,$(FRONTIER_RECORD)) \
 	  --out report/frontier_mnist_record
 
-# The sweep files, longest first (the 10,000-client families' groups take three quarters of the
+# The sweep files, longest first (the 10,000-client families' groups take about 70 % of the
 # time), so that FRONTIER_JOBS processes finish together.
 FRONTIER_ORDER := $(foreach c,mnist_dp_clip21 mnist_dp_alpha_normec_no_sn mnist_dp_alpha_normec \
 	mnist_dpsgd_distributed,frontier_$(c) frontier_$(c)_nonprivate) \
