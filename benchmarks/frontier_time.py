@@ -72,9 +72,8 @@ def read_rows(results: Path) -> list[dict]:
         return list(csv.DictReader(f))
 
 
-def points(results: Path) -> tuple[int, int]:
-    """Rows and finished rows of a sweep's ``results.csv`` (0, 0 when it has none)."""
-    rows = read_rows(results)
+def points(rows: list[dict]) -> tuple[int, int]:
+    """Rows and finished rows of a sweep's ``results.csv`` rows (:func:`read_rows`)."""
     return len(rows), sum(r.get("status") == "finished" for r in rows)
 
 
@@ -87,15 +86,15 @@ def parameters(row: dict) -> tuple:
     return tuple((k, row[k]) for k in swept)
 
 
-def against(results: Path, kept: Path) -> tuple[int, int, float]:
-    """How the sitting's finished points compare with the kept record's runs of the same
-    points (the same swept parameters, :func:`parameters`): how many were compared, how many have the same final
-    test accuracy and certified ε to the last written digit, and the largest difference in
-    final test accuracy (percentage points)."""
+def against(rows: list[dict], kept: Path) -> tuple[int, int, float]:
+    """How a sweep's finished points in the sitting (``rows``) compare with the kept record's
+    runs of the same points (the same swept parameters, :func:`parameters`): how many were
+    compared, how many have the same final test accuracy and certified ε to the last written
+    digit, and the largest difference in final test accuracy (percentage points)."""
     record = {parameters(r): r for r in read_rows(kept)}
     compared = same = 0
     largest = 0.0
-    for row in read_rows(results):
+    for row in rows:
         old = record.get(parameters(row))
         if row.get("status") != "finished" or old is None or old.get("status") != "finished":
             continue
@@ -119,12 +118,13 @@ def sweeps(make_log: str, results: Path, kept: Path | None = None) -> list[list]
             begin[name] = t
             continue
         start = begin.pop(name)
-        total, done = points(results / name / "results.csv")
+        found = read_rows(results / name / "results.csv")
+        total, done = points(found)
         wall = t - start
         end = "finished" if what == "finished" else "failed runs"
         row = [name, total, done, start - times[0], t - times[0], wall, wall / max(done, 1), end]
         if kept is not None:
-            row += against(results / name / "results.csv", kept / name / "results.csv")
+            row += against(found, kept / name / "results.csv")
         rows.append(row)
     rows.sort(key=lambda row: row[3])  # in the order they started
     if begin:
