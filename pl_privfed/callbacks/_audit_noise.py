@@ -44,24 +44,21 @@ class NoiseAudit:
     """The monitor on ``algorithm`` (:attr:`~pl_privfed.algorithms.FederatedAlgorithm.
     noise_monitor`) and the test of what it kept. Built for a client-level private run whose
     ledger declares a placement the test knows (every release's noise,
-    :class:`~pl_privfed.privacy.audit_noise.RealizedNoise`), and for a record-level private run
-    (each client's own draw per local step, on at most ``RECORD_RELEASES`` draws of
-    ``RECORD_COORDINATES`` coordinates, :class:`~pl_privfed.privacy.audit_noise.RecordNoise`);
-    otherwise :meth:`create` says why not (:attr:`skipped`)."""
+    :class:`~pl_privfed.privacy.audit_noise.RealizedNoise`); for a record-level private run
+    :meth:`create` makes a :class:`RecordNoiseAudit` (each client's own draw per local step);
+    otherwise it says why not (:attr:`skipped`)."""
 
-    def __init__(self, algorithm: Any, ledger: Any, seed: int, dim: int, level: str = "client"):
-        self.algorithm, self.ledger, self.level = algorithm, ledger, level
+    def __init__(self, algorithm: Any, ledger: Any, seed: int, dim: int) -> None:
+        self.algorithm, self.ledger = algorithm, ledger
         self.placement = ledger.noise.where
         self.sigma = float(ledger.noise_std)
-        if level == "record":  # the declared std of one draw: the ledger's σ, nothing else
-            index = noise_coordinates(dim, RECORD_COORDINATES, seed)
-            order = client_order(int(algorithm.num_clients), seed)
-            self.monitor: Any = RecordNoise(index, self.sigma, order, RECORD_RELEASES)
-        else:
-            index = noise_coordinates(dim, NOISE_COORDINATES, seed)
-            self.monitor = RealizedNoise(index, self._declared)
+        self.monitor: Any = self._monitor(seed, dim)
         #: why :meth:`report` tested nothing
         self.reason = "no noised release"
+
+    def _monitor(self, seed: int, dim: int) -> Any:
+        """Every release's realized noise on a keyed subset of coordinates."""
+        return RealizedNoise(noise_coordinates(dim, NOISE_COORDINATES, seed), self._declared)
 
     @classmethod
     def create(cls, algorithm: Any, ledger: Any, level: str, seed: int, dim: int) -> Any:
@@ -71,7 +68,7 @@ class NoiseAudit:
         if level == "record":
             if algorithm.adaptive_clipping() is not None:
                 return "record-level noise under an adaptive clip: no declared law known"
-            return cls(algorithm, ledger, seed, dim, level)
+            return RecordNoiseAudit(algorithm, ledger, seed, dim)
         if declared_sum_std(ledger.noise.where, 1.0, 1) is None:
             return f"placement {ledger.noise.where!r}: no declared law known to the test"
         return cls(algorithm, ledger, seed, dim)
@@ -103,18 +100,7 @@ class NoiseAudit:
         if self.algorithm.noise_monitor is self.monitor:
             self.algorithm.noise_monitor = None
 
-    def _record_sums(self) -> dict[str, Any]:
-        """The record-level test: every kept draw one release, whitened by the ledger's σ."""
-        keys, noise = self.monitor.kept()
-        if not len(keys):
-            return {}
-        w = whiten(list(range(len(keys))), noise, np.full(len(keys), self.monitor.std))
-        test = noise_tests(w).as_dict()
-        test["clients"] = len(set(keys[:, 1].tolist()))
-        test["rounds"] = len(set(keys[:, 0].tolist()))
-        return {"client_draws": test}
-
-    def _client_sums(self) -> dict[str, Any]:
+    def _sums(self) -> dict[str, Any]:
         """The client-level test: every released sum's rounds, whitened by its declared std."""
         rows = {k: v for k, v in self.monitor.rows.items() if v}
         correlated = isinstance(self.placement, CorrelatedNoise)
@@ -138,8 +124,7 @@ class NoiseAudit:
     def report(self, alpha: float) -> dict[str, Any] | None:
         """The test at level ``alpha`` (the run's alarm's share), or ``None`` when no release
         was kept."""
-        record = self.level == "record"
-        sums = self._record_sums() if record else self._client_sums()
+        sums = self._sums()
         if not sums:
             return None
         tested = [s for s in sums.values() if "p_value" in s]
@@ -148,25 +133,11 @@ class NoiseAudit:
             return None
         p = min(1.0, len(tested) * min(s["p_value"] for s in tested))
         head = sums.get("sent", tested[0])
-        correlated = isinstance(self.placement, CorrelatedNoise)
-        kind = "record" if record else "correlated" if correlated else self.placement.name
-        if record:
-            statistic = (
-                "the realized noise of each client's draw per local step (noised − clean "
-                f"gradient) on {head['coordinates']} coordinates, whitened by the ledger's σ; "
-                f"the draws kept: at most {self.monitor.releases}, every round and step of the "
-                "clients in a keyed order"
-            )
-        else:
-            statistic = (
-                "the realized noise of each release (released − clean sum) on "
-                f"{head['coordinates']} coordinates, whitened by the declared std"
-            )
         return {
-            "statistic": statistic,
-            "declared": DECLARED[kind],
+            "statistic": self._statistic(head["coordinates"]),
+            "declared": DECLARED[self._kind()],
             "sigma": self.sigma,
-            "min_contributors": None if record else self.placement.min_contributors,
+            "min_contributors": self._min_contributors(),
             "releases": head["releases"],
             "coordinates": head["coordinates"],
             "variance_ratio": head["tests"]["variance"]["statistic"],
@@ -177,6 +148,18 @@ class NoiseAudit:
             "flagged": bool(p < alpha),
             "unknown_releases": self.monitor.unknown,
         }
+
+    def _statistic(self, coordinates: int) -> str:
+        return (
+            "the realized noise of each release (released − clean sum) on "
+            f"{coordinates} coordinates, whitened by the declared std"
+        )
+
+    def _kind(self) -> str:
+        return "correlated" if isinstance(self.placement, CorrelatedNoise) else self.placement.name
+
+    def _min_contributors(self) -> int | None:
+        return self.placement.min_contributors
 
     @staticmethod
     def warn(test: dict[str, Any]) -> None:
@@ -203,3 +186,40 @@ class NoiseAudit:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.monitor.load_state_dict(state)
+
+
+class RecordNoiseAudit(NoiseAudit):
+    """The noise test of a record-level private run: each client's own draw per local step
+    (:class:`~pl_privfed.privacy.audit_noise.RecordNoise`, at most ``RECORD_RELEASES`` draws of
+    ``RECORD_COORDINATES`` coordinates), whitened by the ledger's σ."""
+
+    def _monitor(self, seed: int, dim: int) -> Any:
+        """The kept draws; the declared std of one draw is the ledger's σ, nothing else."""
+        index = noise_coordinates(dim, RECORD_COORDINATES, seed)
+        order = client_order(int(self.algorithm.num_clients), seed)
+        return RecordNoise(index, self.sigma, order, RECORD_RELEASES)
+
+    def _sums(self) -> dict[str, Any]:
+        """The record-level test: every kept draw one release, whitened by the ledger's σ."""
+        keys, noise = self.monitor.kept()
+        if not len(keys):
+            return {}
+        w = whiten(list(range(len(keys))), noise, np.full(len(keys), self.monitor.std))
+        test = noise_tests(w).as_dict()
+        test["clients"] = len(set(keys[:, 1].tolist()))
+        test["rounds"] = len(set(keys[:, 0].tolist()))
+        return {"client_draws": test}
+
+    def _statistic(self, coordinates: int) -> str:
+        return (
+            "the realized noise of each client's draw per local step (noised − clean "
+            f"gradient) on {coordinates} coordinates, whitened by the ledger's σ; "
+            f"the draws kept: at most {self.monitor.releases}, every round and step of the "
+            "clients in a keyed order"
+        )
+
+    def _kind(self) -> str:
+        return "record"
+
+    def _min_contributors(self) -> int | None:
+        return None
