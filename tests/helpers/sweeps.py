@@ -1,6 +1,7 @@
 """Sweep files written for a test, a sweep's results read back, a W&B agent's command line."""
 
 import csv
+import functools
 from pathlib import Path
 
 import yaml
@@ -27,13 +28,20 @@ def rows(path):
         return list(csv.DictReader(f))
 
 
+@functools.cache
+def _sweep_spec(text: str) -> dict:
+    """A sweep file's YAML, parsed once per text (a test builds thousands of points' command
+    lines from the shipped sweeps; the result is only read)."""
+    return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+
+
 def wandb_agent_command(sweep_file, params):
     """The command line ``wandb agent`` runs for one point: W&B's own construction
     (``create_sweep_command`` for the macros, ``create_sweep_command_args`` for ``${args}``),
     substituted as ``wandb_agent.Agent._command_run`` does."""
     from wandb.sdk.launch.sweeps import utils as sweep_utils
 
-    spec = yaml.safe_load(Path(sweep_file).read_text())
+    spec = _sweep_spec(Path(sweep_file).read_text())
     command = sweep_utils.create_sweep_command(list(spec["command"]))
     sweep_vars = sweep_utils.create_sweep_command_args(
         {"args": {k: {"value": v} for k, v in params.items()}}
