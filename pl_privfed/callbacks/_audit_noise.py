@@ -175,9 +175,11 @@ class NoiseAudit:
             f"({test['declared']}, σ = {test['sigma']:.4g}): p = {test['p_value']:.3g} below "
             f"{test['alarm_level']:.3g} ({', '.join(sorted(set(failed)))}; realized/declared "
             f"variance {test['variance_ratio']:.4g}, largest correlation between two releases "
-            f"{test['max_release_correlation']:.3g}): the certificate does not describe the noise "
-            "that ran (look for a draw reused across rounds, correlated draws, shares or a "
-            "draw scaled for the average)",
+            f"{test['max_release_correlation']:.3g}): either the certificate does not describe "
+            "the noise that ran (look for a draw reused across rounds, correlated draws, shares "
+            "or a draw scaled for the average) or this is a false alarm, which a correct "
+            f"mechanism raises with probability {test['alarm_level']:.3g} (the test reads the "
+            "run's own noise: the same noise seed reads the same)",
             category=UserWarning,
         )
 
