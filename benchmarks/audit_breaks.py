@@ -185,6 +185,39 @@ def false_alarms(seeds: int, mechanisms: list[str] | None = None) -> None:
     print(f"  all: {total}/{runs} runs flagged ({total / runs:.1%})")
 
 
+def shipped_summary(text: str) -> str:
+    """One Markdown row per config of a kept catalogue run (this script's rows, several configs
+    concatenated): its rounds (the config's ``trainer.max_steps``), its certificate, the unbroken
+    run's white box, black box and noise test and whether it raised the alarm, and how many of
+    the breaks that applied were flagged (a break the catalogue does not apply to the config's
+    mechanism, or that touched no row of its layout, is not counted)."""
+    import yaml
+
+    runs: dict[str, list[list[str]]] = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.split("|")[1:-1]]
+        if len(cells) == 8 and cells[0] not in ("config", "---") and not cells[0].startswith("-"):
+            runs.setdefault(cells[0], []).append(cells)
+    out = [
+        "| config | rounds | certified ε (models) | unbroken: white box [interval] | black box | "
+        "noise test p | unbroken flagged | breaks flagged |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for config, rows in runs.items():
+        (none,) = [r for r in rows if r[1] == "none"]
+        applied = [r for r in rows if r[1] != "none" and not r[6].startswith("n/a")]
+        flagged = sum(r[6].startswith("**yes**") for r in applied)
+        spec = yaml.safe_load((ROOT / "configs" / "private" / f"{config}.yaml").read_text())
+        p_value = none[5].split(" ")[0]
+        unflagged = "no" if none[6] == "no" else none[6]
+        rounds = spec["trainer"]["max_steps"]
+        out.append(
+            f"| `{config}` | {rounds} | {none[2]} | {none[3]} | {none[4]} | {p_value} | "
+            f"{unflagged} | {flagged} of {len(applied)} |"
+        )
+    return "\n".join(out)
+
+
 def main_(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("configs", nargs="*", type=Path, help="configs to run the catalogue on")
@@ -194,7 +227,13 @@ def main_(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-configs", action="store_true", help="only the false-alarm rate")
     parser.add_argument("--mechanisms", nargs="*", default=None, choices=[*MECHANISMS, *CORRELATED],
                         help="false alarms of these mechanisms only")  # fmt: skip
+    parser.add_argument(
+        "--summary", type=Path, default=None, help="one row per config of a kept catalogue run"
+    )
     args = parser.parse_args(argv)
+    if args.summary is not None:
+        print(shipped_summary(args.summary.read_text(encoding="utf-8")))
+        return
     if not args.no_configs:
         print("| config | break | certified ε (models) | white box [interval] | black box | "
               "noise test p | flagged | s |\n|---|---|---|---|---|---|---|---|")  # fmt: skip

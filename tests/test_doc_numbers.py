@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers.benchmarks import benchmark_module
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -808,6 +809,17 @@ def test_the_subset_breaks_with_covering_places_are_their_kept_output():
         ), (config, brk)
         assert certified == kept_row[2] and sig_equal(black, float(kept_row[4])), (config, brk)
         assert (flagged == "no") == (kept_row[6] == "no"), (config, brk)
+
+
+def test_the_catalogue_at_the_shipped_length_is_its_kept_output():
+    """audit.md's table of every ``configs/private/`` config audited as shipped, unbroken and
+    broken, is ``benchmarks/audit_breaks.py --summary`` of the kept raw output, which holds every
+    shipped private config."""
+    kept = (RESULTS / "audit_shipped" / "catalogue.txt").read_text(encoding="utf-8")
+    table = benchmark_module("audit_breaks").shipped_summary(kept)
+    assert table in (DOCS / "audit.md").read_text(encoding="utf-8")
+    shipped = {p.stem for p in (ROOT / "configs" / "private").glob("*.yaml")}
+    assert {row[0] for row in table_rows(table, "`")} == shipped
 
 
 def false_alarms(path: Path) -> dict[str, tuple]:
