@@ -13,9 +13,10 @@ from helpers.files import snapshot, snapshot_changes
 
 REPO = Path(__file__).resolve().parents[1]
 
-# Under pytest-xdist (`make test`: a worker a core) each worker, and each process a test starts,
-# runs torch on one thread unless OMP_NUM_THREADS says otherwise: the workers already fill the
-# cores, and a second OpenMP thread would wait for its descheduled sibling (CHANGELOG.md).
+# Under pytest-xdist (`make test`: a worker a core and one more) each worker, and each process a
+# test starts, runs torch on one thread unless OMP_NUM_THREADS says otherwise: the workers
+# already fill the cores, and a second OpenMP thread would wait for its descheduled sibling
+# (CHANGELOG.md).
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("MKL_NUM_THREADS", os.environ["OMP_NUM_THREADS"])
