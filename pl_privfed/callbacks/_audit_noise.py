@@ -178,8 +178,8 @@ class NoiseAudit:
             f"{test['max_release_correlation']:.3g}): either the certificate does not describe "
             "the noise that ran (look for a draw reused across rounds, correlated draws, shares "
             "or a draw scaled for the average) or this is a false alarm, which a correct "
-            f"mechanism raises with probability {test['alarm_level']:.3g} (the test reads the "
-            "run's own noise: the same noise seed reads the same)",
+            f"mechanism raises with probability at most {test['alarm_level']:.3g} (the test "
+            "reads the run's own noise: the same noise seed reads the same)",
             category=UserWarning,
         )
 
