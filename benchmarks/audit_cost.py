@@ -55,8 +55,9 @@ def row(config: str, plain: dict, audited: dict) -> str:
 
 
 def summary(text: str) -> str:
-    """The rows of kept output (``| `config` | ...`` lines), in the order kept, as one table."""
-    rows = [line for line in text.splitlines() if line.startswith("| `")]
+    """The rows of kept output (``| `config` | ...`` lines, without their time), in the order
+    kept, as one table."""
+    rows = [line.split(" <!--")[0] for line in text.splitlines() if line.startswith("| `")]
     return "\n".join([HEADER, *rows])
 
 

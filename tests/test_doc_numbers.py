@@ -822,6 +822,24 @@ def test_the_catalogue_at_the_shipped_length_is_its_kept_output():
     assert {row[0] for row in table_rows(table, "`")} == shipped
 
 
+def test_the_canaries_cost_in_accuracy_is_its_kept_output():
+    """audit.md's accuracy with and without the audit, on every shipped private config, is
+    ``benchmarks/audit_cost.py --summary`` of the kept output, and its stated largest cost is
+    the table's."""
+    kept = (RESULTS / "audit_shipped" / "accuracy_cost.txt").read_text(encoding="utf-8")
+    table = benchmark_module("audit_cost").summary(kept)
+    text = (DOCS / "audit.md").read_text(encoding="utf-8")
+    assert table in text
+    rows = table_rows(table, "`")
+    assert {row[0] for row in rows} == {p.stem for p in (ROOT / "configs/private").glob("*.yaml")}
+    learn = [float(row[3]) for row in rows if float(row[1].rstrip(" %")) > 50]  # not chance
+    stated = re.search(
+        r"The canaries cost at most ([\d.]+) points of test accuracy on the (\d+)", text
+    )
+    assert float(stated.group(1)) == max(abs(c) for c in learn)
+    assert int(stated.group(2)) == len(learn)
+
+
 def false_alarms(path: Path) -> dict[str, tuple]:
     """``mechanism: (flagged, runs, median, low, high)`` and ``all`` from a kept false-alarm run."""
     text = path.read_text(encoding="utf-8")
