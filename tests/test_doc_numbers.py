@@ -822,6 +822,22 @@ def test_the_catalogue_at_the_shipped_length_is_its_kept_output():
     assert {row[0] for row in table_rows(table, "`")} == shipped
 
 
+def test_the_banded_mf_subset_breaks_are_their_kept_output():
+    """audit.md's sentence on the last-chunk and remainder breaks run on the banded-MF config:
+    both flagged by the ε tests and the bound check, its unbroken run not."""
+    kept = kept_audit_rows(RESULTS / "audit_shipped" / "bandmf_subset.txt")
+    assert kept["mnist_dp_fedavg_bandmf", "none"][6] == "no"
+    for brk in (
+        "client clip skipped in the last chunk",
+        "client clip skipped in a chunk's remainder",
+    ):
+        flagged = kept["mnist_dp_fedavg_bandmf", brk][6]
+        expected = "yes** (ε tests, bound check: 50 canaries over, ratio 100"
+        assert flagged.startswith(expected), flagged
+    text = " ".join((DOCS / "audit.md").read_text(encoding="utf-8").split())
+    assert "by the ε tests and the bound check (50 canaries over, ratio 100)" in text
+
+
 def test_the_canaries_cost_in_accuracy_is_its_kept_output():
     """audit.md's accuracy with and without the audit, on every shipped private config, is
     ``benchmarks/audit_cost.py --summary`` of the kept output, and its stated largest cost is
