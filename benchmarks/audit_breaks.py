@@ -99,13 +99,19 @@ def draw_calls(owner: type = MessageStage, method: str = "noise_of_sum"):
         setattr(owner, method, patched)
 
 
-def run_config(config: Path, max_steps: int | None) -> dict:
-    """One CLI run of ``config`` with a PrivacyAudit: its ``summary.json``."""
+def run_config(
+    config: Path, max_steps: int | None, audited: bool = True, validate: bool = False
+) -> dict:
+    """One CLI run of ``config`` (with a PrivacyAudit unless ``audited`` is false; without its
+    validation unless ``validate``): its ``summary.json``."""
     with tempfile.TemporaryDirectory() as out:
         argv = ["fit", "--config", str(config), "--trainer.logger", "false",
                 "--trainer.enable_progress_bar", "false", "--output_dir", out,
-                "--trainer.limit_val_batches", "0", "--trainer.enable_model_summary", "false",
-                "--trainer.callbacks+=pl_privfed.callbacks.PrivacyAudit"]  # fmt: skip
+                "--trainer.enable_model_summary", "false"]  # fmt: skip
+        if not validate:
+            argv += ["--trainer.limit_val_batches", "0"]
+        if audited:
+            argv.append("--trainer.callbacks+=pl_privfed.callbacks.PrivacyAudit")
         if max_steps is not None:
             argv += ["--trainer.max_steps", str(max_steps)]
         with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
@@ -196,7 +202,7 @@ def shipped_summary(text: str) -> str:
     runs: dict[str, list[list[str]]] = {}
     for line in text.splitlines():
         cells = [c.strip() for c in line.split("|")[1:-1]]
-        if len(cells) == 8 and cells[0] not in ("config", "---") and not cells[0].startswith("-"):
+        if len(cells) == 8 and cells[0] != "config" and not cells[0].startswith("-"):
             runs.setdefault(cells[0], []).append(cells)
     out = [
         "| config | rounds | certified ε (models) | unbroken: white box [interval] | black box | "

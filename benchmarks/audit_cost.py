@@ -14,13 +14,8 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
-import json
 import sys
-import tempfile
 import time
-import warnings
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,19 +28,11 @@ HEADER = (
 
 
 def run(config: Path, audited: bool) -> dict:
-    """One CLI run of ``config`` as shipped (with or without the audit): its ``summary.json``."""
-    from pl_privfed.cli import main
+    """One CLI run of ``config`` as shipped, validated as shipped, with or without the audit
+    (``audit_breaks.run_config``): its ``summary.json``."""
+    from audit_breaks import run_config  # beside this script: on sys.path when it runs
 
-    with tempfile.TemporaryDirectory() as out:
-        argv = ["fit", "--config", str(config), "--trainer.logger", "false"]
-        argv += ["--trainer.enable_progress_bar", "false", "--output_dir", out]
-        argv += ["--trainer.enable_model_summary", "false"]
-        if audited:
-            argv.append("--trainer.callbacks+=pl_privfed.callbacks.PrivacyAudit")
-        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
-            warnings.simplefilter("ignore")
-            main(argv)
-        return json.loads((Path(out) / "summary.json").read_text())
+    return run_config(config, None, audited=audited, validate=True)
 
 
 def row(config: str, plain: dict, audited: dict) -> str:
