@@ -172,8 +172,11 @@ def test_every_break_of_the_draw_is_flagged_in_one_run(brk, mechanism):
     assert test["flagged"] and audit["alarm"], test
     assert test["p_value"] < test["alarm_level"] == pytest.approx(0.05 / audit["alarm_tests"])
     # the run's warning and result line (the callback raised it; audit_small silences it)
-    with pytest.warns(UserWarning, match="realized noise does not match the declared"):
+    with pytest.warns(UserWarning, match="realized noise does not match the declared") as seen:
         NoiseAudit.warn(test)
+    # and how often a correct mechanism raises it (an unbroken shipped config can)
+    rate = f"a correct mechanism raises with probability at most {test['alarm_level']:.3g}"
+    assert f"false alarm, which {rate}" in str(seen[0].message)
     assert "THE REALIZED NOISE DOES NOT MATCH THE DECLARED MECHANISM" in audit_line(audit)
 
 
